@@ -1,0 +1,330 @@
+"""The `gpuanat` command: headless subcommands (run, sweep, history).
+
+Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gpuanat import __version__
+from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.history import HistoryStore, default_db_path
+from gpuanat.core.protocol import Error, Event, ModelInfo, Step
+from gpuanat.core.techniques import TECHNIQUES
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
+STATUS_EXIT_CODES = {"ok": EXIT_OK, "oom": EXIT_OOM, "stopped": EXIT_STOPPED, "failed": EXIT_FAILED}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports bad input in one line on stderr (no usage dump) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _add_technique_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("techniques and workload")
+    for technique in TECHNIQUES:
+        kwargs: dict[str, Any] = {"dest": technique.field, "default": None, "help": technique.help}
+        if technique.kind == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif technique.kind == "int":
+            kwargs.update(type=int, metavar="N")
+        elif technique.kind == "choice":
+            kwargs.update(choices=technique.choices)
+        group.add_argument(technique.flag, **kwargs)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", type=Path, default=None,
+                        help="history database (default: $GPUANAT_DB, else $XDG_DATA_HOME/gpuanat/history.sqlite)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="gpuanat",
+        description="GPU anatomy: where transformer training memory goes and how fast it trains, "
+                    "per technique. Runs the HF docs' experiments headless and keeps a history.",
+        epilog="Examples:\n  gpuanat run --precision bf16 --batch-size 8\n  gpuanat sweep --max-steps 60\n"
+               "  gpuanat history --format md\n  gpuanat run --preset tiny --device cpu --seq-len 64",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gpuanat {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+
+    run = commands.add_parser("run", help="train one configuration in a child process and report it",
+                              description="Train one configuration in a child process (HF Trainer), show "
+                                          "progress, print the docs' summary and the memory bands, record it.")
+    _add_technique_flags(run)
+    _add_common(run)
+    run.add_argument("--json", action="store_true", help="print the result as one JSON object (last stdout line)")
+    run.add_argument("--trace-out", type=Path, default=None,
+                     help="also write every NVML/host sample as JSON lines to this file")
+
+    sweep = commands.add_parser(
+        "sweep", help="run the HF docs' whole experiment table, one fresh process each",
+        description="Run the docs' experiment table (vanilla, accumulation, checkpointing, fp16, bf16, tf32, "
+                    "Adafactor, 8-bit Adam and their combinations), each in a fresh process, and print one "
+                    "table with Δ%% against vanilla. --batch-size sets the effective batch (default 4): "
+                    "accumulating experiments train 1 × that many steps. The experiments set precision, "
+                    "tf32, optimizer, checkpointing and accumulation themselves.")
+    _add_technique_flags(sweep)
+    _add_common(sweep)
+    sweep.add_argument("--json", action="store_true", help="print the rows as one JSON list")
+    sweep.add_argument("--only", action="append", default=None, metavar="NAME",
+                       help="run only this experiment (repeatable); names as in the table")
+
+    history = commands.add_parser("history", help="list recorded runs",
+                                  description="List recorded runs, oldest first.")
+    _add_common(history)
+    history.add_argument("--format", choices=("table", "md", "csv", "json"), default="table")
+    history.add_argument("--json", action="store_true", help="same as --format json")
+    history.add_argument("--limit", type=int, default=None, metavar="N", help="only the last N runs")
+    return parser
+
+
+# --- shared helpers ---------------------------------------------------------------------------------
+
+def _fail_usage(message: str) -> NoReturn:
+    print(f"gpuanat: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def detect_capabilities() -> Capabilities:
+    """Ask a subprocess what this machine can train with (keeps torch and CUDA out of this process)."""
+    completed = subprocess.run([sys.executable, "-m", "gpuanat.worker.capabilities"], capture_output=True,
+                               text=True, check=False)
+    if completed.returncode != 0:
+        last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        _fail_usage(f"cannot start the training environment (python -m gpuanat.worker.capabilities): {last_line}")
+    return Capabilities.from_json(json.loads(completed.stdout))
+
+
+def config_from_args(args: argparse.Namespace, capabilities: Capabilities | None) -> RunConfig:
+    """RunConfig from the flags given; device defaults to cuda when available."""
+    changes = {t.field: getattr(args, t.field) for t in TECHNIQUES if getattr(args, t.field, None) is not None}
+    if "device" not in changes:
+        changes["device"] = "cuda" if capabilities is not None and capabilities.cuda_available else "cpu"
+    return RunConfig(**changes)
+
+
+def _open_store(args: argparse.Namespace) -> HistoryStore:
+    return HistoryStore(args.db.expanduser() if args.db else default_db_path())
+
+
+@dataclass
+class _ProgressView:
+    """Renders step events as a progress bar on stderr (rich), for the main thread only."""
+
+    label: str
+
+    def __post_init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+        )
+        self._task = self._progress.add_task(f"{self.label}: starting", total=None, rate="")
+        self._progress.start()
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, ModelInfo):
+            self._progress.update(self._task, total=event.total_steps or None,
+                                  description=f"{self.label}: training {event.params / 1e6:.0f}M params")
+        elif isinstance(event, Step):
+            rate = f"{event.samples / event.elapsed_s:.1f} samples/s" if event.elapsed_s > 0 else ""
+            loss = f" loss {event.loss:.3f}" if event.loss is not None else ""
+            self._progress.update(self._task, completed=event.step, rate=rate + loss)
+        elif isinstance(event, Error):
+            self._progress.update(self._task, description=f"{self.label}: {event.kind}")
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def _run_recorded(config: RunConfig, args: argparse.Namespace, store: HistoryStore, *, label: str,
+                  name: str | None = None, trace_path: Path | None = None) -> dict[str, Any]:
+    from gpuanat.core.session import execute_run
+
+    view = _ProgressView(label)
+    try:
+        return execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name, on_event=view,
+                           trace_path=trace_path)
+    finally:
+        view.close()
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements."""
+    from gpuanat.core.anatomy import BAND_NAMES
+    from gpuanat.core.report import format_bytes, format_mb, format_number
+
+    config = RunConfig.from_json(result["config"])
+    where = result.get("gpu_name") or result.get("device_name") or result["device"]
+    print(f"Run {result['run_id']}: {result['status']} — {config.model or config.preset} "
+          f"{config.techniques_summary()} on {where}")
+    if result.get("error"):
+        print(f"  {result['error']['kind']}: {result['error']['message']}")
+    print(f"Time: {format_number(result['train_runtime_s'])}")
+    print(f"Samples/second: {format_number(result['samples_per_second'])}")
+    print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MB.")
+    steady = result["steady_samples_per_second"]
+    note = (f"after {result['warmup_steps']} warm-up steps" if steady is not None
+            else result["unavailable"].get("steady_samples_per_second", ""))
+    print(f"Steady samples/second: {format_number(steady)} ({note})")
+    print(f"Peak allocated: {format_bytes(result['peak_allocated_bytes'])}")
+    print("Memory bands (at peak):")
+    for band in BAND_NAMES:
+        value = result["bands"].get(band)
+        label = band.removesuffix("_bytes").replace("_", " ")
+        reason = result["unavailable"].get(band)
+        print(f"  {label:<22} {format_bytes(value):>11}" + (f"  ({reason})" if value is None and reason else ""))
+    print(f"Log: {result['log_path']}")
+
+
+def _print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuanat.core.report import display_value
+
+    table = Table(show_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column.title, justify="right" if column.numeric else "left")
+    for row in rows:
+        table.add_row(*(display_value(column.key, row.get(column.key)) for column in columns))
+    Console(width=max(100, Console().width)).print(table)
+
+
+# --- subcommands ---------------------------------------------------------------------------------
+
+def command_run(args: argparse.Namespace) -> int:
+    capabilities = detect_capabilities()
+    config = config_from_args(args, capabilities)
+    try:
+        validate_values(config)
+    except ConfigError as error:
+        _fail_usage(str(error))
+    unsupported = machine_unsupported_reason(config, capabilities)
+    if unsupported is not None:
+        _fail_usage(f"{unsupported[0]}: {unsupported[1]}")
+    with _open_store(args) as store:
+        result = _run_recorded(config, args, store, label="run", trace_path=args.trace_out)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_summary(result)
+    error = result.get("error") or {}
+    if error.get("kind") == "config":
+        print(f"gpuanat: error: {error.get('flag')}: {error.get('message')}", file=sys.stderr)
+        return EXIT_USAGE
+    if result["status"] == "oom":
+        print(f"gpuanat: out of GPU memory at step {error.get('step')} "
+              f"(peak allocated {result['peak_allocated_bytes']} bytes); try a smaller --batch-size, "
+              "--grad-checkpointing or --precision bf16", file=sys.stderr)
+    return STATUS_EXIT_CODES[result["status"]]
+
+
+def command_sweep(args: argparse.Namespace) -> int:
+    from gpuanat.core.report import SWEEP_COLUMNS, sweep_rows
+    from gpuanat.core.sweep import BASE_TECHNIQUE_FIELDS, EXPERIMENTS
+
+    fixed = [t.flag for t in TECHNIQUES
+             if t.field in BASE_TECHNIQUE_FIELDS and t.field != "batch_size" and getattr(args, t.field) is not None]
+    if fixed:
+        _fail_usage(f"{fixed[0]}: the sweep sets it per experiment; use `gpuanat run` for one configuration")
+    experiments = EXPERIMENTS
+    if args.only:
+        known = {experiment.name for experiment in EXPERIMENTS}
+        for name in args.only:
+            if name not in known:
+                _fail_usage(f"--only: unknown experiment {name!r}; choose from {', '.join(sorted(known))}")
+        experiments = tuple(experiment for experiment in EXPERIMENTS if experiment.name in args.only)
+    capabilities = detect_capabilities()
+    base = config_from_args(args, capabilities)
+    try:
+        validate_values(base)
+    except ConfigError as error:
+        _fail_usage(str(error))
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    with _open_store(args) as store:
+        for index, experiment in enumerate(experiments, start=1):
+            config = experiment.config(base)
+            label = f"[{index}/{len(experiments)}] {experiment.name}"
+            unsupported = machine_unsupported_reason(config, capabilities)
+            if unsupported is not None:
+                results.append({"name": experiment.name, "status": "skipped", "reason": unsupported[1],
+                                "config": config.to_json()})
+                print(f"{label}: skipped — {unsupported[1]}", file=sys.stderr)
+                continue
+            result = _run_recorded(config, args, store, label=label, name=experiment.name)
+            error = result.get("error")
+            result["reason"] = error["message"].splitlines()[0] if error else ""
+            results.append(result)
+            print(f"{label}: {result['status']}", file=sys.stderr)
+            if result["status"] == "stopped":
+                interrupted = True
+                break
+    rows = sweep_rows(results)
+    if args.json:
+        print(json.dumps([{**result, **row} for result, row in zip(results, rows)]))
+    else:
+        _print_table(SWEEP_COLUMNS, rows)
+    if interrupted:
+        return EXIT_STOPPED
+    return EXIT_OK if all(r["status"] in ("ok", "skipped", "oom") for r in results) else EXIT_FAILED
+
+
+def command_history(args: argparse.Namespace) -> int:
+    from gpuanat.core.report import HISTORY_COLUMNS, history_rows, render_csv, render_markdown
+
+    output_format = "json" if args.json else args.format
+    if args.limit is not None and args.limit < 1:
+        _fail_usage(f"--limit: must be an integer ≥ 1 (got {args.limit})")
+    with _open_store(args) as store:
+        runs = store.runs(limit=args.limit)
+    if output_format == "json":
+        print(json.dumps([{"id": run.id, "kind": run.kind, "name": run.name, "status": run.status,
+                           "created_at": run.created_at, "finished_at": run.finished_at, "config": run.config,
+                           "result": run.result} for run in runs], indent=2))
+        return EXIT_OK
+    rows = history_rows(runs)
+    if output_format == "md":
+        sys.stdout.write(render_markdown(HISTORY_COLUMNS, rows))
+    elif output_format == "csv":
+        sys.stdout.write(render_csv(HISTORY_COLUMNS, rows))
+    elif not runs:
+        print("No runs recorded yet. Start one with `gpuanat run` (history: "
+              f"{args.db or default_db_path()}).")
+    else:
+        _print_table(HISTORY_COLUMNS, rows)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"run": command_run, "sweep": command_sweep, "history": command_history}
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print("gpuanat: interrupted", file=sys.stderr)
+        return EXIT_STOPPED
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED

@@ -1,0 +1,100 @@
+"""The memory anatomy: GPU memory split into bands that add up to what NVML reports as used.
+
+Bands, bottom to top (DESIGN.md): other processes, CUDA context & kernels, weights, gradients,
+optimizer states, activations, temporaries & allocator cache, free. The probe measures the tensor
+bands inside the training process; NVML, read by the parent, gives the device and per-process use.
+A band that cannot be measured is None, with the reason in `unavailable` — never a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuanat.core.protocol import ProbeBands
+
+BAND_NAMES: tuple[str, ...] = (
+    "other_processes_bytes",
+    "cuda_context_bytes",
+    "weights_bytes",
+    "gradients_bytes",
+    "optimizer_state_bytes",
+    "activations_bytes",
+    "temporaries_and_cache_bytes",
+    "free_bytes",
+)
+
+
+@dataclass(frozen=True)
+class MemoryBands:
+    other_processes_bytes: int | None = None
+    """NVML device used minus this run's per-process use."""
+    cuda_context_bytes: int | None = None
+    """NVML per-process use minus torch's reserved memory: context, kernels, cuBLAS workspaces."""
+    weights_bytes: int | None = None
+    gradients_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    activations_bytes: int | None = None
+    temporaries_and_cache_bytes: int | None = None
+    """Reserved memory not held by the bands above: transient buffers and the allocator's cache."""
+    free_bytes: int | None = None
+    unavailable: dict[str, str] = field(default_factory=dict)
+    """Band name -> why it is None."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MemoryBands:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+def _difference(minuend: int | None, *subtrahends: int | None) -> int | None:
+    if minuend is None or any(value is None for value in subtrahends):
+        return None
+    return minuend - sum(value for value in subtrahends if value is not None)
+
+
+def assemble_bands(
+    probe: ProbeBands | None,
+    *,
+    reserved_bytes: int | None,
+    device_used_bytes: int | None,
+    device_total_bytes: int | None,
+    process_used_bytes: int | None,
+    no_gpu_reason: str | None = None,
+) -> MemoryBands:
+    """Combine the probe's tensor bands with allocator and NVML readings taken at the same moment."""
+    unavailable: dict[str, str] = {}
+    tensor_bands: dict[str, int | None] = dict.fromkeys(
+        ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes"))
+    if probe is None:
+        for name in tensor_bands:
+            unavailable[name] = "the probe has not measured a step yet"
+    else:
+        tensor_bands.update(weights_bytes=probe.weights_bytes, gradients_bytes=probe.gradients_bytes,
+                            optimizer_state_bytes=probe.optimizer_state_bytes,
+                            activations_bytes=probe.activations_bytes)
+        if probe.activations_bytes is None:
+            unavailable["activations_bytes"] = "not measurable with torch.compile on CPU"
+    if no_gpu_reason is not None:
+        for name in ("other_processes_bytes", "cuda_context_bytes", "temporaries_and_cache_bytes", "free_bytes"):
+            unavailable[name] = no_gpu_reason
+        return MemoryBands(**tensor_bands, unavailable=unavailable)
+
+    other = _difference(device_used_bytes, process_used_bytes)
+    context = _difference(process_used_bytes, reserved_bytes)
+    cache = _difference(reserved_bytes, *tensor_bands.values())
+    free = _difference(device_total_bytes, device_used_bytes)
+    for name, value, reason in (
+        ("other_processes_bytes", other, "NVML did not report this run's per-process memory"),
+        ("cuda_context_bytes", context, "NVML did not report this run's per-process memory"),
+        ("temporaries_and_cache_bytes", cache, "needs every tensor band and the allocator's reserved memory"),
+        ("free_bytes", free, "NVML did not report device memory"),
+    ):
+        if value is None:
+            unavailable[name] = reason
+    return MemoryBands(other_processes_bytes=other, cuda_context_bytes=context, **tensor_bands,
+                       temporaries_and_cache_bytes=cache, free_bytes=free, unavailable=unavailable)

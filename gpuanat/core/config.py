@@ -1,0 +1,198 @@
+"""RunConfig: every technique of one training run as a typed, validated value.
+
+Validation happens in two stages, both before anything starts:
+`validate_values` checks what can be judged from the values alone; `validate_for_machine` checks
+what needs the machine (CUDA, compute capability, bitsandbytes), given a `Capabilities` reading
+taken by the worker's capability probe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.presets import DEFAULT_PRESET, PRESETS
+from gpuanat.core.techniques import ATTENTION_IMPLEMENTATIONS, DEVICES, OPTIMIZERS, PRECISIONS
+
+
+class ConfigError(ValueError):
+    """A value the user chose that cannot run; `flag` names the CLI flag to fix."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    preset: str = DEFAULT_PRESET
+    model: str | None = None
+    """Name or path for from_pretrained; None builds `preset` with random weights."""
+    device: str = "cuda"
+    batch_size: int = 4
+    grad_accum: int = 1
+    grad_checkpointing: bool = False
+    precision: str = "fp32"
+    tf32: bool = False
+    optim: str = "adamw_torch_fused"
+    """The HF Trainer default."""
+    workers: int = 0
+    pin_memory: bool = True
+    """The HF Trainer default."""
+    attn: str = "sdpa"
+    compile: bool = False
+    seq_len: int = 512
+    samples: int = 512
+    epochs: int = 1
+    max_steps: int | None = None
+    seed: int = 42
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.batch_size * self.grad_accum
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+    def techniques_summary(self) -> str:
+        """Short human label of the techniques that differ from plain training, e.g. 'bs4 fp16 gc'."""
+        parts = [f"bs{self.batch_size}"]
+        if self.grad_accum > 1:
+            parts.append(f"accum{self.grad_accum}")
+        if self.grad_checkpointing:
+            parts.append("gc")
+        if self.precision != "fp32":
+            parts.append(self.precision)
+        if self.tf32:
+            parts.append("tf32")
+        if self.optim != RunConfig.optim:
+            parts.append(self.optim)
+        if self.attn != RunConfig.attn:
+            parts.append(self.attn)
+        if self.compile:
+            parts.append("compile")
+        if self.workers:
+            parts.append(f"workers{self.workers}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the machine can run, as read by the worker's capability probe (which imports torch)."""
+
+    torch_version: str | None
+    cuda_available: bool
+    cuda_device_name: str | None = None
+    cuda_compute_capability: tuple[int, int] | None = None
+    cuda_total_memory_bytes: int | None = None
+    bitsandbytes_version: str | None = None
+    """None when bitsandbytes cannot be imported."""
+    bitsandbytes_error: str | None = None
+    reason: str | None = None
+    """Why CUDA is unavailable, when it is."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Capabilities:
+        data = dict(data)
+        if data.get("cuda_compute_capability") is not None:
+            data["cuda_compute_capability"] = tuple(data["cuda_compute_capability"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+def _require_at_least(flag: str, value: int | None, minimum: int) -> None:
+    if value is None or value < minimum:
+        raise ConfigError(flag, f"must be an integer ≥ {minimum} (got {value})")
+
+
+def _require_choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(flag, f"must be one of {', '.join(allowed)} (got {value!r})")
+
+
+def _local_model_max_positions(model: str) -> int | None:
+    """max_position_embeddings (or n_positions) from a local checkpoint's config.json, if readable."""
+    config_path = Path(model) / "config.json"
+    try:
+        data = json.loads(config_path.read_text())
+    except (OSError, ValueError):
+        return None
+    for key in ("max_position_embeddings", "n_positions"):
+        if isinstance(data.get(key), int):
+            return int(data[key])
+    return None
+
+
+def validate_values(config: RunConfig) -> None:
+    """Raise ConfigError for a value that is wrong whatever the machine."""
+    _require_choice("--preset", config.preset, tuple(PRESETS))
+    _require_choice("--device", config.device, DEVICES)
+    _require_at_least("--batch-size", config.batch_size, 1)
+    _require_at_least("--grad-accum", config.grad_accum, 1)
+    _require_choice("--precision", config.precision, PRECISIONS)
+    _require_choice("--optim", config.optim, OPTIMIZERS)
+    _require_at_least("--workers", config.workers, 0)
+    _require_choice("--attn", config.attn, ATTENTION_IMPLEMENTATIONS)
+    _require_at_least("--seq-len", config.seq_len, 1)
+    _require_at_least("--samples", config.samples, 1)
+    _require_at_least("--epochs", config.epochs, 1)
+    if config.max_steps is not None:
+        _require_at_least("--max-steps", config.max_steps, 1)
+    max_positions = PRESETS[config.preset].max_positions
+    source = f"preset {config.preset}"
+    if config.model is not None:
+        local_max = _local_model_max_positions(config.model)
+        if local_max is None:
+            max_positions, source = 0, ""
+        else:
+            max_positions, source = local_max, config.model
+    if max_positions and config.seq_len > max_positions:
+        raise ConfigError("--seq-len", f"must be ≤ {max_positions}, the position embeddings of {source} "
+                                       f"(got {config.seq_len})")
+
+
+def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) -> tuple[str, str] | None:
+    """(flag, reason) when this machine cannot run `config`, else None."""
+    if config.device == "cuda" and not capabilities.cuda_available:
+        return "--device", f"cuda is not available here ({capabilities.reason or 'no CUDA GPU'}); use --device cpu"
+    if config.precision == "fp16" and config.device != "cuda":
+        return "--precision", "fp16 needs a CUDA GPU; use bf16 or fp32 on CPU"
+    if config.tf32 and config.device != "cuda":
+        return "--tf32", "tf32 needs a CUDA GPU (Ampere or newer)"
+    compute_capability = capabilities.cuda_compute_capability
+    if config.device == "cuda" and compute_capability is not None and compute_capability < (8, 0):
+        if config.tf32:
+            return "--tf32", f"tf32 needs compute capability ≥ 8.0 (this GPU has {compute_capability[0]}.{compute_capability[1]})"
+        if config.precision == "bf16":
+            return "--precision", (f"bf16 needs compute capability ≥ 8.0 "
+                                   f"(this GPU has {compute_capability[0]}.{compute_capability[1]}); use fp16")
+    if config.optim == "adamw_bnb_8bit":
+        if config.device != "cuda":
+            return "--optim", "8-bit Adam (adamw_bnb_8bit) needs a CUDA GPU"
+        if capabilities.bitsandbytes_version is None:
+            detail = f": {capabilities.bitsandbytes_error}" if capabilities.bitsandbytes_error else ""
+            return "--optim", f"8-bit Adam needs bitsandbytes (pip install 'gpuanat[bnb]'){detail}"
+    return None
+
+
+def validate_for_machine(config: RunConfig, capabilities: Capabilities) -> None:
+    """Raise ConfigError when this machine cannot run `config`."""
+    unsupported = machine_unsupported_reason(config, capabilities)
+    if unsupported is not None:
+        raise ConfigError(*unsupported)

@@ -1,0 +1,162 @@
+"""Events the training child sends to its parent: one JSON object per line on a dedicated pipe.
+
+stdout and stderr stay the human log (tqdm and all); events travel on their own file descriptor.
+Every event carries the protocol version `v` and its `type`. Decoding is tolerant: unknown keys are
+ignored (a newer child may add fields), and a line that is not a valid event becomes `Malformed`,
+which the parent reports and skips — never fatal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ProbeBands:
+    """Memory the probe measured inside the training process, in bytes.
+
+    Weights, gradients and optimizer state are exact sums of unique tensor storages.
+    """
+
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int | None
+    activations_method: str
+    """"allocator": CUDA allocated at the end of forward minus the live set and the batch;
+    "saved_tensors": unique storages autograd saved for backward (CPU); "unavailable"."""
+    batch_bytes: int
+    measured_at_step: int
+
+
+@dataclass(frozen=True)
+class Hello:
+    pid: int
+    versions: dict[str, str]
+    device: str
+    device_name: str | None
+    config: dict[str, Any]
+    type: str = "hello"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    params: int
+    trainable_params: int
+    weights_bytes: int
+    """Unique parameter and buffer storages, as loaded (before any training step)."""
+    dtype: str
+    total_steps: int
+    type: str = "model"
+
+
+@dataclass(frozen=True)
+class Step:
+    step: int
+    samples: int
+    """Samples trained so far, counted from the batches the model saw."""
+    tokens: int
+    step_time_s: float
+    """Wall time since the previous step ended (the first step includes warm-up)."""
+    elapsed_s: float
+    """Seconds since training began."""
+    loss: float | None = None
+    allocated_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    """Highest torch allocated memory during this step."""
+    reserved_bytes: int | None = None
+    bands: ProbeBands | None = None
+    """Present on the steps where the probe measured tensors exactly."""
+    type: str = "step"
+
+
+@dataclass(frozen=True)
+class Done:
+    status: str
+    """"ok", or "stopped" when interrupted."""
+    steps: int
+    samples: int
+    train_runtime_s: float | None
+    samples_per_second: float | None
+    """As HF Trainer reports it (train_samples_per_second): warm-up included."""
+    steady_samples_per_second: float | None
+    warmup_steps: int
+    steady_reason: str | None = None
+    """Why steady_samples_per_second is None, when it is."""
+    train_loss: float | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    bands: ProbeBands | None = None
+    type: str = "done"
+
+
+@dataclass(frozen=True)
+class Error:
+    kind: str
+    """"oom", "exception" or "config"."""
+    message: str
+    traceback: str | None = None
+    step: int | None = None
+    peak_allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    flag: str | None = None
+    """For kind "config": the CLI flag at fault."""
+    type: str = "error"
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A line that could not be decoded; kept so the parent can report it."""
+
+    line: str
+    reason: str
+    type: str = "malformed"
+
+
+Event = Hello | ModelInfo | Step | Done | Error
+EVENT_TYPES: dict[str, type] = {cls.type: cls for cls in (Hello, ModelInfo, Step, Done, Error)}  # type: ignore[attr-defined]
+
+
+def encode(event: Event) -> bytes:
+    payload = {"v": PROTOCOL_VERSION, **dataclasses.asdict(event)}
+    return (json.dumps(payload, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+def _bands_from(data: Any) -> ProbeBands | None:
+    if data is None:
+        return None
+    return _build(ProbeBands, data)
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    values = {key: value for key, value in data.items() if key in known}
+    if "bands" in values:
+        values["bands"] = _bands_from(values["bands"])
+    return cls(**values)
+
+
+def decode(line: bytes | str) -> Event | Malformed:
+    text = line.decode(errors="replace") if isinstance(line, bytes) else line
+    text = text.strip()
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        return Malformed(text, f"not JSON: {error}")
+    if not isinstance(data, dict):
+        return Malformed(text, "not a JSON object")
+    version = data.get("v")
+    if version != PROTOCOL_VERSION:
+        return Malformed(text, f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
+    cls = EVENT_TYPES.get(data.get("type", ""))
+    if cls is None:
+        return Malformed(text, f"unknown event type {data.get('type')!r}")
+    try:
+        return _build(cls, {key: value for key, value in data.items() if key not in ("v", "type")})
+    except TypeError as error:
+        return Malformed(text, f"bad fields for {cls.__name__}: {error}")

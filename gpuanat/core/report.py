@@ -1,0 +1,170 @@
+"""Tables of runs for the terminal and for export: rows as plain values, rendered as md, CSV or JSON.
+
+The CLI renders the same rows as a terminal table; this module stays free of any UI library.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpuanat.core.compare import percent_delta
+from gpuanat.core.history import RunRow
+
+MIB = 1024**2
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    title: str
+    numeric: bool = False
+
+
+def format_bytes(value: int | None) -> str:
+    if value is None:
+        return "—"
+    if abs(value) >= GIB:
+        return f"{value / GIB:.2f} GiB"
+    return f"{value / MIB:.0f} MiB"
+
+
+def format_mb(value: int | None) -> str:
+    """Decimal-free MB as the HF docs print 'GPU memory occupied' (MiB, labelled MB there)."""
+    return "—" if value is None else f"{value // MIB}"
+
+
+def format_number(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def format_delta(value: float | None) -> str:
+    return "" if value is None else f"{value:+.1f}%"
+
+
+HISTORY_COLUMNS = (
+    Column("id", "id", numeric=True),
+    Column("when", "when"),
+    Column("name", "name"),
+    Column("status", "status"),
+    Column("model", "model"),
+    Column("techniques", "techniques"),
+    Column("device", "device"),
+    Column("time_s", "time s", numeric=True),
+    Column("samples_per_second", "samples/s", numeric=True),
+    Column("steady_samples_per_second", "steady/s", numeric=True),
+    Column("peak_allocated", "peak alloc", numeric=True),
+    Column("gpu_memory_mb", "GPU mem MB", numeric=True),
+)
+
+
+def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
+    """One row per run, values raw (numbers stay numbers) for export."""
+    rows = []
+    for run in runs:
+        result, config = run.result, run.config
+        rows.append({
+            "id": run.id,
+            "when": datetime.fromtimestamp(run.created_at).strftime("%Y-%m-%d %H:%M"),
+            "name": run.name or run.kind,
+            "status": run.status,
+            "model": config.get("model") or config.get("preset"),
+            "techniques": _techniques(config),
+            "device": result.get("gpu_name") or result.get("device_name") or config.get("device"),
+            "time_s": result.get("train_runtime_s"),
+            "samples_per_second": result.get("samples_per_second"),
+            "steady_samples_per_second": result.get("steady_samples_per_second"),
+            "peak_allocated": result.get("peak_allocated_bytes"),
+            "gpu_memory_mb": result.get("device_memory_used_bytes"),
+        })
+    return rows
+
+
+def _techniques(config: dict[str, Any]) -> str:
+    from gpuanat.core.config import RunConfig
+
+    return RunConfig.from_json(config).techniques_summary()
+
+
+SWEEP_COLUMNS = (
+    Column("name", "experiment"),
+    Column("status", "status"),
+    Column("time_s", "Time s", numeric=True),
+    Column("time_delta", "Δ time", numeric=True),
+    Column("samples_per_second", "Samples/s", numeric=True),
+    Column("samples_per_second_delta", "Δ samples/s", numeric=True),
+    Column("steady_samples_per_second", "Steady/s", numeric=True),
+    Column("steady_delta", "Δ steady", numeric=True),
+    Column("gpu_memory_mb", "GPU mem MB", numeric=True),
+    Column("memory_delta", "Δ mem", numeric=True),
+    Column("peak_allocated", "Peak alloc", numeric=True),
+    Column("reason", "reason"),
+)
+
+
+def sweep_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sweep table rows with % deltas against the first (vanilla) row."""
+    baseline = results[0] if results and results[0].get("status") == "ok" else {}
+    rows = []
+    for result in results:
+        memory = result.get("device_memory_used_bytes")
+        rows.append({
+            "name": result.get("name"),
+            "status": result.get("status"),
+            "time_s": result.get("train_runtime_s"),
+            "time_delta": percent_delta(result.get("train_runtime_s"), baseline.get("train_runtime_s")),
+            "samples_per_second": result.get("samples_per_second"),
+            "samples_per_second_delta": percent_delta(result.get("samples_per_second"),
+                                                      baseline.get("samples_per_second")),
+            "steady_samples_per_second": result.get("steady_samples_per_second"),
+            "steady_delta": percent_delta(result.get("steady_samples_per_second"),
+                                          baseline.get("steady_samples_per_second")),
+            "gpu_memory_mb": memory,
+            "memory_delta": percent_delta(memory, baseline.get("device_memory_used_bytes")),
+            "peak_allocated": result.get("peak_allocated_bytes"),
+            "reason": result.get("reason") or "",
+        })
+    return rows
+
+
+def display_value(key: str, value: Any) -> str:
+    """How a raw row value reads in a table."""
+    if value is None:
+        return "" if key.endswith("delta") or key == "reason" else "—"
+    if key.endswith("delta"):
+        return format_delta(value)
+    if key == "gpu_memory_mb":
+        return format_mb(value)
+    if key == "peak_allocated":
+        return format_bytes(value)
+    if key in ("time_s", "samples_per_second", "steady_samples_per_second"):
+        return format_number(value)
+    return str(value)
+
+
+def render_markdown(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(column.title for column in columns) + " |",
+             "| " + " | ".join("---:" if column.numeric else "---" for column in columns) + " |"]
+    for row in rows:
+        cells = [display_value(column.key, row.get(column.key)).replace("|", "\\|") for column in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow([column.key for column in columns])
+    for row in rows:
+        writer.writerow(["" if row.get(column.key) is None else row.get(column.key) for column in columns])
+    return buffer.getvalue()
+
+
+def render_json(rows: Sequence[dict[str, Any]]) -> str:
+    return json.dumps(list(rows), indent=2)

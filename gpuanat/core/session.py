@@ -1,0 +1,249 @@
+"""One recorded training run: child + sampler + history, from start to a result.
+
+`execute_run` is what `gpuanat run` and `gpuanat sweep` call: it spawns the worker, samples NVML
+and host metrics while it trains, writes step records and samples to the history as they arrive,
+and returns the run's result — the JSON contract of `gpuanat run --json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.anatomy import assemble_bands
+from gpuanat.core.config import RunConfig
+from gpuanat.core.history import HistoryStore
+from gpuanat.core.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
+from gpuanat.core.runner import ChildExited, ChildProcess, worker_command
+from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
+
+SAMPLE_INTERVAL_S = 0.25
+HISTORY_FLUSH_INTERVAL_S = 1.0
+LOG_TAIL_LINES = 20
+
+SamplerFactory = Callable[[], tuple[Any, NvmlStatus]]
+
+
+@dataclass
+class _RunState:
+    """What the parent has learned about the run so far."""
+
+    hello: Hello | None = None
+    model: ModelInfo | None = None
+    last_step: Step | None = None
+    probe_bands: ProbeBands | None = None
+    done: Done | None = None
+    error: Error | None = None
+    malformed: list[str] = field(default_factory=list)
+    peak_device_used_bytes: int | None = None
+    peak_process_used_bytes: int | None = None
+    device_total_bytes: int | None = None
+    gpu_name: str | None = None
+    exit_code: int | None = None
+    stopped_by_user: bool = False
+
+    def observe_sample(self, sample: Sample, pid: int) -> None:
+        if not sample.gpus:
+            return
+        gpu = sample.gpus[0]
+        self.gpu_name = gpu.name
+        self.device_total_bytes = gpu.total_bytes
+        if gpu.used_bytes is not None:
+            self.peak_device_used_bytes = max(self.peak_device_used_bytes or 0, gpu.used_bytes)
+        process_used = sample.process_used_bytes([pid])
+        if process_used is not None:
+            self.peak_process_used_bytes = max(self.peak_process_used_bytes or 0, process_used)
+
+
+def _status(state: _RunState) -> str:
+    if state.error is not None and state.error.kind == "oom":
+        return "oom"
+    if state.stopped_by_user or (state.done is not None and state.done.status == "stopped"):
+        return "stopped"
+    if state.done is not None and state.done.status == "ok" and state.exit_code == 0:
+        return "ok"
+    return "failed"
+
+
+def _log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
+
+
+def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlStatus, log_path: Path,
+                 name: str | None = None) -> dict[str, Any]:
+    """The run's result as the JSON contract of `gpuanat run --json`."""
+    done, error = state.done, state.error
+    status = _status(state)
+    unavailable: dict[str, str] = {}
+    no_gpu_reason = None
+    if config.device != "cuda":
+        no_gpu_reason = "CPU run: it uses no GPU memory"
+    elif not nvml.available:
+        no_gpu_reason = f"NVML unavailable: {nvml.reason}"
+    peak_allocated = (done.peak_allocated_bytes if done else None) or (error.peak_allocated_bytes if error else None)
+    peak_reserved = (done.peak_reserved_bytes if done else None) or (error.reserved_bytes if error else None)
+    if config.device != "cuda":
+        unavailable["peak_allocated_bytes"] = "CPU run: torch's CUDA allocator is not used"
+    device_used = state.peak_device_used_bytes if no_gpu_reason is None else None
+    if no_gpu_reason is not None:
+        unavailable["device_memory_used_bytes"] = no_gpu_reason
+    elif device_used is None:
+        unavailable["device_memory_used_bytes"] = "NVML gave no reading during the run"
+    bands = assemble_bands(
+        state.probe_bands, reserved_bytes=peak_reserved, device_used_bytes=device_used,
+        device_total_bytes=state.device_total_bytes, process_used_bytes=state.peak_process_used_bytes,
+        no_gpu_reason=no_gpu_reason,
+    )
+    steady_reason = done.steady_reason if done else f"run ended with status {status}"
+    if done is None or done.steady_samples_per_second is None:
+        unavailable["steady_samples_per_second"] = steady_reason or "not measured"
+    last_step = state.last_step
+    result: dict[str, Any] = {
+        "run_id": run_id,
+        "name": name,
+        "status": status,
+        "config": config.to_json(),
+        "params": state.model.params if state.model else None,
+        "train_runtime_s": done.train_runtime_s if done else None,
+        "samples_per_second": done.samples_per_second if done else None,
+        "steady_samples_per_second": done.steady_samples_per_second if done else None,
+        "warmup_steps": done.warmup_steps if done else None,
+        "steps": done.steps if done else (last_step.step if last_step else 0),
+        "samples": done.samples if done else (last_step.samples if last_step else 0),
+        "train_loss": done.train_loss if done else None,
+        "peak_allocated_bytes": peak_allocated,
+        "peak_reserved_bytes": peak_reserved,
+        "device_memory_used_bytes": device_used,
+        "process_memory_used_bytes": state.peak_process_used_bytes if no_gpu_reason is None else None,
+        "device_memory_total_bytes": state.device_total_bytes if no_gpu_reason is None else None,
+        "device": config.device,
+        "device_name": state.hello.device_name if state.hello else None,
+        "gpu_name": state.gpu_name,
+        "versions": state.hello.versions if state.hello else {},
+        "bands": {key: value for key, value in bands.to_json().items() if key != "unavailable"},
+        "unavailable": {**unavailable, **bands.unavailable},
+        "error": None,
+        "exit_code": state.exit_code,
+        "log_path": str(log_path),
+        "malformed_events": len(state.malformed),
+    }
+    if error is not None:
+        result["error"] = {"kind": error.kind, "message": error.message, "step": error.step, "flag": error.flag}
+    elif status == "failed":
+        result["error"] = {"kind": "exception", "flag": None, "step": last_step.step + 1 if last_step else None,
+                           "message": f"the training process exited with code {state.exit_code} "
+                                      f"without finishing; last lines of its log:\n{_log_tail(log_path)}"}
+    return result
+
+
+def execute_run(
+    config: RunConfig,
+    *,
+    store: HistoryStore,
+    log_dir: Path,
+    name: str | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    sampler_factory: SamplerFactory = open_source,
+    env: Mapping[str, str] | None = None,
+    trace_path: Path | None = None,
+    stop_grace_s: float = 10.0,
+) -> dict[str, Any]:
+    """Train `config` in a child process, record it, return its result.
+
+    Ctrl-C (KeyboardInterrupt) while it runs stops the child and its process group and records the
+    run as stopped. `on_event` sees every decoded event (for progress display).
+    """
+    run_id = store.create_run(config.to_json(), name=name)
+    log_path = log_dir / f"run-{run_id}.log"
+    store.set_log_path(run_id, log_path)
+    state = _RunState()
+    config_json = json.dumps(config.to_json())
+    child = ChildProcess(lambda fd: worker_command(config_json, fd), log_path=log_path, env=env)
+    samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
+    source, nvml = sampler_factory()
+    sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
+    pending_steps: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        drained = []
+        while not samples.empty():
+            sample = samples.get()
+            if child.pid is not None:
+                state.observe_sample(sample, child.pid)
+            drained.append(sample.to_json())
+        store.add_samples(run_id, drained)
+        store.add_steps(run_id, pending_steps)
+        pending_steps.clear()
+
+    def handle(event: Event | Malformed) -> None:
+        if isinstance(event, Malformed):
+            state.malformed.append(event.reason)
+            return
+        if isinstance(event, Hello):
+            state.hello = event
+            store.set_environment(run_id, {"pid": event.pid, "versions": event.versions, "device": event.device,
+                                           "device_name": event.device_name, "nvml": nvml.__dict__})
+        elif isinstance(event, ModelInfo):
+            state.model = event
+        elif isinstance(event, Step):
+            state.last_step = event
+            if event.bands is not None:
+                state.probe_bands = event.bands
+            pending_steps.append(dataclasses.asdict(event))
+        elif isinstance(event, Done):
+            state.done = event
+            if event.bands is not None:
+                state.probe_bands = event.bands
+        elif isinstance(event, Error):
+            state.error = event
+        if on_event is not None:
+            on_event(event)
+
+    def drain_until_exit(timeout_s: float) -> None:
+        while True:
+            event = child.next_event(timeout_s)
+            if event is None:
+                return
+            if isinstance(event, ChildExited):
+                state.exit_code = event.returncode
+                return
+            handle(event)
+
+    child.start()
+    assert child.pid is not None
+    sampler.track(child.pid)
+    sampler.start()
+    try:
+        last_flush_s = time.monotonic()
+        while True:
+            event = child.next_event(HISTORY_FLUSH_INTERVAL_S)
+            if time.monotonic() - last_flush_s >= HISTORY_FLUSH_INTERVAL_S:
+                flush()
+                last_flush_s = time.monotonic()
+            if event is None:
+                continue
+            if isinstance(event, ChildExited):
+                state.exit_code = event.returncode
+                break
+            handle(event)
+    except KeyboardInterrupt:
+        state.stopped_by_user = True
+        state.exit_code = child.stop(grace_s=stop_grace_s)
+        drain_until_exit(timeout_s=1.0)
+    finally:
+        child.kill_group()
+        sampler.stop()
+        flush()
+    result = build_result(run_id, config, state, nvml, log_path, name=name)
+    store.update_result(run_id, result, status=result["status"])
+    return result

@@ -1,0 +1,1 @@
+"""Code that runs inside the training process (imports torch and transformers)."""

@@ -1,0 +1,7 @@
+"""`python -m gpuanat.worker`: the training child (see gpuanat.worker.train)."""
+
+import sys
+
+from gpuanat.worker.train import main
+
+sys.exit(main())

@@ -1,0 +1,200 @@
+"""The training child: builds model, data and HF Trainer from a RunConfig, trains, reports events.
+
+Run as `python -m gpuanat.worker --events-fd FD --config JSON`. Events go to FD; stdout and stderr
+stay the human log. Exit codes: 0 done, 1 exception, 2 config error, 3 out of memory, 130 stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+import traceback
+from typing import Any
+
+EXIT_OK, EXIT_EXCEPTION, EXIT_CONFIG, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
+LOGGING_STEPS = 10
+"""Trainer logs (and so syncs for) the loss every this many steps."""
+TOKEN_ID_LOW, TOKEN_ID_HIGH = 100, 30000
+"""The docs' dummy data: random token ids in [100, 30000)."""
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def build_model(config: Any) -> Any:
+    """The model for `config`: from_pretrained when --model is given, else the preset with random weights."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config
+
+    from gpuanat.core.presets import PRESETS
+
+    if config.model is not None:
+        return AutoModelForSequenceClassification.from_pretrained(config.model, attn_implementation=config.attn)
+    preset = PRESETS[config.preset]
+    if preset.family == "bert":
+        model_config = BertConfig(
+            vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, num_hidden_layers=preset.num_layers,
+            num_attention_heads=preset.num_heads, intermediate_size=preset.intermediate_size,
+            max_position_embeddings=preset.max_positions,
+        )
+    else:
+        model_config = GPT2Config(
+            vocab_size=preset.vocab_size, n_embd=preset.hidden_size, n_layer=preset.num_layers,
+            n_head=preset.num_heads, n_inner=preset.intermediate_size, n_positions=preset.max_positions,
+            pad_token_id=preset.vocab_size - 1,
+        )
+    torch.manual_seed(config.seed)
+    # Initialising on the target device is much faster than on the CPU and gives the same model.
+    with torch.device(config.device):
+        return AutoModelForSequenceClassification.from_config(model_config, attn_implementation=config.attn)
+
+
+def build_dataset(config: Any, vocab_size: int) -> Any:
+    """The docs' dummy dataset: random token ids, labels drawn as in the docs, torch format."""
+    import numpy as np
+    from datasets import Dataset
+
+    rng = np.random.default_rng(config.seed)
+    high = min(TOKEN_ID_HIGH, vocab_size)
+    dataset = Dataset.from_dict({
+        "input_ids": rng.integers(min(TOKEN_ID_LOW, high - 1), high, (config.samples, config.seq_len)),
+        "labels": rng.integers(0, 1, config.samples),
+    })
+    dataset.set_format("pt")
+    return dataset
+
+
+def training_arguments_kwargs(config: Any, output_dir: str) -> dict[str, Any]:
+    """TrainingArguments for `config` — shared with the plain-Trainer baseline benchmark."""
+    return {
+        "output_dir": output_dir,
+        "per_device_train_batch_size": config.batch_size,
+        "gradient_accumulation_steps": config.grad_accum,
+        "gradient_checkpointing": config.grad_checkpointing,
+        "fp16": config.precision == "fp16",
+        "bf16": config.precision == "bf16",
+        "tf32": config.tf32 if config.device == "cuda" else None,
+        "optim": config.optim,
+        "dataloader_num_workers": config.workers,
+        "dataloader_pin_memory": config.pin_memory,
+        "torch_compile": config.compile,
+        "num_train_epochs": config.epochs,
+        "max_steps": config.max_steps if config.max_steps is not None else -1,
+        "use_cpu": config.device == "cpu",
+        "seed": config.seed,
+        "report_to": "none",
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "logging_strategy": "steps",
+        "logging_steps": LOGGING_STEPS,
+        "log_level": "error",
+    }
+
+
+def _versions() -> dict[str, str]:
+    import datasets
+    import torch
+    import transformers
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__, "datasets": datasets.__version__}
+    if torch.version.cuda:
+        versions["cuda"] = torch.version.cuda
+    return versions
+
+
+def train(config: Any, emit: Any) -> int:
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from gpuanat.core.protocol import Done, Error, Hello
+    from gpuanat.worker.probe import AnatomyCallback
+
+    device_name = torch.cuda.get_device_name() if config.device == "cuda" else platform.processor() or None
+    emit(Hello(pid=os.getpid(), versions=_versions(), device=config.device, device_name=device_name,
+               config=config.to_json()))
+    try:
+        model = build_model(config)
+    except (OSError, ValueError) as error:
+        emit(Error(kind="config", flag="--model", message=f"cannot load model {config.model!r}: {error}"))
+        return EXIT_CONFIG
+    dataset = build_dataset(config, model.config.vocab_size)
+    probe = AnatomyCallback(emit)
+    with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:
+        trainer = Trainer(model=model, args=TrainingArguments(**training_arguments_kwargs(config, output_dir)),
+                          train_dataset=dataset, callbacks=[probe])
+        try:
+            output = trainer.train()
+        except torch.OutOfMemoryError as error:
+            step = trainer.state.global_step + 1
+            peak_allocated, reserved = probe.peak_allocated_bytes, probe.peak_reserved_bytes
+            del trainer, model
+            gc.collect()
+            torch.cuda.empty_cache()
+            emit(Error(kind="oom", message=str(error).splitlines()[0], step=step,
+                       peak_allocated_bytes=peak_allocated, reserved_bytes=reserved))
+            return EXIT_OOM
+        except KeyboardInterrupt:
+            emit(Done(status="stopped", steps=trainer.state.global_step, samples=probe.samples,
+                      train_runtime_s=None, samples_per_second=None, steady_samples_per_second=None,
+                      warmup_steps=getattr(probe, "warmup_steps", 0), steady_reason="stopped before the end",
+                      peak_allocated_bytes=probe.peak_allocated_bytes,
+                      peak_reserved_bytes=probe.peak_reserved_bytes, bands=probe.last_bands))
+            return EXIT_STOPPED
+    metrics = output.metrics
+    steady = probe.steady_state()
+    emit(Done(
+        status="ok",
+        steps=output.global_step,
+        samples=probe.samples,
+        train_runtime_s=metrics.get("train_runtime"),
+        samples_per_second=metrics.get("train_samples_per_second"),
+        steady_samples_per_second=steady["steady_samples_per_second"],
+        warmup_steps=steady["warmup_steps"],
+        steady_reason=steady["steady_reason"],
+        train_loss=metrics.get("train_loss"),
+        peak_allocated_bytes=probe.peak_allocated_bytes,
+        peak_reserved_bytes=probe.peak_reserved_bytes,
+        bands=probe.last_bands,
+    ))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpuanat.worker", description=__doc__)
+    parser.add_argument("--events-fd", type=int, required=True)
+    parser.add_argument("--config", required=True, help="RunConfig as JSON")
+    args = parser.parse_args(argv)
+
+    from gpuanat.core.config import RunConfig
+    from gpuanat.core.protocol import Error
+    from gpuanat.worker.events import EventWriter, ParentGone
+
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    writer = EventWriter(args.events_fd)
+    config = RunConfig.from_json(json.loads(args.config))
+    try:
+        return train(config, writer.emit)
+    except ParentGone:
+        return EXIT_STOPPED
+    except KeyboardInterrupt:
+        return EXIT_STOPPED
+    except Exception as error:
+        try:
+            writer.emit(Error(kind="exception", message=f"{type(error).__name__}: {error}",
+                              traceback=traceback.format_exc()))
+        except ParentGone:
+            pass
+        traceback.print_exc()
+        return EXIT_EXCEPTION
+
+
+if __name__ == "__main__":
+    sys.exit(main())
