@@ -15,12 +15,19 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpuanat import __version__
-from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.config import (
+    Capabilities,
+    ConfigError,
+    RunConfig,
+    machine_unsupported_reason,
+    validate_values,
+)
 from gpuanat.core.history import HistoryStore, default_db_path
 from gpuanat.core.protocol import Error, Event, ModelInfo, Step
 from gpuanat.core.techniques import TECHNIQUES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
+TABLE_WIDTH_NOT_A_TERMINAL = 200
 STATUS_EXIT_CODES = {"ok": EXIT_OK, "oom": EXIT_OOM, "stopped": EXIT_STOPPED, "failed": EXIT_FAILED}
 
 
@@ -201,10 +208,12 @@ def _print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
 
     table = Table(show_edge=False, header_style="bold")
     for column in columns:
-        table.add_column(column.title, justify="right" if column.numeric else "left")
+        table.add_column(column.title, justify="right" if column.numeric else "left",
+                         no_wrap=column.key != "reason")
     for row in rows:
         table.add_row(*(display_value(column.key, row.get(column.key)) for column in columns))
-    Console(width=max(100, Console().width)).print(table)
+    # A pipe or file gets the whole table; a terminal gets its own width.
+    Console(width=None if sys.stdout.isatty() else TABLE_WIDTH_NOT_A_TERMINAL).print(table)
 
 
 # --- subcommands ---------------------------------------------------------------------------------
@@ -279,7 +288,7 @@ def command_sweep(args: argparse.Namespace) -> int:
                 break
     rows = sweep_rows(results)
     if args.json:
-        print(json.dumps([{**result, **row} for result, row in zip(results, rows)]))
+        print(json.dumps([{**result, **row} for result, row in zip(results, rows, strict=False)]))
     else:
         _print_table(SWEEP_COLUMNS, rows)
     if interrupted:

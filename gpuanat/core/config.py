@@ -177,11 +177,11 @@ def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) ->
         return "--tf32", "tf32 needs a CUDA GPU (Ampere or newer)"
     compute_capability = capabilities.cuda_compute_capability
     if config.device == "cuda" and compute_capability is not None and compute_capability < (8, 0):
+        this_gpu = f"this GPU has {compute_capability[0]}.{compute_capability[1]}"
         if config.tf32:
-            return "--tf32", f"tf32 needs compute capability ≥ 8.0 (this GPU has {compute_capability[0]}.{compute_capability[1]})"
+            return "--tf32", f"tf32 needs compute capability ≥ 8.0 ({this_gpu})"
         if config.precision == "bf16":
-            return "--precision", (f"bf16 needs compute capability ≥ 8.0 "
-                                   f"(this GPU has {compute_capability[0]}.{compute_capability[1]}); use fp16")
+            return "--precision", f"bf16 needs compute capability ≥ 8.0 ({this_gpu}); use fp16"
     if config.optim == "adamw_bnb_8bit":
         if config.device != "cuda":
             return "--optim", "8-bit Adam (adamw_bnb_8bit) needs a CUDA GPU"

@@ -7,6 +7,7 @@ stay the human log. Exit codes: 0 done, 1 exception, 2 config error, 3 out of me
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -73,11 +74,18 @@ def build_dataset(config: Any, vocab_size: int) -> Any:
 
 def training_arguments_kwargs(config: Any, output_dir: str) -> dict[str, Any]:
     """TrainingArguments for `config` — shared with the plain-Trainer baseline benchmark."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    # transformers 5.2x renamed gradient_checkpointing (deprecated) to activation_checkpointing.
+    fields = {field.name for field in dataclasses.fields(TrainingArguments)}
+    checkpointing_key = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     return {
         "output_dir": output_dir,
         "per_device_train_batch_size": config.batch_size,
         "gradient_accumulation_steps": config.grad_accum,
-        "gradient_checkpointing": config.grad_checkpointing,
+        checkpointing_key: config.grad_checkpointing,
         "fp16": config.precision == "fp16",
         "bf16": config.precision == "bf16",
         "tf32": config.tf32 if config.device == "cuda" else None,
@@ -187,11 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_STOPPED
     except Exception as error:
-        try:
+        with contextlib.suppress(ParentGone):
             writer.emit(Error(kind="exception", message=f"{type(error).__name__}: {error}",
                               traceback=traceback.format_exc()))
-        except ParentGone:
-            pass
         traceback.print_exc()
         return EXIT_EXCEPTION
 
