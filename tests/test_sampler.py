@@ -291,9 +291,7 @@ def test_sampler_replays_a_trace_to_its_end_with_recorded_times(tmp_path):
         for step in range(6)
     ]
     trace_path = tmp_path / "gpu_trace.jsonl"
-    trace_path.write_text(
-        "".join(f"{json.dumps(sample.to_json())}\n" for sample in recorded), encoding="utf-8"
-    )
+    trace_path.write_text("".join(f"{json.dumps(sample.to_json())}\n" for sample in recorded), encoding="utf-8")
     live_pid = os.getpid()
     replayed: list[Sample] = []
     sampler = Sampler(
@@ -311,9 +309,7 @@ def test_sampler_replays_a_trace_to_its_end_with_recorded_times(tmp_path):
 
     assert ended_by_itself
     assert [sample.t_s for sample in replayed] == [sample.t_s for sample in recorded]
-    assert [sample.process_used_bytes([live_pid]) for sample in replayed] == [
-        (step + 1) * MIB for step in range(6)
-    ]
+    assert [sample.process_used_bytes([live_pid]) for sample in replayed] == [(step + 1) * MIB for step in range(6)]
     assert all(sample.process_used_bytes([4242]) is None for sample in replayed)
     assert sampler.last_error is None
 
@@ -376,8 +372,7 @@ def test_open_source_without_nvml_does_not_touch_it():
 
 def test_core_sampler_imports_without_torch_textual_or_pynvml():
     code = (
-        "import sys, gpuanat.core.sampler; "
-        "print(sorted(m for m in ('torch', 'textual', 'pynvml') if m in sys.modules))"
+        "import sys, gpuanat.core.sampler; print(sorted(m for m in ('torch', 'textual', 'pynvml') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -176,9 +176,7 @@ def _nvml_reason(error: Exception) -> str:
 
 
 def _unavailable(reason: str) -> NvmlStatus:
-    return NvmlStatus(
-        available=False, reason=reason, driver_version=None, cuda_driver_version=None, gpu_names=()
-    )
+    return NvmlStatus(available=False, reason=reason, driver_version=None, cuda_driver_version=None, gpu_names=())
 
 
 def probe_nvml() -> NvmlStatus:
@@ -332,9 +330,7 @@ class NvmlSource:
         except pynvml.NVMLError:
             self.close()
             raise
-        self._devices = [
-            (index, handle, _device_name(pynvml, handle, index)) for index, handle in enumerate(handles)
-        ]
+        self._devices = [(index, handle, _device_name(pynvml, handle, index)) for index, handle in enumerate(handles)]
         self._host = _HostProcessMeter(descendants_refresh_s)
 
     def read(self, pids: Iterable[int]) -> Sample:
@@ -378,13 +374,9 @@ class NvmlSource:
         # have the deprecated nvmlDeviceGetTemperature.
         temperature = None
         if hasattr(nvml, "nvmlDeviceGetTemperatureV"):
-            temperature = _nvml_or_none(
-                nvml, nvml.nvmlDeviceGetTemperatureV, handle, nvml.NVML_TEMPERATURE_GPU
-            )
+            temperature = _nvml_or_none(nvml, nvml.nvmlDeviceGetTemperatureV, handle, nvml.NVML_TEMPERATURE_GPU)
         if temperature is None:
-            temperature = _nvml_or_none(
-                nvml, nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
-            )
+            temperature = _nvml_or_none(nvml, nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
         return float(temperature) if temperature is not None else None
 
     def close(self) -> None:

@@ -1,0 +1,47 @@
+"""Shared helpers: run the real `gpuanat` CLI in a subprocess against a throwaway history."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAULT_INJECTION_DIR = Path(__file__).resolve().parent / "fault_injection"
+TINY_CPU = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "32", "--batch-size", "4"]
+"""A tiny BERT on the CPU: a few seconds of real training after the imports."""
+
+
+def cli_env(db: Path | None, fault: str | None = None) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUANAT_")}
+    if db is not None:
+        env["GPUANAT_DB"] = str(db)
+    env["PYTHONUNBUFFERED"] = "1"
+    if fault is not None:
+        env["GPUANAT_TEST_FAULT"] = fault
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULT_INJECTION_DIR), env.get("PYTHONPATH")]))
+    return env
+
+
+def start_cli(args: list[str], db: Path | None, fault: str | None = None, **popen_kwargs) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "gpuanat", *args], env=cli_env(db, fault), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kwargs)
+
+
+def run_cli(args: list[str], db: Path | None, fault: str | None = None, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    process = start_cli(args, db, fault)
+    stdout, stderr = process.communicate(timeout=timeout_s)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def last_json(stdout: str):
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "history.sqlite"

@@ -1,0 +1,38 @@
+"""Test-only fault injection into a real training child, loaded through PYTHONPATH.
+
+No GPU is available in CI, so a real CUDA out-of-memory cannot happen there. Tests put this
+directory on the child's PYTHONPATH and set GPUANAT_TEST_FAULT=KIND@STEP; Python then imports this
+module at start-up, and it wraps transformers' Trainer.training_step so that the optimizer step
+numbered STEP (1-based) fails in the chosen way. Everything else — worker, probe, runner, history —
+is the real code. Kinds:
+  oom      raise torch.OutOfMemoryError, exactly what the CUDA caching allocator raises
+  crash    SIGKILL the training process (a hard crash: no Python cleanup, no final event)
+  garbage  write a malformed line to the events pipe, then carry on normally
+"""
+
+import os
+
+_FAULT = os.environ.get("GPUANAT_TEST_FAULT")
+
+if _FAULT and "GPUANAT_EVENTS_FD" in os.environ:  # only in the training child, not in the gpuanat CLI
+    import signal
+
+    import torch
+    from transformers import Trainer
+
+    _kind, _, _step = _FAULT.partition("@")
+    _fault_step = int(_step)
+    _original_training_step = Trainer.training_step
+
+    def _training_step(self, *args, **kwargs):
+        if self.state.global_step + 1 == _fault_step:
+            if _kind == "oom":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by test)")
+            if _kind == "crash":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if _kind == "garbage" and not getattr(self, "_garbage_sent", False):
+                self._garbage_sent = True
+                os.write(int(os.environ["GPUANAT_EVENTS_FD"]), b"this is not an event\n")
+        return _original_training_step(self, *args, **kwargs)
+
+    Trainer.training_step = _training_step

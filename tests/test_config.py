@@ -1,0 +1,87 @@
+"""RunConfig validation: values alone, and values against what a machine can do."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.sweep import EXPERIMENTS
+
+CPU_ONLY = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build")
+HOPPER_WITH_BNB = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_device_name="NVIDIA H100",
+                               cuda_compute_capability=(9, 0), bitsandbytes_version="0.50.2")
+VOLTA_NO_BNB = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_device_name="Tesla V100",
+                            cuda_compute_capability=(7, 0), bitsandbytes_error="ModuleNotFoundError")
+
+
+@pytest.mark.parametrize(("changes", "flag"), [
+    ({"batch_size": 0}, "--batch-size"),
+    ({"grad_accum": -1}, "--grad-accum"),
+    ({"precision": "fp8"}, "--precision"),
+    ({"optim": "nope"}, "--optim"),
+    ({"attn": "flash"}, "--attn"),
+    ({"workers": -2}, "--workers"),
+    ({"seq_len": 513}, "--seq-len"),
+    ({"seq_len": 0}, "--seq-len"),
+    ({"samples": 0}, "--samples"),
+    ({"epochs": 0}, "--epochs"),
+    ({"max_steps": 0}, "--max-steps"),
+    ({"preset": "llama"}, "--preset"),
+])
+def test_bad_values_name_their_flag(changes, flag):
+    with pytest.raises(ConfigError) as raised:
+        validate_values(RunConfig(**changes))
+    assert raised.value.flag == flag
+
+
+def test_seq_len_limit_follows_the_preset_and_local_checkpoints(tmp_path):
+    validate_values(RunConfig(preset="gpt2", seq_len=1024))
+    with pytest.raises(ConfigError, match="≤ 1024"):
+        validate_values(RunConfig(preset="gpt2", seq_len=1025))
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
+    with pytest.raises(ConfigError, match=f"≤ 128, the position embeddings of {tmp_path}"):
+        validate_values(RunConfig(model=str(tmp_path), seq_len=256))
+
+
+def test_defaults_are_valid_and_round_trip():
+    config = RunConfig()
+    validate_values(config)
+    assert RunConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    assert RunConfig.from_json({**config.to_json(), "added_by_a_newer_version": 1}) == config
+
+
+@pytest.mark.parametrize(("changes", "capabilities", "flag", "words"), [
+    ({"device": "cuda"}, CPU_ONLY, "--device", "use --device cpu"),
+    ({"device": "cpu", "precision": "fp16"}, CPU_ONLY, "--precision", "fp16 needs a CUDA GPU"),
+    ({"device": "cpu", "tf32": True}, CPU_ONLY, "--tf32", "tf32 needs a CUDA GPU"),
+    ({"device": "cpu", "optim": "adamw_bnb_8bit"}, CPU_ONLY, "--optim", "needs a CUDA GPU"),
+    ({"device": "cuda", "optim": "adamw_bnb_8bit"}, VOLTA_NO_BNB, "--optim", "needs bitsandbytes"),
+    ({"device": "cuda", "precision": "bf16"}, VOLTA_NO_BNB, "--precision", "compute capability ≥ 8.0"),
+    ({"device": "cuda", "tf32": True}, VOLTA_NO_BNB, "--tf32", "this GPU has 7.0"),
+])
+def test_machine_limits(changes, capabilities, flag, words):
+    unsupported = machine_unsupported_reason(RunConfig(**changes), capabilities)
+    assert unsupported is not None
+    assert unsupported[0] == flag
+    assert words in unsupported[1]
+
+
+def test_every_docs_experiment_runs_on_hopper_and_cpu_runs_the_portable_ones():
+    on_gpu = [machine_unsupported_reason(e.config(RunConfig(device="cuda")), HOPPER_WITH_BNB) for e in EXPERIMENTS]
+    assert on_gpu == [None] * len(EXPERIMENTS)
+    runnable_on_cpu = [e.name for e in EXPERIMENTS
+                       if machine_unsupported_reason(e.config(RunConfig(device="cpu")), CPU_ONLY) is None]
+    assert runnable_on_cpu == ["vanilla", "grad accumulation", "+ grad checkpointing", "bf16", "adafactor"]
+
+
+def test_sweep_keeps_the_docs_effective_batch():
+    base = RunConfig(batch_size=4)
+    by_name = {e.name: e.config(base) for e in EXPERIMENTS}
+    assert (by_name["vanilla"].batch_size, by_name["vanilla"].grad_accum) == (4, 1)
+    assert (by_name["grad accumulation"].batch_size, by_name["grad accumulation"].grad_accum) == (1, 4)
+    combined = by_name["accum + gc + fp16 + 8-bit adam"]
+    assert (combined.batch_size, combined.grad_accum, combined.grad_checkpointing, combined.precision,
+            combined.optim) == (1, 4, True, "fp16", "adamw_bnb_8bit")
+    assert {config.effective_batch_size for config in by_name.values()} == {4}
