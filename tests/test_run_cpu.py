@@ -1,0 +1,165 @@
+"""`gpuanat run` for real: the tiny BERT trains on the CPU in a real child process.
+
+The runs start together (module fixture) so the suite pays the imports once in wall time. Byte
+counts are checked against an independent count of the same model built in this process.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import pytest
+from transformers import AutoModelForSequenceClassification, BertConfig
+
+from conftest import last_json, run_cli, start_cli
+from gpuanat.core.presets import PRESETS
+
+BASE = ["--preset", "tiny", "--device", "cpu", "--seq-len", "64", "--samples", "64"]
+RUNS = {
+    "adamw_bs8": [*BASE, "--batch-size", "8"],
+    "adamw_bs16": [*BASE, "--batch-size", "16"],
+    "checkpointing_bs8": [*BASE, "--batch-size", "8", "--grad-checkpointing"],
+    "sgd_accum": [*BASE, "--batch-size", "4", "--grad-accum", "2", "--optim", "sgd"],
+    "adafactor_eager": [*BASE, "--batch-size", "8", "--optim", "adafactor", "--attn", "eager"],
+}
+
+
+@pytest.fixture(scope="module")
+def history_db(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs") / "history.sqlite"
+
+
+@pytest.fixture(scope="module")
+def results(history_db):
+    processes = {name: start_cli(["run", *args, "--json"], history_db) for name, args in RUNS.items()}
+    outputs = {}
+    for name, process in processes.items():
+        stdout, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, f"{name}: {stderr[-3000:]}"
+        outputs[name] = last_json(stdout)
+    return outputs
+
+
+def tiny_model_counts() -> dict[str, int]:
+    """Parameters and buffers of the tiny preset, counted here with numel × element size."""
+    preset = PRESETS["tiny"]
+    model = AutoModelForSequenceClassification.from_config(BertConfig(
+        vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads, intermediate_size=preset.intermediate_size,
+        max_position_embeddings=preset.max_positions))
+    parameters = list(model.parameters())
+    return {
+        "params": sum(p.numel() for p in parameters),
+        "parameter_tensors": len(parameters),
+        "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+        "matrices_elements": [tuple(p.shape) for p in parameters],
+    }
+
+
+def test_json_contract(results):
+    result = results["adamw_bs8"]
+    for key in ("run_id", "status", "config", "params", "train_runtime_s", "samples_per_second",
+                "steady_samples_per_second", "peak_allocated_bytes", "device_memory_used_bytes", "bands"):
+        assert key in result
+    assert result["status"] == "ok"
+    assert result["config"]["batch_size"] == 8 and result["config"]["optim"] == "adamw_torch_fused"
+    assert set(result["config"]) >= {"grad_accum", "grad_checkpointing", "precision", "tf32", "optim", "workers",
+                                     "pin_memory", "attn", "compile", "seq_len", "samples", "epochs", "max_steps"}
+    assert result["train_runtime_s"] > 0 and result["samples_per_second"] > 0
+    assert result["steady_samples_per_second"] > 0
+    assert result["steps"] == 8 and result["samples"] == 64
+    # On the CPU the GPU figures are null, each with a reason.
+    assert result["peak_allocated_bytes"] is None and result["device_memory_used_bytes"] is None
+    assert "CPU" in result["unavailable"]["device_memory_used_bytes"]
+    assert "CPU" in result["unavailable"]["peak_allocated_bytes"]
+    for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes"):
+        assert isinstance(result["bands"][band], int)
+
+
+def test_exact_bytes_for_fp32_adamw(results):
+    counts = tiny_model_counts()
+    bands = results["adamw_bs8"]["bands"]
+    assert results["adamw_bs8"]["params"] == counts["params"]
+    assert bands["weights_bytes"] == 4 * counts["params"] + counts["buffer_bytes"]
+    assert bands["gradients_bytes"] == 4 * counts["params"]
+    # AdamW keeps exp_avg and exp_avg_sq (fp32: 8 B/param) and one fp32 step counter per parameter tensor.
+    assert bands["optimizer_state_bytes"] == 8 * counts["params"] + 4 * counts["parameter_tensors"]
+
+
+def test_sgd_has_no_optimizer_state_and_adafactor_factors_its_state(results):
+    counts = tiny_model_counts()
+    assert results["sgd_accum"]["bands"]["optimizer_state_bytes"] == 0
+    assert results["sgd_accum"]["bands"]["gradients_bytes"] == 4 * counts["params"]
+    # Adafactor: a 2-D weight keeps a row and a column factor, a 1-D one its full second moment; plus a step.
+    expected = 0
+    for shape in counts["matrices_elements"]:
+        expected += 4 * (shape[0] + shape[1]) if len(shape) == 2 else 4 * math.prod(shape)
+    adafactor_state = results["adafactor_eager"]["bands"]["optimizer_state_bytes"]
+    assert expected <= adafactor_state <= expected + 4 * counts["parameter_tensors"]
+    assert adafactor_state < results["adamw_bs8"]["bands"]["optimizer_state_bytes"] / 10
+
+
+def test_activations_scale_with_batch_and_shrink_with_checkpointing(results):
+    bs8 = results["adamw_bs8"]["bands"]["activations_bytes"]
+    bs16 = results["adamw_bs16"]["bands"]["activations_bytes"]
+    checkpointed = results["checkpointing_bs8"]["bands"]["activations_bytes"]
+    assert 1.9 < bs16 / bs8 < 2.1
+    assert checkpointed < bs8 / 2
+    # On the CPU, SDPA runs its math kernel, which saves the s×s attention probabilities as eager does: so
+    # both hold at least 2 layers × 2 heads × 64² fp32 probabilities per sample.
+    for name in ("adamw_bs8", "adafactor_eager"):
+        assert results[name]["bands"]["activations_bytes"] >= 8 * 2 * 2 * 64 * 64 * 4
+
+
+def test_accumulation_counts_micro_batches(results):
+    result = results["sgd_accum"]
+    assert result["steps"] == 8  # 64 samples / (4 × 2)
+    assert result["samples"] == 64
+
+
+def test_history_lists_every_run_in_each_format(results, history_db):
+    listed = json.loads(run_cli(["history", "--json"], history_db).stdout)
+    by_id = {run["id"]: run for run in listed}
+    for result in results.values():
+        run = by_id[result["run_id"]]
+        assert run["status"] == "ok"
+        assert run["result"]["steady_samples_per_second"] == result["steady_samples_per_second"]
+        assert run["config"] == result["config"]
+    rows = list(csv.DictReader(io.StringIO(run_cli(["history", "--format", "csv"], history_db).stdout)))
+    assert sorted(int(row["id"]) for row in rows) == sorted(by_id)
+    markdown = run_cli(["history", "--format", "md"], history_db).stdout.splitlines()
+    assert markdown[0].startswith("| id |") and len(markdown) == 2 + len(results)
+    table = run_cli(["history"], history_db).stdout
+    assert "bs4 accum2 sgd" in table
+    last_two = json.loads(run_cli(["history", "--json", "--limit", "2"], history_db).stdout)
+    assert [run["id"] for run in last_two] == sorted(by_id)[-2:]
+
+
+def test_steps_are_recorded_with_the_run(results, history_db):
+    from gpuanat.core.history import HistoryStore
+
+    with HistoryStore(history_db) as store:
+        steps = store.steps(results["adamw_bs8"]["run_id"])
+        samples = store.samples(results["adamw_bs8"]["run_id"])
+    assert [step["step"] for step in steps] == list(range(1, 9))
+    assert steps[-1]["samples"] == 64
+    measured = [step for step in steps if step["bands"] is not None]
+    assert [step["step"] for step in measured] == [1, 2, 3]
+    assert all(later["elapsed_s"] > earlier["elapsed_s"] for earlier, later in zip(steps, steps[1:], strict=False))
+    # The sampler recorded host metrics of the training process while it ran.
+    assert samples and all(sample["gpus"] == [] for sample in samples)
+    assert max(sample["host"]["rss_bytes"] for sample in samples) > 100 * 1024**2
+
+
+def test_human_summary_reads_like_the_docs(history_db):
+    completed = run_cli(["run", *BASE, "--batch-size", "16", "--max-steps", "2"], history_db)
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert any(line.startswith("Time: ") for line in lines)
+    assert any(line.startswith("Samples/second: ") for line in lines)
+    assert "GPU memory occupied: — MB." in lines
+    assert any(line.strip().startswith("weights") and "MiB" in line for line in lines)
+    assert "Steady samples/second: — (too few steps" in completed.stdout
