@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_cli
+
 from gpuanat.core.history import HistoryStore
 
 TINY = ["--preset", "tiny", "--device", "cpu"]

@@ -12,9 +12,9 @@ import json
 import math
 
 import pytest
+from conftest import last_json, run_cli, start_cli
 from transformers import AutoModelForSequenceClassification, BertConfig
 
-from conftest import last_json, run_cli, start_cli
 from gpuanat.core.presets import PRESETS
 
 BASE = ["--preset", "tiny", "--device", "cpu", "--seq-len", "64", "--samples", "64"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,8 +123,19 @@ Event = Hello | ModelInfo | Step | Done | Error
 EVENT_TYPES: dict[str, type] = {cls.type: cls for cls in (Hello, ModelInfo, Step, Done, Error)}  # type: ignore[attr-defined]
 
 
+def _finite_or_none(value: Any) -> Any:
+    """JSON has no NaN or infinity (an fp16 loss can be either): they travel as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(item) for item in value]
+    return value
+
+
 def encode(event: Event) -> bytes:
-    payload = {"v": PROTOCOL_VERSION, **dataclasses.asdict(event)}
+    payload = _finite_or_none({"v": PROTOCOL_VERSION, **dataclasses.asdict(event)})
     return (json.dumps(payload, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
