@@ -32,7 +32,9 @@ def start_cli(args: list[str], db: Path | None, fault: str | None = None, **pope
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kwargs)
 
 
-def run_cli(args: list[str], db: Path | None, fault: str | None = None, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: list[str], db: Path | None, fault: str | None = None, timeout_s: float = 240
+) -> subprocess.CompletedProcess[str]:
     process = start_cli(args, db, fault)
     stdout, stderr = process.communicate(timeout=timeout_s)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)

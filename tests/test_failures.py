@@ -102,7 +102,7 @@ def test_ctrl_c_stops_the_child_and_its_dataloader_workers(db_path):
     assert process.returncode == 130, stderr
     result = last_json(stdout)
     assert result["status"] == "stopped"
-    gone, alive = psutil.wait_procs(tree, timeout=5)
+    _gone, alive = psutil.wait_procs(tree, timeout=5)
     assert alive == []
     with HistoryStore(db_path) as store:
         run = store.run(result["run_id"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import math
 
@@ -148,7 +149,7 @@ def test_steps_are_recorded_with_the_run(results, history_db):
     assert steps[-1]["samples"] == 64
     measured = [step for step in steps if step["bands"] is not None]
     assert [step["step"] for step in measured] == [1, 2, 3]
-    assert all(later["elapsed_s"] > earlier["elapsed_s"] for earlier, later in zip(steps, steps[1:], strict=False))
+    assert all(later["elapsed_s"] > earlier["elapsed_s"] for earlier, later in itertools.pairwise(steps))
     # The sampler recorded host metrics of the training process while it ran.
     assert samples and all(sample["gpus"] == [] for sample in samples)
     assert max(sample["host"]["rss_bytes"] for sample in samples) > 100 * 1024**2
