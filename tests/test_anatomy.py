@@ -1,0 +1,41 @@
+"""Band assembly: the bands add up to NVML's device used; what cannot be measured says why."""
+
+from __future__ import annotations
+
+from gpuanat.core.anatomy import BAND_NAMES, assemble_bands
+from gpuanat.core.protocol import ProbeBands
+
+GIB = 1024**3
+PROBE = ProbeBands(weights_bytes=1_340 * 1024**2, gradients_bytes=1_340 * 1024**2,
+                   optimizer_state_bytes=2_680 * 1024**2, activations_bytes=6 * GIB, activations_method="allocator",
+                   batch_bytes=16_384, measured_at_step=3)
+
+
+def test_bands_add_up_to_device_total():
+    bands = assemble_bands(PROBE, reserved_bytes=14 * GIB, device_used_bytes=16 * GIB + 300 * 1024**2,
+                           device_total_bytes=80 * GIB, process_used_bytes=14 * GIB + 500 * 1024**2)
+    values = bands.to_json()
+    assert bands.unavailable == {}
+    assert values["other_processes_bytes"] == 16 * GIB + 300 * 1024**2 - (14 * GIB + 500 * 1024**2)
+    assert values["cuda_context_bytes"] == 500 * 1024**2
+    assert values["temporaries_and_cache_bytes"] == 14 * GIB - (1_340 + 1_340 + 2_680) * 1024**2 - 6 * GIB
+    used_bands = [name for name in BAND_NAMES if name != "free_bytes"]
+    assert sum(values[name] for name in used_bands) == 16 * GIB + 300 * 1024**2
+    assert sum(values[name] for name in BAND_NAMES) == 80 * GIB
+
+
+def test_cpu_run_has_tensor_bands_only_with_reasons():
+    bands = assemble_bands(PROBE, reserved_bytes=None, device_used_bytes=None, device_total_bytes=None,
+                           process_used_bytes=None, no_gpu_reason="CPU run: it uses no GPU memory")
+    assert bands.weights_bytes == PROBE.weights_bytes and bands.activations_bytes == PROBE.activations_bytes
+    assert bands.cuda_context_bytes is None and bands.other_processes_bytes is None
+    assert set(bands.unavailable) == {"other_processes_bytes", "cuda_context_bytes", "temporaries_and_cache_bytes",
+                                      "free_bytes"}
+
+
+def test_missing_per_process_reading_is_null_not_zero():
+    bands = assemble_bands(PROBE, reserved_bytes=14 * GIB, device_used_bytes=16 * GIB, device_total_bytes=80 * GIB,
+                           process_used_bytes=None)
+    assert bands.cuda_context_bytes is None and bands.other_processes_bytes is None
+    assert "per-process" in bands.unavailable["cuda_context_bytes"]
+    assert bands.free_bytes == 64 * GIB

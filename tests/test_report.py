@@ -1,0 +1,40 @@
+"""Tables: % deltas against vanilla and the export formats."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from gpuanat.core.report import SWEEP_COLUMNS, render_csv, render_markdown, sweep_rows
+
+RESULTS = [
+    {"name": "vanilla", "status": "ok", "train_runtime_s": 60.0, "samples_per_second": 8.0,
+     "steady_samples_per_second": 9.0, "device_memory_used_bytes": 15_000 * 1024**2, "peak_allocated_bytes": 1},
+    {"name": "fp16", "status": "ok", "train_runtime_s": 30.0, "samples_per_second": 16.0,
+     "steady_samples_per_second": 18.9, "device_memory_used_bytes": 12_000 * 1024**2, "peak_allocated_bytes": 1},
+    {"name": "8-bit adam", "status": "skipped", "reason": "8-bit Adam needs bitsandbytes"},
+]
+
+
+def test_deltas_against_vanilla():
+    vanilla, fp16, skipped = sweep_rows(RESULTS)
+    assert vanilla["time_delta"] == 0.0
+    assert fp16["time_delta"] == -50.0 and fp16["samples_per_second_delta"] == 100.0
+    assert round(fp16["steady_delta"], 6) == 110.0
+    assert fp16["memory_delta"] == -20.0
+    assert skipped["time_delta"] is None and skipped["reason"] == "8-bit Adam needs bitsandbytes"
+
+
+def test_no_deltas_when_vanilla_did_not_run():
+    rows = sweep_rows([{**RESULTS[0], "status": "oom"}, RESULTS[1]])
+    assert rows[1]["time_delta"] is None
+
+
+def test_markdown_and_csv():
+    rows = sweep_rows(RESULTS)
+    markdown = render_markdown(SWEEP_COLUMNS, rows).splitlines()
+    assert markdown[0].startswith("| experiment | status | Time s |")
+    assert "| fp16 | ok | 30.00 | -50.0% | 16.00 | +100.0% |" in markdown[3]
+    assert markdown[3].count("| 12000 |") == 1
+    parsed = list(csv.DictReader(io.StringIO(render_csv(SWEEP_COLUMNS, rows))))
+    assert parsed[1]["samples_per_second_delta"] == "100.0" and parsed[2]["time_s"] == ""
