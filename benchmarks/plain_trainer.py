@@ -31,7 +31,8 @@ class SteadyClock(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step in (self.warmup_steps, state.max_steps):
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             if state.global_step == self.warmup_steps:
                 self.start_s = time.perf_counter()
             else:
@@ -56,7 +57,7 @@ def main() -> None:
         "samples_per_second": metrics["train_samples_per_second"],
         "train_runtime_s": metrics["train_runtime"],
         "steady_samples_per_second": steady_steps * clock.samples_per_step / (clock.end_s - clock.start_s),
-        "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
     }))
 
 

@@ -1,46 +1,71 @@
 #!/usr/bin/env bash
-# GPU verification on the lent GPU machine (see ../shared/GPU.md). Writes everything under $OUT.
-#   scripts/gpu_check.sh sweep      the docs' table with bert-large, an NVML trace, a real OOM
-#   scripts/gpu_check.sh overhead   gpuanat vs plain HF Trainer on the sweep's configs
-#   scripts/gpu_check.sh tests      the GPU-marked tests
-# The machine has no network: wheels for what it lacks travel in .whl/ (see README, "GPU checks").
+# GPU verification on the lent GPU machine (see ../shared/GPU.md and the README, "GPU checks").
+#
+# The whole check outlasts one 10-minute device call, so it runs as a background job in its own
+# session that later calls collect from:
+#   scripts/gpu_check.sh start [WAIT_S]    start the job, wait up to WAIT_S s, copy what exists to $OUT
+#   scripts/gpu_check.sh collect [WAIT_S]  wait up to WAIT_S s for the job, copy what exists to $OUT
+# The job: `gpuanat sweep` (bert-large, the docs' table) -> plain-Trainer baselines of every row
+# (benchmarks/overhead.py) -> a short run that records an NVML trace -> a real OOM -> GPU tests.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}
+JOB=/tmp/gpuanat-job
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
-export GPUANAT_DB=$OUT/gpu.sqlite
 
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, transformers, datasets; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'transformers', transformers.__version__, 'datasets', datasets.__version__)"
-  python3 -c "import bitsandbytes; print('bitsandbytes', bitsandbytes.__version__)" 2>&1 | tail -1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+setup() {
+  if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  fi
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GPUANAT_DB=$JOB/gpu.sqlite
+  git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
+}
 
-case "${1:-sweep}" in
-  sweep)
-    python3 -m gpuanat sweep --json > "$OUT/sweep.json" 2> "$OUT/sweep.log"
-    echo "sweep exit $?"; tail -15 "$OUT/sweep.log"
-    python3 -m gpuanat run --precision bf16 --batch-size 8 --max-steps 60 --trace-out "$OUT/nvml_trace_h100.jsonl" \
-      --json > "$OUT/trace_run.json" 2>/dev/null
-    echo "trace run exit $?"
-    python3 -m gpuanat run --batch-size 512 --max-steps 3 --json > "$OUT/oom.json" 2> "$OUT/oom.log"
-    echo "oom run exit $? (expect 3)"; tail -3 "$OUT/oom.log"
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader > "$OUT/after_oom_memory_used.txt"
-    echo "device memory used after the OOM run: $(cat "$OUT/after_oom_memory_used.txt")"
-    ;;
-  overhead)
-    python3 benchmarks/overhead.py --out "$OUT/overhead.json" "${@:2}"
-    ;;
-  tests)
-    python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
-    ;;
+job() {
+  setup
+  mkdir -p "$JOB"
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import torch, transformers, datasets, bitsandbytes; print('torch', torch.__version__, \
+'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'datasets', datasets.__version__, \
+'bitsandbytes', bitsandbytes.__version__)" 2>&1 | tail -1
+  } > "$JOB/env.txt"
+  echo "$(date +%T) sweep" >> "$JOB/progress.txt"
+  python3 -m gpuanat sweep --json > "$JOB/sweep.json" 2> "$JOB/sweep.log"
+  echo "$(date +%T) sweep exit $?; plain baselines" >> "$JOB/progress.txt"
+  python3 -m gpuanat history --format md > "$JOB/history.md"
+  python3 benchmarks/overhead.py --sweep-json "$JOB/sweep.json" --out "$JOB/overhead.json" > "$JOB/overhead.log" 2>&1
+  echo "$(date +%T) trace" >> "$JOB/progress.txt"
+  python3 -m gpuanat run --precision bf16 --batch-size 8 --max-steps 60 --trace-out "$JOB/nvml_trace_h100.jsonl" \
+    --json > "$JOB/trace_run.json" 2>/dev/null
+  echo "$(date +%T) oom" >> "$JOB/progress.txt"
+  python3 -m gpuanat run --batch-size 512 --max-steps 3 --json > "$JOB/oom.json" 2> "$JOB/oom.log"
+  echo "oom exit $?" >> "$JOB/oom.log"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader >> "$JOB/oom.log"
+  echo "$(date +%T) gpu tests" >> "$JOB/progress.txt"
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests > "$JOB/gpu_tests.log" 2>&1
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
+collect() {
+  local wait_s=${1:-540} waited=0
+  while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
+  cat "$JOB/progress.txt" 2>/dev/null
+  tail -3 "$JOB/sweep.log" 2>/dev/null
+  # at most 8 files come back: bundle the small ones
+  tar -C "$JOB" -czf "$OUT/results.tgz" --exclude gpu.sqlite --exclude 'gpu.sqlite-*' . 2>/dev/null
+  [ -f "$JOB/gpu.sqlite" ] && python3 -c "import sqlite3; sqlite3.connect('$JOB/gpu.sqlite').execute('PRAGMA wal_checkpoint(FULL)')" \
+    && cp "$JOB/gpu.sqlite" "$OUT/"
+  [ -f "$JOB/DONE" ] && echo "JOB DONE" || echo "JOB STILL RUNNING"
+}
+
+case "${1:-start}" in
+  start)
+    setup
+    # Later calls re-send the working tree; the job runs from a snapshot so it measures one version.
+    rm -rf /tmp/gpuanat-src && mkdir -p /tmp/gpuanat-src && cp -r gpuanat benchmarks scripts tests pyproject.toml /tmp/gpuanat-src/
+    (cd /tmp/gpuanat-src && setsid nohup bash scripts/gpu_check.sh job > /tmp/gpuanat-job.log 2>&1 < /dev/null &)
+    collect "${2:-540}" ;;
+  collect) collect "${2:-540}" ;;
+  job) job ;;
 esac

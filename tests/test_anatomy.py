@@ -18,10 +18,18 @@ def test_bands_add_up_to_device_total():
     assert bands.unavailable == {}
     assert values["other_processes_bytes"] == 16 * GIB + 300 * 1024**2 - (14 * GIB + 500 * 1024**2)
     assert values["cuda_context_bytes"] == 500 * 1024**2
-    assert values["temporaries_and_cache_bytes"] == 14 * GIB - (1_340 + 1_340 + 2_680) * 1024**2 - 6 * GIB
-    used_bands = [name for name in BAND_NAMES if name != "free_bytes"]
-    assert sum(values[name] for name in used_bands) == 16 * GIB + 300 * 1024**2
-    assert sum(values[name] for name in BAND_NAMES) == 80 * GIB
+    # No accumulation: no gradient is alive at the end of forward, when the memory peaks.
+    assert values["temporaries_and_cache_bytes"] == 14 * GIB - (1_340 + 2_680) * 1024**2 - 6 * GIB
+    at_peak = [name for name in BAND_NAMES if name not in ("free_bytes", "gradients_bytes")]
+    assert sum(values[name] for name in at_peak) == 16 * GIB + 300 * 1024**2
+    assert sum(values[name] for name in at_peak) + values["free_bytes"] == 80 * GIB
+
+
+def test_accumulated_gradients_are_part_of_the_peak():
+    accumulating = ProbeBands(**{**PROBE.__dict__, "gradients_at_forward_end_bytes": PROBE.gradients_bytes})
+    bands = assemble_bands(accumulating, reserved_bytes=14 * GIB, device_used_bytes=16 * GIB, device_total_bytes=80 * GIB,
+                           process_used_bytes=15 * GIB)
+    assert bands.temporaries_and_cache_bytes == 14 * GIB - (1_340 + 1_340 + 2_680) * 1024**2 - 6 * GIB
 
 
 def test_cpu_run_has_tensor_bands_only_with_reasons():

@@ -121,6 +121,13 @@ def test_accumulation_counts_micro_batches(results):
     assert result["samples"] == 64
 
 
+def test_gradients_are_alive_at_the_end_of_forward_only_when_accumulating(results):
+    counts = tiny_model_counts()
+    # the second micro-batch's forward ends with the first one's gradients still held
+    assert results["sgd_accum"]["gradients_at_forward_end_bytes"] == 4 * counts["params"]
+    assert results["adamw_bs8"]["gradients_at_forward_end_bytes"] == 0
+
+
 def test_history_lists_every_run_in_each_format(results, history_db):
     listed = json.loads(run_cli(["history", "--json"], history_db).stdout)
     by_id = {run["id"]: run for run in listed}

@@ -4,6 +4,12 @@ Bands, bottom to top (DESIGN.md): other processes, CUDA context & kernels, weigh
 optimizer states, activations, temporaries & allocator cache, free. The probe measures the tensor
 bands inside the training process; NVML, read by the parent, gives the device and per-process use.
 A band that cannot be measured is None, with the reason in `unavailable` — never a guess.
+
+The tensor bands are the sizes of each kind of tensor. Gradients and activations do not peak
+together: the Trainer frees gradients after each optimizer step, so at the end of the forward pass —
+the peak — only accumulated gradients are alive. The other bands are taken at that moment, so
+other processes + context + weights + gradients alive at the peak + optimizer state + activations +
+temporaries & cache = NVML device used.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ class MemoryBands:
     optimizer_state_bytes: int | None = None
     activations_bytes: int | None = None
     temporaries_and_cache_bytes: int | None = None
-    """Reserved memory not held by the bands above: transient buffers and the allocator's cache."""
+    """Reserved memory not held by weights, optimizer state, activations and the gradients alive at the
+    end of the forward pass (the peak): the batch, transient buffers and the allocator's cache."""
     free_bytes: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
     """Band name -> why it is None."""
@@ -86,7 +93,10 @@ def assemble_bands(
 
     other = _difference(device_used_bytes, process_used_bytes)
     context = _difference(process_used_bytes, reserved_bytes)
-    cache = _difference(reserved_bytes, *tensor_bands.values())
+    # At the peak (end of forward) only the gradients kept by accumulation are alive, not all of them.
+    gradients_at_peak = probe.gradients_at_forward_end_bytes if probe is not None else None
+    cache = _difference(reserved_bytes, tensor_bands["weights_bytes"], gradients_at_peak,
+                        tensor_bands["optimizer_state_bytes"], tensor_bands["activations_bytes"])
     free = _difference(device_total_bytes, device_used_bytes)
     for name, value, reason in (
         ("other_processes_bytes", other, "NVML did not report this run's per-process memory"),

@@ -33,6 +33,9 @@ class ProbeBands:
     "saved_tensors": unique storages autograd saved for backward (CPU); "unavailable"."""
     batch_bytes: int
     measured_at_step: int
+    gradients_at_forward_end_bytes: int = 0
+    """Gradients alive when the forward pass ended (the memory peak): 0 unless accumulating, since the
+    Trainer frees them after each optimizer step. Gradients and activations do not peak together."""
 
 
 @dataclass(frozen=True)

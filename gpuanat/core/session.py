@@ -131,6 +131,8 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         "gpu_name": state.gpu_name,
         "versions": state.hello.versions if state.hello else {},
         "bands": {key: value for key, value in bands.to_json().items() if key != "unavailable"},
+        "gradients_at_forward_end_bytes": (state.probe_bands.gradients_at_forward_end_bytes
+                                           if state.probe_bands else None),
         "unavailable": {**unavailable, **bands.unavailable},
         "error": None,
         "exit_code": state.exit_code,

@@ -156,10 +156,11 @@ class AnatomyCallback(TrainerCallback):
     def _after_forward(self, module, args, kwargs, output):  # type: ignore[no-untyped-def]
         if not (module.training and self._measuring):
             return None
+        gradients_now = self._gradients_bytes_now()
+        self._gradients_at_forward_end_bytes = max(self._gradients_at_forward_end_bytes, gradients_now)
         if self._cuda:
             allocated = torch.cuda.memory_allocated(self._device)
-            live_bytes = (self._weights_bytes + self._gradients_bytes_now() + self._optimizer_state_bytes_now()
-                          + self._batch_bytes)
+            live_bytes = self._weights_bytes + gradients_now + self._optimizer_state_bytes_now() + self._batch_bytes
             activations = allocated - live_bytes
         elif not self._compiled:
             self._saved_hooks.__exit__(None, None, None)
@@ -187,6 +188,7 @@ class AnatomyCallback(TrainerCallback):
         if self._measuring:
             self._activations_bytes: int | None = None
             self._gradients_bytes = 0
+            self._gradients_at_forward_end_bytes = 0
             self._batch_bytes = 0
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(self._device)
@@ -234,6 +236,7 @@ class AnatomyCallback(TrainerCallback):
                                     else "unavailable" if self._compiled else "saved_tensors"),
                 batch_bytes=self._batch_bytes,
                 measured_at_step=step,
+                gradients_at_forward_end_bytes=self._gradients_at_forward_end_bytes,
             )
             self.last_bands = bands
             self._measuring = False
