@@ -16,19 +16,22 @@ TINY_CPU = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples
 """A tiny BERT on the CPU: a few seconds of real training after the imports."""
 
 
-def cli_env(db: Path | None, fault: str | None = None) -> dict[str, str]:
+def cli_env(db: Path | None, fault: str | None = None, offline_hub: bool = False) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPUANAT_")}
     if db is not None:
         env["GPUANAT_DB"] = str(db)
     env["PYTHONUNBUFFERED"] = "1"
+    if offline_hub:  # no network here: fail fast instead of retrying the Hugging Face Hub
+        env["HF_HUB_OFFLINE"] = "1"
     if fault is not None:
         env["GPUANAT_TEST_FAULT"] = fault
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULT_INJECTION_DIR), env.get("PYTHONPATH")]))
     return env
 
 
-def start_cli(args: list[str], db: Path | None, fault: str | None = None, **popen_kwargs) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "gpuanat", *args], env=cli_env(db, fault), cwd=REPO,
+def start_cli(args: list[str], db: Path | None, fault: str | None = None, offline_hub: bool = False,
+              **popen_kwargs) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "gpuanat", *args], env=cli_env(db, fault, offline_hub), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kwargs)
 
 

@@ -171,3 +171,26 @@ def test_human_summary_reads_like_the_docs(history_db):
     assert "GPU memory occupied: — MB." in lines
     assert any(line.strip().startswith("weights") and "MiB" in line for line in lines)
     assert "Steady samples/second: — (too few steps" in completed.stdout
+
+
+def test_model_flag_loads_local_weights_and_refuses_a_missing_model(tmp_path, db_path):
+    from transformers import AutoModelForSequenceClassification, BertConfig
+
+    checkpoint = tmp_path / "my-bert"
+    config = BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    model = AutoModelForSequenceClassification.from_config(config)
+    model.save_pretrained(checkpoint)
+    common = ["run", "--device", "cpu", "--seq-len", "32", "--samples", "16", "--batch-size", "4", "--json"]
+    loading = start_cli([*common, "--model", str(checkpoint)], db_path)
+    missing = start_cli([*common, "--model", str(tmp_path / "no-such-model")], db_path, offline_hub=True)
+    stdout, stderr = loading.communicate(timeout=300)
+    assert loading.returncode == 0, stderr[-3000:]
+    result = last_json(stdout)
+    assert result["params"] == sum(p.numel() for p in model.parameters())
+    assert result["bands"]["weights_bytes"] == 4 * result["params"] + sum(b.nbytes for b in model.buffers())
+    _, stderr = missing.communicate(timeout=300)
+    assert missing.returncode == 2
+    assert stderr.strip().splitlines()[-1].startswith("gpuanat: error: --model: cannot load model")
+    too_long = run_cli([*common, "--model", str(checkpoint), "--seq-len", "256"], db_path)
+    assert too_long.returncode == 2 and f"≤ 128, the position embeddings of {checkpoint}" in too_long.stderr

@@ -128,29 +128,33 @@ def train(config: Any, emit: Any) -> int:
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else platform.processor() or None
     emit(Hello(pid=os.getpid(), versions=_versions(), device=config.device, device_name=device_name,
                config=config.to_json()))
-    try:
-        model = build_model(config)
-    except (OSError, ValueError) as error:
-        emit(Error(kind="config", flag="--model", message=f"cannot load model {config.model!r}: {error}"))
-        return EXIT_CONFIG
-    dataset = build_dataset(config, model.config.vocab_size)
     probe = AnatomyCallback(emit)
+    trainer = None
     with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:
-        trainer = Trainer(model=model, args=TrainingArguments(**training_arguments_kwargs(config, output_dir)),
-                          train_dataset=dataset, callbacks=[probe])
         try:
+            try:
+                model = build_model(config)
+            except (OSError, ValueError) as error:
+                emit(Error(kind="config", flag="--model", message=f"cannot load model {config.model!r}: {error}"))
+                return EXIT_CONFIG
+            dataset = build_dataset(config, model.config.vocab_size)
+            trainer = Trainer(model=model, args=TrainingArguments(**training_arguments_kwargs(config, output_dir)),
+                              train_dataset=dataset, callbacks=[probe])
             output = trainer.train()
         except torch.OutOfMemoryError as error:
-            step = trainer.state.global_step + 1
+            # The model itself may not fit (no step yet), or a step ran out of memory.
+            step = trainer.state.global_step + 1 if trainer is not None else 0
             peak_allocated, reserved = probe.peak_allocated_bytes, probe.peak_reserved_bytes
-            del trainer, model
+            if peak_allocated is None and config.device == "cuda":
+                peak_allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved()
+            trainer = model = None
             gc.collect()
             torch.cuda.empty_cache()
             emit(Error(kind="oom", message=str(error).splitlines()[0], step=step,
                        peak_allocated_bytes=peak_allocated, reserved_bytes=reserved))
             return EXIT_OOM
         except KeyboardInterrupt:
-            emit(Done(status="stopped", steps=trainer.state.global_step, samples=probe.samples,
+            emit(Done(status="stopped", steps=trainer.state.global_step if trainer else 0, samples=probe.samples,
                       train_runtime_s=None, samples_per_second=None, steady_samples_per_second=None,
                       warmup_steps=getattr(probe, "warmup_steps", 0), steady_reason="stopped before the end",
                       peak_allocated_bytes=probe.peak_allocated_bytes,
