@@ -234,13 +234,15 @@ def command_run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print_summary(result)
-    error = result.get("error") or {}
-    if error.get("kind") == "config":
-        print(f"gpuanat: error: {error.get('flag')}: {error.get('message')}", file=sys.stderr)
+    run_error = result.get("error") or {}
+    if run_error.get("kind") == "config":
+        print(f"gpuanat: error: {run_error.get('flag')}: {run_error.get('message')}", file=sys.stderr)
         return EXIT_USAGE
     if result["status"] == "oom":
-        print(f"gpuanat: out of GPU memory at step {error.get('step')} "
-              f"(peak allocated {result['peak_allocated_bytes']} bytes); try a smaller --batch-size, "
+        from gpuanat.core.report import format_bytes
+
+        print(f"gpuanat: out of GPU memory at step {run_error.get('step')} "
+              f"(peak allocated {format_bytes(result['peak_allocated_bytes'])}); try a smaller --batch-size, "
               "--grad-checkpointing or --precision bf16", file=sys.stderr)
     return STATUS_EXIT_CODES[result["status"]]
 
@@ -279,8 +281,8 @@ def command_sweep(args: argparse.Namespace) -> int:
                 print(f"{label}: skipped — {unsupported[1]}", file=sys.stderr)
                 continue
             result = _run_recorded(config, args, store, label=label, name=experiment.name)
-            error = result.get("error")
-            result["reason"] = error["message"].splitlines()[0] if error else ""
+            run_error = result.get("error")
+            result["reason"] = run_error["message"].splitlines()[0] if run_error else ""
             results.append(result)
             print(f"{label}: {result['status']}", file=sys.stderr)
             if result["status"] == "stopped":

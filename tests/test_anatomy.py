@@ -27,8 +27,8 @@ def test_bands_add_up_to_device_total():
 
 def test_accumulated_gradients_are_part_of_the_peak():
     accumulating = ProbeBands(**{**PROBE.__dict__, "gradients_at_forward_end_bytes": PROBE.gradients_bytes})
-    bands = assemble_bands(accumulating, reserved_bytes=14 * GIB, device_used_bytes=16 * GIB, device_total_bytes=80 * GIB,
-                           process_used_bytes=15 * GIB)
+    bands = assemble_bands(accumulating, reserved_bytes=14 * GIB, device_used_bytes=16 * GIB,
+                           device_total_bytes=80 * GIB, process_used_bytes=15 * GIB)
     assert bands.temporaries_and_cache_bytes == 14 * GIB - (1_340 + 1_340 + 2_680) * 1024**2 - 6 * GIB
 
 

@@ -7,7 +7,6 @@ SDPA vs eager activations, and a real CUDA out-of-memory that releases the GPU.
 from __future__ import annotations
 
 import pytest
-
 from conftest import last_json, run_cli
 
 torch = pytest.importorskip("torch")

@@ -32,13 +32,14 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 def build_model(config: Any) -> Any:
     """The model for `config`: from_pretrained when --model is given, else the preset with random weights."""
     import torch
-    from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config
+    from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config, PretrainedConfig
 
     from gpuanat.core.presets import PRESETS
 
     if config.model is not None:
         return AutoModelForSequenceClassification.from_pretrained(config.model, attn_implementation=config.attn)
     preset = PRESETS[config.preset]
+    model_config: PretrainedConfig
     if preset.family == "bert":
         model_config = BertConfig(
             vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, num_hidden_layers=preset.num_layers,
