@@ -218,13 +218,18 @@ def _print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
 
 # --- subcommands ---------------------------------------------------------------------------------
 
-def command_run(args: argparse.Namespace) -> int:
-    capabilities = detect_capabilities()
+def _validated_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:
     config = config_from_args(args, capabilities)
     try:
         validate_values(config)
     except ConfigError as error:
         _fail_usage(str(error))
+    return config
+
+
+def command_run(args: argparse.Namespace) -> int:
+    capabilities = detect_capabilities()
+    config = _validated_config(args, capabilities)
     unsupported = machine_unsupported_reason(config, capabilities)
     if unsupported is not None:
         _fail_usage(f"{unsupported[0]}: {unsupported[1]}")
@@ -263,11 +268,7 @@ def command_sweep(args: argparse.Namespace) -> int:
                 _fail_usage(f"--only: unknown experiment {name!r}; choose from {', '.join(sorted(known))}")
         experiments = tuple(experiment for experiment in EXPERIMENTS if experiment.name in args.only)
     capabilities = detect_capabilities()
-    base = config_from_args(args, capabilities)
-    try:
-        validate_values(base)
-    except ConfigError as error:
-        _fail_usage(str(error))
+    base = _validated_config(args, capabilities)
     results: list[dict[str, Any]] = []
     interrupted = False
     with _open_store(args) as store:

@@ -211,11 +211,18 @@ def execute_run(
         if on_event is not None:
             on_event(event)
 
-    def drain_until_exit(timeout_s: float) -> None:
+    def pump(stop_when_idle: bool) -> None:
+        """Handle events until the child has exited (or, when `stop_when_idle`, until none arrives)."""
+        last_flush_s = time.monotonic()
         while True:
-            event = child.next_event(timeout_s)
+            event = child.next_event(HISTORY_FLUSH_INTERVAL_S)
+            if time.monotonic() - last_flush_s >= HISTORY_FLUSH_INTERVAL_S:
+                flush()
+                last_flush_s = time.monotonic()
             if event is None:
-                return
+                if stop_when_idle:
+                    return
+                continue
             if isinstance(event, ChildExited):
                 state.exit_code = event.returncode
                 return
@@ -226,22 +233,11 @@ def execute_run(
     sampler.track(child.pid)
     sampler.start()
     try:
-        last_flush_s = time.monotonic()
-        while True:
-            event = child.next_event(HISTORY_FLUSH_INTERVAL_S)
-            if time.monotonic() - last_flush_s >= HISTORY_FLUSH_INTERVAL_S:
-                flush()
-                last_flush_s = time.monotonic()
-            if event is None:
-                continue
-            if isinstance(event, ChildExited):
-                state.exit_code = event.returncode
-                break
-            handle(event)
+        pump(stop_when_idle=False)
     except KeyboardInterrupt:
         state.stopped_by_user = True
         state.exit_code = child.stop(grace_s=stop_grace_s)
-        drain_until_exit(timeout_s=1.0)
+        pump(stop_when_idle=True)
     finally:
         child.kill_group()
         sampler.stop()
