@@ -1,0 +1,119 @@
+"""Memory prediction before a run, from the model's shape and the techniques alone (no torch).
+
+A first model, good to within tens of percent on the docs' table; issue #4 turns it into a measured
+and verified one. What it uses:
+- parameters counted from the preset's shape (checked against the real models in the tests);
+- fp32 weights and gradients, 4 B/param each (torch AMP keeps fp32 weights);
+- optimizer state: AdamW 8 B/param (+ a 4-byte step per tensor when fused, on the device), 8-bit Adam
+  ≈ 2 B/param with the Trainer keeping embeddings in 32-bit, Adafactor row + column factors (full second moment
+  for vectors) and a step per tensor, SGD 0;
+- activations per layer s·b·h·(34 + 5·a·s/h) bytes in 16-bit (Korthikanti et al. 2022), without the
+  s² term for SDPA; twice that in fp32; AMP adds 16-bit copies of the matmul weights; gradient
+  checkpointing keeps each layer's input plus one layer's activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuanat.core.config import RunConfig
+from gpuanat.core.presets import PRESETS, ModelPreset
+
+NUM_LABELS = 2
+BERT_BUFFER_BYTES = 2 * 512 * 8
+"""position_ids and token_type_ids, int64 buffers of max_positions entries."""
+
+
+@dataclass(frozen=True)
+class ParameterShapes:
+    params: int
+    tensors: int
+    matrices: tuple[tuple[int, int], ...]
+    """Every 2-D parameter's shape."""
+    vectors: tuple[int, ...]
+    """Every 1-D parameter's length."""
+    embedding_params: int
+    buffer_bytes: int
+
+
+def parameter_shapes(preset: ModelPreset) -> ParameterShapes:
+    """The parameter tensors of the preset's sequence-classification model."""
+    h, i, v, p = preset.hidden_size, preset.intermediate_size, preset.vocab_size, preset.max_positions
+    matrices: list[tuple[int, int]] = []
+    vectors: list[int] = []
+    if preset.family == "bert":
+        embeddings = [(v, h), (p, h), (2, h)]
+        matrices += embeddings
+        vectors += [h, h]  # embedding LayerNorm
+        for _ in range(preset.num_layers):
+            matrices += [(h, h)] * 4 + [(i, h), (h, i)]
+            vectors += [h] * 4 + [i, h] + [h, h] * 2
+        matrices += [(h, h), (NUM_LABELS, h)]  # pooler, classifier
+        vectors += [h, NUM_LABELS]
+        buffer_bytes = BERT_BUFFER_BYTES if p == 512 else 2 * p * 8
+    else:
+        embeddings = [(v, h), (p, h)]
+        matrices += embeddings
+        for _ in range(preset.num_layers):
+            matrices += [(h, 3 * h), (h, h), (h, i), (i, h)]
+            vectors += [h, h, 3 * h, h, h, h, i, h]
+        vectors += [h, h]  # final LayerNorm
+        matrices += [(NUM_LABELS, h)]  # score head, no bias
+        buffer_bytes = 0
+    params = sum(rows * cols for rows, cols in matrices) + sum(vectors)
+    return ParameterShapes(params=params, tensors=len(matrices) + len(vectors), matrices=tuple(matrices),
+                           vectors=tuple(vectors), embedding_params=sum(r * c for r, c in embeddings),
+                           buffer_bytes=buffer_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    peak_allocated_bytes: int
+    """Weights + optimizer state + activations + gradients alive at the end of forward."""
+
+
+def optimizer_state_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
+    if config.optim in ("adamw_torch", "adamw_torch_fused"):
+        steps = 4 * shapes.tensors if config.optim == "adamw_torch_fused" else 0
+        return 8 * shapes.params + steps
+    if config.optim == "adamw_bnb_8bit":
+        return 8 * shapes.embedding_params + 2 * (shapes.params - shapes.embedding_params)
+    if config.optim == "adafactor":
+        factors = sum(rows + cols for rows, cols in shapes.matrices) + sum(shapes.vectors)
+        return 4 * (factors + shapes.tensors)
+    return 0
+
+
+def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:
+    s, b, h, a = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads
+    attention_scores = 5 * a * s / h if config.attn == "eager" else 0
+    per_layer_16bit = s * b * h * (34 + attention_scores)
+    bytes_per_unit = 1.0 if config.precision in ("fp16", "bf16") else 2.0
+    per_layer = per_layer_16bit * bytes_per_unit
+    if config.grad_checkpointing:
+        layer_inputs = preset.num_layers * s * b * h * 4
+        total = layer_inputs + per_layer
+    else:
+        total = preset.num_layers * per_layer
+    if config.precision in ("fp16", "bf16"):
+        matmul_params = sum(rows * cols for rows, cols in shapes.matrices) - shapes.embedding_params
+        total += 2 * matmul_params
+    return int(total)
+
+
+def estimate_memory(config: RunConfig) -> MemoryEstimate:
+    preset = PRESETS[config.preset]
+    shapes = parameter_shapes(preset)
+    weights = 4 * shapes.params + shapes.buffer_bytes
+    gradients = 4 * shapes.params
+    optimizer = optimizer_state_bytes(config, shapes)
+    activations = activations_bytes(config, preset, shapes)
+    gradients_at_peak = gradients if config.grad_accum > 1 else 0
+    return MemoryEstimate(
+        weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=optimizer,
+        activations_bytes=activations, peak_allocated_bytes=weights + optimizer + activations + gradients_at_peak,
+    )
