@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-CORE_MODULES = ["anatomy", "compare", "config", "history", "predict", "presets", "protocol", "report", "runner", "sampler",
-                "session", "sweep", "techniques"]
+CORE_MODULES = ["anatomy", "compare", "config", "history", "predict", "presets", "protocol", "report", "runner",
+                "sampler", "session", "sweep", "techniques"]
 
 
 def test_core_imports_no_ui_and_no_torch():
