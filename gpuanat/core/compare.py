@@ -1,6 +1,10 @@
-"""Differences between runs: % deltas against a baseline run."""
+"""Differences between runs: the techniques that differ and each metric with its % delta against the first."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 
 def percent_delta(value: float | None, baseline: float | None) -> float | None:
@@ -8,3 +12,50 @@ def percent_delta(value: float | None, baseline: float | None) -> float | None:
     if value is None or baseline is None or baseline == 0:
         return None
     return (value - baseline) / baseline * 100.0
+
+
+COMPARED_METRICS: tuple[tuple[str, str], ...] = (
+    ("train_runtime_s", "time s"),
+    ("samples_per_second", "samples/s"),
+    ("steady_samples_per_second", "steady samples/s"),
+    ("peak_allocated_bytes", "peak allocated"),
+    ("device_memory_used_bytes", "GPU memory used"),
+    ("weights_bytes", "weights"),
+    ("gradients_bytes", "gradients"),
+    ("optimizer_state_bytes", "optimizer state"),
+    ("activations_bytes", "activations"),
+)
+BAND_METRICS = {"weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes"}
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    key: str
+    label: str
+    values: tuple[float | None, ...]
+    deltas_percent: tuple[float | None, ...]
+    """Against the first run; the first entry is always None."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    run_ids: tuple[int, ...]
+    differing: tuple[tuple[str, tuple[Any, ...]], ...]
+    """(config field, value in each run) for the fields that differ."""
+    metrics: tuple[MetricRow, ...]
+
+
+def compare_runs(
+    run_ids: Sequence[int], configs: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]]
+) -> Comparison:
+    """Side-by-side comparison of runs; deltas are against the first."""
+    fields = sorted({key for config in configs for key in config})
+    differing = tuple((field, tuple(config.get(field) for config in configs)) for field in fields
+                      if len({repr(config.get(field)) for config in configs}) > 1)
+    metrics = []
+    for key, label in COMPARED_METRICS:
+        values = tuple((result.get("bands") or {}).get(key) if key in BAND_METRICS else result.get(key)
+                       for result in results)
+        deltas = (None, *(percent_delta(value, values[0]) for value in values[1:]))
+        metrics.append(MetricRow(key, label, values, deltas))
+    return Comparison(tuple(run_ids), differing, tuple(metrics))

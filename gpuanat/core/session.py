@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
 
 SAMPLE_INTERVAL_S = 0.25
 HISTORY_FLUSH_INTERVAL_S = 1.0
+EVENT_POLL_INTERVAL_S = 0.2
 LOG_TAIL_LINES = 20
 
 SamplerFactory = Callable[[], tuple[Any, NvmlStatus]]
@@ -159,11 +161,16 @@ def execute_run(
     env: Mapping[str, str] | None = None,
     trace_path: Path | None = None,
     stop_grace_s: float = 10.0,
+    stop_requested: threading.Event | None = None,
+    on_sample: Callable[[Sample], None] | None = None,
+    on_start: Callable[[int, int, Path], None] | None = None,
 ) -> dict[str, Any]:
     """Train `config` in a child process, record it, return its result.
 
-    Ctrl-C (KeyboardInterrupt) while it runs stops the child and its process group and records the
-    run as stopped. `on_event` sees every decoded event (for progress display).
+    Ctrl-C (KeyboardInterrupt) while it runs — or `stop_requested` being set, from any thread — stops
+    the child and its process group and records the run as stopped. `on_event` sees every decoded
+    event, on the calling thread; `on_sample` every sample, on the sampler's thread; `on_start` gets
+    (run id, child pid, log path) once the child is running.
     """
     run_id = store.create_run(config.to_json(), name=name)
     log_path = log_dir / f"run-{run_id}.log"
@@ -173,7 +180,13 @@ def execute_run(
     child = ChildProcess(lambda fd: worker_command(config_json, fd), log_path=log_path, env=env)
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
     source, nvml = sampler_factory()
-    sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
+
+    def sampled(sample: Sample) -> None:
+        samples.put(sample)
+        if on_sample is not None:
+            on_sample(sample)
+
+    sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=sampled, trace_path=trace_path)
     pending_steps: list[dict[str, Any]] = []
 
     def flush() -> None:
@@ -215,7 +228,9 @@ def execute_run(
         """Handle events until the child has exited (or, when `stop_when_idle`, until none arrives)."""
         last_flush_s = time.monotonic()
         while True:
-            event = child.next_event(HISTORY_FLUSH_INTERVAL_S)
+            if not stop_when_idle and stop_requested is not None and stop_requested.is_set():
+                raise KeyboardInterrupt
+            event = child.next_event(EVENT_POLL_INTERVAL_S)
             if time.monotonic() - last_flush_s >= HISTORY_FLUSH_INTERVAL_S:
                 flush()
                 last_flush_s = time.monotonic()
@@ -232,6 +247,8 @@ def execute_run(
     assert child.pid is not None
     sampler.track(child.pid)
     sampler.start()
+    if on_start is not None:
+        on_start(run_id, child.pid, log_path)
     try:
         pump(stop_when_idle=False)
     except KeyboardInterrupt:

@@ -7,6 +7,7 @@ described once: its flag, allowed values, help text and the TrainingArguments fi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gpuanat.core.presets import PRESETS
 
@@ -67,3 +68,36 @@ TECHNIQUES: tuple[Technique, ...] = (
 )
 
 TECHNIQUES_BY_FIELD: dict[str, Technique] = {technique.field: technique for technique in TECHNIQUES}
+
+
+WORKER_CHOICES = (0, 1, 2, 4, 8)
+BATCH_SIZE_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+GRAD_ACCUM_STEPS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _step_through(values: tuple[int, ...], current: int, direction: int) -> int:
+    """The next value of an ordered ladder in `direction` (±1), from wherever `current` sits."""
+    if direction > 0:
+        return next((value for value in values if value > current), values[-1] if current < values[-1] else current * 2)
+    return next((value for value in reversed(values) if value < current), max(1, values[0]))
+
+
+def _cycle(values: tuple[str, ...], current: str) -> str:
+    return values[(values.index(current) + 1) % len(values)] if current in values else values[0]
+
+
+def changed_config(config: Any, field: str, direction: int = 1) -> Any:
+    """`config` with one technique moved to its next value: bools flip, choices cycle, numbers step."""
+    if field == "batch_size":
+        return config.replace(batch_size=_step_through(BATCH_SIZE_STEPS, config.batch_size, direction))
+    if field == "grad_accum":
+        return config.replace(grad_accum=_step_through(GRAD_ACCUM_STEPS, config.grad_accum, direction))
+    if field == "workers":
+        return config.replace(workers=WORKER_CHOICES[(WORKER_CHOICES.index(config.workers) + 1) % len(WORKER_CHOICES)]
+                              if config.workers in WORKER_CHOICES else 0)
+    technique = TECHNIQUES_BY_FIELD[field]
+    if technique.kind == "bool":
+        return config.replace(**{field: not getattr(config, field)})
+    if technique.kind == "choice":
+        return config.replace(**{field: _cycle(technique.choices, getattr(config, field))})
+    raise ValueError(f"{field} cannot be changed by a key")

@@ -1,0 +1,50 @@
+"""The child's stdout/stderr, read from its log file: ANSI colours kept, tqdm's carriage returns folded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual.widgets import RichLog
+
+
+def complete_lines(chunk: str) -> tuple[list[str], str]:
+    """Split new log text into finished lines (a line redrawn with '\\r' keeps its last state) and the rest."""
+    *lines, rest = chunk.split("\n")
+    return [line.rsplit("\r", 1)[-1] for line in lines], rest
+
+
+class LogPane(RichLog):
+    """Follows a log file; the app calls `poll` at its paint tick (reads are small and non-blocking)."""
+
+    DEFAULT_CSS = """
+    LogPane { border: round $primary; height: 1fr; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002
+        super().__init__(id=id, max_lines=2000, wrap=False, markup=False, highlight=False)
+        self.border_title = "Log"
+        self._path: Path | None = None
+        self._offset = 0
+        self._partial = ""
+
+    def follow(self, path: Path) -> None:
+        self.clear()
+        self._path, self._offset, self._partial = path, 0, ""
+        self.border_title = f"Log · {path.name}"
+
+    def poll(self) -> None:
+        if self._path is None:
+            return
+        try:
+            with open(self._path, "rb") as log:
+                log.seek(self._offset)
+                data = log.read(256 * 1024)
+        except OSError:
+            return
+        if not data:
+            return
+        self._offset += len(data)
+        lines, self._partial = complete_lines(self._partial + data.decode(errors="replace"))
+        for line in lines:
+            self.write(Text.from_ansi(line))

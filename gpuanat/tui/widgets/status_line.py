@@ -1,0 +1,48 @@
+"""One line on top: the GPU, the driver, the run's state, and the sampler's own CPU cost; a banner when
+NVML is unavailable."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from gpuanat.core.sampler import NvmlStatus
+
+
+class StatusLine(Widget):
+    COMPONENT_CLASSES = {"status-line--banner", "status-line--muted", "status-line--run"}
+    DEFAULT_CSS = """
+    StatusLine { height: 1; background: $panel; color: $text; padding: 0 1; }
+    StatusLine > .status-line--banner { color: $text; background: $error; text-style: bold; }
+    StatusLine > .status-line--muted { color: $text-muted; }
+    StatusLine > .status-line--run { color: $success; text-style: bold; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002
+        super().__init__(id=id)
+        self._nvml: NvmlStatus | None = None
+        self._run_state = "idle"
+        self._sampler_cpu_percent: float | None = None
+
+    def show(self, *, nvml: NvmlStatus | None, run_state: str, sampler_cpu_percent: float | None) -> None:
+        if (nvml, run_state, sampler_cpu_percent) != (self._nvml, self._run_state, self._sampler_cpu_percent):
+            self._nvml, self._run_state, self._sampler_cpu_percent = nvml, run_state, sampler_cpu_percent
+            self.refresh()
+
+    def render(self) -> Text:
+        muted = self.get_component_rich_style("status-line--muted")
+        text = Text("gpuanat ", style="bold")
+        nvml = self._nvml
+        if nvml is None:
+            text.append("probing NVML…", style=muted)
+        elif nvml.available:
+            text.append(", ".join(nvml.gpu_names) or "no GPU")
+            text.append(f" · driver {nvml.driver_version}", style=muted)
+        else:
+            text.append(f" NVML unavailable: {nvml.reason} — host metrics only ",
+                        style=self.get_component_rich_style("status-line--banner"))
+        text.append(" · ", style=muted)
+        text.append(self._run_state, style=self.get_component_rich_style("status-line--run"))
+        if self._sampler_cpu_percent is not None:
+            text.append(f" · sampler {self._sampler_cpu_percent:.1f}% CPU", style=muted)
+        return text

@@ -1,0 +1,117 @@
+"""The techniques panel: every technique of the next run, its key, whether it can apply here, and the
+predicted peak memory for these settings."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widget import Widget
+
+from gpuanat.core.config import Capabilities, RunConfig, machine_unsupported_reason
+from gpuanat.core.predict import MemoryEstimate
+from gpuanat.core.report import format_bytes
+
+ROWS: tuple[tuple[str, str, str], ...] = (
+    # (RunConfig field, key shown, label)
+    ("batch_size", "+/-", "batch size"),
+    ("grad_accum", "a/A", "grad accumulation"),
+    ("grad_checkpointing", "g", "grad checkpointing"),
+    ("precision", "p", "precision"),
+    ("tf32", "t", "tf32"),
+    ("optim", "o", "optimizer"),
+    ("workers", "w", "dataloader workers"),
+    ("pin_memory", "m", "pin memory"),
+    ("attn", "e", "attention"),
+    ("compile", "c", "torch.compile"),
+)
+BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device"}
+
+
+def _value_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+class TechniquesPanel(Widget):
+    """Shows a RunConfig; the app sets it with `show` whenever a key changes a technique."""
+
+    COMPONENT_CLASSES = {
+        "techniques-panel--key",
+        "techniques-panel--changed",
+        "techniques-panel--unavailable",
+        "techniques-panel--warning",
+        "techniques-panel--muted",
+    }
+    DEFAULT_CSS = """
+    TechniquesPanel {
+        height: auto;
+        padding: 0 1;
+        border: round $primary;
+        border-title-color: $text;
+    }
+    TechniquesPanel > .techniques-panel--key { color: $accent; text-style: bold; }
+    TechniquesPanel > .techniques-panel--changed { color: $success; text-style: bold; }
+    TechniquesPanel > .techniques-panel--unavailable { color: $error; }
+    TechniquesPanel > .techniques-panel--warning { color: $warning; text-style: bold; }
+    TechniquesPanel > .techniques-panel--muted { color: $text-muted; }
+    """
+
+    def __init__(self, config: RunConfig, *, id: str | None = None) -> None:  # noqa: A002 (Textual's name)
+        super().__init__(id=id)
+        self.border_title = "Techniques (next run)"
+        self._config = config
+        self._capabilities: Capabilities | None = None
+        self._estimate: MemoryEstimate | None = None
+        self._gpu_total_bytes: int | None = None
+        self._context_bytes = 0
+
+    def show(self, config: RunConfig, *, capabilities: Capabilities | None, estimate: MemoryEstimate | None,
+             gpu_total_bytes: int | None, context_bytes: int) -> None:
+        self._config, self._capabilities, self._estimate = config, capabilities, estimate
+        self._gpu_total_bytes, self._context_bytes = gpu_total_bytes, context_bytes
+        self.refresh(layout=True)
+
+    def render(self) -> Table:
+        key_style = self.get_component_rich_style("techniques-panel--key")
+        changed_style = self.get_component_rich_style("techniques-panel--changed")
+        muted = self.get_component_rich_style("techniques-panel--muted")
+        table = Table.grid(padding=(0, 1))
+        table.add_column(justify="right", no_wrap=True)
+        table.add_column(no_wrap=True)
+        table.add_column(no_wrap=True)
+        config, defaults = self._config, RunConfig()
+        unsupported = machine_unsupported_reason(config, self._capabilities) if self._capabilities else None
+        blocked_field = BLOCKING_FLAGS.get(unsupported[0]) if unsupported else None
+        for field, key, label in ROWS:
+            value = getattr(config, field)
+            style = changed_style if value != getattr(defaults, field) else ""
+            if field == blocked_field:
+                style = self.get_component_rich_style("techniques-panel--unavailable")
+            table.add_row(Text(key, style=key_style), Text(label, style=muted), Text(_value_text(value), style=style))
+        table.add_row(Text("", style=key_style), Text("model", style=muted),
+                      Text(f"{config.model or config.preset} · {config.device} · seq {config.seq_len}"))
+        lines = Table.grid()
+        lines.add_row(table)
+        if unsupported is not None:
+            lines.add_row(Text(f"unavailable: {unsupported[1]}",
+                               style=self.get_component_rich_style("techniques-panel--unavailable")))
+        elif self._capabilities is None:
+            lines.add_row(Text("checking what this machine can run…", style=muted))
+        lines.add_row(self._prediction_text())
+        return lines
+
+    def _prediction_text(self) -> Text:
+        muted = self.get_component_rich_style("techniques-panel--muted")
+        if self._estimate is None:
+            return Text("predicted peak: —", style=muted)
+        if self._config.device != "cuda":
+            return Text(f"predicted peak allocated: {format_bytes(self._estimate.peak_allocated_bytes)} (CPU run)",
+                        style=muted)
+        device_peak = self._estimate.peak_allocated_bytes + self._context_bytes
+        text = Text(f"predicted peak: {format_bytes(device_peak)}")
+        if self._gpu_total_bytes:
+            text.append(f" of {format_bytes(self._gpu_total_bytes)}", style=muted)
+            if device_peak > self._gpu_total_bytes:
+                text.append("  will not fit", style=self.get_component_rich_style("techniques-panel--warning"))
+        return text
