@@ -21,7 +21,7 @@ class LogPane(RichLog):
     LogPane { border: round $primary; height: 1fr; }
     """
 
-    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, max_lines=2000, wrap=False, markup=False, highlight=False)
         self.border_title = "Log"
         self._path: Path | None = None

@@ -18,7 +18,7 @@ class StatusLine(Widget):
     StatusLine > .status-line--run { color: $success; text-style: bold; }
     """
 
-    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._nvml: NvmlStatus | None = None
         self._run_state = "idle"

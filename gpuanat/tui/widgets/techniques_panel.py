@@ -57,7 +57,7 @@ class TechniquesPanel(Widget):
     TechniquesPanel > .techniques-panel--muted { color: $text-muted; }
     """
 
-    def __init__(self, config: RunConfig, *, id: str | None = None) -> None:  # noqa: A002 (Textual's name)
+    def __init__(self, config: RunConfig, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.border_title = "Techniques (next run)"
         self._config = config
