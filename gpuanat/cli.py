@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,13 +106,12 @@ def _fail_usage(message: str) -> NoReturn:
 
 
 def detect_capabilities() -> Capabilities:
-    """Ask a subprocess what this machine can train with (keeps torch and CUDA out of this process)."""
-    completed = subprocess.run([sys.executable, "-m", "gpuanat.worker.capabilities"], capture_output=True,
-                               text=True, check=False)
-    if completed.returncode != 0:
-        last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-        _fail_usage(f"cannot start the training environment (python -m gpuanat.worker.capabilities): {last_line}")
-    return Capabilities.from_json(json.loads(completed.stdout))
+    from gpuanat.core.runner import probe_capabilities
+
+    try:
+        return probe_capabilities()
+    except RuntimeError as error:
+        _fail_usage(str(error))
 
 
 def config_from_args(args: argparse.Namespace, capabilities: Capabilities | None) -> RunConfig:

@@ -72,6 +72,8 @@ class MemoryEstimate:
     gradients_bytes: int
     optimizer_state_bytes: int
     activations_bytes: int
+    gradients_at_peak_bytes: int
+    """Gradients alive at the end of forward: all of them when accumulating, else none."""
     peak_allocated_bytes: int
     """Weights + optimizer state + activations + gradients alive at the end of forward."""
 
@@ -115,5 +117,6 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     gradients_at_peak = gradients if config.grad_accum > 1 else 0
     return MemoryEstimate(
         weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=optimizer,
-        activations_bytes=activations, peak_allocated_bytes=weights + optimizer + activations + gradients_at_peak,
+        activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak,
+        peak_allocated_bytes=weights + optimizer + activations + gradients_at_peak,
     )

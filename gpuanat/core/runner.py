@@ -9,6 +9,7 @@ process group — DataLoader workers included — with SIGTERM and SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuanat.core.config import Capabilities
 from gpuanat.core.protocol import Event, Malformed, decode
 
 
@@ -28,6 +30,20 @@ class ChildExited:
     """Put on the event queue after the events pipe closed: the child has gone."""
 
     returncode: int | None
+
+
+def probe_capabilities() -> Capabilities:
+    """Ask a subprocess what this machine can train with (keeps torch and CUDA out of this process).
+
+    Raises RuntimeError with the probe's last error line when the training environment is broken.
+    """
+    completed = subprocess.run([sys.executable, "-m", "gpuanat.worker.capabilities"], capture_output=True,
+                               text=True, check=False, stdin=subprocess.DEVNULL)
+    if completed.returncode != 0:
+        last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"cannot start the training environment (python -m gpuanat.worker.capabilities): "
+                           f"{last_line}")
+    return Capabilities.from_json(json.loads(completed.stdout))
 
 
 def worker_command(config_json: str, events_fd: int) -> list[str]:

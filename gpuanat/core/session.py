@@ -162,15 +162,13 @@ def execute_run(
     trace_path: Path | None = None,
     stop_grace_s: float = 10.0,
     stop_requested: threading.Event | None = None,
-    on_sample: Callable[[Sample], None] | None = None,
     on_start: Callable[[int, int, Path], None] | None = None,
 ) -> dict[str, Any]:
     """Train `config` in a child process, record it, return its result.
 
     Ctrl-C (KeyboardInterrupt) while it runs — or `stop_requested` being set, from any thread — stops
     the child and its process group and records the run as stopped. `on_event` sees every decoded
-    event, on the calling thread; `on_sample` every sample, on the sampler's thread; `on_start` gets
-    (run id, child pid, log path) once the child is running.
+    event, on the calling thread; `on_start` gets (run id, child pid, log path) once the child runs.
     """
     run_id = store.create_run(config.to_json(), name=name)
     log_path = log_dir / f"run-{run_id}.log"
@@ -180,13 +178,7 @@ def execute_run(
     child = ChildProcess(lambda fd: worker_command(config_json, fd), log_path=log_path, env=env)
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
     source, nvml = sampler_factory()
-
-    def sampled(sample: Sample) -> None:
-        samples.put(sample)
-        if on_sample is not None:
-            on_sample(sample)
-
-    sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=sampled, trace_path=trace_path)
+    sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
     pending_steps: list[dict[str, Any]] = []
 
     def flush() -> None:

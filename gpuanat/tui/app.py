@@ -1,0 +1,463 @@
+"""The gpuanat dashboard: technique toggles, live charts, the memory breakdown, the child's log.
+
+Data flows one way. The sampler thread and the run's thread only append to deques; one paint tick on
+the event loop (default 4 Hz) drains them into time series and repaints what changed. Keys are
+declarative bindings (footer, help panel, command palette, remappable through the keymap).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from gpuanat.core.anatomy import assemble_bands
+from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.history import HistoryStore
+from gpuanat.core.predict import estimate_memory
+from gpuanat.core.protocol import Event, ModelInfo, ProbeBands, Step
+from gpuanat.core.report import format_bytes
+from gpuanat.core.runner import probe_capabilities
+from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.session import execute_run
+from gpuanat.core.techniques import changed_config
+from gpuanat.tui.screens.compare import CompareScreen
+from gpuanat.tui.screens.confirm import ConfirmScreen
+from gpuanat.tui.screens.history import HistoryScreen
+from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.line_chart import LineChart
+from gpuanat.tui.widgets.log_pane import LogPane
+from gpuanat.tui.widgets.memory_bar import MemoryBar
+from gpuanat.tui.widgets.status_line import StatusLine
+from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
+
+PAINT_INTERVAL_S = 0.25
+SAMPLE_INTERVAL_S = 0.25
+DEFAULT_CONTEXT_BYTES = 512 * 1024**2
+"""CUDA context estimate for the prediction until a run has measured it."""
+THROUGHPUT_WINDOW_STEPS = 5
+
+
+def _bytes_label(value: float) -> str:
+    return format_bytes(int(value))
+
+
+def _percent_label(value: float) -> str:
+    return f"{value:.0f}%"
+
+
+def _rate_label(value: float) -> str:
+    return f"{value:.1f}/s"
+
+
+class RunStarted(Message):
+    def __init__(self, run_id: int, pid: int, log_path: Path) -> None:
+        super().__init__()
+        self.run_id, self.pid, self.log_path = run_id, pid, log_path
+
+
+class RunFinished(Message):
+    def __init__(self, result: dict[str, Any] | None, failure: str | None = None) -> None:
+        super().__init__()
+        self.result, self.failure = result, failure
+
+
+class CapabilitiesFound(Message):
+    def __init__(self, capabilities: Capabilities | None, failure: str | None) -> None:
+        super().__init__()
+        self.capabilities, self.failure = capabilities, failure
+
+
+@dataclass
+class LiveRun:
+    """What the dashboard knows about the run in progress."""
+
+    config: RunConfig
+    stop_requested: threading.Event
+    run_id: int | None = None
+    pid: int | None = None
+    model: ModelInfo | None = None
+    last_step: Step | None = None
+    probe_bands: ProbeBands | None = None
+    start_t_s: float | None = None
+
+
+class GpuAnatApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "gpuanat"
+    BINDINGS = [
+        Binding("r", "run", "Run", id="run"),
+        Binding("s", "stop", "Stop", id="stop"),
+        Binding("g", "toggle('grad_checkpointing')", "Checkpointing", id="grad_checkpointing"),
+        Binding("p", "toggle('precision')", "Precision", id="precision"),
+        Binding("t", "toggle('tf32')", "TF32", id="tf32", show=False),
+        Binding("o", "toggle('optim')", "Optimizer", id="optim"),
+        Binding("plus,equals_sign", "step('batch_size', 1)", "Batch+", id="batch_up", key_display="+"),
+        Binding("minus", "step('batch_size', -1)", "Batch-", id="batch_down", key_display="-"),
+        Binding("a", "step('grad_accum', 1)", "Accum+", id="accum_up", show=False),
+        Binding("A", "step('grad_accum', -1)", "Accum-", id="accum_down", show=False),
+        Binding("w", "toggle('workers')", "Workers", id="workers", show=False),
+        Binding("m", "toggle('pin_memory')", "Pin memory", id="pin_memory", show=False),
+        Binding("c", "toggle('compile')", "Compile", id="compile", show=False),
+        Binding("e", "toggle('attn')", "Attention", id="attn", show=False),
+        Binding("h", "history", "History", id="history"),
+        Binding("enter", "compare", "Compare", id="compare", show=False),
+        Binding("space", "pause", "Pause charts", id="pause", show=False),
+        Binding("question_mark", "help", "Help", id="help", key_display="?"),
+        Binding("q", "quit", "Quit", id="quit"),
+    ]
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        db_path: Path,
+        sampler_factory: Callable[[], tuple[Any, NvmlStatus]] = open_source,
+        capabilities_probe: Callable[[], Capabilities] = probe_capabilities,
+        clock: Callable[[], float] = time.monotonic,
+        paint_interval_s: float = PAINT_INTERVAL_S,
+        run_env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.db_path = db_path
+        self._sampler_factory = sampler_factory
+        self._capabilities_probe = capabilities_probe
+        self._clock = clock
+        self._paint_interval_s = paint_interval_s
+        self._run_env = run_env
+        self.capabilities: Capabilities | None = None
+        self.nvml: NvmlStatus | None = None
+        self.live: LiveRun | None = None
+        self.last_result: dict[str, Any] | None = None
+        self.charts_paused = False
+        self.compare_selection: list[int] = []
+        self._incoming_samples: collections.deque[Sample] = collections.deque(maxlen=10_000)
+        self._incoming_events: collections.deque[Event] = collections.deque(maxlen=100_000)
+        self._sampler: Sampler | None = None
+        self._sampler_started_s = clock()
+        self._latest_sample: Sample | None = None
+        self._quit_after_run = False
+        self.series = {name: TimeSeries() for name in ("device_used", "run_used", "gpu_util", "throughput")}
+        self._run_thread: threading.Thread | None = None
+
+    # --- layout ---------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        with Horizontal(id="top"):
+            yield TechniquesPanel(self.config, id="techniques")
+            with Vertical(id="charts"):
+                yield LineChart("GPU memory used", formatter=_bytes_label, id="memory-chart")
+                yield LineChart("GPU utilization", formatter=_percent_label, id="util-chart")
+                yield LineChart("Throughput (samples/s)", formatter=_rate_label, id="throughput-chart")
+        yield MemoryBar(id="memory")
+        yield LogPane(id="log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        memory_chart = self.query_one("#memory-chart", LineChart)
+        memory_chart.set_series("device used", self.series["device_used"])
+        memory_chart.set_series("this run", self.series["run_used"])
+        self.query_one("#util-chart", LineChart).set_series("GPU util", self.series["gpu_util"])
+        self.query_one("#throughput-chart", LineChart).set_series("samples/s", self.series["throughput"])
+        source, self.nvml = self._sampler_factory()
+        self._sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=self._incoming_samples.append,
+                                clock=self._clock)
+        self._sampler_started_s = self._clock()
+        self._sampler.start()
+        self.set_interval(self._paint_interval_s, self.paint)
+        threading.Thread(target=self._probe_capabilities, name="gpuanat-capabilities", daemon=True).start()
+        self._show_techniques()
+        self.paint()
+
+    def on_unmount(self) -> None:
+        if self.live is not None:
+            self.live.stop_requested.set()
+        if self._run_thread is not None:
+            self._run_thread.join(timeout=30)
+        if self._sampler is not None:
+            self._sampler.stop()
+
+    # --- background work: threads only post messages or append to deques --------------------------
+    def _probe_capabilities(self) -> None:
+        try:
+            self.post_message(CapabilitiesFound(self._capabilities_probe(), None))
+        except RuntimeError as error:
+            self.post_message(CapabilitiesFound(None, str(error)))
+
+    def _execute(self, live: LiveRun) -> None:
+        try:
+            with HistoryStore(self.db_path) as store:
+                result = execute_run(
+                    live.config, store=store, log_dir=self.db_path.parent / "logs",
+                    on_event=self._incoming_events.append, env=self._run_env,
+                    stop_requested=live.stop_requested,
+                    on_start=lambda run_id, pid, log: self.post_message(RunStarted(run_id, pid, log)),
+                )
+        except Exception as error:  # the dashboard must survive any failure of a run
+            self.post_message(RunFinished(None, f"{type(error).__name__}: {error}"))
+        else:
+            self.post_message(RunFinished(result))
+
+    # --- messages ---------------------------------------------------------------------------------
+    def on_capabilities_found(self, message: CapabilitiesFound) -> None:
+        self.capabilities = message.capabilities
+        if message.failure:
+            self.notify(message.failure, severity="error", timeout=10)
+        elif self.capabilities is not None and not self.capabilities.cuda_available and self.config.device == "cuda":
+            self.config = self.config.replace(device="cpu")
+            self.notify(f"No CUDA here ({self.capabilities.reason}); runs train on the CPU.", timeout=6)
+        self._show_techniques()
+
+    def on_run_started(self, message: RunStarted) -> None:
+        if self.live is None:
+            return
+        self.live.run_id, self.live.pid, self.live.start_t_s = message.run_id, message.pid, self._clock()
+        if self._sampler is not None:
+            self._sampler.track(message.pid)
+        self.query_one(LogPane).follow(message.log_path)
+
+    def on_run_finished(self, message: RunFinished) -> None:
+        live, self.live = self.live, None
+        if live is not None and live.pid is not None and self._sampler is not None:
+            self._sampler.untrack(live.pid)
+        self.paint()
+        if message.result is None:
+            self.notify(f"The run could not be recorded: {message.failure}", severity="error", timeout=10)
+        else:
+            self.last_result = message.result
+            status = message.result["status"]
+            steady = message.result.get("steady_samples_per_second")
+            detail = f", steady {steady:.1f} samples/s" if steady else ""
+            severity = "information" if status == "ok" else "warning" if status == "stopped" else "error"
+            self.notify(f"Run {message.result['run_id']}: {status}{detail}", severity=severity, timeout=6)
+            self._show_result_bands(message.result)
+        self._show_techniques()
+        if self._quit_after_run:
+            self.exit()
+
+    # --- the paint tick ----------------------------------------------------------------------------
+    def paint(self) -> None:
+        samples = [self._incoming_samples.popleft() for _ in range(len(self._incoming_samples))]
+        events = [self._incoming_events.popleft() for _ in range(len(self._incoming_events))]
+        for sample in samples:
+            self._add_sample(sample)
+        for event in events:
+            self._add_event(event)
+        with self.batch_update():
+            if samples or events:
+                for chart in self.query(LineChart):
+                    chart.refresh_data()
+            if self.live is not None:
+                self._show_live_bands()
+            self.query_one(LogPane).poll()
+            self.query_one(StatusLine).show(nvml=self.nvml, run_state=self._run_state(),
+                                            sampler_cpu_percent=self._sampler_cpu_percent())
+
+    def _add_sample(self, sample: Sample) -> None:
+        self._latest_sample = sample
+        if sample.gpus:
+            gpu = sample.gpus[0]
+            if gpu.used_bytes is not None:
+                self.series["device_used"].append(sample.t_s, gpu.used_bytes)
+            if gpu.gpu_util_percent is not None:
+                self.series["gpu_util"].append(sample.t_s, gpu.gpu_util_percent)
+            if self.live is not None and self.live.pid is not None:
+                run_used = sample.process_used_bytes([self.live.pid])
+                if run_used is not None:
+                    self.series["run_used"].append(sample.t_s, run_used)
+        if self.live is None and sample.gpus:
+            self._show_idle_bands(sample)
+
+    def _add_event(self, event: Event) -> None:
+        live = self.live
+        if live is None:
+            return
+        if isinstance(event, ModelInfo):
+            live.model = event
+        elif isinstance(event, Step):
+            previous, live.last_step = live.last_step, event
+            if event.bands is not None:
+                live.probe_bands = event.bands
+            if previous is not None and event.elapsed_s > previous.elapsed_s and live.start_t_s is not None:
+                rate = (event.samples - previous.samples) / (event.elapsed_s - previous.elapsed_s)
+                self.series["throughput"].append(self._clock(), rate)
+
+    # --- what the widgets show ---------------------------------------------------------------------
+    def _run_state(self) -> str:
+        live = self.live
+        if live is None:
+            return "idle" if self.last_result is None else f"idle · last run {self.last_result['status']}"
+        if live.last_step is None:
+            return "starting the training process…"
+        total = f"/{live.model.total_steps}" if live.model and live.model.total_steps else ""
+        return f"run {live.run_id}: step {live.last_step.step}{total}"
+
+    def _sampler_cpu_percent(self) -> float | None:
+        if self._sampler is None:
+            return None
+        wall_s = self._clock() - self._sampler_started_s
+        return 100.0 * self._sampler.cpu_seconds / wall_s if wall_s > 1 else None
+
+    def _gpu_total_bytes(self) -> int | None:
+        sample = self._latest_sample
+        if sample is not None and sample.gpus:
+            return sample.gpus[0].total_bytes
+        return self.capabilities.cuda_total_memory_bytes if self.capabilities else None
+
+    def _show_techniques(self) -> None:
+        context = DEFAULT_CONTEXT_BYTES
+        if self.last_result and self.last_result["bands"].get("cuda_context_bytes"):
+            context = self.last_result["bands"]["cuda_context_bytes"]
+        try:
+            validate_values(self.config)
+            estimate = estimate_memory(self.config)
+        except ConfigError:
+            estimate = None
+        self.query_one(TechniquesPanel).show(self.config, capabilities=self.capabilities, estimate=estimate,
+                                             gpu_total_bytes=self._gpu_total_bytes(), context_bytes=context)
+        if estimate is not None:
+            self.query_one(MemoryBar).update_predicted(
+                {"weights_bytes": estimate.weights_bytes, "optimizer_state_bytes": estimate.optimizer_state_bytes,
+                 "activations_bytes": estimate.activations_bytes,
+                 "gradients_bytes": estimate.gradients_at_peak_bytes,
+                 "cuda_context_bytes": context if self.config.device == "cuda" else None},
+                self._gpu_total_bytes())
+
+    def _show_idle_bands(self, sample: Sample) -> None:
+        gpu = sample.gpus[0]
+        free = gpu.total_bytes - gpu.used_bytes if gpu.total_bytes is not None and gpu.used_bytes is not None else None
+        self.query_one(MemoryBar).update_bands({"other_processes_bytes": gpu.used_bytes, "free_bytes": free}, None,
+                                               gpu.total_bytes, {})
+
+    def _show_live_bands(self) -> None:
+        live, sample = self.live, self._latest_sample
+        assert live is not None
+        gpu = sample.gpus[0] if sample is not None and sample.gpus else None
+        no_gpu = None if gpu is not None and live.config.device == "cuda" else "CPU run: no GPU memory"
+        bands = assemble_bands(
+            live.probe_bands,
+            reserved_bytes=live.last_step.reserved_bytes if live.last_step else None,
+            device_used_bytes=gpu.used_bytes if gpu else None,
+            device_total_bytes=gpu.total_bytes if gpu else None,
+            process_used_bytes=sample.process_used_bytes([live.pid]) if sample and live.pid else None,
+            no_gpu_reason=no_gpu,
+        )
+        values = bands.to_json()
+        unavailable = values.pop("unavailable")
+        self.query_one(MemoryBar).update_bands(values, None, gpu.total_bytes if gpu else None, unavailable)
+
+    def _show_result_bands(self, result: dict[str, Any]) -> None:
+        self.query_one(MemoryBar).update_bands(result["bands"], result["bands"],
+                                               result.get("device_memory_total_bytes"), result["unavailable"])
+
+    # --- actions -----------------------------------------------------------------------------------
+    def _change_config(self, config: RunConfig) -> None:
+        self.config = config
+        self._show_techniques()
+
+    def action_toggle(self, field: str) -> None:
+        self._change_config(changed_config(self.config, field))
+
+    def action_step(self, field: str, direction: int) -> None:
+        self._change_config(changed_config(self.config, field, direction))
+
+    def action_run(self) -> None:
+        if self.live is not None:
+            self.notify("A run is in progress; stop it with s first.", severity="warning")
+            return
+        try:
+            validate_values(self.config)
+        except ConfigError as error:
+            self.notify(str(error), severity="error")
+            return
+        if self.capabilities is not None:
+            unsupported = machine_unsupported_reason(self.config, self.capabilities)
+            if unsupported is not None:
+                self.notify(f"{unsupported[0]}: {unsupported[1]}", severity="error")
+                return
+        self.live = LiveRun(config=self.config, stop_requested=threading.Event())
+        for name in ("run_used", "throughput"):
+            self.series[name].clear()
+        self._run_thread = threading.Thread(target=self._execute, args=(self.live,), name="gpuanat-run", daemon=True)
+        self._run_thread.start()
+        self.paint()
+
+    def action_stop(self) -> None:
+        if self.live is None:
+            self.notify("No run in progress.")
+            return
+        live = self.live
+
+        def answered(stop: bool | None) -> None:
+            if stop:
+                live.stop_requested.set()
+
+        self.push_screen(ConfirmScreen(f"Stop run {live.run_id or ''} ({live.config.techniques_summary()})?"),
+                         answered)
+
+    async def action_quit(self) -> None:
+        if self.live is None:
+            self.exit()
+            return
+        live = self.live
+
+        def answered(quit_now: bool | None) -> None:
+            if quit_now:
+                self._quit_after_run = True
+                live.stop_requested.set()
+
+        self.push_screen(ConfirmScreen("A run is in progress. Stop it and quit?"), answered)
+
+    def action_pause(self) -> None:
+        self.charts_paused = not self.charts_paused
+        for chart in self.query(LineChart):
+            chart.paused = self.charts_paused
+        self.notify("Charts paused (space resumes)." if self.charts_paused else "Charts live.", timeout=2)
+
+    def action_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def _runs(self) -> list[Any]:
+        with HistoryStore(self.db_path) as store:
+            return store.runs()
+
+    def action_history(self) -> None:
+        def chosen(run_ids: list[int] | None) -> None:
+            if run_ids:
+                self.compare_selection = run_ids
+                self.action_compare()
+
+        self.push_screen(HistoryScreen(self._runs()), chosen)
+
+    def action_compare(self) -> None:
+        with HistoryStore(self.db_path) as store:
+            run_ids = self.compare_selection or [run.id for run in store.runs(limit=2)]
+            if len(run_ids) < 2:
+                self.notify("Compare needs two recorded runs: run twice, or pick runs in history (h).")
+                return
+            runs = [store.run(run_id) for run_id in run_ids]
+            steps = {run_id: store.steps(run_id) for run_id in run_ids}
+            samples = {run_id: store.samples(run_id) for run_id in run_ids}
+        self.push_screen(CompareScreen([run for run in runs if run is not None], steps, samples))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            if isinstance(binding, Binding) and binding.description:
+                yield SystemCommand(f"{binding.description} ({binding.key_display or binding.key})",
+                                    f"gpuanat: {binding.action}", lambda b=binding: self.run_action(b.action))

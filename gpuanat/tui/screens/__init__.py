@@ -1,0 +1,1 @@
+"""Screens pushed over the dashboard: history, compare, confirmations."""

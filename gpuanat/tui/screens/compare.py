@@ -1,0 +1,112 @@
+"""Runs side by side: the techniques that differ, every metric with its Δ% against the first run, and
+their memory and throughput curves overlaid."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label
+
+from gpuanat.core.compare import BAND_METRICS, compare_runs
+from gpuanat.core.history import RunRow
+from gpuanat.core.report import format_bytes, format_delta
+from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.line_chart import LineChart
+
+BYTE_METRICS = BAND_METRICS | {"peak_allocated_bytes", "device_memory_used_bytes"}
+
+
+def _value(key: str, value: float | None) -> str:
+    if value is None:
+        return "—"
+    return format_bytes(int(value)) if key in BYTE_METRICS else f"{value:.2f}"
+
+
+def _memory_series(samples: list[dict[str, Any]], pid: int | None) -> TimeSeries:
+    """This run's GPU memory over time (per-process NVML use of its training process)."""
+    series = TimeSeries()
+    start = samples[0]["t_s"] if samples else 0.0
+    for sample in samples:
+        used = sum(process["used_bytes"] or 0 for gpu in sample["gpus"] for process in gpu["processes"]
+                   if process["pid"] == pid)
+        if used:
+            series.append(sample["t_s"] - start, used)
+    return series
+
+
+def _throughput_series(steps: list[dict[str, Any]]) -> TimeSeries:
+    series = TimeSeries()
+    for previous, step in itertools.pairwise(steps):
+        if step["elapsed_s"] > previous["elapsed_s"]:
+            series.append(step["elapsed_s"], (step["samples"] - previous["samples"]) /
+                          (step["elapsed_s"] - previous["elapsed_s"]))
+    return series
+
+
+class CompareScreen(Screen[None]):
+    BINDINGS = [Binding("escape,q,enter", "close", "Back", id="compare.back")]
+    DEFAULT_CSS = """
+    CompareScreen #compare-tables { height: auto; max-height: 60%; }
+    CompareScreen DataTable { width: 1fr; height: auto; max-height: 100%; }
+    CompareScreen #compare-charts { height: 1fr; }
+    CompareScreen LineChart { width: 1fr; }
+    """
+
+    def __init__(self, runs: list[RunRow], steps: dict[int, list[dict[str, Any]]],
+                 samples: dict[int, list[dict[str, Any]]]) -> None:
+        super().__init__()
+        self._runs, self._steps, self._samples = runs, steps, samples
+        self.comparison = compare_runs([run.id for run in runs], [run.config for run in runs],
+                                       [run.result for run in runs])
+
+    def compose(self) -> ComposeResult:
+        yield Label(f"Compare runs {', '.join(str(run.id) for run in self._runs)} — Δ% against run "
+                    f"{self._runs[0].id}", id="compare-title")
+        with Horizontal(id="compare-tables"):
+            yield DataTable(id="compare-techniques", cursor_type="none")
+            yield DataTable(id="compare-metrics", cursor_type="none")
+        with Horizontal(id="compare-charts"):
+            yield LineChart("GPU memory of each run", formatter=lambda v: format_bytes(int(v)), id="compare-memory")
+            yield LineChart("Throughput of each run (samples/s)", formatter=lambda v: f"{v:.1f}/s",
+                            id="compare-throughput")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        techniques = self.query_one("#compare-techniques", DataTable)
+        techniques.add_column("differs")
+        for run in self._runs:
+            techniques.add_column(f"run {run.id}")
+        for field, values in self.comparison.differing:
+            techniques.add_row(field, *(str(value) for value in values))
+        if not self.comparison.differing:
+            techniques.add_row("(same techniques)", *("" for _ in self._runs))
+        metrics = self.query_one("#compare-metrics", DataTable)
+        metrics.add_column("metric")
+        for index, run in enumerate(self._runs):
+            metrics.add_column(f"run {run.id}")
+            if index:
+                metrics.add_column("Δ")
+        for row in self.comparison.metrics:
+            cells: list[str | Text] = [row.label]
+            for index, value in enumerate(row.values):
+                cells.append(_value(row.key, value))
+                if index:
+                    cells.append(format_delta(row.deltas_percent[index]))
+            metrics.add_row(*cells)
+        memory = self.query_one("#compare-memory", LineChart)
+        throughput = self.query_one("#compare-throughput", LineChart)
+        for run in self._runs:
+            pid = run.environment.get("pid")
+            memory.set_series(f"run {run.id}", _memory_series(self._samples.get(run.id, []), pid))
+            throughput.set_series(f"run {run.id}", _throughput_series(self._steps.get(run.id, [])))
+        memory.refresh_data()
+        throughput.refresh_data()
+
+    def action_close(self) -> None:
+        self.dismiss(None)

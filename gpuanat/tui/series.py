@@ -1,0 +1,193 @@
+"""A bounded store of (time, value) samples covering a whole run, for charts that show the run from its start.
+
+Memory stays bounded however long the run: once `capacity` points are stored, neighbouring points are merged
+pairwise and from then on every stored point stands for twice as many raw samples (the *stride*). Every stored
+point therefore covers the same number of raw samples, so resolution is uniform over the run: after n samples
+the store keeps between capacity/2 and capacity points, each covering a stride of raw samples (a power of two).
+
+Merging keeps the point's start time and reduces the values with the series' `reduce` rule:
+- "max" (default) keeps peaks: right for memory, where the peak is what makes a run fail;
+- "mean" keeps the average: right for noisy rates such as samples/s, where the max would flatter.
+The raw maximum and the last value are tracked exactly, whatever the rule.
+
+Plain Python on purpose: the sampler side may fill it, the TUI reads it from the event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Reduce = Literal["max", "mean"]
+
+
+class TimeSeries:
+    """Samples `(t_s, value)` with non-decreasing `t_s`, downsampled to at most `capacity` stored points."""
+
+    def __init__(self, capacity: int = 2048, reduce: Reduce = "max") -> None:
+        if capacity < 2 or capacity % 2:
+            raise ValueError(f"capacity must be an even number >= 2, got {capacity}")
+        if reduce not in ("max", "mean"):
+            raise ValueError(f"reduce must be 'max' or 'mean', got {reduce!r}")
+        self.capacity = capacity
+        self.reduce: Reduce = reduce
+        self.version = 0
+        """Incremented by every change; lets a chart skip redrawing when nothing arrived."""
+        self._reset()
+
+    def _reset(self) -> None:
+        self._times_s: list[float] = []
+        self._values: list[float] = []
+        self._stride = 1
+        """Raw samples per stored (committed) point."""
+        self._pending_t_s = 0.0
+        self._pending_accumulator = 0.0
+        """Max or sum of the raw samples not yet making up a whole stride."""
+        self._pending_count = 0
+        self._first_t_s: float | None = None
+        self._last_t_s: float | None = None
+        self._last: float | None = None
+        self._max: float | None = None
+        self._sample_count = 0
+
+    def append(self, t_s: float, value: float) -> None:
+        if self._last_t_s is not None and t_s < self._last_t_s:
+            raise ValueError(f"time went backwards: {t_s} after {self._last_t_s}")
+        if self._first_t_s is None:
+            self._first_t_s = t_s
+        self._last_t_s = t_s
+        self._last = value
+        self._max = value if self._max is None else max(self._max, value)
+        self._sample_count += 1
+        self.version += 1
+        if self._pending_count == 0:
+            self._pending_t_s = t_s
+            self._pending_accumulator = value
+        elif self.reduce == "max":
+            self._pending_accumulator = max(self._pending_accumulator, value)
+        else:
+            self._pending_accumulator += value
+        self._pending_count += 1
+        if self._pending_count == self._stride:
+            self._times_s.append(self._pending_t_s)
+            self._values.append(self._pending_value())
+            self._pending_count = 0
+            if len(self._times_s) >= self.capacity:
+                self._halve()
+
+    def _pending_value(self) -> float:
+        if self.reduce == "max":
+            return self._pending_accumulator
+        return self._pending_accumulator / self._pending_count
+
+    def _halve(self) -> None:
+        values = self._values
+        if self.reduce == "max":
+            self._values = [max(values[i], values[i + 1]) for i in range(0, len(values), 2)]
+        else:
+            self._values = [(values[i] + values[i + 1]) / 2 for i in range(0, len(values), 2)]
+        self._times_s = self._times_s[0::2]
+        self._stride *= 2
+
+    def clear(self) -> None:
+        self._reset()
+        self.version += 1
+
+    def copy(self) -> TimeSeries:
+        """An independent snapshot (a paused chart keeps drawing one while the original grows)."""
+        twin = TimeSeries(self.capacity, self.reduce)
+        twin.__dict__.update(self.__dict__)
+        twin._times_s = list(self._times_s)
+        twin._values = list(self._values)
+        return twin
+
+    def points(self) -> list[tuple[float, float]]:
+        """The stored points, oldest first; the last may stand for fewer raw samples than the stride."""
+        points = list(zip(self._times_s, self._values, strict=True))
+        if self._pending_count:
+            points.append((self._pending_t_s, self._pending_value()))
+        return points
+
+    def bucket(self, width: int, t_start_s: float | None = None, t_end_s: float | None = None) -> list[float | None]:
+        """Values for `width` equal columns spanning `t_start_s`..`t_end_s` (default: this series' first..last time).
+
+        Each column reduces the points that start inside it (max or sample-weighted mean). A column with no point
+        between this series' first and last sample holds the previous column's value, as a sampled signal does;
+        columns before its first or after its last sample are None, so series of different lengths can share
+        one time axis.
+        """
+        if width <= 0:
+            return []
+        columns: list[float | None] = [None] * width
+        if self._first_t_s is None or self._last_t_s is None:
+            return columns
+        start_s = self._first_t_s if t_start_s is None else t_start_s
+        end_s = self._last_t_s if t_end_s is None else t_end_s
+        span_s = end_s - start_s
+        weights = [self._stride] * len(self._times_s)
+        if self._pending_count:
+            weights.append(self._pending_count)
+        if span_s <= 0:
+            # One instant: the whole chart shows the value known at that instant.
+            inside = [(v, w) for (t, v), w in zip(self.points(), weights, strict=True) if t == start_s]
+            return [self._reduce_weighted(inside)] * width if inside else columns
+
+        if self._first_t_s > end_s or self._last_t_s < start_s:
+            return columns
+        per_column: list[list[tuple[float, float]]] = [[] for _ in range(width)]
+        for (t_s, value), weight in zip(self.points(), weights, strict=True):
+            if start_s <= t_s <= end_s:
+                per_column[self._column(t_s, start_s, span_s, width)].append((value, weight))
+        first_column = self._column(max(self._first_t_s, start_s), start_s, span_s, width)
+        last_column = self._column(min(self._last_t_s, end_s), start_s, span_s, width)
+        for column in range(first_column, last_column + 1):
+            if per_column[column]:
+                columns[column] = self._reduce_weighted(per_column[column])
+            elif column > first_column:
+                columns[column] = columns[column - 1]
+        return columns
+
+    @staticmethod
+    def _column(t_s: float, start_s: float, span_s: float, width: int) -> int:
+        return min(width - 1, max(0, int((t_s - start_s) / span_s * width)))
+
+    def _reduce_weighted(self, values: list[tuple[float, float]]) -> float | None:
+        if not values:
+            return None
+        if self.reduce == "max":
+            return max(value for value, _ in values)
+        return sum(value * weight for value, weight in values) / sum(weight for _, weight in values)
+
+    @property
+    def last(self) -> float | None:
+        """The most recent raw value."""
+        return self._last
+
+    @property
+    def max(self) -> float | None:
+        """The largest raw value ever appended (exact, not affected by downsampling)."""
+        return self._max
+
+    @property
+    def first_t_s(self) -> float | None:
+        return self._first_t_s
+
+    @property
+    def last_t_s(self) -> float | None:
+        return self._last_t_s
+
+    @property
+    def stride(self) -> int:
+        """Raw samples per stored point."""
+        return self._stride
+
+    @property
+    def sample_count(self) -> int:
+        """Raw samples appended since creation or the last `clear()`."""
+        return self._sample_count
+
+    def __len__(self) -> int:
+        """Stored points (never more than `capacity`)."""
+        return len(self._times_s) + (1 if self._pending_count else 0)
+
+    def __bool__(self) -> bool:
+        return self._sample_count > 0

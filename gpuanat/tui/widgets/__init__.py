@@ -1,0 +1,1 @@
+"""Reusable widgets: each module holds one widget and styles itself from the theme."""

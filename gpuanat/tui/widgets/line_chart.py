@@ -1,0 +1,298 @@
+"""LineChart: named time series over a whole run, drawn as layered area charts with the Line API.
+
+Layout (rows): a title line with a legend of the series and their latest values; the plot, with the
+formatted maximum and zero on a y-axis label column; an x-axis line with the run's elapsed time.
+
+Each plot cell is one glyph: a lower eighth block (▁▂▃▄▅▆▇█) whose foreground is the series in front
+and whose background is the series behind it (or the widget's background), so two series sharing a
+cell both show, at 1/8-row resolution for the front one. Per column the smaller value is drawn in
+front, so "this run" stays visible inside "device used".
+
+Cheap to repaint: rows are computed once per (size, data version, settings) and served from a cache;
+`refresh_data()` repaints only when a series' version changed. Colours come from COMPONENT_CLASSES.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import ClassVar
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.reactive import reactive
+from textual.strip import Strip
+from textual.widget import Widget
+
+from gpuanat.tui.series import TimeSeries
+
+LOWER_EIGHTHS = " ▁▂▃▄▅▆▇█"
+"""Index n: a cell filled n/8 from the bottom."""
+SERIES_STYLE_COUNT = 4
+"""Series i is drawn with component class `line-chart--series-{i % SERIES_STYLE_COUNT}`."""
+
+
+def format_duration(seconds: float) -> str:
+    """Elapsed time for the x-axis: 45s, 12m05s, 3h07m."""
+    total_s = max(0, round(seconds))
+    if total_s < 60:
+        return f"{total_s}s"
+    if total_s < 3600:
+        return f"{total_s // 60}m{total_s % 60:02d}s"
+    return f"{total_s // 3600}h{total_s % 3600 // 60:02d}m"
+
+
+def _default_format(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _column_cell(stack: list[tuple[int, int]], bottom: int) -> tuple[str, int | None, int | None]:
+    """Glyph, front series and back series of the cell spanning eighths bottom..bottom+8 of one column.
+
+    `stack` holds (height in eighths, series index) sorted by height, smallest (front) first; the colour
+    at height p is that of the first series taller than p.
+    """
+    front = next(((height, index) for height, index in stack if height > bottom), None)
+    if front is None:
+        return " ", None, None
+    height, index = front
+    if height >= bottom + 8:
+        return LOWER_EIGHTHS[8], index, None
+    back = next((other for other_height, other in stack if other_height > height), None)
+    return LOWER_EIGHTHS[height - bottom], index, back
+
+
+class LineChart(Widget):
+    """Named `TimeSeries` on one shared time axis, first sample to last, with a y-axis from 0 to the max."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "line-chart--title",
+        "line-chart--axis",
+        "line-chart--empty",
+        "line-chart--paused",
+        *(f"line-chart--series-{index}" for index in range(SERIES_STYLE_COUNT)),
+    }
+
+    DEFAULT_CSS = """
+    LineChart {
+        height: 10;
+        min-height: 3;
+        & > .line-chart--title { color: $text; text-style: bold; }
+        & > .line-chart--axis { color: $text-muted; }
+        & > .line-chart--empty { color: $text-muted; text-style: italic; }
+        & > .line-chart--paused { color: $warning; text-style: bold; }
+        & > .line-chart--series-0 { color: $primary; }
+        & > .line-chart--series-1 { color: $warning; }
+        & > .line-chart--series-2 { color: $success; }
+        & > .line-chart--series-3 { color: $error; }
+        &:ansi > .line-chart--axis { color: ansi_bright_black; }
+        &:ansi > .line-chart--empty { color: ansi_bright_black; }
+    }
+    """
+
+    title: reactive[str] = reactive("")
+    y_max: reactive[float | None] = reactive(None)
+    """Fixed top of the y-axis (e.g. device total memory); None scales to the highest value shown."""
+    paused: reactive[bool] = reactive(False)
+    """Freeze the display on the data it showed when paused; new samples keep arriving underneath."""
+
+    def __init__(
+        self,
+        title: str = "",
+        *,
+        y_max: float | None = None,
+        value_format: Callable[[float], str] = _default_format,
+        empty_message: str = "waiting for samples…",
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+        disabled: bool = False,
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes, disabled=disabled)
+        self.set_reactive(LineChart.title, title)
+        self.set_reactive(LineChart.y_max, y_max)
+        self._value_format = value_format
+        self.empty_message = empty_message
+        self._series: dict[str, TimeSeries] = {}
+        self._frozen: dict[str, TimeSeries] | None = None
+        self._rows: list[Strip] = []
+        self._rows_key: tuple[object, ...] | None = None
+
+    @property
+    def value_format(self) -> Callable[[float], str]:
+        """Formats y values for the axis and legend, with units (bytes -> "12.3 GiB")."""
+        return self._value_format
+
+    @value_format.setter
+    def value_format(self, value_format: Callable[[float], str]) -> None:
+        self._value_format = value_format
+        self._rows_key = None
+        self.refresh()
+
+    def set_series(self, name: str, series: TimeSeries) -> None:
+        """Show `series` under `name` (added after the others, or replacing the one of that name)."""
+        self._series[name] = series
+        self.refresh_data()
+
+    def remove_series(self, name: str) -> None:
+        self._series.pop(name, None)
+        self.refresh_data()
+
+    def clear_series(self) -> None:
+        self._series.clear()
+        self.refresh_data()
+
+    def refresh_data(self) -> None:
+        """Repaint if any shown series changed since the last paint; call it at the app's paint tick."""
+        if self.paused:
+            return
+        if self._rows_key is None or self._rows_key[-1] != self._data_key(self._series):
+            self.refresh()
+
+    def watch_paused(self, paused: bool) -> None:
+        self._frozen = {name: series.copy() for name, series in self._series.items()} if paused else None
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._rows_key = None  # the theme changed: colours baked into cached rows are stale
+
+    @staticmethod
+    def _data_key(series: Mapping[str, TimeSeries]) -> tuple[tuple[str, int, int], ...]:
+        return tuple((name, id(one), one.version) for name, one in series.items())
+
+    def render_line(self, y: int) -> Strip:
+        width, height = self.size
+        shown = self._frozen if self._frozen is not None else self._series
+        key = (width, height, self.title, self.y_max, self.paused, self._data_key(shown))
+        if key != self._rows_key:
+            self._rows = self._build_rows(width, height, shown)
+            self._rows_key = key
+        if y < len(self._rows):
+            return self._rows[y]
+        return Strip.blank(width, self.rich_style)
+
+    def _style(self, component: str) -> Style:
+        return self.get_component_rich_style(component)
+
+    def _series_color_style(self, index: int) -> Style:
+        return self._style(f"line-chart--series-{index % SERIES_STYLE_COUNT}")
+
+    def _finish(self, segments: list[Segment], width: int) -> Strip:
+        return Strip(segments).adjust_cell_length(width, self.rich_style)
+
+    def _build_rows(self, width: int, height: int, shown: Mapping[str, TimeSeries]) -> list[Strip]:
+        if width <= 0 or height <= 0:
+            return []
+        rows = [self._title_row(width, shown)]
+        plot_height = height - 2 if height >= 3 else height - 1
+        with_data = {name: series for name, series in shown.items() if series}
+        if not with_data:
+            blank = Strip.blank(width, self.rich_style)
+            message = self._finish([Segment(f" {self.empty_message}", self._style("line-chart--empty"))], width)
+            message_row = max(1, height // 2)
+            rows.extend(message if row == message_row else blank for row in range(1, height))
+            return rows
+
+        t_start_s = min(series.first_t_s for series in with_data.values() if series.first_t_s is not None)
+        t_end_s = max(series.last_t_s for series in with_data.values() if series.last_t_s is not None)
+        raw_max = max(series.max for series in with_data.values() if series.max is not None)
+        label_candidates = [raw_max, 0.0] if self.y_max is None else [self.y_max, 0.0]
+        label_width = min(max(len(self.value_format(value)) for value in label_candidates) + 1, max(1, width // 3))
+        plot_width = max(0, width - label_width - 1)
+
+        columns_by_series = {
+            index: series.bucket(plot_width, t_start_s, t_end_s)
+            for index, series in enumerate(shown.values())
+            if series
+        }
+        top = self.y_max
+        if top is None:
+            top = max((value for columns in columns_by_series.values() for value in columns if value is not None),
+                      default=0.0)
+        rows.extend(self._plot_rows(width, plot_height, label_width, plot_width, top, columns_by_series))
+        if height >= 3:
+            rows.append(self._x_axis_row(width, label_width, plot_width, t_end_s - t_start_s))
+        return rows
+
+    def _title_row(self, width: int, shown: Mapping[str, TimeSeries]) -> Strip:
+        title_style = self._style("line-chart--title")
+        axis_style = self._style("line-chart--axis")
+        segments = [Segment(f" {self.title}", title_style)]
+        if self.paused:
+            segments.append(Segment("  ⏸ paused", self._style("line-chart--paused")))
+        for index, (name, series) in enumerate(shown.items()):
+            value = "—" if series.last is None else self.value_format(series.last)
+            segments.append(Segment("  ", axis_style))
+            segments.append(Segment(LOWER_EIGHTHS[8], self._series_color_style(index)))
+            segments.append(Segment(f" {name} ", axis_style))
+            segments.append(Segment(value, title_style))
+        return self._finish(segments, width)
+
+    def _plot_rows(
+        self,
+        width: int,
+        plot_height: int,
+        label_width: int,
+        plot_width: int,
+        top: float,
+        columns_by_series: dict[int, list[float | None]],
+    ) -> list[Strip]:
+        if plot_height <= 0:
+            return []
+        eighths = plot_height * 8
+        scale = eighths / top if top > 0 else 0.0
+        stacks: list[list[tuple[int, int]]] = []
+        for column in range(plot_width):
+            stack = []
+            for index, columns in columns_by_series.items():
+                value = columns[column]
+                if value is None or value <= 0:
+                    continue
+                # A non-zero value never vanishes: at least one eighth.
+                stack.append((min(eighths, max(1, round(value * scale))), index))
+            stack.sort()
+            stacks.append(stack)
+
+        base = self.rich_style
+        background = base.bgcolor
+        axis_style = self._style("line-chart--axis")
+        colors = {index: self._series_color_style(index).color for index in columns_by_series}
+        cell_styles: dict[tuple[int | None, int | None], Style] = {}
+        top_label = self.value_format(top)
+        zero_label = self.value_format(0.0)
+        rows = []
+        for row in range(plot_height):
+            bottom = (plot_height - 1 - row) * 8
+            label, tick = ("", "│")
+            if row == 0:
+                label, tick = top_label, "┤"
+            elif row == plot_height - 1:
+                label, tick = zero_label, "┤"
+            segments = [Segment(f"{label[-label_width:]:>{label_width}}{tick}", axis_style)]
+            run_text: list[str] = []
+            run_key: tuple[int | None, int | None] | None = None
+            for stack in stacks:
+                glyph, front, back = _column_cell(stack, bottom)
+                key = (front, back)
+                if key != run_key and run_text:
+                    segments.append(Segment("".join(run_text), cell_styles[run_key]))  # type: ignore[index]
+                    run_text = []
+                if key not in cell_styles:
+                    cell_styles[key] = base + Style(
+                        color=colors[front] if front is not None else None,
+                        bgcolor=colors[back] if back is not None else background,
+                    )
+                run_key = key
+                run_text.append(glyph)
+            if run_text and run_key is not None:
+                segments.append(Segment("".join(run_text), cell_styles[run_key]))
+            rows.append(self._finish(segments, width))
+        return rows
+
+    def _x_axis_row(self, width: int, label_width: int, plot_width: int, span_s: float) -> Strip:
+        start, end = "0s", format_duration(span_s)
+        fill = plot_width - len(start) - len(end) - 3
+        if fill >= 1:
+            axis = f"{' ' * label_width}└ {start} {'─' * fill} {end}"
+        else:
+            axis = f"{' ' * label_width}└{'─' * plot_width}"
+        return self._finish([Segment(axis, self._style("line-chart--axis"))], width)

@@ -1,0 +1,253 @@
+"""MemoryBar: GPU memory as one stacked bar of the anatomy's bands, a predicted bar under it, and a legend.
+
+Bands are drawn in the order of `gpuanat.core.anatomy.BAND_NAMES` (other processes first, free last), each with
+its own glyph and colour, so they stay distinguishable even where a theme (e.g. `ansi-dark`) has few colours.
+Both bars share one scale: the device total when known, else the larger of the two sums, so measured and
+predicted compare by length. The legend has one row per band: swatch, name, current, peak and predicted value,
+and for a band that could not be measured "—" with the reason, dimmed (the full reasons are in the tooltip).
+Drawn with the Line API from rows cached per (width, data version, theme).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.geometry import Size
+from textual.strip import Strip
+from textual.widget import Widget
+
+from gpuanat.core.anatomy import BAND_NAMES
+from gpuanat.core.report import format_bytes
+
+BAND_LABELS: dict[str, str] = {
+    "other_processes_bytes": "other processes",
+    "cuda_context_bytes": "CUDA context",
+    "weights_bytes": "weights",
+    "gradients_bytes": "gradients",
+    "optimizer_state_bytes": "optimizer state",
+    "activations_bytes": "activations",
+    "temporaries_and_cache_bytes": "temporaries & cache",
+    "free_bytes": "free",
+}
+BAND_GLYPHS: dict[str, str] = {
+    "other_processes_bytes": "▒",  # hatched: memory that is not this run's
+    "cuda_context_bytes": "█",
+    "weights_bytes": "█",
+    "gradients_bytes": "█",
+    "optimizer_state_bytes": "█",
+    "activations_bytes": "█",
+    "temporaries_and_cache_bytes": "▓",  # textured: reserved but holding no named tensor
+    "free_bytes": "░",
+}
+LABEL_WIDTH = 10
+"""Columns before a bar: "measured", "predicted"."""
+NAME_WIDTH = 20
+VALUE_WIDTH = 10
+
+
+def band_component_class(band: str) -> str:
+    """"weights_bytes" -> "memory-bar--weights"."""
+    return "memory-bar--" + band.removesuffix("_bytes").replace("_", "-")
+
+
+def split_cells(values: Sequence[int], scale: int, width: int) -> list[int]:
+    """Bar cells per value, proportional to value/scale by largest remainders.
+
+    A non-zero value gets at least one cell (taken from the widest) so no band disappears.
+    """
+    if scale <= 0 or width <= 0:
+        return [0] * len(values)
+    exact = [max(0, value) * width / scale for value in values]
+    cells = [int(share) for share in exact]
+    target = min(width, round(sum(exact)))
+    by_remainder = sorted(range(len(values)), key=lambda index: exact[index] - cells[index], reverse=True)
+    for index in by_remainder[: max(0, target - sum(cells))]:
+        cells[index] += 1
+    for index, value in enumerate(values):
+        if value > 0 and cells[index] == 0:
+            widest = max(range(len(cells)), key=cells.__getitem__)
+            if cells[widest] > 1:
+                cells[widest] -= 1
+                cells[index] = 1
+    return cells
+
+
+class MemoryBar(Widget):
+    """Measured (and optionally predicted) memory bands as stacked bars with a legend."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        *(band_component_class(band) for band in BAND_NAMES),
+        "memory-bar--label",
+        "memory-bar--header",
+        "memory-bar--value",
+        "memory-bar--reason",
+        "memory-bar--overflow",
+    }
+
+    DEFAULT_CSS = """
+    MemoryBar {
+        height: auto;
+        & > .memory-bar--other-processes { color: $text-muted; }
+        & > .memory-bar--cuda-context { color: $secondary; }
+        & > .memory-bar--weights { color: $primary; }
+        & > .memory-bar--gradients { color: $success; }
+        & > .memory-bar--optimizer-state { color: $warning; }
+        & > .memory-bar--activations { color: $error; }
+        & > .memory-bar--temporaries-and-cache { color: $foreground; }
+        & > .memory-bar--free { color: $text-disabled; }
+        & > .memory-bar--label { color: $text-muted; }
+        & > .memory-bar--header { color: $text-muted; text-style: bold; }
+        & > .memory-bar--value { color: $text; }
+        & > .memory-bar--reason { color: $text-muted; text-style: italic; }
+        & > .memory-bar--overflow { color: $error; text-style: bold; }
+        &:ansi > .memory-bar--other-processes { color: ansi_bright_black; }
+        &:ansi > .memory-bar--temporaries-and-cache { color: ansi_magenta; }
+        &:ansi > .memory-bar--free { color: ansi_bright_black; }
+        &:ansi > .memory-bar--label { color: ansi_bright_black; }
+        &:ansi > .memory-bar--header { color: ansi_bright_black; }
+        &:ansi > .memory-bar--reason { color: ansi_bright_black; }
+    }
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+        disabled: bool = False,
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes, disabled=disabled)
+        self._current: dict[str, int | None] = dict.fromkeys(BAND_NAMES)
+        self._peak: dict[str, int | None] = dict.fromkeys(BAND_NAMES)
+        self._predicted: dict[str, int | None] | None = None
+        self._total_bytes: int | None = None
+        self._unavailable: dict[str, str] = {}
+        self._has_reading = False
+        self._version = 0
+        self._rows: list[Strip] = []
+        self._rows_key: tuple[int, int] | None = None
+
+    def update_bands(
+        self,
+        current: Mapping[str, int | None],
+        peak: Mapping[str, int | None] | None,
+        total_bytes: int | None,
+        unavailable: Mapping[str, str],
+    ) -> None:
+        """Show a measurement: band name -> bytes (None: not measured, why in `unavailable`)."""
+        self._current = {band: current.get(band) for band in BAND_NAMES}
+        self._peak = {band: (peak or {}).get(band) for band in BAND_NAMES}
+        self._total_bytes = total_bytes
+        self._unavailable = dict(unavailable)
+        self._has_reading = True
+        self._changed(layout=False)
+        self.tooltip = "\n".join(
+            f"{BAND_LABELS[band]}: {reason}" for band, reason in self._unavailable.items() if band in BAND_LABELS
+        ) or None
+
+    def update_predicted(self, predicted: Mapping[str, int | None] | None) -> None:
+        """Show the prediction for the configured run as a second bar and column; None removes it."""
+        had_prediction = self._predicted is not None
+        self._predicted = None if predicted is None else {band: predicted.get(band) for band in BAND_NAMES}
+        self._changed(layout=had_prediction != (predicted is not None))
+
+    def _changed(self, layout: bool) -> None:
+        self._version += 1
+        self.refresh(layout=layout)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._rows_key = None  # the theme changed: colours baked into cached rows are stale
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        bars = 2 if self._predicted is not None else 1
+        return bars + 1 + len(BAND_NAMES) + 1
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        key = (width, self._version)
+        if key != self._rows_key:
+            self._rows = self._build_rows(width)
+            self._rows_key = key
+        if y < len(self._rows):
+            return self._rows[y]
+        return Strip.blank(width, self.rich_style)
+
+    def _style(self, component: str) -> Style:
+        return self.get_component_rich_style(component)
+
+    def _finish(self, segments: list[Segment], width: int) -> Strip:
+        return Strip(segments).adjust_cell_length(width, self.rich_style)
+
+    def _scale_bytes(self) -> int:
+        sums = [sum(value or 0 for value in bands.values()) for bands in (self._current, self._predicted) if bands]
+        return max([self._total_bytes or 0, *sums])
+
+    def _bar_row(self, label: str, bands: Mapping[str, int | None], width: int) -> Strip:
+        segments = [Segment(f"{label:<{LABEL_WIDTH}}", self._style("memory-bar--label"))]
+        bar_width = max(0, width - LABEL_WIDTH)
+        scale = self._scale_bytes()
+        if scale <= 0:
+            segments.append(Segment("waiting for a reading…", self._style("memory-bar--reason")))
+            return self._finish(segments, width)
+        cells = split_cells([bands.get(band) or 0 for band in BAND_NAMES], scale, bar_width)
+        for band, count in zip(BAND_NAMES, cells, strict=True):
+            if count:
+                segments.append(Segment(BAND_GLYPHS[band] * count, self._style(band_component_class(band))))
+        return self._finish(segments, width)
+
+    def _build_rows(self, width: int) -> list[Strip]:
+        if width <= 0:
+            return []
+        rows = [self._bar_row("measured", self._current if self._has_reading else {}, width)]
+        if self._predicted is not None:
+            rows.append(self._bar_row("predicted", self._predicted, width))
+        predicted_header = f"{'predicted':>{VALUE_WIDTH}}" if self._predicted is not None else ""
+        header = f"{'':3}{'band':<{NAME_WIDTH}}{'now':>{VALUE_WIDTH}}{'peak':>{VALUE_WIDTH}}{predicted_header}"
+        rows.append(self._finish([Segment(header, self._style("memory-bar--header"))], width))
+        rows.extend(self._band_row(band, width) for band in BAND_NAMES)
+        rows.append(self._used_row(width))
+        return rows
+
+    def _values_text(self, now: int | None, peak: int | None, predicted: int | None) -> str:
+        text = f"{format_bytes(now):>{VALUE_WIDTH}}{format_bytes(peak):>{VALUE_WIDTH}}"
+        if self._predicted is not None:
+            text += f"{format_bytes(predicted):>{VALUE_WIDTH}}"
+        return text
+
+    def _band_row(self, band: str, width: int) -> Strip:
+        value_style = self._style("memory-bar--value")
+        predicted = self._predicted.get(band) if self._predicted is not None else None
+        segments = [
+            Segment(BAND_GLYPHS[band] * 2, self._style(band_component_class(band))),
+            Segment(f" {BAND_LABELS[band]:<{NAME_WIDTH}}", value_style),
+            Segment(self._values_text(self._current[band], self._peak[band], predicted), value_style),
+        ]
+        reason = self._unavailable.get(band) if self._current[band] is None else None
+        used = sum(len(segment.text) for segment in segments)
+        room = width - used - 2
+        if reason and room > 1:
+            shown = reason if len(reason) <= room else reason[: room - 1] + "…"
+            segments.append(Segment(f"  {shown}", self._style("memory-bar--reason")))
+        return self._finish(segments, width)
+
+    def _used_row(self, width: int) -> Strip:
+        def device_used(bands: Mapping[str, int | None] | None) -> int | None:
+            if not bands:
+                return None
+            values = [bands.get(band) for band in BAND_NAMES if band != "free_bytes"]
+            return None if any(value is None for value in values) else sum(value or 0 for value in values)
+
+        now = device_used(self._current) if self._has_reading else None
+        predicted = device_used(self._predicted)
+        segments = [Segment(f"   {'device used':<{NAME_WIDTH}}{self._values_text(now, None, predicted)}",
+                            self._style("memory-bar--value"))]
+        if self._total_bytes is not None:
+            segments.append(Segment(f"  of {format_bytes(self._total_bytes)}", self._style("memory-bar--label")))
+            if predicted is not None and predicted > self._total_bytes:
+                segments.append(Segment("  predicted does not fit", self._style("memory-bar--overflow")))
+        return self._finish(segments, width)
