@@ -58,13 +58,17 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="gpuanat",
-        description="GPU anatomy: where transformer training memory goes and how fast it trains, "
-                    "per technique. Runs the HF docs' experiments headless and keeps a history.",
+        description="GPU anatomy: where transformer training memory goes and how fast it trains, per "
+                    "technique. Without a command, opens the live dashboard (keys toggle techniques, r runs, "
+                    "? shows every key); the commands run headless and print tables or JSON.",
         epilog="Examples:\n  gpuanat run --precision bf16 --batch-size 8\n  gpuanat sweep --max-steps 60\n"
                "  gpuanat history --format md\n  gpuanat run --preset tiny --device cpu --seq-len 64",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"gpuanat {__version__}")
+    # Without a subcommand gpuanat opens the dashboard; these flags set its starting techniques.
+    _add_technique_flags(parser)
+    _add_common(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     run = commands.add_parser("run", help="train one configuration in a child process and report it",
@@ -323,13 +327,27 @@ def command_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def command_dashboard(args: argparse.Namespace) -> int:
+    """The full-screen TUI; the device default is settled once the capability probe has answered."""
+    from gpuanat.tui.app import GpuAnatApp
+
+    config = config_from_args(args, Capabilities(torch_version=None, cuda_available=True))
+    try:
+        validate_values(config)
+    except ConfigError as error:
+        _fail_usage(str(error))
+    if not sys.stdout.isatty():
+        _fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
+    GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path()).run()
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"run": command_run, "sweep": command_sweep, "history": command_history}
     if args.command is None:
-        parser.print_help()
-        return EXIT_OK
+        return command_dashboard(args)
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

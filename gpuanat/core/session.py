@@ -199,7 +199,8 @@ def execute_run(
         if isinstance(event, Hello):
             state.hello = event
             store.set_environment(run_id, {"pid": event.pid, "versions": event.versions, "device": event.device,
-                                           "device_name": event.device_name, "nvml": nvml.__dict__})
+                                           "device_name": event.device_name, "nvml": nvml.__dict__,
+                                           "config_received": event.config})
         elif isinstance(event, ModelInfo):
             state.model = event
         elif isinstance(event, Step):

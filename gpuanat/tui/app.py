@@ -127,8 +127,11 @@ class GpuAnatApp(App[None]):
         capabilities_probe: Callable[[], Capabilities] = probe_capabilities,
         clock: Callable[[], float] = time.monotonic,
         paint_interval_s: float = PAINT_INTERVAL_S,
+        sample_interval_s: float | None = SAMPLE_INTERVAL_S,
         run_env: dict[str, str] | None = None,
     ) -> None:
+        """Every source of data is injectable: tests pass a replayed NVML trace, a frozen clock and
+        `sample_interval_s=None` (no sampler thread; they call `sample_now`)."""
         super().__init__()
         self.config = config
         self.db_path = db_path
@@ -136,6 +139,7 @@ class GpuAnatApp(App[None]):
         self._capabilities_probe = capabilities_probe
         self._clock = clock
         self._paint_interval_s = paint_interval_s
+        self._sample_interval_s = sample_interval_s
         self._run_env = run_env
         self.capabilities: Capabilities | None = None
         self.nvml: NvmlStatus | None = None
@@ -172,10 +176,11 @@ class GpuAnatApp(App[None]):
         self.query_one("#util-chart", LineChart).set_series("GPU util", self.series["gpu_util"])
         self.query_one("#throughput-chart", LineChart).set_series("samples/s", self.series["throughput"])
         source, self.nvml = self._sampler_factory()
-        self._sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=self._incoming_samples.append,
-                                clock=self._clock)
+        self._sampler = Sampler(source, interval_s=self._sample_interval_s or SAMPLE_INTERVAL_S,
+                                on_sample=self._incoming_samples.append, clock=self._clock)
         self._sampler_started_s = self._clock()
-        self._sampler.start()
+        if self._sample_interval_s is not None:
+            self._sampler.start()
         self.set_interval(self._paint_interval_s, self.paint)
         threading.Thread(target=self._probe_capabilities, name="gpuanat-capabilities", daemon=True).start()
         self._show_techniques()
@@ -188,6 +193,11 @@ class GpuAnatApp(App[None]):
             self._run_thread.join(timeout=30)
         if self._sampler is not None:
             self._sampler.stop()
+
+    def sample_now(self) -> None:
+        """Take one sample on the calling thread (tests drive a replayed trace this way)."""
+        assert self._sampler is not None
+        self._incoming_samples.append(self._sampler.sample_once())
 
     # --- background work: threads only post messages or append to deques --------------------------
     def _probe_capabilities(self) -> None:

@@ -100,7 +100,7 @@ class LineChart(Widget):
         title: str = "",
         *,
         y_max: float | None = None,
-        value_format: Callable[[float], str] = _default_format,
+        formatter: Callable[[float], str] = _default_format,
         empty_message: str = "waiting for samples…",
         name: str | None = None,
         id: str | None = None,
@@ -110,7 +110,7 @@ class LineChart(Widget):
         super().__init__(name=name, id=id, classes=classes, disabled=disabled)
         self.set_reactive(LineChart.title, title)
         self.set_reactive(LineChart.y_max, y_max)
-        self._value_format = value_format
+        self._formatter = formatter
         self.empty_message = empty_message
         self._series: dict[str, TimeSeries] = {}
         self._frozen: dict[str, TimeSeries] | None = None
@@ -118,13 +118,13 @@ class LineChart(Widget):
         self._rows_key: tuple[object, ...] | None = None
 
     @property
-    def value_format(self) -> Callable[[float], str]:
+    def formatter(self) -> Callable[[float], str]:
         """Formats y values for the axis and legend, with units (bytes -> "12.3 GiB")."""
-        return self._value_format
+        return self._formatter
 
-    @value_format.setter
-    def value_format(self, value_format: Callable[[float], str]) -> None:
-        self._value_format = value_format
+    @formatter.setter
+    def formatter(self, formatter: Callable[[float], str]) -> None:
+        self._formatter = formatter
         self._rows_key = None
         self.refresh()
 
@@ -196,7 +196,7 @@ class LineChart(Widget):
         t_end_s = max(series.last_t_s for series in with_data.values() if series.last_t_s is not None)
         raw_max = max(series.max for series in with_data.values() if series.max is not None)
         label_candidates = [raw_max, 0.0] if self.y_max is None else [self.y_max, 0.0]
-        label_width = min(max(len(self.value_format(value)) for value in label_candidates) + 1, max(1, width // 3))
+        label_width = min(max(len(self.formatter(value)) for value in label_candidates) + 1, max(1, width // 3))
         plot_width = max(0, width - label_width - 1)
 
         columns_by_series = {
@@ -219,12 +219,19 @@ class LineChart(Widget):
         segments = [Segment(f" {self.title}", title_style)]
         if self.paused:
             segments.append(Segment("  ⏸ paused", self._style("line-chart--paused")))
-        for index, (name, series) in enumerate(shown.items()):
-            value = "—" if series.last is None else self.value_format(series.last)
+        used = sum(len(segment.text) for segment in segments)
+        legend = [
+            (index, name, "—" if series.last is None else self.formatter(series.last))
+            for index, (name, series) in enumerate(shown.items())
+        ]
+        # Narrow charts (side by side) keep the series names and drop the latest values first.
+        with_values = used + sum(len(name) + len(value) + 5 for _, name, value in legend) <= width
+        for index, name, value in legend:
             segments.append(Segment("  ", axis_style))
             segments.append(Segment(LOWER_EIGHTHS[8], self._series_color_style(index)))
-            segments.append(Segment(f" {name} ", axis_style))
-            segments.append(Segment(value, title_style))
+            segments.append(Segment(f" {name}", axis_style))
+            if with_values:
+                segments.append(Segment(f" {value}", title_style))
         return self._finish(segments, width)
 
     def _plot_rows(
@@ -257,8 +264,8 @@ class LineChart(Widget):
         axis_style = self._style("line-chart--axis")
         colors = {index: self._series_color_style(index).color for index in columns_by_series}
         cell_styles: dict[tuple[int | None, int | None], Style] = {}
-        top_label = self.value_format(top)
-        zero_label = self.value_format(0.0)
+        top_label = self.formatter(top)
+        zero_label = self.formatter(0.0)
         rows = []
         for row in range(plot_height):
             bottom = (plot_height - 1 - row) * 8

@@ -39,17 +39,18 @@ BAND_GLYPHS: dict[str, str] = {
     "gradients_bytes": "█",
     "optimizer_state_bytes": "█",
     "activations_bytes": "█",
-    "temporaries_and_cache_bytes": "▓",  # textured: reserved but holding no named tensor
+    "temporaries_and_cache_bytes": "▓",  # textured: transient or cached, next to the activations
     "free_bytes": "░",
 }
 LABEL_WIDTH = 10
 """Columns before a bar: "measured", "predicted"."""
 NAME_WIDTH = 20
 VALUE_WIDTH = 10
+PREDICTED_WIDTH = 11
 
 
 def band_component_class(band: str) -> str:
-    """"weights_bytes" -> "memory-bar--weights"."""
+    """The component class of a band: weights_bytes -> memory-bar--weights."""
     return "memory-bar--" + band.removesuffix("_bytes").replace("_", "-")
 
 
@@ -96,7 +97,7 @@ class MemoryBar(Widget):
         & > .memory-bar--gradients { color: $success; }
         & > .memory-bar--optimizer-state { color: $warning; }
         & > .memory-bar--activations { color: $error; }
-        & > .memory-bar--temporaries-and-cache { color: $foreground; }
+        & > .memory-bar--temporaries-and-cache { color: $error-lighten-2; }
         & > .memory-bar--free { color: $text-disabled; }
         & > .memory-bar--label { color: $text-muted; }
         & > .memory-bar--header { color: $text-muted; text-style: bold; }
@@ -125,6 +126,7 @@ class MemoryBar(Widget):
         self._peak: dict[str, int | None] = dict.fromkeys(BAND_NAMES)
         self._predicted: dict[str, int | None] | None = None
         self._total_bytes: int | None = None
+        self._predicted_total_bytes: int | None = None
         self._unavailable: dict[str, str] = {}
         self._has_reading = False
         self._version = 0
@@ -149,10 +151,14 @@ class MemoryBar(Widget):
             f"{BAND_LABELS[band]}: {reason}" for band, reason in self._unavailable.items() if band in BAND_LABELS
         ) or None
 
-    def update_predicted(self, predicted: Mapping[str, int | None] | None) -> None:
-        """Show the prediction for the configured run as a second bar and column; None removes it."""
+    def update_predicted(self, predicted: Mapping[str, int | None] | None, total_bytes: int | None = None) -> None:
+        """Show the prediction for the configured run as a second bar and column; None removes it.
+
+        `total_bytes` (the device total) scales the bars until a measurement brings its own.
+        """
         had_prediction = self._predicted is not None
         self._predicted = None if predicted is None else {band: predicted.get(band) for band in BAND_NAMES}
+        self._predicted_total_bytes = total_bytes
         self._changed(layout=had_prediction != (predicted is not None))
 
     def _changed(self, layout: bool) -> None:
@@ -183,9 +189,13 @@ class MemoryBar(Widget):
     def _finish(self, segments: list[Segment], width: int) -> Strip:
         return Strip(segments).adjust_cell_length(width, self.rich_style)
 
+    @property
+    def _device_total_bytes(self) -> int | None:
+        return self._total_bytes if self._total_bytes is not None else self._predicted_total_bytes
+
     def _scale_bytes(self) -> int:
         sums = [sum(value or 0 for value in bands.values()) for bands in (self._current, self._predicted) if bands]
-        return max([self._total_bytes or 0, *sums])
+        return max([self._device_total_bytes or 0, *sums])
 
     def _bar_row(self, label: str, bands: Mapping[str, int | None], width: int) -> Strip:
         segments = [Segment(f"{label:<{LABEL_WIDTH}}", self._style("memory-bar--label"))]
@@ -206,7 +216,7 @@ class MemoryBar(Widget):
         rows = [self._bar_row("measured", self._current if self._has_reading else {}, width)]
         if self._predicted is not None:
             rows.append(self._bar_row("predicted", self._predicted, width))
-        predicted_header = f"{'predicted':>{VALUE_WIDTH}}" if self._predicted is not None else ""
+        predicted_header = f"{'predicted':>{PREDICTED_WIDTH}}" if self._predicted is not None else ""
         header = f"{'':3}{'band':<{NAME_WIDTH}}{'now':>{VALUE_WIDTH}}{'peak':>{VALUE_WIDTH}}{predicted_header}"
         rows.append(self._finish([Segment(header, self._style("memory-bar--header"))], width))
         rows.extend(self._band_row(band, width) for band in BAND_NAMES)
@@ -216,38 +226,48 @@ class MemoryBar(Widget):
     def _values_text(self, now: int | None, peak: int | None, predicted: int | None) -> str:
         text = f"{format_bytes(now):>{VALUE_WIDTH}}{format_bytes(peak):>{VALUE_WIDTH}}"
         if self._predicted is not None:
-            text += f"{format_bytes(predicted):>{VALUE_WIDTH}}"
+            text += f"{format_bytes(predicted):>{PREDICTED_WIDTH}}"
         return text
 
     def _band_row(self, band: str, width: int) -> Strip:
         value_style = self._style("memory-bar--value")
+        now, peak = self._current[band], self._peak[band]
         predicted = self._predicted.get(band) if self._predicted is not None else None
+        reason = self._unavailable.get(band) if now is None else None
         segments = [
             Segment(BAND_GLYPHS[band] * 2, self._style(band_component_class(band))),
             Segment(f" {BAND_LABELS[band]:<{NAME_WIDTH}}", value_style),
-            Segment(self._values_text(self._current[band], self._peak[band], predicted), value_style),
         ]
-        reason = self._unavailable.get(band) if self._current[band] is None else None
-        used = sum(len(segment.text) for segment in segments)
-        room = width - used - 2
+        if reason and peak is None and predicted is None:
+            # Nothing to show right of "now": the reason takes the empty columns.
+            segments.append(Segment(f"{format_bytes(None):>{VALUE_WIDTH}}", value_style))
+        else:
+            segments.append(Segment(self._values_text(now, peak, predicted), value_style))
+        room = width - sum(len(segment.text) for segment in segments) - 2
         if reason and room > 1:
             shown = reason if len(reason) <= room else reason[: room - 1] + "…"
             segments.append(Segment(f"  {shown}", self._style("memory-bar--reason")))
         return self._finish(segments, width)
 
     def _used_row(self, width: int) -> Strip:
-        def device_used(bands: Mapping[str, int | None] | None) -> int | None:
-            if not bands:
-                return None
-            values = [bands.get(band) for band in BAND_NAMES if band != "free_bytes"]
-            return None if any(value is None for value in values) else sum(value or 0 for value in values)
+        def device_used(bands: Mapping[str, int | None] | None) -> tuple[int | None, str]:
+            """Sum of the bands other than free, and its text: "≥" when some band is unknown."""
+            values = [bands.get(band) for band in BAND_NAMES if band != "free_bytes"] if bands else []
+            known = [value for value in values if value is not None]
+            if not known:
+                return None, format_bytes(None)
+            prefix = "≥" if len(known) < len(values) else ""
+            return sum(known), prefix + format_bytes(sum(known))
 
-        now = device_used(self._current) if self._has_reading else None
-        predicted = device_used(self._predicted)
-        segments = [Segment(f"   {'device used':<{NAME_WIDTH}}{self._values_text(now, None, predicted)}",
-                            self._style("memory-bar--value"))]
-        if self._total_bytes is not None:
-            segments.append(Segment(f"  of {format_bytes(self._total_bytes)}", self._style("memory-bar--label")))
-            if predicted is not None and predicted > self._total_bytes:
+        _, now_text = device_used(self._current if self._has_reading else None)
+        predicted, predicted_text = device_used(self._predicted)
+        text = f"   {'device used':<{NAME_WIDTH}}{now_text:>{VALUE_WIDTH}}{'':>{VALUE_WIDTH}}"
+        if self._predicted is not None:
+            text += f"{predicted_text:>{PREDICTED_WIDTH}}"
+        segments = [Segment(text, self._style("memory-bar--value"))]
+        total_bytes = self._device_total_bytes
+        if total_bytes is not None:
+            segments.append(Segment(f"  of {format_bytes(total_bytes)}", self._style("memory-bar--label")))
+            if predicted is not None and predicted > total_bytes:
                 segments.append(Segment("  predicted does not fit", self._style("memory-bar--overflow")))
         return self._finish(segments, width)

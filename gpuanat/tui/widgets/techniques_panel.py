@@ -14,15 +14,15 @@ from gpuanat.core.report import format_bytes
 ROWS: tuple[tuple[str, str, str], ...] = (
     # (RunConfig field, key shown, label)
     ("batch_size", "+/-", "batch size"),
-    ("grad_accum", "a/A", "grad accumulation"),
-    ("grad_checkpointing", "g", "grad checkpointing"),
+    ("grad_accum", "a/A", "accumulation"),
+    ("grad_checkpointing", "g", "checkpointing"),
     ("precision", "p", "precision"),
     ("tf32", "t", "tf32"),
     ("optim", "o", "optimizer"),
-    ("workers", "w", "dataloader workers"),
+    ("workers", "w", "workers"),
     ("pin_memory", "m", "pin memory"),
     ("attn", "e", "attention"),
-    ("compile", "c", "torch.compile"),
+    ("compile", "c", "compile"),
 )
 BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device"}
 

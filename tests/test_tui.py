@@ -1,0 +1,133 @@
+"""The real dashboard, headless (App.run_test + Pilot), driving real tiny-BERT runs on the CPU.
+
+The sampler is the real HostOnlySource (this machine has no NVIDIA driver); the capability probe is
+the real subprocess; runs are real children recorded in a throwaway history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+
+import psutil
+import pytest
+from rich.console import Console
+
+from gpuanat.core.compare import percent_delta
+from gpuanat.core.config import RunConfig
+from gpuanat.core.history import HistoryStore
+from gpuanat.core.sampler import open_source
+from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.screens.compare import CompareScreen
+from gpuanat.tui.screens.confirm import ConfirmScreen
+from gpuanat.tui.screens.history import HistoryScreen
+from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
+
+TINY = RunConfig(preset="tiny", device="cpu", seq_len=32, samples=32, batch_size=4)
+
+
+def make_app(db_path, config: RunConfig = TINY) -> GpuAnatApp:
+    return GpuAnatApp(config, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False))
+
+
+async def wait_for(pilot, condition, timeout_s: float = 120.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.1)
+
+
+async def run_to_completion(app: GpuAnatApp, pilot) -> dict:
+    previous = app.last_result
+    await pilot.press("r")
+    await wait_for(pilot, lambda: app.live is None and app.last_result is not previous, what="the run to finish")
+    return app.last_result
+
+
+@pytest.mark.asyncio
+async def test_keys_change_the_config_the_child_receives(db_path):
+    app = make_app(db_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await pilot.press("g", "p", "p", "plus", "a", "o", "o", "o", "e")
+        assert (app.config.grad_checkpointing, app.config.precision, app.config.batch_size, app.config.grad_accum,
+                app.config.optim, app.config.attn) == (True, "bf16", 8, 2, "sgd", "eager")
+        await pilot.press("A")
+        assert app.config.grad_accum == 1
+        result = await run_to_completion(app, pilot)
+    assert result["status"] == "ok", result.get("error")
+    with HistoryStore(db_path) as store:
+        run = store.run(result["run_id"])
+    received = run.environment["config_received"]
+    assert (received["grad_checkpointing"], received["precision"], received["batch_size"], received["optim"],
+            received["attn"]) == (True, "bf16", 8, "sgd", "eager")
+    assert result["steps"] == 4  # 32 samples / batch 8
+    assert result["bands"]["optimizer_state_bytes"] == 0  # SGD keeps no state
+
+
+@pytest.mark.asyncio
+async def test_fp16_on_the_cpu_is_refused_with_the_reason(db_path):
+    app = make_app(db_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await pilot.press("p")
+        assert app.config.precision == "fp16"
+        console = Console(width=80, record=True, file=io.StringIO())
+        console.print(app.query_one(TechniquesPanel).render())
+        assert "unavailable: fp16 needs a CUDA GPU" in console.export_text()
+        await pilot.press("r")
+        await pilot.pause(0.2)
+        assert app.live is None
+        notifications = [notification.message for notification in app._notifications]
+        assert any("fp16 needs a CUDA GPU" in message for message in notifications)
+
+
+@pytest.mark.asyncio
+async def test_a_run_streams_lands_in_history_and_compares(db_path):
+    app = make_app(db_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        first = await run_to_completion(app, pilot)
+        assert len(app.series["throughput"]) >= 1
+        await pilot.press("plus")
+        second = await run_to_completion(app, pilot)
+        assert (first["status"], second["status"]) == ("ok", "ok")
+        await pilot.press("h")
+        assert isinstance(app.screen, HistoryScreen)
+        table = app.screen.query_one("#history-table")
+        assert table.row_count == 2
+        await pilot.press("up", "space", "space", "enter")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, CompareScreen)
+        comparison = app.screen.comparison
+        assert comparison.run_ids == (first["run_id"], second["run_id"])
+        assert dict(comparison.differing)["batch_size"] == (4, 8)
+        rows = {row.key: row for row in comparison.metrics}
+        assert rows["samples_per_second"].deltas_percent[1] == percent_delta(second["samples_per_second"],
+                                                                             first["samples_per_second"])
+        assert rows["activations_bytes"].values == (first["bands"]["activations_bytes"],
+                                                    second["bands"]["activations_bytes"])
+        await pilot.press("escape")
+        assert not isinstance(app.screen, CompareScreen)
+
+
+@pytest.mark.asyncio
+async def test_quitting_during_a_run_stops_the_child(db_path):
+    app = make_app(db_path, TINY.replace(samples=100_000))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: app.live is not None and app.live.last_step is not None
+                       and app.live.last_step.step >= 2, what="two training steps")
+        child = psutil.Process(app.live.pid)
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: not app.is_running, timeout_s=60, what="the app to exit")
+    await asyncio.sleep(0)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    with HistoryStore(db_path) as store:
+        (run,) = store.runs()
+    assert run.status == "stopped"

@@ -1,0 +1,318 @@
+"""TimeSeries downsampling and the LineChart / MemoryBar widgets, rendered headless through App.run_test."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from textual.app import App, ComposeResult
+
+from gpuanat.core.anatomy import BAND_NAMES
+from gpuanat.core.report import format_bytes
+from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.line_chart import LOWER_EIGHTHS, LineChart, format_duration
+from gpuanat.tui.widgets.memory_bar import BAND_GLYPHS, BAND_LABELS, MemoryBar, band_component_class, split_cells
+
+GIB = 1024**3
+MIB = 1024**2
+BERT_LARGE_BANDS = {
+    "other_processes_bytes": 0,
+    "cuda_context_bytes": 527 * MIB,
+    "weights_bytes": 1340583944,
+    "gradients_bytes": 1340575752,
+    "optimizer_state_bytes": 2681153076,
+    "activations_bytes": 3415548828,
+    "temporaries_and_cache_bytes": 1900 * MIB,
+}
+H100_TOTAL_BYTES = 81559 * MIB
+
+
+def ramp(count: int, step_s: float = 1.0, **kwargs: object) -> TimeSeries:
+    series = TimeSeries(**kwargs)  # type: ignore[arg-type]
+    for index in range(count):
+        series.append(index * step_s, float(index))
+    return series
+
+
+# --- TimeSeries ----------------------------------------------------------------------------------
+
+def test_series_stays_bounded_and_covers_the_whole_run():
+    series = ramp(100_000, step_s=0.25, capacity=64)
+    assert 32 <= len(series) <= 64
+    assert series.sample_count == 100_000
+    points = series.points()
+    assert points[0] == (0.0, pytest.approx(points[0][1]))
+    assert points[0][0] == series.first_t_s == 0.0
+    # The last stored point starts within one stride of the last sample: nothing recent is lost.
+    assert series.last_t_s - points[-1][0] < series.stride * 0.25
+    assert [t for t, _ in points] == sorted(t for t, _ in points)
+    columns = series.bucket(40)
+    assert all(value is not None for value in columns)
+    assert columns[-1] == 99_999.0  # max rule: the latest peak survives any amount of merging
+
+
+def test_series_keeps_peaks_when_downsampling_with_max():
+    series = TimeSeries(capacity=16)
+    for index in range(1000):
+        series.append(float(index), 1000.0 if index == 333 else 1.0)
+    assert len(series) <= 16
+    assert max(value for _, value in series.points()) == 1000.0
+
+
+def test_series_mean_rule_averages_and_keeps_weights_equal():
+    series = ramp(1024, capacity=16, reduce="mean")
+    assert len(series) <= 16
+    # Every stored point covers `stride` consecutive integers, so its mean is the middle of them.
+    for t_s, value in series.points():
+        assert value == pytest.approx(t_s + (series.stride - 1) / 2)
+    assert series.max == 1023.0
+
+
+def test_bucket_of_a_known_ramp():
+    series = ramp(100)  # value == t, 0..99
+    assert series.bucket(10) == [float(10 * column + 9) for column in range(9)] + [99.0]
+    means = ramp(100, reduce="mean").bucket(10)
+    assert means == pytest.approx([10 * column + 4.5 for column in range(9)] + [94.5])
+
+
+def test_bucket_holds_between_samples_and_is_none_outside_the_series():
+    series = TimeSeries()
+    series.append(10.0, 5.0)
+    series.append(30.0, 7.0)
+    assert series.bucket(5, 0.0, 50.0) == [None, 5.0, 5.0, 7.0, None]
+    assert TimeSeries().bucket(3) == [None, None, None]
+    assert series.bucket(0) == []
+    single = TimeSeries()
+    single.append(3.0, 2.0)
+    assert single.bucket(4) == [2.0, 2.0, 2.0, 2.0]
+
+
+def test_series_last_max_version_copy_clear():
+    series = TimeSeries()
+    assert series.last is None and series.max is None and len(series) == 0 and not series
+    series.append(0.0, 3.0)
+    series.append(1.0, 9.0)
+    series.append(2.0, 4.0)
+    assert (series.last, series.max, len(series)) == (4.0, 9.0, 3)
+    snapshot = series.copy()
+    series.append(3.0, 20.0)
+    assert snapshot.max == 9.0 and len(snapshot) == 3
+    version = series.version
+    series.clear()
+    assert len(series) == 0 and series.version > version
+    with pytest.raises(ValueError):
+        snapshot.append(1.0, 0.0)  # time may not go backwards
+
+
+# --- LineChart -----------------------------------------------------------------------------------
+
+class ChartApp(App[None]):
+    def __init__(self, chart: LineChart, height: int = 10) -> None:
+        super().__init__()
+        self.chart = chart
+        self.chart.styles.height = height
+
+    def compose(self) -> ComposeResult:
+        yield self.chart
+
+
+def run_app(app: App[None], check: Callable[..., Awaitable[None]], size: tuple[int, int] = (80, 24)) -> None:
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            await check(pilot)
+
+    asyncio.run(main())
+
+
+def chart_rows(chart: LineChart) -> list[str]:
+    return [chart.render_line(y).text for y in range(chart.size.height)]
+
+
+def bytes_label(value: float) -> str:
+    return format_bytes(int(value))
+
+
+def test_line_chart_rows_axis_and_top():
+    chart = LineChart("GPU memory", formatter=bytes_label)
+    memory = TimeSeries()
+    for index in range(121):
+        memory.append(index * 0.5, index / 120 * 8 * GIB)
+
+    async def check(pilot) -> None:
+        chart.set_series("this run", memory)
+        await pilot.pause()
+        rows = chart_rows(chart)
+        assert len(rows) == 10 and all(len(row) == 80 for row in rows)
+        assert rows[0].startswith(" GPU memory") and "this run 8.00 GiB" in rows[0]
+        assert rows[1].startswith(" 8.00 GiB┤")  # formatted max on the top plot row
+        assert rows[8].startswith("    0 MiB┤")
+        assert rows[9].strip().startswith("└ 0s") and rows[9].rstrip().endswith("1m00s")
+        # The ramp's highest (last) column fills the top row; its first column is nearly empty.
+        assert rows[1][-1] == LOWER_EIGHTHS[8]
+        assert rows[1][10] == " " and rows[8][10] in LOWER_EIGHTHS[:3]
+        # Cached: an unchanged chart hands back the very same strips.
+        assert chart.render_line(4) is chart.render_line(4)
+
+    run_app(ChartApp(chart), check)
+
+
+def test_line_chart_fixed_y_max_and_two_layered_series():
+    chart = LineChart("GPU memory", formatter=bytes_label, y_max=16 * GIB)
+    device, run = TimeSeries(), TimeSeries()
+    for index in range(60):
+        device.append(float(index), 12 * GIB)
+        run.append(float(index), 6 * GIB)
+
+    async def check(pilot) -> None:
+        chart.set_series("device used", device)
+        chart.set_series("this run", run)
+        await pilot.pause()
+        rows = chart_rows(chart)
+        assert rows[1].startswith(" 16.00 GiB┤")
+        plot = rows[1:9]
+        # 8 rows of 16 GiB: device used reaches 6 rows, this run 3 rows, both as full blocks.
+        assert [row[-1] for row in plot] == [" ", " "] + [LOWER_EIGHTHS[8]] * 6
+        front = chart.get_component_rich_style("line-chart--series-1").color
+        back = chart.get_component_rich_style("line-chart--series-0").color
+        colours = [list(chart.render_line(y))[-1].style.color for y in range(3, 9)]
+        assert colours == [back] * 3 + [front] * 3
+
+    run_app(ChartApp(chart), check)
+
+
+def test_line_chart_pause_freezes_the_display():
+    chart = LineChart("throughput", formatter=lambda value: f"{value:.1f}/s")
+    rate = ramp(50, reduce="mean")
+
+    async def check(pilot) -> None:
+        chart.set_series("samples/s", rate)
+        await pilot.pause()
+        before = chart_rows(chart)
+        chart.paused = True
+        await pilot.pause()
+        paused = chart_rows(chart)
+        assert "paused" in paused[0]
+        for index in range(50, 200):
+            rate.append(float(index), 500.0)
+        chart.refresh_data()
+        await pilot.pause()
+        assert chart_rows(chart)[1:] == paused[1:] == before[1:]
+        chart.paused = False
+        chart.refresh_data()
+        await pilot.pause()
+        live = chart_rows(chart)
+        assert "paused" not in live[0] and live[1].startswith(" 500.0/s┤")
+
+    run_app(ChartApp(chart), check)
+
+
+def test_line_chart_empty_state():
+    chart = LineChart("GPU utilization")
+
+    async def check(pilot) -> None:
+        chart.set_series("GPU util", TimeSeries())
+        await pilot.pause()
+        rows = chart_rows(chart)
+        assert sum("waiting for samples…" in row for row in rows) == 1
+
+    run_app(ChartApp(chart), check)
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (0, 45.4, 725, 11220)] == ["0s", "45s", "12m05s", "3h07m"]
+
+
+# --- MemoryBar -----------------------------------------------------------------------------------
+
+class BarApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield MemoryBar()
+
+
+def bar_rows(bar: MemoryBar) -> list[str]:
+    return [bar.render_line(y).text for y in range(bar.size.height)]
+
+
+def test_band_tables_cover_the_anatomy():
+    assert list(BAND_LABELS) == list(BAND_NAMES) == list(BAND_GLYPHS)
+    assert {band_component_class(band) for band in BAND_NAMES} <= MemoryBar.COMPONENT_CLASSES
+
+
+def test_split_cells_is_proportional_and_keeps_small_bands():
+    assert split_cells([1, 1, 2], 4, 8) == [2, 2, 4]
+    cells = split_cells([1, 500, 499], 1000, 50)
+    assert cells[0] == 1 and sum(cells) == 50 and abs(cells[1] - 25) <= 1
+    assert split_cells([10, 10], 40, 20) == [5, 5]  # scaled to a larger total: the rest stays empty
+    assert split_cells([0, 0], 0, 10) == [0, 0]
+
+
+def test_memory_bar_legend_values_and_proportional_bar():
+    bands = dict(BERT_LARGE_BANDS, free_bytes=H100_TOTAL_BYTES - sum(BERT_LARGE_BANDS.values()))
+    peak = {band: value * 2 for band, value in bands.items()}
+
+    async def check(pilot) -> None:
+        bar = pilot.app.query_one(MemoryBar)
+        bar.update_bands(bands, peak, H100_TOTAL_BYTES, {})
+        await pilot.pause()
+        rows = bar_rows(bar)
+        assert len(rows) == 1 + 1 + len(BAND_NAMES) + 1
+        assert rows[0].startswith("measured ")
+        legend = rows[2:2 + len(BAND_NAMES)]
+        assert [row[3:3 + 20].strip() for row in legend] == [BAND_LABELS[band] for band in BAND_NAMES]
+        weights_row = legend[BAND_NAMES.index("weights_bytes")]
+        assert format_bytes(bands["weights_bytes"]) in weights_row
+        assert format_bytes(peak["weights_bytes"]) in weights_row
+        assert "of 79.65 GiB" in rows[-1]
+        # Each non-zero band is one run of cells in the bar, in band order, proportional to its bytes.
+        segments = [segment for segment in bar.render_line(0) if segment.text.strip()][1:]
+        drawn = [band for band in BAND_NAMES if bands[band]]
+        assert len(segments) == len(drawn)
+        bar_width = 80 - 10
+        for band, segment in zip(drawn, segments, strict=True):
+            assert set(segment.text) == {BAND_GLYPHS[band]}
+            assert segment.style.color == bar.get_component_rich_style(band_component_class(band)).color
+            expected = bands[band] / H100_TOTAL_BYTES * bar_width
+            assert abs(len(segment.text) - expected) <= 1, band
+        assert sum(len(segment.text) for segment in segments) == bar_width
+
+    run_app(BarApp(), check)
+
+
+def test_memory_bar_unmeasured_bands_show_dash_and_reason():
+    reason = "not measurable with torch.compile on CPU"
+
+    async def check(pilot) -> None:
+        bar = pilot.app.query_one(MemoryBar)
+        bar.update_bands({"weights_bytes": 4 * GIB, "activations_bytes": None}, None, None,
+                         {"activations_bytes": reason, "free_bytes": "no GPU"})
+        await pilot.pause()
+        rows = bar_rows(bar)
+        activations = rows[2 + BAND_NAMES.index("activations_bytes")]
+        assert "—" in activations and reason in activations
+        assert "—" in rows[2 + BAND_NAMES.index("free_bytes")]
+        assert set(rows[0][10:]) == {BAND_GLYPHS["weights_bytes"]}  # scaled to the known sum: all weights
+        assert reason in str(bar.tooltip)
+
+    run_app(BarApp(), check)
+
+
+def test_memory_bar_predicted_bar_shares_the_scale():
+    predicted = dict(BERT_LARGE_BANDS, activations_bytes=2 * BERT_LARGE_BANDS["activations_bytes"])
+
+    async def check(pilot) -> None:
+        bar = pilot.app.query_one(MemoryBar)
+        bar.update_bands(BERT_LARGE_BANDS, None, None, {})
+        bar.update_predicted(predicted)
+        await pilot.pause()
+        rows = bar_rows(bar)
+        assert len(rows) == 12 and rows[1].startswith("predicted ")
+        assert "predicted" in rows[2]
+        measured_cells = len(rows[0][10:].rstrip())
+        assert measured_cells < len(rows[1][10:].rstrip()) == 70
+        bar.update_predicted(None)
+        await pilot.pause()
+        assert bar.size.height == 11
+
+    run_app(BarApp(), check)
