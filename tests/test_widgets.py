@@ -10,7 +10,7 @@ from textual.app import App, ComposeResult
 
 from gpuanat.core.anatomy import BAND_NAMES
 from gpuanat.core.report import format_bytes
-from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.series import Reduce, TimeSeries
 from gpuanat.tui.widgets.line_chart import LOWER_EIGHTHS, LineChart, format_duration
 from gpuanat.tui.widgets.memory_bar import BAND_GLYPHS, BAND_LABELS, MemoryBar, band_component_class, split_cells
 
@@ -28,8 +28,8 @@ BERT_LARGE_BANDS = {
 H100_TOTAL_BYTES = 81559 * MIB
 
 
-def ramp(count: int, step_s: float = 1.0, **kwargs: object) -> TimeSeries:
-    series = TimeSeries(**kwargs)  # type: ignore[arg-type]
+def ramp(count: int, step_s: float = 1.0, capacity: int = 2048, reduce: Reduce = "max") -> TimeSeries:
+    series = TimeSeries(capacity, reduce)
     for index in range(count):
         series.append(index * step_s, float(index))
     return series

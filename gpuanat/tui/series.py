@@ -15,6 +15,8 @@ Plain Python on purpose: the sampler side may fill it, the TUI reads it from the
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from typing import Literal
 
 Reduce = Literal["max", "mean"]
@@ -123,34 +125,59 @@ class TimeSeries:
         start_s = self._first_t_s if t_start_s is None else t_start_s
         end_s = self._last_t_s if t_end_s is None else t_end_s
         span_s = end_s - start_s
-        weights = [self._stride] * len(self._times_s)
-        if self._pending_count:
-            weights.append(self._pending_count)
+        times_s, values = self._times_s, self._values
         if span_s <= 0:
             # One instant: the whole chart shows the value known at that instant.
-            inside = [(v, w) for (t, v), w in zip(self.points(), weights, strict=True) if t == start_s]
+            inside = [(value, self._stride) for t_s, value in zip(times_s, values, strict=True) if t_s == start_s]
+            if self._pending_count and self._pending_t_s == start_s:
+                inside.append((self._pending_value(), self._pending_count))
             return [self._reduce_weighted(inside)] * width if inside else columns
-
         if self._first_t_s > end_s or self._last_t_s < start_s:
             return columns
-        per_column: list[list[tuple[float, float]]] = [[] for _ in range(width)]
-        for (t_s, value), weight in zip(self.points(), weights, strict=True):
-            if start_s <= t_s <= end_s:
-                per_column[self._column(t_s, start_s, span_s, width)].append((value, weight))
-        first_column = self._column(max(self._first_t_s, start_s), start_s, span_s, width)
+
+        # Stored times are sorted, so each column is one slice, found by bisection: a chart repaints this at
+        # its paint tick for every series, so it must stay cheap (C-level max/sum over slices).
+        points_per_column = [0] * width
+        low = bisect.bisect_left(times_s, start_s)
+        end_index = bisect.bisect_right(times_s, end_s)
+        for column in range(width):
+            if column == width - 1:
+                high = end_index
+            else:
+                high = bisect.bisect_left(times_s, start_s + span_s * (column + 1) / width, low, end_index)
+            if high > low:
+                chunk = values[low:high]
+                columns[column] = max(chunk) if self.reduce == "max" else sum(chunk) / len(chunk)
+                points_per_column[column] = len(chunk)
+            low = high
+        if self._pending_count and start_s <= self._pending_t_s <= end_s:
+            self._merge_pending(columns, points_per_column, self._column(self._pending_t_s, start_s, span_s, width))
+
         last_column = self._column(min(self._last_t_s, end_s), start_s, span_s, width)
-        for column in range(first_column, last_column + 1):
-            if per_column[column]:
-                columns[column] = self._reduce_weighted(per_column[column])
-            elif column > first_column:
-                columns[column] = columns[column - 1]
+        held: float | None = None
+        for column in range(last_column + 1):
+            if columns[column] is None:
+                columns[column] = held
+            held = columns[column]
         return columns
+
+    def _merge_pending(self, columns: list[float | None], points_per_column: list[int], column: int) -> None:
+        """Fold the partial group into its column; in a mean it weighs its raw samples, not a whole stride."""
+        pending, existing = self._pending_value(), columns[column]
+        if existing is None:
+            columns[column] = pending
+        elif self.reduce == "max":
+            columns[column] = max(existing, pending)
+        else:
+            committed_samples = points_per_column[column] * self._stride
+            columns[column] = (existing * committed_samples + pending * self._pending_count) / (
+                committed_samples + self._pending_count)
 
     @staticmethod
     def _column(t_s: float, start_s: float, span_s: float, width: int) -> int:
         return min(width - 1, max(0, int((t_s - start_s) / span_s * width)))
 
-    def _reduce_weighted(self, values: list[tuple[float, float]]) -> float | None:
+    def _reduce_weighted(self, values: Sequence[tuple[float, float]]) -> float | None:
         if not values:
             return None
         if self.reduce == "max":

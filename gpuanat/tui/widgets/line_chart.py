@@ -14,6 +14,7 @@ Cheap to repaint: rows are computed once per (size, data version, settings) and 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
@@ -45,20 +46,36 @@ def _default_format(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _column_cell(stack: list[tuple[int, int]], bottom: int) -> tuple[str, int | None, int | None]:
-    """Glyph, front series and back series of the cell spanning eighths bottom..bottom+8 of one column.
+Cell = tuple[str, "int | None", "int | None"]
+"""A plot cell: glyph, series drawn in front (the glyph's colour), series behind it (the background)."""
+BLANK_CELL: Cell = (" ", None, None)
 
-    `stack` holds (height in eighths, series index) sorted by height, smallest (front) first; the colour
-    at height p is that of the first series taller than p.
+
+def _column_cells(stack: list[tuple[int, int]], rows: int) -> list[Cell]:
+    """The cells of one column, bottom row first.
+
+    `stack` holds (height in eighths, series index) sorted by height, smallest first: the colour at height p
+    is that of the first series taller than p, so smaller values are drawn in front of larger ones. Where two
+    tops fall in one cell, the lower one is exact and the upper one is rounded up to the cell's top.
     """
-    front = next(((height, index) for height, index in stack if height > bottom), None)
-    if front is None:
-        return " ", None, None
-    height, index = front
-    if height >= bottom + 8:
-        return LOWER_EIGHTHS[8], index, None
-    back = next((other for other_height, other in stack if other_height > height), None)
-    return LOWER_EIGHTHS[height - bottom], index, back
+    cells: list[Cell] = []
+    position, count = 0, len(stack)
+    for row in range(rows):
+        bottom = row * 8
+        while position < count and stack[position][0] <= bottom:
+            position += 1
+        if position == count:
+            cells.extend([BLANK_CELL] * (rows - row))
+            break
+        height, front = stack[position]
+        if height >= bottom + 8:
+            cells.append((LOWER_EIGHTHS[8], front, None))
+            continue
+        behind = position + 1
+        while behind < count and stack[behind][0] <= height:
+            behind += 1
+        cells.append((LOWER_EIGHTHS[height - bottom], front, stack[behind][1] if behind < count else None))
+    return cells
 
 
 class LineChart(Widget):
@@ -247,7 +264,7 @@ class LineChart(Widget):
             return []
         eighths = plot_height * 8
         scale = eighths / top if top > 0 else 0.0
-        stacks: list[list[tuple[int, int]]] = []
+        columns: list[list[Cell]] = []
         for column in range(plot_width):
             stack = []
             for index, columns in columns_by_series.items():
@@ -257,41 +274,36 @@ class LineChart(Widget):
                 # A non-zero value never vanishes: at least one eighth.
                 stack.append((min(eighths, max(1, round(value * scale))), index))
             stack.sort()
-            stacks.append(stack)
+            columns.append(_column_cells(stack, plot_height))
 
         base = self.rich_style
         background = base.bgcolor
         axis_style = self._style("line-chart--axis")
         colors = {index: self._series_color_style(index).color for index in columns_by_series}
         cell_styles: dict[tuple[int | None, int | None], Style] = {}
+
+        def cell_style(front: int | None, back: int | None) -> Style:
+            if (front, back) not in cell_styles:
+                cell_styles[front, back] = base + Style(
+                    color=colors[front] if front is not None else None,
+                    bgcolor=colors[back] if back is not None else background,
+                )
+            return cell_styles[front, back]
+
         top_label = self.formatter(top)
         zero_label = self.formatter(0.0)
         rows = []
         for row in range(plot_height):
-            bottom = (plot_height - 1 - row) * 8
             label, tick = ("", "│")
             if row == 0:
                 label, tick = top_label, "┤"
             elif row == plot_height - 1:
                 label, tick = zero_label, "┤"
             segments = [Segment(f"{label[-label_width:]:>{label_width}}{tick}", axis_style)]
-            run_text: list[str] = []
-            run_key: tuple[int | None, int | None] | None = None
-            for stack in stacks:
-                glyph, front, back = _column_cell(stack, bottom)
-                key = (front, back)
-                if key != run_key and run_text:
-                    segments.append(Segment("".join(run_text), cell_styles[run_key]))  # type: ignore[index]
-                    run_text = []
-                if key not in cell_styles:
-                    cell_styles[key] = base + Style(
-                        color=colors[front] if front is not None else None,
-                        bgcolor=colors[back] if back is not None else background,
-                    )
-                run_key = key
-                run_text.append(glyph)
-            if run_text and run_key is not None:
-                segments.append(Segment("".join(run_text), cell_styles[run_key]))
+            cells = [cells_of_column[plot_height - 1 - row] for cells_of_column in columns]
+            # One segment per run of cells with the same colours: usually one to three per row.
+            for (front, back), run in itertools.groupby(cells, key=lambda cell: (cell[1], cell[2])):
+                segments.append(Segment("".join(glyph for glyph, _, _ in run), cell_style(front, back)))
             rows.append(self._finish(segments, width))
         return rows
 

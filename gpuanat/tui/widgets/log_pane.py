@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 
 from rich.text import Text
@@ -9,9 +10,10 @@ from textual.widgets import RichLog
 
 
 def complete_lines(chunk: str) -> tuple[list[str], str]:
-    """Split new log text into finished lines (a line redrawn with '\\r' keeps its last state) and the rest."""
+    """Split new log text into finished lines and the unfinished rest. A line redrawn with carriage
+    returns (tqdm) keeps only its last state, also while unfinished, so the rest never grows."""
     *lines, rest = chunk.split("\n")
-    return [line.rsplit("\r", 1)[-1] for line in lines], rest
+    return [line.rsplit("\r", 1)[-1] for line in lines], rest.rsplit("\r", 1)[-1]
 
 
 class LogPane(RichLog):
@@ -27,10 +29,12 @@ class LogPane(RichLog):
         self._path: Path | None = None
         self._offset = 0
         self._partial = ""
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def follow(self, path: Path) -> None:
         self.clear()
         self._path, self._offset, self._partial = path, 0, ""
+        self._decoder.reset()
         self.border_title = f"Log · {path.name}"
 
     def poll(self) -> None:
@@ -45,6 +49,7 @@ class LogPane(RichLog):
         if not data:
             return
         self._offset += len(data)
-        lines, self._partial = complete_lines(self._partial + data.decode(errors="replace"))
+        # The incremental decoder keeps a UTF-8 character split across two reads whole.
+        lines, self._partial = complete_lines(self._partial + self._decoder.decode(data))
         for line in lines:
             self.write(Text.from_ansi(line))
