@@ -208,6 +208,22 @@ def test_line_chart_pause_freezes_the_display():
     run_app(ChartApp(chart), check)
 
 
+def test_line_chart_follows_a_theme_change():
+    chart = LineChart("GPU memory", formatter=bytes_label)
+
+    async def check(pilot) -> None:
+        chart.set_series("device used", ramp(30))
+        await pilot.pause()
+        before = list(chart.render_line(8))[-1].style.color
+        pilot.app.theme = "ansi-dark"
+        await pilot.pause()
+        after = list(chart.render_line(8))[-1].style.color
+        assert after != before
+        assert after == chart.get_component_rich_style("line-chart--series-0").color
+
+    run_app(ChartApp(chart), check)
+
+
 def test_line_chart_empty_state():
     chart = LineChart("GPU utilization")
 
@@ -314,5 +330,22 @@ def test_memory_bar_predicted_bar_shares_the_scale():
         bar.update_predicted(None)
         await pilot.pause()
         assert bar.size.height == 11
+
+    run_app(BarApp(), check)
+
+
+def test_memory_bar_repeated_readings_do_not_rebuild_and_themes_restyle():
+    async def check(pilot) -> None:
+        bar = pilot.app.query_one(MemoryBar)
+        bar.update_bands(BERT_LARGE_BANDS, None, H100_TOTAL_BYTES, {})
+        await pilot.pause()
+        first = bar.render_line(0)
+        bar.update_bands(dict(BERT_LARGE_BANDS), None, H100_TOTAL_BYTES, {})  # the paint tick, nothing new
+        assert bar.render_line(0) is first
+        pilot.app.theme = "ansi-dark"
+        await pilot.pause()
+        weights = bar.get_component_rich_style(band_component_class("weights_bytes")).color
+        assert bar.render_line(0) is not first
+        assert any(segment.style.color == weights for segment in bar.render_line(0))
 
     run_app(BarApp(), check)

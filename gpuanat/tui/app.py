@@ -153,7 +153,9 @@ class GpuAnatApp(App[None]):
         self._sampler_started_s = clock()
         self._latest_sample: Sample | None = None
         self._quit_after_run = False
-        self.series = {name: TimeSeries() for name in ("device_used", "run_used", "gpu_util", "throughput")}
+        # Memory keeps its peaks when downsampled; rates are averaged.
+        self.series = {"device_used": TimeSeries(), "run_used": TimeSeries(), "gpu_util": TimeSeries(),
+                       "throughput": TimeSeries(reduce="mean")}
         self._run_thread: threading.Thread | None = None
 
     # --- layout ---------------------------------------------------------------------------------
@@ -163,7 +165,7 @@ class GpuAnatApp(App[None]):
             yield TechniquesPanel(self.config, id="techniques")
             with Vertical(id="charts"):
                 yield LineChart("GPU memory used", formatter=_bytes_label, id="memory-chart")
-                yield LineChart("GPU utilization", formatter=_percent_label, id="util-chart")
+                yield LineChart("GPU utilization", formatter=_percent_label, y_max=100, id="util-chart")
                 yield LineChart("Throughput (samples/s)", formatter=_rate_label, id="throughput-chart")
         yield MemoryBar(id="memory")
         yield LogPane(id="log")
@@ -366,11 +368,15 @@ class GpuAnatApp(App[None]):
         )
         values = bands.to_json()
         unavailable = values.pop("unavailable")
+        if live.probe_bands is not None:
+            values["gradients_bytes"] = live.probe_bands.gradients_at_forward_end_bytes
         self.query_one(MemoryBar).update_bands(values, None, gpu.total_bytes if gpu else None, unavailable)
 
     def _show_result_bands(self, result: dict[str, Any]) -> None:
-        self.query_one(MemoryBar).update_bands(result["bands"], result["bands"],
-                                               result.get("device_memory_total_bytes"), result["unavailable"])
+        # The bar stacks the memory at the peak (end of forward): only accumulated gradients are alive then.
+        at_peak = {**result["bands"], "gradients_bytes": result.get("gradients_at_forward_end_bytes")}
+        self.query_one(MemoryBar).update_bands(at_peak, at_peak, result.get("device_memory_total_bytes"),
+                                               result["unavailable"])
 
     # --- actions -----------------------------------------------------------------------------------
     def _change_config(self, config: RunConfig) -> None:

@@ -14,7 +14,6 @@ Cheap to repaint: rows are computed once per (size, data version, settings) and 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
@@ -46,7 +45,7 @@ def _default_format(value: float) -> str:
     return f"{value:.3g}"
 
 
-Cell = tuple[str, "int | None", "int | None"]
+Cell = tuple[str, int | None, int | None]
 """A plot cell: glyph, series drawn in front (the glyph's colour), series behind it (the background)."""
 BLANK_CELL: Cell = (" ", None, None)
 
@@ -133,6 +132,7 @@ class LineChart(Widget):
         self._frozen: dict[str, TimeSeries] | None = None
         self._rows: list[Strip] = []
         self._rows_key: tuple[object, ...] | None = None
+        self._base_style = Style()
 
     @property
     def formatter(self) -> Callable[[float], str]:
@@ -181,6 +181,7 @@ class LineChart(Widget):
         shown = self._frozen if self._frozen is not None else self._series
         key = (width, height, self.title, self.y_max, self.paused, self._data_key(shown))
         if key != self._rows_key:
+            self._base_style = self.rich_style  # walks the ancestors: once per build, not per row
             self._rows = self._build_rows(width, height, shown)
             self._rows_key = key
         if y < len(self._rows):
@@ -194,7 +195,7 @@ class LineChart(Widget):
         return self._style(f"line-chart--series-{index % SERIES_STYLE_COUNT}")
 
     def _finish(self, segments: list[Segment], width: int) -> Strip:
-        return Strip(segments).adjust_cell_length(width, self.rich_style)
+        return Strip(segments).adjust_cell_length(width, self._base_style)
 
     def _build_rows(self, width: int, height: int, shown: Mapping[str, TimeSeries]) -> list[Strip]:
         if width <= 0 or height <= 0:
@@ -203,7 +204,7 @@ class LineChart(Widget):
         plot_height = height - 2 if height >= 3 else height - 1
         with_data = {name: series for name, series in shown.items() if series}
         if not with_data:
-            blank = Strip.blank(width, self.rich_style)
+            blank = Strip.blank(width, self._base_style)
             message = self._finish([Segment(f" {self.empty_message}", self._style("line-chart--empty"))], width)
             message_row = max(1, height // 2)
             rows.extend(message if row == message_row else blank for row in range(1, height))
@@ -264,19 +265,23 @@ class LineChart(Widget):
             return []
         eighths = plot_height * 8
         scale = eighths / top if top > 0 else 0.0
-        columns: list[list[Cell]] = []
+        cells_by_column: list[list[Cell]] = []
+        cells_by_stack: dict[tuple[tuple[int, int], ...], list[Cell]] = {}  # flat stretches repeat a stack
         for column in range(plot_width):
             stack = []
-            for index, columns in columns_by_series.items():
-                value = columns[column]
+            for index, values in columns_by_series.items():
+                value = values[column]
                 if value is None or value <= 0:
                     continue
                 # A non-zero value never vanishes: at least one eighth.
                 stack.append((min(eighths, max(1, round(value * scale))), index))
             stack.sort()
-            columns.append(_column_cells(stack, plot_height))
+            key = tuple(stack)
+            if key not in cells_by_stack:
+                cells_by_stack[key] = _column_cells(stack, plot_height)
+            cells_by_column.append(cells_by_stack[key])
 
-        base = self.rich_style
+        base = self._base_style
         background = base.bgcolor
         axis_style = self._style("line-chart--axis")
         colors = {index: self._series_color_style(index).color for index in columns_by_series}
@@ -300,10 +305,17 @@ class LineChart(Widget):
             elif row == plot_height - 1:
                 label, tick = zero_label, "┤"
             segments = [Segment(f"{label[-label_width:]:>{label_width}}{tick}", axis_style)]
-            cells = [cells_of_column[plot_height - 1 - row] for cells_of_column in columns]
             # One segment per run of cells with the same colours: usually one to three per row.
-            for (front, back), run in itertools.groupby(cells, key=lambda cell: (cell[1], cell[2])):
-                segments.append(Segment("".join(glyph for glyph, _, _ in run), cell_style(front, back)))
+            run_glyphs: list[str] = []
+            run_colours: tuple[int | None, int | None] = (None, None)
+            for glyph, front, back in (column_cells[plot_height - 1 - row] for column_cells in cells_by_column):
+                if (front, back) != run_colours:
+                    if run_glyphs:
+                        segments.append(Segment("".join(run_glyphs), cell_style(*run_colours)))
+                    run_glyphs, run_colours = [], (front, back)
+                run_glyphs.append(glyph)
+            if run_glyphs:
+                segments.append(Segment("".join(run_glyphs), cell_style(*run_colours)))
             rows.append(self._finish(segments, width))
         return rows
 

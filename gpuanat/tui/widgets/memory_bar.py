@@ -132,6 +132,7 @@ class MemoryBar(Widget):
         self._version = 0
         self._rows: list[Strip] = []
         self._rows_key: tuple[int, int] | None = None
+        self._base_style = Style()
 
     def update_bands(
         self,
@@ -140,26 +141,36 @@ class MemoryBar(Widget):
         total_bytes: int | None,
         unavailable: Mapping[str, str],
     ) -> None:
-        """Show a measurement: band name -> bytes (None: not measured, why in `unavailable`)."""
-        self._current = {band: current.get(band) for band in BAND_NAMES}
-        self._peak = {band: (peak or {}).get(band) for band in BAND_NAMES}
-        self._total_bytes = total_bytes
-        self._unavailable = dict(unavailable)
+        """Show a measurement: band name -> bytes (None: not measured, why in `unavailable`).
+
+        Calling it again with the same values costs nothing: the app may call it at every paint tick.
+        """
+        measurement = (
+            {band: current.get(band) for band in BAND_NAMES},
+            {band: (peak or {}).get(band) for band in BAND_NAMES},
+            total_bytes,
+            dict(unavailable),
+        )
+        if self._has_reading and measurement == (self._current, self._peak, self._total_bytes, self._unavailable):
+            return
+        self._current, self._peak, self._total_bytes, self._unavailable = measurement
         self._has_reading = True
-        self._changed(layout=False)
         self.tooltip = "\n".join(
             f"{BAND_LABELS[band]}: {reason}" for band, reason in self._unavailable.items() if band in BAND_LABELS
         ) or None
+        self._changed(layout=False)
 
     def update_predicted(self, predicted: Mapping[str, int | None] | None, total_bytes: int | None = None) -> None:
         """Show the prediction for the configured run as a second bar and column; None removes it.
 
         `total_bytes` (the device total) scales the bars until a measurement brings its own.
         """
+        bands = None if predicted is None else {band: predicted.get(band) for band in BAND_NAMES}
+        if (bands, total_bytes) == (self._predicted, self._predicted_total_bytes):
+            return
         had_prediction = self._predicted is not None
-        self._predicted = None if predicted is None else {band: predicted.get(band) for band in BAND_NAMES}
-        self._predicted_total_bytes = total_bytes
-        self._changed(layout=had_prediction != (predicted is not None))
+        self._predicted, self._predicted_total_bytes = bands, total_bytes
+        self._changed(layout=had_prediction != (bands is not None))
 
     def _changed(self, layout: bool) -> None:
         self._version += 1
@@ -177,6 +188,7 @@ class MemoryBar(Widget):
         width = self.size.width
         key = (width, self._version)
         if key != self._rows_key:
+            self._base_style = self.rich_style  # walks the ancestors: once per build, not per row
             self._rows = self._build_rows(width)
             self._rows_key = key
         if y < len(self._rows):
@@ -187,7 +199,7 @@ class MemoryBar(Widget):
         return self.get_component_rich_style(component)
 
     def _finish(self, segments: list[Segment], width: int) -> Strip:
-        return Strip(segments).adjust_cell_length(width, self.rich_style)
+        return Strip(segments).adjust_cell_length(width, self._base_style)
 
     @property
     def _device_total_bytes(self) -> int | None:
