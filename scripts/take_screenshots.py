@@ -1,0 +1,70 @@
+"""Screenshots for the README, taken with the real app (headless, real NVML, a real run).
+
+Starts the dashboard, runs one configuration, saves the dashboard mid-run, then after a second run
+with other techniques saves the history pane and the compare view of the two runs.
+
+    python scripts/take_screenshots.py --out-dir screenshots
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from gpuanat.core.config import RunConfig
+from gpuanat.tui.app import GpuAnatApp
+
+COLUMNS, ROWS = 120, 40
+
+
+async def take(out_dir: Path, first: RunConfig, second_keys: list[str], mid_run_s: float) -> None:
+    db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
+    app = GpuAnatApp(first, db_path=db_path)
+    async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause(0.2)
+        await pilot.press("r")
+        while app.live is None or app.live.last_step is None:
+            await pilot.pause(0.2)
+        started = time.monotonic()
+        while time.monotonic() - started < mid_run_s and app.live is not None:
+            await pilot.pause(0.25)
+        app.save_screenshot(filename="dashboard.svg", path=str(out_dir))
+        while app.live is not None:
+            await pilot.pause(0.5)
+        await pilot.press(*second_keys, "r")
+        await pilot.pause(1.0)
+        while app.live is not None:
+            await pilot.pause(0.5)
+        await pilot.pause(1.0)
+        app.save_screenshot(filename="dashboard_after_run.svg", path=str(out_dir))
+        await pilot.press("h")
+        await pilot.pause(0.5)
+        app.save_screenshot(filename="history.svg", path=str(out_dir))
+        await pilot.press("up", "space", "space", "enter")
+        await pilot.pause(1.0)
+        app.save_screenshot(filename="compare.svg", path=str(out_dir))
+        await pilot.press("escape")
+        await pilot.press("q")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument("--mid-run-s", type=float, default=12.0)
+    parser.add_argument("--second-keys", default="g,p,p", help="keys pressed before the second run, comma-separated")
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--preset", default="bert-large")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--samples", type=int, default=512)
+    args = parser.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    first = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples)
+    asyncio.run(take(args.out_dir, first, args.second_keys.split(","), args.mid_run_s))
+
+
+if __name__ == "__main__":
+    main()
