@@ -115,12 +115,16 @@ class HistoryStore:
         with self._db:
             yield self._db
 
-    def create_run(self, config: Mapping[str, Any], *, kind: str = "launched", name: str | None = None) -> int:
+    def create_run(self, config: Mapping[str, Any], *, kind: str = "launched", name: str | None = None,
+                   created_at: float | None = None) -> int:
+        """A new run, `running` until `update_result` gives it a final status; `created_at` (Unix time)
+        defaults to now and is set when importing runs recorded elsewhere."""
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO runs (kind, name, status, created_at, config_json, recorder_pid)"
                 " VALUES (?, ?, 'running', ?, ?, ?)",
-                (kind, name, time.time(), json.dumps(dict(config)), os.getpid()),
+                (kind, name, time.time() if created_at is None else created_at, json.dumps(dict(config)),
+                 os.getpid()),
             )
             assert cursor.lastrowid is not None
             return cursor.lastrowid

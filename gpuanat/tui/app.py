@@ -90,7 +90,6 @@ class LiveRun:
     model: ModelInfo | None = None
     last_step: Step | None = None
     probe_bands: ProbeBands | None = None
-    start_t_s: float | None = None
 
 
 class GpuAnatApp(App[None]):
@@ -235,7 +234,7 @@ class GpuAnatApp(App[None]):
     def on_run_started(self, message: RunStarted) -> None:
         if self.live is None:
             return
-        self.live.run_id, self.live.pid, self.live.start_t_s = message.run_id, message.pid, self._clock()
+        self.live.run_id, self.live.pid = message.run_id, message.pid
         if self._sampler is not None:
             self._sampler.track(message.pid)
         self.query_one(LogPane).follow(message.log_path)
@@ -302,9 +301,9 @@ class GpuAnatApp(App[None]):
             previous, live.last_step = live.last_step, event
             if event.bands is not None:
                 live.probe_bands = event.bands
-            if previous is not None and event.elapsed_s > previous.elapsed_s and live.start_t_s is not None:
+            if previous is not None and event.elapsed_s > previous.elapsed_s:
                 rate = (event.samples - previous.samples) / (event.elapsed_s - previous.elapsed_s)
-                self.series["throughput"].append(self._clock(), rate)
+                self.series["throughput"].append(event.elapsed_s, rate)  # on the run's own clock
 
     # --- what the widgets show ---------------------------------------------------------------------
     def _run_state(self) -> str:

@@ -55,7 +55,7 @@ class CompareScreen(Screen[None]):
     CompareScreen #compare-tables { height: auto; max-height: 60%; }
     CompareScreen DataTable { width: 1fr; height: auto; max-height: 100%; }
     CompareScreen #compare-charts { height: 1fr; }
-    CompareScreen LineChart { width: 1fr; }
+    CompareScreen LineChart { width: 1fr; height: 1fr; }
     """
 
     def __init__(self, runs: list[RunRow], steps: dict[int, list[dict[str, Any]]],

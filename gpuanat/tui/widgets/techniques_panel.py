@@ -77,7 +77,7 @@ class TechniquesPanel(Widget):
         changed_style = self.get_component_rich_style("techniques-panel--changed")
         muted = self.get_component_rich_style("techniques-panel--muted")
         table = Table.grid(padding=(0, 1))
-        table.add_column(justify="right", no_wrap=True)
+        table.add_column(justify="right", no_wrap=True, min_width=3)
         table.add_column(no_wrap=True)
         table.add_column(no_wrap=True)
         config, defaults = self._config, RunConfig()
@@ -89,10 +89,10 @@ class TechniquesPanel(Widget):
             if field == blocked_field:
                 style = self.get_component_rich_style("techniques-panel--unavailable")
             table.add_row(Text(key, style=key_style), Text(label, style=muted), Text(_value_text(value), style=style))
-        table.add_row(Text("", style=key_style), Text("model", style=muted),
-                      Text(f"{config.model or config.preset} · {config.device} · seq {config.seq_len}"))
         lines = Table.grid()
         lines.add_row(table)
+        lines.add_row(Text(f"{config.model or config.preset} on {config.device}, seq {config.seq_len}, "
+                           f"{config.samples} samples", style=muted, overflow="ellipsis", no_wrap=True))
         if unsupported is not None:
             lines.add_row(Text(f"unavailable: {unsupported[1]}",
                                style=self.get_component_rich_style("techniques-panel--unavailable")))

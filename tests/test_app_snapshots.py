@@ -1,0 +1,124 @@
+"""SVG snapshots of the main screens, fed by data recorded on an H100 and a frozen clock.
+
+The NVML trace (tests/data/nvml_trace_h100.jsonl) plays through the real sampler code (ReplaySource,
+Sampler.sample_once); the run's step events are the ones the real probe sent during that same run
+(tests/data/h100_trace_run_steps.jsonl), decoded by the real protocol code; the history holds the real
+results of the H100 sweep (benchmarks/results/h100/sweep.json).
+Regenerate with `pytest tests/test_app_snapshots.py --snapshot-update` (pinned Textual 8.2.8).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuanat.core.config import Capabilities, RunConfig
+from gpuanat.core.history import HistoryStore
+from gpuanat.core.protocol import ModelInfo, Step, decode
+from gpuanat.core.sampler import NvmlStatus, ReplaySource
+from gpuanat.tui.app import GpuAnatApp, LiveRun
+
+DATA = Path(__file__).resolve().parent / "data"
+TRACE = DATA / "nvml_trace_h100.jsonl"
+STEPS = DATA / "h100_trace_run_steps.jsonl"
+SERIES = DATA / "h100_sweep_vanilla_fp16_series.json"
+"""Step records and NVML samples of the sweep's vanilla and fp16 runs, as the H100 history held them."""
+SWEEP = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "h100" / "sweep.json"
+SIZE = (120, 40)
+FROZEN_T_S = 1_000.0
+
+pytestmark = pytest.mark.skipif(not all(path.exists() for path in (TRACE, STEPS, SWEEP, SERIES)),
+                                reason="H100 recordings not committed yet")
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    """The history pane shows local times: pin the zone so the snapshots do not depend on the machine."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def h100_environment() -> tuple[dict, Capabilities, NvmlStatus]:
+    trace_run = json.loads(STEPS.read_text().splitlines()[0])
+    capabilities = Capabilities(torch_version="2.11.0+cu130", cuda_available=True,
+                                cuda_device_name="NVIDIA H100 80GB HBM3", cuda_compute_capability=(9, 0),
+                                cuda_total_memory_bytes=85_520_809_984, bitsandbytes_version="0.50.2")
+    nvml = NvmlStatus(available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000,
+                      gpu_names=("NVIDIA H100 80GB HBM3",))
+    return trace_run, capabilities, nvml
+
+
+def make_app(db_path: Path, config: RunConfig) -> GpuAnatApp:
+    _, capabilities, nvml = h100_environment()
+    return GpuAnatApp(config, db_path=db_path, sampler_factory=lambda: (ReplaySource(TRACE), nvml),
+                      capabilities_probe=lambda: capabilities, clock=lambda: FROZEN_T_S,
+                      sample_interval_s=None, paint_interval_s=3600)
+
+
+SWEEP_STARTED_AT = 1_795_294_194.0
+"""2026-11-21 20:49:54 UTC, when the H100 sweep began (benchmarks/results/h100/progress.txt)."""
+
+
+def fill_history(db_path: Path) -> None:
+    series = json.loads(SERIES.read_text())
+    with HistoryStore(db_path) as store:
+        for index, row in enumerate(json.loads(SWEEP.read_text())):
+            run_id = store.create_run(row["config"], name=row["name"], created_at=SWEEP_STARTED_AT + 60 * index)
+            store.update_result(run_id, {**row, "run_id": run_id}, status=row["status"])
+            recorded = series.get(row["name"])
+            if recorded is not None:
+                store.set_environment(run_id, recorded["environment"])
+                store.add_steps(run_id, recorded["steps"])
+                store.add_samples(run_id, recorded["samples"])
+
+
+def replay_run(app: GpuAnatApp, until_elapsed_s: float) -> None:
+    """The recorded run as the dashboard saw it `until_elapsed_s` into training: NVML samples and the
+    probe's events up to then."""
+    meta, *lines = STEPS.read_text().splitlines()
+    meta = json.loads(meta)
+    samples = sum(1 for elapsed_s in meta["elapsed_at_sample"] if elapsed_s <= until_elapsed_s)
+    app.live = LiveRun(config=RunConfig.from_json(meta["config"]), stop_requested=threading.Event(),
+                       run_id=meta["run_id"], pid=meta["pid"])
+    app._incoming_events.append(ModelInfo(**meta["model"]))
+    for line in lines:
+        event = decode(line)
+        assert isinstance(event, Step)
+        if event.elapsed_s <= until_elapsed_s:
+            app._incoming_events.append(event)
+    for _ in range(samples):
+        app.sample_now()
+    app.paint()
+
+
+def test_dashboard_during_the_h100_run(snap_compare, tmp_path):
+    meta, _, _ = h100_environment()
+    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+
+    async def run_before(pilot) -> None:
+        while app.capabilities is None:
+            await pilot.pause()
+        replay_run(app, until_elapsed_s=3.0)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_history_pane(snap_compare, tmp_path):
+    fill_history(tmp_path / "h.sqlite")
+    app = make_app(tmp_path / "h.sqlite", RunConfig())
+    assert snap_compare(app, terminal_size=SIZE, press=["h"])
+
+
+def test_compare_view(snap_compare, tmp_path):
+    fill_history(tmp_path / "h.sqlite")
+    app = make_app(tmp_path / "h.sqlite", RunConfig())
+    # the cursor starts on the newest run (row 11); vanilla is row 1 and fp16 row 4
+    assert snap_compare(app, terminal_size=SIZE, press=["h", *["up"] * 10, "space", "down", "down", "space", "enter"])
