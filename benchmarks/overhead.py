@@ -1,16 +1,21 @@
-"""Does monitoring cost anything? `gpuanat sweep` rows vs plain HF Trainer on the same configs, same GPU.
+"""Does monitoring cost anything? gpuanat vs plain HF Trainer on the same configs, same GPU.
 
-Reads the JSON of a `gpuanat sweep --json` run made just before on the same machine, runs the plain
-Trainer baseline (benchmarks/plain_trainer.py) on each row's config, and writes one JSON document with
-both measurements and the ratios: steady samples/s (target ≥ 0.99) and peak allocated (within 1%).
+Two modes, each writing one JSON document with both measurements and the ratios — steady samples/s
+(target ≥ 0.99) and peak allocated memory (target within 1%):
+- `--sweep-json`: the rows of a `gpuanat sweep --json` made just before on the same machine, each
+  against one plain-Trainer run (benchmarks/plain_trainer.py) of its config;
+- `--interleave NAME --repeats N`: for the named experiments, N rounds of plain and `gpuanat run`
+  alternating ABBA (drift of the GPU or host cancels out), compared by medians.
 
     python benchmarks/overhead.py --sweep-json sweep.json --out overhead.json
+    python benchmarks/overhead.py --interleave vanilla --interleave bf16 --repeats 3 --out interleaved.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -27,11 +32,65 @@ def plain_run(config: dict) -> dict:
     return json.loads(lines[-1])
 
 
+def gpuanat_run(config: dict, db: Path) -> dict:
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in config.items()
+             if value is not None and not isinstance(value, bool) and key not in ("model", "seed")]
+    flags += [f"--{'' if value else 'no-'}{key.replace('_', '-')}" for key, value in config.items()
+              if isinstance(value, bool)]
+    completed = subprocess.run([sys.executable, "-m", "gpuanat", "run", "--json", "--db", str(db), *flags],
+                               capture_output=True, text=True, check=False)
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines:
+        raise RuntimeError(f"gpuanat run failed ({completed.returncode}): {completed.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
+    from gpuanat.core.config import RunConfig
+    from gpuanat.core.sweep import EXPERIMENTS
+
+    rows = []
+    db = out.with_suffix(".sqlite")
+    for experiment in (e for e in EXPERIMENTS if e.name in names):
+        config = experiment.config(RunConfig.from_json(base)).to_json()
+        plain, monitored = [], []
+        for round_index in range(repeats):
+            order = ("plain", "gpuanat") if round_index % 2 == 0 else ("gpuanat", "plain")
+            for which in order:
+                if which == "plain":
+                    plain.append(plain_run(config))
+                else:
+                    monitored.append(gpuanat_run(config, db))
+        plain_steady = [r["steady_samples_per_second"] for r in plain]
+        monitored_steady = [r["steady_samples_per_second"] for r in monitored]
+        row = {
+            "name": experiment.name, "config": config, "repeats": repeats,
+            "plain_steady_samples_per_second": plain_steady,
+            "gpuanat_steady_samples_per_second": monitored_steady,
+            "steady_ratio_of_medians": statistics.median(monitored_steady) / statistics.median(plain_steady),
+            "plain_peak_allocated_bytes": [r["peak_allocated_bytes"] for r in plain],
+            "gpuanat_peak_allocated_bytes": [r["peak_allocated_bytes"] for r in monitored],
+        }
+        rows.append(row)
+        out.write_text(json.dumps(rows, indent=2))
+        print(f"{experiment.name:<32} steady ratio of medians {row['steady_ratio_of_medians']:.4f}  "
+              f"plain {plain_steady}  gpuanat {monitored_steady}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep-json", type=Path, required=True)
+    parser.add_argument("--sweep-json", type=Path)
+    parser.add_argument("--interleave", action="append", default=[], metavar="NAME")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--base", type=json.loads, default={"device": "cuda"},
+                        help="RunConfig fields the experiments start from, as JSON (default: bert-large on cuda)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.interleave:
+        interleaved(args.interleave, args.repeats, args.out, args.base)
+        return
+    if args.sweep_json is None:
+        parser.error("give --sweep-json or --interleave")
     rows = []
     for sweep_row in json.loads(args.sweep_json.read_text()):
         if sweep_row["status"] != "ok":

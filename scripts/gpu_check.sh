@@ -5,8 +5,11 @@
 # session that later calls collect from:
 #   scripts/gpu_check.sh start [WAIT_S]    start the job, wait up to WAIT_S s, copy what exists to $OUT
 #   scripts/gpu_check.sh collect [WAIT_S]  wait up to WAIT_S s for the job, copy what exists to $OUT
+#   scripts/gpu_check.sh start-tui [WAIT_S]  the same for the TUI job
 # The job: `gpuanat sweep` (bert-large, the docs' table) -> plain-Trainer baselines of every row
 # (benchmarks/overhead.py) -> a short run that records an NVML trace -> a real OOM -> GPU tests.
+# The TUI job: README screenshots with the real app -> the TUI cost benchmark -> interleaved
+# repeats of plain Trainer vs gpuanat on two configs.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}
 JOB=/tmp/gpuanat-job
@@ -47,6 +50,22 @@ job() {
   touch "$JOB/DONE"
 }
 
+job_tui() {
+  setup
+  mkdir -p "$JOB"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+  echo "$(date +%T) screenshots" >> "$JOB/progress.txt"
+  python3 scripts/take_screenshots.py --out-dir "$JOB/screenshots" > "$JOB/screenshots.log" 2>&1
+  echo "$(date +%T) tui cost" >> "$JOB/progress.txt"
+  python3 benchmarks/tui_cost.py --out "$JOB/tui_cost_h100.json" --stream-s 15 -- --samples 2048 \
+    > "$JOB/tui_cost.log" 2>&1
+  echo "$(date +%T) interleaved overhead" >> "$JOB/progress.txt"
+  python3 benchmarks/overhead.py --interleave vanilla --interleave bf16 --repeats 3 \
+    --out "$JOB/overhead_interleaved.json" > "$JOB/overhead_interleaved.log" 2>&1
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -59,13 +78,18 @@ collect() {
   [ -f "$JOB/DONE" ] && echo "JOB DONE" || echo "JOB STILL RUNNING"
 }
 
+start_in_background() {
+  setup
+  # Later calls re-send the working tree; the job runs from a snapshot so it measures one version.
+  rm -rf /tmp/gpuanat-src "$JOB" && mkdir -p /tmp/gpuanat-src
+  cp -r gpuanat benchmarks scripts tests pyproject.toml /tmp/gpuanat-src/
+  (cd /tmp/gpuanat-src && setsid nohup bash scripts/gpu_check.sh "$1" > /tmp/gpuanat-job.log 2>&1 < /dev/null &)
+}
+
 case "${1:-start}" in
-  start)
-    setup
-    # Later calls re-send the working tree; the job runs from a snapshot so it measures one version.
-    rm -rf /tmp/gpuanat-src && mkdir -p /tmp/gpuanat-src && cp -r gpuanat benchmarks scripts tests pyproject.toml /tmp/gpuanat-src/
-    (cd /tmp/gpuanat-src && setsid nohup bash scripts/gpu_check.sh job > /tmp/gpuanat-job.log 2>&1 < /dev/null &)
-    collect "${2:-540}" ;;
+  start) start_in_background job; collect "${2:-540}" ;;
+  start-tui) start_in_background job_tui; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
+  job_tui) job_tui ;;
 esac
