@@ -329,7 +329,10 @@ def command_history(args: argparse.Namespace) -> int:
 
 def command_dashboard(args: argparse.Namespace) -> int:
     """The full-screen TUI; the device default is settled once the capability probe has answered."""
+    from textual.binding import Binding
+
     from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.keymap import KeymapError, default_config_path, load_keymap
 
     config = config_from_args(args, Capabilities(torch_version=None, cuda_available=True))
     try:
@@ -338,7 +341,12 @@ def command_dashboard(args: argparse.Namespace) -> int:
         _fail_usage(str(error))
     if not sys.stdout.isatty():
         _fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
-    GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path()).run()
+    binding_ids = {binding.id for binding in GpuAnatApp.BINDINGS if isinstance(binding, Binding) and binding.id}
+    try:
+        keymap = load_keymap(default_config_path(), binding_ids)
+    except KeymapError as error:
+        _fail_usage(str(error))
+    GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap).run()
     return EXIT_OK
 
 

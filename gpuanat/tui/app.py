@@ -19,6 +19,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer
 
@@ -90,6 +91,8 @@ class LiveRun:
     model: ModelInfo | None = None
     last_step: Step | None = None
     probe_bands: ProbeBands | None = None
+    peak_bands: dict[str, int | None] | None = None
+    """The bands at the highest device use seen so far."""
 
 
 class GpuAnatApp(App[None]):
@@ -98,18 +101,18 @@ class GpuAnatApp(App[None]):
     BINDINGS = [
         Binding("r", "run", "Run", id="run"),
         Binding("s", "stop", "Stop", id="stop"),
-        Binding("g", "toggle('grad_checkpointing')", "Checkpointing", id="grad_checkpointing"),
-        Binding("p", "toggle('precision')", "Precision", id="precision"),
-        Binding("t", "toggle('tf32')", "TF32", id="tf32", show=False),
-        Binding("o", "toggle('optim')", "Optimizer", id="optim"),
+        Binding("g", "toggle_technique('grad_checkpointing')", "Checkpointing", id="grad_checkpointing"),
+        Binding("p", "toggle_technique('precision')", "Precision", id="precision"),
+        Binding("t", "toggle_technique('tf32')", "TF32", id="tf32", show=False),
+        Binding("o", "toggle_technique('optim')", "Optimizer", id="optim"),
         Binding("plus,equals_sign", "step('batch_size', 1)", "Batch+", id="batch_up", key_display="+"),
         Binding("minus", "step('batch_size', -1)", "Batch-", id="batch_down", key_display="-"),
         Binding("a", "step('grad_accum', 1)", "Accum+", id="accum_up", show=False),
         Binding("A", "step('grad_accum', -1)", "Accum-", id="accum_down", show=False),
-        Binding("w", "toggle('workers')", "Workers", id="workers", show=False),
-        Binding("m", "toggle('pin_memory')", "Pin memory", id="pin_memory", show=False),
-        Binding("c", "toggle('compile')", "Compile", id="compile", show=False),
-        Binding("e", "toggle('attn')", "Attention", id="attn", show=False),
+        Binding("w", "toggle_technique('workers')", "Workers", id="workers", show=False),
+        Binding("m", "toggle_technique('pin_memory')", "Pin memory", id="pin_memory", show=False),
+        Binding("c", "toggle_technique('compile')", "Compile", id="compile", show=False),
+        Binding("e", "toggle_technique('attn')", "Attention", id="attn", show=False),
         Binding("h", "history", "History", id="history"),
         Binding("enter", "compare", "Compare", id="compare", show=False),
         Binding("space", "pause", "Pause charts", id="pause", show=False),
@@ -128,6 +131,7 @@ class GpuAnatApp(App[None]):
         paint_interval_s: float = PAINT_INTERVAL_S,
         sample_interval_s: float | None = SAMPLE_INTERVAL_S,
         run_env: dict[str, str] | None = None,
+        keymap: dict[str, str] | None = None,
     ) -> None:
         """Every source of data is injectable: tests pass a replayed NVML trace, a frozen clock and
         `sample_interval_s=None` (no sampler thread; they call `sample_now`)."""
@@ -156,6 +160,8 @@ class GpuAnatApp(App[None]):
         self.series = {"device_used": TimeSeries(), "run_used": TimeSeries(), "gpu_util": TimeSeries(),
                        "throughput": TimeSeries(reduce="mean")}
         self._run_thread: threading.Thread | None = None
+        if keymap:
+            self.set_keymap(keymap)
 
     # --- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -201,6 +207,9 @@ class GpuAnatApp(App[None]):
         self._incoming_samples.append(self._sampler.sample_once())
 
     # --- background work: threads only post messages or append to deques --------------------------
+    def _post(self, message: Message) -> None:
+        self.post_message(message)
+
     def _probe_capabilities(self) -> None:
         try:
             self.post_message(CapabilitiesFound(self._capabilities_probe(), None))
@@ -214,7 +223,7 @@ class GpuAnatApp(App[None]):
                     live.config, store=store, log_dir=self.db_path.parent / "logs",
                     on_event=self._incoming_events.append, env=self._run_env,
                     stop_requested=live.stop_requested,
-                    on_start=lambda run_id, pid, log: self.post_message(RunStarted(run_id, pid, log)),
+                    on_start=lambda run_id, pid, log: self._post(RunStarted(run_id, pid, log)),
                 )
         except Exception as error:  # the dashboard must survive any failure of a run
             self.post_message(RunFinished(None, f"{type(error).__name__}: {error}"))
@@ -251,7 +260,7 @@ class GpuAnatApp(App[None]):
             status = message.result["status"]
             steady = message.result.get("steady_samples_per_second")
             detail = f", steady {steady:.1f} samples/s" if steady else ""
-            severity = "information" if status == "ok" else "warning" if status == "stopped" else "error"
+            severity: SeverityLevel = "information" if status == "ok" else "warning" if status == "stopped" else "error"
             self.notify(f"Run {message.result['run_id']}: {status}{detail}", severity=severity, timeout=6)
             self._show_result_bands(message.result)
         self._show_techniques()
@@ -369,7 +378,10 @@ class GpuAnatApp(App[None]):
         unavailable = values.pop("unavailable")
         if live.probe_bands is not None:
             values["gradients_bytes"] = live.probe_bands.gradients_at_forward_end_bytes
-        self.query_one(MemoryBar).update_bands(values, None, gpu.total_bytes if gpu else None, unavailable)
+        used = gpu.used_bytes if gpu else None
+        if used is not None and (live.peak_bands is None or used >= (live.peak_bands.get("device_used_bytes") or 0)):
+            live.peak_bands = {**values, "device_used_bytes": used}
+        self.query_one(MemoryBar).update_bands(values, live.peak_bands, gpu.total_bytes if gpu else None, unavailable)
 
     def _show_result_bands(self, result: dict[str, Any]) -> None:
         # The bar stacks the memory at the peak (end of forward): only accumulated gradients are alive then.
@@ -382,7 +394,7 @@ class GpuAnatApp(App[None]):
         self.config = config
         self._show_techniques()
 
-    def action_toggle(self, field: str) -> None:
+    def action_toggle_technique(self, field: str) -> None:
         self._change_config(changed_config(self.config, field))
 
     def action_step(self, field: str, direction: int) -> None:
