@@ -122,3 +122,18 @@ def test_compare_view(snap_compare, tmp_path):
     app = make_app(tmp_path / "h.sqlite", RunConfig())
     # the cursor starts on the newest run (row 11); vanilla is row 1 and fp16 row 4
     assert snap_compare(app, terminal_size=SIZE, press=["h", *["up"] * 10, "space", "down", "down", "space", "enter"])
+
+
+def test_dashboard_fits_80x24_in_ansi_colours(snap_compare, tmp_path):
+    """An SSH session's default terminal: the compact layout, under the terminal's own 16/256 colours."""
+    meta, _, _ = h100_environment()
+    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+
+    async def run_before(pilot) -> None:
+        app.theme = "ansi-dark"
+        while app.capabilities is None:
+            await pilot.pause()
+        replay_run(app, until_elapsed_s=3.0)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -45,6 +46,8 @@ from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
 
 PAINT_INTERVAL_S = 0.25
 SAMPLE_INTERVAL_S = 0.25
+COMPACT_BELOW_ROWS = 34
+"""Shorter terminals (80×24 over SSH) get the compact layout: no log pane, two charts, no predicted bar."""
 DEFAULT_CONTEXT_BYTES = 512 * 1024**2
 """CUDA context estimate for the prediction until a run has measured it."""
 THROUGHPUT_WINDOW_STEPS = 5
@@ -190,8 +193,19 @@ class GpuAnatApp(App[None]):
             self._sampler.start()
         self.set_interval(self._paint_interval_s, self.paint)
         threading.Thread(target=self._probe_capabilities, name="gpuanat-capabilities", daemon=True).start()
+        self._fit_layout(self.size.height)
         self._show_techniques()
         self.paint()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_layout(event.size.height)
+
+    def _fit_layout(self, rows: int) -> None:
+        compact = rows < COMPACT_BELOW_ROWS
+        if compact != self.screen.has_class("-compact"):
+            self.screen.set_class(compact, "-compact")
+            self.query_one(TechniquesPanel).compact = compact
+            self._show_techniques()
 
     def on_unmount(self) -> None:
         if self.live is not None:
@@ -347,7 +361,9 @@ class GpuAnatApp(App[None]):
             estimate = None
         self.query_one(TechniquesPanel).show(self.config, capabilities=self.capabilities, estimate=estimate,
                                              gpu_total_bytes=self._gpu_total_bytes(), context_bytes=context)
-        if estimate is not None:
+        if estimate is None or self.screen.has_class("-compact"):
+            self.query_one(MemoryBar).update_predicted(None)
+        else:
             self.query_one(MemoryBar).update_predicted(
                 {"weights_bytes": estimate.weights_bytes, "optimizer_state_bytes": estimate.optimizer_state_bytes,
                  "activations_bytes": estimate.activations_bytes,

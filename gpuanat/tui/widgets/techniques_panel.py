@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
+from textual.reactive import reactive
 from textual.widget import Widget
 
 from gpuanat.core.config import Capabilities, RunConfig, machine_unsupported_reason
@@ -57,6 +58,9 @@ class TechniquesPanel(Widget):
     TechniquesPanel > .techniques-panel--muted { color: $text-muted; }
     """
 
+    compact: reactive[bool] = reactive(False)
+    """Leave out the workload line (the compact layout of short terminals)."""
+
     def __init__(self, config: RunConfig, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.border_title = "Techniques (next run)"
@@ -91,8 +95,9 @@ class TechniquesPanel(Widget):
             table.add_row(Text(key, style=key_style), Text(label, style=muted), Text(_value_text(value), style=style))
         lines = Table.grid()
         lines.add_row(table)
-        lines.add_row(Text(f"{config.model or config.preset} on {config.device}, seq {config.seq_len}, "
-                           f"{config.samples} samples", style=muted, overflow="ellipsis", no_wrap=True))
+        if not self.compact:
+            lines.add_row(Text(f"{config.model or config.preset} on {config.device}, seq {config.seq_len}, "
+                               f"{config.samples} samples", style=muted, overflow="ellipsis", no_wrap=True))
         if unsupported is not None:
             lines.add_row(Text(f"unavailable: {unsupported[1]}",
                                style=self.get_component_rich_style("techniques-panel--unavailable")))
