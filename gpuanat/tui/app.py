@@ -50,7 +50,6 @@ COMPACT_BELOW_ROWS = 34
 """Shorter terminals (80×24 over SSH) get the compact layout: no log pane, two charts, no predicted bar."""
 DEFAULT_CONTEXT_BYTES = 512 * 1024**2
 """CUDA context estimate for the prediction until a run has measured it."""
-THROUGHPUT_WINDOW_STEPS = 5
 
 
 def _bytes_label(value: float) -> str:
@@ -263,10 +262,10 @@ class GpuAnatApp(App[None]):
         self.query_one(LogPane).follow(message.log_path)
 
     def on_run_finished(self, message: RunFinished) -> None:
+        self.paint()  # the run's last events and samples
         live, self.live = self.live, None
         if live is not None and live.pid is not None and self._sampler is not None:
             self._sampler.untrack(live.pid)
-        self.paint()
         if message.result is None:
             self.notify(f"The run could not be recorded: {message.failure}", severity="error", timeout=10)
         else:
@@ -311,8 +310,8 @@ class GpuAnatApp(App[None]):
                 run_used = sample.process_used_bytes([self.live.pid])
                 if run_used is not None:
                     self.series["run_used"].append(sample.t_s, run_used)
-        if self.live is None and sample.gpus:
-            self._show_idle_bands(sample)
+        if self.live is None and self.last_result is None and sample.gpus:
+            self._show_idle_bands(sample)  # after a run, its bands stay up until the next one
 
     def _add_event(self, event: Event) -> None:
         live = self.live
