@@ -193,7 +193,7 @@ def print_summary(result: dict[str, Any]) -> None:
             else result["unavailable"].get("steady_samples_per_second", ""))
     print(f"Steady samples/second: {format_number(steady)} ({note})")
     print(f"Peak allocated: {format_bytes(result['peak_allocated_bytes'])}")
-    print("Memory bands (at peak):")
+    print("Memory bands:")
     for band in BAND_NAMES:
         value = result["bands"].get(band)
         label = band.removesuffix("_bytes").replace("_", " ")
