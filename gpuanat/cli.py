@@ -93,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--only", action="append", default=None, metavar="NAME",
                        help="run only this experiment (repeatable); names as in the table")
 
+    predict = commands.add_parser(
+        "predict", help="predict memory bands, peaks and the largest batch that fits, without running",
+        description="Predict every memory band, the peak allocated and peak device memory, and the largest "
+                    "per-device batch that fits the GPU, from the model's shape and the techniques alone "
+                    "(no torch, milliseconds). A first model: issue #4 verifies and refines it.")
+    _add_technique_flags(predict)
+    predict.add_argument("--gpu-memory", metavar="SIZE", default=None,
+                         help="GPU memory to fit, e.g. 80GiB, 24G, 40GB (default: GPU 0's total, read through NVML)")
+    predict.add_argument("--json", action="store_true", help="print the prediction as one JSON object")
+
     history = commands.add_parser("history", help="list recorded runs",
                                   description="List recorded runs, oldest first.")
     _add_common(history)
@@ -301,6 +311,49 @@ def command_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r["status"] in ("ok", "skipped", "oom") for r in results) else EXIT_FAILED
 
 
+def command_predict(args: argparse.Namespace) -> int:
+    from gpuanat.core.predict import max_batch_size, parse_size, prediction_json
+    from gpuanat.core.report import format_bytes
+    from gpuanat.core.sampler import probe_nvml
+
+    config = _validated_config(args, Capabilities(torch_version=None, cuda_available=True))
+    if config.model is not None:
+        _fail_usage("--model: predict works from the presets' shapes; use --preset")
+    gpu_memory: int | None = None
+    source = "--gpu-memory"
+    if args.gpu_memory is not None:
+        try:
+            gpu_memory = parse_size(args.gpu_memory)
+        except ValueError as error:
+            _fail_usage(f"--gpu-memory: {error}")
+    else:
+        nvml = probe_nvml()
+        if nvml.available and nvml.gpu_total_bytes:
+            gpu_memory, source = nvml.gpu_total_bytes[0], f"NVML: {nvml.gpu_names[0]}"
+        else:
+            source = f"no GPU memory to fit: {nvml.reason or 'no GPU'}; give --gpu-memory"
+    prediction = prediction_json(config)
+    assert prediction is not None
+    result: dict[str, Any] = {
+        "config": config.to_json(), **prediction, "gpu_memory_bytes": gpu_memory, "gpu_memory_source": source,
+        "max_batch_size": max_batch_size(config, gpu_memory) if gpu_memory is not None else None,
+    }
+    if args.json:
+        print(json.dumps(result))
+        return EXIT_OK
+    print(f"Prediction for {config.preset} {config.techniques_summary()}, seq {config.seq_len}:")
+    for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
+                "cuda_context_bytes", "peak_allocated_bytes", "peak_device_bytes"):
+        print(f"  {key.removesuffix('_bytes').replace('_', ' '):<22} {format_bytes(result[key]):>11}")
+    if gpu_memory is None:
+        print(f"Largest batch that fits: — ({source})")
+    else:
+        fits = "fits" if result["peak_device_bytes"] <= gpu_memory else "does NOT fit"
+        print(f"On {format_bytes(gpu_memory)} ({source}): batch {config.batch_size} {fits}; "
+              f"largest batch that fits: {result['max_batch_size']}")
+    return EXIT_OK
+
+
 def command_history(args: argparse.Namespace) -> int:
     from gpuanat.core.report import HISTORY_COLUMNS, history_rows, render_csv, render_markdown
 
@@ -353,7 +406,7 @@ def command_dashboard(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": command_run, "sweep": command_sweep, "history": command_history}
+    handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "history": command_history}
     if args.command is None:
         return command_dashboard(args)
     try:

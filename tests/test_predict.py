@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from conftest import run_cli
 from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config
 
 from gpuanat.core.config import RunConfig
-from gpuanat.core.predict import estimate_memory, parameter_shapes
+from gpuanat.core.predict import estimate_memory, max_batch_size, parameter_shapes, parse_size, peak_device_bytes
 from gpuanat.core.presets import PRESETS
 
 
@@ -53,3 +56,45 @@ def test_techniques_move_the_estimate_the_right_way():
     accumulating = estimate_memory(RunConfig(batch_size=1, grad_accum=4))
     assert accumulating.peak_allocated_bytes - accumulating.activations_bytes == (
         vanilla.peak_allocated_bytes - vanilla.activations_bytes + vanilla.gradients_bytes)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("80GiB", 80 * 1024**3), ("80G", 80 * 1024**3), ("40GB", 40 * 1000**3), ("81559MiB", 81559 * 1024**2),
+    ("1.5 GiB", int(1.5 * 1024**3)), ("4096", 4096),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "0G", "-1GiB", "12 parsecs", ""])
+def test_parse_size_refuses_nonsense(text):
+    with pytest.raises(ValueError, match="not a memory size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("config", [RunConfig(), RunConfig(precision="bf16", grad_checkpointing=True),
+                                    RunConfig(optim="adafactor", attn="eager")])
+def test_max_batch_size_is_the_boundary_of_what_fits(config):
+    gpu_memory = 80 * 1024**3
+    largest = max_batch_size(config, gpu_memory)
+    assert largest > 1
+    assert peak_device_bytes(estimate_memory(config.replace(batch_size=largest))) <= gpu_memory
+    assert peak_device_bytes(estimate_memory(config.replace(batch_size=largest + 1))) > gpu_memory
+    assert max_batch_size(config, 2 * 1024**3) == 0  # weights and optimizer state alone exceed 2 GiB
+
+
+def test_predict_command(db_path):
+    completed = run_cli(["predict", "--gpu-memory", "80GiB", "--precision", "bf16", "--json"], db_path)
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout)
+    for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
+                "peak_allocated_bytes", "peak_device_bytes", "max_batch_size"):
+        assert isinstance(result[key], int)
+    assert result["gpu_memory_bytes"] == 80 * 1024**3 and result["gpu_memory_source"] == "--gpu-memory"
+    assert result["max_batch_size"] == max_batch_size(RunConfig(precision="bf16"), 80 * 1024**3)
+    no_gpu = json.loads(run_cli(["predict", "--json"], db_path).stdout)
+    assert no_gpu["max_batch_size"] is None and "give --gpu-memory" in no_gpu["gpu_memory_source"]
+    bad = run_cli(["predict", "--gpu-memory", "lots"], db_path)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--gpu-memory" in bad.stderr
+    human = run_cli(["predict", "--gpu-memory", "16GiB", "--batch-size", "64"], db_path).stdout
+    assert "does NOT fit" in human and "largest batch that fits:" in human

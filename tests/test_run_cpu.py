@@ -78,6 +78,12 @@ def test_json_contract(results):
     assert "CPU" in result["unavailable"]["peak_allocated_bytes"]
     for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes"):
         assert isinstance(result["bands"][band], int)
+    # The prediction made from the preset's shape is recorded with the run; on the CPU there is no
+    # allocator peak to compare it with.
+    assert result["predicted"]["weights_bytes"] == result["bands"]["weights_bytes"]
+    assert result["predicted"]["gradients_bytes"] == result["bands"]["gradients_bytes"]
+    assert result["predicted"]["optimizer_state_bytes"] == result["bands"]["optimizer_state_bytes"]
+    assert result["prediction_error_percent"] is None
 
 
 def test_exact_bytes_for_fp32_adamw(results):

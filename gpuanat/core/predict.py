@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from gpuanat.core.config import RunConfig
 from gpuanat.core.presets import PRESETS, ModelPreset
 
+MIB = 1024**2
 NUM_LABELS = 2
+CUDA_CONTEXT_BYTES = 760 * MIB
+"""Per-process CUDA context, kernels and library workspaces: 742-758 MiB on the H100 with torch 2.11 and
+CUDA 13 (benchmarks/results/h100/sweep.json)."""
+ALLOCATOR_CACHE_FACTOR = 1.10
+"""Reserved / peak allocated memory of torch's caching allocator: 1.02-1.19 across the H100 sweep."""
+MAX_BATCH_SEARCHED = 1 << 16
 BERT_BUFFER_BYTES = 2 * 512 * 8
 """position_ids and token_type_ids, int64 buffers of max_positions entries."""
 
@@ -120,3 +127,63 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak,
         peak_allocated_bytes=weights + optimizer + activations + gradients_at_peak,
     )
+
+
+SIZE_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": MIB, "gib": 1024**3, "tib": 1024**4, "k": 1024, "m": MIB,
+              "g": 1024**3, "t": 1024**4, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '80GiB', '80G' (binary), '80GB' (decimal), '81559MiB' or a plain number of bytes."""
+    stripped = text.strip().replace(" ", "").lower()
+    number = stripped.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = stripped[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in SIZE_UNITS or value <= 0:
+        raise ValueError(f"not a memory size: {text!r} (write e.g. 80GiB, 24G, 40GB or 81559MiB)")
+    return int(value * SIZE_UNITS[unit])
+
+
+def prediction_json(config: RunConfig) -> dict[str, int] | None:
+    """The estimate as stored with a run and printed by `gpuanat predict`; None for a --model checkpoint,
+    whose shape this model does not read yet."""
+    if config.model is not None:
+        return None
+    estimate = estimate_memory(config)
+    return {
+        "weights_bytes": estimate.weights_bytes,
+        "gradients_bytes": estimate.gradients_bytes,
+        "optimizer_state_bytes": estimate.optimizer_state_bytes,
+        "activations_bytes": estimate.activations_bytes,
+        "gradients_at_forward_end_bytes": estimate.gradients_at_peak_bytes,
+        "peak_allocated_bytes": estimate.peak_allocated_bytes,
+        "cuda_context_bytes": CUDA_CONTEXT_BYTES,
+        "peak_device_bytes": peak_device_bytes(estimate),
+    }
+
+
+def peak_device_bytes(estimate: MemoryEstimate) -> int:
+    """Device memory the run will hold at its peak: allocator reservation plus the CUDA context."""
+    return int(estimate.peak_allocated_bytes * ALLOCATOR_CACHE_FACTOR) + CUDA_CONTEXT_BYTES
+
+
+def max_batch_size(config: RunConfig, gpu_memory_bytes: int) -> int:
+    """The largest per-device batch whose predicted device peak fits `gpu_memory_bytes` (0: none fits)."""
+
+    def fits(batch_size: int) -> bool:
+        return peak_device_bytes(estimate_memory(config.replace(batch_size=batch_size))) <= gpu_memory_bytes
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= MAX_BATCH_SEARCHED and fits(high):
+        low, high = high, high * 2
+    if high > MAX_BATCH_SEARCHED:
+        return low
+    while high - low > 1:  # fits(low), not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low

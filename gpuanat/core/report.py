@@ -61,6 +61,7 @@ HISTORY_COLUMNS = (
     Column("steady_samples_per_second", "steady/s", numeric=True),
     Column("peak_allocated", "peak alloc", numeric=True),
     Column("gpu_memory_mb", "GPU mem MB", numeric=True),
+    Column("prediction_error_delta", "pred err", numeric=True),
 )
 
 
@@ -82,6 +83,7 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
             "steady_samples_per_second": result.get("steady_samples_per_second"),
             "peak_allocated": result.get("peak_allocated_bytes"),
             "gpu_memory_mb": result.get("device_memory_used_bytes"),
+            "prediction_error_delta": result.get("prediction_error_percent"),
         })
     return rows
 

@@ -136,6 +136,8 @@ class NvmlStatus:
     cuda_driver_version: int | None
     """As NVML gives it: 12040 means CUDA 12.4."""
     gpu_names: tuple[str, ...]
+    gpu_total_bytes: tuple[int, ...] = ()
+    """Total memory of each GPU (NVML memory info), in the order of `gpu_names`."""
 
 
 class SampleSource(Protocol):
@@ -195,10 +197,9 @@ def probe_nvml() -> NvmlStatus:
     try:
         driver_version = _nvml_or_none(pynvml, pynvml.nvmlSystemGetDriverVersion)
         cuda_driver_version = _nvml_or_none(pynvml, pynvml.nvmlSystemGetCudaDriverVersion)
-        gpu_names = tuple(
-            _device_name(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index), index)
-            for index in range(pynvml.nvmlDeviceGetCount())
-        )
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(index) for index in range(pynvml.nvmlDeviceGetCount())]
+        gpu_names = tuple(_device_name(pynvml, handle, index) for index, handle in enumerate(handles))
+        gpu_total_bytes = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) for handle in handles)
     except pynvml.NVMLError as error:
         return _unavailable(_nvml_reason(error))
     except Exception as error:
@@ -211,6 +212,7 @@ def probe_nvml() -> NvmlStatus:
         driver_version=driver_version,
         cuda_driver_version=cuda_driver_version,
         gpu_names=gpu_names,
+        gpu_total_bytes=gpu_total_bytes,
     )
 
 

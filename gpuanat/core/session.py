@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.anatomy import assemble_bands
+from gpuanat.core.compare import percent_delta
 from gpuanat.core.config import RunConfig
 from gpuanat.core.history import HistoryStore
+from gpuanat.core.predict import prediction_json
 from gpuanat.core.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
 from gpuanat.core.runner import ChildExited, ChildProcess, worker_command
 from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
@@ -141,6 +143,10 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         "log_path": str(log_path),
         "malformed_events": len(state.malformed),
     }
+    predicted = prediction_json(config)
+    result["predicted"] = predicted
+    result["prediction_error_percent"] = (percent_delta(predicted["peak_allocated_bytes"], peak_allocated)
+                                          if predicted is not None else None)
     if error is not None:
         result["error"] = {"kind": error.kind, "message": error.message, "step": error.step, "flag": error.flag}
     elif status == "failed":

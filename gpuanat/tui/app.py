@@ -27,7 +27,7 @@ from textual.widgets import Footer
 from gpuanat.core.anatomy import assemble_bands
 from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
 from gpuanat.core.history import HistoryStore
-from gpuanat.core.predict import estimate_memory
+from gpuanat.core.predict import ALLOCATOR_CACHE_FACTOR, CUDA_CONTEXT_BYTES, estimate_memory
 from gpuanat.core.protocol import Event, ModelInfo, ProbeBands, Step
 from gpuanat.core.report import format_bytes
 from gpuanat.core.runner import probe_capabilities
@@ -48,8 +48,6 @@ PAINT_INTERVAL_S = 0.25
 SAMPLE_INTERVAL_S = 0.25
 COMPACT_BELOW_ROWS = 34
 """Shorter terminals (80×24 over SSH) get the compact layout: no log pane, two charts, no predicted bar."""
-DEFAULT_CONTEXT_BYTES = 512 * 1024**2
-"""CUDA context estimate for the prediction until a run has measured it."""
 
 
 def _bytes_label(value: float) -> str:
@@ -350,7 +348,7 @@ class GpuAnatApp(App[None]):
         return self.capabilities.cuda_total_memory_bytes if self.capabilities else None
 
     def _show_techniques(self) -> None:
-        context = DEFAULT_CONTEXT_BYTES
+        context = CUDA_CONTEXT_BYTES  # until a run here has measured it
         if self.last_result and self.last_result["bands"].get("cuda_context_bytes"):
             context = self.last_result["bands"]["cuda_context_bytes"]
         try:
@@ -359,7 +357,9 @@ class GpuAnatApp(App[None]):
         except ConfigError:
             estimate = None
         self.query_one(TechniquesPanel).show(self.config, capabilities=self.capabilities, estimate=estimate,
-                                             gpu_total_bytes=self._gpu_total_bytes(), context_bytes=context)
+                                             gpu_total_bytes=self._gpu_total_bytes(),
+                                             device_peak_bytes=None if estimate is None else
+                                             int(estimate.peak_allocated_bytes * ALLOCATOR_CACHE_FACTOR) + context)
         if estimate is None or self.screen.has_class("-compact"):
             self.query_one(MemoryBar).update_predicted(None)
         else:

@@ -68,12 +68,13 @@ class TechniquesPanel(Widget):
         self._capabilities: Capabilities | None = None
         self._estimate: MemoryEstimate | None = None
         self._gpu_total_bytes: int | None = None
-        self._context_bytes = 0
+        self._device_peak_bytes: int | None = None
 
     def show(self, config: RunConfig, *, capabilities: Capabilities | None, estimate: MemoryEstimate | None,
-             gpu_total_bytes: int | None, context_bytes: int) -> None:
+             gpu_total_bytes: int | None, device_peak_bytes: int | None) -> None:
+        """`device_peak_bytes`: the predicted peak with the allocator's cache and the CUDA context."""
         self._config, self._capabilities, self._estimate = config, capabilities, estimate
-        self._gpu_total_bytes, self._context_bytes = gpu_total_bytes, context_bytes
+        self._gpu_total_bytes, self._device_peak_bytes = gpu_total_bytes, device_peak_bytes
         self.refresh(layout=True)
 
     def render(self) -> Table:
@@ -113,7 +114,7 @@ class TechniquesPanel(Widget):
         if self._config.device != "cuda":
             return Text(f"predicted peak allocated: {format_bytes(self._estimate.peak_allocated_bytes)} (CPU run)",
                         style=muted)
-        device_peak = self._estimate.peak_allocated_bytes + self._context_bytes
+        device_peak = self._device_peak_bytes or self._estimate.peak_allocated_bytes
         text = Text(f"predicted peak: {format_bytes(device_peak)}")
         if self._gpu_total_bytes:
             text.append(f" of {format_bytes(self._gpu_total_bytes)}", style=muted)
