@@ -11,6 +11,11 @@ from gpuanat.core.history import RunRow
 from gpuanat.core.report import HISTORY_COLUMNS, display_value, history_rows
 
 SELECTED_MARK = "✓"
+SCREEN_COLUMN_ORDER = ("id", "when", "name", "status", "techniques", "time_s", "samples_per_second",
+                       "steady_samples_per_second", "peak_allocated", "gpu_memory_mb", "prediction_error_delta",
+                       "model", "device")
+"""The metrics come before the long model and device names so that 120 columns show them."""
+SCREEN_COLUMNS = tuple(next(c for c in HISTORY_COLUMNS if c.key == key) for key in SCREEN_COLUMN_ORDER)
 
 
 class HistoryScreen(Screen[list[int]]):
@@ -40,10 +45,11 @@ class HistoryScreen(Screen[list[int]]):
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_column(" ", key="selected")
-        for column in HISTORY_COLUMNS:
+        for column in SCREEN_COLUMNS:
             table.add_column(column.title, key=column.key)
         for row in history_rows(self._runs):
-            table.add_row("", *(display_value(column.key, row.get(column.key)) for column in HISTORY_COLUMNS),
+            row["when"] = row["when"][5:]  # the year goes: MM-DD HH:MM
+            table.add_row("", *(display_value(column.key, row.get(column.key)) for column in SCREEN_COLUMNS),
                           key=str(row["id"]))
         if self._runs:
             table.move_cursor(row=len(self._runs) - 1)
