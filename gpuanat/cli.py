@@ -103,6 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
                          help="GPU memory to fit, e.g. 80GiB, 24G, 40GB (default: GPU 0's total, read through NVML)")
     predict.add_argument("--json", action="store_true", help="print the prediction as one JSON object")
 
+    fit = commands.add_parser(
+        "fit", help="find the largest batch that trains without running out of GPU memory",
+        description="Find the largest per-device batch that trains on this GPU with these techniques: start "
+                    "from the prediction, then confirm with short real runs (a few steps each; doubling, "
+                    "then bisecting). Every trial is recorded in the history.")
+    _add_technique_flags(fit)
+    _add_common(fit)
+    fit.add_argument("--gpu-memory", metavar="SIZE", default=None,
+                     help="memory the prediction should fit (default: GPU 0's total, read through NVML)")
+    fit.add_argument("--trial-steps", type=int, default=3, metavar="N", help="optimizer steps per trial (3)")
+    fit.add_argument("--max-batch", type=int, default=4096, metavar="N", help="stop searching at this batch (4096)")
+    fit.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
     history = commands.add_parser("history", help="list recorded runs",
                                   description="List recorded runs, oldest first.")
     _add_common(history)
@@ -354,6 +367,72 @@ def command_predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def command_fit(args: argparse.Namespace) -> int:
+    from gpuanat.core.fit import find_largest_batch
+    from gpuanat.core.predict import max_batch_size, parse_size
+    from gpuanat.core.sampler import probe_nvml
+
+    if args.trial_steps < 1:
+        _fail_usage(f"--trial-steps: must be an integer ≥ 1 (got {args.trial_steps})")
+    if args.max_batch < 1:
+        _fail_usage(f"--max-batch: must be an integer ≥ 1 (got {args.max_batch})")
+    capabilities = detect_capabilities()
+    base = _validated_config(args, capabilities)
+    unsupported = machine_unsupported_reason(base, capabilities)
+    if unsupported is not None:
+        _fail_usage(f"{unsupported[0]}: {unsupported[1]}")
+    gpu_memory = None
+    if args.gpu_memory is not None:
+        try:
+            gpu_memory = parse_size(args.gpu_memory)
+        except ValueError as error:
+            _fail_usage(f"--gpu-memory: {error}")
+    elif base.device == "cuda":
+        nvml = probe_nvml()
+        gpu_memory = nvml.gpu_total_bytes[0] if nvml.available and nvml.gpu_total_bytes else None
+    predicted = max_batch_size(base, gpu_memory) if gpu_memory is not None and base.model is None else None
+    start = predicted or base.batch_size
+    print(f"fit: starting from batch {start}" + (" (the prediction)" if predicted else "") +
+          f", {args.trial_steps} steps per trial, up to batch {args.max_batch}", file=sys.stderr)
+    failures: list[dict[str, Any]] = []
+    results: dict[int, dict[str, Any]] = {}
+
+    with _open_store(args) as store:
+        def trains(batch_size: int) -> bool:
+            if failures:
+                return False
+            config = base.replace(batch_size=batch_size, max_steps=args.trial_steps,
+                                  samples=batch_size * base.grad_accum * args.trial_steps)
+            label = f"fit batch {batch_size}"
+            result = _run_recorded(config, args, store, label=label, name=label)
+            results[batch_size] = result
+            print(f"fit: batch {batch_size}: {result['status']}", file=sys.stderr)
+            if result["status"] not in ("ok", "oom"):
+                failures.append(result)
+            return result["status"] == "ok"
+
+        largest, trials = find_largest_batch(trains, start, args.max_batch)
+    if failures:
+        failed = failures[0]
+        message = (failed.get("error") or {}).get("message", failed["status"]).splitlines()[0]
+        print(f"gpuanat: fit stopped: the trial at batch {failed['config']['batch_size']} ended {failed['status']} "
+              f"({message}), not out of memory", file=sys.stderr)
+        return STATUS_EXIT_CODES.get(failed["status"], EXIT_FAILED)
+    summary = {
+        "config": base.to_json(), "largest_batch_size": largest, "predicted_max_batch_size": predicted,
+        "gpu_memory_bytes": gpu_memory, "reached_max_batch": largest == args.max_batch,
+        "trials": [{"batch_size": t.batch_size, "trained": t.trained, "run_id": results[t.batch_size]["run_id"],
+                    "peak_allocated_bytes": results[t.batch_size]["peak_allocated_bytes"]} for t in trials],
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        trained = ", ".join(f"{t.batch_size} {'ok' if t.trained else 'OOM'}" for t in trials)
+        limit_note = " (the --max-batch limit; larger may fit)" if summary["reached_max_batch"] else ""
+        print(f"Largest batch that trains: {largest}{limit_note}; predicted: {predicted or '—'}; trials: {trained}")
+    return EXIT_OK
+
+
 def command_history(args: argparse.Namespace) -> int:
     from gpuanat.core.report import HISTORY_COLUMNS, history_rows, render_csv, render_markdown
 
@@ -406,7 +485,8 @@ def command_dashboard(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "history": command_history}
+    handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "fit": command_fit,
+                "history": command_history}
     if args.command is None:
         return command_dashboard(args)
     try:

@@ -8,6 +8,8 @@ is the real code. Kinds:
   oom      raise torch.OutOfMemoryError, exactly what the CUDA caching allocator raises
   crash    SIGKILL the training process (a hard crash: no Python cleanup, no final event)
   garbage  write a malformed line to the events pipe, then carry on normally
+  oom-above  (KIND@N) raise torch.OutOfMemoryError at the first step of any run whose per-device
+             batch exceeds N: a device on which batches up to N fit
 """
 
 import os
@@ -25,6 +27,8 @@ if _FAULT and "GPUANAT_EVENTS_FD" in os.environ:  # only in the training child, 
     _original_training_step = Trainer.training_step
 
     def _training_step(self, *args, **kwargs):
+        if _kind == "oom-above" and self.args.per_device_train_batch_size > _fault_step:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by test: batch > {_fault_step})")
         if self.state.global_step + 1 == _fault_step:
             if _kind == "oom":
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by test)")

@@ -1,0 +1,46 @@
+"""The largest batch that trains: the search itself, and `gpuanat fit` with real trial runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+from gpuanat.core.fit import find_largest_batch
+from gpuanat.core.history import HistoryStore
+
+
+@pytest.mark.parametrize(("largest_that_fits", "start"), [(120, 85), (120, 200), (5, 1), (1, 4), (0, 4), (64, 64)])
+def test_search_finds_the_boundary(largest_that_fits, start):
+    largest, trials = find_largest_batch(lambda batch: batch <= largest_that_fits, start, limit=4096)
+    assert largest == largest_that_fits
+    tried = {trial.batch_size: trial.trained for trial in trials}
+    if largest:
+        assert tried[largest] is True
+    assert tried.get(largest + 1, False) is False
+    assert len(trials) <= 2 + 2 * max(1, largest_that_fits).bit_length()
+
+
+def test_search_stops_at_the_limit():
+    largest, trials = find_largest_batch(lambda batch: True, 3, limit=20)
+    assert largest == 20 and [trial.batch_size for trial in trials] == [3, 6, 12, 20]
+
+
+def test_fit_confirms_with_real_runs(db_path):
+    # CI has no GPU: the child raises torch.OutOfMemoryError for batches above 6 (the test hook in
+    # tests/fault_injection); the trial runs, the search and the history are the real ones.
+    completed = run_cli(["fit", "--preset", "tiny", "--device", "cpu", "--seq-len", "16", "--batch-size", "2",
+                         "--trial-steps", "2", "--max-batch", "64", "--json"], db_path, fault="oom-above@6",
+                        timeout_s=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["largest_batch_size"] == 6
+    assert [(trial["batch_size"], trial["trained"]) for trial in result["trials"]] == [
+        (2, True), (4, True), (8, False), (6, True), (7, False)]
+    with HistoryStore(db_path) as store:
+        runs = store.runs()
+    assert [(run.name, run.status) for run in runs] == [
+        ("fit batch 2", "ok"), ("fit batch 4", "ok"), ("fit batch 8", "oom"), ("fit batch 6", "ok"),
+        ("fit batch 7", "oom")]
+    assert all(run.result["steps"] == 2 for run in runs if run.status == "ok")
