@@ -368,7 +368,7 @@ def command_predict(args: argparse.Namespace) -> int:
 
 
 def command_fit(args: argparse.Namespace) -> int:
-    from gpuanat.core.fit import find_largest_batch
+    from gpuanat.core.fit import run_fit
     from gpuanat.core.predict import max_batch_size, parse_size
     from gpuanat.core.sampler import probe_nvml
 
@@ -394,30 +394,23 @@ def command_fit(args: argparse.Namespace) -> int:
     start = predicted or base.batch_size
     print(f"fit: starting from batch {start}" + (" (the prediction)" if predicted else "") +
           f", {args.trial_steps} steps per trial, up to batch {args.max_batch}", file=sys.stderr)
-    failures: list[dict[str, Any]] = []
-    results: dict[int, dict[str, Any]] = {}
+    def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
+        return _run_recorded(config, args, store, label=name, name=name)
+
+    def trial_done(batch_size: int, result: dict[str, Any]) -> None:
+        print(f"fit: batch {batch_size}: {result['status']}", file=sys.stderr)
 
     with _open_store(args) as store:
-        def trains(batch_size: int) -> bool:
-            if failures:
-                return False
-            config = base.replace(batch_size=batch_size, max_steps=args.trial_steps,
-                                  samples=batch_size * base.grad_accum * args.trial_steps)
-            label = f"fit batch {batch_size}"
-            result = _run_recorded(config, args, store, label=label, name=label)
-            results[batch_size] = result
-            print(f"fit: batch {batch_size}: {result['status']}", file=sys.stderr)
-            if result["status"] not in ("ok", "oom"):
-                failures.append(result)
-            return result["status"] == "ok"
-
-        largest, trials = find_largest_batch(trains, start, args.max_batch)
-    if failures:
-        failed = failures[0]
+        fit = run_fit(base, store=store, log_dir=store.path.parent / "logs", start=start,
+                      trial_steps=args.trial_steps, max_batch=args.max_batch, run_trial=trial_with_progress,
+                      on_trial=trial_done)
+    if fit.failure is not None:
+        failed = fit.failure
         message = (failed.get("error") or {}).get("message", failed["status"]).splitlines()[0]
         print(f"gpuanat: fit stopped: the trial at batch {failed['config']['batch_size']} ended {failed['status']} "
               f"({message}), not out of memory", file=sys.stderr)
         return STATUS_EXIT_CODES.get(failed["status"], EXIT_FAILED)
+    largest, trials, results = fit.largest_batch_size, fit.trials, fit.results
     summary = {
         "config": base.to_json(), "largest_batch_size": largest, "predicted_max_batch_size": predicted,
         "gpu_memory_bytes": gpu_memory, "reached_max_batch": largest == args.max_batch,

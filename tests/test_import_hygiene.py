@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-CORE_MODULES = ["anatomy", "compare", "config", "history", "predict", "presets", "protocol", "report", "runner",
+CORE_MODULES = ["anatomy", "compare", "config", "fit", "history", "predict", "presets", "protocol", "report", "runner",
                 "sampler", "session", "sweep", "techniques"]
 
 

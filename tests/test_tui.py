@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+from conftest import cli_env
 from rich.console import Console
 
 from gpuanat.core.compare import percent_delta
@@ -131,3 +132,21 @@ async def test_quitting_during_a_run_stops_the_child(db_path):
     with HistoryStore(db_path) as store:
         (run,) = store.runs()
     assert run.status == "stopped"
+
+
+@pytest.mark.asyncio
+async def test_f_finds_the_largest_batch_and_makes_it_current(db_path):
+    # No GPU here: the training child raises torch.OutOfMemoryError above batch 6 (tests/fault_injection).
+    app = GpuAnatApp(TINY.replace(batch_size=2, seq_len=16), db_path=db_path,
+                     sampler_factory=lambda: open_source(prefer_nvml=False),
+                     run_env=cli_env(db_path, fault="oom-above@6"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await pilot.press("f")
+        assert app.live is not None
+        await wait_for(pilot, lambda: app.live is None, timeout_s=400, what="the fit to finish")
+        assert app.config.batch_size == 6
+    with HistoryStore(db_path) as store:
+        assert [(run.name, run.status) for run in store.runs()] == [
+            ("fit batch 2", "ok"), ("fit batch 4", "ok"), ("fit batch 8", "oom"), ("fit batch 6", "ok"),
+            ("fit batch 7", "oom")]

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.config import RunConfig
+from gpuanat.core.history import HistoryStore
+from gpuanat.core.session import execute_run
 
 
 @dataclass(frozen=True)
@@ -50,3 +56,37 @@ def find_largest_batch(trains: Callable[[int], bool], start: int, limit: int) ->
         else:
             smallest_failed = middle
     return largest_ok, trials
+
+
+@dataclass(frozen=True)
+class FitResult:
+    largest_batch_size: int
+    trials: tuple[Trial, ...]
+    results: dict[int, dict[str, Any]]
+    """Each trial's run result, by batch size."""
+    failure: dict[str, Any] | None
+    """The first trial that ended otherwise than trained or out of memory; the search stopped there."""
+
+
+def run_fit(base: RunConfig, *, store: HistoryStore, log_dir: Path, start: int, trial_steps: int, max_batch: int,
+            run_trial: Callable[..., dict[str, Any]] = execute_run,
+            on_trial: Callable[[int, dict[str, Any]], None] | None = None, **run_options: Any) -> FitResult:
+    """Search with real runs of `trial_steps` steps, each recorded as "fit batch N"."""
+    results: dict[int, dict[str, Any]] = {}
+    failures: list[dict[str, Any]] = []
+
+    def trains(batch_size: int) -> bool:
+        if failures:
+            return False
+        config = base.replace(batch_size=batch_size, max_steps=trial_steps,
+                              samples=batch_size * base.grad_accum * trial_steps)
+        result = run_trial(config, store=store, log_dir=log_dir, name=f"fit batch {batch_size}", **run_options)
+        results[batch_size] = result
+        if on_trial is not None:
+            on_trial(batch_size, result)
+        if result["status"] not in ("ok", "oom"):
+            failures.append(result)
+        return result["status"] == "ok"
+
+    largest, trials = find_largest_batch(trains, start, max_batch)
+    return FitResult(largest, tuple(trials), results, failures[0] if failures else None)

@@ -26,8 +26,9 @@ from textual.widgets import Footer
 
 from gpuanat.core.anatomy import assemble_bands
 from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.fit import run_fit
 from gpuanat.core.history import HistoryStore
-from gpuanat.core.predict import ALLOCATOR_CACHE_FACTOR, CUDA_CONTEXT_BYTES, estimate_memory
+from gpuanat.core.predict import ALLOCATOR_CACHE_FACTOR, CUDA_CONTEXT_BYTES, estimate_memory, max_batch_size
 from gpuanat.core.protocol import Event, ModelInfo, ProbeBands, Step
 from gpuanat.core.report import format_bytes
 from gpuanat.core.runner import probe_capabilities
@@ -46,6 +47,8 @@ from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
 
 PAINT_INTERVAL_S = 0.25
 SAMPLE_INTERVAL_S = 0.25
+FIT_TRIAL_STEPS = 3
+FIT_MAX_BATCH = 1024
 COMPACT_BELOW_ROWS = 34
 """Shorter terminals (80×24 over SSH) get the compact layout: no log pane, two charts, no predicted bar."""
 
@@ -72,6 +75,18 @@ class RunFinished(Message):
     def __init__(self, result: dict[str, Any] | None, failure: str | None = None) -> None:
         super().__init__()
         self.result, self.failure = result, failure
+
+
+class FitTrialDone(Message):
+    def __init__(self, batch_size: int, status: str) -> None:
+        super().__init__()
+        self.batch_size, self.status = batch_size, status
+
+
+class FitFinished(Message):
+    def __init__(self, largest_batch_size: int | None, failure: str | None) -> None:
+        super().__init__()
+        self.largest_batch_size, self.failure = largest_batch_size, failure
 
 
 class CapabilitiesFound(Message):
@@ -113,6 +128,7 @@ class GpuAnatApp(App[None]):
         Binding("m", "toggle_technique('pin_memory')", "Pin memory", id="pin_memory", show=False),
         Binding("c", "toggle_technique('compile')", "Compile", id="compile", show=False),
         Binding("e", "toggle_technique('attn')", "Attention", id="attn", show=False),
+        Binding("f", "fit", "Fit batch", id="fit"),
         Binding("h", "history", "History", id="history"),
         Binding("enter", "compare", "Compare", id="compare", show=False),
         Binding("space", "pause", "Pause charts", id="pause", show=False),
@@ -241,6 +257,24 @@ class GpuAnatApp(App[None]):
         else:
             self.post_message(RunFinished(result))
 
+    def _fit(self, live: LiveRun, start: int) -> None:
+        try:
+            with HistoryStore(self.db_path) as store:
+                fit = run_fit(
+                    live.config, store=store, log_dir=self.db_path.parent / "logs", start=start,
+                    trial_steps=FIT_TRIAL_STEPS, max_batch=FIT_MAX_BATCH,
+                    on_trial=lambda batch_size, result: self._post(FitTrialDone(batch_size, result["status"])),
+                    on_event=self._incoming_events.append, env=self._run_env, stop_requested=live.stop_requested,
+                    on_start=lambda run_id, pid, log: self._post(RunStarted(run_id, pid, log)),
+                )
+        except Exception as error:  # the dashboard must survive any failure of a run
+            self.post_message(FitFinished(None, f"{type(error).__name__}: {error}"))
+            return
+        failure = None
+        if fit.failure is not None:
+            failure = f"the trial at batch {fit.failure['config']['batch_size']} ended {fit.failure['status']}"
+        self.post_message(FitFinished(fit.largest_batch_size, failure))
+
     # --- messages ---------------------------------------------------------------------------------
     def on_capabilities_found(self, message: CapabilitiesFound) -> None:
         self.capabilities = message.capabilities
@@ -255,6 +289,8 @@ class GpuAnatApp(App[None]):
         if self.live is None:
             return
         self.live.run_id, self.live.pid = message.run_id, message.pid
+        self.live.last_step = self.live.probe_bands = None  # a fit starts one run per trial
+        self.series["throughput"].clear()
         if self._sampler is not None:
             self._sampler.track(message.pid)
         self.query_one(LogPane).follow(message.log_path)
@@ -274,6 +310,26 @@ class GpuAnatApp(App[None]):
             severity: SeverityLevel = "information" if status == "ok" else "warning" if status == "stopped" else "error"
             self.notify(f"Run {message.result['run_id']}: {status}{detail}", severity=severity, timeout=6)
             self._show_result_bands(message.result)
+        self._show_techniques()
+        if self._quit_after_run:
+            self.exit()
+
+    def on_fit_trial_done(self, message: FitTrialDone) -> None:
+        if self.live is not None and self.live.pid is not None and self._sampler is not None:
+            self._sampler.untrack(self.live.pid)
+        outcome = {"ok": "trains", "oom": "out of memory"}.get(message.status, message.status)
+        self.notify(f"fit: batch {message.batch_size} {outcome}", timeout=4)
+
+    def on_fit_finished(self, message: FitFinished) -> None:
+        self.paint()
+        self.live = None
+        if message.failure is not None or not message.largest_batch_size:
+            self.notify(f"fit stopped: {message.failure or 'not even batch 1 trains'}", severity="warning",
+                        timeout=8)
+        else:
+            self._change_config(self.config.replace(batch_size=message.largest_batch_size))
+            self.notify(f"fit: the largest batch that trains is {message.largest_batch_size}; it is the batch "
+                        "size now", timeout=8)
         self._show_techniques()
         if self._quit_after_run:
             self.exit()
@@ -321,9 +377,11 @@ class GpuAnatApp(App[None]):
             previous, live.last_step = live.last_step, event
             if event.bands is not None:
                 live.probe_bands = event.bands
-            if previous is not None and event.elapsed_s > previous.elapsed_s:
+            throughput = self.series["throughput"]
+            if (previous is not None and event.elapsed_s > previous.elapsed_s
+                    and (throughput.last_t_s is None or event.elapsed_s > throughput.last_t_s)):
                 rate = (event.samples - previous.samples) / (event.elapsed_s - previous.elapsed_s)
-                self.series["throughput"].append(event.elapsed_s, rate)  # on the run's own clock
+                throughput.append(event.elapsed_s, rate)  # on the run's own clock
 
     # --- what the widgets show ---------------------------------------------------------------------
     def _run_state(self) -> str:
@@ -416,25 +474,45 @@ class GpuAnatApp(App[None]):
         self._change_config(changed_config(self.config, field, direction))
 
     def action_run(self) -> None:
-        if self.live is not None:
-            self.notify("A run is in progress; stop it with s first.", severity="warning")
+        if not self._can_start():
             return
-        try:
-            validate_values(self.config)
-        except ConfigError as error:
-            self.notify(str(error), severity="error")
-            return
-        if self.capabilities is not None:
-            unsupported = machine_unsupported_reason(self.config, self.capabilities)
-            if unsupported is not None:
-                self.notify(f"{unsupported[0]}: {unsupported[1]}", severity="error")
-                return
         self.live = LiveRun(config=self.config, stop_requested=threading.Event())
         for name in ("run_used", "throughput"):
             self.series[name].clear()
         self._run_thread = threading.Thread(target=self._execute, args=(self.live,), name="gpuanat-run", daemon=True)
         self._run_thread.start()
         self.paint()
+
+    def _can_start(self) -> bool:
+        """Whether a run (or fit) may start now; says why not."""
+        if self.live is not None:
+            self.notify("A run is in progress; stop it with s first.", severity="warning")
+            return False
+        try:
+            validate_values(self.config)
+        except ConfigError as error:
+            self.notify(str(error), severity="error")
+            return False
+        if self.capabilities is not None:
+            unsupported = machine_unsupported_reason(self.config, self.capabilities)
+            if unsupported is not None:
+                self.notify(f"{unsupported[0]}: {unsupported[1]}", severity="error")
+                return False
+        return True
+
+    def action_fit(self) -> None:
+        if not self._can_start():
+            return
+        gpu_total = self._gpu_total_bytes() if self.config.device == "cuda" else None
+        predicted = max_batch_size(self.config, gpu_total) if gpu_total and self.config.model is None else 0
+        self.live = LiveRun(config=self.config, stop_requested=threading.Event())
+        for name in ("run_used", "throughput"):
+            self.series[name].clear()
+        self.notify(f"fit: trials of {FIT_TRIAL_STEPS} steps from batch {predicted or self.config.batch_size}"
+                    + (" (the prediction)" if predicted else ""), timeout=4)
+        self._run_thread = threading.Thread(target=self._fit, args=(self.live, predicted or self.config.batch_size),
+                                            name="gpuanat-fit", daemon=True)
+        self._run_thread.start()
 
     def action_stop(self) -> None:
         if self.live is None:
