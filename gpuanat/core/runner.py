@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,11 +145,3 @@ class ChildProcess:
     def wait(self, timeout_s: float | None = None) -> int:
         assert self._process is not None
         return self._process.wait(timeout=timeout_s)
-
-
-def run_child_for_config(config_json: str, *, log_path: Path, env: Mapping[str, str] | None = None,
-                         extra_argv: Sequence[str] = ()) -> ChildProcess:
-    """Start gpuanat's worker for a RunConfig given as JSON."""
-    child = ChildProcess(lambda fd: [*worker_command(config_json, fd), *extra_argv], log_path=log_path, env=env)
-    child.start()
-    return child

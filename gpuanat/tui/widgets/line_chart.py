@@ -150,14 +150,6 @@ class LineChart(Widget):
         self._series[name] = series
         self.refresh_data()
 
-    def remove_series(self, name: str) -> None:
-        self._series.pop(name, None)
-        self.refresh_data()
-
-    def clear_series(self) -> None:
-        self._series.clear()
-        self.refresh_data()
-
     def refresh_data(self) -> None:
         """Repaint if any shown series changed since the last paint; call it at the app's paint tick."""
         if self.paused:
