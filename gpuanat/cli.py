@@ -141,11 +141,10 @@ def detect_capabilities() -> Capabilities:
         _fail_usage(str(error))
 
 
-def config_from_args(args: argparse.Namespace, capabilities: Capabilities | None) -> RunConfig:
+def config_from_args(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
     """RunConfig from the flags given; device defaults to cuda when available."""
     changes = {t.field: getattr(args, t.field) for t in TECHNIQUES if getattr(args, t.field, None) is not None}
-    if "device" not in changes:
-        changes["device"] = "cuda" if capabilities is not None and capabilities.cuda_available else "cpu"
+    changes.setdefault("device", "cuda" if cuda_available else "cpu")
     return RunConfig(**changes)
 
 
@@ -185,8 +184,8 @@ class _ProgressView:
         self._progress.stop()
 
 
-def _run_recorded(config: RunConfig, args: argparse.Namespace, store: HistoryStore, *, label: str,
-                  name: str | None = None, trace_path: Path | None = None) -> dict[str, Any]:
+def _run_recorded(config: RunConfig, store: HistoryStore, *, label: str, name: str | None = None,
+                  trace_path: Path | None = None) -> dict[str, Any]:
     from gpuanat.core.session import execute_run
 
     view = _ProgressView(label)
@@ -243,8 +242,8 @@ def _print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
 
 # --- subcommands ---------------------------------------------------------------------------------
 
-def _validated_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:
-    config = config_from_args(args, capabilities)
+def _validated_config(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
+    config = config_from_args(args, cuda_available)
     try:
         validate_values(config)
     except ConfigError as error:
@@ -254,12 +253,12 @@ def _validated_config(args: argparse.Namespace, capabilities: Capabilities) -> R
 
 def command_run(args: argparse.Namespace) -> int:
     capabilities = detect_capabilities()
-    config = _validated_config(args, capabilities)
+    config = _validated_config(args, capabilities.cuda_available)
     unsupported = machine_unsupported_reason(config, capabilities)
     if unsupported is not None:
         _fail_usage(f"{unsupported[0]}: {unsupported[1]}")
     with _open_store(args) as store:
-        result = _run_recorded(config, args, store, label="run", trace_path=args.trace_out)
+        result = _run_recorded(config, store, label="run", trace_path=args.trace_out)
     if args.json:
         print(json.dumps(result))
     else:
@@ -293,7 +292,7 @@ def command_sweep(args: argparse.Namespace) -> int:
                 _fail_usage(f"--only: unknown experiment {name!r}; choose from {', '.join(sorted(known))}")
         experiments = tuple(experiment for experiment in EXPERIMENTS if experiment.name in args.only)
     capabilities = detect_capabilities()
-    base = _validated_config(args, capabilities)
+    base = _validated_config(args, capabilities.cuda_available)
     results: list[dict[str, Any]] = []
     interrupted = False
     with _open_store(args) as store:
@@ -306,7 +305,7 @@ def command_sweep(args: argparse.Namespace) -> int:
                                 "config": config.to_json()})
                 print(f"{label}: skipped — {unsupported[1]}", file=sys.stderr)
                 continue
-            result = _run_recorded(config, args, store, label=label, name=experiment.name)
+            result = _run_recorded(config, store, label=label, name=experiment.name)
             run_error = result.get("error")
             result["reason"] = run_error["message"].splitlines()[0] if run_error else ""
             results.append(result)
@@ -329,7 +328,7 @@ def command_predict(args: argparse.Namespace) -> int:
     from gpuanat.core.report import format_bytes
     from gpuanat.core.sampler import probe_nvml
 
-    config = _validated_config(args, Capabilities(torch_version=None, cuda_available=True))
+    config = _validated_config(args, cuda_available=True)
     if config.model is not None:
         _fail_usage("--model: predict works from the presets' shapes; use --preset")
     gpu_memory: int | None = None
@@ -377,7 +376,7 @@ def command_fit(args: argparse.Namespace) -> int:
     if args.max_batch < 1:
         _fail_usage(f"--max-batch: must be an integer ≥ 1 (got {args.max_batch})")
     capabilities = detect_capabilities()
-    base = _validated_config(args, capabilities)
+    base = _validated_config(args, capabilities.cuda_available)
     unsupported = machine_unsupported_reason(base, capabilities)
     if unsupported is not None:
         _fail_usage(f"{unsupported[0]}: {unsupported[1]}")
@@ -395,7 +394,7 @@ def command_fit(args: argparse.Namespace) -> int:
     print(f"fit: starting from batch {start}" + (" (the prediction)" if predicted else "") +
           f", {args.trial_steps} steps per trial, up to batch {args.max_batch}", file=sys.stderr)
     def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
-        return _run_recorded(config, args, store, label=name, name=name)
+        return _run_recorded(config, store, label=name, name=name)
 
     def trial_done(batch_size: int, result: dict[str, Any]) -> None:
         print(f"fit: batch {batch_size}: {result['status']}", file=sys.stderr)
@@ -453,13 +452,14 @@ def command_history(args: argparse.Namespace) -> int:
 
 
 def command_dashboard(args: argparse.Namespace) -> int:
-    """The full-screen TUI; the device default is settled once the capability probe has answered."""
+    """The full-screen TUI."""
     from textual.binding import Binding
 
     from gpuanat.tui.app import GpuAnatApp
     from gpuanat.tui.keymap import KeymapError, default_config_path, load_keymap
 
-    config = config_from_args(args, Capabilities(torch_version=None, cuda_available=True))
+    # The device default is settled in the app once its capability probe has answered.
+    config = config_from_args(args, cuda_available=True)
     try:
         validate_values(config)
     except ConfigError as error:

@@ -20,7 +20,6 @@ setup() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
   fi
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GPUANAT_DB=$JOB/gpu.sqlite
-  git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
 }
 
 job() {

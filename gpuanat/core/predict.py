@@ -27,8 +27,6 @@ CUDA 13 (benchmarks/results/h100/sweep.json)."""
 ALLOCATOR_CACHE_FACTOR = 1.10
 """Reserved / peak allocated memory of torch's caching allocator: 1.02-1.19 across the H100 sweep."""
 MAX_BATCH_SEARCHED = 1 << 16
-BERT_BUFFER_BYTES = 2 * 512 * 8
-"""position_ids and token_type_ids, int64 buffers of max_positions entries."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ def parameter_shapes(preset: ModelPreset) -> ParameterShapes:
             vectors += [h] * 4 + [i, h] + [h, h] * 2
         matrices += [(h, h), (NUM_LABELS, h)]  # pooler, classifier
         vectors += [h, NUM_LABELS]
-        buffer_bytes = BERT_BUFFER_BYTES if p == 512 else 2 * p * 8
+        buffer_bytes = 2 * p * 8  # position_ids and token_type_ids: int64 buffers of max_positions entries
     else:
         embeddings = [(v, h), (p, h)]
         matrices += embeddings

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from gpuanat.core.compare import percent_delta
+from gpuanat.core.config import RunConfig
 from gpuanat.core.history import RunRow
 
 MIB = 1024**2
@@ -89,8 +90,6 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
 
 
 def _techniques(config: dict[str, Any]) -> str:
-    from gpuanat.core.config import RunConfig
-
     return RunConfig.from_json(config).techniques_summary()
 
 

@@ -1,7 +1,7 @@
 """The registry of training techniques: one entry per RunConfig field the user can change.
 
-The CLI builds its flags from this table and the TUI (later) its key bindings, so a technique is
-described once: its flag, allowed values, help text and the TrainingArguments field it sets.
+The CLI builds its flags from this table and the TUI cycles values with it, so a technique is
+described once: its flag, allowed values and help text (the worker maps them to TrainingArguments).
 """
 
 from __future__ import annotations
@@ -23,48 +23,35 @@ class Technique:
     """RunConfig field name."""
     flag: str
     kind: str
-    """"int", "bool", "choice", "float" or "str": how the CLI parses it."""
+    """"int", "bool", "choice" or "str": how the CLI parses it."""
     help: str
     choices: tuple[str, ...] = ()
-    training_args_key: str | None = None
-    """The transformers.TrainingArguments field it maps to; None when the worker applies it itself."""
-    technique: bool = True
-    """True for the memory/speed techniques the docs compare; False for workload settings."""
 
 
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("preset", "--preset", "choice", "model shape, built with random weights (no download)",
-              choices=tuple(PRESETS), technique=False),
+              choices=tuple(PRESETS)),
     Technique("model", "--model", "str",
-              "load real weights with from_pretrained from this name or local path (overrides --preset)",
-              technique=False),
+              "load real weights with from_pretrained from this name or local path (overrides --preset)"),
     Technique("device", "--device", "choice", "where to train (default: cuda when available, else cpu)",
-              choices=("cuda", "cpu"), technique=False),
-    Technique("batch_size", "--batch-size", "int", "per-device batch size",
-              training_args_key="per_device_train_batch_size"),
-    Technique("grad_accum", "--grad-accum", "int", "gradient accumulation steps",
-              training_args_key="gradient_accumulation_steps"),
+              choices=("cuda", "cpu")),
+    Technique("batch_size", "--batch-size", "int", "per-device batch size"),
+    Technique("grad_accum", "--grad-accum", "int", "gradient accumulation steps"),
     Technique("grad_checkpointing", "--grad-checkpointing", "bool",
-              "recompute activations in backward instead of keeping them",
-              training_args_key="gradient_checkpointing"),
+              "recompute activations in backward instead of keeping them"),
     Technique("precision", "--precision", "choice", "mixed precision (fp16 needs CUDA; bf16 needs Ampere+ or CPU)",
               choices=PRECISIONS),
-    Technique("tf32", "--tf32", "bool", "TF32 matmuls (Ampere+ CUDA GPUs)", training_args_key="tf32"),
+    Technique("tf32", "--tf32", "bool", "TF32 matmuls (Ampere+ CUDA GPUs)"),
     Technique("optim", "--optim", "choice", "optimizer (adamw_bnb_8bit needs bitsandbytes and CUDA)",
-              choices=OPTIMIZERS, training_args_key="optim"),
-    Technique("workers", "--workers", "int", "DataLoader worker processes",
-              training_args_key="dataloader_num_workers"),
-    Technique("pin_memory", "--pin-memory", "bool", "DataLoader pin_memory (default on, as in Trainer)",
-              training_args_key="dataloader_pin_memory"),
+              choices=OPTIMIZERS),
+    Technique("workers", "--workers", "int", "DataLoader worker processes"),
+    Technique("pin_memory", "--pin-memory", "bool", "DataLoader pin_memory (default on, as in Trainer)"),
     Technique("attn", "--attn", "choice", "attention implementation", choices=ATTENTION_IMPLEMENTATIONS),
-    Technique("compile", "--compile", "bool", "torch.compile the model", training_args_key="torch_compile"),
-    Technique("seq_len", "--seq-len", "int", "tokens per sample", technique=False),
-    Technique("samples", "--samples", "int", "samples in the random dataset (the docs use 512)",
-              technique=False),
-    Technique("epochs", "--epochs", "int", "passes over the dataset", training_args_key="num_train_epochs",
-              technique=False),
-    Technique("max_steps", "--max-steps", "int", "stop after this many optimizer steps (overrides --epochs)",
-              training_args_key="max_steps", technique=False),
+    Technique("compile", "--compile", "bool", "torch.compile the model"),
+    Technique("seq_len", "--seq-len", "int", "tokens per sample"),
+    Technique("samples", "--samples", "int", "samples in the random dataset (the docs use 512)"),
+    Technique("epochs", "--epochs", "int", "passes over the dataset"),
+    Technique("max_steps", "--max-steps", "int", "stop after this many optimizer steps (overrides --epochs)"),
 )
 
 TECHNIQUES_BY_FIELD: dict[str, Technique] = {technique.field: technique for technique in TECHNIQUES}

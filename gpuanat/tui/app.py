@@ -397,7 +397,8 @@ class GpuAnatApp(App[None]):
         if self._sampler is None:
             return None
         wall_s = self._clock() - self._sampler_started_s
-        return 100.0 * self._sampler.cpu_seconds / wall_s if wall_s > 1 else None
+        # Rounded as shown, so the status line repaints only when the shown figure changes.
+        return round(100.0 * self._sampler.cpu_seconds / wall_s, 1) if wall_s > 1 else None
 
     def _gpu_total_bytes(self) -> int | None:
         sample = self._latest_sample

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 from pathlib import Path
+from typing import BinaryIO
 
 from rich.text import Text
 from textual.widgets import RichLog
@@ -27,28 +28,37 @@ class LogPane(RichLog):
         super().__init__(id=id, max_lines=2000, wrap=False, markup=False, highlight=False)
         self.border_title = "Log"
         self._path: Path | None = None
-        self._offset = 0
+        self._file: BinaryIO | None = None
         self._partial = ""
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def follow(self, path: Path) -> None:
         self.clear()
-        self._path, self._offset, self._partial = path, 0, ""
+        self._close()
+        self._path, self._partial = path, ""
         self._decoder.reset()
         self.border_title = f"Log · {path.name}"
 
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def on_unmount(self) -> None:
+        self._close()
+
     def poll(self) -> None:
+        """Read what the log gained since the last call (the file stays open between ticks)."""
         if self._path is None:
             return
         try:
-            with open(self._path, "rb") as log:
-                log.seek(self._offset)
-                data = log.read(256 * 1024)
+            if self._file is None:
+                self._file = open(self._path, "rb")  # noqa: SIM115 (kept open across paint ticks)
+            data = self._file.read(256 * 1024)
         except OSError:
             return
         if not data:
             return
-        self._offset += len(data)
         # The incremental decoder keeps a UTF-8 character split across two reads whole.
         lines, self._partial = complete_lines(self._partial + self._decoder.decode(data))
         for line in lines:
