@@ -76,6 +76,9 @@ class Step:
     reserved_bytes: int | None = None
     bands: ProbeBands | None = None
     """Present on the steps where the probe measured tensors exactly."""
+    monotonic_s: float | None = None
+    """time.monotonic() when the step ended. Linux shares this clock between processes, so it lines the
+    record up with the sampler's `t_s` in the parent."""
     type: str = "step"
 
 

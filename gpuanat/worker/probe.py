@@ -251,6 +251,7 @@ class AnatomyCallback(TrainerCallback):
             peak_allocated_bytes=peak,
             reserved_bytes=reserved,
             bands=bands,
+            monotonic_s=time.monotonic(),
         )
         self._last_step_end_s = now_s
         self._emit_safely(self.last_step)
