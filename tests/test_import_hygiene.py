@@ -3,7 +3,8 @@
 import subprocess
 import sys
 
-CORE_MODULES = ["anatomy", "compare", "config", "fit", "history", "predict", "presets", "protocol", "report", "runner",
+CORE_MODULES = ["anatomy", "compare", "config", "fit", "history", "predict", "presets", "protocol", "publish", "report",
+                "runner",
                 "sampler", "session", "sweep", "techniques"]
 
 

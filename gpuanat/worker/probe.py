@@ -7,12 +7,25 @@ worker. Cheap by design — the probe must cost under 1% of step time:
   weights, gradients and optimizer state (unique tensor storages) and the activations at the end of
   the forward pass;
 - two CUDA synchronisations per run, bracketing the steady-state window.
+
+Where the events go: to the `emit` given (gpuanat's worker passes its pipe); else to the sink that
+gpuanat's script launcher installed (`gpuanat run --script`); else, in a script gpuanat did not launch,
+they are published to a private per-user file that `gpuanat watch PID` reads (`gpuanat.core.publish`;
+`publish=False` opts out). Without an `emit` the callback also sends `hello` when training begins and
+`done` when it ends, which gpuanat's worker otherwise sends itself.
+
+The probe never raises into training: an unexpected error turns the probe off with one warning on
+stderr, and a publication file that cannot be written turns publishing off the same way.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import math
 import os
+import platform
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -20,11 +33,70 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from gpuanat.core.protocol import Event, ModelInfo, ProbeBands, Step
-from gpuanat.worker.events import EventWriter, ParentGone
+from gpuanat.core.protocol import Done, Event, Hello, ModelInfo, ProbeBands, Step
+from gpuanat.core.publish import Publisher, PublishRefused, publication_dirs
+from gpuanat.worker.events import ParentGone
 
 FIRST_MEASURED_STEPS = 3
 EVENTS_FD_ENV = "GPUANAT_EVENTS_FD"
+
+_installed_emit: Callable[[Event], None] | None = None
+"""Where callbacks built without `emit` send their events when gpuanat launched the script."""
+_publisher: Publisher | None = None
+_publishing_failed = False
+
+
+def install_default_emit(emit: Callable[[Event], None] | None) -> None:
+    """Make callbacks constructed without `emit` send their events to `emit` (gpuanat's script launcher
+    calls this with its events pipe); None restores publishing to the per-user file."""
+    global _installed_emit
+    _installed_emit = emit
+
+
+def _warn(message: str) -> None:
+    print(f"gpuanat: {message}", file=sys.stderr, flush=True)
+
+
+def _remove_publication(publisher: Publisher) -> None:
+    if publisher.pid == os.getpid():  # not in forked DataLoader workers
+        publisher.close(remove=True)
+
+
+def _publish(event: Event) -> None:
+    """Publish to this process's file; the first failure turns publishing off for the process."""
+    global _publisher, _publishing_failed
+    if _publishing_failed:
+        return
+    try:
+        if _publisher is None or _publisher.pid != os.getpid():
+            _publisher = Publisher(publication_dirs(os.environ, os.getuid())[0])
+            atexit.register(_remove_publication, _publisher)
+        _publisher.publish(event)
+    except (OSError, PublishRefused) as error:
+        _publishing_failed = True
+        _warn(f"publishing for `gpuanat watch` turned off: {error}")
+
+
+def published_path() -> str | None:
+    """The file this process publishes to, once it has published something."""
+    return str(_publisher.path) if _publisher is not None and not _publishing_failed else None
+
+
+def _never_raises(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a callback or hook; on an unexpected error turn the probe off (one warning) and return None,
+    which Trainer and torch both read as "no change"."""
+
+    @functools.wraps(method)
+    def guarded(self: AnatomyCallback, *args: Any, **kwargs: Any) -> Any:
+        if self.disabled_reason is not None:
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as error:
+            self._disable(f"{type(error).__name__}: {error}")
+            return None
+
+    return guarded
 
 
 def unique_storage_bytes(tensors: Iterable[torch.Tensor | None], device: torch.device | None = None) -> int:
@@ -57,37 +129,80 @@ def optimizer_state_tensors(optimizer: Any) -> Iterable[torch.Tensor]:
             stack.extend(item)
 
 
+def _versions() -> dict[str, str]:
+    import transformers
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__}
+    if torch.version.cuda:
+        versions["cuda"] = torch.version.cuda
+    return versions
+
+
 def _batch_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     values = [*args, *kwargs.values()]
     return [value for value in values if isinstance(value, torch.Tensor)]
 
 
-def _default_writer() -> EventWriter | None:
-    fd = os.environ.get(EVENTS_FD_ENV)
-    return EventWriter(int(fd)) if fd and fd.isdigit() else None
+def _training_config(args: Any, model: Any, device: torch.device, total_steps: int) -> dict[str, Any]:
+    """The run's techniques in RunConfig's terms, so a watched run compares with launched ones."""
+    model_config = getattr(model, "config", None)
+    optim = getattr(args, "optim", None)
+    return {
+        "model": getattr(model_config, "_name_or_path", None) or type(model).__name__,
+        "device": device.type,
+        "batch_size": getattr(args, "per_device_train_batch_size", None),
+        "grad_accum": getattr(args, "gradient_accumulation_steps", None),
+        "grad_checkpointing": bool(getattr(args, "activation_checkpointing", False)
+                                   or getattr(args, "gradient_checkpointing", False)),
+        "precision": "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32",
+        "tf32": bool(getattr(args, "tf32", False)),
+        "optim": getattr(optim, "value", optim),
+        "workers": getattr(args, "dataloader_num_workers", None),
+        "pin_memory": getattr(args, "dataloader_pin_memory", None),
+        "attn": getattr(model_config, "_attn_implementation", None),
+        "compile": bool(getattr(args, "torch_compile", False)),
+        "max_steps": total_steps,
+    }
 
 
 class AnatomyCallback(TrainerCallback):
     """Measures weights, gradients, optimizer state, activations and throughput of a Trainer run.
 
-    `emit` receives each event; by default events go to the file descriptor named by
-    GPUANAT_EVENTS_FD when gpuanat launched the process, and are otherwise only kept on the
-    callback (`last_step`, `summary`). The probe never raises into training: a parent that went
-    away ends the run gracefully.
+    `emit` receives each event. Without it, events go to gpuanat when gpuanat launched the script
+    (`gpuanat run --script`), else to this user's private publication file for `gpuanat watch PID`
+    (unless `publish=False`); either way the latest are also kept on the callback (`last_step`,
+    `last_bands`, `summary`). The probe never raises into training: a parent that went away ends the
+    run gracefully, and any other failure turns the probe off with one warning.
     """
 
-    def __init__(self, emit: Callable[[Event], None] | None = None, *, exact_every_steps: int = 50) -> None:
+    def __init__(self, emit: Callable[[Event], None] | None = None, *, exact_every_steps: int = 50,
+                 publish: bool = True) -> None:
+        self._lifecycle = emit is None
+        """Whether this callback sends hello and done itself (gpuanat's worker sends them otherwise)."""
         if emit is None:
-            writer = _default_writer()
-            emit = writer.emit if writer is not None else (lambda event: None)
+            emit = _installed_emit or (_publish if publish else (lambda event: None))
         self._emit = emit
         self.exact_every_steps = exact_every_steps
         self.last_step: Step | None = None
         self.last_bands: ProbeBands | None = None
         self.summary: dict[str, Any] = {}
         self._parent_gone = False
+        self.disabled_reason: str | None = None
+        """Why the probe turned itself off after an unexpected error; None while it works."""
+        self._saved_hooks_active = False
+
+    def _disable(self, reason: str) -> None:
+        self.disabled_reason = reason
+        if self._saved_hooks_active:
+            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks_active = False
+        for hook in getattr(self, "_hooks", []):
+            hook.remove()
+        _warn(f"the AnatomyCallback probe turned itself off after an error (training goes on): {reason}")
 
     # --- setup -----------------------------------------------------------------------------
+    @_never_raises
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):  # type: ignore[override]
         self._model = model
         self._optimizer = optimizer
@@ -104,6 +219,13 @@ class AnatomyCallback(TrainerCallback):
         total_steps = int(state.max_steps or 0)
         # Warm-up: the first tenth of the run, at least 2 and at most 20 optimizer steps.
         self.warmup_steps = min(20, max(2, math.ceil(total_steps / 10)))
+        if self._lifecycle:
+            self._emit_safely(Hello(
+                pid=os.getpid(), versions=_versions(), device=self._device.type,
+                device_name=(torch.cuda.get_device_name(self._device) if self._cuda
+                             else platform.processor() or None),
+                config=_training_config(args, model, self._device, total_steps),
+            ))
         self._emit_safely(ModelInfo(
             params=sum(p.numel() for p in unique_params),
             trainable_params=sum(p.numel() for p in unique_params if p.requires_grad),
@@ -128,6 +250,7 @@ class AnatomyCallback(TrainerCallback):
         return control
 
     # --- forward hooks -----------------------------------------------------------------------
+    @_never_raises
     def _before_forward(self, module, args, kwargs):  # type: ignore[no-untyped-def]
         if not module.training:
             return None
@@ -141,6 +264,7 @@ class AnatomyCallback(TrainerCallback):
                 self._saved_storages: dict[tuple[str, int], int] = {}
                 self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_saved, lambda t: t)
                 self._saved_hooks.__enter__()
+                self._saved_hooks_active = True
         return None
 
     def _pack_saved(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -153,6 +277,7 @@ class AnatomyCallback(TrainerCallback):
             self._saved_storages[key] = storage.nbytes()
         return tensor
 
+    @_never_raises
     def _after_forward(self, module, args, kwargs, output):  # type: ignore[no-untyped-def]
         if not (module.training and self._measuring):
             return None
@@ -164,6 +289,7 @@ class AnatomyCallback(TrainerCallback):
             activations = allocated - live_bytes
         elif not self._compiled:
             self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks_active = False
             batch_keys = {
                 (str(t.untyped_storage().device), t.untyped_storage().data_ptr())
                 for t in _batch_tensors(args, kwargs)
@@ -182,6 +308,7 @@ class AnatomyCallback(TrainerCallback):
         return unique_storage_bytes(optimizer_state_tensors(self._optimizer), self._device)
 
     # --- step callbacks ----------------------------------------------------------------------
+    @_never_raises
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[override]
         step = state.global_step + 1
         self._measuring = step <= FIRST_MEASURED_STEPS or step % self.exact_every_steps == 0
@@ -194,11 +321,13 @@ class AnatomyCallback(TrainerCallback):
             torch.cuda.reset_peak_memory_stats(self._device)
         return control
 
+    @_never_raises
     def on_pre_optimizer_step(self, args, state, control, **kwargs):  # type: ignore[override]
         if self._measuring:
             self._gradients_bytes = self._gradients_bytes_now()
         return control
 
+    @_never_raises
     def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[override]
         if logs:
             if "loss" in logs:
@@ -208,6 +337,7 @@ class AnatomyCallback(TrainerCallback):
                     self.summary[key] = logs[key]
         return control
 
+    @_never_raises
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[override]
         step = state.global_step
         boundary = step == self.warmup_steps or step == state.max_steps
@@ -259,6 +389,7 @@ class AnatomyCallback(TrainerCallback):
             control.should_training_stop = True
         return control
 
+    @_never_raises
     def on_train_end(self, args, state, control, **kwargs):  # type: ignore[override]
         for hook in self._hooks:
             hook.remove()
@@ -267,6 +398,16 @@ class AnatomyCallback(TrainerCallback):
                 torch.cuda.synchronize(self._device)
             self._steady_end = (time.perf_counter(), self._samples)
         self.summary.update(self.steady_state())
+        if self._lifecycle:
+            self._emit_safely(Done(
+                status="ok", steps=state.global_step, samples=self._samples,
+                train_runtime_s=self.summary.get("train_runtime"),
+                samples_per_second=self.summary.get("train_samples_per_second"),
+                steady_samples_per_second=self.summary["steady_samples_per_second"],
+                warmup_steps=self.summary["warmup_steps"], steady_reason=self.summary["steady_reason"],
+                train_loss=self.summary.get("train_loss"), peak_allocated_bytes=self.peak_allocated_bytes,
+                peak_reserved_bytes=self.peak_reserved_bytes, bands=self.last_bands,
+            ))
         return control
 
     # --- results -----------------------------------------------------------------------------
