@@ -11,7 +11,8 @@ from gpuanat.core.fit import find_largest_batch
 from gpuanat.core.history import HistoryStore
 
 
-@pytest.mark.parametrize(("largest_that_fits", "start"), [(120, 85), (120, 200), (5, 1), (1, 4), (0, 4), (64, 64)])
+@pytest.mark.parametrize(("largest_that_fits", "start"),
+                         [(120, 85), (120, 200), (5, 1), (1, 4), (0, 4), (64, 64), (800, 100), (120, 118)])
 def test_search_finds_the_boundary(largest_that_fits, start):
     largest, trials = find_largest_batch(lambda batch: batch <= largest_that_fits, start, limit=4096)
     assert largest == largest_that_fits
@@ -22,9 +23,15 @@ def test_search_finds_the_boundary(largest_that_fits, start):
     assert len(trials) <= 2 + 2 * max(1, largest_that_fits).bit_length()
 
 
+def test_a_good_prediction_costs_five_trials():
+    largest, trials = find_largest_batch(lambda batch: batch <= 120, 118, limit=4096)
+    assert largest == 120 and [(trial.batch_size, trial.trained) for trial in trials] == [
+        (118, True), (126, False), (122, False), (120, True), (121, False)]
+
+
 def test_search_stops_at_the_limit():
     largest, trials = find_largest_batch(lambda batch: True, 3, limit=20)
-    assert largest == 20 and [trial.batch_size for trial in trials] == [3, 6, 12, 20]
+    assert largest == 20 and [trial.batch_size for trial in trials] == [3, 11, 20]
 
 
 def test_fit_confirms_with_real_runs(db_path):
@@ -37,10 +44,10 @@ def test_fit_confirms_with_real_runs(db_path):
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert result["largest_batch_size"] == 6
     assert [(trial["batch_size"], trial["trained"]) for trial in result["trials"]] == [
-        (2, True), (4, True), (8, False), (6, True), (7, False)]
+        (2, True), (10, False), (6, True), (8, False), (7, False)]
     with HistoryStore(db_path) as store:
         runs = store.runs()
     assert [(run.name, run.status) for run in runs] == [
-        ("fit batch 2", "ok"), ("fit batch 4", "ok"), ("fit batch 8", "oom"), ("fit batch 6", "ok"),
+        ("fit batch 2", "ok"), ("fit batch 10", "oom"), ("fit batch 6", "ok"), ("fit batch 8", "oom"),
         ("fit batch 7", "oom")]
     assert all(run.result["steps"] == 2 for run in runs if run.status == "ok")

@@ -148,5 +148,5 @@ async def test_f_finds_the_largest_batch_and_makes_it_current(db_path):
         assert app.config.batch_size == 6
     with HistoryStore(db_path) as store:
         assert [(run.name, run.status) for run in store.runs()] == [
-            ("fit batch 2", "ok"), ("fit batch 4", "ok"), ("fit batch 8", "oom"), ("fit batch 6", "ok"),
+            ("fit batch 2", "ok"), ("fit batch 10", "oom"), ("fit batch 6", "ok"), ("fit batch 8", "oom"),
             ("fit batch 7", "oom")]

@@ -1,8 +1,8 @@
 """The largest batch that trains: start from the prediction, confirm with short real runs.
 
-The search doubles up from a batch that trains until one runs out of memory (or down from the start
-when that one already does), then bisects between the largest that trained and the smallest that did
-not. Each trial is a real run of a few steps, recorded in the history like any other.
+The search steps up from the predicted batch while batches train (or down while they run out of
+memory), by 8 and then by doubling steps, then bisects between the largest that trained and the
+smallest that did not. Each trial is a real run of a few steps, recorded in the history like any other.
 """
 
 from __future__ import annotations
@@ -24,10 +24,17 @@ class Trial:
     """False when the run ran out of memory."""
 
 
+FIRST_STEP = 8
+"""The search's first step away from the start: the prediction is meant to fit while 8 more does not."""
+
+
 def find_largest_batch(trains: Callable[[int], bool], start: int, limit: int) -> tuple[int, list[Trial]]:
     """The largest batch in [1, limit] for which `trains` is true (0 if none), and the trials made.
 
-    Assumes memory grows with the batch: if a batch runs out of memory, every larger one does too.
+    From `start` (the prediction) it steps up while batches train — or down while they run out of
+    memory — by 8, then 16, 32, ..., and bisects the last step. A good prediction costs about five
+    trials: the prediction trains, 8 more does not, three bisections. Assumes memory grows with the
+    batch: if a batch runs out of memory, every larger one does too.
     """
     trials: list[Trial] = []
 
@@ -37,18 +44,27 @@ def find_largest_batch(trains: Callable[[int], bool], start: int, limit: int) ->
         return trained
 
     start = min(max(1, start), limit)
+    step = FIRST_STEP
     if attempt(start):
         largest_ok, smallest_failed = start, None
         while smallest_failed is None and largest_ok < limit:
-            candidate = min(largest_ok * 2, limit)
+            candidate = min(largest_ok + step, limit)
             if attempt(candidate):
                 largest_ok = candidate
             else:
                 smallest_failed = candidate
+            step *= 2
         if smallest_failed is None:
             return largest_ok, trials
     else:
         largest_ok, smallest_failed = 0, start
+        while largest_ok == 0 and smallest_failed > 1:
+            candidate = max(smallest_failed - step, 1)
+            if attempt(candidate):
+                largest_ok = candidate
+            else:
+                smallest_failed = candidate
+            step *= 2
     while smallest_failed - largest_ok > 1:
         middle = (largest_ok + smallest_failed) // 2
         if attempt(middle):
