@@ -1,4 +1,4 @@
-"""The `gpuanat` command: headless subcommands (run, sweep, history).
+"""The `gpuanat` command: headless subcommands (run, sweep, predict, fit, history, watch).
 
 Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped.
 """
@@ -115,6 +115,34 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--trial-steps", type=int, default=3, metavar="N", help="optimizer steps per trial (3)")
     fit.add_argument("--max-batch", type=int, default=4096, metavar="N", help="stop searching at this batch (4096)")
     fit.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+    watch = commands.add_parser(
+        "watch", help="watch any process by PID: GPU memory and utilization, host CPU/RSS, its anatomy if published",
+        description="Watch a training process gpuanat did not start (a colleague's job, a torchrun launched from a "
+                    "script, a notebook kernel) and its children: NVML per-process GPU memory on every GPU it uses, "
+                    "GPU utilization (per process where NVML can say, else device-wide, labelled), host CPU % and "
+                    "RSS, the process tree and the device's other processes. If the script adds gpuanat's probe — "
+                    "one line, trainer.add_callback(gpuanat.probe.AnatomyCallback()) — its memory bands "
+                    "(weights, gradients, optimizer state, activations) and throughput show too, as for runs "
+                    "gpuanat launched: the callback publishes them to $XDG_RUNTIME_DIR/gpuanat/PID.jsonl (else "
+                    "/tmp/gpuanat-UID/), a file only that user can read. Without --json opens the dashboard.",
+        epilog="Examples:\n  gpuanat watch 12345\n  gpuanat watch 12345 --json --duration 60 > samples.jsonl\n"
+               "  gpuanat watch 12345 --json --save bert-large-colleague\n\n"
+               "Exit codes: 0 ok (the process exited, or --duration passed), 2 bad PID or usage (one line on stderr), "
+               "130 interrupted.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    watch.add_argument("pid", type=int, metavar="PID", help="the process to watch (its children are included)")
+    watch.add_argument("--json", action="store_true",
+                       help="print one JSON object per sample on stdout instead of opening the dashboard; ends when "
+                            "the process exits (with a final record that says so) or after --duration")
+    watch.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    watch.add_argument("--interval", type=float, default=0.25, metavar="S", help="seconds between samples (0.25)")
+    watch.add_argument("--save", nargs="?", const="", default=None, metavar="NAME",
+                       help="record the watched session in the history as a run of kind `watched` (optionally "
+                            "named), to compare it with launched runs")
+    watch.add_argument("--trace-out", type=Path, default=None,
+                       help="also write every NVML/host sample as JSON lines to this file")
+    _add_common(watch)
 
     history = commands.add_parser("history", help="list recorded runs",
                                   description="List recorded runs, oldest first.")
@@ -451,6 +479,74 @@ def command_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def command_watch(args: argparse.Namespace) -> int:
+    import threading
+
+    from gpuanat.core.sampler import Sampler, open_source
+    from gpuanat.core.watch import WatchError, WatchSession, follow, resolve_target
+
+    if args.interval <= 0:
+        _fail_usage(f"--interval: must be a number of seconds > 0 (got {args.interval})")
+    if args.duration is not None and args.duration <= 0:
+        _fail_usage(f"--duration: must be a number of seconds > 0 (got {args.duration})")
+    try:
+        target = resolve_target(args.pid)
+    except WatchError as error:
+        _fail_usage(str(error))
+    save_name = (args.save or None) if args.save is not None else None
+    db_path = args.db.expanduser() if args.db else default_db_path()
+    if not args.json:
+        return _watch_dashboard(args, target, db_path)
+    source, nvml = open_source(per_process=True)
+    session = WatchSession(target, nvml)
+    sampler = Sampler(source, interval_s=args.interval, on_sample=lambda sample: None, trace_path=args.trace_out)
+    if args.save is not None:
+        session.start_saving(HistoryStore(db_path), save_name)
+
+    def emit(record: dict[str, Any]) -> None:
+        if record["exited"] and session.saved_run_id is not None:
+            record["saved_run_id"] = session.saved_run_id
+        print(json.dumps(record), flush=True)
+
+    ended = "stopped"
+    try:
+        ended = follow(session, sampler, interval_s=args.interval, on_record=emit, duration_s=args.duration,
+                       stop_requested=threading.Event())
+    except KeyboardInterrupt:
+        print("gpuanat: interrupted", file=sys.stderr)
+        return EXIT_STOPPED
+    finally:
+        sampler.stop()
+        source.close()
+        session.close()
+        result = session.finish_saving(exited=ended == "exited")
+        if result is not None:
+            print(f"gpuanat: saved as run {result['run_id']} ({result['status']}) in {db_path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path) -> int:
+    from textual.binding import Binding
+
+    from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.keymap import KeymapError, default_config_path, load_keymap
+    from gpuanat.tui.watch_app import WatchApp
+
+    if not sys.stdout.isatty():
+        _fail_usage("the dashboard needs a terminal; add --json for one JSON object per sample")
+    known_ids = {binding.id for app in (GpuAnatApp, WatchApp) for binding in app.BINDINGS
+                 if isinstance(binding, Binding) and binding.id}
+    try:
+        keymap = load_keymap(default_config_path(), known_ids)
+    except KeymapError as error:
+        _fail_usage(str(error))
+    watch_ids = {binding.id for binding in WatchApp.BINDINGS if isinstance(binding, Binding)}
+    WatchApp(target, db_path=db_path, interval_s=args.interval, save_name=args.save or None,
+             save_on_start=args.save is not None, trace_path=args.trace_out,
+             keymap={key: value for key, value in keymap.items() if key in watch_ids}).run()
+    return EXIT_OK
+
+
 def command_dashboard(args: argparse.Namespace) -> int:
     """The full-screen TUI."""
     from textual.binding import Binding
@@ -479,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "fit": command_fit,
-                "history": command_history}
+                "history": command_history, "watch": command_watch}
     if args.command is None:
         return command_dashboard(args)
     try:

@@ -3,9 +3,8 @@
 import subprocess
 import sys
 
-CORE_MODULES = ["anatomy", "compare", "config", "fit", "history", "predict", "presets", "protocol", "publish", "report",
-                "runner",
-                "sampler", "session", "sweep", "techniques"]
+CORE_MODULES = ["anatomy", "compare", "config", "fit", "history", "pid_namespace", "predict", "presets", "protocol",
+                "publish", "report", "runner", "sampler", "session", "sweep", "techniques", "watch"]
 
 
 def test_core_imports_no_ui_and_no_torch():

@@ -133,6 +133,11 @@ class HistoryStore:
         with self._transaction() as db:
             db.execute("UPDATE runs SET log_path = ? WHERE id = ?", (str(log_path), run_id))
 
+    def set_config(self, run_id: int, config: Mapping[str, Any]) -> None:
+        """Replace the run's config: a watched run learns its techniques only when the probe reports them."""
+        with self._transaction() as db:
+            db.execute("UPDATE runs SET config_json = ? WHERE id = ?", (json.dumps(dict(config)), run_id))
+
     def set_environment(self, run_id: int, environment: Mapping[str, Any]) -> None:
         with self._transaction() as db:
             db.execute("UPDATE runs SET environment_json = ? WHERE id = ?", (json.dumps(dict(environment)), run_id))

@@ -76,8 +76,8 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
             "when": datetime.fromtimestamp(run.created_at).strftime("%Y-%m-%d %H:%M"),
             "name": run.name or run.kind,
             "status": run.status,
-            "model": config.get("model") or config.get("preset"),
-            "techniques": _techniques(config),
+            "model": config.get("model") or config.get("preset") or _script_name(config),
+            "techniques": _techniques(run.kind, config),
             "device": result.get("gpu_name") or result.get("device_name") or config.get("device"),
             "time_s": result.get("train_runtime_s"),
             "samples_per_second": result.get("samples_per_second"),
@@ -89,8 +89,19 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
     return rows
 
 
-def _techniques(config: dict[str, Any]) -> str:
-    return RunConfig.from_json(config).techniques_summary()
+def _script_name(config: dict[str, Any]) -> str | None:
+    """The user's script of a `run --script` or watched run: its file name, else the command's program."""
+    words = [config["script"]] if config.get("script") else (config.get("command") or "").split()
+    scripts = [word for word in words if word.endswith(".py")] or words[:1]
+    return scripts[0].rsplit("/", 1)[-1] if scripts else None
+
+
+def _techniques(kind: str, config: dict[str, Any]) -> str:
+    """The techniques of a run; a watched run or a user's script says so when its probe reported none."""
+    known = {key: value for key, value in config.items() if value is not None}
+    if "batch_size" not in known and (kind == "watched" or "script" in config):
+        return "watched" if kind == "watched" else "script"
+    return RunConfig.from_json(known).techniques_summary()
 
 
 SWEEP_COLUMNS = (

@@ -7,7 +7,9 @@ A `Sampler` owns one background thread that reads a source every `interval_s` an
   without it), plus host metrics of the tracked processes;
 - `HostOnlySource`: host metrics only, for machines where NVML is unavailable;
 - `ReplaySource`: plays back a JSON-lines trace that a `Sampler` recorded (`trace_path`), so
-  tests run the real sampling code on data recorded on a real GPU.
+  tests run the real sampling code on data recorded on a real GPU;
+- `ReplayGpuSource`: the GPUs of a recorded trace with live host metrics, so tests watch a real
+  process through recorded NVML data.
 
 `probe_nvml()` says whether NVML works here and, when it does not, why, in words a user can act
 on; `open_source()` picks the best source accordingly.
@@ -45,6 +47,17 @@ class ProcessGpuMemory:
 
 
 @dataclass(frozen=True)
+class ProcessUtilization:
+    """One process's share of one GPU over the last sample period (nvmlDeviceGetProcessUtilization)."""
+
+    pid: int
+    """In NVML's PID namespace, like `ProcessGpuMemory.pid`."""
+    sm_util_percent: float
+    """Share of the period in which this process's kernels ran."""
+    memory_util_percent: float
+
+
+@dataclass(frozen=True)
 class GpuSample:
     """One GPU at one instant. Every reading is None when NVML could not give it."""
 
@@ -64,15 +77,36 @@ class GpuSample:
     temperature_c: float | None
     processes: tuple[ProcessGpuMemory, ...]
     """Every compute process NVML lists on this GPU; empty also when the list could not be read."""
+    process_utilization: tuple[ProcessUtilization, ...] | None = None
+    """Per-process utilization since the previous read, for the processes that used the GPU in that time;
+    None when it was not read (the default) or this GPU does not report it."""
 
     def to_json(self) -> dict[str, Any]:
         fields = dataclasses.asdict(self)
         fields["processes"] = [dataclasses.asdict(process) for process in self.processes]
+        if self.process_utilization is None:
+            del fields["process_utilization"]  # traces recorded without it stay as they were
+        else:
+            fields["process_utilization"] = [dataclasses.asdict(entry) for entry in self.process_utilization]
         return fields
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GpuSample:
-        return cls(**{**d, "processes": tuple(ProcessGpuMemory(**p) for p in d["processes"])})
+        utilization = d.get("process_utilization")
+        return cls(**{**d, "processes": tuple(ProcessGpuMemory(**p) for p in d["processes"]),
+                      "process_utilization": None if utilization is None
+                      else tuple(ProcessUtilization(**entry) for entry in utilization)})
+
+
+@dataclass(frozen=True)
+class HostProcess:
+    """One process of the tracked tree, as psutil read it."""
+
+    pid: int
+    parent_pid: int | None
+    name: str
+    cpu_percent: float
+    rss_bytes: int
 
 
 @dataclass(frozen=True)
@@ -83,6 +117,19 @@ class HostSample:
     """Percent of one core, so a process busy on 4 cores reads 400. A process read for the first
     time counts 0.0 (psutil needs two readings to know a rate). None when nothing could be read."""
     rss_bytes: int | None
+    processes: tuple[HostProcess, ...] = ()
+    """Each process that was measured, when the source was asked for them (`per_process=True`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"cpu_percent": self.cpu_percent, "rss_bytes": self.rss_bytes}
+        if self.processes:
+            fields["processes"] = [dataclasses.asdict(process) for process in self.processes]
+        return fields
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> HostSample:
+        return cls(cpu_percent=d["cpu_percent"], rss_bytes=d["rss_bytes"],
+                   processes=tuple(HostProcess(**process) for process in d.get("processes", ())))
 
 
 @dataclass(frozen=True)
@@ -113,7 +160,7 @@ class Sample:
         return {
             "t_s": self.t_s,
             "gpus": [gpu.to_json() for gpu in self.gpus],
-            "host": dataclasses.asdict(self.host),
+            "host": self.host.to_json(),
         }
 
     @classmethod
@@ -121,7 +168,7 @@ class Sample:
         return cls(
             t_s=d["t_s"],
             gpus=tuple(GpuSample.from_json(gpu) for gpu in d["gpus"]),
-            host=HostSample(**d["host"]),
+            host=HostSample.from_json(d["host"]),
         )
 
 
@@ -242,8 +289,9 @@ class _HostProcessMeter:
     so the objects are kept between reads; a process met for the first time reads 0.0.
     """
 
-    def __init__(self, descendants_refresh_s: float) -> None:
+    def __init__(self, descendants_refresh_s: float, per_process: bool = False) -> None:
         self._descendants_refresh_s = descendants_refresh_s
+        self._per_process = per_process
         self._processes: dict[int, psutil.Process] = {}
         self._roots: frozenset[int] = frozenset()
         self._tree_walked_at_s = -math.inf
@@ -258,20 +306,26 @@ class _HostProcessMeter:
         cpu_percent = 0.0
         rss_bytes = 0
         measured = 0
+        details: list[HostProcess] = []
         for pid, process in list(self._processes.items()):
             try:
                 with process.oneshot():
-                    cpu_percent += process.cpu_percent(interval=None)
-                    rss_bytes += process.memory_info().rss
+                    process_cpu_percent = process.cpu_percent(interval=None)
+                    process_rss_bytes = process.memory_info().rss
+                    if self._per_process:
+                        details.append(HostProcess(pid=pid, parent_pid=process.ppid(), name=process.name(),
+                                                   cpu_percent=process_cpu_percent, rss_bytes=process_rss_bytes))
             except psutil.NoSuchProcess:
                 del self._processes[pid]
                 continue
             except psutil.AccessDenied:
                 continue
+            cpu_percent += process_cpu_percent
+            rss_bytes += process_rss_bytes
             measured += 1
         if not measured:
             return HostSample(cpu_percent=None, rss_bytes=None)
-        return HostSample(cpu_percent=cpu_percent, rss_bytes=rss_bytes)
+        return HostSample(cpu_percent=cpu_percent, rss_bytes=rss_bytes, processes=tuple(details))
 
     def _walk_tree(self, roots: frozenset[int]) -> dict[int, psutil.Process]:
         found: dict[int, psutil.Process] = {}
@@ -297,12 +351,15 @@ class _HostProcessMeter:
 
 
 class HostOnlySource:
-    """Host metrics of the tracked processes when NVML is unavailable: `gpus` is always empty."""
+    """Host metrics of the tracked processes when NVML is unavailable: `gpus` is always empty.
+
+    With `per_process=True` each sample also lists every process of the tree (`HostSample.processes`)."""
 
     keeps_recorded_time: ClassVar[bool] = False
 
-    def __init__(self, *, descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S) -> None:
-        self._host = _HostProcessMeter(descendants_refresh_s)
+    def __init__(self, *, descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S,
+                 per_process: bool = False) -> None:
+        self._host = _HostProcessMeter(descendants_refresh_s, per_process)
 
     def read(self, pids: Iterable[int]) -> Sample:
         return Sample(t_s=time.monotonic(), gpus=(), host=self._host.measure(pids))
@@ -316,12 +373,14 @@ class NvmlSource:
 
     The constructor initialises NVML and raises `pynvml.NVMLError` when that fails (`open_source`
     falls back to `HostOnlySource`). After that, an NVML error on any one reading makes that
-    reading None; `read` itself does not raise.
+    reading None; `read` itself does not raise. `per_process=True` lists each tracked process
+    (`HostSample.processes`) and reads per-process GPU utilization (`GpuSample.process_utilization`).
     """
 
     keeps_recorded_time: ClassVar[bool] = False
 
-    def __init__(self, *, descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S) -> None:
+    def __init__(self, *, descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S,
+                 per_process: bool = False) -> None:
         import pynvml
 
         self._nvml = pynvml
@@ -333,7 +392,10 @@ class NvmlSource:
             self.close()
             raise
         self._devices = [(index, handle, _device_name(pynvml, handle, index)) for index, handle in enumerate(handles)]
-        self._host = _HostProcessMeter(descendants_refresh_s)
+        self._host = _HostProcessMeter(descendants_refresh_s, per_process)
+        self._per_process = per_process
+        self._utilization_seen_us = dict.fromkeys(range(len(handles)), 0)
+        """Per GPU, the newest per-process utilization timestamp read so far (NVML's microseconds)."""
 
     def read(self, pids: Iterable[int]) -> Sample:
         t_s = time.monotonic()
@@ -368,6 +430,25 @@ class NvmlSource:
                 )
                 for process in processes
             ),
+            process_utilization=self._read_process_utilization(index, handle) if self._per_process else None,
+        )
+
+    def _read_process_utilization(self, index: int, handle: Any) -> tuple[ProcessUtilization, ...] | None:
+        """Each process's mean SM and memory utilization over NVML's samples since the previous read."""
+        nvml = self._nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._utilization_seen_us[index])
+        except nvml.NVMLError as error:
+            # NOT_FOUND: no process used the GPU since the previous read, which is a reading of zero.
+            return () if type(error).__name__ == "NVMLError_NotFound" else None
+        by_pid: dict[int, list[tuple[float, float]]] = {}
+        for sample in samples:
+            by_pid.setdefault(int(sample.pid), []).append((float(sample.smUtil), float(sample.memUtil)))
+            self._utilization_seen_us[index] = max(self._utilization_seen_us[index], int(sample.timeStamp))
+        return tuple(
+            ProcessUtilization(pid=pid, sm_util_percent=sum(sm for sm, _ in values) / len(values),
+                               memory_util_percent=sum(memory for _, memory in values) / len(values))
+            for pid, values in sorted(by_pid.items())
         )
 
     def _read_temperature_c(self, handle: Any) -> float | None:
@@ -429,6 +510,10 @@ class ReplaySource:
                     dataclasses.replace(process, pid=self._remap_pids.get(process.pid, process.pid))
                     for process in gpu.processes
                 ),
+                process_utilization=None if gpu.process_utilization is None else tuple(
+                    dataclasses.replace(entry, pid=self._remap_pids.get(entry.pid, entry.pid))
+                    for entry in gpu.process_utilization
+                ),
             )
             for gpu in sample.gpus
         )
@@ -442,6 +527,30 @@ class ReplaySource:
 
     def close(self) -> None:
         self._next = iter(())
+
+
+class ReplayGpuSource:
+    """The GPUs of a recorded trace, one sample per read, with live host metrics of the tracked processes.
+
+    Tests watch a real process through real NVML data this way. Samples are stamped live; `read` raises
+    `StopIteration` after the last recorded one.
+    """
+
+    keeps_recorded_time: ClassVar[bool] = False
+
+    def __init__(self, replay: ReplaySource, *, per_process: bool = True,
+                 descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S) -> None:
+        self._replay = replay
+        self._host = _HostProcessMeter(descendants_refresh_s, per_process)
+
+    def read(self, pids: Iterable[int]) -> Sample:
+        pids = frozenset(pids)
+        recorded = self._replay.read(pids)
+        return Sample(t_s=time.monotonic(), gpus=recorded.gpus, host=self._host.measure(pids))
+
+    def close(self) -> None:
+        self._replay.close()
+        self._host.clear()
 
 
 class Sampler:
@@ -561,17 +670,18 @@ class Sampler:
         self._cpu_seconds = cpu_at_start_s + time.thread_time() - thread_time_at_start_s
 
 
-def open_source(prefer_nvml: bool = True) -> tuple[SampleSource, NvmlStatus]:
+def open_source(prefer_nvml: bool = True, *, per_process: bool = False) -> tuple[SampleSource, NvmlStatus]:
     """`NvmlSource` when NVML works here, else `HostOnlySource`; the status describes the source.
 
-    With `prefer_nvml=False` NVML is not touched at all (for machines where it hangs or misleads).
+    With `prefer_nvml=False` NVML is not touched at all (for machines where it hangs or misleads);
+    `per_process` is passed to the source (each tracked process, per-process GPU utilization).
     """
     if not prefer_nvml:
-        return HostOnlySource(), _unavailable("NVML not used: turned off by the caller")
+        return HostOnlySource(per_process=per_process), _unavailable("NVML not used: turned off by the caller")
     status = probe_nvml()
     if not status.available:
-        return HostOnlySource(), status
+        return HostOnlySource(per_process=per_process), status
     try:
-        return NvmlSource(), status
+        return NvmlSource(per_process=per_process), status
     except Exception as error:
-        return HostOnlySource(), _unavailable(f"NVML failed to start: {_nvml_reason(error)}")
+        return HostOnlySource(per_process=per_process), _unavailable(f"NVML failed to start: {_nvml_reason(error)}")

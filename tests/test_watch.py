@@ -1,0 +1,412 @@
+"""`gpuanat watch PID`: real processes watched through the real sampler, session and CLI.
+
+Host metrics come from live processes and are checked against psutil readings of the same processes; GPU
+fields come from the NVML trace recorded on an H100 (tests/data/nvml_trace_h100.jsonl), replayed through
+`ReplayGpuSource` while psutil reads a live process; the anatomy comes from a real tiny HF Trainer run
+whose script adds `AnatomyCallback()`, publishing to a private directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO, cli_env, run_cli, start_cli
+
+from gpuanat.core.pid_namespace import PidNamespaceResolver
+from gpuanat.core.sampler import HostOnlySource, NvmlStatus, ReplayGpuSource, ReplaySource, Sample, Sampler
+from gpuanat.core.watch import NOT_PUBLISHED, WatchError, WatchSession, follow, resolve_target
+
+MIB = 1024 * 1024
+H100_TRACE = Path(__file__).parent / "data" / "nvml_trace_h100.jsonl"
+H100_PID = 2348
+"""The training process's PID in the H100 trace."""
+TINY_TRAINER = REPO / "tests" / "scripts" / "tiny_trainer.py"
+H100_NVML = NvmlStatus(available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000,
+                       gpu_names=("NVIDIA H100 80GB HBM3",))
+NO_NVML = NvmlStatus(available=False, reason="NVML not used in this test", driver_version=None,
+                     cuda_driver_version=None, gpu_names=())
+
+# Holds 80 MiB of touched memory, starts a sleeping grandchild with 30 MiB of its own, reports both PIDs, spins.
+SPINNER = textwrap.dedent(
+    """
+    import subprocess, sys
+    ballast = b"x" * (80 * 1024 * 1024)
+    grandchild = subprocess.Popen([sys.executable, "-c",
+                                   "import sys, time; b = b'y' * (30 * 1024 * 1024); print('ok', flush=True); "
+                                   "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    grandchild.stdout.readline()
+    print(grandchild.pid, flush=True)
+    while True:
+        pass
+    """
+)
+
+
+@pytest.fixture
+def spinner() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    child = subprocess.Popen([sys.executable, "-c", SPINNER], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        assert child.stdout is not None
+        grandchild_pid = int(child.stdout.readline())
+        yield child, grandchild_pid
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def unused_pid() -> int:
+    """A PID that no process here can have: above the kernel's limit."""
+    return int(Path("/proc/sys/kernel/pid_max").read_text()) + 1000
+
+
+def dead_pid() -> int:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    return int(finished.stdout)
+
+
+REPLAYED = PidNamespaceResolver(check_visible_pids=False)
+"""The trace's process held /dev/nvidia* where it was recorded; the live process it is replayed onto does not."""
+
+
+def collect(session: WatchSession, source, *, interval_s: float, duration_s: float | None = None) -> list[dict]:
+    records: list[dict] = []
+    sampler = Sampler(source, interval_s=interval_s, on_sample=lambda sample: None)
+    follow(session, sampler, interval_s=interval_s, on_record=records.append, duration_s=duration_s)
+    return records
+
+
+# --- a plain process, host metrics against psutil -----------------------------------------------
+
+
+def test_host_metrics_of_a_watched_tree_match_psutil(spinner):
+    child, grandchild_pid = spinner
+    session = WatchSession(resolve_target(child.pid), NO_NVML, publication_dirs_for=lambda pid: [])
+    source = HostOnlySource(per_process=True, descendants_refresh_s=0.0)
+    sampler = Sampler(source, interval_s=0.25, on_sample=lambda sample: None)
+    sampler.track(child.pid)
+    references = {pid: psutil.Process(pid) for pid in (child.pid, grandchild_pid)}
+    first = session.handle(sampler.sample_once())
+    for reference in references.values():
+        reference.cpu_percent(interval=None)
+    assert {process["pid"] for process in first["processes"]} == {child.pid, grandchild_pid}
+    for _ in range(4):
+        time.sleep(0.3)
+        record = session.handle(sampler.sample_once())
+        reference_cpu = {pid: reference.cpu_percent(interval=None) for pid, reference in references.items()}
+        reference_rss = {pid: reference.memory_info().rss for pid, reference in references.items()}
+        by_pid = {process["pid"]: process for process in record["processes"]}
+        # The ballasts are touched before the PIDs are reported and nothing allocates afterwards: RSS is flat,
+        # so readings microseconds apart differ by a few pages at most.
+        assert abs(record["rss_bytes"] - sum(reference_rss.values())) < 2 * MIB
+        assert record["rss_bytes"] >= 110 * MIB
+        assert record["rss_bytes"] == sum(process["rss_bytes"] for process in record["processes"])
+        for pid in references:
+            assert abs(by_pid[pid]["rss_bytes"] - reference_rss[pid]) < 2 * MIB
+        # Both rates cover the same 0.3 s give or take microseconds; CPU time comes in 10 ms ticks (3% of 0.3 s
+        # per reading), so 12 points covers ticks and scheduling noise. The child spins, so the value is far
+        # from 0 and the comparison means something; the grandchild sleeps.
+        assert abs(record["cpu_percent"] - sum(reference_cpu.values())) < 12
+        assert by_pid[child.pid]["cpu_percent"] > 20
+        assert by_pid[grandchild_pid]["cpu_percent"] < 5
+        assert record["gpu_memory_bytes"] is None and "no GPU readings" in record["gpu_memory_reason"]
+        assert record["published"] is False and record["publication_reason"] == NOT_PUBLISHED
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    assert not session.alive()
+    final = session.final_record()
+    assert final["exited"] is True and final["peak_rss_bytes"] >= 110 * MIB
+
+
+def test_the_cli_watches_for_the_duration_and_leaves_the_process_running(spinner, tmp_path):
+    child, _ = spinner
+    completed = run_cli(["watch", str(child.pid), "--json", "--duration", "1.5", "--interval", "0.25"], None,
+                        timeout_s=60)
+    assert completed.returncode == 0, completed.stderr
+    records = [json.loads(line) for line in completed.stdout.splitlines()]
+    # one record at t=0 and every 0.25 s until 1.5 s have passed: 7, give or take a slow read
+    assert 6 <= len(records) <= 8
+    assert all(record["pid"] == child.pid and record["exited"] is False for record in records)
+    assert records[-1]["t"] >= 1.5
+    assert all(record["rss_bytes"] >= 110 * MIB for record in records)
+    assert child.poll() is None
+
+
+def test_a_pid_that_does_not_exist_or_is_invalid_exits_2_with_one_line():
+    pid = dead_pid()
+    completed = run_cli(["watch", str(pid), "--json"], None, timeout_s=60)
+    assert completed.returncode == 2
+    assert completed.stdout == ""
+    assert completed.stderr.strip().splitlines() == [f"gpuanat: error: no process with PID {pid}"]
+    completed = run_cli(["watch", "0", "--json"], None, timeout_s=60)
+    assert (completed.returncode, len(completed.stderr.strip().splitlines())) == (2, 1)
+    assert "positive" in completed.stderr
+    with pytest.raises(WatchError, match="no process"):
+        resolve_target(unused_pid())
+
+
+# --- GPU fields from the H100 trace, psutil live -----------------------------------------------------
+
+
+def h100_samples() -> list[Sample]:
+    source = ReplaySource(H100_TRACE)
+    return [source.read([]) for _ in range(len(source))]
+
+
+def test_gpu_fields_follow_the_recorded_h100_trace(spinner):
+    child, _ = spinner
+    recorded = h100_samples()
+    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [],
+                           resolver=REPLAYED)
+    source = ReplayGpuSource(ReplaySource(H100_TRACE, remap_pids={H100_PID: child.pid}))
+    records = collect(session, source, interval_s=0.005)
+    assert len(records) == len(recorded)
+    for record, sample in zip(records, recorded, strict=True):
+        gpu = sample.gpus[0]
+        process_bytes = sample.process_used_bytes([H100_PID])
+        # 0 before the training process opened the GPU, then exactly what NVML reported for it
+        assert record["gpu_memory_bytes"] == (process_bytes or 0)
+        assert record["gpu_memory_reason"] is None
+        (detail,) = record["gpus"]
+        assert (detail["used_bytes"], detail["total_bytes"]) == (gpu.used_bytes, gpu.total_bytes)
+        assert detail["other_processes_bytes"] == gpu.used_bytes - (process_bytes or 0)
+        # the trace has no per-process utilization: the device's, labelled as such
+        assert (record["gpu_util_percent"], record["gpu_util_scope"]) == (gpu.gpu_util_percent, "device")
+        assert record["other_gpu_processes"] == []
+        assert record["pid_namespace"] is None
+        # host metrics are the live child's, not the recorded ones
+        assert record["rss_bytes"] >= 110 * MIB
+        assert record["bands"] is None and record["publication_reason"] == NOT_PUBLISHED
+    assert max(record["gpu_memory_bytes"] for record in records) == max(
+        sample.process_used_bytes([H100_PID]) or 0 for sample in recorded)
+
+
+def test_per_process_utilization_is_used_when_nvml_reports_it(spinner, tmp_path):
+    """The H100 trace with per-process utilization entries added (a third of the device's, for the training
+    process): the record takes the process's share, labelled "process", not the device's."""
+    child, _ = spinner
+    trace = tmp_path / "with_process_utilization.jsonl"
+    with trace.open("w") as out:
+        for line in H100_TRACE.read_text().splitlines():
+            sample = json.loads(line)
+            for gpu in sample["gpus"]:
+                gpu["process_utilization"] = [
+                    {"pid": process["pid"], "sm_util_percent": gpu["gpu_util_percent"] / 3,
+                     "memory_util_percent": 0.0} for process in gpu["processes"]]
+            out.write(json.dumps(sample) + "\n")
+    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [],
+                           resolver=REPLAYED)
+    records = collect(session, ReplayGpuSource(ReplaySource(trace, remap_pids={H100_PID: child.pid})),
+                      interval_s=0.005)
+    on_gpu = [record for record in records if record["gpu_memory_bytes"]]
+    assert on_gpu and len(on_gpu) < len(records)
+    for record in on_gpu:
+        assert record["gpu_util_scope"] == "process"
+        assert record["gpu_util_percent"] == pytest.approx(record["gpus"][0]["device_util_percent"] / 3)
+    # before the process is on the GPU, its share cannot be told: the device's
+    assert {record["gpu_util_scope"] for record in records if not record["gpu_memory_bytes"]} == {"device"}
+
+
+def test_nvml_pids_from_another_namespace_are_detected_and_not_guessed(spinner):
+    child, _ = spinner
+    foreign_pid = unused_pid()
+    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [])
+    records = collect(session, ReplayGpuSource(ReplaySource(H100_TRACE, remap_pids={H100_PID: foreign_pid})),
+                      interval_s=0.005)
+    listed = [record for record in records if record["other_gpu_processes"]]
+    assert listed
+    for record in listed:
+        assert "another PID namespace" in record["pid_namespace"]["note"]
+        assert record["pid_namespace"]["unmapped"] == [foreign_pid]
+        assert record["gpu_memory_bytes"] is None and "another PID namespace" in record["gpu_memory_reason"]
+        (other,) = record["other_gpu_processes"]
+        assert (other["pid"], other["local_pid"]) == (foreign_pid, None)
+    assert all(record["pid_namespace"] is None for record in records if not record["other_gpu_processes"])
+
+
+def fake_proc(root: Path, pid: int, *, nspid: list[int], fds: dict[str, str]) -> None:
+    """/proc/<pid> as a container would show it: the status NSpid line and the open files."""
+    (root / str(pid) / "fd").mkdir(parents=True)
+    levels = "\t".join(str(level) for level in nspid)
+    (root / str(pid) / "status").write_text(f"Name:\tpython3\nNSpid:\t{levels}\n")
+    for fd, target in fds.items():
+        (root / str(pid) / "fd" / fd).symlink_to(target)
+
+
+@pytest.mark.parametrize("how", ["nvidia device", "NSpid"])
+def test_foreign_nvml_pids_are_mapped_where_proc_allows(spinner, tmp_path, how):
+    child, grandchild_pid = spinner
+    foreign_pid = unused_pid()
+    if how == "nvidia device":
+        # the only process of the watched tree with /dev/nvidia* open is the training process
+        fake_proc(tmp_path, child.pid, nspid=[child.pid], fds={"0": "/dev/null", "7": "/dev/nvidia0"})
+        fake_proc(tmp_path, grandchild_pid, nspid=[grandchild_pid], fds={"0": "/dev/null"})
+    else:
+        # /proc shows both levels of the process's PID: ours, then the one NVML reports
+        fake_proc(tmp_path, child.pid, nspid=[child.pid, foreign_pid], fds={"0": "/dev/null"})
+    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [],
+                           resolver=PidNamespaceResolver(tmp_path))
+    recorded = h100_samples()
+    records = collect(session, ReplayGpuSource(ReplaySource(H100_TRACE, remap_pids={H100_PID: foreign_pid})),
+                      interval_s=0.005)
+    for record, sample in zip(records, recorded, strict=True):
+        assert record["gpu_memory_bytes"] == (sample.process_used_bytes([H100_PID]) or 0)
+        if record["gpu_memory_bytes"]:
+            namespace = record["pid_namespace"]
+            assert namespace["mapped"] == {str(foreign_pid): child.pid} and namespace["unmapped"] == []
+            assert f"mapped {foreign_pid}→{child.pid}" in namespace["note"]
+            by_pid = {process["pid"]: process for process in record["processes"]}
+            assert by_pid[child.pid]["gpu_memory_bytes"] == record["gpu_memory_bytes"]
+            assert record["other_gpu_processes"] == []
+
+
+# --- a real HF Trainer run that publishes --------------------------------------------------------
+
+
+def tiny_model_reference() -> dict[str, int]:
+    """Exact sizes of the model tests/scripts/tiny_trainer.py builds, counted here independently."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    model = BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=128))
+    parameters = list(model.parameters())
+    return {
+        "params": sum(p.numel() for p in parameters),
+        "weights_bytes": sum(p.numel() * p.element_size() for p in (*parameters, *model.buffers())),
+        "gradients_bytes": sum(p.numel() * p.element_size() for p in parameters),
+        # AdamW: two fp32 moments per parameter and one 4-byte step counter per parameter tensor
+        "optimizer_state_bytes": sum(2 * p.numel() * 4 + 4 for p in parameters),
+    }
+
+
+def start_tiny_trainer(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:
+    runtime_dir = tmp_path / "runtime"
+    runtime_dir.mkdir(mode=0o700)
+    env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
+    ready = tmp_path / "ready"
+    trainer = subprocess.Popen([sys.executable, str(TINY_TRAINER), "--callback", "--ready-file", str(ready), *args],
+                               env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline_s = time.monotonic() + 120
+    while not ready.exists():
+        assert trainer.poll() is None, trainer.stderr.read() if trainer.stderr else ""
+        assert time.monotonic() < deadline_s, "the training script did not start"
+        time.sleep(0.05)
+    return trainer, runtime_dir, env
+
+
+def test_watching_a_real_trainer_run_that_publishes(tmp_path):
+    trainer, runtime_dir, env = start_tiny_trainer(tmp_path, "--samples", "400", "--hold-s", "1")
+    publication = runtime_dir / "gpuanat" / f"{trainer.pid}.jsonl"
+    try:
+        # private: the directory 0700 and the file 0600, both ours
+        assert stat.S_IMODE(publication.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(publication.stat().st_mode) == 0o600
+        assert publication.stat().st_uid == os.getuid()
+        watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(trainer.pid), "--json", "--save",
+                                  "tiny external"], env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    finally:
+        trainer.wait(timeout=240)
+    assert watcher.returncode == 0, watcher.stderr
+    records = [json.loads(line) for line in watcher.stdout.splitlines()]
+    *samples, final = records
+    reference = tiny_model_reference()
+
+    published = [record for record in samples if record["published"]]
+    assert published, "no record saw the publication"
+    for record in published:
+        assert record["publisher_pid"] == trainer.pid
+        assert record["params"] == reference["params"]
+        bands = record["bands"]
+        assert {key: bands[key] for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")} == {
+            key: reference[key] for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")}
+        assert bands["activations_bytes"] > 0
+        assert "CPU run" in record["bands_unavailable"]["free_bytes"]
+        assert record["rss_bytes"] > reference["weights_bytes"]
+    rates = [record["samples_per_second"] for record in published if record["samples_per_second"] is not None]
+    assert rates and all(rate > 0 for rate in rates)
+    steps = [record["step"] for record in published]
+    assert steps == sorted(steps) and steps[-1] == 300  # 400 samples / batch 4 × 3 epochs
+    assert published[-1]["training_done"] is True and published[-1]["steady_samples_per_second"] > 0
+    assert final["exited"] is True and final["training_done"] is True and final["steps"] == 300
+    assert final["saved_run_id"] == 1
+    # the process removed its publication when it exited
+    assert not publication.exists()
+
+    history = run_cli(["history", "--json"], tmp_path / "history.sqlite", timeout_s=60)
+    (run,) = json.loads(history.stdout)
+    assert (run["kind"], run["name"], run["status"]) == ("watched", "tiny external", "ok")
+    assert run["config"]["batch_size"] == 4 and run["config"]["watched_pid"] == trainer.pid
+    result = run["result"]
+    assert result["bands"]["weights_bytes"] == reference["weights_bytes"]
+    assert result["steps"] == 300 and result["steady_samples_per_second"] > 0
+    assert result["peak_rss_bytes"] >= max(record["rss_bytes"] for record in samples)
+
+
+def test_save_records_a_watched_run_without_publication_for_the_duration(spinner, tmp_path):
+    child, _ = spinner
+    db = tmp_path / "history.sqlite"
+    completed = run_cli(["watch", str(child.pid), "--json", "--duration", "1", "--save"], db, timeout_s=60)
+    assert completed.returncode == 0, completed.stderr
+    assert "saved as run 1 (detached)" in completed.stderr
+    records = [json.loads(line) for line in completed.stdout.splitlines()]
+    (run,) = json.loads(run_cli(["history", "--json"], db, timeout_s=60).stdout)
+    assert (run["kind"], run["status"]) == ("watched", "detached")
+    assert run["result"]["peak_rss_bytes"] == max(record["rss_bytes"] for record in records)
+    assert run["result"]["unavailable"]["bands"] == NOT_PUBLISHED
+    table = run_cli(["history"], db, timeout_s=60).stdout
+    assert "watched" in table and "detached" in table
+
+
+def test_interrupting_the_json_watch_exits_130(spinner):
+    child, _ = spinner
+    watcher = start_cli(["watch", str(child.pid), "--json"], None)
+    assert watcher.stdout is not None
+    json.loads(watcher.stdout.readline())
+    watcher.send_signal(signal.SIGINT)
+    _, stderr = watcher.communicate(timeout=30)
+    assert watcher.returncode == 130 and "interrupted" in stderr
+
+
+def test_events_pushed_by_a_launcher_are_used_without_publication_files(spinner):
+    """`run --script` feeds its child's pipe events to the session; no file is looked for."""
+    from gpuanat.core.protocol import ModelInfo, ProbeBands, Step
+
+    child, _ = spinner
+    session = WatchSession(resolve_target(child.pid), NO_NVML, publication_dirs_for=None)
+    sampler = Sampler(HostOnlySource(per_process=True), interval_s=0.1, on_sample=lambda sample: None)
+    sampler.track(child.pid)
+    assert session.handle(sampler.sample_once())["publication_reason"] == "the process has sent no probe events yet"
+    bands = ProbeBands(weights_bytes=40, gradients_bytes=40, optimizer_state_bytes=80, activations_bytes=12,
+                       activations_method="saved_tensors", batch_bytes=4, measured_at_step=1)
+    session.add_events(child.pid, [ModelInfo(params=10, trainable_params=10, weights_bytes=40, dtype="float32",
+                                             total_steps=2),
+                                   Step(step=1, samples=4, tokens=16, step_time_s=0.1, elapsed_s=0.1, bands=bands),
+                                   Step(step=2, samples=8, tokens=32, step_time_s=0.1, elapsed_s=0.3)])
+    record = session.handle(sampler.sample_once())
+    assert record["published"] and record["step"] == 2
+    assert record["samples_per_second"] == pytest.approx(4 / 0.2)
+    assert record["bands"]["weights_bytes"] == 40
+
+
+def test_a_visible_pid_without_a_gpu_device_is_a_coincidence_not_the_process(tmp_path):
+    """In a container a host PID NVML reports may be the number of an unrelated process here."""
+    fake_proc(tmp_path, 2348, nspid=[2348], fds={"0": "/dev/null"})
+    fake_proc(tmp_path, 41, nspid=[41], fds={"3": "/dev/nvidia-uvm"})
+    mapping = PidNamespaceResolver(tmp_path).resolve([2348], tree_pids=[41])
+    assert mapping.other_namespace and mapping.local_by_nvml == {2348: 41}
+    assert "taken here by a process without a GPU" in mapping.note
+    mapping = PidNamespaceResolver(tmp_path).resolve([2348, 5555], tree_pids=[41])
+    assert mapping.foreign == (2348, 5555) and "unmapped: 2348, 5555" in mapping.note
+    assert PidNamespaceResolver(tmp_path).resolve([41], tree_pids=[41]).note is None
