@@ -73,12 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="train one configuration in a child process and report it",
                               description="Train one configuration in a child process (HF Trainer), show "
-                                          "progress, print the docs' summary and the memory bands, record it.")
+                                          "progress, print the docs' summary and the memory bands, record it. "
+                                          "With --script, run your own training script the same way: "
+                                          "gpuanat run --script train.py -- --its --own args")
     _add_technique_flags(run)
     _add_common(run)
     run.add_argument("--json", action="store_true", help="print the result as one JSON object (last stdout line)")
     run.add_argument("--trace-out", type=Path, default=None,
                      help="also write every NVML/host sample as JSON lines to this file")
+    run.add_argument("--script", type=Path, default=None, metavar="SCRIPT.py",
+                     help="run your own training script instead (`gpuanat run --script train.py -- ARGS`): gpuanat's "
+                          "probe is attached to every HF Trainer it creates, without editing it; the technique "
+                          "flags do not apply (the script sets its own TrainingArguments)")
 
     sweep = commands.add_parser(
         "sweep", help="run the HF docs' whole experiment table, one fresh process each",
@@ -229,10 +235,16 @@ def print_summary(result: dict[str, Any]) -> None:
     from gpuanat.core.anatomy import BAND_NAMES
     from gpuanat.core.report import format_bytes, format_mb, format_number
 
-    config = RunConfig.from_json(result["config"])
+    config = RunConfig.from_json({key: value for key, value in result["config"].items() if value is not None})
     where = result.get("gpu_name") or result.get("device_name") or result["device"]
-    print(f"Run {result['run_id']}: {result['status']} — {config.model or config.preset} "
-          f"{config.techniques_summary()} on {where}")
+    script = result["config"].get("script")
+    if script is not None:
+        arguments = " ".join(result["config"].get("args") or [])
+        print(f"Run {result['run_id']}: {result['status']} — script {script} {arguments}".rstrip()
+              + f" on {where or 'the machine it ran on'}")
+    else:
+        print(f"Run {result['run_id']}: {result['status']} — {config.model or config.preset} "
+              f"{config.techniques_summary()} on {where}")
     if result.get("error"):
         print(f"  {result['error']['kind']}: {result['error']['message']}")
     print(f"Time: {format_number(result['train_runtime_s'])}")
@@ -279,7 +291,38 @@ def _validated_config(args: argparse.Namespace, cuda_available: bool) -> RunConf
     return config
 
 
+def command_run_script(args: argparse.Namespace) -> int:
+    from gpuanat.core.script_session import execute_script
+
+    given = [t.flag for t in TECHNIQUES if getattr(args, t.field, None) is not None]
+    if given:
+        _fail_usage(f"{given[0]}: technique flags do not apply to --script (the script sets its own "
+                    "TrainingArguments); give the script its own arguments after --")
+    script: Path = args.script
+    if not script.is_file():
+        _fail_usage(f"--script: no such file: {script}")
+    with _open_store(args) as store:
+        view = _ProgressView(f"script {script.name}")
+        try:
+            result = execute_script(script, args.script_args, store=store, log_dir=store.path.parent / "logs",
+                                    on_event=view, trace_path=args.trace_out)
+        finally:
+            view.close()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_summary(result)
+    if result["status"] == "oom":
+        print(f"gpuanat: the script ran out of GPU memory: {(result.get('error') or {}).get('message')}",
+              file=sys.stderr)
+    return STATUS_EXIT_CODES[result["status"]]
+
+
 def command_run(args: argparse.Namespace) -> int:
+    if args.script is not None:
+        return command_run_script(args)
+    if args.script_args:
+        _fail_usage("arguments after -- are for a script: give it with --script SCRIPT.py")
     capabilities = detect_capabilities()
     config = _validated_config(args, capabilities.cuda_available)
     unsupported = machine_unsupported_reason(config, capabilities)
@@ -571,9 +614,21 @@ def command_dashboard(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`gpuanat run --script train.py -- ARGS`: what follows the first `--` belongs to the script."""
+    if "--" in argv:
+        split = argv.index("--")
+        return argv[:split], argv[split + 1:]
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    own_args, script_args = _split_script_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(own_args)
+    args.script_args = script_args
+    if script_args and args.command != "run":
+        parser.error("arguments after -- are only for `gpuanat run --script SCRIPT.py -- ARGS`")
     handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "fit": command_fit,
                 "history": command_history, "watch": command_watch}
     if args.command is None:

@@ -43,6 +43,22 @@ def run_cli(
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
+def tiny_model_reference() -> dict[str, int]:
+    """Exact sizes of the model tests/scripts/tiny_trainer.py builds, counted here independently."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    model = BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=128))
+    parameters = list(model.parameters())
+    return {
+        "params": sum(p.numel() for p in parameters),
+        "weights_bytes": sum(p.numel() * p.element_size() for p in (*parameters, *model.buffers())),
+        "gradients_bytes": sum(p.numel() * p.element_size() for p in parameters),
+        # AdamW: two fp32 moments per parameter and one 4-byte step counter per parameter tensor
+        "optimizer_state_bytes": sum(2 * p.numel() * 4 + 4 for p in parameters),
+    }
+
+
 def last_json(stdout: str):
     return json.loads(stdout.strip().splitlines()[-1])
 

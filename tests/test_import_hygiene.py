@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 CORE_MODULES = ["anatomy", "compare", "config", "fit", "history", "pid_namespace", "predict", "presets", "protocol",
-                "publish", "report", "runner", "sampler", "session", "sweep", "techniques", "watch"]
+                "publish", "report", "runner", "sampler", "script_session", "session", "sweep", "techniques", "watch"]
 
 
 def test_core_imports_no_ui_and_no_torch():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, cli_env, run_cli, start_cli
+from conftest import REPO, cli_env, run_cli, start_cli, tiny_model_reference
 
 from gpuanat.core.pid_namespace import PidNamespaceResolver
 from gpuanat.core.sampler import HostOnlySource, NvmlStatus, ReplayGpuSource, ReplaySource, Sample, Sampler
@@ -273,22 +273,6 @@ def test_foreign_nvml_pids_are_mapped_where_proc_allows(spinner, tmp_path, how):
 
 
 # --- a real HF Trainer run that publishes --------------------------------------------------------
-
-
-def tiny_model_reference() -> dict[str, int]:
-    """Exact sizes of the model tests/scripts/tiny_trainer.py builds, counted here independently."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    model = BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=128))
-    parameters = list(model.parameters())
-    return {
-        "params": sum(p.numel() for p in parameters),
-        "weights_bytes": sum(p.numel() * p.element_size() for p in (*parameters, *model.buffers())),
-        "gradients_bytes": sum(p.numel() * p.element_size() for p in parameters),
-        # AdamW: two fp32 moments per parameter and one 4-byte step counter per parameter tensor
-        "optimizer_state_bytes": sum(2 * p.numel() * 4 + 4 for p in parameters),
-    }
 
 
 def start_tiny_trainer(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:

@@ -252,10 +252,16 @@ class WatchSession:
         resolver: PidNamespaceResolver | None = None,
         publication_dirs_for: Callable[[int], list[Path]] | None = _default_publication_dirs,
         process_alive: Callable[[], bool] | None = None,
+        kind: str = "watched",
+        description: Mapping[str, Any] | None = None,
     ) -> None:
         """`publication_dirs_for` None: events come only through `add_events` (a child gpuanat launched).
-        `process_alive` defaults to psutil: the target still runs and is not a zombie."""
+        `process_alive` defaults to psutil: the target still runs and is not a zombie. `kind` and
+        `description` (config entries that say what ran; default the PID and command) are for the history."""
         self.target = target
+        self.kind = kind
+        self._description = dict(description) if description is not None else {
+            "watched_pid": target.pid, "command": target.command or target.name}
         self.nvml = nvml
         self._clock = clock
         self._resolver = resolver or PidNamespaceResolver()
@@ -528,30 +534,32 @@ class WatchSession:
             assert self._recorder is not None
             on_saved(self._recorder.run_id, None)
 
-    def start_saving(self, store: HistoryStore, name: str | None = None) -> int:
-        """Record this watch as a history run of kind `watched`: what was kept so far, then every sample.
-        Returns the run id; `finish_saving` gives it its final status and result."""
+    def start_saving(self, store: HistoryStore, name: str | None = None, *, run_id: int | None = None) -> int:
+        """Record this watch as a history run of this session's kind: what was kept so far, then every
+        sample (into `run_id` when the caller created the run already). Returns the run id; `finish_saving`
+        gives it its final status and result."""
         if self._recorder is None:
-            self._recorder = _HistoryRecorder(store, self, name)
+            self._recorder = _HistoryRecorder(store, self, name, run_id)
         return self._recorder.run_id
 
     @property
     def saved_run_id(self) -> int | None:
         return self._recorder.run_id if self._recorder is not None else None
 
-    def finish_saving(self, *, exited: bool) -> dict[str, Any] | None:
-        """Write the result and status of the saved run (None when not saving) and close the store."""
+    def finish_saving(self, *, exited: bool, **overrides: Any) -> dict[str, Any] | None:
+        """Write the result and status of the saved run (None when not saving) and close the store;
+        `overrides` replace entries of the result (a launched script's status, exit code and log)."""
         with self._lock:
             if self._recorder is None:
                 return None
-            result = self.result(exited=exited)
+            result = {**self.result(exited=exited), **overrides}
             self._recorder.finish(result)
             return result
 
     def config(self) -> dict[str, Any]:
         """What the run is, for the history: the techniques the probe reported, else the command."""
         config: dict[str, Any] = dict(self.observed.hello.config) if self.observed.hello else {}
-        config.update(watched_pid=self.target.pid, command=self.target.command or self.target.name)
+        config.update(self._description)
         return config
 
     def result(self, *, exited: bool) -> dict[str, Any]:
@@ -584,7 +592,7 @@ class WatchSession:
         return {
             "run_id": self.saved_run_id,
             "name": self._recorder.name if self._recorder else None,
-            "kind": "watched",
+            "kind": self.kind,
             "status": status,
             "config": self.config(),
             "params": observed.model.params if observed.model else None,
@@ -636,10 +644,11 @@ def _process_name(pid: int | None) -> str | None:
 class _HistoryRecorder:
     """Writes a watched session into the history while it goes on (samples and steps, once a second)."""
 
-    def __init__(self, store: HistoryStore, session: WatchSession, name: str | None) -> None:
+    def __init__(self, store: HistoryStore, session: WatchSession, name: str | None, run_id: int | None) -> None:
         self.store = store
         self.name = name or f"watch {session.target.pid} {session.target.name}"
-        self.run_id = store.create_run(session.config(), kind="watched", name=self.name)
+        self.run_id = run_id if run_id is not None else store.create_run(session.config(), kind=session.kind,
+                                                                          name=self.name)
         self._session = session
         store.set_environment(self.run_id, self._environment())
         self._pending_samples: list[dict[str, Any]] = list(session.samples)

@@ -1,0 +1,144 @@
+"""`gpuanat run --script train.py -- ARGS`: the user's own training script, launched with gpuanat's probe.
+
+The script runs in a child process (its own process group, stdout/stderr to the run's log) through
+`python -m gpuanat.worker.script`, which attaches `AnatomyCallback` to every HF `Trainer` the script creates
+and sends the probe's events on gpuanat's pipe. The parent samples NVML and psutil for the child's process
+tree and records the run in the history like a launched run (kind `launched`, the config naming the script
+and its arguments plus the techniques the probe read off its TrainingArguments): the same `WatchSession`
+that `gpuanat watch` uses, fed by the pipe instead of a publication file.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.history import HistoryStore
+from gpuanat.core.protocol import Event, Malformed
+from gpuanat.core.runner import ChildExited, ChildProcess
+from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.watch import WatchError, WatchSession, WatchTarget, resolve_target
+
+SAMPLE_INTERVAL_S = 0.25
+EVENT_POLL_INTERVAL_S = 0.2
+LOG_TAIL_LINES = 20
+
+
+def script_command(script: Path, script_args: Sequence[str]) -> list[str]:
+    """The child's command line: the launcher, then the script and its arguments as the user gave them."""
+    return [sys.executable, "-m", "gpuanat.worker.script", "--", str(script), *script_args]
+
+
+def _log_tail(log_path: Path) -> str:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:])
+
+
+def _target(pid: int, command: list[str]) -> WatchTarget:
+    try:
+        return resolve_target(pid)
+    except WatchError:  # it ended already; the session will see it gone
+        return WatchTarget(pid=pid, name=Path(command[0]).name, command=" ".join(command), create_time_s=time.time(),
+                           username=None)
+
+
+def execute_script(
+    script: Path,
+    script_args: Sequence[str],
+    *,
+    store: HistoryStore,
+    log_dir: Path,
+    on_event: Callable[[Event], None] | None = None,
+    sampler_factory: Callable[[], tuple[Any, NvmlStatus]] = lambda: open_source(per_process=True),
+    env: Mapping[str, str] | None = None,
+    trace_path: Path | None = None,
+    stop_grace_s: float = 10.0,
+    stop_requested: threading.Event | None = None,
+) -> dict[str, Any]:
+    """Run `script` with `script_args` in a child with the probe attached, record it, return its result (the
+    JSON contract of `gpuanat run --json`). Ctrl-C or `stop_requested` stops the child's process group."""
+    description = {"script": str(script.resolve()), "args": list(script_args), "cwd": os.getcwd()}
+    name = f"script {script.name}"
+    run_id = store.create_run(description, kind="launched", name=name)
+    log_path = log_dir / f"run-{run_id}.log"
+    store.set_log_path(run_id, log_path)
+    command = script_command(script, script_args)
+    child = ChildProcess(lambda events_fd: command, log_path=log_path, env=env)
+    source, nvml = sampler_factory()
+    samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
+    sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
+    child.start()
+    assert child.pid is not None
+    session = WatchSession(_target(child.pid, command), nvml, publication_dirs_for=None,
+                           process_alive=lambda: child.poll() is None, kind="launched", description=description)
+    session.start_saving(store, name, run_id=run_id)
+    sampler.track(child.pid)
+    sampler.start()
+    exit_code: int | None = None
+    stopped = False
+
+    def handle_samples() -> None:
+        while not samples.empty():
+            session.handle(samples.get())
+
+    def pump(until_idle: bool) -> int | None:
+        while True:
+            if not until_idle and stop_requested is not None and stop_requested.is_set():
+                raise KeyboardInterrupt
+            event = child.next_event(EVENT_POLL_INTERVAL_S)
+            handle_samples()
+            if event is None:
+                if until_idle:
+                    return None
+                continue
+            if isinstance(event, ChildExited):
+                return event.returncode
+            session.add_events(child.pid, [event])
+            if on_event is not None and not isinstance(event, Malformed):
+                on_event(event)
+
+    try:
+        exit_code = pump(until_idle=False)
+    except KeyboardInterrupt:
+        stopped = True
+        exit_code = child.stop(grace_s=stop_grace_s)
+        pump(until_idle=True)
+    finally:
+        child.kill_group()
+        sampler.stop()
+        handle_samples()
+        source.close()
+    session.final_record(exit_code=exit_code)
+    observed = session.observed
+    error = None
+    if observed.error is not None:
+        error = {"kind": observed.error.kind, "message": observed.error.message, "step": observed.error.step,
+                 "flag": None}
+    if observed.error is not None and observed.error.kind == "oom":
+        status = "oom"
+    elif stopped:
+        status = "stopped"
+    elif exit_code == 0 and (observed.done is not None or observed.model is None):
+        status = "ok"
+    else:
+        status = "failed"
+    if status == "failed" and error is None:
+        error = {"kind": "exception", "flag": None, "step": None,
+                 "message": f"the script exited with code {exit_code}; last lines of its log:\n{_log_tail(log_path)}"}
+    unavailable = dict(session.result(exited=True)["unavailable"])
+    if observed.model is None:
+        unavailable["bands"] = "the script created no transformers Trainer, so the probe measured nothing"
+    result = session.finish_saving(exited=True, status=status, exit_code=exit_code, log_path=str(log_path),
+                                   error=error, name=name, unavailable=unavailable)
+    assert result is not None
+    session.close()
+    return result

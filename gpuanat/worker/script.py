@@ -1,0 +1,84 @@
+"""Runs a user's own training script with gpuanat's probe attached, without editing the script.
+
+    python -m gpuanat.worker.script SCRIPT [ARGS...]
+
+What `gpuanat run --script SCRIPT -- ARGS` launches in its child. Every `transformers.Trainer` the script
+creates gets an `AnatomyCallback` (unless it already has one), whose events go to the pipe gpuanat passed in
+GPUANAT_EVENTS_FD; the variable is removed before the script runs, so processes the script starts do not
+inherit a descriptor they do not have. The script then runs as `python SCRIPT ARGS` would run it: as
+`__main__`, with `sys.argv` = [SCRIPT, *ARGS] and its directory first on `sys.path`. An exception that ends
+the script is also reported as an `error` event (kind `oom` for a CUDA out-of-memory error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import runpy
+import sys
+import traceback
+from typing import Any
+
+from gpuanat.core.protocol import Error, Event
+from gpuanat.worker import probe
+from gpuanat.worker.events import EventWriter, ParentGone
+
+EXIT_USAGE = 2
+
+
+def attach_probe_to_every_trainer() -> None:
+    """Wrap `Trainer.__init__` so that each Trainer gets an AnatomyCallback unless it has one already."""
+    from transformers import Trainer
+
+    original_init = Trainer.__init__
+
+    @functools.wraps(original_init)
+    def init_with_probe(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if not any(isinstance(callback, probe.AnatomyCallback) for callback in self.callback_handler.callbacks):
+            self.add_callback(probe.AnatomyCallback())
+
+    Trainer.__init__ = init_with_probe  # type: ignore[method-assign]
+
+
+def _emitter() -> Any:
+    fd = os.environ.pop(probe.EVENTS_FD_ENV, None)
+    if fd is None or not fd.isdigit():
+        return None
+    writer = EventWriter(int(fd))
+    probe.install_default_emit(writer.emit)
+    return writer.emit
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        print("usage: python -m gpuanat.worker.script SCRIPT [ARGS...]", file=sys.stderr)
+        return EXIT_USAGE
+    script = os.path.abspath(args[0])
+    emit = _emitter()
+    attach_probe_to_every_trainer()
+    sys.argv = [args[0], *args[1:]]
+    sys.path[0] = os.path.dirname(script)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_request:
+        code = exit_request.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except Exception as error:
+        if emit is not None:
+            kind = "oom" if type(error).__name__ == "OutOfMemoryError" else "exception"
+            event: Event = Error(kind=kind, message=f"{type(error).__name__}: {error}".splitlines()[0],
+                                 traceback=traceback.format_exc())
+            with contextlib.suppress(ParentGone, OSError):
+                emit(event)
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

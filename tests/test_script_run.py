@@ -1,0 +1,105 @@
+"""`gpuanat run --script train.py -- ARGS`: a user's own script, unedited, trained with gpuanat's probe attached."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import REPO, cli_env, last_json, run_cli, tiny_model_reference
+
+from gpuanat.core.history import HistoryStore
+
+TINY_TRAINER = REPO / "tests" / "scripts" / "tiny_trainer.py"
+
+
+def test_a_script_without_the_callback_is_recorded_with_its_bands(db_path):
+    completed = run_cli(["run", "--json", "--script", str(TINY_TRAINER), "--", "--samples", "32",
+                         "--batch-size", "8"], db_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    reference = tiny_model_reference()
+    assert result["status"] == "ok" and result["exit_code"] == 0
+    assert result["params"] == reference["params"]
+    assert {key: result["bands"][key] for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")} == {
+        key: reference[key] for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")}
+    assert result["bands"]["activations_bytes"] > 0
+    # the script's own arguments reached it: 32 samples in batches of 8, 3 epochs (its TrainingArguments default)
+    assert result["steps"] == 12 and result["samples"] == 96
+    assert result["samples_per_second"] > 0 and result["steady_samples_per_second"] > 0
+    assert result["config"]["script"] == str(TINY_TRAINER) and result["config"]["args"] == [
+        "--samples", "32", "--batch-size", "8"]
+    assert result["config"]["batch_size"] == 8  # read off the script's TrainingArguments by the probe
+    with HistoryStore(db_path) as store:
+        (run,) = store.runs()
+        steps = store.steps(run.id)
+        samples = store.samples(run.id)
+    assert (run.kind, run.name, run.status) == ("launched", "script tiny_trainer.py", "ok")
+    assert run.result["bands"] == result["bands"]
+    assert [step["step"] for step in steps] == list(range(1, 13))
+    assert samples and all(sample["host"]["rss_bytes"] for sample in samples)
+    table = run_cli(["history"], db_path, timeout_s=60).stdout
+    assert "script tiny_trainer.py" in table
+
+
+def test_the_probe_is_added_once_even_when_the_script_has_its_own():
+    code = textwrap.dedent("""
+        from gpuanat.worker.script import attach_probe_to_every_trainer
+        attach_probe_to_every_trainer()
+        import tempfile
+        from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+        from gpuanat.probe import AnatomyCallback
+        model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1,
+                                                         num_attention_heads=1, intermediate_size=16))
+        args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none")
+        class MyTrainer(Trainer):
+            pass
+        counts = []
+        for callbacks in ([], [AnatomyCallback(publish=False)]):
+            trainer = MyTrainer(model=model, args=args, callbacks=callbacks)
+            counts.append(sum(isinstance(c, AnatomyCallback) for c in trainer.callback_handler.callbacks))
+        print(counts)
+    """)
+    completed = subprocess.run([sys.executable, "-c", code], env=cli_env(None, offline_hub=True), cwd=REPO,
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.strip().splitlines()[-1] == "[1, 1]"
+
+
+def test_a_script_that_raises_is_recorded_as_failed_with_its_error(db_path, tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('args', sys.argv[1:], __name__)\nraise RuntimeError('no data here')\n")
+    completed = run_cli(["run", "--json", "--script", str(script), "--", "--epochs", "2"], db_path)
+    assert completed.returncode == 1
+    result = last_json(completed.stdout)
+    assert result["status"] == "failed" and result["exit_code"] == 1
+    assert result["error"]["kind"] == "exception" and "RuntimeError: no data here" in result["error"]["message"]
+    log = Path(result["log_path"]).read_text()
+    assert "args ['--epochs', '2'] __main__" in log
+
+
+def test_technique_flags_and_a_missing_script_are_refused_in_one_line(db_path, tmp_path):
+    for args, expected in (
+        (["run", "--script", str(TINY_TRAINER), "--batch-size", "8"], "--batch-size: technique flags do not apply"),
+        (["run", "--script", str(tmp_path / "missing.py")], "--script: no such file"),
+        (["run", "--", "--samples", "3"], "arguments after -- are for a script"),
+        (["history", "--", "x"], "only for `gpuanat run --script"),
+    ):
+        completed = run_cli(args, db_path, timeout_s=60)
+        assert completed.returncode == 2, (args, completed.stderr)
+        assert len(completed.stderr.strip().splitlines()) == 1 and expected in completed.stderr
+    with HistoryStore(db_path) as store:
+        assert store.runs() == []
+
+
+def test_the_json_line_is_the_last_stdout_line_even_with_the_scripts_output(db_path, tmp_path):
+    script = tmp_path / "chatty.py"
+    script.write_text("print('hello from the script')\n")
+    completed = run_cli(["run", "--json", "--script", str(script)], db_path, timeout_s=120)
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok"
+    assert "created no transformers Trainer" in result["unavailable"]["bands"]
+    assert "hello from the script" in Path(result["log_path"]).read_text()
