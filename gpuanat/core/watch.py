@@ -319,7 +319,7 @@ class WatchSession:
             self.samples.append(sample.to_json())
             self.last_record = record
             self._serve_save_request()
-            if self._recorder is not None:
+            if self._recorder is not None and not self._recorder.finished:
                 self._recorder.add(sample.to_json(), self._new_steps)
         return record
 
@@ -443,6 +443,8 @@ class WatchSession:
             "training_done": done is not None,
             "bands": bands,
             "bands_unavailable": bands_unavailable,
+            "gradients_at_forward_end_bytes": (observed.probe_bands.gradients_at_forward_end_bytes
+                                               if observed.probe_bands else None),
         }
 
     def _publication_reason(self) -> str:
@@ -488,7 +490,7 @@ class WatchSession:
         """The record that ends the watch because the process exited (after reading its last events)."""
         with self._lock:
             self._new_steps = self._drain_events([self.target.pid, *self.observed_pids()])
-            if self._recorder is not None:
+            if self._recorder is not None and not self._recorder.finished:
                 self._recorder.add(None, self._new_steps)
             observed = self.observed
             return {
@@ -550,7 +552,7 @@ class WatchSession:
         """Write the result and status of the saved run (None when not saving) and close the store;
         `overrides` replace entries of the result (a launched script's status, exit code and log)."""
         with self._lock:
-            if self._recorder is None:
+            if self._recorder is None or self._recorder.finished:
                 return None
             result = {**self.result(exited=exited), **overrides}
             self._recorder.finish(result)
@@ -642,10 +644,15 @@ def _process_name(pid: int | None) -> str | None:
 
 
 class _HistoryRecorder:
-    """Writes a watched session into the history while it goes on (samples and steps, once a second)."""
+    """Writes a watched session into the history while it goes on (samples and steps, once a second).
+
+    SQLite connections belong to the thread that opened them: the last writes, from another thread (a
+    dashboard quitting), go through a connection of their own."""
 
     def __init__(self, store: HistoryStore, session: WatchSession, name: str | None, run_id: int | None) -> None:
         self.store = store
+        self.finished = False
+        self._thread = threading.get_ident()
         self.name = name or f"watch {session.target.pid} {session.target.name}"
         self.run_id = run_id if run_id is not None else store.create_run(session.config(), kind=session.kind,
                                                                           name=self.name)
@@ -672,18 +679,21 @@ class _HistoryRecorder:
         if time.monotonic() - self._flushed_at_s >= HISTORY_FLUSH_INTERVAL_S:
             self._flush()
 
-    def _flush(self) -> None:
-        self.store.add_samples(self.run_id, self._pending_samples)
-        self.store.add_steps(self.run_id, self._pending_steps)
+    def _flush(self, store: HistoryStore | None = None) -> None:
+        store = store or self.store
+        store.add_samples(self.run_id, self._pending_samples)
+        store.add_steps(self.run_id, self._pending_steps)
         self._pending_samples, self._pending_steps = [], []
         self._flushed_at_s = time.monotonic()
 
     def finish(self, result: dict[str, Any]) -> None:
-        self._flush()
-        self.store.set_config(self.run_id, self._session.config())
-        self.store.set_environment(self.run_id, self._environment())
-        self.store.update_result(self.run_id, {**result, "run_id": self.run_id}, status=result["status"])
-        self.store.close()
+        store = self.store if threading.get_ident() == self._thread else HistoryStore(self.store.path)
+        self._flush(store)
+        store.set_config(self.run_id, self._session.config())
+        store.set_environment(self.run_id, self._environment())
+        store.update_result(self.run_id, {**result, "run_id": self.run_id}, status=result["status"])
+        store.close()
+        self.finished = True
 
 
 def follow(

@@ -10,18 +10,17 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from textual import events
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.notifications import SeverityLevel
-from textual.screen import Screen
 from textual.widgets import Footer
 
 from gpuanat.core.anatomy import assemble_bands
@@ -35,9 +34,8 @@ from gpuanat.core.runner import probe_capabilities
 from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.session import execute_run
 from gpuanat.core.techniques import changed_config
-from gpuanat.tui.screens.compare import CompareScreen
+from gpuanat.tui.dashboard_actions import DashboardActions
 from gpuanat.tui.screens.confirm import ConfirmScreen
-from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.log_pane import LogPane
@@ -110,7 +108,7 @@ class LiveRun:
     """The bands at the highest device use seen so far."""
 
 
-class GpuAnatApp(App[None]):
+class GpuAnatApp(DashboardActions):
     CSS_PATH = "app.tcss"
     TITLE = "gpuanat"
     BINDINGS = [
@@ -540,45 +538,3 @@ class GpuAnatApp(App[None]):
                 live.stop_requested.set()
 
         self.push_screen(ConfirmScreen("A run is in progress. Stop it and quit?"), answered)
-
-    def action_pause(self) -> None:
-        self.charts_paused = not self.charts_paused
-        for chart in self.query(LineChart):
-            chart.paused = self.charts_paused
-        self.notify("Charts paused (space resumes)." if self.charts_paused else "Charts live.", timeout=2)
-
-    def action_help(self) -> None:
-        if self.screen.query("HelpPanel"):
-            self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
-
-    def _runs(self) -> list[Any]:
-        with HistoryStore(self.db_path) as store:
-            return store.runs()
-
-    def action_history(self) -> None:
-        def chosen(run_ids: list[int] | None) -> None:
-            if run_ids:
-                self.compare_selection = run_ids
-                self.action_compare()
-
-        self.push_screen(HistoryScreen(self._runs()), chosen)
-
-    def action_compare(self) -> None:
-        with HistoryStore(self.db_path) as store:
-            run_ids = self.compare_selection or [run.id for run in store.runs(limit=2)]
-            if len(run_ids) < 2:
-                self.notify("Compare needs two recorded runs: run twice, or pick runs in history (h).")
-                return
-            runs = [store.run(run_id) for run_id in run_ids]
-            steps = {run_id: store.steps(run_id) for run_id in run_ids}
-            samples = {run_id: store.samples(run_id) for run_id in run_ids}
-        self.push_screen(CompareScreen([run for run in runs if run is not None], steps, samples))
-
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        for binding in self.BINDINGS:
-            if isinstance(binding, Binding) and binding.description:
-                yield SystemCommand(f"{binding.description} ({binding.key_display or binding.key})",
-                                    f"gpuanat: {binding.action}", lambda b=binding: self.run_action(b.action))

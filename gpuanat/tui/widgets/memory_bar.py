@@ -5,6 +5,8 @@ its own glyph and colour, so they stay distinguishable even where a theme (e.g. 
 Both bars share one scale: the device total when known, else the larger of the two sums, so measured and
 predicted compare by length. The legend has one row per band: swatch, name, current, peak and predicted value,
 and for a band that could not be measured "—" with the reason, dimmed (the full reasons are in the tooltip).
+A watched process that does not publish its anatomy shows its whole GPU memory as one more segment,
+"watched process (not broken down)", between the tensor bands and free.
 Drawn with the Line API from rows cached per (width, data version, theme).
 """
 
@@ -42,6 +44,9 @@ BAND_GLYPHS: dict[str, str] = {
     "temporaries_and_cache_bytes": "▓",  # textured: transient or cached, next to the activations
     "free_bytes": "░",
 }
+UNATTRIBUTED_LABEL = "watched process"
+UNATTRIBUTED_GLYPH = "▚"
+"""Checkered: memory known to be the watched process's, not split into bands."""
 LABEL_WIDTH = 10
 """Columns before a bar: "measured", "predicted"."""
 NAME_WIDTH = 20
@@ -86,6 +91,7 @@ class MemoryBar(Widget):
         "memory-bar--value",
         "memory-bar--reason",
         "memory-bar--overflow",
+        "memory-bar--unattributed",
     }
 
     DEFAULT_CSS = """
@@ -104,6 +110,7 @@ class MemoryBar(Widget):
         & > .memory-bar--value { color: $text; }
         & > .memory-bar--reason { color: $text-muted; text-style: italic; }
         & > .memory-bar--overflow { color: $error; text-style: bold; }
+        & > .memory-bar--unattributed { color: $accent; }
         &:ansi > .memory-bar--other-processes { color: ansi_bright_black; }
         &:ansi > .memory-bar--temporaries-and-cache { color: ansi_magenta; }
         &:ansi > .memory-bar--free { color: ansi_bright_black; }
@@ -128,6 +135,7 @@ class MemoryBar(Widget):
         self._total_bytes: int | None = None
         self._predicted_total_bytes: int | None = None
         self._unavailable: dict[str, str] = {}
+        self._unattributed_bytes: int | None = None
         self._has_reading = False
         self._version = 0
         self._rows: list[Strip] = []
@@ -140,8 +148,10 @@ class MemoryBar(Widget):
         peak: Mapping[str, int | None] | None,
         total_bytes: int | None,
         unavailable: Mapping[str, str],
+        unattributed_bytes: int | None = None,
     ) -> None:
-        """Show a measurement: band name -> bytes (None: not measured, why in `unavailable`).
+        """Show a measurement: band name -> bytes (None: not measured, why in `unavailable`);
+        `unattributed_bytes`: a watched process's GPU memory that no band accounts for (no probe).
 
         Calling it again with the same values costs nothing: the app may call it at every paint tick.
         """
@@ -150,15 +160,18 @@ class MemoryBar(Widget):
             {band: (peak or {}).get(band) for band in BAND_NAMES},
             total_bytes,
             dict(unavailable),
+            unattributed_bytes,
         )
-        if self._has_reading and measurement == (self._current, self._peak, self._total_bytes, self._unavailable):
+        if self._has_reading and measurement == (self._current, self._peak, self._total_bytes, self._unavailable,
+                                                 self._unattributed_bytes):
             return
-        self._current, self._peak, self._total_bytes, self._unavailable = measurement
+        layout = (unattributed_bytes is None) != (self._unattributed_bytes is None)
+        self._current, self._peak, self._total_bytes, self._unavailable, self._unattributed_bytes = measurement
         self._has_reading = True
         self.tooltip = "\n".join(
             f"{BAND_LABELS[band]}: {reason}" for band, reason in self._unavailable.items() if band in BAND_LABELS
         ) or None
-        self._changed(layout=False)
+        self._changed(layout=layout)
 
     def update_predicted(self, predicted: Mapping[str, int | None] | None, total_bytes: int | None = None) -> None:
         """Show the prediction for the configured run as a second bar and column; None removes it.
@@ -182,7 +195,7 @@ class MemoryBar(Widget):
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         bars = 2 if self._predicted is not None else 1
-        return bars + 1 + len(BAND_NAMES) + 1
+        return bars + 1 + len(BAND_NAMES) + (self._unattributed_bytes is not None) + 1
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -207,7 +220,8 @@ class MemoryBar(Widget):
 
     def _scale_bytes(self) -> int:
         sums = [sum(value or 0 for value in bands.values()) for bands in (self._current, self._predicted) if bands]
-        return max([self._device_total_bytes or 0, *sums])
+        return max([self._device_total_bytes or 0, *sums]) + (self._unattributed_bytes or 0) * (
+            self._device_total_bytes is None)
 
     def _bar_row(self, label: str, bands: Mapping[str, int | None], width: int) -> Strip:
         segments = [Segment(f"{label:<{LABEL_WIDTH}}", self._style("memory-bar--label"))]
@@ -216,10 +230,15 @@ class MemoryBar(Widget):
         if scale <= 0:
             segments.append(Segment("waiting for a reading…", self._style("memory-bar--reason")))
             return self._finish(segments, width)
-        cells = split_cells([bands.get(band) or 0 for band in BAND_NAMES], scale, bar_width)
-        for band, count in zip(BAND_NAMES, cells, strict=True):
+        unattributed = self._unattributed_bytes if bands is self._current else None
+        names = [*BAND_NAMES[:-1], "unattributed", BAND_NAMES[-1]]
+        values = [(unattributed or 0) if name == "unattributed" else bands.get(name) or 0 for name in names]
+        cells = split_cells(values, scale, bar_width)
+        for name, count in zip(names, cells, strict=True):
             if count:
-                segments.append(Segment(BAND_GLYPHS[band] * count, self._style(band_component_class(band))))
+                glyph, component = ((UNATTRIBUTED_GLYPH, "memory-bar--unattributed") if name == "unattributed"
+                                    else (BAND_GLYPHS[name], band_component_class(name)))
+                segments.append(Segment(glyph * count, self._style(component)))
         return self._finish(segments, width)
 
     def _build_rows(self, width: int) -> list[Strip]:
@@ -231,9 +250,21 @@ class MemoryBar(Widget):
         predicted_header = f"{'predicted':>{PREDICTED_WIDTH}}" if self._predicted is not None else ""
         header = f"{'':3}{'band':<{NAME_WIDTH}}{'now':>{VALUE_WIDTH}}{'peak':>{VALUE_WIDTH}}{predicted_header}"
         rows.append(self._finish([Segment(header, self._style("memory-bar--header"))], width))
-        rows.extend(self._band_row(band, width) for band in BAND_NAMES)
+        rows.extend(self._band_row(band, width) for band in BAND_NAMES[:-1])
+        if self._unattributed_bytes is not None:
+            rows.append(self._unattributed_row(width))
+        rows.append(self._band_row(BAND_NAMES[-1], width))
         rows.append(self._used_row(width))
         return rows
+
+    def _unattributed_row(self, width: int) -> Strip:
+        value_style = self._style("memory-bar--value")
+        return self._finish([
+            Segment(UNATTRIBUTED_GLYPH * 2, self._style("memory-bar--unattributed")),
+            Segment(f" {UNATTRIBUTED_LABEL:<{NAME_WIDTH}}", value_style),
+            Segment(f"{format_bytes(self._unattributed_bytes):>{VALUE_WIDTH}}", value_style),
+            Segment("  not broken down: the process publishes no anatomy", self._style("memory-bar--reason")),
+        ], width)
 
     def _values_text(self, now: int | None, peak: int | None, predicted: int | None) -> str:
         text = f"{format_bytes(now):>{VALUE_WIDTH}}{format_bytes(peak):>{VALUE_WIDTH}}"
@@ -271,7 +302,10 @@ class MemoryBar(Widget):
             prefix = "≥" if len(known) < len(values) else ""
             return sum(known), prefix + format_bytes(sum(known))
 
-        _, now_text = device_used(self._current if self._has_reading else None)
+        now, now_text = device_used(self._current if self._has_reading else None)
+        if self._unattributed_bytes is not None and now is not None:
+            # the watched process's memory stands for every band of its own: the sum is complete
+            now_text = format_bytes(now + self._unattributed_bytes)
         predicted, predicted_text = device_used(self._predicted)
         text = f"   {'device used':<{NAME_WIDTH}}{now_text:>{VALUE_WIDTH}}{'':>{VALUE_WIDTH}}"
         if self._predicted is not None:

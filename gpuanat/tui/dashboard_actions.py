@@ -1,0 +1,67 @@
+"""Actions both dashboards share — the launching one (`GpuAnatApp`) and the watching one (`WatchApp`):
+help, pausing the charts, the history pane, the compare view, and the command palette's list of keys."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from gpuanat.core.history import HistoryStore
+from gpuanat.tui.screens.compare import CompareScreen
+from gpuanat.tui.screens.history import HistoryScreen
+from gpuanat.tui.widgets.line_chart import LineChart
+
+
+class DashboardActions(App[None]):
+    """Mixed into an App that has `db_path`, `compare_selection` and `charts_paused`."""
+
+    db_path: Path
+    compare_selection: list[int]
+    charts_paused: bool
+
+    def action_pause(self) -> None:
+        self.charts_paused = not self.charts_paused
+        for chart in self.query(LineChart):
+            chart.paused = self.charts_paused
+        self.notify("Charts paused (space resumes)." if self.charts_paused else "Charts live.", timeout=2)
+
+    def action_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def _runs(self) -> list[Any]:
+        with HistoryStore(self.db_path) as store:
+            return store.runs()
+
+    def action_history(self) -> None:
+        def chosen(run_ids: list[int] | None) -> None:
+            if run_ids:
+                self.compare_selection = run_ids
+                self.action_compare()
+
+        self.push_screen(HistoryScreen(self._runs()), chosen)
+
+    def action_compare(self) -> None:
+        with HistoryStore(self.db_path) as store:
+            run_ids = self.compare_selection or [run.id for run in store.runs(limit=2)]
+            if len(run_ids) < 2:
+                self.notify("Compare needs two recorded runs: run twice, or pick runs in history (h).")
+                return
+            runs = [store.run(run_id) for run_id in run_ids]
+            steps = {run_id: store.steps(run_id) for run_id in run_ids}
+            samples = {run_id: store.samples(run_id) for run_id in run_ids}
+        self.push_screen(CompareScreen([run for run in runs if run is not None], steps, samples))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            if isinstance(binding, Binding) and binding.description:
+                yield SystemCommand(f"{binding.description} ({binding.key_display or binding.key})",
+                                    f"gpuanat: {binding.action}", lambda b=binding: self.run_action(b.action))

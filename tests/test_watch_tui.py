@@ -1,0 +1,100 @@
+"""The watch dashboard (`gpuanat watch PID` without --json): SVG snapshots of the H100 recording replayed as a
+watched process, and the real app, headless, watching a real process through the real sampler thread."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from textual.binding import Binding
+from watch_replay import STEPS, TRACE, make_watch_app, replay
+
+from gpuanat.core.history import HistoryStore
+from gpuanat.core.sampler import HostOnlySource, NvmlStatus
+from gpuanat.core.watch import resolve_target
+from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.watch_app import WatchApp
+from gpuanat.tui.widgets.memory_bar import MemoryBar
+
+recorded = pytest.mark.skipif(not (TRACE.exists() and STEPS.exists()), reason="H100 recordings not committed")
+
+
+@recorded
+def test_watch_dashboard_with_the_published_anatomy(snap_compare, tmp_path):
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+
+    async def run_before(pilot) -> None:
+        replay(app, until_elapsed_s=3.0)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
+@recorded
+def test_watch_dashboard_of_a_process_that_does_not_publish_80x24(snap_compare, tmp_path):
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+
+    async def run_before(pilot) -> None:
+        app.theme = "ansi-dark"
+        replay(app, until_elapsed_s=3.0, published=False)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_watch_mode_has_no_launch_or_technique_keys():
+    watch_keys = {binding.id for binding in WatchApp.BINDINGS if isinstance(binding, Binding)}
+    launch_only = {binding.id for binding in GpuAnatApp.BINDINGS if isinstance(binding, Binding)} - watch_keys
+    assert {"run", "stop", "fit", "precision", "batch_up", "grad_checkpointing"} <= launch_only
+    assert "save_watched" in watch_keys and all(binding.description for binding in WatchApp.BINDINGS)
+
+
+@pytest.mark.asyncio
+async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "b = b'x' * (64 * 1024 * 1024)\nwhile True: pass"],
+                             start_new_session=True)
+    db_path = tmp_path / "history.sqlite"
+    nvml = NvmlStatus(available=False, reason="no NVML in this test", driver_version=None, cuda_driver_version=None,
+                      gpu_names=())
+    try:
+        time.sleep(0.3)
+        app = WatchApp(resolve_target(child.pid), db_path=db_path, interval_s=0.1, paint_interval_s=0.1,
+                       sampler_factory=lambda: (HostOnlySource(per_process=True), nvml))
+        async with app.run_test(size=(120, 40)) as pilot:
+            deadline = time.monotonic() + 30
+            while app.last_record is None or not app.last_record.get("processes"):
+                assert time.monotonic() < deadline, "no record reached the dashboard"
+                await pilot.pause(0.1)
+            assert app.last_record["rss_bytes"] >= 64 * 1024 * 1024
+            footer_keys = {binding.key for (_, binding, enabled, _) in app.screen.active_bindings.values()}
+            assert "s" in footer_keys and "r" not in footer_keys
+            await pilot.press("r", "g", "p")  # launch and technique keys of the other dashboard do nothing here
+            await pilot.press("s")
+            while app.saved_run_id is None:
+                assert time.monotonic() < deadline, "the save was not confirmed"
+                await pilot.pause(0.1)
+            bar = app.query_one(MemoryBar)
+            assert bar._unavailable["weights_bytes"].startswith("not published")
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            while not app.exited:
+                assert time.monotonic() < deadline + 30, "the dashboard did not notice the exit"
+                await pilot.pause(0.1)
+            await pilot.pause(0.3)
+            assert "has exited" in app._state_text()
+            await pilot.press("q")
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    with HistoryStore(db_path) as store:
+        (run,) = store.runs()
+        samples = store.samples(run.id)
+    assert (run.kind, run.status) == ("watched", "exited")
+    assert samples and run.result["peak_rss_bytes"] >= 64 * 1024 * 1024
+    assert not psutil.pid_exists(child.pid) or psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
