@@ -6,10 +6,15 @@
 #   scripts/gpu_check.sh start [WAIT_S]    start the job, wait up to WAIT_S s, copy what exists to $OUT
 #   scripts/gpu_check.sh collect [WAIT_S]  wait up to WAIT_S s for the job, copy what exists to $OUT
 #   scripts/gpu_check.sh start-tui [WAIT_S]  the same for the TUI job
+#   scripts/gpu_check.sh start-watch [WAIT_S]  the same for the watch job (issue #5)
 # The job: `gpuanat sweep` (bert-large, the docs' table) -> plain-Trainer baselines of every row
 # (benchmarks/overhead.py) -> a short run that records an NVML trace -> a real OOM -> GPU tests.
 # The TUI job: README screenshots with the real app -> the TUI cost benchmark -> interleaved
 # repeats of plain Trainer vs gpuanat on two configs.
+# The watch job: a bert-large HF Trainer script started outside gpuanat (scripts/bert_large_external.py,
+# with the one-line AnatomyCallback) -> `gpuanat watch PID --json --save` records it and an NVML trace while a
+# second watcher takes the watch dashboard's screenshot -> a run without the callback, watched for 20 s ->
+# the publishing cost paired on bert-large -> the GPU watch tests.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}
 JOB=/tmp/gpuanat-job
@@ -65,6 +70,46 @@ job_tui() {
   touch "$JOB/DONE"
 }
 
+job_watch() {
+  setup
+  mkdir -p "$JOB"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+    >> "$JOB/env.txt" 2>&1
+  echo "$(date +%T) external bert-large with the callback" >> "$JOB/progress.txt"
+  setsid python3 scripts/bert_large_external.py --max-steps 900 --ready-file "$JOB/ready" \
+    > "$JOB/external.log" 2>&1 < /dev/null &
+  local waited=0
+  while [ ! -s "$JOB/ready" ] && [ "$waited" -lt 300 ]; do sleep 1; waited=$((waited + 1)); done
+  local pid; pid=$(cat "$JOB/ready")
+  echo "$(date +%T) watching PID $pid" >> "$JOB/progress.txt"
+  ls -la "${XDG_RUNTIME_DIR:-/tmp/gpuanat-$(id -u)}"/ /tmp/gpuanat-"$(id -u)"/ > "$JOB/publication_ls.txt" 2>&1
+  python3 -m gpuanat watch "$pid" --json --save "bert-large external" --trace-out "$JOB/nvml_trace_watch_h100.jsonl" \
+    > "$JOB/watch.jsonl" 2> "$JOB/watch.log" &
+  local watcher=$!
+  python3 scripts/take_screenshots.py --out-dir "$JOB/screenshots" --watch-pid "$pid" --mid-run-s 25 \
+    > "$JOB/screenshots.log" 2>&1
+  wait "$watcher"; echo "watch exit $?" >> "$JOB/watch.log"
+  echo "$(date +%T) without the callback, 20 s" >> "$JOB/progress.txt"
+  rm -f "$JOB/ready"
+  setsid python3 scripts/bert_large_external.py --no-callback --max-steps 400 --ready-file "$JOB/ready" \
+    > "$JOB/external_no_callback.log" 2>&1 < /dev/null &
+  waited=0
+  while [ ! -s "$JOB/ready" ] && [ "$waited" -lt 300 ]; do sleep 1; waited=$((waited + 1)); done
+  python3 -m gpuanat watch "$(cat "$JOB/ready")" --json --duration 20 --save "bert-large external, no callback" \
+    > "$JOB/watch_no_callback.jsonl" 2> "$JOB/watch_no_callback.log"
+  wait
+  python3 -m gpuanat history --json > "$JOB/history.json"
+  python3 -m gpuanat history --format md > "$JOB/history.md"
+  echo "$(date +%T) publishing cost on bert-large" >> "$JOB/progress.txt"
+  python3 benchmarks/publish_cost.py --out "$JOB/publish_cost_h100.json" --rounds 3 --steps 40 \
+    --config '{"device": "cuda", "batch_size": 4, "samples": 512}' > "$JOB/publish_cost.log" 2>&1
+  echo "$(date +%T) gpu watch tests" >> "$JOB/progress.txt"
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_watch_gpu.py -s > "$JOB/gpu_watch_tests.log" 2>&1
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -88,7 +133,9 @@ start_in_background() {
 case "${1:-start}" in
   start) start_in_background job; collect "${2:-540}" ;;
   start-tui) start_in_background job_tui; collect "${2:-540}" ;;
+  start-watch) start_in_background job_watch; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
   job_tui) job_tui ;;
+  job_watch) job_watch ;;
 esac

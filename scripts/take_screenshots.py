@@ -4,6 +4,10 @@ Starts the dashboard, runs one configuration, saves the dashboard mid-run, then 
 with other techniques saves the history pane and the compare view of the two runs.
 
     python scripts/take_screenshots.py --out-dir screenshots
+
+The watch dashboard: `--watch-pid PID` watches a live process for `--mid-run-s` seconds and saves
+watch.svg (on the GPU machine, a real bert-large run started outside gpuanat); `--watch-replay` saves
+watch_replay.svg from the H100 recording in tests/data, replayed as a watched process (no GPU needed).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import time
 from pathlib import Path
 
 from gpuanat.core.config import RunConfig
+from gpuanat.core.watch import resolve_target
 from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.watch_app import WatchApp
 
 COLUMNS, ROWS = 120, 40
 
@@ -51,6 +57,31 @@ async def take(out_dir: Path, first: RunConfig, second_keys: list[str], mid_run_
         await pilot.press("q")
 
 
+async def take_watch(out_dir: Path, pid: int, watch_s: float) -> None:
+    db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
+    app = WatchApp(resolve_target(pid), db_path=db_path)
+    async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
+        started = time.monotonic()
+        while time.monotonic() - started < watch_s and not app.exited:
+            await pilot.pause(0.25)
+        app.save_screenshot(filename="watch.svg", path=str(out_dir))
+        await pilot.press("q")
+
+
+async def take_watch_replay(out_dir: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from watch_replay import make_watch_app, replay
+
+    scratch = Path(tempfile.mkdtemp(prefix="gpuanat-shots-"))
+    app = make_watch_app(scratch / "history.sqlite", scratch / "proc")
+    async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
+        replay(app, until_elapsed_s=3.0)
+        await pilot.pause(0.5)
+        app.save_screenshot(filename="watch_replay.svg", path=str(out_dir))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, required=True)
@@ -60,8 +91,16 @@ def main() -> None:
     parser.add_argument("--preset", default="bert-large")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--watch-pid", type=int, default=None, help="only the watch dashboard of this process")
+    parser.add_argument("--watch-replay", action="store_true", help="only the watch dashboard, from the recording")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.watch_pid is not None:
+        asyncio.run(take_watch(args.out_dir, args.watch_pid, args.mid_run_s))
+        return
+    if args.watch_replay:
+        asyncio.run(take_watch_replay(args.out_dir))
+        return
     first = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples)
     asyncio.run(take(args.out_dir, first, args.second_keys.split(","), args.mid_run_s))
 

@@ -25,7 +25,7 @@ from conftest import REPO, cli_env, run_cli, start_cli, tiny_model_reference
 
 from gpuanat.core.pid_namespace import PidNamespaceResolver
 from gpuanat.core.sampler import HostOnlySource, NvmlStatus, ReplayGpuSource, ReplaySource, Sample, Sampler
-from gpuanat.core.watch import NOT_PUBLISHED, WatchError, WatchSession, follow, resolve_target
+from gpuanat.core.watch import NOT_PUBLISHED, WatchError, WatchSession, WatchTarget, follow, resolve_target
 
 MIB = 1024 * 1024
 H100_TRACE = Path(__file__).parent / "data" / "nvml_trace_h100.jsonl"
@@ -394,3 +394,36 @@ def test_a_visible_pid_without_a_gpu_device_is_a_coincidence_not_the_process(tmp
     mapping = PidNamespaceResolver(tmp_path).resolve([2348, 5555], tree_pids=[41])
     assert mapping.foreign == (2348, 5555) and "unmapped: 2348, 5555" in mapping.note
     assert PidNamespaceResolver(tmp_path).resolve([41], tree_pids=[41]).note is None
+
+
+WATCH_TRACE = Path(__file__).parent / "data" / "nvml_trace_watch_h100.jsonl"
+"""Recorded by `gpuanat watch PID --trace-out` on an H100 while a bert-large run started outside gpuanat trained
+(`scripts/gpu_check.sh start-watch`): per-process host detail and NVML per-process utilization included."""
+
+
+@pytest.mark.skipif(not WATCH_TRACE.exists(), reason="the H100 watch trace is not committed yet")
+def test_the_recorded_h100_watch_trace_replays_into_the_same_records(tmp_path):
+    source = ReplaySource(WATCH_TRACE)
+    recorded = [source.read([]) for _ in range(len(source))]
+    root_pid = next(sample.host.processes[0].pid for sample in recorded if sample.host.processes)
+    # the recording machine's /proc, as far as it matters: the watched process, holding the GPU device
+    fake_proc(tmp_path, root_pid, nspid=[root_pid], fds={"3": "/dev/nvidia0"})
+    target = WatchTarget(pid=root_pid, name="python3", command="", create_time_s=0.0, username=None)
+    session = WatchSession(target, H100_NVML, publication_dirs_for=lambda pid: [], process_alive=lambda: True,
+                           resolver=PidNamespaceResolver(tmp_path, check_visible_pids=False))
+    records = [session.handle(sample) for sample in recorded]
+    listed = any(process.pid == root_pid for sample in recorded for gpu in sample.gpus for process in gpu.processes)
+    on_gpu = [(record, sample) for record, sample in zip(records, recorded, strict=True)
+              if any(gpu.processes for gpu in sample.gpus)]
+    assert on_gpu, "no process on the GPU in the trace"
+    for record, sample in on_gpu:
+        assert record["rss_bytes"] == sample.host.rss_bytes
+        if listed:  # NVML's PIDs were ours where it was recorded
+            assert record["gpu_memory_bytes"] == sample.process_used_bytes([root_pid])
+            assert record["pid_namespace"] is None
+        else:  # recorded in a container: the one GPU process of the tree is mapped through /dev/nvidia*
+            assert "another PID namespace" in record["pid_namespace"]["note"]
+        if sample.gpus[0].process_utilization is not None and record["gpu_memory_bytes"]:
+            assert record["gpu_util_scope"] == "process"
+    # the bert-large run holds gigabytes of GPU memory
+    assert max(record["gpu_memory_bytes"] or 0 for record, _ in on_gpu) > 4 * 1024**3
