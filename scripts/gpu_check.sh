@@ -110,6 +110,34 @@ job_watch() {
   touch "$JOB/DONE"
 }
 
+job_predict() {
+  setup
+  mkdir -p "$JOB"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+  echo "$(date +%T) sweep, 128 samples (bands against NVML at every step record)" >> "$JOB/progress.txt"
+  python3 -m gpuanat sweep --samples 128 --json > "$JOB/sweep_128.json" 2> "$JOB/sweep_128.log"
+  python3 benchmarks/bands_check.py "$GPUANAT_DB" --out "$JOB/bands_check.json" > "$JOB/bands_check.log" 2>&1
+  echo "$(date +%T) max batch check" >> "$JOB/progress.txt"
+  python3 benchmarks/max_batch_check.py --out "$JOB/max_batch_check.json" > "$JOB/max_batch_check.log" 2>&1
+  echo "$(date +%T) fit" >> "$JOB/progress.txt"
+  python3 -m gpuanat fit --precision bf16 --trial-steps 2 --json > "$JOB/fit_bf16.json" 2> "$JOB/fit_bf16.log"
+  echo "$(date +%T) probe cost across the table" >> "$JOB/progress.txt"
+  python3 - "$JOB" <<'PY' > "$JOB/probe_cost_table.log" 2>&1
+import json, subprocess, sys
+from gpuanat.core.config import RunConfig
+from gpuanat.core.sweep import EXPERIMENTS
+job = sys.argv[1]
+for index, experiment in enumerate(EXPERIMENTS):
+    config = experiment.config(RunConfig(device="cuda"))
+    subprocess.run([sys.executable, "benchmarks/probe_cost.py", "--out", f"{job}/probe_cost_{index:02d}.json",
+                    "--blocks", "4", "--steps", "25", "--config", json.dumps(config.to_json())], check=False)
+PY
+  python3 -c "import glob, json; print(json.dumps([json.load(open(f)) for f in sorted(glob.glob('$JOB/probe_cost_*.json'))]))" \
+    > "$JOB/probe_cost_table.json"
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -134,8 +162,10 @@ case "${1:-start}" in
   start) start_in_background job; collect "${2:-540}" ;;
   start-tui) start_in_background job_tui; collect "${2:-540}" ;;
   start-watch) start_in_background job_watch; collect "${2:-540}" ;;
+  start-predict) start_in_background job_predict; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
   job_tui) job_tui ;;
   job_watch) job_watch ;;
+  job_predict) job_predict ;;
 esac

@@ -1,15 +1,20 @@
 """Memory prediction before a run, from the model's shape and the techniques alone (no torch).
 
-A first model, good to within tens of percent on the docs' table; issue #4 turns it into a measured
-and verified one. What it uses:
-- parameters counted from the preset's shape (checked against the real models in the tests);
-- fp32 weights and gradients, 4 B/param each (torch AMP keeps fp32 weights);
-- optimizer state: AdamW 8 B/param (+ a 4-byte step per tensor when fused, on the device), 8-bit Adam
-  ≈ 2 B/param with the Trainer keeping embeddings in 32-bit, Adafactor row + column factors (full second moment
-  for vectors) and a step per tensor, SGD 0;
-- activations per layer s·b·h·(34 + 5·a·s/h) bytes in 16-bit (Korthikanti et al. 2022), without the
-  s² term for SDPA; twice that in fp32; AMP adds 16-bit copies of the matmul weights; gradient
-  checkpointing keeps each layer's input plus one layer's activations.
+Exact where the sizes are fixed by the model: weights and gradients 4 B/param (torch AMP keeps fp32
+weights); optimizer state — AdamW 8 B/param (+ a 4-byte step per tensor when fused), bitsandbytes
+8-bit Adam 2 B/param in 256-element blocks with a 4-byte scale per block and moment, 32-bit state for
+tensors under 4096 elements and for the embeddings (the Trainer registers them with bitsandbytes'
+manager), Adafactor row + column factors (full second moment for vectors) and a step per tensor, SGD 0;
+AMP's half-precision copies of the matmul weights (2 B/param, not the embeddings), held from the
+forward pass to the backward pass unless activations are checkpointed.
+
+Measured on an H100 (benchmarks/results/h100/memory_matrix.json, torch 2.11, transformers 5.17) and
+fitted on its batch-8 and batch-32 rows only (benchmarks/fit_memory_model.py), the rest held out:
+bytes per token-hidden element stored for backward, per layer; with eager attention, bytes per
+attention score; what checkpointing keeps; the backward pass's temporaries; the cuBLAS workspaces.
+The peak is the larger of two moments: the end of the forward pass (activations alive, gradients
+only when accumulating) and the first optimizer step (all gradients, and the optimizer state created;
+with checkpointing, the end of backward, where the first layer is recomputed).
 """
 
 from __future__ import annotations
@@ -22,10 +27,52 @@ from gpuanat.core.presets import PRESETS, ModelPreset
 MIB = 1024**2
 NUM_LABELS = 2
 CUDA_CONTEXT_BYTES = 760 * MIB
-"""Per-process CUDA context, kernels and library workspaces: 742-758 MiB on the H100 with torch 2.11 and
-CUDA 13 (benchmarks/results/h100/sweep.json)."""
-ALLOCATOR_CACHE_FACTOR = 1.10
-"""Reserved / peak allocated memory of torch's caching allocator: 1.02-1.19 across the H100 sweep."""
+"""Per-process CUDA context, kernels and library handles outside torch's allocator: 742-758 MiB on the
+H100 with torch 2.11 and CUDA 13 (benchmarks/results/h100/sweep.json)."""
+DRIVER_RESERVED_BYTES = 615 * MIB
+"""Device memory the driver keeps for itself (NVML v2 `reserved`), measured on the H100."""
+CUBLAS_WORKSPACE_BYTES = 72_702_916
+"""cuBLAS/cuBLASLt workspaces, allocated through torch's allocator at the first matmul and kept:
+allocated memory after a step minus weights and optimizer state, median of the fitted rows."""
+
+
+@dataclass(frozen=True)
+class PrecisionCoefficients:
+    """Measured bytes per token-hidden element (s·h) per sample, unless said otherwise."""
+
+    activations_per_layer: float
+    """Stored for backward per transformer layer, SDPA attention."""
+    eager_per_score: float
+    """Eager attention also stores each of the a·s² attention probabilities: softmax output, dropout
+    mask (1 B) and dropout output (fp32: 4 + 1 + 4; AMP: 4 + 1 + a 2-byte copy)."""
+    checkpointed: float
+    """With checkpointing, kept for the whole model: every layer's input (4 B) plus the embeddings'."""
+    backward_temporaries: float
+    """Peak minus what is alive at the end of forward (gradients of the widest intermediates)."""
+    recompute_temporaries: float
+    """With checkpointing, the peak above the kept inputs: one layer recomputed plus its gradients."""
+    eager_recompute_per_score: float
+    """With checkpointing and eager attention, one layer's attention probabilities and their gradients,
+    per score."""
+    cache_fraction: float
+    """Allocator reservation above peak allocated at the largest batch that fits (fragmentation)."""
+
+
+COEFFICIENTS: dict[tuple[bool, bool], PrecisionCoefficients] = {
+    # (mixed precision, checkpointing): fitted by benchmarks/fit_memory_model.py, which fails if these differ.
+    (False, False): PrecisionCoefficients(
+        activations_per_layer=66.45, eager_per_score=8.99, checkpointed=0.0, backward_temporaries=24.23,
+        recompute_temporaries=0.0, eager_recompute_per_score=0.0, cache_fraction=0.0028),
+    (True, False): PrecisionCoefficients(
+        activations_per_layer=42.29, eager_per_score=6.99, checkpointed=0.0, backward_temporaries=17.90,
+        recompute_temporaries=0.0, eager_recompute_per_score=0.0, cache_fraction=0.0028),
+    (False, True): PrecisionCoefficients(
+        activations_per_layer=66.45, eager_per_score=8.99, checkpointed=105.03, backward_temporaries=0.0,
+        recompute_temporaries=78.31, eager_recompute_per_score=14.92, cache_fraction=0.1041),
+    (True, True): PrecisionCoefficients(
+        activations_per_layer=42.29, eager_per_score=6.99, checkpointed=101.02, backward_temporaries=0.0,
+        recompute_temporaries=57.90, eager_recompute_per_score=17.22, cache_fraction=0.1041),
+}
 MAX_BATCH_SEARCHED = 1 << 16
 
 
@@ -38,6 +85,8 @@ class ParameterShapes:
     vectors: tuple[int, ...]
     """Every 1-D parameter's length."""
     embedding_params: int
+    embedding_tensors: int
+    """The first `embedding_tensors` of `matrices` are the embeddings."""
     buffer_bytes: int
 
 
@@ -68,6 +117,7 @@ def parameter_shapes(preset: ModelPreset) -> ParameterShapes:
     params = sum(rows * cols for rows, cols in matrices) + sum(vectors)
     return ParameterShapes(params=params, tensors=len(matrices) + len(vectors), matrices=tuple(matrices),
                            vectors=tuple(vectors), embedding_params=sum(r * c for r, c in embeddings),
+                           embedding_tensors=len(embeddings),
                            buffer_bytes=buffer_bytes)
 
 
@@ -77,10 +127,23 @@ class MemoryEstimate:
     gradients_bytes: int
     optimizer_state_bytes: int
     activations_bytes: int
+    """What the probe reports as activations: allocated at the end of forward minus weights, gradients,
+    optimizer state and the batch — so it includes AMP's weight copies and the cuBLAS workspaces."""
     gradients_at_peak_bytes: int
     """Gradients alive at the end of forward: all of them when accumulating, else none."""
+    temporaries_bytes: int
+    """Transient memory of the backward pass above what is alive at the end of forward."""
     peak_allocated_bytes: int
-    """Weights + optimizer state + activations + gradients alive at the end of forward."""
+    """The larger of: weights + optimizer state + activations + gradients alive at the end of forward +
+    temporaries; and weights + gradients + optimizer state + workspaces at the first optimizer step."""
+    cache_fraction: float
+    """Expected allocator reservation above the peak, as a fraction of it, near the memory limit."""
+
+
+BNB_MIN_8BIT_ELEMENTS = 4096
+BNB_BLOCK_ELEMENTS = 256
+BNB_QUANTILE_MAPS_BYTES = 2 * 256 * 4
+"""Two 256-entry fp32 quantization maps (one per moment)."""
 
 
 def optimizer_state_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
@@ -88,28 +151,56 @@ def optimizer_state_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
         steps = 4 * shapes.tensors if config.optim == "adamw_torch_fused" else 0
         return 8 * shapes.params + steps
     if config.optim == "adamw_bnb_8bit":
-        return 8 * shapes.embedding_params + 2 * (shapes.params - shapes.embedding_params)
+        embedding_sizes = [rows * cols for rows, cols in shapes.matrices[:shapes.embedding_tensors]]
+        other_sizes = [rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors:]] + list(shapes.vectors)
+        state = 8 * sum(embedding_sizes) + BNB_QUANTILE_MAPS_BYTES
+        for size in other_sizes:
+            if size < BNB_MIN_8BIT_ELEMENTS:
+                state += 8 * size
+            else:
+                state += 2 * size + 2 * 4 * -(-size // BNB_BLOCK_ELEMENTS)
+        return state
     if config.optim == "adafactor":
         factors = sum(rows + cols for rows, cols in shapes.matrices) + sum(shapes.vectors)
         return 4 * (factors + shapes.tensors)
     return 0
 
 
+def _is_mixed(config: RunConfig) -> bool:
+    return config.precision in ("fp16", "bf16")
+
+
+def coefficients(config: RunConfig) -> PrecisionCoefficients:
+    return COEFFICIENTS[(_is_mixed(config), config.grad_checkpointing)]
+
+
+def half_weight_copies_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
+    """AMP casts each matmul weight to 16 bits once per forward and keeps the copy for backward
+    (autocast's cache); with checkpointing the copies are made per layer and not kept."""
+    if not _is_mixed(config) or config.grad_checkpointing:
+        return 0
+    matmul_params = sum(rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors:])
+    return 2 * matmul_params
+
+
 def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:
-    s, b, h, a = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads
-    attention_scores = 5 * a * s / h if config.attn == "eager" else 0
-    per_layer_16bit = s * b * h * (34 + attention_scores)
-    bytes_per_unit = 1.0 if config.precision in ("fp16", "bf16") else 2.0
-    per_layer = per_layer_16bit * bytes_per_unit
+    s, b, h, a, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads, preset.num_layers
+    c = coefficients(config)
+    eager_scores = a * s * s * c.eager_per_score if config.attn == "eager" else 0.0
     if config.grad_checkpointing:
-        layer_inputs = preset.num_layers * s * b * h * 4
-        total = layer_inputs + per_layer
+        per_sample = s * h * c.checkpointed
     else:
-        total = preset.num_layers * per_layer
-    if config.precision in ("fp16", "bf16"):
-        matmul_params = sum(rows * cols for rows, cols in shapes.matrices) - shapes.embedding_params
-        total += 2 * matmul_params
-    return int(total)
+        per_sample = layers * (s * h * c.activations_per_layer + eager_scores)
+    return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES
+
+
+def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    s, b, h, a = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads
+    c = coefficients(config)
+    if config.grad_checkpointing:
+        eager_scores = a * s * s * c.eager_recompute_per_score if config.attn == "eager" else 0.0  # one layer's
+        return int(b * (s * h * c.recompute_temporaries + eager_scores))
+    return int(b * s * h * c.backward_temporaries)
 
 
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
@@ -119,11 +210,19 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     gradients = 4 * shapes.params
     optimizer = optimizer_state_bytes(config, shapes)
     activations = activations_bytes(config, preset, shapes)
+    temporaries = temporaries_bytes(config, preset)
     gradients_at_peak = gradients if config.grad_accum > 1 else 0
+    forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
+    first_step_peak = weights + gradients + optimizer + CUBLAS_WORKSPACE_BYTES
+    if config.grad_checkpointing:
+        # Late in backward the kept inputs are mostly freed, but nearly all gradients exist while the first
+        # layer is recomputed: at small batches this is the peak.
+        first_step_peak += temporaries
     return MemoryEstimate(
         weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=optimizer,
-        activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak,
-        peak_allocated_bytes=weights + optimizer + activations + gradients_at_peak,
+        activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak, temporaries_bytes=temporaries,
+        peak_allocated_bytes=max(forward_end_peak, first_step_peak),
+        cache_fraction=coefficients(config).cache_fraction,
     )
 
 
@@ -157,22 +256,42 @@ def prediction_json(config: RunConfig) -> dict[str, int] | None:
         "optimizer_state_bytes": estimate.optimizer_state_bytes,
         "activations_bytes": estimate.activations_bytes,
         "gradients_at_forward_end_bytes": estimate.gradients_at_peak_bytes,
+        "temporaries_bytes": estimate.temporaries_bytes,
         "peak_allocated_bytes": estimate.peak_allocated_bytes,
+        "peak_reserved_bytes": peak_reserved_bytes(estimate),
         "cuda_context_bytes": CUDA_CONTEXT_BYTES,
         "peak_device_bytes": peak_device_bytes(estimate),
     }
 
 
+ALLOCATOR_CACHE_MIN_BYTES = 256 * MIB
+"""Away from the memory limit the allocator keeps at least this much cached above the peak (median of the
+fitted rows: 0.14-0.84 GiB)."""
+
+
+def peak_reserved_bytes(estimate: MemoryEstimate) -> int:
+    """Memory torch's allocator will have reserved at the peak."""
+    cache = max(estimate.cache_fraction * estimate.peak_allocated_bytes, ALLOCATOR_CACHE_MIN_BYTES)
+    return int(estimate.peak_allocated_bytes + cache)
+
+
 def peak_device_bytes(estimate: MemoryEstimate) -> int:
     """Device memory the run will hold at its peak: allocator reservation plus the CUDA context."""
-    return int(estimate.peak_allocated_bytes * ALLOCATOR_CACHE_FACTOR) + CUDA_CONTEXT_BYTES
+    return peak_reserved_bytes(estimate) + CUDA_CONTEXT_BYTES
+
+
+def fits_in(estimate: MemoryEstimate, gpu_memory_bytes: int) -> bool:
+    """Whether the run fits a GPU of `gpu_memory_bytes` (its total, as NVML reports it). Near the limit the
+    allocator gives its cache back before failing, so only fragmentation counts then."""
+    allocatable = gpu_memory_bytes - DRIVER_RESERVED_BYTES - CUDA_CONTEXT_BYTES
+    return estimate.peak_allocated_bytes * (1 + estimate.cache_fraction) <= allocatable
 
 
 def max_batch_size(config: RunConfig, gpu_memory_bytes: int) -> int:
-    """The largest per-device batch whose predicted device peak fits `gpu_memory_bytes` (0: none fits)."""
+    """The largest per-device batch predicted to fit `gpu_memory_bytes` (0: none fits)."""
 
     def fits(batch_size: int) -> bool:
-        return peak_device_bytes(estimate_memory(config.replace(batch_size=batch_size))) <= gpu_memory_bytes
+        return fits_in(estimate_memory(config.replace(batch_size=batch_size)), gpu_memory_bytes)
 
     if not fits(1):
         return 0
