@@ -27,7 +27,7 @@ from gpuanat.core.anatomy import assemble_bands
 from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
 from gpuanat.core.fit import run_fit
 from gpuanat.core.history import HistoryStore
-from gpuanat.core.predict import ALLOCATOR_CACHE_FACTOR, CUDA_CONTEXT_BYTES, estimate_memory, max_batch_size
+from gpuanat.core.predict import CUDA_CONTEXT_BYTES, estimate_memory, max_batch_size, peak_reserved_bytes
 from gpuanat.core.protocol import Event, ModelInfo, ProbeBands, Step
 from gpuanat.core.report import format_bytes
 from gpuanat.core.runner import probe_capabilities
@@ -416,7 +416,7 @@ class GpuAnatApp(DashboardActions):
         self.query_one(TechniquesPanel).show(self.config, capabilities=self.capabilities, estimate=estimate,
                                              gpu_total_bytes=self._gpu_total_bytes(),
                                              device_peak_bytes=None if estimate is None else
-                                             int(estimate.peak_allocated_bytes * ALLOCATOR_CACHE_FACTOR) + context)
+                                             peak_reserved_bytes(estimate) + context)
         if estimate is None or self.screen.has_class("-compact"):
             self.query_one(MemoryBar).update_predicted(None)
         else:
