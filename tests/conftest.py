@@ -18,6 +18,8 @@ TINY_CPU = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples
 
 def cli_env(db: Path | None, fault: str | None = None, offline_hub: bool = False) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPUANAT_")}
+    # A script run by path (tests/scripts/*.py) imports gpuanat from this checkout even without an install.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if db is not None:
         env["GPUANAT_DB"] = str(db)
     env["PYTHONUNBUFFERED"] = "1"
