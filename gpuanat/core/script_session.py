@@ -77,11 +77,12 @@ def execute_script(
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
     sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
     child.start()
-    assert child.pid is not None
-    session = WatchSession(_target(child.pid, command), nvml, publication_dirs_for=None,
+    child_pid = child.pid
+    assert child_pid is not None
+    session = WatchSession(_target(child_pid, command), nvml, publication_dirs_for=None,
                            process_alive=lambda: child.poll() is None, kind="launched", description=description)
     session.start_saving(store, name, run_id=run_id)
-    sampler.track(child.pid)
+    sampler.track(child_pid)
     sampler.start()
     exit_code: int | None = None
     stopped = False
@@ -102,7 +103,7 @@ def execute_script(
                 continue
             if isinstance(event, ChildExited):
                 return event.returncode
-            session.add_events(child.pid, [event])
+            session.add_events(child_pid, [event])
             if on_event is not None and not isinstance(event, Malformed):
                 on_event(event)
 
