@@ -84,7 +84,7 @@ job_watch() {
   local pid; pid=$(cat "$JOB/ready")
   echo "$(date +%T) watching PID $pid" >> "$JOB/progress.txt"
   ls -la "${XDG_RUNTIME_DIR:-/tmp/gpuanat-$(id -u)}"/ /tmp/gpuanat-"$(id -u)"/ > "$JOB/publication_ls.txt" 2>&1
-  python3 -m gpuanat watch "$pid" --json --save "bert-large external" --trace-out "$JOB/nvml_trace_watch_h100.jsonl" \
+  python3 -m gpuanat watch "$pid" --json --save "bert-large external" --trace-out "$JOB/nvml_trace_watch.jsonl" \
     > "$JOB/watch.jsonl" 2> "$JOB/watch.log" &
   local watcher=$!
   python3 scripts/take_screenshots.py --out-dir "$JOB/screenshots" --watch-pid "$pid" --mid-run-s 25 \

@@ -396,13 +396,13 @@ def test_a_visible_pid_without_a_gpu_device_is_a_coincidence_not_the_process(tmp
     assert PidNamespaceResolver(tmp_path).resolve([41], tree_pids=[41]).note is None
 
 
-WATCH_TRACE = Path(__file__).parent / "data" / "nvml_trace_watch_h100.jsonl"
-"""Recorded by `gpuanat watch PID --trace-out` on an H100 while a bert-large run started outside gpuanat trained
+WATCH_TRACE = Path(__file__).parent / "data" / "nvml_trace_watch_h200.jsonl"
+"""Recorded by `gpuanat watch PID --trace-out` on an H200 (the lent machine that day) while a bert-large run started outside gpuanat trained
 (`scripts/gpu_check.sh start-watch`): per-process host detail and NVML per-process utilization included."""
 
 
-@pytest.mark.skipif(not WATCH_TRACE.exists(), reason="the H100 watch trace is not committed yet")
-def test_the_recorded_h100_watch_trace_replays_into_the_same_records(tmp_path):
+@pytest.mark.skipif(not WATCH_TRACE.exists(), reason="the watch trace is not committed yet")
+def test_the_recorded_gpu_watch_trace_replays_into_the_same_records(tmp_path):
     source = ReplaySource(WATCH_TRACE)
     recorded = [source.read([]) for _ in range(len(source))]
     root_pid = next(sample.host.processes[0].pid for sample in recorded if sample.host.processes)
