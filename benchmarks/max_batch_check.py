@@ -65,13 +65,15 @@ def trial(overrides: dict[str, Any], batch_size: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--only", type=json.loads, action="append", metavar="JSON",
+                        help="check only these configurations (RunConfig overrides), e.g. '{\"precision\": \"bf16\"}'")
     args = parser.parse_args()
     nvml = probe_nvml()
     if not (nvml.available and nvml.gpu_total_bytes):
         sys.exit(f"no GPU: {nvml.reason}")
     total_bytes = nvml.gpu_total_bytes[0]
     report: dict[str, Any] = {"gpu": nvml.gpu_names[0], "gpu_memory_bytes": total_bytes, "checks": []}
-    for overrides in CONFIGS:
+    for overrides in args.only or CONFIGS:
         config = RunConfig.from_json({"preset": "bert-large", "device": "cuda", **overrides})
         predicted = max_batch_size(config, total_bytes)
         trials = [trial(overrides, predicted), trial(overrides, predicted + 8)]

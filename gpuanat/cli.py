@@ -395,7 +395,7 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    from gpuanat.core.predict import max_batch_size, parse_size, prediction_json
+    from gpuanat.core.predict import estimate_memory, fits_in, max_batch_size, parse_size, prediction_json
     from gpuanat.core.report import format_bytes
     from gpuanat.core.sampler import probe_nvml
 
@@ -431,7 +431,7 @@ def command_predict(args: argparse.Namespace) -> int:
     if gpu_memory is None:
         print(f"Largest batch that fits: — ({source})")
     else:
-        fits = "fits" if result["peak_device_bytes"] <= gpu_memory else "does NOT fit"
+        fits = "fits" if fits_in(estimate_memory(config), gpu_memory) else "does NOT fit"
         print(f"On {format_bytes(gpu_memory)} ({source}): batch {config.batch_size} {fits}; "
               f"largest batch that fits: {result['max_batch_size']}")
     return EXIT_OK

@@ -71,7 +71,7 @@ COEFFICIENTS: dict[tuple[bool, bool], PrecisionCoefficients] = {
         recompute_temporaries=78.31, eager_recompute_per_score=14.92, cache_fraction=0.1041),
     (True, True): PrecisionCoefficients(
         activations_per_layer=42.29, eager_per_score=6.99, checkpointed=101.02, backward_temporaries=0.0,
-        recompute_temporaries=57.90, eager_recompute_per_score=17.22, cache_fraction=0.1041),
+        recompute_temporaries=57.90, eager_recompute_per_score=17.22, cache_fraction=0.0293),
 }
 MAX_BATCH_SEARCHED = 1 << 16
 
