@@ -397,7 +397,8 @@ def test_a_visible_pid_without_a_gpu_device_is_a_coincidence_not_the_process(tmp
 
 
 WATCH_TRACE = Path(__file__).parent / "data" / "nvml_trace_watch_h200.jsonl"
-"""Recorded by `gpuanat watch PID --trace-out` on an H200 (the lent machine that day) while a bert-large run started outside gpuanat trained
+"""Recorded by `gpuanat watch PID --trace-out` on an H200 (the lent machine that day) while a bert-large run
+started outside gpuanat trained
 (`scripts/gpu_check.sh start-watch`): per-process host detail and NVML per-process utilization included."""
 
 

@@ -77,7 +77,8 @@ class RunRow:
     log_path: str | None
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this PID exists (one we may not signal counts)."""
     if not pid:
         return False
     try:
@@ -165,7 +166,7 @@ class HistoryStore:
     def _row(self, row: tuple[Any, ...]) -> RunRow:
         (run_id, kind, name, status, created_at, finished_at, config_json, environment_json, result_json,
          log_path, recorder_pid) = row
-        if status in ACTIVE_STATUSES and not _pid_alive(recorder_pid):
+        if status in ACTIVE_STATUSES and not pid_alive(recorder_pid):
             status = "interrupted"
         return RunRow(
             id=run_id, kind=kind, name=name, status=status, created_at=created_at, finished_at=finished_at,

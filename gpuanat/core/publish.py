@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from gpuanat.core.history import pid_alive
 from gpuanat.core.protocol import Done, Event, Hello, Malformed, ModelInfo, Step, decode, encode
 
 PLAIN_STEP_INTERVAL_S = 0.25
@@ -97,23 +98,13 @@ def ensure_private_dir(path: Path, uid: int) -> None:
         raise PublishRefused(problem)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_dead_publications(directory: Path) -> list[Path]:
     """Remove the files of processes that no longer exist (killed before they could clean up)."""
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(directory):
             stem = entry.name.removesuffix(PUBLICATION_SUFFIX)
-            if entry.name.endswith(PUBLICATION_SUFFIX) and stem.isdigit() and not _pid_alive(int(stem)):
+            if entry.name.endswith(PUBLICATION_SUFFIX) and stem.isdigit() and not pid_alive(int(stem)):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                     removed.append(Path(entry.path))

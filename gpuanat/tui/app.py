@@ -34,7 +34,7 @@ from gpuanat.core.runner import probe_capabilities
 from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.session import execute_run
 from gpuanat.core.techniques import changed_config
-from gpuanat.tui.dashboard_actions import DashboardActions
+from gpuanat.tui.dashboard_actions import SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
@@ -127,11 +127,7 @@ class GpuAnatApp(DashboardActions):
         Binding("c", "toggle_technique('compile')", "Compile", id="compile", show=False),
         Binding("e", "toggle_technique('attn')", "Attention", id="attn", show=False),
         Binding("f", "fit", "Fit batch", id="fit"),
-        Binding("h", "history", "History", id="history"),
-        Binding("enter", "compare", "Compare", id="compare", show=False),
-        Binding("space", "pause", "Pause charts", id="pause", show=False),
-        Binding("question_mark", "help", "Help", id="help", key_display="?"),
-        Binding("q", "quit", "Quit", id="quit"),
+        *SHARED_BINDINGS,
     ]
 
     def __init__(

@@ -16,6 +16,15 @@ from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.widgets.line_chart import LineChart
 
+SHARED_BINDINGS = [
+    Binding("h", "history", "History", id="history"),
+    Binding("enter", "compare", "Compare", id="compare", show=False),
+    Binding("space", "pause", "Pause charts", id="pause", show=False),
+    Binding("question_mark", "help", "Help", id="help", key_display="?"),
+    Binding("q", "quit", "Quit", id="quit"),
+]
+"""Keys of both dashboards (launching and watching), with the actions below."""
+
 
 class DashboardActions(App[None]):
     """Mixed into an App that has `db_path`, `compare_selection` and `charts_paused`."""

@@ -27,7 +27,7 @@ from textual.widgets import Footer
 from gpuanat.core.report import format_bytes
 from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.watch import WatchSession, WatchTarget
-from gpuanat.tui.dashboard_actions import DashboardActions
+from gpuanat.tui.dashboard_actions import SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -56,11 +56,7 @@ class WatchApp(DashboardActions):
     TITLE = "gpuanat watch"
     BINDINGS = [
         Binding("s", "save", "Save to history", id="save_watched"),
-        Binding("h", "history", "History", id="history"),
-        Binding("enter", "compare", "Compare", id="compare", show=False),
-        Binding("space", "pause", "Pause charts", id="pause", show=False),
-        Binding("question_mark", "help", "Help", id="help", key_display="?"),
-        Binding("q", "quit", "Quit", id="quit"),
+        *SHARED_BINDINGS,
     ]
 
     def __init__(
