@@ -1,11 +1,17 @@
 """Do the bands add up to NVML's device memory used at every step record? Read from a history database.
 
-For every step record of every recorded run, the NVML sample nearest in time (the child stamps each step
-with time.monotonic(), which Linux shares between processes, and the sampler stamps its samples with it):
+For every step record of every recorded run, NVML's device and per-process memory at that moment: read by
+the training process itself right after torch's reserved memory, on the steps the probe measures and
+whenever reserved memory changed; else the parent's NVML sample nearest in time among those taken while
+reserved memory had the record's value (from the end of the first step that had it to the end of the last;
+the child stamps each step with time.monotonic(), which Linux shares between processes, and the sampler
+stamps its samples with it); else, when no sample fell in that window, the training process's reading at
+the window's start. Then:
 
 - the bands as gpuanat shows them — other processes (device used - this process), CUDA context (this
   process - torch reserved), weights, gradients alive at the end of forward, optimizer state, activations
-  (the probe's last exact measurement), temporaries & cache (reserved - those) — must all be >= 0;
+  (the probe's last exact measurement), optimizer state alive at the end of forward (none in step 1),
+  temporaries & cache (reserved - those) — must all be >= 0;
 - their sum equals device used by construction, because context and cache are differences. The part that
   can fail is whether every byte of the process is torch's allocator or a *fixed* context: so the check
   takes the context once (median over the run) and reports |other + context + reserved - device used|
@@ -30,6 +36,10 @@ from gpuanat.core.sampler import Sample
 TOLERANCE_PERCENT = 1.0
 
 
+def _read_by_child(step: dict[str, Any]) -> bool:
+    return step.get("nvml_device_used_bytes") is not None and step.get("nvml_process_used_bytes") is not None
+
+
 def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | None:
     samples = [Sample.from_json(sample) for sample in store.samples(run_id)]
     samples = [sample for sample in samples if sample.gpus and sample.process_used_bytes([pid]) is not None]
@@ -37,24 +47,50 @@ def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | No
     if not samples or not steps:
         return None
     times = [sample.t_s for sample in samples]
+    # Runs of consecutive steps with the same reserved memory: within one, the readings all describe one state.
+    window_of: dict[int, tuple[float, float, dict[str, Any]]] = {}
+    start = 0
+    for index in range(1, len(steps) + 1):
+        if index == len(steps) or steps[index]["reserved_bytes"] != steps[start]["reserved_bytes"]:
+            for step in steps[start:index]:
+                window_of[step["step"]] = (steps[start]["monotonic_s"], steps[index - 1]["monotonic_s"], steps[start])
+            start = index
     bands = None
     records = []
     for step in steps:
         bands = step.get("bands") or bands
-        index = bisect.bisect_left(times, step["monotonic_s"])
-        nearest = min((i for i in (index - 1, index) if 0 <= i < len(samples)),
-                      key=lambda i: abs(times[i] - step["monotonic_s"]))
-        sample = samples[nearest]
-        device_used = sample.gpus[0].used_bytes
-        process = sample.process_used_bytes([pid])
-        reserved = step["reserved_bytes"]
-        record = {"step": step["step"], "gap_s": sample.t_s - step["monotonic_s"], "device_used_bytes": device_used,
-                  "process_used_bytes": process, "reserved_bytes": reserved,
-                  "other_processes_bytes": device_used - process, "cuda_context_bytes": process - reserved}
+        record: dict[str, Any] = {"step": step["step"], "reserved_bytes": step["reserved_bytes"]}
+        window_start_s, window_end_s, first = window_of[step["step"]]
+        in_window = [i for i in range(bisect.bisect_left(times, window_start_s), len(times))
+                     if times[i] <= window_end_s]
+        if _read_by_child(step):
+            record.update(nvml_read_by="training process", gap_s=0.0, device_used_bytes=step["nvml_device_used_bytes"],
+                          process_used_bytes=step["nvml_process_used_bytes"])
+        elif in_window:
+            sample = samples[min(in_window, key=lambda i: abs(times[i] - step["monotonic_s"]))]
+            record.update(nvml_read_by="sampler", gap_s=sample.t_s - step["monotonic_s"],
+                          device_used_bytes=sample.gpus[0].used_bytes, process_used_bytes=sample.process_used_bytes([pid]))
+        elif _read_by_child(first):
+            record.update(nvml_read_by=f"training process at step {first['step']}, same reserved memory",
+                          gap_s=first["monotonic_s"] - step["monotonic_s"],
+                          device_used_bytes=first["nvml_device_used_bytes"],
+                          process_used_bytes=first["nvml_process_used_bytes"])
+        else:  # an older probe's run: no reading of this state at all; the nearest sample, flagged
+            index = bisect.bisect_left(times, step["monotonic_s"])
+            nearest = min((i for i in (index - 1, index) if 0 <= i < len(samples)),
+                          key=lambda i: abs(times[i] - step["monotonic_s"]))
+            sample = samples[nearest]
+            record.update(nvml_read_by="sampler, outside the window", gap_s=sample.t_s - step["monotonic_s"],
+                          device_used_bytes=sample.gpus[0].used_bytes, process_used_bytes=sample.process_used_bytes([pid]))
+        record["other_processes_bytes"] = record["device_used_bytes"] - record["process_used_bytes"]
+        record["cuda_context_bytes"] = record["process_used_bytes"] - record["reserved_bytes"]
         if bands is not None and bands.get("activations_bytes") is not None:
-            tensors = (bands["weights_bytes"] + bands["gradients_at_forward_end_bytes"]
-                       + bands["optimizer_state_bytes"] + bands["activations_bytes"])
-            record["temporaries_and_cache_bytes"] = reserved - tensors
+            optimizer_state = bands.get("optimizer_state_at_forward_end_bytes")
+            if optimizer_state is None:  # recorded by a probe that did not measure it
+                optimizer_state = bands["optimizer_state_bytes"]
+            tensors = (bands["weights_bytes"] + bands["gradients_at_forward_end_bytes"] + optimizer_state
+                       + bands["activations_bytes"])
+            record["temporaries_and_cache_bytes"] = record["reserved_bytes"] - tensors
         records.append(record)
     context = statistics.median(record["cuda_context_bytes"] for record in records)
     for record in records:
@@ -70,6 +106,8 @@ def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | No
                                      max(r["cuda_context_bytes"] for r in records)],
         "max_abs_error_percent": max(errors), "within_tolerance": sum(error <= TOLERANCE_PERCENT for error in errors),
         "max_abs_gap_s": max(abs(record["gap_s"]) for record in records),
+        "records_by_reading": {reading: sum(record["nvml_read_by"] == reading for record in records)
+                               for reading in sorted({record["nvml_read_by"] for record in records})},
         "records_with_negative_bands": sum(bool(record["negative_bands"]) for record in records),
         "records": records,
     }
@@ -94,6 +132,7 @@ def main() -> None:
                   f"{checked['cuda_context_range_bytes'][0] / 2**20:.0f}-"
                   f"{checked['cuda_context_range_bytes'][1] / 2**20:.0f} MiB, "
                   f"max gap {checked['max_abs_gap_s']:.2f} s, "
+                  f"NVML read by {checked['records_by_reading']}, "
                   f"{checked['records_with_negative_bands']} with a negative band")
     args.out.write_text(json.dumps(report, indent=1))
 

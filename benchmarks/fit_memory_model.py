@@ -1,13 +1,15 @@
 """Fit the measured coefficients of `gpuanat predict` and report its error on held-out measurements.
 
 Reads a memory matrix measured by benchmarks/memory_matrix.py. Only the *training* rows are used to fit:
-the fp32 and bf16 rows at batch 8 and 32, with and without checkpointing, the eager-attention rows at
-batch 16, and, for the allocator's fragmentation, the largest-batch searches of
-fp32 with and without checkpointing. Every other row — batch 1, 2, 4, 16 and 64, fp16, the other
-optimizers, eager attention at batch 4 or with checkpointing, gradient accumulation, and the other
-searches — is held out. Coefficients are bytes per token-hidden element (s·h) per sample.
+the fp32 and bf16 rows at batch 8 and 32, with and without checkpointing, and at batch 64 with it (the
+recompute peak binds from batch 32 up, and its temporaries are the line through 32 and 64), the
+eager-attention rows at batch 16, and, for the allocator's fragmentation, the largest-batch searches of
+fp32 with and without checkpointing and of bf16 with checkpointing (`gpuanat fit`). Every other row —
+batch 1, 2, 4, 16, and 64 without checkpointing, fp16, the other optimizers, eager attention at batch 4
+or with checkpointing, gradient accumulation, and the other searches — is held out. Coefficients are
+bytes per token-hidden element (s·h) per sample.
 
-    python benchmarks/fit_memory_model.py MATRIX.json [--json OUT]   fit, and compare with predict.py
+    python benchmarks/fit_memory_model.py MATRIX.json [--mixed-checkpointed-search FIT.json] [--json OUT]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gpuanat.core.predict import (
 from gpuanat.core.presets import PRESETS
 
 FIT_BATCHES = (8, 32)
+CHECKPOINTED_TEMPORARIES_BATCHES = (32, 64)
 EAGER_FIT_BATCH = 16
 FIT_SEARCHES = ({"precision": "fp32"}, {"precision": "fp32", "grad_checkpointing": True})
 DECIMALS = 2
@@ -44,18 +47,16 @@ def config_of(run: dict[str, Any]) -> RunConfig:
 def is_training_row(run: dict[str, Any]) -> bool:
     overrides = run["overrides"]
     core = set(overrides) <= {"precision", "grad_checkpointing", "batch_size"}
-    if core and overrides["precision"] in ("fp32", "bf16") and overrides["batch_size"] in FIT_BATCHES:
-        return True
+    if core and overrides["precision"] in ("fp32", "bf16"):
+        batches = FIT_BATCHES + (CHECKPOINTED_TEMPORARIES_BATCHES if overrides.get("grad_checkpointing") else ())
+        return overrides["batch_size"] in batches
     return overrides.get("attn") == "eager" and overrides["batch_size"] == EAGER_FIT_BATCH
 
 
-MIXED_CHECKPOINTED_SEARCH = {"precision": "bf16", "grad_checkpointing": True}
-"""Fragmentation differs between fp32 and mixed precision under checkpointing (reserved / allocated 1.10 vs
-1.03 near the limit): the mixed one is fitted on the trials of benchmarks/max_batch_check.py for this
-configuration, when given."""
-
-
-def fit(matrix: dict[str, Any], max_batch_check: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+    """Fragmentation differs between fp32 and mixed precision under checkpointing (reserved / allocated 1.10 vs
+    1.03 at the largest batch): the mixed one comes from `mixed_checkpointed_search`, a `gpuanat fit --json`
+    of bf16 with checkpointing, when given."""
     preset = PRESETS["bert-large"]
     shapes = parameter_shapes(preset)
     layers, heads = preset.num_layers, preset.num_heads
@@ -64,11 +65,11 @@ def fit(matrix: dict[str, Any], max_batch_check: dict[str, Any] | None = None) -
     for mixed in (False, True):
         for checkpointing in (False, True):
             precision = "bf16" if mixed else "fp32"
-            pair = sorted((run for run in rows if run["overrides"].get("precision") == precision
-                           and set(run["overrides"]) <= {"precision", "grad_checkpointing", "batch_size"}
-                           and bool(run["overrides"].get("grad_checkpointing")) == checkpointing),
-                          key=lambda run: run["overrides"]["batch_size"])
-            (small, large) = pair
+            by_batch = {run["overrides"]["batch_size"]: run for run in rows
+                        if run["overrides"].get("precision") == precision
+                        and set(run["overrides"]) <= {"precision", "grad_checkpointing", "batch_size"}
+                        and bool(run["overrides"].get("grad_checkpointing")) == checkpointing}
+            small, large = (by_batch[batch] for batch in FIT_BATCHES)
             config = config_of(small)
             s, h = config.seq_len, preset.hidden_size
             samples = large["overrides"]["batch_size"] - small["overrides"]["batch_size"]
@@ -81,8 +82,15 @@ def fit(matrix: dict[str, Any], max_batch_check: dict[str, Any] | None = None) -
 
             # The peak's excess over what is alive at the end of forward, per sample, at the larger batch.
             temporaries = above_forward_end(large) / large["overrides"]["batch_size"] / (s * h)
+            temporaries_constant = 0.0
+            if checkpointing:  # a line through the two largest rows, where the recompute peak binds
+                low, high = (by_batch[batch] for batch in CHECKPOINTED_TEMPORARIES_BATCHES)
+                temporaries = ((above_forward_end(high) - above_forward_end(low))
+                               / (high["overrides"]["batch_size"] - low["overrides"]["batch_size"]) / (s * h))
+                temporaries_constant = above_forward_end(low) - temporaries * s * h * low["overrides"]["batch_size"]
             key = f"{'mixed' if mixed else 'fp32'}{' checkpointed' if checkpointing else ''}"
-            entry = {"backward_temporaries": 0.0, "checkpointed": 0.0, "recompute_temporaries": 0.0}
+            entry = {"backward_temporaries": 0.0, "checkpointed": 0.0, "recompute_temporaries": 0.0,
+                     "recompute_constant_bytes": temporaries_constant}
             if checkpointing:
                 entry["checkpointed"] = activations_slope / (s * h)
                 entry["recompute_temporaries"] = temporaries
@@ -120,12 +128,11 @@ def fit(matrix: dict[str, Any], max_batch_check: dict[str, Any] | None = None) -
             fraction = best["peak_reserved_bytes"] / best["peak_allocated_bytes"] - 1
             for name in (key, key.replace("fp32", "mixed")):
                 fitted[name]["cache_fraction"] = fraction
-    for check in (max_batch_check or {}).get("checks", []):
-        if check["overrides"] == MIXED_CHECKPOINTED_SEARCH:
-            trained = [trial for trial in check["trials"] if trial["status"] == "ok"]
-            largest = max(trained, key=lambda trial: trial["batch_size"])
-            fitted["mixed checkpointed"]["cache_fraction"] = (largest["peak_reserved_bytes"]
-                                                              / largest["peak_allocated_bytes"] - 1)
+    if mixed_checkpointed_search is not None:
+        largest = next(trial for trial in mixed_checkpointed_search["trials"]
+                       if trial["batch_size"] == mixed_checkpointed_search["largest_batch_size"])
+        fitted["mixed checkpointed"]["cache_fraction"] = (largest["peak_reserved_bytes"]
+                                                          / largest["peak_allocated_bytes"] - 1)
     return fitted
 
 
@@ -173,11 +180,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("matrix", type=Path)
     parser.add_argument("--json", type=Path, help="write the fit and the evaluation here")
-    parser.add_argument("--max-batch-check", type=Path, help="max_batch_check.json, for the mixed-precision "
-                        "checkpointed fragmentation")
+    parser.add_argument("--mixed-checkpointed-search", type=Path, help="`gpuanat fit --json` of bf16 with "
+                        "checkpointing, for that class's fragmentation")
     args = parser.parse_args()
     matrix = json.loads(args.matrix.read_text())
-    fitted = fit(matrix, json.loads(args.max_batch_check.read_text()) if args.max_batch_check else None)
+    search = args.mixed_checkpointed_search
+    fitted = fit(matrix, json.loads(search.read_text()) if search else None)
     in_code = coefficient_table()
     mismatches = []
     for name, entry in fitted.items():
@@ -185,8 +193,8 @@ def main() -> int:
             continue
         print(f"{name:<20} " + "  ".join(f"{key} {value:.4f}" for key, value in sorted(entry.items())))
         for key, value in entry.items():
-            if key in in_code[name] and round(value, DECIMALS if key != "cache_fraction" else 4) != round(
-                    in_code[name][key], DECIMALS if key != "cache_fraction" else 4):
+            decimals = {"cache_fraction": 4, "recompute_constant_bytes": -3}.get(key, DECIMALS)
+            if key in in_code[name] and round(value, decimals) != round(in_code[name][key], decimals):
                 mismatches.append(f"{name}.{key}: fitted {value:.4f}, predict.py has {in_code[name][key]}")
     print(f"constants: {fitted['constants']}  (predict.py: context {CUDA_CONTEXT_BYTES}, "
           f"driver reserved {DRIVER_RESERVED_BYTES})")

@@ -11,6 +11,11 @@ then the other optimizers, eager attention and gradient accumulation at a few ba
 written after every configuration, so a cut-off run keeps what it measured.
 
     python benchmarks/memory_matrix.py --out memory_matrix.json [--budget-s 480] [--steps 3]
+    python benchmarks/memory_matrix.py --set autocast-cache --out memory_matrix_autocast_cache.json
+
+`--set autocast-cache` measures, after the fact that AMP with checkpointing keeps autocast's weight copies
+until the forward pass returns was found in the docs' table, configurations none of which the model has
+seen: AMP + checkpointing + accumulation at micro-batches 1-32, with each optimizer, and controls.
 """
 
 from __future__ import annotations
@@ -61,6 +66,29 @@ def matrix() -> list[dict[str, Any]]:
     for precision, batch in itertools.product(("fp32", "bf16"), (4, 16)):
         configs.append({"optim": "adamw_bnb_8bit", "precision": precision, "batch_size": batch})
     return configs
+
+
+def autocast_cache_set() -> list[dict[str, Any]]:
+    """Where autocast's cache of weight copies matters (AMP + checkpointing + accumulation, small micro-batches)
+    and where it should not (larger micro-batches, fp32, no accumulation)."""
+    configs: list[dict[str, Any]] = []
+    for precision, batch in itertools.product(("bf16", "fp16"), (1, 2, 4, 8, 16, 32)):
+        configs.append({"precision": precision, "grad_checkpointing": True, "grad_accum": 4, "batch_size": batch})
+    for optim in ("adafactor", "sgd", "adamw_torch"):
+        configs.append({"optim": optim, "precision": "bf16", "grad_checkpointing": True, "grad_accum": 2,
+                        "batch_size": 2})
+    configs += [{"precision": "fp32", "grad_checkpointing": True, "grad_accum": 4, "batch_size": batch}
+                for batch in (2, 8)]
+    configs += [{"precision": "bf16", "grad_checkpointing": True, "batch_size": batch} for batch in (2, 8)]
+    configs.append({"attn": "eager", "precision": "bf16", "grad_checkpointing": True, "grad_accum": 4,
+                    "batch_size": 4})
+    # Last (see matrix()): bitsandbytes' manager keeps memory alive after the run.
+    configs.append({"optim": "adamw_bnb_8bit", "precision": "bf16", "grad_checkpointing": True, "grad_accum": 2,
+                    "batch_size": 2})
+    return configs
+
+
+CONFIG_SETS: dict[str, Callable[[], list[dict[str, Any]]]] = {"grid": matrix, "autocast-cache": autocast_cache_set}
 
 
 MAX_BATCH_CONFIGS: tuple[dict[str, Any], ...] = (
@@ -188,14 +216,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per configuration")
+    parser.add_argument("--set", choices=sorted(CONFIG_SETS), default="grid", dest="config_set",
+                        help="which configurations: the technique grid, or the autocast-cache check (see above)")
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no configuration after this")
     parser.add_argument("--max-batch", action="store_true",
                         help="then search the largest batch that trains, on an H100's memory (emulated on bigger GPUs)")
     args = parser.parse_args()
     started_s = time.perf_counter()
-    result: dict[str, Any] = {"environment": environment(), "steps_per_config": args.steps, "runs": []}
+    result: dict[str, Any] = {"environment": environment(), "set": args.config_set, "steps_per_config": args.steps,
+                              "runs": []}
     out_of_memory: set[tuple[Any, ...]] = set()
-    for overrides in matrix():
+    for overrides in CONFIG_SETS[args.config_set]():
         family = tuple(sorted((key, value) for key, value in overrides.items() if key != "batch_size"))
         if family in out_of_memory:
             result["runs"].append({"overrides": overrides, "status": "skipped",

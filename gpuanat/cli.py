@@ -485,7 +485,8 @@ def command_fit(args: argparse.Namespace) -> int:
         "config": base.to_json(), "largest_batch_size": largest, "predicted_max_batch_size": predicted,
         "gpu_memory_bytes": gpu_memory, "reached_max_batch": largest == args.max_batch,
         "trials": [{"batch_size": t.batch_size, "trained": t.trained, "run_id": results[t.batch_size]["run_id"],
-                    "peak_allocated_bytes": results[t.batch_size]["peak_allocated_bytes"]} for t in trials],
+                    "peak_allocated_bytes": results[t.batch_size]["peak_allocated_bytes"],
+                    "peak_reserved_bytes": results[t.batch_size]["peak_reserved_bytes"]} for t in trials],
     }
     if args.json:
         print(json.dumps(summary))

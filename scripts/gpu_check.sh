@@ -7,6 +7,9 @@
 #   scripts/gpu_check.sh collect [WAIT_S]  wait up to WAIT_S s for the job, copy what exists to $OUT
 #   scripts/gpu_check.sh start-tui [WAIT_S]  the same for the TUI job
 #   scripts/gpu_check.sh start-watch [WAIT_S]  the same for the watch job (issue #5)
+#   scripts/gpu_check.sh start-anatomy [WAIT_S]  the same for the anatomy job (issue #4): the docs' table with
+#     the bands checked against NVML at every step record and the probe's own time, the autocast-cache
+#     configurations, and the largest bf16 + checkpointing batch found by `gpuanat fit`
 # The job: `gpuanat sweep` (bert-large, the docs' table) -> plain-Trainer baselines of every row
 # (benchmarks/overhead.py) -> a short run that records an NVML trace -> a real OOM -> GPU tests.
 # The TUI job: README screenshots with the real app -> the TUI cost benchmark -> interleaved
@@ -138,6 +141,46 @@ PY
   touch "$JOB/DONE"
 }
 
+job_anatomy() {
+  setup
+  mkdir -p "$JOB"
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
+  } > "$JOB/env.txt"
+  echo "$(date +%T) sweep, 128 samples (NVML read in the training process; probe time)" >> "$JOB/progress.txt"
+  python3 -m gpuanat sweep --samples 128 --json > "$JOB/sweep_128.json" 2> "$JOB/sweep_128.log"
+  python3 benchmarks/bands_check.py "$GPUANAT_DB" --out "$JOB/bands_check.json" > "$JOB/bands_check.log" 2>&1
+  echo "$(date +%T) autocast-cache set" >> "$JOB/progress.txt"
+  python3 benchmarks/memory_matrix.py --set autocast-cache --out "$JOB/memory_matrix_autocast_cache.json" \
+    > "$JOB/memory_matrix_autocast_cache.log" 2>&1
+  echo "$(date +%T) fit bf16 + checkpointing" >> "$JOB/progress.txt"
+  python3 -m gpuanat fit --precision bf16 --grad-checkpointing --trial-steps 2 --json > "$JOB/fit_bf16_gc.json" \
+    2> "$JOB/fit_bf16_gc.log"
+  echo "$(date +%T) gpu tests" >> "$JOB/progress.txt"
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py > "$JOB/gpu_tests.log" 2>&1
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
+job_anatomy_recheck() {
+  setup
+  mkdir -p "$JOB"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+  echo "$(date +%T) max batch, checkpointing (held out, and fp32 refitted)" >> "$JOB/progress.txt"
+  python3 benchmarks/max_batch_check.py --out "$JOB/max_batch_check_checkpointed.json" \
+    --only '{"precision": "bf16", "grad_checkpointing": true, "optim": "sgd"}' \
+    --only '{"precision": "bf16", "grad_checkpointing": true, "grad_accum": 4}' \
+    --only '{"precision": "fp32", "grad_checkpointing": true}' \
+    --only '{"precision": "fp32", "grad_checkpointing": true, "optim": "adafactor"}' \
+    > "$JOB/max_batch_check_checkpointed.log" 2>&1
+  echo "$(date +%T) sweep, 128 samples" >> "$JOB/progress.txt"
+  python3 -m gpuanat sweep --samples 128 --json > "$JOB/sweep_128.json" 2> "$JOB/sweep_128.log"
+  python3 benchmarks/bands_check.py "$GPUANAT_DB" --out "$JOB/bands_check.json" > "$JOB/bands_check.log" 2>&1
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -163,9 +206,13 @@ case "${1:-start}" in
   start-tui) start_in_background job_tui; collect "${2:-540}" ;;
   start-watch) start_in_background job_watch; collect "${2:-540}" ;;
   start-predict) start_in_background job_predict; collect "${2:-540}" ;;
+  start-anatomy) start_in_background job_anatomy; collect "${2:-540}" ;;
+  start-anatomy-recheck) start_in_background job_anatomy_recheck; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
   job_tui) job_tui ;;
   job_watch) job_watch ;;
   job_predict) job_predict ;;
+  job_anatomy) job_anatomy ;;
+  job_anatomy_recheck) job_anatomy_recheck ;;
 esac

@@ -32,6 +32,26 @@ def test_accumulated_gradients_are_part_of_the_peak():
     assert bands.temporaries_and_cache_bytes == 14 * GIB - (1_340 + 1_340 + 2_680) * 1024**2 - 6 * GIB
 
 
+def test_first_step_has_no_optimizer_state_at_the_end_of_forward():
+    # Step 1 of the docs' vanilla run on the H100 (bert-large fp32 batch 4; benchmarks/results/h100/predict):
+    # the optimizer state is created by the first optimizer step, after the forward pass, in blocks the
+    # activations freed, so reserved memory is less than weights + optimizer state + activations.
+    weights, optimizer_state, activations, reserved = 1_340_583_944, 2_681_153_076, 3_380_170_704, 5_582_618_624
+    first_step = ProbeBands(weights_bytes=weights, gradients_bytes=1_340_575_752, optimizer_state_bytes=optimizer_state,
+                            activations_bytes=activations, activations_method="allocator", batch_bytes=16_384,
+                            measured_at_step=1, optimizer_state_at_forward_end_bytes=0)
+    readings = {"reserved_bytes": reserved, "device_used_bytes": 6_370_000_000, "device_total_bytes": 85_520_809_984,
+                "process_used_bytes": 6_360_000_000}
+    bands = assemble_bands(first_step, **readings)
+    assert bands.optimizer_state_bytes == 0
+    assert bands.temporaries_and_cache_bytes == reserved - weights - activations == 861_863_976
+    # Before the probe measured the state at the end of forward, the step's final state was used: negative cache.
+    older_probe = ProbeBands(**{**first_step.__dict__, "optimizer_state_at_forward_end_bytes": None})
+    assert assemble_bands(older_probe, **readings).temporaries_and_cache_bytes == -1_819_289_100
+    later = ProbeBands(**{**first_step.__dict__, "optimizer_state_at_forward_end_bytes": optimizer_state})
+    assert assemble_bands(later, **readings).optimizer_state_bytes == optimizer_state
+
+
 def test_cpu_run_has_tensor_bands_only_with_reasons():
     bands = assemble_bands(PROBE, reserved_bytes=None, device_used_bytes=None, device_total_bytes=None,
                            process_used_bytes=None, no_gpu_reason="CPU run: it uses no GPU memory")

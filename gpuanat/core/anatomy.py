@@ -7,7 +7,8 @@ A band that cannot be measured is None, with the reason in `unavailable` — nev
 
 The tensor bands are the sizes of each kind of tensor. Gradients and activations do not peak
 together: the Trainer frees gradients after each optimizer step, so at the end of the forward pass —
-the peak — only accumulated gradients are alive. The other bands are taken at that moment, so
+the peak — only accumulated gradients are alive, and in the first step no optimizer state yet. The
+other bands are taken at that moment, so
 other processes + context + weights + gradients alive at the peak + optimizer state + activations +
 temporaries & cache = NVML device used.
 """
@@ -81,9 +82,11 @@ def assemble_bands(
         for name in tensor_bands:
             unavailable[name] = "the probe has not measured a step yet"
     else:
+        # The optimizer state as at the end of forward, like the other bands: none yet in the first step.
+        optimizer_state = (probe.optimizer_state_at_forward_end_bytes
+                           if probe.optimizer_state_at_forward_end_bytes is not None else probe.optimizer_state_bytes)
         tensor_bands.update(weights_bytes=probe.weights_bytes, gradients_bytes=probe.gradients_bytes,
-                            optimizer_state_bytes=probe.optimizer_state_bytes,
-                            activations_bytes=probe.activations_bytes)
+                            optimizer_state_bytes=optimizer_state, activations_bytes=probe.activations_bytes)
         if probe.activations_bytes is None:
             unavailable["activations_bytes"] = "not measurable with torch.compile on CPU"
     if no_gpu_reason is not None:

@@ -6,15 +6,17 @@ weights); optimizer state — AdamW 8 B/param (+ a 4-byte step per tensor when f
 tensors under 4096 elements and for the embeddings (the Trainer registers them with bitsandbytes'
 manager), Adafactor row + column factors (full second moment for vectors) and a step per tensor, SGD 0;
 AMP's half-precision copies of the matmul weights (2 B/param, not the embeddings), held from the
-forward pass to the backward pass unless activations are checkpointed.
+forward pass to the backward pass unless activations are checkpointed; with checkpointing, autocast's
+cache still holds all of them until the forward pass ends.
 
 Measured on an H100 (benchmarks/results/h100/memory_matrix.json, torch 2.11, transformers 5.17) and
 fitted on its batch-8 and batch-32 rows only (benchmarks/fit_memory_model.py), the rest held out:
 bytes per token-hidden element stored for backward, per layer; with eager attention, bytes per
 attention score; what checkpointing keeps; the backward pass's temporaries; the cuBLAS workspaces.
-The peak is the larger of two moments: the end of the forward pass (activations alive, gradients
-only when accumulating) and the first optimizer step (all gradients, and the optimizer state created;
-with checkpointing, the end of backward, where the first layer is recomputed).
+The peak is the largest of these moments: the end of the forward pass (activations alive, gradients
+only when accumulating); the first optimizer step (all gradients, and the optimizer state created;
+with checkpointing, the end of backward, where the first layer is recomputed); and, with AMP and
+checkpointing, the last instant of the forward pass, before autocast exits and empties its cache.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class PrecisionCoefficients:
     """Peak minus what is alive at the end of forward (gradients of the widest intermediates)."""
     recompute_temporaries: float
     """With checkpointing, the peak above the kept inputs: one layer recomputed plus its gradients."""
+    recompute_constant_bytes: float
+    """With checkpointing, the part of that peak that does not grow with the batch, in bytes."""
     eager_recompute_per_score: float
     """With checkpointing and eager attention, one layer's attention probabilities and their gradients,
     per score."""
@@ -62,16 +66,20 @@ COEFFICIENTS: dict[tuple[bool, bool], PrecisionCoefficients] = {
     # (mixed precision, checkpointing): fitted by benchmarks/fit_memory_model.py, which fails if these differ.
     (False, False): PrecisionCoefficients(
         activations_per_layer=66.45, eager_per_score=8.99, checkpointed=0.0, backward_temporaries=24.23,
-        recompute_temporaries=0.0, eager_recompute_per_score=0.0, cache_fraction=0.0028),
+        recompute_temporaries=0.0, recompute_constant_bytes=0.0, eager_recompute_per_score=0.0,
+        cache_fraction=0.0028),
     (True, False): PrecisionCoefficients(
         activations_per_layer=42.29, eager_per_score=6.99, checkpointed=0.0, backward_temporaries=17.90,
-        recompute_temporaries=0.0, eager_recompute_per_score=0.0, cache_fraction=0.0028),
+        recompute_temporaries=0.0, recompute_constant_bytes=0.0, eager_recompute_per_score=0.0,
+        cache_fraction=0.0028),
     (False, True): PrecisionCoefficients(
         activations_per_layer=66.45, eager_per_score=8.99, checkpointed=105.03, backward_temporaries=0.0,
-        recompute_temporaries=78.31, eager_recompute_per_score=14.92, cache_fraction=0.1041),
+        recompute_temporaries=77.06, recompute_constant_bytes=20_992_008, eager_recompute_per_score=14.76,
+        cache_fraction=0.1041),
     (True, True): PrecisionCoefficients(
         activations_per_layer=42.29, eager_per_score=6.99, checkpointed=101.02, backward_temporaries=0.0,
-        recompute_temporaries=57.90, eager_recompute_per_score=17.22, cache_fraction=0.0293),
+        recompute_temporaries=55.87, recompute_constant_bytes=34_136_584, eager_recompute_per_score=16.96,
+        cache_fraction=0.0262),
 }
 MAX_BATCH_SEARCHED = 1 << 16
 
@@ -133,9 +141,12 @@ class MemoryEstimate:
     """Gradients alive at the end of forward: all of them when accumulating, else none."""
     temporaries_bytes: int
     """Transient memory of the backward pass above what is alive at the end of forward."""
+    autocast_cache_bytes: int
+    """With AMP and checkpointing: the half-precision weight copies alive until the forward pass returns."""
     peak_allocated_bytes: int
-    """The larger of: weights + optimizer state + activations + gradients alive at the end of forward +
-    temporaries; and weights + gradients + optimizer state + workspaces at the first optimizer step."""
+    """The largest of: weights + optimizer state + activations + gradients alive at the end of forward +
+    temporaries; weights + gradients + optimizer state + workspaces at the first optimizer step; and
+    weights + optimizer state + activations + gradients alive + autocast's cache as the forward returns."""
     cache_fraction: float
     """Expected allocator reservation above the peak, as a fraction of it, near the memory limit."""
 
@@ -179,8 +190,23 @@ def half_weight_copies_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     (autocast's cache); with checkpointing the copies are made per layer and not kept."""
     if not _is_mixed(config) or config.grad_checkpointing:
         return 0
-    matmul_params = sum(rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors:])
-    return 2 * matmul_params
+    return 2 * _matmul_params(shapes)
+
+
+def autocast_cache_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
+    """With AMP and checkpointing, the half-precision copy of every matmul weight stays in autocast's cache
+    until the forward pass ends: the cache caches casts of leaf tensors that require grad, and is emptied
+    when the outermost autocast exits, which accelerate's forward wrapper does as the forward returns, just
+    before the end-of-forward hooks run. So the copies are not in the probe's activations, and backward
+    (which recomputes each layer, casting again) does not hold them. Without checkpointing they are kept for
+    backward anyway (`half_weight_copies_bytes`)."""
+    if not _is_mixed(config) or not config.grad_checkpointing:
+        return 0
+    return 2 * _matmul_params(shapes)
+
+
+def _matmul_params(shapes: ParameterShapes) -> int:
+    return sum(rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors:])
 
 
 def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:
@@ -199,7 +225,7 @@ def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
     c = coefficients(config)
     if config.grad_checkpointing:
         eager_scores = a * s * s * c.eager_recompute_per_score if config.attn == "eager" else 0.0  # one layer's
-        return int(b * (s * h * c.recompute_temporaries + eager_scores))
+        return int(b * (s * h * c.recompute_temporaries + eager_scores) + c.recompute_constant_bytes)
     return int(b * s * h * c.backward_temporaries)
 
 
@@ -218,10 +244,14 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         # Late in backward the kept inputs are mostly freed, but nearly all gradients exist while the first
         # layer is recomputed: at small batches this is the peak.
         first_step_peak += temporaries
+    autocast_cache = autocast_cache_bytes(config, shapes)
+    # Only where the accumulated gradients are alive too does this moment exceed the others.
+    forward_return_peak = weights + optimizer + activations + gradients_at_peak + autocast_cache
     return MemoryEstimate(
         weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=optimizer,
         activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak, temporaries_bytes=temporaries,
-        peak_allocated_bytes=max(forward_end_peak, first_step_peak),
+        autocast_cache_bytes=autocast_cache,
+        peak_allocated_bytes=max(forward_end_peak, first_step_peak, forward_return_peak),
         cache_fraction=coefficients(config).cache_fraction,
     )
 

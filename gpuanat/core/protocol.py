@@ -36,6 +36,13 @@ class ProbeBands:
     gradients_at_forward_end_bytes: int = 0
     """Gradients alive when the forward pass ended (the memory peak): 0 unless accumulating, since the
     Trainer frees them after each optimizer step. Gradients and activations do not peak together."""
+    optimizer_state_at_forward_end_bytes: int | None = None
+    """Optimizer state alive when the forward pass ended: 0 in the first step (the state is created by the
+    first optimizer step), else all of it. None from a probe that did not measure it."""
+    forward_peak_allocated_bytes: int | None = None
+    """Highest torch allocated memory during the forward pass. Above the end of forward it holds what the
+    forward pass frees before it returns: with AMP and checkpointing, autocast's cache of half-precision
+    weight copies, emptied when autocast exits."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,13 @@ class Step:
     monotonic_s: float | None = None
     """time.monotonic() when the step ended. Linux shares this clock between processes, so it lines the
     record up with the sampler's `t_s` in the parent."""
+    nvml_device_used_bytes: int | None = None
+    """NVML device memory used (v2), read by the training process right after `reserved_bytes`, with no
+    allocation in between: on the steps the probe measures exactly and whenever reserved memory changed,
+    when NVML is readable."""
+    nvml_process_used_bytes: int | None = None
+    """NVML's memory of this process on that device, read with `nvml_device_used_bytes`; None when NVML
+    does not list the process under its own PID (another PID namespace)."""
     type: str = "step"
 
 
@@ -99,6 +113,11 @@ class Done:
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     bands: ProbeBands | None = None
+    probe_time_s: float | None = None
+    """Wall time spent inside the probe's callbacks and hooks, on the training loop's thread."""
+    probe_time_by_part_s: dict[str, float] | None = None
+    """That time split into "setup" (once per run), "measured steps", "other steps" and "synchronize" (the
+    waits of the two CUDA synchronisations bracketing the steady-state window: queued GPU work finishing)."""
     type: str = "done"
 
 

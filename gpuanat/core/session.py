@@ -83,6 +83,18 @@ def _log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
 
 
+def _probe_cost_percent(done: Done | None) -> float | None:
+    """The probe's own work in the training steps as a share of the training time without the probe (HF's
+    train_runtime includes it). Not counted: its once-per-run setup, and the waits of its two CUDA
+    synchronisations, which are the GPU's queued work finishing."""
+    if done is None or done.probe_time_s is None or not done.train_runtime_s:
+        return None
+    parts = done.probe_time_by_part_s
+    in_steps_s = parts["measured steps"] + parts["other steps"] if parts else done.probe_time_s
+    without_probe_s = done.train_runtime_s - done.probe_time_s
+    return 100.0 * in_steps_s / without_probe_s if without_probe_s > 0 else None
+
+
 def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlStatus, log_path: Path,
                  name: str | None = None) -> dict[str, Any]:
     """The run's result as the JSON contract of `gpuanat run --json`."""
@@ -125,6 +137,9 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         "steps": done.steps if done else (last_step.step if last_step else 0),
         "samples": done.samples if done else (last_step.samples if last_step else 0),
         "train_loss": done.train_loss if done else None,
+        "probe_time_s": done.probe_time_s if done else None,
+        "probe_time_by_part_s": done.probe_time_by_part_s if done else None,
+        "probe_cost_percent": _probe_cost_percent(done),
         "peak_allocated_bytes": peak_allocated,
         "peak_reserved_bytes": peak_reserved,
         "device_memory_used_bytes": device_used,

@@ -4,9 +4,12 @@ Usable in anyone's script (`from gpuanat.probe import AnatomyCallback`) and used
 worker. Cheap by design — the probe must cost under 1% of step time:
 - every optimizer step: a timestamp and three CUDA allocator counters (host-side reads, no sync);
 - on "measured" steps only (the first three, then every `exact_every_steps`): exact byte counts of
-  weights, gradients and optimizer state (unique tensor storages) and the activations at the end of
-  the forward pass;
+  weights, gradients and optimizer state (unique tensor storages), the activations at the end of
+  the forward pass, and the forward pass's peak;
+- on measured steps and whenever torch's reserved memory changed: NVML's device and per-process memory,
+  read right after the allocator's, so the bands can be checked against NVML at the same instant;
 - two CUDA synchronisations per run, bracketing the steady-state window.
+The time spent in its callbacks and hooks is itself measured (`probe_time_s`), so its cost is known.
 
 Where the events go: to the `emit` given (gpuanat's worker passes its pipe); else to the sink that
 gpuanat's script launcher installed (`gpuanat run --script`); else, in a script gpuanat did not launch,
@@ -38,6 +41,7 @@ from gpuanat.core.publish import Publisher, PublishRefused, publication_dirs
 from gpuanat.worker.events import ParentGone
 
 FIRST_MEASURED_STEPS = 3
+PROBE_TIME_PARTS = ("setup", "measured steps", "other steps", "synchronize")
 EVENTS_FD_ENV = "GPUANAT_EVENTS_FD"
 
 _installed_emit: Callable[[Event], None] | None = None
@@ -83,18 +87,30 @@ def published_path() -> str | None:
 
 
 def _never_raises(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a callback or hook; on an unexpected error turn the probe off (one warning) and return None,
-    which Trainer and torch both read as "no change"."""
+    """Run a callback or hook, adding its wall time to `probe_time_s`; on an unexpected error turn the
+    probe off (one warning) and return None, which Trainer and torch both read as "no change"."""
 
     @functools.wraps(method)
     def guarded(self: AnatomyCallback, *args: Any, **kwargs: Any) -> Any:
         if self.disabled_reason is not None:
             return None
+        started_s = time.perf_counter()
+        measuring_before = getattr(self, "_measuring", False)
+        synchronize_before_s = self.probe_time_by_part_s["synchronize"]
         try:
             return method(self, *args, **kwargs)
         except Exception as error:
             self._disable(f"{type(error).__name__}: {error}")
             return None
+        finally:
+            elapsed_s = time.perf_counter() - started_s
+            waited_s = self.probe_time_by_part_s["synchronize"] - synchronize_before_s
+            if method.__name__ in ("on_train_begin", "on_train_end"):
+                part = "setup"
+            else:
+                part = "measured steps" if measuring_before or getattr(self, "_measuring", False) else "other steps"
+            self.probe_time_by_part_s[part] += elapsed_s - waited_s
+            self.probe_time_s += elapsed_s
 
     return guarded
 
@@ -127,6 +143,56 @@ def optimizer_state_tensors(optimizer: Any) -> Iterable[torch.Tensor]:
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
+
+
+class _NvmlReader:
+    """NVML's view of the training GPU, read from inside the training process: device memory used (v2,
+    the same reading as the parent's sampler) and this process's own use."""
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        self._memory_v2 = getattr(nvml, "nvmlMemory_v2", None)
+
+    @classmethod
+    def open(cls, device: torch.device) -> _NvmlReader | None:
+        """The reader for `device`, found by UUID (so CUDA_VISIBLE_DEVICES does not matter); None where NVML
+        is missing or does not know the device (then the steps carry no NVML reading)."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:  # no driver library, or nvidia-ml-py missing: the parent says why
+            return None
+        try:
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            prefix = "" if uuid.startswith(("GPU-", "MIG-")) else "GPU-"
+            return cls(pynvml, pynvml.nvmlDeviceGetHandleByUUID(prefix + uuid))
+        except Exception:
+            pynvml.nvmlShutdown()
+            return None
+
+    def read(self) -> tuple[int | None, int | None]:
+        """(device used, this process's used) in bytes; None for what NVML does not give."""
+        nvml = self._nvml
+        try:
+            memory = (nvml.nvmlDeviceGetMemoryInfo(self._handle, self._memory_v2) if self._memory_v2 is not None
+                      else nvml.nvmlDeviceGetMemoryInfo(self._handle))
+            device_used = int(memory.used)
+        except nvml.NVMLError:
+            return None, None
+        try:
+            processes = nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except nvml.NVMLError:
+            return device_used, None
+        own = [process.usedGpuMemory for process in processes if process.pid == os.getpid()]
+        return device_used, (int(own[0]) if own and own[0] is not None else None)
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass
 
 
 def _versions() -> dict[str, str]:
@@ -190,7 +256,14 @@ class AnatomyCallback(TrainerCallback):
         self._parent_gone = False
         self.disabled_reason: str | None = None
         """Why the probe turned itself off after an unexpected error; None while it works."""
+        self.probe_time_s = 0.0
+        """Wall time spent inside this probe's callbacks and hooks."""
+        self.probe_time_by_part_s = dict.fromkeys(PROBE_TIME_PARTS, 0.0)
+        """`probe_time_s` split: once per run ("setup": start and end), the steps measured exactly, the other
+        steps, and the waits of the two CUDA synchronisations that bracket the steady-state window (the GPU's
+        queued work finishing, not the probe's own work)."""
         self._saved_hooks_active = False
+        self._nvml: _NvmlReader | None = None
 
     def _disable(self, reason: str) -> None:
         self.disabled_reason = reason
@@ -241,6 +314,11 @@ class AnatomyCallback(TrainerCallback):
         self._peak_reserved_bytes = torch.cuda.memory_reserved(self._device) if self._cuda else None
         self._steady_start: tuple[float, int] | None = None
         self._steady_end: tuple[float, int] | None = None
+        self._step_peak_floor_bytes = 0
+        """The step's peak allocated memory before the forward pass restarted the allocator's counter."""
+        if self._cuda:
+            self._nvml = _NvmlReader.open(self._device)
+            self._nvml_read_at_reserved_bytes: int | None = None
         self._hooks = [
             model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
             model.register_forward_hook(self._after_forward, with_kwargs=True),
@@ -260,6 +338,11 @@ class AnatomyCallback(TrainerCallback):
             self._tokens += int(batch[0].numel())
         if self._measuring:
             self._batch_bytes = unique_storage_bytes(batch)
+            if self._cuda:
+                # The forward pass's own peak: keep the step's peak so far, then restart the counter.
+                self._step_peak_floor_bytes = max(self._step_peak_floor_bytes,
+                                                  torch.cuda.max_memory_allocated(self._device))
+                torch.cuda.reset_peak_memory_stats(self._device)
             if not self._cuda and not self._compiled:
                 self._saved_storages: dict[tuple[str, int], int] = {}
                 self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_saved, lambda t: t)
@@ -282,10 +365,14 @@ class AnatomyCallback(TrainerCallback):
         if not (module.training and self._measuring):
             return None
         gradients_now = self._gradients_bytes_now()
+        optimizer_state_now = self._optimizer_state_bytes_now()
         self._gradients_at_forward_end_bytes = max(self._gradients_at_forward_end_bytes, gradients_now)
+        self._optimizer_at_forward_end_bytes = max(self._optimizer_at_forward_end_bytes, optimizer_state_now)
         if self._cuda:
             allocated = torch.cuda.memory_allocated(self._device)
-            live_bytes = self._weights_bytes + gradients_now + self._optimizer_state_bytes_now() + self._batch_bytes
+            self._forward_peak_bytes = max(self._forward_peak_bytes or 0,
+                                           torch.cuda.max_memory_allocated(self._device))
+            live_bytes = self._weights_bytes + gradients_now + optimizer_state_now + self._batch_bytes
             activations = allocated - live_bytes
         elif not self._compiled:
             self._saved_hooks.__exit__(None, None, None)
@@ -316,7 +403,10 @@ class AnatomyCallback(TrainerCallback):
             self._activations_bytes: int | None = None
             self._gradients_bytes = 0
             self._gradients_at_forward_end_bytes = 0
+            self._optimizer_at_forward_end_bytes = 0
+            self._forward_peak_bytes: int | None = None
             self._batch_bytes = 0
+        self._step_peak_floor_bytes = 0
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(self._device)
         return control
@@ -342,17 +432,23 @@ class AnatomyCallback(TrainerCallback):
         step = state.global_step
         boundary = step == self.warmup_steps or step == state.max_steps
         if boundary and self._cuda:
-            torch.cuda.synchronize(self._device)
+            self._synchronize()
         now_s = time.perf_counter()
         if step == self.warmup_steps:
             self._steady_start = (now_s, self._samples)
         elif step == state.max_steps and self._steady_start is not None:
             self._steady_end = (now_s, self._samples)
         allocated = peak = reserved = None
+        nvml_device_used = nvml_process_used = None
         if self._cuda:
             allocated = torch.cuda.memory_allocated(self._device)
-            peak = torch.cuda.max_memory_allocated(self._device)
+            peak = max(self._step_peak_floor_bytes, torch.cuda.max_memory_allocated(self._device))
             reserved = torch.cuda.memory_reserved(self._device)
+            # NVML's reading of this process moves only when memory is reserved: read it then (and on
+            # measured steps), in the same instant as `reserved`, so a sampler's timing cannot mix two states.
+            if self._nvml is not None and (self._measuring or reserved != self._nvml_read_at_reserved_bytes):
+                nvml_device_used, nvml_process_used = self._nvml.read()
+                self._nvml_read_at_reserved_bytes = reserved
             self._peak_allocated_bytes = max(self._peak_allocated_bytes or 0, peak)
             self._peak_reserved_bytes = max(self._peak_reserved_bytes or 0, reserved)
         bands = None
@@ -367,6 +463,8 @@ class AnatomyCallback(TrainerCallback):
                 batch_bytes=self._batch_bytes,
                 measured_at_step=step,
                 gradients_at_forward_end_bytes=self._gradients_at_forward_end_bytes,
+                optimizer_state_at_forward_end_bytes=self._optimizer_at_forward_end_bytes,
+                forward_peak_allocated_bytes=self._forward_peak_bytes,
             )
             self.last_bands = bands
             self._measuring = False
@@ -382,6 +480,8 @@ class AnatomyCallback(TrainerCallback):
             reserved_bytes=reserved,
             bands=bands,
             monotonic_s=time.monotonic(),
+            nvml_device_used_bytes=nvml_device_used,
+            nvml_process_used_bytes=nvml_process_used,
         )
         self._last_step_end_s = now_s
         self._emit_safely(self.last_step)
@@ -395,7 +495,7 @@ class AnatomyCallback(TrainerCallback):
             hook.remove()
         if self._steady_start is not None and self._steady_end is None:
             if self._cuda:
-                torch.cuda.synchronize(self._device)
+                self._synchronize()
             self._steady_end = (time.perf_counter(), self._samples)
         self.summary.update(self.steady_state())
         if self._lifecycle:
@@ -407,8 +507,17 @@ class AnatomyCallback(TrainerCallback):
                 warmup_steps=self.summary["warmup_steps"], steady_reason=self.summary["steady_reason"],
                 train_loss=self.summary.get("train_loss"), peak_allocated_bytes=self.peak_allocated_bytes,
                 peak_reserved_bytes=self.peak_reserved_bytes, bands=self.last_bands,
+                probe_time_s=self.probe_time_s, probe_time_by_part_s=dict(self.probe_time_by_part_s),
             ))
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
         return control
+
+    def _synchronize(self) -> None:
+        started_s = time.perf_counter()
+        torch.cuda.synchronize(self._device)
+        self.probe_time_by_part_s["synchronize"] += time.perf_counter() - started_s
 
     # --- results -----------------------------------------------------------------------------
     def steady_state(self) -> dict[str, Any]:
@@ -432,7 +541,8 @@ class AnatomyCallback(TrainerCallback):
         """Highest allocated memory seen at any step so far, including now."""
         if not getattr(self, "_cuda", False):
             return None
-        return max(self._peak_allocated_bytes or 0, torch.cuda.max_memory_allocated(self._device))
+        return max(self._peak_allocated_bytes or 0, self._step_peak_floor_bytes,
+                   torch.cuda.max_memory_allocated(self._device))
 
     @property
     def peak_reserved_bytes(self) -> int | None:

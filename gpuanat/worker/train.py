@@ -159,7 +159,8 @@ def train(config: Any, emit: Any) -> int:
                       train_runtime_s=None, samples_per_second=None, steady_samples_per_second=None,
                       warmup_steps=getattr(probe, "warmup_steps", 0), steady_reason="stopped before the end",
                       peak_allocated_bytes=probe.peak_allocated_bytes,
-                      peak_reserved_bytes=probe.peak_reserved_bytes, bands=probe.last_bands))
+                      peak_reserved_bytes=probe.peak_reserved_bytes, bands=probe.last_bands,
+                      probe_time_s=probe.probe_time_s, probe_time_by_part_s=dict(probe.probe_time_by_part_s)))
             return EXIT_STOPPED
     metrics = output.metrics
     steady = probe.steady_state()
@@ -176,6 +177,8 @@ def train(config: Any, emit: Any) -> int:
         peak_allocated_bytes=probe.peak_allocated_bytes,
         peak_reserved_bytes=probe.peak_reserved_bytes,
         bands=probe.last_bands,
+        probe_time_s=probe.probe_time_s,
+        probe_time_by_part_s=dict(probe.probe_time_by_part_s),
     ))
     return EXIT_OK
 
