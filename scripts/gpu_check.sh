@@ -181,6 +181,19 @@ job_anatomy_recheck() {
   touch "$JOB/DONE"
 }
 
+job_probe_cost() {
+  setup
+  mkdir -p "$JOB"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+  echo "$(date +%T) sweep, 128 samples (the probe's time after one allocator read per step)" >> "$JOB/progress.txt"
+  python3 -m gpuanat sweep --samples 128 --json > "$JOB/sweep_128.json" 2> "$JOB/sweep_128.log"
+  python3 benchmarks/bands_check.py "$GPUANAT_DB" --out "$JOB/bands_check.json" > "$JOB/bands_check.log" 2>&1
+  echo "$(date +%T) gpu tests" >> "$JOB/progress.txt"
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py > "$JOB/gpu_tests.log" 2>&1
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -208,6 +221,7 @@ case "${1:-start}" in
   start-predict) start_in_background job_predict; collect "${2:-540}" ;;
   start-anatomy) start_in_background job_anatomy; collect "${2:-540}" ;;
   start-anatomy-recheck) start_in_background job_anatomy_recheck; collect "${2:-540}" ;;
+  start-probe-cost) start_in_background job_probe_cost; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
   job_tui) job_tui ;;
@@ -215,4 +229,5 @@ case "${1:-start}" in
   job_predict) job_predict ;;
   job_anatomy) job_anatomy ;;
   job_anatomy_recheck) job_anatomy_recheck ;;
+  job_probe_cost) job_probe_cost ;;
 esac
