@@ -152,6 +152,19 @@ def test_history_lists_every_run_in_each_format(results, history_db):
     assert [run["id"] for run in last_two] == sorted(by_id)[-2:]
 
 
+def test_the_probe_reports_its_own_time(results):
+    result = results["adamw_bs8"]
+    parts = result["probe_time_by_part_s"]
+    assert set(parts) == {"setup", "measured steps", "other steps", "synchronize"}
+    assert parts["synchronize"] == 0.0  # no CUDA: nothing to wait for
+    assert parts["measured steps"] > 0 and parts["other steps"] > 0
+    assert sum(parts.values()) == pytest.approx(result["probe_time_s"])
+    assert 0 < result["probe_time_s"] < result["train_runtime_s"]
+    in_steps_s = parts["measured steps"] + parts["other steps"]
+    assert result["probe_cost_percent"] == pytest.approx(
+        100 * in_steps_s / (result["train_runtime_s"] - result["probe_time_s"]))
+
+
 def test_steps_are_recorded_with_the_run(results, history_db):
     from gpuanat.core.history import HistoryStore
 
@@ -162,6 +175,10 @@ def test_steps_are_recorded_with_the_run(results, history_db):
     assert steps[-1]["samples"] == 64
     measured = [step for step in steps if step["bands"] is not None]
     assert [step["step"] for step in measured] == [1, 2, 3]
+    # The optimizer state is created by the first optimizer step, after step 1's forward pass.
+    assert [step["bands"]["optimizer_state_at_forward_end_bytes"] for step in measured] == [
+        0, *[measured[0]["bands"]["optimizer_state_bytes"]] * 2]
+    assert all(step["nvml_device_used_bytes"] is None for step in steps)  # no GPU
     assert all(later["elapsed_s"] > earlier["elapsed_s"] for earlier, later in itertools.pairwise(steps))
     # The sampler recorded host metrics of the training process while it ran.
     assert samples and all(sample["gpus"] == [] for sample in samples)
