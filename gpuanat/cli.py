@@ -255,6 +255,9 @@ def print_summary(result: dict[str, Any]) -> None:
             else result["unavailable"].get("steady_samples_per_second", ""))
     print(f"Steady samples/second: {format_number(steady)} ({note})")
     print(f"Peak allocated: {format_bytes(result['peak_allocated_bytes'])}")
+    if result.get("probe_cost_percent") is not None:
+        print(f"gpuanat's probe: {result['probe_cost_percent']:.2f}% of the training time "
+              f"({format_number(result['probe_time_s'])} s in its callbacks)")
     print("Memory bands:")
     for band in BAND_NAMES:
         value = result["bands"].get(band)

@@ -194,6 +194,7 @@ def test_human_summary_reads_like_the_docs(history_db):
     assert "GPU memory occupied: — MB." in lines
     assert any(line.strip().startswith("weights") and "MiB" in line for line in lines)
     assert "Steady samples/second: — (too few steps" in completed.stdout
+    assert any(line.startswith("gpuanat's probe: ") and "% of the training time" in line for line in lines)
 
 
 def test_model_flag_loads_local_weights_and_refuses_a_missing_model(tmp_path, db_path):
