@@ -194,6 +194,17 @@ job_probe_cost() {
   touch "$JOB/DONE"
 }
 
+job_fit_fp32_checkpointed_adafactor() {
+  setup
+  mkdir -p "$JOB"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+  echo "$(date +%T) fit fp32 + checkpointing + adafactor (its +8 trained)" >> "$JOB/progress.txt"
+  python3 -m gpuanat fit --precision fp32 --grad-checkpointing --optim adafactor --trial-steps 2 --json \
+    > "$JOB/fit_fp32_checkpointed_adafactor.json" 2> "$JOB/fit_fp32_checkpointed_adafactor.log"
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -222,6 +233,7 @@ case "${1:-start}" in
   start-anatomy) start_in_background job_anatomy; collect "${2:-540}" ;;
   start-anatomy-recheck) start_in_background job_anatomy_recheck; collect "${2:-540}" ;;
   start-probe-cost) start_in_background job_probe_cost; collect "${2:-540}" ;;
+  start-fit-adafactor) start_in_background job_fit_fp32_checkpointed_adafactor; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
   job_tui) job_tui ;;
@@ -230,4 +242,5 @@ case "${1:-start}" in
   job_anatomy) job_anatomy ;;
   job_anatomy_recheck) job_anatomy_recheck ;;
   job_probe_cost) job_probe_cost ;;
+  job_fit_fp32_checkpointed_adafactor) job_fit_fp32_checkpointed_adafactor ;;
 esac

@@ -10,7 +10,8 @@ forward pass to the backward pass unless activations are checkpointed; with chec
 cache still holds all of them until the forward pass ends.
 
 Measured on an H100 (benchmarks/results/h100/memory_matrix.json, torch 2.11, transformers 5.17) and
-fitted on its batch-8 and batch-32 rows only (benchmarks/fit_memory_model.py), the rest held out:
+fitted on its batch-8 and batch-32 rows, batch 64 with checkpointing, and three largest-batch searches
+(benchmarks/fit_memory_model.py), the rest held out:
 bytes per token-hidden element stored for backward, per layer; with eager attention, bytes per
 attention score; what checkpointing keeps; the backward pass's temporaries; the cuBLAS workspaces.
 The peak is the largest of these moments: the end of the forward pass (activations alive, gradients
@@ -187,7 +188,7 @@ def coefficients(config: RunConfig) -> PrecisionCoefficients:
 
 def half_weight_copies_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     """AMP casts each matmul weight to 16 bits once per forward and keeps the copy for backward
-    (autocast's cache); with checkpointing the copies are made per layer and not kept."""
+    (autocast's cache); with checkpointing backward recomputes them per layer (`autocast_cache_bytes`)."""
     if not _is_mixed(config) or config.grad_checkpointing:
         return 0
     return 2 * _matmul_params(shapes)

@@ -2,7 +2,7 @@
 
 Usable in anyone's script (`from gpuanat.probe import AnatomyCallback`) and used by gpuanat's own
 worker. Cheap by design — the probe must cost under 1% of step time:
-- every optimizer step: a timestamp and three CUDA allocator counters (host-side reads, no sync);
+- every optimizer step: a timestamp and one read of the CUDA allocator's counters (host-side, no sync);
 - on "measured" steps only (the first three, then every `exact_every_steps`): exact byte counts of
   weights, gradients and optimizer state (unique tensor storages), the activations at the end of
   the forward pass, and the forward pass's peak;
