@@ -69,7 +69,8 @@ def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | No
         elif in_window:
             sample = samples[min(in_window, key=lambda i: abs(times[i] - step["monotonic_s"]))]
             record.update(nvml_read_by="sampler", gap_s=sample.t_s - step["monotonic_s"],
-                          device_used_bytes=sample.gpus[0].used_bytes, process_used_bytes=sample.process_used_bytes([pid]))
+                          device_used_bytes=sample.gpus[0].used_bytes,
+                          process_used_bytes=sample.process_used_bytes([pid]))
         elif _read_by_child(first):
             record.update(nvml_read_by=f"training process at step {first['step']}, same reserved memory",
                           gap_s=first["monotonic_s"] - step["monotonic_s"],
@@ -81,7 +82,8 @@ def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | No
                           key=lambda i: abs(times[i] - step["monotonic_s"]))
             sample = samples[nearest]
             record.update(nvml_read_by="sampler, outside the window", gap_s=sample.t_s - step["monotonic_s"],
-                          device_used_bytes=sample.gpus[0].used_bytes, process_used_bytes=sample.process_used_bytes([pid]))
+                          device_used_bytes=sample.gpus[0].used_bytes,
+                          process_used_bytes=sample.process_used_bytes([pid]))
         record["other_processes_bytes"] = record["device_used_bytes"] - record["process_used_bytes"]
         record["cuda_context_bytes"] = record["process_used_bytes"] - record["reserved_bytes"]
         if bands is not None and bands.get("activations_bytes") is not None:

@@ -16,7 +16,7 @@ from gpuanat.core.history import HistoryStore
 from gpuanat.core.sampler import Sample
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-from bands_check import TOLERANCE_PERCENT, check_run  # noqa: E402
+from bands_check import TOLERANCE_PERCENT, check_run
 
 RECORDED = Path(__file__).parent / "data" / "h100_history_tf32.sqlite"
 

@@ -24,6 +24,7 @@ stderr, and a publication file that cannot be written turns publishing off the s
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import math
 import os
@@ -200,10 +201,8 @@ class _NvmlReader:
         return device_used, (int(own[0]) if own and own[0] is not None else None)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass
 
 
 def _versions() -> dict[str, str]:
