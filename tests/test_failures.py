@@ -28,6 +28,7 @@ def faulted(tmp_path_factory):
     outcomes = {}
     for name, process in processes.items():
         stdout, stderr = process.communicate(timeout=600)
+        assert stdout.strip(), f"{name}: nothing on stdout, exit {process.returncode}; stderr:\n{stderr[-4000:]}"
         outcomes[name] = (process.returncode, last_json(stdout), stderr)
     return db, outcomes
 
