@@ -30,6 +30,19 @@ setup() {
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GPUANAT_DB=$JOB/gpu.sqlite
 }
 
+# A job's start: the environment, its folder, and which GPU and driver it ran on.
+begin_job() {
+  setup
+  mkdir -p "$JOB"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+}
+
+# The docs' table at 128 samples, then every step record's bands against NVML.
+sweep_and_bands() {
+  python3 -m gpuanat sweep --samples 128 --json > "$JOB/sweep_128.json" 2> "$JOB/sweep_128.log"
+  python3 benchmarks/bands_check.py "$GPUANAT_DB" --out "$JOB/bands_check.json" > "$JOB/bands_check.log" 2>&1
+}
+
 job() {
   setup
   mkdir -p "$JOB"
@@ -142,15 +155,11 @@ PY
 }
 
 job_anatomy() {
-  setup
-  mkdir -p "$JOB"
-  {
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
-  } > "$JOB/env.txt"
+  begin_job
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+    2>&1 | tail -1 >> "$JOB/env.txt"
   echo "$(date +%T) sweep, 128 samples (NVML read in the training process; probe time)" >> "$JOB/progress.txt"
-  python3 -m gpuanat sweep --samples 128 --json > "$JOB/sweep_128.json" 2> "$JOB/sweep_128.log"
-  python3 benchmarks/bands_check.py "$GPUANAT_DB" --out "$JOB/bands_check.json" > "$JOB/bands_check.log" 2>&1
+  sweep_and_bands
   echo "$(date +%T) autocast-cache set" >> "$JOB/progress.txt"
   python3 benchmarks/memory_matrix.py --set autocast-cache --out "$JOB/memory_matrix_autocast_cache.json" \
     > "$JOB/memory_matrix_autocast_cache.log" 2>&1
@@ -164,9 +173,7 @@ job_anatomy() {
 }
 
 job_anatomy_recheck() {
-  setup
-  mkdir -p "$JOB"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+  begin_job
   echo "$(date +%T) max batch, checkpointing (held out, and fp32 refitted)" >> "$JOB/progress.txt"
   python3 benchmarks/max_batch_check.py --out "$JOB/max_batch_check_checkpointed.json" \
     --only '{"precision": "bf16", "grad_checkpointing": true, "optim": "sgd"}' \
@@ -175,19 +182,15 @@ job_anatomy_recheck() {
     --only '{"precision": "fp32", "grad_checkpointing": true, "optim": "adafactor"}' \
     > "$JOB/max_batch_check_checkpointed.log" 2>&1
   echo "$(date +%T) sweep, 128 samples" >> "$JOB/progress.txt"
-  python3 -m gpuanat sweep --samples 128 --json > "$JOB/sweep_128.json" 2> "$JOB/sweep_128.log"
-  python3 benchmarks/bands_check.py "$GPUANAT_DB" --out "$JOB/bands_check.json" > "$JOB/bands_check.log" 2>&1
+  sweep_and_bands
   echo "$(date +%T) done" >> "$JOB/progress.txt"
   touch "$JOB/DONE"
 }
 
 job_probe_cost() {
-  setup
-  mkdir -p "$JOB"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+  begin_job
   echo "$(date +%T) sweep, 128 samples (the probe's time after one allocator read per step)" >> "$JOB/progress.txt"
-  python3 -m gpuanat sweep --samples 128 --json > "$JOB/sweep_128.json" 2> "$JOB/sweep_128.log"
-  python3 benchmarks/bands_check.py "$GPUANAT_DB" --out "$JOB/bands_check.json" > "$JOB/bands_check.log" 2>&1
+  sweep_and_bands
   echo "$(date +%T) gpu tests" >> "$JOB/progress.txt"
   python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py > "$JOB/gpu_tests.log" 2>&1
   echo "$(date +%T) done" >> "$JOB/progress.txt"
@@ -195,9 +198,7 @@ job_probe_cost() {
 }
 
 job_fit_fp32_checkpointed_adafactor() {
-  setup
-  mkdir -p "$JOB"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$JOB/env.txt"
+  begin_job
   echo "$(date +%T) fit fp32 + checkpointing + adafactor (its +8 trained)" >> "$JOB/progress.txt"
   python3 -m gpuanat fit --precision fp32 --grad-checkpointing --optim adafactor --trial-steps 2 --json \
     > "$JOB/fit_fp32_checkpointed_adafactor.json" 2> "$JOB/fit_fp32_checkpointed_adafactor.log"
