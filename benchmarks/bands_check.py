@@ -8,10 +8,10 @@ the child stamps each step with time.monotonic(), which Linux shares between pro
 stamps its samples with it); else, when no sample fell in that window, the training process's reading at
 the window's start. Then:
 
-- the bands as gpuanat shows them — other processes (device used - this process), CUDA context (this
-  process - torch reserved), weights, gradients alive at the end of forward, optimizer state, activations
-  (the probe's last exact measurement), optimizer state alive at the end of forward (none in step 1),
-  temporaries & cache (reserved - those) — must all be >= 0;
+- the bands as gpuanat shows them (`assemble_bands`) — other processes (device used - this process), CUDA
+  context (this process - torch reserved), weights, the gradients and optimizer state alive at the end of
+  forward (no optimizer state in step 1), activations (the probe's last exact measurement), temporaries &
+  cache (reserved - those) — must all be >= 0;
 - their sum equals device used by construction, because context and cache are differences. The part that
   can fail is whether every byte of the process is torch's allocator or a *fixed* context: so the check
   takes the context once (median over the run) and reports |other + context + reserved - device used|
@@ -30,7 +30,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from gpuanat.core.anatomy import assemble_bands
 from gpuanat.core.history import HistoryStore
+from gpuanat.core.protocol import ProbeBands
 from gpuanat.core.sampler import Sample
 
 TOLERANCE_PERCENT = 1.0
@@ -38,6 +40,17 @@ TOLERANCE_PERCENT = 1.0
 
 def _read_by_child(step: dict[str, Any]) -> bool:
     return step.get("nvml_device_used_bytes") is not None and step.get("nvml_process_used_bytes") is not None
+
+
+def _child_reading(reading_step: dict[str, Any], step: dict[str, Any], read_by: str) -> dict[str, Any]:
+    return {"nvml_read_by": read_by, "gap_s": reading_step["monotonic_s"] - step["monotonic_s"],
+            "device_used_bytes": reading_step["nvml_device_used_bytes"],
+            "process_used_bytes": reading_step["nvml_process_used_bytes"]}
+
+
+def _sampler_reading(sample: Sample, step: dict[str, Any], pid: int, read_by: str) -> dict[str, Any]:
+    return {"nvml_read_by": read_by, "gap_s": sample.t_s - step["monotonic_s"],
+            "device_used_bytes": sample.gpus[0].used_bytes, "process_used_bytes": sample.process_used_bytes([pid])}
 
 
 def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | None:
@@ -61,38 +74,28 @@ def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | No
         bands = step.get("bands") or bands
         record: dict[str, Any] = {"step": step["step"], "reserved_bytes": step["reserved_bytes"]}
         window_start_s, window_end_s, first = window_of[step["step"]]
-        in_window = [i for i in range(bisect.bisect_left(times, window_start_s), len(times))
-                     if times[i] <= window_end_s]
+        in_window = range(bisect.bisect_left(times, window_start_s), bisect.bisect_right(times, window_end_s))
         if _read_by_child(step):
-            record.update(nvml_read_by="training process", gap_s=0.0, device_used_bytes=step["nvml_device_used_bytes"],
-                          process_used_bytes=step["nvml_process_used_bytes"])
+            record.update(_child_reading(step, step, "training process"))
         elif in_window:
-            sample = samples[min(in_window, key=lambda i: abs(times[i] - step["monotonic_s"]))]
-            record.update(nvml_read_by="sampler", gap_s=sample.t_s - step["monotonic_s"],
-                          device_used_bytes=sample.gpus[0].used_bytes,
-                          process_used_bytes=sample.process_used_bytes([pid]))
+            nearest = min(in_window, key=lambda i: abs(times[i] - step["monotonic_s"]))
+            record.update(_sampler_reading(samples[nearest], step, pid, "sampler"))
         elif _read_by_child(first):
-            record.update(nvml_read_by=f"training process at step {first['step']}, same reserved memory",
-                          gap_s=first["monotonic_s"] - step["monotonic_s"],
-                          device_used_bytes=first["nvml_device_used_bytes"],
-                          process_used_bytes=first["nvml_process_used_bytes"])
+            same_state = f"training process at step {first['step']}, same reserved memory"
+            record.update(_child_reading(first, step, same_state))
         else:  # an older probe's run: no reading of this state at all; the nearest sample, flagged
             index = bisect.bisect_left(times, step["monotonic_s"])
             nearest = min((i for i in (index - 1, index) if 0 <= i < len(samples)),
                           key=lambda i: abs(times[i] - step["monotonic_s"]))
-            sample = samples[nearest]
-            record.update(nvml_read_by="sampler, outside the window", gap_s=sample.t_s - step["monotonic_s"],
-                          device_used_bytes=sample.gpus[0].used_bytes,
-                          process_used_bytes=sample.process_used_bytes([pid]))
-        record["other_processes_bytes"] = record["device_used_bytes"] - record["process_used_bytes"]
-        record["cuda_context_bytes"] = record["process_used_bytes"] - record["reserved_bytes"]
-        if bands is not None and bands.get("activations_bytes") is not None:
-            optimizer_state = bands.get("optimizer_state_at_forward_end_bytes")
-            if optimizer_state is None:  # recorded by a probe that did not measure it
-                optimizer_state = bands["optimizer_state_bytes"]
-            tensors = (bands["weights_bytes"] + bands["gradients_at_forward_end_bytes"] + optimizer_state
-                       + bands["activations_bytes"])
-            record["temporaries_and_cache_bytes"] = record["reserved_bytes"] - tensors
+            record.update(_sampler_reading(samples[nearest], step, pid, "sampler, outside the window"))
+        # The bands as gpuanat shows them, from the probe's last exact measurement and this reading.
+        memory = assemble_bands(ProbeBands.from_json(bands) if bands else None, reserved_bytes=step["reserved_bytes"],
+                                device_used_bytes=record["device_used_bytes"], device_total_bytes=None,
+                                process_used_bytes=record["process_used_bytes"])
+        record["other_processes_bytes"] = memory.other_processes_bytes
+        record["cuda_context_bytes"] = memory.cuda_context_bytes
+        if memory.temporaries_and_cache_bytes is not None:
+            record["temporaries_and_cache_bytes"] = memory.temporaries_and_cache_bytes
         records.append(record)
     context = statistics.median(record["cuda_context_bytes"] for record in records)
     for record in records:

@@ -80,14 +80,16 @@ def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None
                 return run["peak_allocated_bytes"] - (bands["weights_bytes"] + bands["optimizer_state_bytes"]
                                                       + bands["activations_bytes"])
 
-            # The peak's excess over what is alive at the end of forward, per sample, at the larger batch.
-            temporaries = above_forward_end(large) / large["overrides"]["batch_size"] / (s * h)
-            temporaries_constant = 0.0
-            if checkpointing:  # a line through the two largest rows, where the recompute peak binds
+            # The peak's excess over what is alive at the end of forward, per sample: with checkpointing a line
+            # through the two largest rows, where the recompute peak binds; else through zero at the larger batch.
+            if checkpointing:
                 low, high = (by_batch[batch] for batch in CHECKPOINTED_TEMPORARIES_BATCHES)
                 temporaries = ((above_forward_end(high) - above_forward_end(low))
                                / (high["overrides"]["batch_size"] - low["overrides"]["batch_size"]) / (s * h))
                 temporaries_constant = above_forward_end(low) - temporaries * s * h * low["overrides"]["batch_size"]
+            else:
+                temporaries = above_forward_end(large) / large["overrides"]["batch_size"] / (s * h)
+                temporaries_constant = 0.0
             key = f"{'mixed' if mixed else 'fp32'}{' checkpointed' if checkpointing else ''}"
             entry = {"backward_temporaries": 0.0, "checkpointed": 0.0, "recompute_temporaries": 0.0,
                      "recompute_constant_bytes": temporaries_constant}

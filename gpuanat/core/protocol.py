@@ -44,6 +44,11 @@ class ProbeBands:
     forward pass frees before it returns: with AMP and checkpointing, autocast's cache of half-precision
     weight copies, emptied when autocast exits."""
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProbeBands:
+        """From a decoded event or a stored step record; keys it does not know are ignored."""
+        return _build(cls, data)
+
 
 @dataclass(frozen=True)
 class Hello:
@@ -164,17 +169,11 @@ def encode(event: Event) -> bytes:
     return (json.dumps(payload, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
-def _bands_from(data: Any) -> ProbeBands | None:
-    if data is None:
-        return None
-    return _build(ProbeBands, data)
-
-
 def _build(cls: type, data: dict[str, Any]) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     values = {key: value for key, value in data.items() if key in known}
     if "bands" in values:
-        values["bands"] = _bands_from(values["bands"])
+        values["bands"] = ProbeBands.from_json(values["bands"]) if values["bands"] is not None else None
     return cls(**values)
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -47,8 +46,6 @@ PAINT_INTERVAL_S = 0.25
 SAMPLE_INTERVAL_S = 0.25
 FIT_TRIAL_STEPS = 3
 FIT_MAX_BATCH = 1024
-COMPACT_BELOW_ROWS = 34
-"""Shorter terminals (80×24 over SSH) get the compact layout: no log pane, two charts, no predicted bar."""
 
 
 def _bytes_label(value: float) -> str:
@@ -204,15 +201,10 @@ class GpuAnatApp(DashboardActions):
         self._show_techniques()
         self.paint()
 
-    def on_resize(self, event: events.Resize) -> None:
-        self._fit_layout(event.size.height)
-
-    def _fit_layout(self, rows: int) -> None:
-        compact = rows < COMPACT_BELOW_ROWS
-        if compact != self.screen.has_class("-compact"):
-            self.screen.set_class(compact, "-compact")
-            self.query_one(TechniquesPanel).compact = compact
-            self._show_techniques()
+    def _layout_changed(self, compact: bool) -> None:
+        # Compact: no log pane, two charts, no predicted bar, and a shorter techniques list.
+        self.query_one(TechniquesPanel).compact = compact
+        self._show_techniques()
 
     def on_unmount(self) -> None:
         if self.live is not None:

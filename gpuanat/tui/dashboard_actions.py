@@ -1,5 +1,6 @@
 """Actions both dashboards share — the launching one (`GpuAnatApp`) and the watching one (`WatchApp`):
-help, pausing the charts, the history pane, the compare view, and the command palette's list of keys."""
+help, pausing the charts, the history pane, the compare view, the command palette's list of keys, and the
+compact layout for short terminals."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -24,6 +26,8 @@ SHARED_BINDINGS = [
     Binding("q", "quit", "Quit", id="quit"),
 ]
 """Keys of both dashboards (launching and watching), with the actions below."""
+COMPACT_BELOW_ROWS = 34
+"""Shorter terminals (80×24 over SSH) get the compact layout (the screen's `-compact` class)."""
 
 
 class DashboardActions(App[None]):
@@ -32,6 +36,18 @@ class DashboardActions(App[None]):
     db_path: Path
     compare_selection: list[int]
     charts_paused: bool
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_layout(event.size.height)
+
+    def _fit_layout(self, rows: int) -> None:
+        compact = rows < COMPACT_BELOW_ROWS
+        if compact != self.screen.has_class("-compact"):
+            self.screen.set_class(compact, "-compact")
+            self._layout_changed(compact)
+
+    def _layout_changed(self, compact: bool) -> None:
+        """What the app's own widgets do beyond the `-compact` class."""
 
     def action_pause(self) -> None:
         self.charts_paused = not self.charts_paused

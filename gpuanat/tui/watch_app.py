@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -36,7 +35,6 @@ from gpuanat.tui.widgets.status_line import StatusLine
 
 PAINT_INTERVAL_S = 0.25
 SAMPLE_INTERVAL_S = 0.25
-COMPACT_BELOW_ROWS = 34
 UTIL_TITLES = {"process": "GPU utilization (this process)", "device": "GPU utilization (whole device)",
                None: "GPU utilization"}
 
@@ -139,14 +137,6 @@ class WatchApp(DashboardActions):
         self.set_interval(self._paint_interval_s, self.paint)
         self._fit_layout(self.size.height)
         self.paint()
-
-    def on_resize(self, event: events.Resize) -> None:
-        self._fit_layout(event.size.height)
-
-    def _fit_layout(self, rows: int) -> None:
-        compact = rows < COMPACT_BELOW_ROWS
-        if compact != self.screen.has_class("-compact"):
-            self.screen.set_class(compact, "-compact")
 
     def on_unmount(self) -> None:
         if self._sampler is not None:
