@@ -182,7 +182,9 @@ def test_steps_are_recorded_with_the_run(results, history_db):
     assert all(later["elapsed_s"] > earlier["elapsed_s"] for earlier, later in itertools.pairwise(steps))
     # The sampler recorded host metrics of the training process while it ran.
     assert samples and all(sample["gpus"] == [] for sample in samples)
-    assert max(sample["host"]["rss_bytes"] for sample in samples) > 100 * 1024**2
+    # A sample taken as the child exits finds no process to read (rss None); the others read it.
+    rss_readings = [sample["host"]["rss_bytes"] for sample in samples if sample["host"]["rss_bytes"] is not None]
+    assert len(rss_readings) >= len(samples) - 1 and max(rss_readings) > 100 * 1024**2
 
 
 def test_human_summary_reads_like_the_docs(history_db):
