@@ -195,7 +195,7 @@ class GpuAnatApp(DashboardActions):
         self._sampler_started_s = self._clock()
         if self._sample_interval_s is not None:
             self._sampler.start()
-        self.set_interval(self._paint_interval_s, self.paint)
+        self._start_paint_tick(self._paint_interval_s)
         threading.Thread(target=self._probe_capabilities, name="gpuanat-capabilities", daemon=True).start()
         self._fit_layout(self.size.height)
         self._show_techniques()

@@ -37,6 +37,19 @@ class DashboardActions(App[None]):
     compare_selection: list[int]
     charts_paused: bool
 
+    def paint(self) -> None:
+        """Move what the threads delivered into the widgets (the app's paint tick)."""
+
+    def _start_paint_tick(self, interval_s: float) -> None:
+        """Paint every `interval_s` while the app runs. Once shutdown begins its screens are taken down
+        before its timers stop, so a tick then would find no widgets."""
+
+        def tick() -> None:
+            if self.is_running:
+                self.paint()
+
+        self.set_interval(interval_s, tick)
+
     def on_resize(self, event: events.Resize) -> None:
         self._fit_layout(event.size.height)
 

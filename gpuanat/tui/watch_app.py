@@ -134,7 +134,7 @@ class WatchApp(DashboardActions):
             self.action_save()
         if self._interval_s is not None:
             self._sampler.start()
-        self.set_interval(self._paint_interval_s, self.paint)
+        self._start_paint_tick(self._paint_interval_s)
         self._fit_layout(self.size.height)
         self.paint()
 
