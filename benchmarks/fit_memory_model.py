@@ -4,12 +4,14 @@ Reads a memory matrix measured by benchmarks/memory_matrix.py. Only the *trainin
 the fp32 and bf16 rows at batch 8 and 32, with and without checkpointing, and at batch 64 with it (the
 recompute peak binds from batch 32 up, and its temporaries are the line through 32 and 64), the
 eager-attention rows at batch 16, and, for the allocator's fragmentation, the largest-batch searches of
-fp32 with and without checkpointing and of bf16 with checkpointing (`gpuanat fit`). Every other row —
+fp32 with and without checkpointing, of fp32 with checkpointing and Adafactor, and of bf16 with
+checkpointing (`gpuanat fit`). Every other row —
 batch 1, 2, 4, 16, and 64 without checkpointing, fp16, the other optimizers, eager attention at batch 4
 or with checkpointing, gradient accumulation, and the other searches — is held out. Coefficients are
 bytes per token-hidden element (s·h) per sample.
 
-    python benchmarks/fit_memory_model.py MATRIX.json [--mixed-checkpointed-search FIT.json] [--json OUT]
+    python benchmarks/fit_memory_model.py MATRIX.json [--mixed-checkpointed-search FIT.json]
+        [--fp32-checkpointed-adafactor-search FIT.json] [--json OUT]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gpuanat.core.predict import (
     DRIVER_RESERVED_BYTES,
     estimate_memory,
     half_weight_copies_bytes,
+    large_moment_bytes,
     max_batch_size,
     parameter_shapes,
 )
@@ -53,10 +56,13 @@ def is_training_row(run: dict[str, Any]) -> bool:
     return overrides.get("attn") == "eager" and overrides["batch_size"] == EAGER_FIT_BATCH
 
 
-def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None = None,
+        fp32_checkpointed_adafactor_search: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
     """Fragmentation differs between fp32 and mixed precision under checkpointing (reserved / allocated 1.10 vs
     1.03 at the largest batch): the mixed one comes from `mixed_checkpointed_search`, a `gpuanat fit --json`
-    of bf16 with checkpointing, when given."""
+    of bf16 with checkpointing, when given. With fp32 and checkpointing it also differs by optimizer (1.058 with
+    Adafactor): given `fp32_checkpointed_adafactor_search`, that is the class's fraction, and the AdamW search's
+    excess over it, per byte of AdamW's large moments, is `moment_fragmentation`."""
     preset = PRESETS["bert-large"]
     shapes = parameter_shapes(preset)
     layers, heads = preset.num_layers, preset.num_heads
@@ -92,7 +98,7 @@ def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None
                 temporaries_constant = 0.0
             key = f"{'mixed' if mixed else 'fp32'}{' checkpointed' if checkpointing else ''}"
             entry = {"backward_temporaries": 0.0, "checkpointed": 0.0, "recompute_temporaries": 0.0,
-                     "recompute_constant_bytes": temporaries_constant}
+                     "recompute_constant_bytes": temporaries_constant, "moment_fragmentation": 0.0}
             if checkpointing:
                 entry["checkpointed"] = activations_slope / (s * h)
                 entry["recompute_temporaries"] = temporaries
@@ -123,19 +129,36 @@ def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None
     workspaces = [run["steps"][-1]["allocated_bytes"] - run["bands"]["weights_bytes"]
                   - run["bands"]["optimizer_state_bytes"] for run in rows]
     fitted["constants"] = {"cublas_workspace_bytes": statistics.median(workspaces)}
+    fp32_checkpointed_adamw: dict[str, Any] | None = None
     for search in matrix.get("max_batch", {}).get("searches", []):
         if search["overrides"] in FIT_SEARCHES and search.get("largest_batch_size"):
-            best = next(trial for trial in search["trials"] if trial["batch_size"] == search["largest_batch_size"])
+            best = largest_trained(search["trials"], search["largest_batch_size"])
             key = "fp32 checkpointed" if search["overrides"].get("grad_checkpointing") else "fp32"
             fraction = best["peak_reserved_bytes"] / best["peak_allocated_bytes"] - 1
             for name in (key, key.replace("fp32", "mixed")):
                 fitted[name]["cache_fraction"] = fraction
+            if search["overrides"].get("grad_checkpointing"):
+                fp32_checkpointed_adamw = best
     if mixed_checkpointed_search is not None:
-        largest = next(trial for trial in mixed_checkpointed_search["trials"]
-                       if trial["batch_size"] == mixed_checkpointed_search["largest_batch_size"])
+        largest = largest_trained(mixed_checkpointed_search["trials"], mixed_checkpointed_search["largest_batch_size"])
         fitted["mixed checkpointed"]["cache_fraction"] = (largest["peak_reserved_bytes"]
                                                           / largest["peak_allocated_bytes"] - 1)
+    if fp32_checkpointed_adafactor_search is not None and fp32_checkpointed_adamw is not None:
+        largest = largest_trained(fp32_checkpointed_adafactor_search["trials"],
+                                  fp32_checkpointed_adafactor_search["largest_batch_size"])
+        fraction = largest["peak_reserved_bytes"] / largest["peak_allocated_bytes"] - 1
+        adamw = fp32_checkpointed_adamw
+        adamw_config = RunConfig.from_json({"preset": "bert-large", "device": "cuda", "precision": "fp32",
+                                            "grad_checkpointing": True})
+        fitted["fp32 checkpointed"]["cache_fraction"] = fraction
+        fitted["fp32 checkpointed"]["moment_fragmentation"] = (
+            (adamw["peak_reserved_bytes"] - adamw["peak_allocated_bytes"] * (1 + fraction))
+            / large_moment_bytes(adamw_config, shapes))
     return fitted
+
+
+def largest_trained(trials: list[dict[str, Any]], largest_batch_size: int) -> dict[str, Any]:
+    return next(trial for trial in trials if trial["batch_size"] == largest_batch_size)
 
 
 def coefficient_table() -> dict[str, dict[str, float]]:
@@ -184,10 +207,13 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the fit and the evaluation here")
     parser.add_argument("--mixed-checkpointed-search", type=Path, help="`gpuanat fit --json` of bf16 with "
                         "checkpointing, for that class's fragmentation")
+    parser.add_argument("--fp32-checkpointed-adafactor-search", type=Path, help="`gpuanat fit --json` of fp32 "
+                        "with checkpointing and Adafactor, for fragmentation without AdamW's moments")
     args = parser.parse_args()
     matrix = json.loads(args.matrix.read_text())
-    search = args.mixed_checkpointed_search
-    fitted = fit(matrix, json.loads(search.read_text()) if search else None)
+    searches = [json.loads(path.read_text()) if path else None
+                for path in (args.mixed_checkpointed_search, args.fp32_checkpointed_adafactor_search)]
+    fitted = fit(matrix, *searches)
     in_code = coefficient_table()
     mismatches = []
     for name, entry in fitted.items():
@@ -195,7 +221,7 @@ def main() -> int:
             continue
         print(f"{name:<20} " + "  ".join(f"{key} {value:.4f}" for key, value in sorted(entry.items())))
         for key, value in entry.items():
-            decimals = {"cache_fraction": 4, "recompute_constant_bytes": -3}.get(key, DECIMALS)
+            decimals = {"cache_fraction": 4, "moment_fragmentation": 3, "recompute_constant_bytes": -3}.get(key, DECIMALS)
             if key in in_code[name] and round(value, decimals) != round(in_code[name][key], decimals):
                 mismatches.append(f"{name}.{key}: fitted {value:.4f}, predict.py has {in_code[name][key]}")
     print(f"constants: {fitted['constants']}  (predict.py: context {CUDA_CONTEXT_BYTES}, "

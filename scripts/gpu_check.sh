@@ -7,6 +7,8 @@
 #   scripts/gpu_check.sh collect [WAIT_S]  wait up to WAIT_S s for the job, copy what exists to $OUT
 #   scripts/gpu_check.sh start-tui [WAIT_S]  the same for the TUI job
 #   scripts/gpu_check.sh start-watch [WAIT_S]  the same for the watch job (issue #5)
+#   scripts/gpu_check.sh start-fragmentation [WAIT_S]  largest-batch checks of the checkpointed optimizers (issue
+#     #4: fragmentation by optimizer state), then `gpuanat fit` of fp32 + checkpointing + 8-bit Adam
 #   scripts/gpu_check.sh start-anatomy [WAIT_S]  the same for the anatomy job (issue #4): the docs' table with
 #     the bands checked against NVML at every step record and the probe's own time, the autocast-cache
 #     configurations, and the largest bf16 + checkpointing batch found by `gpuanat fit`
@@ -206,6 +208,24 @@ job_fit_fp32_checkpointed_adafactor() {
   touch "$JOB/DONE"
 }
 
+job_fragmentation() {
+  begin_job
+  echo "$(date +%T) max batch, checkpointing, per optimizer (fragmentation by optimizer state)" >> "$JOB/progress.txt"
+  python3 benchmarks/max_batch_check.py --out "$JOB/max_batch_check_optimizers.json" \
+    --only '{"precision": "fp32", "grad_checkpointing": true, "optim": "sgd"}' \
+    --only '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_bnb_8bit"}' \
+    --only '{"precision": "bf16", "grad_checkpointing": true, "optim": "adafactor"}' \
+    --only '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_bnb_8bit"}' \
+    --only '{"precision": "fp32", "grad_checkpointing": true, "optim": "adafactor"}' \
+    --only '{"precision": "bf16", "grad_checkpointing": true, "optim": "sgd"}' \
+    > "$JOB/max_batch_check_optimizers.log" 2>&1
+  echo "$(date +%T) fit fp32 + checkpointing + 8-bit Adam" >> "$JOB/progress.txt"
+  python3 -m gpuanat fit --precision fp32 --grad-checkpointing --optim adamw_bnb_8bit --trial-steps 2 --json \
+    > "$JOB/fit_fp32_checkpointed_8bit.json" 2> "$JOB/fit_fp32_checkpointed_8bit.log"
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -235,6 +255,7 @@ case "${1:-start}" in
   start-anatomy-recheck) start_in_background job_anatomy_recheck; collect "${2:-540}" ;;
   start-probe-cost) start_in_background job_probe_cost; collect "${2:-540}" ;;
   start-fit-adafactor) start_in_background job_fit_fp32_checkpointed_adafactor; collect "${2:-540}" ;;
+  start-fragmentation) start_in_background job_fragmentation; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
   job_tui) job_tui ;;
@@ -244,4 +265,5 @@ case "${1:-start}" in
   job_anatomy_recheck) job_anatomy_recheck ;;
   job_probe_cost) job_probe_cost ;;
   job_fit_fp32_checkpointed_adafactor) job_fit_fp32_checkpointed_adafactor ;;
+  job_fragmentation) job_fragmentation ;;
 esac

@@ -10,7 +10,7 @@ forward pass to the backward pass unless activations are checkpointed; with chec
 cache still holds all of them until the forward pass ends.
 
 Measured on an H100 (benchmarks/results/h100/memory_matrix.json, torch 2.11, transformers 5.17) and
-fitted on its batch-8 and batch-32 rows, batch 64 with checkpointing, and three largest-batch searches
+fitted on its batch-8 and batch-32 rows, batch 64 with checkpointing, and four largest-batch searches
 (benchmarks/fit_memory_model.py), the rest held out:
 bytes per token-hidden element stored for backward, per layer; with eager attention, bytes per
 attention score; what checkpointing keeps; the backward pass's temporaries; the cuBLAS workspaces.
@@ -18,11 +18,14 @@ The peak is the largest of these moments: the end of the forward pass (activatio
 only when accumulating); the first optimizer step (all gradients, and the optimizer state created;
 with checkpointing, the end of backward, where the first layer is recomputed); and, with AMP and
 checkpointing, the last instant of the forward pass, before autocast exits and empties its cache.
+Whether the largest batch fits is decided by the allocator's fragmentation there: a fraction of the peak
+per precision and checkpointing, plus, with fp32 and checkpointing, a share of AdamW's moments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpuanat.core.config import RunConfig
 from gpuanat.core.presets import PRESETS, ModelPreset
@@ -60,27 +63,33 @@ class PrecisionCoefficients:
     """With checkpointing and eager attention, one layer's attention probabilities and their gradients,
     per score."""
     cache_fraction: float
-    """Allocator reservation above peak allocated at the largest batch that fits (fragmentation)."""
-
+    """Allocator reservation above peak allocated at the largest batch that fits (fragmentation); with fp32
+    and checkpointing, that of an optimizer without large moments (Adafactor)."""
+    moment_fragmentation: float
+    """With fp32 and checkpointing, reservation lost in addition per byte of `large_moment_bytes`: AdamW's
+    moments are created at the first step in the segments backward freed, and the next steps' checkpointed
+    inputs and recomputed layers no longer fit the pieces they leave (AdamW reserves 1.104 times its peak,
+    Adafactor and SGD 1.058). Not resolved with mixed precision, where it is 0: there AdamW's largest batch
+    reserves 1.026 times its peak, SGD's 1.023, and Adafactor runs out of memory at a lower peak than both."""
 
 COEFFICIENTS: dict[tuple[bool, bool], PrecisionCoefficients] = {
     # (mixed precision, checkpointing): fitted by benchmarks/fit_memory_model.py, which fails if these differ.
     (False, False): PrecisionCoefficients(
         activations_per_layer=66.45, eager_per_score=8.99, checkpointed=0.0, backward_temporaries=24.23,
         recompute_temporaries=0.0, recompute_constant_bytes=0.0, eager_recompute_per_score=0.0,
-        cache_fraction=0.0028),
+        cache_fraction=0.0028, moment_fragmentation=0.0),
     (True, False): PrecisionCoefficients(
         activations_per_layer=42.29, eager_per_score=6.99, checkpointed=0.0, backward_temporaries=17.90,
         recompute_temporaries=0.0, recompute_constant_bytes=0.0, eager_recompute_per_score=0.0,
-        cache_fraction=0.0028),
+        cache_fraction=0.0028, moment_fragmentation=0.0),
     (False, True): PrecisionCoefficients(
         activations_per_layer=66.45, eager_per_score=8.99, checkpointed=105.03, backward_temporaries=0.0,
         recompute_temporaries=77.06, recompute_constant_bytes=20_992_008, eager_recompute_per_score=14.76,
-        cache_fraction=0.1041),
+        cache_fraction=0.0579, moment_fragmentation=1.315),
     (True, True): PrecisionCoefficients(
         activations_per_layer=42.29, eager_per_score=6.99, checkpointed=101.02, backward_temporaries=0.0,
         recompute_temporaries=55.87, recompute_constant_bytes=34_136_584, eager_recompute_per_score=16.96,
-        cache_fraction=0.0262),
+        cache_fraction=0.0262, moment_fragmentation=0.0),
 }
 MAX_BATCH_SEARCHED = 1 << 16
 
@@ -150,6 +159,8 @@ class MemoryEstimate:
     weights + optimizer state + activations + gradients alive + autocast's cache as the forward returns."""
     cache_fraction: float
     """Expected allocator reservation above the peak, as a fraction of it, near the memory limit."""
+    moment_fragmentation_bytes: int
+    """Reservation lost, in addition, to optimizer moments splitting the large pool's segments."""
 
 
 BNB_MIN_8BIT_ELEMENTS = 4096
@@ -158,24 +169,47 @@ BNB_QUANTILE_MAPS_BYTES = 2 * 256 * 4
 """Two 256-entry fp32 quantization maps (one per moment)."""
 
 
-def optimizer_state_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
+class StateTensor(NamedTuple):
+    bytes: int
+    moment: bool
+    """An fp32 tensor shaped like its parameter (Adam's moments, Adafactor's second moment of a vector)."""
+
+
+def optimizer_state_tensors(config: RunConfig, shapes: ParameterShapes) -> list[StateTensor]:
+    """Every tensor of optimizer state on the GPU once the first step has run."""
+    sizes = [rows * cols for rows, cols in shapes.matrices] + list(shapes.vectors)
     if config.optim in ("adamw_torch", "adamw_torch_fused"):
-        steps = 4 * shapes.tensors if config.optim == "adamw_torch_fused" else 0
-        return 8 * shapes.params + steps
+        steps = [StateTensor(4, False)] * shapes.tensors if config.optim == "adamw_torch_fused" else []  # else on CPU
+        return [StateTensor(4 * size, True) for size in sizes for _moment in range(2)] + steps
     if config.optim == "adamw_bnb_8bit":
-        embedding_sizes = [rows * cols for rows, cols in shapes.matrices[:shapes.embedding_tensors]]
-        other_sizes = [rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors:]] + list(shapes.vectors)
-        state = 8 * sum(embedding_sizes) + BNB_QUANTILE_MAPS_BYTES
-        for size in other_sizes:
-            if size < BNB_MIN_8BIT_ELEMENTS:
-                state += 8 * size
+        tensors = [StateTensor(BNB_QUANTILE_MAPS_BYTES, False)]
+        for index, size in enumerate(sizes):
+            if index < shapes.embedding_tensors or size < BNB_MIN_8BIT_ELEMENTS:
+                tensors += [StateTensor(4 * size, True)] * 2
             else:
-                state += 2 * size + 2 * 4 * -(-size // BNB_BLOCK_ELEMENTS)
-        return state
+                absmax = StateTensor(4 * -(-size // BNB_BLOCK_ELEMENTS), False)
+                tensors += [StateTensor(size, False), StateTensor(size, False), absmax, absmax]
+        return tensors
     if config.optim == "adafactor":
-        factors = sum(rows + cols for rows, cols in shapes.matrices) + sum(shapes.vectors)
-        return 4 * (factors + shapes.tensors)
-    return 0
+        factors = [StateTensor(4 * length, False) for shape in shapes.matrices for length in shape]
+        return (factors + [StateTensor(4 * size, True) for size in shapes.vectors]
+                + [StateTensor(4, False)] * shapes.tensors)
+    return []
+
+
+def optimizer_state_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
+    return sum(tensor.bytes for tensor in optimizer_state_tensors(config, shapes))
+
+
+ALLOCATOR_SMALL_BLOCK_BYTES = 1 << 20
+"""torch's caching allocator serves requests up to 1 MiB from its small pool of 2 MiB segments, larger ones
+from the large pool, where blocks are split off the segments that backward freed."""
+
+
+def large_moment_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
+    """Optimizer moments (`StateTensor.moment`) that the allocator places in its large pool."""
+    return sum(tensor.bytes for tensor in optimizer_state_tensors(config, shapes)
+               if tensor.moment and tensor.bytes > ALLOCATOR_SMALL_BLOCK_BYTES)
 
 
 def _is_mixed(config: RunConfig) -> bool:
@@ -254,6 +288,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         autocast_cache_bytes=autocast_cache,
         peak_allocated_bytes=max(forward_end_peak, first_step_peak, forward_return_peak),
         cache_fraction=coefficients(config).cache_fraction,
+        moment_fragmentation_bytes=int(coefficients(config).moment_fragmentation * large_moment_bytes(config, shapes)),
     )
 
 
@@ -302,8 +337,13 @@ fitted rows: 0.14-0.84 GiB)."""
 
 def peak_reserved_bytes(estimate: MemoryEstimate) -> int:
     """Memory torch's allocator will have reserved at the peak."""
-    cache = max(estimate.cache_fraction * estimate.peak_allocated_bytes, ALLOCATOR_CACHE_MIN_BYTES)
+    cache = max(fragmentation_bytes(estimate), ALLOCATOR_CACHE_MIN_BYTES)
     return int(estimate.peak_allocated_bytes + cache)
+
+
+def fragmentation_bytes(estimate: MemoryEstimate) -> int:
+    """Reservation above the peak that the allocator cannot give back near the memory limit."""
+    return int(estimate.cache_fraction * estimate.peak_allocated_bytes) + estimate.moment_fragmentation_bytes
 
 
 def peak_device_bytes(estimate: MemoryEstimate) -> int:
@@ -315,7 +355,7 @@ def fits_in(estimate: MemoryEstimate, gpu_memory_bytes: int) -> bool:
     """Whether the run fits a GPU of `gpu_memory_bytes` (its total, as NVML reports it). Near the limit the
     allocator gives its cache back before failing, so only fragmentation counts then."""
     allocatable = gpu_memory_bytes - DRIVER_RESERVED_BYTES - CUDA_CONTEXT_BYTES
-    return estimate.peak_allocated_bytes * (1 + estimate.cache_fraction) <= allocatable
+    return estimate.peak_allocated_bytes + fragmentation_bytes(estimate) <= allocatable
 
 
 def max_batch_size(config: RunConfig, gpu_memory_bytes: int) -> int:
