@@ -336,8 +336,9 @@ fitted rows: 0.14-0.84 GiB)."""
 
 
 def peak_reserved_bytes(estimate: MemoryEstimate) -> int:
-    """Memory torch's allocator will have reserved at the peak."""
-    cache = max(fragmentation_bytes(estimate), ALLOCATOR_CACHE_MIN_BYTES)
+    """Memory torch's allocator will have reserved at the peak. Away from the memory limit the segments that
+    optimizer moments split cost nothing (the allocator just holds more), so only the cache fraction counts."""
+    cache = max(estimate.cache_fraction * estimate.peak_allocated_bytes, ALLOCATOR_CACHE_MIN_BYTES)
     return int(estimate.peak_allocated_bytes + cache)
 
 
