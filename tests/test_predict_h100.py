@@ -248,6 +248,16 @@ def test_autocast_cache_configurations_are_within_ten_percent():
         assert abs(error_percent(predicted, run["peak_allocated_bytes"])) <= TARGET_PERCENT, run["overrides"]
 
 
+def test_non_fused_adamw_holds_a_square_root_of_the_second_moment_for_every_matrix_during_the_step():
+    """The one configuration of the set whose peak is the optimizer step of torch's foreach AdamW."""
+    row = next(run for run in _autocast_rows() if run["overrides"].get("optim") == "adamw_torch")
+    estimate = estimate_memory(RunConfig.from_json(row["config"]))
+    assert abs(error_percent(estimate.peak_allocated_bytes, row["peak_allocated_bytes"])) <= 0.5
+    # Fused AdamW: the same state (but a 4-byte step per tensor), no step temporaries.
+    fused = estimate_memory(RunConfig.from_json(row["config"]).replace(optim="adamw_torch_fused"))
+    assert error_percent(fused.peak_allocated_bytes, row["peak_allocated_bytes"]) < -5.0
+
+
 def _freed_before_forward_returns(run: dict) -> int:
     """The forward pass's peak above what is alive at its end (weights, gradients, optimizer state, activations
     and the batch, all as the probe measured them at the end of forward)."""

@@ -153,6 +153,8 @@ class MemoryEstimate:
     """Transient memory of the backward pass above what is alive at the end of forward."""
     autocast_cache_bytes: int
     """With AMP and checkpointing: the half-precision weight copies alive until the forward pass returns."""
+    step_temporaries_bytes: int
+    """What the optimizer step allocates and frees again (`optimizer_step_temporaries_bytes`)."""
     peak_allocated_bytes: int
     """The largest of: weights + optimizer state + activations + gradients alive at the end of forward +
     temporaries; weights + gradients + optimizer state + workspaces at the first optimizer step; and
@@ -199,6 +201,16 @@ def optimizer_state_tensors(config: RunConfig, shapes: ParameterShapes) -> list[
 
 def optimizer_state_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     return sum(tensor.bytes for tensor in optimizer_state_tensors(config, shapes))
+
+
+def optimizer_step_temporaries_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
+    """torch's AdamW without `fused` (`adamw_torch`) runs its foreach implementation, which holds the square
+    root of the second moment for every parameter of a group at once: 4 B per parameter of the Trainer's
+    weight-decay group (every matrix; biases and LayerNorm weights are the other). Fused AdamW works in place,
+    and the transients of the other optimizers are not modelled."""
+    if config.optim != "adamw_torch":
+        return 0
+    return 4 * sum(rows * cols for rows, cols in shapes.matrices)
 
 
 ALLOCATOR_SMALL_BLOCK_BYTES = 1 << 20
@@ -274,18 +286,18 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     temporaries = temporaries_bytes(config, preset)
     gradients_at_peak = gradients if config.grad_accum > 1 else 0
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
-    first_step_peak = weights + gradients + optimizer + CUBLAS_WORKSPACE_BYTES
-    if config.grad_checkpointing:
-        # Late in backward the kept inputs are mostly freed, but nearly all gradients exist while the first
-        # layer is recomputed: at small batches this is the peak.
-        first_step_peak += temporaries
+    # Late in backward with checkpointing, the kept inputs are mostly freed, but nearly all gradients exist while
+    # the first layer is recomputed; then the optimizer step, with its own temporaries: at small batches, the peak.
+    step_temporaries = optimizer_step_temporaries_bytes(config, shapes)
+    first_step_peak = (weights + gradients + optimizer + CUBLAS_WORKSPACE_BYTES
+                       + max(temporaries if config.grad_checkpointing else 0, step_temporaries))
     autocast_cache = autocast_cache_bytes(config, shapes)
     # Only where the accumulated gradients are alive too does this moment exceed the others.
     forward_return_peak = weights + optimizer + activations + gradients_at_peak + autocast_cache
     return MemoryEstimate(
         weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=optimizer,
         activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak, temporaries_bytes=temporaries,
-        autocast_cache_bytes=autocast_cache,
+        autocast_cache_bytes=autocast_cache, step_temporaries_bytes=step_temporaries,
         peak_allocated_bytes=max(forward_end_peak, first_step_peak, forward_return_peak),
         cache_fraction=coefficients(config).cache_fraction,
         moment_fragmentation_bytes=int(coefficients(config).moment_fragmentation * large_moment_bytes(config, shapes)),
