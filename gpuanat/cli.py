@@ -398,7 +398,14 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    from gpuanat.core.predict import estimate_memory, fits_in, max_batch_size, parse_size, prediction_json
+    from gpuanat.core.predict import (
+        estimate_memory,
+        fits_in,
+        max_batch_caveat,
+        max_batch_size,
+        parse_size,
+        prediction_json,
+    )
     from gpuanat.core.report import format_bytes
     from gpuanat.core.sampler import probe_nvml
 
@@ -423,6 +430,7 @@ def command_predict(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {
         "config": config.to_json(), **prediction, "gpu_memory_bytes": gpu_memory, "gpu_memory_source": source,
         "max_batch_size": max_batch_size(config, gpu_memory) if gpu_memory is not None else None,
+        "max_batch_caveat": max_batch_caveat(config),
     }
     if args.json:
         print(json.dumps(result))
@@ -437,6 +445,8 @@ def command_predict(args: argparse.Namespace) -> int:
         fits = "fits" if fits_in(estimate_memory(config), gpu_memory) else "does NOT fit"
         print(f"On {format_bytes(gpu_memory)} ({source}): batch {config.batch_size} {fits}; "
               f"largest batch that fits: {result['max_batch_size']}")
+        if result["max_batch_caveat"]:
+            print(f"  caveat: {result['max_batch_caveat']}")
     return EXIT_OK
 
 

@@ -104,4 +104,13 @@ def test_predict_command(db_path):
     bad = run_cli(["predict", "--gpu-memory", "lots"], db_path)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--gpu-memory" in bad.stderr
     human = run_cli(["predict", "--gpu-memory", "16GiB", "--batch-size", "64"], db_path).stdout
-    assert "does NOT fit" in human and "largest batch that fits:" in human
+    assert "does NOT fit" in human and "largest batch that fits:" in human and "caveat" not in human
+    assert result["max_batch_caveat"] is None
+
+
+def test_predict_says_where_its_largest_batch_was_refuted(db_path):
+    flags = ["predict", "--gpu-memory", "81559MiB", "--precision", "bf16", "--grad-checkpointing"]
+    refuted = run_cli([*flags, "--optim", "adafactor"], db_path).stdout
+    assert "caveat:" in refuted and "gpuanat fit" in refuted
+    for optim in ("adamw_torch_fused", "sgd"):  # the mixed-precision checkpointed optimizers that held
+        assert json.loads(run_cli([*flags, "--optim", optim, "--json"], db_path).stdout)["max_batch_caveat"] is None

@@ -371,6 +371,14 @@ def fits_in(estimate: MemoryEstimate, gpu_memory_bytes: int) -> bool:
     return estimate.peak_allocated_bytes + fragmentation_bytes(estimate) <= allocatable
 
 
+def max_batch_caveat(config: RunConfig) -> str | None:
+    """Why not to trust `max_batch_size` for this configuration, where the H100's trials refuted it."""
+    if _is_mixed(config) and config.grad_checkpointing and config.optim in ("adafactor", "adamw_bnb_8bit"):
+        return ("with mixed precision, checkpointing and this optimizer the allocator's fragmentation near the limit "
+                "is not predicted: on an H100 this prediction ran out of memory; `gpuanat fit` finds the real one")
+    return None
+
+
 def max_batch_size(config: RunConfig, gpu_memory_bytes: int) -> int:
     """The largest per-device batch predicted to fit `gpu_memory_bytes` (0: none fits)."""
 
