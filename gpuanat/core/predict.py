@@ -157,7 +157,8 @@ class MemoryEstimate:
     """What the optimizer step allocates and frees again (`optimizer_step_temporaries_bytes`)."""
     peak_allocated_bytes: int
     """The largest of: weights + optimizer state + activations + gradients alive at the end of forward +
-    temporaries; weights + gradients + optimizer state + workspaces at the first optimizer step; and
+    temporaries; weights + gradients + optimizer state + workspaces at the first optimizer step, with the
+    step's temporaries or (checkpointing) the first layer's recompute, whichever is larger; and
     weights + optimizer state + activations + gradients alive + autocast's cache as the forward returns."""
     cache_fraction: float
     """Expected allocator reservation above the peak, as a fraction of it, near the memory limit."""
