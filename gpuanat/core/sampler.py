@@ -277,6 +277,18 @@ def _nvml_or_none(pynvml: Any, read: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+def nvml_memory_info(pynvml: Any, handle: Any) -> Any:
+    """The device's memory: NVML's v2 reading, which separates the driver's reserved memory, where the driver
+    gives it, else v1 (no `reserved`); None when NVML reports an error."""
+    memory = _nvml_or_none(pynvml, pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2)
+    return memory if memory is not None else _nvml_or_none(pynvml, pynvml.nvmlDeviceGetMemoryInfo, handle)
+
+
+def nvml_processes(pynvml: Any, handle: Any) -> list[Any]:
+    """The compute processes NVML lists on the device (pid, usedGpuMemory); empty when it reports an error."""
+    return _nvml_or_none(pynvml, pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
+
+
 def _device_name(pynvml: Any, handle: Any, index: int) -> str:
     name = _nvml_or_none(pynvml, pynvml.nvmlDeviceGetName, handle)
     return name if name is not None else f"GPU {index}"
@@ -404,21 +416,17 @@ class NvmlSource:
 
     def _read_gpu(self, index: int, handle: Any, name: str) -> GpuSample:
         nvml = self._nvml
-        reserved_bytes = None
-        memory = _nvml_or_none(nvml, nvml.nvmlDeviceGetMemoryInfo, handle, nvml.nvmlMemory_v2)
-        if memory is not None:
-            reserved_bytes = int(memory.reserved)
-        else:
-            memory = _nvml_or_none(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+        memory = nvml_memory_info(nvml, handle)
+        reserved_bytes = getattr(memory, "reserved", None)
         utilization = _nvml_or_none(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
         power_mw = _nvml_or_none(nvml, nvml.nvmlDeviceGetPowerUsage, handle)
-        processes = _nvml_or_none(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        processes = nvml_processes(nvml, handle)
         return GpuSample(
             index=index,
             name=name,
             used_bytes=int(memory.used) if memory is not None else None,
             total_bytes=int(memory.total) if memory is not None else None,
-            reserved_bytes=reserved_bytes,
+            reserved_bytes=int(reserved_bytes) if reserved_bytes is not None else None,
             gpu_util_percent=float(utilization.gpu) if utilization is not None else None,
             memory_util_percent=float(utilization.memory) if utilization is not None else None,
             power_w=power_mw / 1000.0 if power_mw is not None else None,

@@ -39,6 +39,7 @@ from transformers import TrainerCallback
 
 from gpuanat.core.protocol import Done, Event, Hello, ModelInfo, ProbeBands, Step
 from gpuanat.core.publish import Publisher, PublishRefused, publication_dirs
+from gpuanat.core.sampler import nvml_memory_info, nvml_processes
 from gpuanat.worker.events import ParentGone
 
 FIRST_MEASURED_STEPS = 3
@@ -164,7 +165,6 @@ class _NvmlReader:
     def __init__(self, nvml: Any, handle: Any) -> None:
         self._nvml = nvml
         self._handle = handle
-        self._memory_v2 = getattr(nvml, "nvmlMemory_v2", None)
 
     @classmethod
     def open(cls, device: torch.device) -> _NvmlReader | None:
@@ -186,19 +186,12 @@ class _NvmlReader:
 
     def read(self) -> tuple[int | None, int | None]:
         """(device used, this process's used) in bytes; None for what NVML does not give."""
-        nvml = self._nvml
-        try:
-            memory = (nvml.nvmlDeviceGetMemoryInfo(self._handle, self._memory_v2) if self._memory_v2 is not None
-                      else nvml.nvmlDeviceGetMemoryInfo(self._handle))
-            device_used = int(memory.used)
-        except nvml.NVMLError:
+        memory = nvml_memory_info(self._nvml, self._handle)
+        if memory is None:
             return None, None
-        try:
-            processes = nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-        except nvml.NVMLError:
-            return device_used, None
-        own = [process.usedGpuMemory for process in processes if process.pid == os.getpid()]
-        return device_used, (int(own[0]) if own and own[0] is not None else None)
+        own = [process.usedGpuMemory for process in nvml_processes(self._nvml, self._handle)
+               if process.pid == os.getpid()]
+        return int(memory.used), (int(own[0]) if own and own[0] is not None else None)
 
     def close(self) -> None:
         with contextlib.suppress(self._nvml.NVMLError):
