@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from gpuanat.core.config import RunConfig, child_environment
+
 HERE = Path(__file__).resolve().parent
 
 
 def plain_run(config: dict) -> dict:
+    """The plain Trainer under the same allocator settings as `gpuanat run` gives its child."""
+    env = child_environment(RunConfig.from_json(config), os.environ)
     completed = subprocess.run([sys.executable, str(HERE / "plain_trainer.py"), "--config", json.dumps(config)],
-                               capture_output=True, text=True, check=False)
+                               capture_output=True, text=True, check=False, env=env)
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
         raise RuntimeError(f"plain Trainer failed ({completed.returncode}): {completed.stderr[-2000:]}")

@@ -9,6 +9,9 @@
 #   scripts/gpu_check.sh start-watch [WAIT_S]  the same for the watch job (issue #5)
 #   scripts/gpu_check.sh start-fragmentation [WAIT_S]  largest-batch checks of the checkpointed optimizers (issue
 #     #4: fragmentation by optimizer state), then `gpuanat fit` of fp32 + checkpointing + 8-bit Adam
+#   scripts/gpu_check.sh start-edge-expandable [WAIT_S]  largest-batch edges with expandable segments (issue #4)
+#   scripts/gpu_check.sh start-edge-default [WAIT_S]  largest-batch edges with the default allocator (issue #4)
+#   scripts/gpu_check.sh start-expandable [WAIT_S]  --expandable-segments through fit and run, held out (issue #4)
 #   scripts/gpu_check.sh start-anatomy [WAIT_S]  the same for the anatomy job (issue #4): the docs' table with
 #     the bands checked against NVML at every step record and the probe's own time, the autocast-cache
 #     configurations, and the largest bf16 + checkpointing batch found by `gpuanat fit`
@@ -226,6 +229,66 @@ job_fragmentation() {
   touch "$JOB/DONE"
 }
 
+# One configuration's trials at given batches: check_at NAME CONFIG_JSON BATCHES [max_batch_check.py options].
+check_at() {
+  local name=$1 config=$2 batches=$3; shift 3
+  echo "$(date +%T) $name: $config at $batches $*" >> "$JOB/progress.txt"
+  python3 benchmarks/max_batch_check.py --out "$JOB/$name.json" --only "$config" --batches "$batches" "$@" \
+    >> "$JOB/edge.log" 2>&1
+}
+
+# Issue #4: is the largest batch's edge sharp, and predictable from bytes alone, with expandable segments?
+# The batches tried are the model's largest batch with no fragmentation charged (peak allocated + context +
+# driver reserve <= total), and 8 more.
+job_edge_expandable() {
+  begin_job
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 -c "import torch; x = torch.ones(1 << 20, device='cuda'); \
+print('expandable segments in effect:', [s.get('is_expandable') for s in torch.cuda.memory_snapshot()])" \
+    >> "$JOB/env.txt" 2>&1
+  local es=(--alloc-conf expandable_segments:True --descend 2)
+  check_at es_bf16_ckpt_adafactor '{"precision": "bf16", "grad_checkpointing": true, "optim": "adafactor"}' 1004,1012 "${es[@]}"
+  check_at es_bf16_ckpt '{"precision": "bf16", "grad_checkpointing": true}' 971,979 "${es[@]}"
+  check_at es_bf16_ckpt_8bit '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_bnb_8bit"}' 993,1001 "${es[@]}"
+  check_at es_fp32_ckpt '{"precision": "fp32", "grad_checkpointing": true}' 837,845 "${es[@]}"
+  check_at es_fp32 '{"precision": "fp32"}' 94,102 "${es[@]}"
+  check_at es_bf16 '{"precision": "bf16"}' 146,154 "${es[@]}"
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
+# Issue #4, default allocator: the untried predictions, where the failing ones' edges lie, and one edge repeated.
+job_edge_default() {
+  begin_job
+  check_at fp16_ckpt '{"precision": "fp16", "grad_checkpointing": true}' 945,953
+  check_at fp32_ckpt_8bit '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_bnb_8bit"}' 813
+  check_at bf16_ckpt_adafactor '{"precision": "bf16", "grad_checkpointing": true, "optim": "adafactor"}' 965 --descend 3
+  check_at bf16_ckpt_8bit '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_bnb_8bit"}' 953 --descend 3
+  check_at bf16_ckpt_repeat '{"precision": "bf16", "grad_checkpointing": true}' 945 --repeats 2
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
+# Issue #4: the --expandable-segments technique through `gpuanat fit` and `gpuanat run`, on technique sets
+# whose prediction with expandable segments was not tried before (held out).
+job_expandable() {
+  begin_job
+  echo "$(date +%T) fit bf16 + checkpointing, expandable segments" >> "$JOB/progress.txt"
+  python3 -m gpuanat fit --precision bf16 --grad-checkpointing --expandable-segments --trial-steps 2 --json \
+    > "$JOB/fit_bf16_checkpointed_expandable.json" 2> "$JOB/fit_bf16_checkpointed_expandable.log"
+  echo "$(date +%T) max batch, expandable segments, held out" >> "$JOB/progress.txt"
+  python3 benchmarks/max_batch_check.py --out "$JOB/max_batch_check_expandable.json" \
+    --only '{"precision": "fp32", "grad_checkpointing": true, "optim": "sgd", "expandable_segments": true}' \
+    --only '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_bnb_8bit", "expandable_segments": true}' \
+    --only '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_torch", "expandable_segments": true}' \
+    --only '{"precision": "fp16", "grad_checkpointing": true, "optim": "adafactor", "expandable_segments": true}' \
+    --only '{"precision": "bf16", "grad_checkpointing": true, "grad_accum": 4, "expandable_segments": true}' \
+    --only '{"precision": "fp32", "attn": "eager", "expandable_segments": true}' \
+    --only '{"precision": "bf16", "grad_accum": 4, "expandable_segments": true}' \
+    > "$JOB/max_batch_check_expandable.log" 2>&1
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -256,6 +319,9 @@ case "${1:-start}" in
   start-probe-cost) start_in_background job_probe_cost; collect "${2:-540}" ;;
   start-fit-adafactor) start_in_background job_fit_fp32_checkpointed_adafactor; collect "${2:-540}" ;;
   start-fragmentation) start_in_background job_fragmentation; collect "${2:-540}" ;;
+  start-edge-expandable) start_in_background job_edge_expandable; collect "${2:-540}" ;;
+  start-edge-default) start_in_background job_edge_default; collect "${2:-540}" ;;
+  start-expandable) start_in_background job_expandable; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
   job_tui) job_tui ;;
@@ -266,4 +332,7 @@ case "${1:-start}" in
   job_probe_cost) job_probe_cost ;;
   job_fit_fp32_checkpointed_adafactor) job_fit_fp32_checkpointed_adafactor ;;
   job_fragmentation) job_fragmentation ;;
+  job_edge_expandable) job_edge_expandable ;;
+  job_edge_default) job_edge_default ;;
+  job_expandable) job_expandable ;;
 esac

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ class RunConfig:
     """The HF Trainer default."""
     attn: str = "sdpa"
     compile: bool = False
+    expandable_segments: bool = False
+    """CUDA caching allocator option (`PYTORCH_CUDA_ALLOC_CONF`): grow segments by mapping pages instead of
+    allocating fixed blocks, so memory freed between tensors can be reused. Off, as in PyTorch."""
     seq_len: int = 512
     samples: int = 512
     epochs: int = 1
@@ -83,6 +87,8 @@ class RunConfig:
             parts.append(self.attn)
         if self.compile:
             parts.append("compile")
+        if self.expandable_segments:
+            parts.append("expseg")
         if self.workers:
             parts.append(f"workers{self.workers}")
         return " ".join(parts)
@@ -174,6 +180,8 @@ def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) ->
         return "--precision", "fp16 needs a CUDA GPU; use bf16 or fp32 on CPU"
     if config.tf32 and config.device != "cuda":
         return "--tf32", "tf32 needs a CUDA GPU (Ampere or newer)"
+    if config.expandable_segments and config.device != "cuda":
+        return "--expandable-segments", "expandable segments are an option of the CUDA allocator; this run is on cpu"
     compute_capability = capabilities.cuda_compute_capability
     if config.device == "cuda" and compute_capability is not None and compute_capability < (8, 0):
         this_gpu = f"this GPU has {compute_capability[0]}.{compute_capability[1]}"
@@ -188,6 +196,18 @@ def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) ->
             detail = f": {capabilities.bitsandbytes_error}" if capabilities.bitsandbytes_error else ""
             return "--optim", f"8-bit Adam needs bitsandbytes (pip install 'gpuanat[bnb]'){detail}"
     return None
+
+
+ALLOCATOR_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def child_environment(config: RunConfig, base: Mapping[str, str]) -> dict[str, str]:
+    """The training child's environment: `base` with `PYTORCH_CUDA_ALLOC_CONF`'s expandable_segments option
+    set from `config` (the technique decides, whatever `base` said), its other options kept."""
+    options = [option for option in base.get(ALLOCATOR_CONF_VARIABLE, "").split(",")
+               if option.strip() and option.split(":")[0].strip() != "expandable_segments"]
+    options.append(f"expandable_segments:{config.expandable_segments}")
+    return {**base, ALLOCATOR_CONF_VARIABLE: ",".join(options)}
 
 
 def validate_for_machine(config: RunConfig, capabilities: Capabilities) -> None:

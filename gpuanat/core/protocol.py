@@ -57,6 +57,8 @@ class Hello:
     device: str
     device_name: str | None
     config: dict[str, Any]
+    allocator_conf: str | None = None
+    """`PYTORCH_CUDA_ALLOC_CONF` as the training process saw it (None: unset)."""
     type: str = "hello"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import queue
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import Any
 
 from gpuanat.core.anatomy import assemble_bands
 from gpuanat.core.compare import percent_delta
-from gpuanat.core.config import RunConfig
+from gpuanat.core.config import RunConfig, child_environment
 from gpuanat.core.history import HistoryStore
 from gpuanat.core.predict import prediction_json
 from gpuanat.core.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
@@ -196,7 +197,8 @@ def execute_run(
     store.set_log_path(run_id, log_path)
     state = _RunState()
     config_json = json.dumps(config.to_json())
-    child = ChildProcess(lambda fd: worker_command(config_json, fd), log_path=log_path, env=env)
+    child = ChildProcess(lambda fd: worker_command(config_json, fd), log_path=log_path,
+                         env=child_environment(config, os.environ if env is None else env))
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
     source, nvml = sampler_factory()
     sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
@@ -221,7 +223,7 @@ def execute_run(
             state.hello = event
             store.set_environment(run_id, {"pid": event.pid, "versions": event.versions, "device": event.device,
                                            "device_name": event.device_name, "nvml": nvml.__dict__,
-                                           "config_received": event.config})
+                                           "config_received": event.config, "allocator_conf": event.allocator_conf})
         elif isinstance(event, ModelInfo):
             state.model = event
         elif isinstance(event, Step):

@@ -48,6 +48,9 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("pin_memory", "--pin-memory", "bool", "DataLoader pin_memory (default on, as in Trainer)"),
     Technique("attn", "--attn", "choice", "attention implementation", choices=ATTENTION_IMPLEMENTATIONS),
     Technique("compile", "--compile", "bool", "torch.compile the model"),
+    Technique("expandable_segments", "--expandable-segments", "bool",
+              "CUDA allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF): less fragmentation, so a larger "
+              "batch fits, and the largest one is predicted better"),
     Technique("seq_len", "--seq-len", "int", "tokens per sample"),
     Technique("samples", "--samples", "int", "samples in the random dataset (the docs use 512)"),
     Technique("epochs", "--epochs", "int", "passes over the dataset"),

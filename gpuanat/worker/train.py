@@ -128,7 +128,7 @@ def train(config: Any, emit: Any) -> int:
 
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else platform.processor() or None
     emit(Hello(pid=os.getpid(), versions=_versions(), device=config.device, device_name=device_name,
-               config=config.to_json()))
+               config=config.to_json(), allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF")))
     probe = AnatomyCallback(emit)
     trainer = None
     with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:
