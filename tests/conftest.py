@@ -16,8 +16,9 @@ TINY_CPU = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples
 """A tiny BERT on the CPU: a few seconds of real training after the imports."""
 
 
-def cli_env(db: Path | None, fault: str | None = None, offline_hub: bool = False) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUANAT_")}
+def cli_env(db: Path | None, fault: str | None = None, offline_hub: bool = False,
+            extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUANAT_")} | (extra_env or {})
     # A script run by path (tests/scripts/*.py) imports gpuanat from this checkout even without an install.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if db is not None:
@@ -32,8 +33,9 @@ def cli_env(db: Path | None, fault: str | None = None, offline_hub: bool = False
 
 
 def start_cli(args: list[str], db: Path | None, fault: str | None = None, offline_hub: bool = False,
-              **popen_kwargs) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "gpuanat", *args], env=cli_env(db, fault, offline_hub), cwd=REPO,
+              extra_env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "gpuanat", *args], env=cli_env(db, fault, offline_hub, extra_env),
+                            cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kwargs)
 
 

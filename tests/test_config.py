@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.config import (
+    Capabilities,
+    ConfigError,
+    RunConfig,
+    child_environment,
+    machine_unsupported_reason,
+    validate_values,
+)
 from gpuanat.core.sweep import EXPERIMENTS
 
 CPU_ONLY = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build")
@@ -60,6 +67,7 @@ def test_defaults_are_valid_and_round_trip():
     ({"device": "cuda", "optim": "adamw_bnb_8bit"}, VOLTA_NO_BNB, "--optim", "needs bitsandbytes"),
     ({"device": "cuda", "precision": "bf16"}, VOLTA_NO_BNB, "--precision", "compute capability ≥ 8.0"),
     ({"device": "cuda", "tf32": True}, VOLTA_NO_BNB, "--tf32", "this GPU has 7.0"),
+    ({"device": "cpu", "expandable_segments": True}, CPU_ONLY, "--expandable-segments", "CUDA allocator"),
 ])
 def test_machine_limits(changes, capabilities, flag, words):
     unsupported = machine_unsupported_reason(RunConfig(**changes), capabilities)
@@ -85,3 +93,17 @@ def test_sweep_keeps_the_docs_effective_batch():
     assert (combined.batch_size, combined.grad_accum, combined.grad_checkpointing, combined.precision,
             combined.optim) == (1, 4, True, "fp16", "adamw_bnb_8bit")
     assert {config.effective_batch_size for config in by_name.values()} == {4}
+
+
+@pytest.mark.parametrize(("user_conf", "expandable", "child_conf"), [
+    (None, True, "expandable_segments:True"),
+    (None, False, "expandable_segments:False"),
+    ("expandable_segments:True", False, "expandable_segments:False"),
+    ("max_split_size_mb:128, expandable_segments : False", True, "max_split_size_mb:128,expandable_segments:True"),
+])
+def test_the_child_allocator_conf_follows_the_technique_and_keeps_the_users_other_options(
+        user_conf, expandable, child_conf):
+    base = {"PATH": "/usr/bin"} | ({"PYTORCH_CUDA_ALLOC_CONF": user_conf} if user_conf else {})
+    environment = child_environment(RunConfig(expandable_segments=expandable), base)
+    assert environment == {"PATH": "/usr/bin", "PYTORCH_CUDA_ALLOC_CONF": child_conf}
+    assert base.get("PYTORCH_CUDA_ALLOC_CONF") == user_conf  # not changed in place

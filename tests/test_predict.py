@@ -9,7 +9,15 @@ from conftest import run_cli
 from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config
 
 from gpuanat.core.config import RunConfig
-from gpuanat.core.predict import estimate_memory, fits_in, max_batch_size, parameter_shapes, parse_size
+from gpuanat.core.predict import (
+    CUDA_CONTEXT_BYTES,
+    DRIVER_RESERVED_BYTES,
+    estimate_memory,
+    fits_in,
+    max_batch_size,
+    parameter_shapes,
+    parse_size,
+)
 from gpuanat.core.presets import PRESETS
 
 
@@ -112,5 +120,27 @@ def test_predict_says_where_its_largest_batch_was_refuted(db_path):
     flags = ["predict", "--gpu-memory", "81559MiB", "--precision", "bf16", "--grad-checkpointing"]
     refuted = run_cli([*flags, "--optim", "adafactor"], db_path).stdout
     assert "caveat:" in refuted and "gpuanat fit" in refuted
+    assert "--expandable-segments" in refuted
     for optim in ("adamw_torch_fused", "sgd"):  # the mixed-precision checkpointed optimizers that held
         assert json.loads(run_cli([*flags, "--optim", optim, "--json"], db_path).stdout)["max_batch_caveat"] is None
+    # With expandable segments it is the other way round: AdamW and 8-bit Adam were one step too high.
+    expandable = [*flags, "--expandable-segments", "--json"]
+    for optim in ("adamw_torch_fused", "adamw_bnb_8bit"):
+        caveat = json.loads(run_cli([*expandable, "--optim", optim], db_path).stdout)["max_batch_caveat"]
+        assert "expandable segments" in caveat and "gpuanat fit" in caveat
+    for optim in ("adafactor", "sgd"):
+        assert json.loads(run_cli([*expandable, "--optim", optim], db_path).stdout)["max_batch_caveat"] is None
+
+
+def test_expandable_segments_charge_no_fragmentation():
+    """With expandable segments the peak allocated memory alone decides whether a batch fits."""
+    gpu_memory_bytes = 85_520_809_984
+    allocatable = gpu_memory_bytes - DRIVER_RESERVED_BYTES - CUDA_CONTEXT_BYTES
+    default = RunConfig(preset="bert-large", precision="fp32", grad_checkpointing=True)
+    expandable = default.replace(expandable_segments=True)
+    largest = max_batch_size(expandable, gpu_memory_bytes)
+    assert estimate_memory(expandable.replace(batch_size=largest)).peak_allocated_bytes <= allocatable
+    assert estimate_memory(expandable.replace(batch_size=largest + 1)).peak_allocated_bytes > allocatable
+    # Default allocator: fragmentation charged (fp32 + checkpointing + AdamW: 754 on the H100, 837 without).
+    assert max_batch_size(default, gpu_memory_bytes) < largest
+    assert estimate_memory(expandable).peak_allocated_bytes == estimate_memory(default).peak_allocated_bytes

@@ -35,7 +35,10 @@ def history_db(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def results(history_db):
-    processes = {name: start_cli(["run", *args, "--json"], history_db) for name, args in RUNS.items()}
+    # The user's allocator options reach the child; the technique decides expandable_segments.
+    allocator_conf = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.9,expandable_segments:True"}
+    processes = {name: start_cli(["run", *args, "--json"], history_db, extra_env=allocator_conf)
+                 for name, args in RUNS.items()}
     outputs = {}
     for name, process in processes.items():
         stdout, stderr = process.communicate(timeout=600)
@@ -185,6 +188,16 @@ def test_steps_are_recorded_with_the_run(results, history_db):
     # A sample taken as the child exits finds no process to read (rss None); the others read it.
     rss_readings = [sample["host"]["rss_bytes"] for sample in samples if sample["host"]["rss_bytes"] is not None]
     assert len(rss_readings) >= len(samples) - 1 and max(rss_readings) > 100 * 1024**2
+
+
+def test_the_child_runs_with_the_allocator_options_of_its_technique(results, history_db):
+    from gpuanat.core.history import HistoryStore
+
+    with HistoryStore(history_db) as store:
+        row = store.run(results["adamw_bs8"]["run_id"])
+    assert row is not None
+    environment = row.environment
+    assert environment["allocator_conf"] == "garbage_collection_threshold:0.9,expandable_segments:False"
 
 
 def test_human_summary_reads_like_the_docs(history_db):

@@ -69,20 +69,24 @@ async def test_keys_change_the_config_the_child_receives(db_path):
 
 
 @pytest.mark.asyncio
-async def test_fp16_on_the_cpu_is_refused_with_the_reason(db_path):
+@pytest.mark.parametrize(("key", "changed", "reason"), [
+    ("p", {"precision": "fp16"}, "fp16 needs a CUDA GPU"),
+    ("x", {"expandable_segments": True}, "expandable segments are an option of the CUDA allocator"),
+])
+async def test_a_cuda_only_technique_on_the_cpu_is_refused_with_the_reason(db_path, key, changed, reason):
     app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
-        await pilot.press("p")
-        assert app.config.precision == "fp16"
-        console = Console(width=80, record=True, file=io.StringIO())
+        await pilot.press(key)
+        assert {field: getattr(app.config, field) for field in changed} == changed
+        console = Console(width=120, record=True, file=io.StringIO())
         console.print(app.query_one(TechniquesPanel).render())
-        assert "unavailable: fp16 needs a CUDA GPU" in console.export_text()
+        assert f"unavailable: {reason}" in console.export_text().replace("\n", " ")
         await pilot.press("r")
         await pilot.pause(0.2)
         assert app.live is None
         notifications = [notification.message for notification in app._notifications]
-        assert any("fp16 needs a CUDA GPU" in message for message in notifications)
+        assert any(reason in message for message in notifications)
 
 
 @pytest.mark.asyncio

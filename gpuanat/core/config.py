@@ -204,7 +204,7 @@ ALLOCATOR_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 def child_environment(config: RunConfig, base: Mapping[str, str]) -> dict[str, str]:
     """The training child's environment: `base` with `PYTORCH_CUDA_ALLOC_CONF`'s expandable_segments option
     set from `config` (the technique decides, whatever `base` said), its other options kept."""
-    options = [option for option in base.get(ALLOCATOR_CONF_VARIABLE, "").split(",")
+    options = [option.strip() for option in base.get(ALLOCATOR_CONF_VARIABLE, "").split(",")
                if option.strip() and option.split(":")[0].strip() != "expandable_segments"]
     options.append(f"expandable_segments:{config.expandable_segments}")
     return {**base, ALLOCATOR_CONF_VARIABLE: ",".join(options)}

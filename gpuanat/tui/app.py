@@ -123,6 +123,8 @@ class GpuAnatApp(DashboardActions):
         Binding("m", "toggle_technique('pin_memory')", "Pin memory", id="pin_memory", show=False),
         Binding("c", "toggle_technique('compile')", "Compile", id="compile", show=False),
         Binding("e", "toggle_technique('attn')", "Attention", id="attn", show=False),
+        Binding("x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments",
+                show=False),
         Binding("f", "fit", "Fit batch", id="fit"),
         *SHARED_BINDINGS,
     ]

@@ -24,8 +24,10 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("pin_memory", "m", "pin memory"),
     ("attn", "e", "attention"),
     ("compile", "c", "compile"),
+    ("expandable_segments", "x", "expandable segs"),
 )
-BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device"}
+BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device",
+                  "--expandable-segments": "expandable_segments"}
 
 
 def _value_text(value: object) -> str:
