@@ -221,7 +221,8 @@ def main() -> int:
             continue
         print(f"{name:<20} " + "  ".join(f"{key} {value:.4f}" for key, value in sorted(entry.items())))
         for key, value in entry.items():
-            decimals = {"cache_fraction": 4, "moment_fragmentation": 3, "recompute_constant_bytes": -3}.get(key, DECIMALS)
+            decimals = {"cache_fraction": 4, "moment_fragmentation": 3,
+                        "recompute_constant_bytes": -3}.get(key, DECIMALS)
             if key in in_code[name] and round(value, decimals) != round(in_code[name][key], decimals):
                 mismatches.append(f"{name}.{key}: fitted {value:.4f}, predict.py has {in_code[name][key]}")
     print(f"constants: {fitted['constants']}  (predict.py: context {CUDA_CONTEXT_BYTES}, "

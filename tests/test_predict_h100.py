@@ -6,7 +6,8 @@ fused AdamW, eager attention, accumulation). benchmarks/fit_memory_model.py fits
 coefficients on 14 of those rows; the other 56 are held out here.
 The largest batch: every real `gpuanat run` trial on record near the H100's memory limit, from checks at the
 largest batch predicted by the model of the day and 8 more (predict/max_batch_check*.json, anatomy/recheck/,
-anatomy/optimizers/) and from `gpuanat fit` searches. Each says, of this model's predicted largest batch and of
+anatomy/optimizers/), at chosen batches around the edge, repeated, with and without expandable segments
+(anatomy/edge/), and from `gpuanat fit` searches. Each says, of this model's predicted largest batch and of
 8 more, whether it trained; EXPECTED_VERDICTS lists them, which were fitted and which fail.
 benchmarks/results/h100/anatomy/memory_matrix_autocast_cache.json: configurations measured after the fact
 that AMP with checkpointing keeps autocast's weight copies until the forward pass returns was found in the
@@ -98,15 +99,15 @@ H100_MEMORY_BYTES = 85_520_809_984
 TECHNIQUES = ("precision", "grad_checkpointing", "optim", "attn", "grad_accum", "expandable_segments")
 
 
-def _techniques(config: RunConfig) -> str:
-    return json.dumps({name: getattr(config, name) for name in TECHNIQUES})
+def _techniques(config: RunConfig) -> tuple:
+    return tuple(getattr(config, name) for name in TECHNIQUES)
 
 
 def _config(overrides: dict) -> RunConfig:
     return RunConfig.from_json({"preset": "bert-large", "device": "cuda", "seq_len": 512, **overrides})
 
 
-def h100_trials() -> dict[str, list[dict]]:
+def h100_trials() -> dict[tuple, list[dict]]:
     """Every largest-batch trial on record, by technique set: batch size, whether it trained, its peak."""
     trials: dict[str, list[dict]] = {}
 
@@ -131,7 +132,8 @@ def h100_trials() -> dict[str, list[dict]]:
                 trial.get("peak_allocated_bytes"))
     for search in json.loads(MATRIX.read_text())["max_batch"]["searches"]:
         for trial in search.get("trials", []):
-            add(_config(search["overrides"]), trial["batch_size"], trial["status"] == "ok", trial["peak_allocated_bytes"])
+            add(_config(search["overrides"]), trial["batch_size"], trial["status"] == "ok",
+                trial["peak_allocated_bytes"])
     return trials
 
 
@@ -149,87 +151,56 @@ def verdict(trials: list[dict], batch_size: int) -> str:
 
 
 EXPECTED_VERDICTS = {
-    # Default allocator. Trained at the predicted batch and ran out of memory at 8 more, in these very trials. Fragmentation was
-    # fitted on fp32's and fp32 + checkpointing's searches (AdamW); the others are held out.
-    '{"precision": "fp32", "grad_checkpointing": false, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "fp16", "grad_checkpointing": false, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "fp32", "grad_checkpointing": false, "optim": "adafactor", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "fp32", "grad_checkpointing": false, "optim": "adamw_torch_fused", "attn": "eager", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": false, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 4, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": false, "optim": "sgd", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": false, "optim": "adamw_bnb_8bit", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "sgd", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 4, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "fp32", "grad_checkpointing": true, "optim": "sgd", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
-    '{"precision": "fp16", "grad_checkpointing": true, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom"),
+    # (precision, checkpointing, optimizer, attention, accumulation, expandable segments):
+    #     (verdict at the prediction, at 8 more)
+    # Default allocator. Trained at the predicted batch and ran out of memory at 8 more, in these very trials.
+    # Fragmentation was fitted on fp32's and fp32 + checkpointing's searches (AdamW); the others are held out.
+    ("fp32", False, "adamw_torch_fused", "sdpa", 1, False): ("trains", "oom"),
+    ("fp16", False, "adamw_torch_fused", "sdpa", 1, False): ("trains", "oom"),
+    ("fp32", True, "adamw_torch_fused", "sdpa", 1, False): ("trains", "oom"),
+    ("fp32", False, "adafactor", "sdpa", 1, False): ("trains", "oom"),
+    ("fp32", False, "adamw_torch_fused", "eager", 1, False): ("trains", "oom"),
+    ("bf16", False, "adamw_torch_fused", "sdpa", 4, False): ("trains", "oom"),
+    ("bf16", False, "sgd", "sdpa", 1, False): ("trains", "oom"),
+    ("bf16", False, "adamw_bnb_8bit", "sdpa", 1, False): ("trains", "oom"),
+    ("bf16", True, "sgd", "sdpa", 1, False): ("trains", "oom"),
+    ("bf16", True, "adamw_torch_fused", "sdpa", 4, False): ("trains", "oom"),
+    ("fp32", True, "sgd", "sdpa", 1, False): ("trains", "oom"),
+    ("fp16", True, "adamw_torch_fused", "sdpa", 1, False): ("trains", "oom"),
     # Fitted on its search: 945 trained (and twice more when repeated), 946 and 947 ran out of memory.
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains", "oom?"),
+    ("bf16", True, "adamw_torch_fused", "sdpa", 1, False): ("trains", "oom?"),
     # Fitted on its search: 818 trained, 819, 820 and 822 ran out of memory. The trial at 817 was still running
     # when the device time ran out.
-    '{"precision": "fp32", "grad_checkpointing": true, "optim": "adafactor", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains?", "oom?"),
+    ("fp32", True, "adafactor", "sdpa", 1, False): ("trains?", "oom?"),
     # 146 trained in the check and ran out of memory in the search: at the edge, runs differ.
-    '{"precision": "bf16", "grad_checkpointing": false, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("both", "oom"),
+    ("bf16", False, "adamw_torch_fused", "sdpa", 1, False): ("both", "oom"),
     # The model's failures. Predicted 805, too low: 807 and 813 trained.
-    '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_bnb_8bit", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("trains?", "trains"),
-    # Predicted 978 and 967, too high: 973 and 961 ran out of memory (and the two batches above); 965 and 953 trained.
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "adafactor", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("oom?", "oom?"),
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_bnb_8bit", "attn": "sdpa", "grad_accum": 1, "expandable_segments": false}':
-        ("oom?", "oom?"),
+    ("fp32", True, "adamw_bnb_8bit", "sdpa", 1, False): ("trains?", "trains"),
+    # Predicted 978 and 967, too high: 973 and 961 ran out of memory (and the two batches above); 965 and 953
+    # trained.
+    ("bf16", True, "adafactor", "sdpa", 1, False): ("oom?", "oom?"),
+    ("bf16", True, "adamw_bnb_8bit", "sdpa", 1, False): ("oom?", "oom?"),
     # Expandable segments: no fragmentation charged, nothing fitted. Tried at the prediction and 8 more (with the
     # environment variable, before the technique existed).
-    '{"precision": "fp32", "grad_checkpointing": false, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": false, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "fp32", "grad_checkpointing": true, "optim": "adafactor", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "adafactor", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "sgd", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
+    ("fp32", False, "adamw_torch_fused", "sdpa", 1, True): ("trains", "oom"),
+    ("bf16", False, "adamw_torch_fused", "sdpa", 1, True): ("trains", "oom"),
+    ("fp32", True, "adamw_torch_fused", "sdpa", 1, True): ("trains", "oom"),
+    ("fp32", True, "adafactor", "sdpa", 1, True): ("trains", "oom"),
+    ("bf16", True, "adafactor", "sdpa", 1, True): ("trains", "oom"),
+    ("bf16", True, "sgd", "sdpa", 1, True): ("trains", "oom"),
     # Held out: tried after, through --expandable-segments.
-    '{"precision": "fp32", "grad_checkpointing": true, "optim": "sgd", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_bnb_8bit", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_torch", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "fp16", "grad_checkpointing": true, "optim": "adafactor", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "fp32", "grad_checkpointing": false, "optim": "adamw_torch_fused", "attn": "eager", "grad_accum": 1, "expandable_segments": true}':
-        ("trains", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": false, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 4, "expandable_segments": true}':
-        ("trains", "oom"),
-    # Mixed precision, checkpointing and AdamW or 8-bit Adam: one step too high. 971 ran out of memory 20 MB short
-    # and `gpuanat fit` found 970; 985 and 947 trained; fp16 with AdamW was tried at 971 and 979 only.
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("oom", "oom"),
-    '{"precision": "fp16", "grad_checkpointing": true, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("oom", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_bnb_8bit", "attn": "sdpa", "grad_accum": 1, "expandable_segments": true}':
-        ("oom", "oom"),
-    '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_torch_fused", "attn": "sdpa", "grad_accum": 4, "expandable_segments": true}':
-        ("oom", "oom"),
+    ("fp32", True, "sgd", "sdpa", 1, True): ("trains", "oom"),
+    ("fp32", True, "adamw_bnb_8bit", "sdpa", 1, True): ("trains", "oom"),
+    ("fp32", True, "adamw_torch", "sdpa", 1, True): ("trains", "oom"),
+    ("fp16", True, "adafactor", "sdpa", 1, True): ("trains", "oom"),
+    ("fp32", False, "adamw_torch_fused", "eager", 1, True): ("trains", "oom"),
+    ("bf16", False, "adamw_torch_fused", "sdpa", 4, True): ("trains", "oom"),
+    # Mixed precision, checkpointing and AdamW or 8-bit Adam: too high. bf16: 971 ran out of memory 20 MB short and
+    # `gpuanat fit` found 970; 985 and 947 trained. fp16 ran out of memory at 963 too, 3.97 GiB reserved unallocated.
+    ("bf16", True, "adamw_torch_fused", "sdpa", 1, True): ("oom", "oom"),
+    ("fp16", True, "adamw_torch_fused", "sdpa", 1, True): ("oom", "oom"),
+    ("bf16", True, "adamw_bnb_8bit", "sdpa", 1, True): ("oom", "oom"),
+    ("bf16", True, "adamw_torch_fused", "sdpa", 4, True): ("oom", "oom"),
 }
 """What the trials on record say of this model's predicted largest batch and of 8 more, per technique set. A
 change of the model or new trials changes these; each change is a claim to read."""
@@ -238,7 +209,7 @@ change of the model or new trials changes these; each change is a claim to read.
 def test_every_largest_batch_verdict_is_the_one_on_record():
     verdicts = {}
     for techniques, trials in h100_trials().items():
-        predicted = max_batch_size(_config(json.loads(techniques)), H100_MEMORY_BYTES)
+        predicted = max_batch_size(_config(dict(zip(TECHNIQUES, techniques, strict=True))), H100_MEMORY_BYTES)
         verdicts[techniques] = (verdict(trials, predicted), verdict(trials, predicted + 8))
     assert verdicts == EXPECTED_VERDICTS
 
@@ -248,7 +219,7 @@ def test_every_trial_that_trained_peaked_where_the_model_says():
     (the searches start at batch 8, where the cache the model does not count weighs most)."""
     checked = 0
     for techniques, trials in h100_trials().items():
-        config = _config(json.loads(techniques))
+        config = _config(dict(zip(TECHNIQUES, techniques, strict=True)))
         for trial in trials:
             if trial["trained"] and trial["peak_allocated_bytes"]:
                 predicted = estimate_memory(config.replace(batch_size=trial["batch_size"])).peak_allocated_bytes

@@ -98,8 +98,8 @@ EXPANDABLE_SEGMENTS_FRAGMENTATION = 0.0
 """Fragmentation charged with expandable segments. On the H100 (benchmarks/results/h100/anatomy/edge/) the
 largest batch with no fragmentation charged trained and 8 more ran out of memory for fp32, bf16, and with
 checkpointing fp32 AdamW, fp32 and bf16 Adafactor and bf16 SGD, each near its peak's estimate; mixed precision
-with checkpointing and AdamW or 8-bit Adam ran out of memory 20 MB short there, with 135-139 MiB mapped
-but unallocated, and trained 8 below."""
+with checkpointing and AdamW or 8-bit Adam ran out of memory there, bf16 20 MB short with 135-139 MiB reserved
+but unallocated (8 fewer trained), fp16 also at 8 fewer, with 3.97 GiB reserved but unallocated."""
 
 
 @dataclass(frozen=True)
@@ -303,14 +303,17 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     autocast_cache = autocast_cache_bytes(config, shapes)
     # Only where the accumulated gradients are alive too does this moment exceed the others.
     forward_return_peak = weights + optimizer + activations + gradients_at_peak + autocast_cache
+    if config.expandable_segments:
+        cache_fraction, moment_fragmentation = EXPANDABLE_SEGMENTS_FRAGMENTATION, 0
+    else:
+        cache_fraction = coefficients(config).cache_fraction
+        moment_fragmentation = int(coefficients(config).moment_fragmentation * large_moment_bytes(config, shapes))
     return MemoryEstimate(
         weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=optimizer,
         activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak, temporaries_bytes=temporaries,
         autocast_cache_bytes=autocast_cache, step_temporaries_bytes=step_temporaries,
         peak_allocated_bytes=max(forward_end_peak, first_step_peak, forward_return_peak),
-        cache_fraction=EXPANDABLE_SEGMENTS_FRAGMENTATION if config.expandable_segments else coefficients(config).cache_fraction,
-        moment_fragmentation_bytes=(0 if config.expandable_segments else
-                                    int(coefficients(config).moment_fragmentation * large_moment_bytes(config, shapes))),
+        cache_fraction=cache_fraction, moment_fragmentation_bytes=moment_fragmentation,
     )
 
 
@@ -387,7 +390,7 @@ def max_batch_caveat(config: RunConfig) -> str | None:
         return None
     if config.expandable_segments and config.optim in ("adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit"):
         return ("with expandable segments, mixed precision, checkpointing and this optimizer, an H100 ran out of "
-                "memory 20 MB short of this prediction and trained 8 below; `gpuanat fit` finds the real one")
+                "memory at this prediction (bf16 20 MB short; fp16 at 8 fewer too); `gpuanat fit` finds the real one")
     if not config.expandable_segments and config.optim in ("adafactor", "adamw_bnb_8bit"):
         return ("with mixed precision, checkpointing and this optimizer the allocator's fragmentation near the limit "
                 "is not predicted: on an H100 this prediction ran out of memory; `gpuanat fit` finds the real one, "
