@@ -35,8 +35,7 @@ def cli_env(db: Path | None, fault: str | None = None, offline_hub: bool = False
 def start_cli(args: list[str], db: Path | None, fault: str | None = None, offline_hub: bool = False,
               extra_env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "gpuanat", *args], env=cli_env(db, fault, offline_hub, extra_env),
-                            cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kwargs)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kwargs)
 
 
 def run_cli(

@@ -123,7 +123,7 @@ def test_predict_says_where_its_largest_batch_was_refuted(db_path):
     assert "--expandable-segments" in refuted
     for optim in ("adamw_torch_fused", "sgd"):  # the mixed-precision checkpointed optimizers that held
         assert json.loads(run_cli([*flags, "--optim", optim, "--json"], db_path).stdout)["max_batch_caveat"] is None
-    # With expandable segments it is the other way round: AdamW and 8-bit Adam were one step too high.
+    # With expandable segments it is the other way round: AdamW and 8-bit Adam ran out of memory at the prediction.
     expandable = [*flags, "--expandable-segments", "--json"]
     for optim in ("adamw_torch_fused", "adamw_bnb_8bit"):
         caveat = json.loads(run_cli([*expandable, "--optim", optim], db_path).stdout)["max_batch_caveat"]

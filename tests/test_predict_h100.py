@@ -109,7 +109,7 @@ def _config(overrides: dict) -> RunConfig:
 
 def h100_trials() -> dict[tuple, list[dict]]:
     """Every largest-batch trial on record, by technique set: batch size, whether it trained, its peak."""
-    trials: dict[str, list[dict]] = {}
+    trials: dict[tuple, list[dict]] = {}
 
     def add(config: RunConfig, batch_size: int, trained: bool, peak_allocated_bytes: int | None) -> None:
         trials.setdefault(_techniques(config), []).append(

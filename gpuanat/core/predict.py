@@ -394,7 +394,7 @@ def max_batch_caveat(config: RunConfig) -> str | None:
     if not config.expandable_segments and config.optim in ("adafactor", "adamw_bnb_8bit"):
         return ("with mixed precision, checkpointing and this optimizer the allocator's fragmentation near the limit "
                 "is not predicted: on an H100 this prediction ran out of memory; `gpuanat fit` finds the real one, "
-                "and --expandable-segments makes the limit predictable")
+                "and --expandable-segments fits a larger batch")
     return None
 
 
