@@ -23,7 +23,7 @@ from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.screens.history import HistoryScreen
-from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
+from gpuanat.tui.widgets.techniques_panel import ROWS, TechniquesPanel
 
 TINY = RunConfig(preset="tiny", device="cpu", seq_len=32, samples=32, batch_size=4)
 
@@ -66,6 +66,20 @@ async def test_keys_change_the_config_the_child_receives(db_path):
             received["attn"]) == (True, "bf16", 8, "sgd", "eager")
     assert result["steps"] == 4  # 32 samples / batch 8
     assert result["bands"]["optimizer_state_bytes"] == 0  # SGD keeps no state
+
+
+@pytest.mark.asyncio
+async def test_every_key_the_techniques_panel_shows_is_an_active_binding(db_path):
+    """The panel's keys are the ones the footer, the help panel and the command palette list."""
+    app = make_app(db_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        bindings = app.screen.active_bindings
+        for field, shown, _label in ROWS:
+            for key in shown.split("/"):
+                binding = bindings[{"+": "plus", "-": "minus"}.get(key, key)].binding
+                assert field in binding.action, (key, binding.action)
+        assert bindings["x"].binding.description == "Expandable segments"
 
 
 @pytest.mark.asyncio
