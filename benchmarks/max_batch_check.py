@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.config import RunConfig
+from gpuanat.core.config import ALLOCATOR_CONF_VARIABLE, RunConfig
 from gpuanat.core.predict import max_batch_size
 from gpuanat.core.sampler import probe_nvml
 
@@ -52,7 +52,7 @@ def flags(overrides: dict[str, Any], batch_size: int) -> list[str]:
 
 def trial(overrides: dict[str, Any], batch_size: int, alloc_conf: str | None = None) -> dict[str, Any]:
     started_s = time.perf_counter()
-    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf} if alloc_conf else None
+    env = {**os.environ, ALLOCATOR_CONF_VARIABLE: alloc_conf} if alloc_conf else None
     completed = subprocess.run([sys.executable, "-m", "gpuanat", "run", *flags(overrides, batch_size), "--json"],
                                capture_output=True, text=True, check=False, env=env)
     lines = completed.stdout.strip().splitlines()

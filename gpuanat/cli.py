@@ -18,6 +18,7 @@ from gpuanat.core.config import (
     Capabilities,
     ConfigError,
     RunConfig,
+    expandable_segments_enabled,
     machine_unsupported_reason,
     validate_values,
 )
@@ -176,9 +177,12 @@ def detect_capabilities() -> Capabilities:
 
 
 def config_from_args(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
-    """RunConfig from the flags given; device defaults to cuda when available."""
+    """RunConfig from the flags given; device defaults to cuda when available, and on CUDA expandable segments
+    to what the user's PYTORCH_CUDA_ALLOC_CONF says (the child's allocator follows the technique)."""
     changes = {t.field: getattr(args, t.field) for t in TECHNIQUES if getattr(args, t.field, None) is not None}
     changes.setdefault("device", "cuda" if cuda_available else "cpu")
+    if changes["device"] == "cuda":
+        changes.setdefault("expandable_segments", expandable_segments_enabled(os.environ))
     return RunConfig(**changes)
 
 

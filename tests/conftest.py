@@ -39,9 +39,10 @@ def start_cli(args: list[str], db: Path | None, fault: str | None = None, offlin
 
 
 def run_cli(
-    args: list[str], db: Path | None, fault: str | None = None, timeout_s: float = 240
+    args: list[str], db: Path | None, fault: str | None = None, timeout_s: float = 240,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    process = start_cli(args, db, fault)
+    process = start_cli(args, db, fault, extra_env=extra_env)
     stdout, stderr = process.communicate(timeout=timeout_s)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 

@@ -11,6 +11,7 @@ from gpuanat.core.config import (
     ConfigError,
     RunConfig,
     child_environment,
+    expandable_segments_enabled,
     machine_unsupported_reason,
     validate_values,
 )
@@ -107,3 +108,14 @@ def test_the_child_allocator_conf_follows_the_technique_and_keeps_the_users_othe
     environment = child_environment(RunConfig(expandable_segments=expandable), base)
     assert environment == {"PATH": "/usr/bin", "PYTORCH_CUDA_ALLOC_CONF": child_conf}
     assert base.get("PYTORCH_CUDA_ALLOC_CONF") == user_conf  # not changed in place
+
+
+@pytest.mark.parametrize(("user_conf", "enabled"), [
+    (None, False),
+    ("expandable_segments:True", True),
+    ("max_split_size_mb:128, expandable_segments : true", True),
+    ("expandable_segments:False", False),
+    ("max_split_size_mb:128", False),
+])
+def test_the_users_allocator_conf_is_the_default_of_the_technique(user_conf, enabled):
+    assert expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": user_conf} if user_conf else {}) is enabled

@@ -144,3 +144,16 @@ def test_expandable_segments_charge_no_fragmentation():
     # Default allocator: fragmentation charged (fp32 + checkpointing + AdamW: 754 on the H100, 837 without).
     assert max_batch_size(default, gpu_memory_bytes) < largest
     assert estimate_memory(expandable).peak_allocated_bytes == estimate_memory(default).peak_allocated_bytes
+
+
+def test_the_users_expandable_segments_setting_is_the_default_on_cuda(db_path):
+    """A user who exports PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True trains with it unless a flag says no."""
+    exported = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+    def config(*flags: str) -> dict:
+        completed = run_cli(["predict", "--gpu-memory", "80GiB", "--json", *flags], db_path, extra_env=exported)
+        return json.loads(completed.stdout)["config"]
+
+    assert config()["expandable_segments"] is True
+    assert config("--no-expandable-segments")["expandable_segments"] is False
+    assert config("--device", "cpu")["expandable_segments"] is False  # an option of the CUDA allocator only

@@ -69,6 +69,20 @@ async def test_keys_change_the_config_the_child_receives(db_path):
 
 
 @pytest.mark.asyncio
+async def test_without_cuda_the_dashboard_trains_on_the_cpu_with_the_default_allocator(db_path):
+    """Started for CUDA with expandable segments (say from the user's PYTORCH_CUDA_ALLOC_CONF) on a machine
+    without CUDA, the next run is a CPU run that can start."""
+    app = make_app(db_path, TINY.replace(device="cuda", expandable_segments=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await pilot.pause()
+        assert (app.config.device, app.config.expandable_segments) == ("cpu", False)
+        console = Console(width=120, record=True, file=io.StringIO())
+        console.print(app.query_one(TechniquesPanel).render())
+        assert "unavailable" not in console.export_text()
+
+
+@pytest.mark.asyncio
 async def test_every_key_the_techniques_panel_shows_is_an_active_binding(db_path):
     """The panel's keys are the ones the footer, the help panel and the command palette list."""
     app = make_app(db_path)

@@ -201,11 +201,22 @@ def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) ->
 ALLOCATOR_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 
 
+def _allocator_options(environment: Mapping[str, str]) -> list[tuple[str, str]]:
+    """`PYTORCH_CUDA_ALLOC_CONF`'s options as (name, value) pairs, e.g. [("expandable_segments", "True")]."""
+    pairs = (option.partition(":") for option in environment.get(ALLOCATOR_CONF_VARIABLE, "").split(","))
+    return [(name.strip(), value.strip()) for name, _, value in pairs if name.strip()]
+
+
+def expandable_segments_enabled(environment: Mapping[str, str]) -> bool:
+    """Whether `environment`'s `PYTORCH_CUDA_ALLOC_CONF` turns expandable segments on (the technique's default)."""
+    return any(name == "expandable_segments" and value.lower() == "true"
+               for name, value in _allocator_options(environment))
+
+
 def child_environment(config: RunConfig, base: Mapping[str, str]) -> dict[str, str]:
     """The training child's environment: `base` with `PYTORCH_CUDA_ALLOC_CONF`'s expandable_segments option
-    set from `config` (the technique decides, whatever `base` said), its other options kept."""
-    options = [option.strip() for option in base.get(ALLOCATOR_CONF_VARIABLE, "").split(",")
-               if option.strip() and option.split(":")[0].strip() != "expandable_segments"]
+    set from `config` (the technique decides), its other options kept."""
+    options = [f"{name}:{value}" for name, value in _allocator_options(base) if name != "expandable_segments"]
     options.append(f"expandable_segments:{config.expandable_segments}")
     return {**base, ALLOCATOR_CONF_VARIABLE: ",".join(options)}
 

@@ -99,7 +99,7 @@ EXPANDABLE_SEGMENTS_FRAGMENTATION = 0.0
 largest batch with no fragmentation charged trained and 8 more ran out of memory for fp32, bf16, and with
 checkpointing fp32 AdamW, fp32 and bf16 Adafactor and bf16 SGD, each near its peak's estimate; mixed precision
 with checkpointing and AdamW or 8-bit Adam ran out of memory there, bf16 20 MB short with 135-139 MiB reserved
-but unallocated (8 fewer trained), fp16 also at 8 fewer, with 3.97 GiB reserved but unallocated."""
+but unallocated (8 fewer trained; fp16 was not tried lower)."""
 
 
 @dataclass(frozen=True)
@@ -390,7 +390,7 @@ def max_batch_caveat(config: RunConfig) -> str | None:
         return None
     if config.expandable_segments and config.optim in ("adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit"):
         return ("with expandable segments, mixed precision, checkpointing and this optimizer, an H100 ran out of "
-                "memory at this prediction (bf16 20 MB short; fp16 at 8 fewer too); `gpuanat fit` finds the real one")
+                "memory at this prediction (bf16 20 MB short, and 8 fewer trained); `gpuanat fit` finds the real one")
     if not config.expandable_segments and config.optim in ("adafactor", "adamw_bnb_8bit"):
         return ("with mixed precision, checkpointing and this optimizer the allocator's fragmentation near the limit "
                 "is not predicted: on an H100 this prediction ran out of memory; `gpuanat fit` finds the real one, "

@@ -269,7 +269,8 @@ class GpuAnatApp(DashboardActions):
         if message.failure:
             self.notify(message.failure, severity="error", timeout=10)
         elif self.capabilities is not None and not self.capabilities.cuda_available and self.config.device == "cuda":
-            self.config = self.config.replace(device="cpu")
+            # Expandable segments are an option of the CUDA allocator (on by default from PYTORCH_CUDA_ALLOC_CONF).
+            self.config = self.config.replace(device="cpu", expandable_segments=False)
             self.notify(f"No CUDA here ({self.capabilities.reason}); runs train on the CPU.", timeout=6)
         self._show_techniques()
 

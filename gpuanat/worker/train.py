@@ -123,12 +123,13 @@ def train(config: Any, emit: Any) -> int:
     import torch
     from transformers import Trainer, TrainingArguments
 
+    from gpuanat.core.config import ALLOCATOR_CONF_VARIABLE
     from gpuanat.core.protocol import Done, Error, Hello
     from gpuanat.worker.probe import AnatomyCallback
 
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else platform.processor() or None
     emit(Hello(pid=os.getpid(), versions=_versions(), device=config.device, device_name=device_name,
-               config=config.to_json(), allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF")))
+               config=config.to_json(), allocator_conf=os.environ.get(ALLOCATOR_CONF_VARIABLE)))
     probe = AnatomyCallback(emit)
     trainer = None
     with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:
