@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as one JSON object (last stdout line)")
     run.add_argument("--trace-out", type=Path, default=None,
                      help="also write every NVML/host sample as JSON lines to this file")
+    run.add_argument("--memory-snapshot", type=Path, default=None, metavar="FILE.pickle",
+                     help="record torch's allocator history (CUDA only) and write it here when the run ends, out "
+                          "of memory included: every allocation with its Python stack, for pytorch.org/memory_viz")
     run.add_argument("--script", type=Path, default=None, metavar="SCRIPT.py",
                      help="run your own training script instead (`gpuanat run --script train.py -- ARGS`): gpuanat's "
                           "probe is attached to every HF Trainer it creates, without editing it; the technique "
@@ -223,13 +226,15 @@ class _ProgressView:
 
 
 def _run_recorded(config: RunConfig, store: HistoryStore, *, label: str, name: str | None = None,
-                  trace_path: Path | None = None) -> dict[str, Any]:
+                  trace_path: Path | None = None, memory_snapshot: Path | None = None) -> dict[str, Any]:
+    from gpuanat.core.config import MEMORY_SNAPSHOT_VARIABLE
     from gpuanat.core.session import execute_run
 
+    env = {**os.environ, MEMORY_SNAPSHOT_VARIABLE: str(memory_snapshot.resolve())} if memory_snapshot else None
     view = _ProgressView(label)
     try:
         return execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name, on_event=view,
-                           trace_path=trace_path)
+                           trace_path=trace_path, env=env)
     finally:
         view.close()
 
@@ -335,12 +340,24 @@ def command_run(args: argparse.Namespace) -> int:
     unsupported = machine_unsupported_reason(config, capabilities)
     if unsupported is not None:
         _fail_usage(f"{unsupported[0]}: {unsupported[1]}")
+    if args.memory_snapshot is not None:
+        if config.device != "cuda":
+            _fail_usage(f"--memory-snapshot: torch records its allocator's history only on CUDA, and this run is on "
+                        f"{config.device}")
+        if not args.memory_snapshot.parent.resolve().is_dir():
+            _fail_usage(f"--memory-snapshot: no such folder: {args.memory_snapshot.parent}")
     with _open_store(args) as store:
-        result = _run_recorded(config, store, label="run", trace_path=args.trace_out)
+        result = _run_recorded(config, store, label="run", trace_path=args.trace_out,
+                               memory_snapshot=args.memory_snapshot)
     if args.json:
         print(json.dumps(result))
     else:
         print_summary(result)
+    if args.memory_snapshot is not None:
+        written = args.memory_snapshot.is_file()
+        print(f"Memory snapshot: {args.memory_snapshot} (drop it on pytorch.org/memory_viz)" if written
+              else f"gpuanat: no memory snapshot was written to {args.memory_snapshot} (see the log)",
+              file=sys.stderr if args.json or not written else sys.stdout)
     run_error = result.get("error") or {}
     if run_error.get("kind") == "config":
         print(f"gpuanat: error: {run_error.get('flag')}: {run_error.get('message')}", file=sys.stderr)

@@ -12,6 +12,8 @@
 #   scripts/gpu_check.sh start-edge-expandable [WAIT_S]  largest-batch edges with expandable segments (issue #4)
 #   scripts/gpu_check.sh start-edge-default [WAIT_S]  largest-batch edges with the default allocator (issue #4)
 #   scripts/gpu_check.sh start-expandable [WAIT_S]  --expandable-segments through fit and run, held out (issue #4)
+#   scripts/gpu_check.sh start-allocation-traces [WAIT_S]  the allocator's history of every largest-batch technique
+#     set at batch 8, 12 and 16 (benchmarks/allocation_trace.py), for the allocator replay (issue #4)
 #   scripts/gpu_check.sh start-anatomy [WAIT_S]  the same for the anatomy job (issue #4): the docs' table with
 #     the bands checked against NVML at every step record and the probe's own time, the autocast-cache
 #     configurations, and the largest bf16 + checkpointing batch found by `gpuanat fit`
@@ -289,6 +291,15 @@ job_expandable() {
   touch "$JOB/DONE"
 }
 
+# Issue #4: allocator histories of small batches, from which the replay predicts the largest batch.
+job_allocation_traces() {
+  begin_job
+  echo "$(date +%T) allocation traces" >> "$JOB/progress.txt"
+  python3 benchmarks/allocation_trace.py --out-dir "$JOB/traces" --parallel 3 > "$JOB/allocation_trace.log" 2>&1
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -322,6 +333,7 @@ case "${1:-start}" in
   start-edge-expandable) start_in_background job_edge_expandable; collect "${2:-540}" ;;
   start-edge-default) start_in_background job_edge_default; collect "${2:-540}" ;;
   start-expandable) start_in_background job_expandable; collect "${2:-540}" ;;
+  start-allocation-traces) start_in_background job_allocation_traces; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
   job_tui) job_tui ;;
@@ -335,4 +347,5 @@ case "${1:-start}" in
   job_edge_expandable) job_edge_expandable ;;
   job_edge_default) job_edge_default ;;
   job_expandable) job_expandable ;;
+  job_allocation_traces) job_allocation_traces ;;
 esac

@@ -199,6 +199,8 @@ def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) ->
 
 
 ALLOCATOR_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
+MEMORY_SNAPSHOT_VARIABLE = "GPUANAT_MEMORY_SNAPSHOT"
+"""Where the training child writes torch's allocator history (`gpuanat run --memory-snapshot`)."""
 
 
 def _allocator_options(environment: Mapping[str, str]) -> list[tuple[str, str]]:

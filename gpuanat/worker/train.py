@@ -119,17 +119,46 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+MEMORY_HISTORY_MAX_EVENTS = 1_000_000
+"""Allocator events a memory snapshot keeps (the oldest are dropped beyond): a bert-large step makes a few
+thousand."""
+
+
+def record_memory_history(path: str | None) -> Any:
+    """Start torch's allocator history when `path` is set (CUDA only); the returned function writes the snapshot
+    there: pytorch.org/memory_viz reads it, and `gpuanat.core.allocator` replays it. Besides torch's own keys it
+    holds `gpuanat`: the device memory free when it was written (`torch.cuda.mem_get_info`)."""
+    import pickle
+
+    import torch
+
+    if not path or not torch.cuda.is_available():
+        return lambda: None
+    torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=MEMORY_HISTORY_MAX_EVENTS)
+
+    def dump() -> None:
+        snapshot = torch.cuda.memory._snapshot()
+        free_bytes, total_bytes = torch.cuda.mem_get_info()
+        snapshot["gpuanat"] = {"device_free_bytes": free_bytes, "device_total_bytes": total_bytes,
+                               "reserved_bytes": torch.cuda.memory_reserved()}
+        with open(path, "wb") as file:
+            pickle.dump(snapshot, file)
+
+    return dump
+
+
 def train(config: Any, emit: Any) -> int:
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from gpuanat.core.config import ALLOCATOR_CONF_VARIABLE
+    from gpuanat.core.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE
     from gpuanat.core.protocol import Done, Error, Hello
     from gpuanat.worker.probe import AnatomyCallback
 
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else platform.processor() or None
     emit(Hello(pid=os.getpid(), versions=_versions(), device=config.device, device_name=device_name,
                config=config.to_json(), allocator_conf=os.environ.get(ALLOCATOR_CONF_VARIABLE)))
+    dump_memory_snapshot = record_memory_history(os.environ.get(MEMORY_SNAPSHOT_VARIABLE))
     probe = AnatomyCallback(emit)
     trainer = None
     with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:
@@ -144,6 +173,7 @@ def train(config: Any, emit: Any) -> int:
                               train_dataset=dataset, callbacks=[probe])
             output = trainer.train()
         except torch.OutOfMemoryError as error:
+            dump_memory_snapshot()  # before anything is freed
             # The model itself may not fit (no step yet), or a step ran out of memory.
             step = trainer.state.global_step + 1 if trainer is not None else 0
             peak_allocated, reserved = probe.peak_allocated_bytes, probe.peak_reserved_bytes
@@ -156,6 +186,7 @@ def train(config: Any, emit: Any) -> int:
                        peak_allocated_bytes=peak_allocated, reserved_bytes=reserved))
             return EXIT_OOM
         except KeyboardInterrupt:
+            dump_memory_snapshot()
             emit(Done(status="stopped", steps=trainer.state.global_step if trainer else 0, samples=probe.samples,
                       train_runtime_s=None, samples_per_second=None, steady_samples_per_second=None,
                       warmup_steps=getattr(probe, "warmup_steps", 0), steady_reason="stopped before the end",
@@ -163,6 +194,7 @@ def train(config: Any, emit: Any) -> int:
                       peak_reserved_bytes=probe.peak_reserved_bytes, bands=probe.last_bands,
                       probe_time_s=probe.probe_time_s, probe_time_by_part_s=dict(probe.probe_time_by_part_s)))
             return EXIT_STOPPED
+    dump_memory_snapshot()
     metrics = output.metrics
     steady = probe.steady_state()
     emit(Done(
