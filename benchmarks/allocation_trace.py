@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -72,7 +73,8 @@ def record(overrides: dict[str, Any], batch_size: int, out_dir: Path) -> dict[st
         snapshot_path = Path(folder) / "snapshot.pickle"
         completed = subprocess.run([sys.executable, "-m", "gpuanat", "run", *flags(overrides, batch_size),
                                     "--memory-snapshot", str(snapshot_path), "--json"],
-                                   capture_output=True, text=True, check=False)
+                                   capture_output=True, text=True, check=False,
+                                   env={**os.environ, "GPUANAT_DB": str(Path(folder) / "runs.sqlite")})
         lines = completed.stdout.strip().splitlines()
         result = json.loads(lines[-1]) if lines else {}
         if not snapshot_path.is_file():
