@@ -1,0 +1,92 @@
+"""Build the allocation templates that `gpuanat predict` replays, from traces recorded by allocation_trace.py.
+
+For each configuration recorded at several batch sizes: the template (every allocation's size a line in the batch
+size, `gpuanat.core.allocator.build_template`) goes to gpuanat/data/allocation/, with the memory the allocator could
+reserve on the GPU it was recorded on (free + reserved when the configuration's first trace, recorded alone,
+ended). Checks, printed and written to --report:
+- the replay is faithful: each recorded run's own requests, replayed, reserve the same segments in the same order
+  and peak at the same allocated and reserved bytes as the run did;
+- the sizes are lines: the template, fitted on the smallest and largest batch, gives every size of the batches
+  between exactly (the allocations that differ are counted).
+
+    python benchmarks/build_allocation_templates.py TRACES_DIR [--out gpuanat/data/allocation] [--report R.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.allocation_templates import TEMPLATES_DIR, template_name
+from gpuanat.core.allocator import build_template, replay, requests_of
+
+ALONE_TRACE_BATCH = 8
+
+
+def load(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rt") as file:
+        return json.load(file)
+
+
+def faithful(trace: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
+    requests = requests_of(trace["events"])
+    replayed = replay(requests.operations, requests.sizes, capacity_bytes)
+    recorded_segments = [size for action, _address, size, _stream in trace["events"] if action == "segment_alloc"]
+    return {"batch_size": trace["batch_size"], "same_segments": list(replayed.reservations) == recorded_segments,
+            "segments": len(recorded_segments),
+            "peak_allocated_difference_bytes": replayed.peak_allocated_bytes - trace["peak_allocated_bytes"],
+            "peak_reserved_difference_bytes": replayed.peak_reserved_bytes - trace["peak_reserved_bytes"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("traces", type=Path)
+    parser.add_argument("--out", type=Path, default=TEMPLATES_DIR)
+    parser.add_argument("--report", type=Path)
+    parser.add_argument("--gpu-memory-bytes", type=int, required=True,
+                        help="the recording GPU's memory as NVML reports it (the H100 80GB HBM3: 85520809984)")
+    args = parser.parse_args()
+    traces = [load(path) for path in sorted(args.traces.glob("*.json.gz"))]
+    alone = [trace for trace in traces if trace["batch_size"] == ALONE_TRACE_BATCH and trace["device"]]
+    capacity_bytes = alone[0]["device"]["device_free_bytes"] + alone[0]["device"]["reserved_bytes"]
+    by_config: dict[str, list[dict[str, Any]]] = {}
+    for trace in traces:
+        if trace["status"] == "ok":
+            by_config.setdefault(json.dumps(trace["overrides"], sort_keys=True), []).append(trace)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"capacity_bytes": capacity_bytes, "capacity_from": alone[0]["overrides"],
+                              "templates": []}
+    for key, recorded in sorted(by_config.items()):
+        recorded.sort(key=lambda trace: trace["batch_size"])
+        ends = {trace["batch_size"]: requests_of(trace["events"]) for trace in (recorded[0], recorded[-1])}
+        template = build_template(ends)
+        lines_checked = {}
+        for trace in recorded[1:-1]:
+            sizes = requests_of(trace["events"]).sizes
+            predicted = template.sizes(trace["batch_size"])
+            lines_checked[trace["batch_size"]] = sum(a != b for a, b in zip(sizes, predicted, strict=True))
+        config = recorded[0]["config"]
+        name = template_name(config)
+        document = {"config": config, "recorded_batch_sizes": list(template.recorded_batch_sizes),
+                    "gpu_memory_bytes": args.gpu_memory_bytes,
+                    "capacity_bytes": capacity_bytes, "operations": list(template.operations),
+                    "base_bytes": list(template.base_bytes), "per_sample_bytes": list(template.per_sample_bytes)}
+        with gzip.open(args.out / name, "wt") as file:
+            json.dump(document, file, separators=(",", ":"))
+        entry = {"overrides": json.loads(key), "file": name, "allocations": len(template.base_bytes),
+                 "sizes_off_the_line": lines_checked,
+                 "replay_of_each_run": [faithful(trace, capacity_bytes) for trace in recorded]}
+        report["templates"].append(entry)
+        print(f"{key}: {entry['allocations']} allocations; off the line {lines_checked}; faithful "
+              f"{[run['same_segments'] for run in entry['replay_of_each_run']]}", flush=True)
+    if args.report:
+        args.report.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The largest batch that fits, by replaying recorded allocations (`gpuanat.core.allocator`) where a recording
+exists, else by the bytes model (`gpuanat.core.predict.max_batch_size`).
+
+The templates in gpuanat/data/allocation/ were recorded on an H100 (benchmarks/allocation_trace.py, built by
+benchmarks/build_allocation_templates.py) for bert-large at seq 512 and the technique sets of the largest-batch
+trials. A template holds for the torch, CUDA and transformers it was recorded with; another GPU of the same
+software is taken to leave the allocator its memory less what the H100 did not (driver, CUDA context).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.allocator import AllocationTemplate
+from gpuanat.core.config import RunConfig
+from gpuanat.core.predict import max_batch_size
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "data" / "allocation"
+REQUEST_FIELDS = ("preset", "seq_len", "precision", "grad_checkpointing", "optim", "attn", "grad_accum")
+"""The techniques that change what a run asks the allocator for (expandable segments changes only how it is
+served; tf32, the DataLoader's workers and pinning change neither)."""
+SCAN_ABOVE = 8
+"""The replay's fits are not monotone in the batch near the limit (a layout can fit where one sample fewer does
+not): above the edge the bisection finds, this many more batches are replayed and the largest that fits wins."""
+
+
+def template_name(config_json: dict[str, Any]) -> str:
+    config = RunConfig.from_json(config_json)
+    return "_".join(f"{field}-{getattr(config, field)}" for field in REQUEST_FIELDS) + ".json.gz"
+
+
+@dataclass(frozen=True)
+class RecordedTemplate:
+    template: AllocationTemplate
+    unavailable_bytes: int
+    """The recording GPU's memory (NVML total) less what its allocator could reserve."""
+
+
+@functools.cache
+def load_template(name: str) -> RecordedTemplate | None:
+    path = TEMPLATES_DIR / name
+    if not path.is_file():
+        return None
+    with gzip.open(path, "rt") as file:
+        document = json.load(file)
+    template = AllocationTemplate(operations=tuple(document["operations"]), base_bytes=tuple(document["base_bytes"]),
+                                  per_sample_bytes=tuple(document["per_sample_bytes"]),
+                                  recorded_batch_sizes=tuple(document["recorded_batch_sizes"]))
+    return RecordedTemplate(template, document["gpu_memory_bytes"] - document["capacity_bytes"])
+
+
+def template_for(config: RunConfig) -> RecordedTemplate | None:
+    if config.model is not None or config.compile or config.device != "cuda":
+        return None
+    return load_template(template_name(config.to_json()))
+
+
+@dataclass(frozen=True)
+class LargestBatch:
+    batch_size: int
+    method: str
+    """"replay" (of a recorded run's allocations) or "model" (bytes and a fragmentation allowance)."""
+
+
+@functools.cache
+def _replayed(name: str, gpu_memory_bytes: int, expandable_segments: bool, start: int) -> int:
+    recorded = load_template(name)
+    assert recorded is not None
+    capacity = gpu_memory_bytes - recorded.unavailable_bytes
+
+    def fits(batch_size: int) -> bool:
+        return recorded.template.replay(batch_size, capacity, expandable_segments=expandable_segments).fits
+
+    if not fits(1):
+        return 0
+    low, high = 1, max(2, start)
+    while fits(high):  # from the model's estimate, double until one does not fit
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return max([low] + [batch for batch in range(low + 1, low + 1 + SCAN_ABOVE) if fits(batch)])
+
+
+def largest_batch(config: RunConfig, gpu_memory_bytes: int) -> LargestBatch:
+    """The largest per-device batch predicted to fit a GPU of `gpu_memory_bytes` (NVML's total)."""
+    estimate = max_batch_size(config, gpu_memory_bytes)
+    recorded = template_for(config)
+    if recorded is None:
+        return LargestBatch(estimate, "model")
+    return LargestBatch(_replayed(template_name(config.to_json()), gpu_memory_bytes, config.expandable_segments,
+                                  max(1, estimate)), "replay")
