@@ -162,7 +162,9 @@ class CachingAllocator:
     def _unmapped_blocks(self, small: bool) -> list[Block]:
         """The pool's unmapped blocks by address: holes that were unmapped, then the rest of its address space."""
         if small not in self._unmapped:
-            self._lowest_address -= 2 * EXPANDABLE_ADDRESS_SPACE_BYTES
+            # The segment starts on a page of either pool (20 MiB is a multiple of 2 MiB).
+            self._lowest_address = ((self._lowest_address - 2 * EXPANDABLE_ADDRESS_SPACE_BYTES)
+                                    // LARGE_SEGMENT_BYTES * LARGE_SEGMENT_BYTES)
             self._unmapped[small] = [Block(self._lowest_address, EXPANDABLE_ADDRESS_SPACE_BYTES, small, mapped=False)]
         return self._unmapped[small]
 
