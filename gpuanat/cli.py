@@ -419,6 +419,7 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 
 def command_predict(args: argparse.Namespace) -> int:
+    from gpuanat.core.allocation_templates import largest_batch
     from gpuanat.core.predict import (
         estimate_memory,
         fits_in,
@@ -448,10 +449,13 @@ def command_predict(args: argparse.Namespace) -> int:
             source = f"no GPU memory to fit: {nvml.reason or 'no GPU'}; give --gpu-memory"
     prediction = prediction_json(config)
     assert prediction is not None
+    largest = largest_batch(config, gpu_memory) if gpu_memory is not None else None
     result: dict[str, Any] = {
         "config": config.to_json(), **prediction, "gpu_memory_bytes": gpu_memory, "gpu_memory_source": source,
-        "max_batch_size": max_batch_size(config, gpu_memory) if gpu_memory is not None else None,
-        "max_batch_caveat": max_batch_caveat(config),
+        "max_batch_size": largest.batch_size if largest else None,
+        "max_batch_method": largest.method if largest else None,
+        "max_batch_size_model": max_batch_size(config, gpu_memory) if gpu_memory is not None else None,
+        "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
     }
     if args.json:
         print(json.dumps(result))
@@ -464,16 +468,19 @@ def command_predict(args: argparse.Namespace) -> int:
         print(f"Largest batch that fits: — ({source})")
     else:
         fits = "fits" if fits_in(estimate_memory(config), gpu_memory) else "does NOT fit"
+        how = (f"replaying a recorded run's allocations; the bytes model says {result['max_batch_size_model']}"
+               if result["max_batch_method"] == "replay" else "the bytes model")
         print(f"On {format_bytes(gpu_memory)} ({source}): batch {config.batch_size} {fits}; "
-              f"largest batch that fits: {result['max_batch_size']}")
+              f"largest batch that fits: {result['max_batch_size']} ({how})")
         if result["max_batch_caveat"]:
             print(f"  caveat: {result['max_batch_caveat']}")
     return EXIT_OK
 
 
 def command_fit(args: argparse.Namespace) -> int:
+    from gpuanat.core.allocation_templates import largest_batch
     from gpuanat.core.fit import run_fit
-    from gpuanat.core.predict import max_batch_size, parse_size
+    from gpuanat.core.predict import parse_size
     from gpuanat.core.sampler import probe_nvml
 
     if args.trial_steps < 1:
@@ -494,7 +501,8 @@ def command_fit(args: argparse.Namespace) -> int:
     elif base.device == "cuda":
         nvml = probe_nvml()
         gpu_memory = nvml.gpu_total_bytes[0] if nvml.available and nvml.gpu_total_bytes else None
-    predicted = max_batch_size(base, gpu_memory) if gpu_memory is not None and base.model is None else None
+    predicted = (largest_batch(base, gpu_memory).batch_size if gpu_memory is not None and base.model is None
+                 else None)
     start = predicted or base.batch_size
     print(f"fit: starting from batch {start}" + (" (the prediction)" if predicted else "") +
           f", {args.trial_steps} steps per trial, up to batch {args.max_batch}", file=sys.stderr)

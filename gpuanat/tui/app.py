@@ -22,11 +22,12 @@ from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer
 
+from gpuanat.core.allocation_templates import largest_batch
 from gpuanat.core.anatomy import assemble_bands
 from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
 from gpuanat.core.fit import run_fit
 from gpuanat.core.history import HistoryStore
-from gpuanat.core.predict import CUDA_CONTEXT_BYTES, estimate_memory, max_batch_size, peak_reserved_bytes
+from gpuanat.core.predict import CUDA_CONTEXT_BYTES, estimate_memory, peak_reserved_bytes
 from gpuanat.core.protocol import Event, ModelInfo, ProbeBands, Step
 from gpuanat.core.report import format_bytes
 from gpuanat.core.runner import probe_capabilities
@@ -76,6 +77,14 @@ class FitTrialDone(Message):
     def __init__(self, batch_size: int, status: str) -> None:
         super().__init__()
         self.batch_size, self.status = batch_size, status
+
+
+class FitStarting(Message):
+    """The fit's first trial batch: the predicted largest batch (`method`), or the current batch without one."""
+
+    def __init__(self, batch_size: int, method: str | None) -> None:
+        super().__init__()
+        self.batch_size, self.method = batch_size, method
 
 
 class FitFinished(Message):
@@ -245,8 +254,12 @@ class GpuAnatApp(DashboardActions):
         else:
             self.post_message(RunFinished(result))
 
-    def _fit(self, live: LiveRun, start: int) -> None:
+    def _fit(self, live: LiveRun, gpu_total: int | None) -> None:
         try:
+            predicted = (largest_batch(live.config, gpu_total) if gpu_total and live.config.model is None
+                         else None)  # a replay takes a second: not on the UI thread
+            start = predicted.batch_size if predicted and predicted.batch_size else live.config.batch_size
+            self._post(FitStarting(start, predicted.method if predicted and predicted.batch_size else None))
             with HistoryStore(self.db_path) as store:
                 fit = run_fit(
                     live.config, store=store, log_dir=self.db_path.parent / "logs", start=start,
@@ -302,6 +315,10 @@ class GpuAnatApp(DashboardActions):
         self._show_techniques()
         if self._quit_after_run:
             self.exit()
+
+    def on_fit_starting(self, message: FitStarting) -> None:
+        source = {"replay": " (the prediction, replayed)", "model": " (the prediction)"}.get(message.method or "", "")
+        self.notify(f"fit: trials of {FIT_TRIAL_STEPS} steps from batch {message.batch_size}{source}", timeout=4)
 
     def on_fit_trial_done(self, message: FitTrialDone) -> None:
         if self.live is not None and self.live.pid is not None and self._sampler is not None:
@@ -494,14 +511,11 @@ class GpuAnatApp(DashboardActions):
         if not self._can_start():
             return
         gpu_total = self._gpu_total_bytes() if self.config.device == "cuda" else None
-        predicted = max_batch_size(self.config, gpu_total) if gpu_total and self.config.model is None else 0
         self.live = LiveRun(config=self.config, stop_requested=threading.Event())
         for name in ("run_used", "throughput"):
             self.series[name].clear()
-        self.notify(f"fit: trials of {FIT_TRIAL_STEPS} steps from batch {predicted or self.config.batch_size}"
-                    + (" (the prediction)" if predicted else ""), timeout=4)
-        self._run_thread = threading.Thread(target=self._fit, args=(self.live, predicted or self.config.batch_size),
-                                            name="gpuanat-fit", daemon=True)
+        self._run_thread = threading.Thread(target=self._fit, args=(self.live, gpu_total), name="gpuanat-fit",
+                                            daemon=True)
         self._run_thread.start()
 
     def action_stop(self) -> None:
