@@ -12,6 +12,8 @@
 #   scripts/gpu_check.sh start-edge-expandable [WAIT_S]  largest-batch edges with expandable segments (issue #4)
 #   scripts/gpu_check.sh start-edge-default [WAIT_S]  largest-batch edges with the default allocator (issue #4)
 #   scripts/gpu_check.sh start-expandable [WAIT_S]  --expandable-segments through fit and run, held out (issue #4)
+#   scripts/gpu_check.sh start-replay-check [WAIT_S]  trials at the largest batches the allocator replay predicts
+#     where no trial said yet (issue #4)
 #   scripts/gpu_check.sh start-allocation-traces [WAIT_S]  the allocator's history of every largest-batch technique
 #     set at batch 8, 12 and 16 (benchmarks/allocation_trace.py), for the allocator replay (issue #4)
 #   scripts/gpu_check.sh start-anatomy [WAIT_S]  the same for the anatomy job (issue #4): the docs' table with
@@ -300,6 +302,27 @@ job_allocation_traces() {
   touch "$JOB/DONE"
 }
 
+# Issue #4: the replayed largest batches (gpuanat.core.allocation_templates) that no trial on record judged yet.
+job_replay_check() {
+  begin_job
+  check_at replay_fp32_ckpt_8bit '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_bnb_8bit"}' 816
+  check_at replay_fp32_ckpt_sgd '{"precision": "fp32", "grad_checkpointing": true, "optim": "sgd"}' 819
+  check_at replay_bf16_ckpt_8bit '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_bnb_8bit"}' 959
+  check_at replay_bf16_ckpt_adafactor '{"precision": "bf16", "grad_checkpointing": true, "optim": "adafactor"}' 980
+  check_at replay_bf16_ckpt_sgd '{"precision": "bf16", "grad_checkpointing": true, "optim": "sgd"}' 980
+  check_at replay_bf16_ckpt_accum4 '{"precision": "bf16", "grad_checkpointing": true, "grad_accum": 4}' 934
+  check_at replay_bf16_8bit '{"precision": "bf16", "optim": "adamw_bnb_8bit"}' 156
+  check_at replay_bf16_accum4 '{"precision": "bf16", "grad_accum": 4}' 150
+  check_at replay_fp16 '{"precision": "fp16"}' 153
+  check_at replay_es_fp16_ckpt '{"precision": "fp16", "grad_checkpointing": true, "expandable_segments": true}' 970
+  check_at replay_es_bf16_ckpt_8bit '{"precision": "bf16", "grad_checkpointing": true, "optim": "adamw_bnb_8bit", "expandable_segments": true}' 992
+  check_at replay_es_bf16_ckpt_accum4 '{"precision": "bf16", "grad_checkpointing": true, "grad_accum": 4, "expandable_segments": true}' 953
+  check_at replay_es_fp32_ckpt_sgd '{"precision": "fp32", "grad_checkpointing": true, "optim": "sgd", "expandable_segments": true}' 866
+  check_at replay_es_fp32_ckpt_adafactor '{"precision": "fp32", "grad_checkpointing": true, "optim": "adafactor", "expandable_segments": true}' 866
+  echo "$(date +%T) done" >> "$JOB/progress.txt"
+  touch "$JOB/DONE"
+}
+
 collect() {
   local wait_s=${1:-540} waited=0
   while [ ! -f "$JOB/DONE" ] && [ "$waited" -lt "$wait_s" ]; do sleep 5; waited=$((waited + 5)); done
@@ -334,6 +357,7 @@ case "${1:-start}" in
   start-edge-default) start_in_background job_edge_default; collect "${2:-540}" ;;
   start-expandable) start_in_background job_expandable; collect "${2:-540}" ;;
   start-allocation-traces) start_in_background job_allocation_traces; collect "${2:-540}" ;;
+  start-replay-check) start_in_background job_replay_check; collect "${2:-540}" ;;
   collect) collect "${2:-540}" ;;
   job) job ;;
   job_tui) job_tui ;;
@@ -348,4 +372,5 @@ case "${1:-start}" in
   job_edge_default) job_edge_default ;;
   job_expandable) job_expandable ;;
   job_allocation_traces) job_allocation_traces ;;
+  job_replay_check) job_replay_check ;;
 esac
