@@ -454,6 +454,7 @@ def command_predict(args: argparse.Namespace) -> int:
         "config": config.to_json(), **prediction, "gpu_memory_bytes": gpu_memory, "gpu_memory_source": source,
         "max_batch_size": largest.batch_size if largest else None,
         "max_batch_method": largest.method if largest else None,
+        "max_batch_least_left_bytes": largest.least_left_bytes if largest else None,
         "max_batch_size_model": max_batch_size(config, gpu_memory) if gpu_memory is not None else None,
         "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
     }
@@ -468,7 +469,8 @@ def command_predict(args: argparse.Namespace) -> int:
         print(f"Largest batch that fits: — ({source})")
     else:
         fits = "fits" if fits_in(estimate_memory(config), gpu_memory) else "does NOT fit"
-        how = (f"replaying a recorded run's allocations; the bytes model says {result['max_batch_size_model']}"
+        how = (f"replaying a recorded run's allocations, {format_bytes(result['max_batch_least_left_bytes'])} left at "
+               f"its tightest; the bytes model says {result['max_batch_size_model']}"
                if result["max_batch_method"] == "replay" else "the bytes model")
         print(f"On {format_bytes(gpu_memory)} ({source}): batch {config.batch_size} {fits}; "
               f"largest batch that fits: {result['max_batch_size']} ({how})")

@@ -8,6 +8,7 @@ import pytest
 from conftest import run_cli
 from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config
 
+from gpuanat.core.allocation_templates import largest_batch
 from gpuanat.core.config import RunConfig
 from gpuanat.core.predict import (
     CUDA_CONTEXT_BYTES,
@@ -106,7 +107,13 @@ def test_predict_command(db_path):
                 "peak_allocated_bytes", "peak_device_bytes", "max_batch_size"):
         assert isinstance(result[key], int)
     assert result["gpu_memory_bytes"] == 80 * 1024**3 and result["gpu_memory_source"] == "--gpu-memory"
-    assert result["max_batch_size"] == max_batch_size(RunConfig(precision="bf16"), 80 * 1024**3)
+    # bert-large at seq 512 in bf16 has a recorded template: the largest batch is the replay's, the model's beside it.
+    assert result["max_batch_method"] == "replay"
+    assert result["max_batch_size"] == largest_batch(RunConfig(precision="bf16"), 80 * 1024**3).batch_size
+    assert result["max_batch_size_model"] == max_batch_size(RunConfig(precision="bf16"), 80 * 1024**3)
+    unrecorded = json.loads(run_cli(["predict", "--gpu-memory", "80GiB", "--seq-len", "256", "--json"], db_path).stdout)
+    assert unrecorded["max_batch_method"] == "model"
+    assert unrecorded["max_batch_size"] == unrecorded["max_batch_size_model"] > result["max_batch_size"]
     no_gpu = json.loads(run_cli(["predict", "--json"], db_path).stdout)
     assert no_gpu["max_batch_size"] is None and "give --gpu-memory" in no_gpu["gpu_memory_source"]
     bad = run_cli(["predict", "--gpu-memory", "lots"], db_path)
@@ -117,7 +124,11 @@ def test_predict_command(db_path):
 
 
 def test_predict_says_where_its_largest_batch_was_refuted(db_path):
-    flags = ["predict", "--gpu-memory", "81559MiB", "--precision", "bf16", "--grad-checkpointing"]
+    """The bytes model's caveats, where it answers: at a sequence length no template was recorded at."""
+    flags = ["predict", "--gpu-memory", "81559MiB", "--precision", "bf16", "--grad-checkpointing", "--seq-len", "384"]
+    replayed = json.loads(run_cli(["predict", "--gpu-memory", "81559MiB", "--precision", "bf16", "--grad-checkpointing",
+                                   "--optim", "adafactor", "--json"], db_path).stdout)
+    assert replayed["max_batch_method"] == "replay" and replayed["max_batch_caveat"] is None
     refuted = run_cli([*flags, "--optim", "adafactor"], db_path).stdout
     assert "caveat:" in refuted and "gpuanat fit" in refuted
     assert "--expandable-segments" in refuted

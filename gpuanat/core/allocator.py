@@ -118,6 +118,8 @@ class CachingAllocator:
         self.peak_reserved_bytes = self.peak_allocated_bytes = 0
         self.reservations: list[int] = []
         """Bytes of every segment reserved (default) or range mapped (expandable segments), in order."""
+        self.least_left_bytes = capacity_bytes
+        """The least the device had left for the allocator after any of its reservations."""
         self._lowest_address = 1 << 62
         """cudaMalloc hands out lower addresses as the device fills (seen on the H100): the newest segment is the
         lowest, and so the first choice among equal free blocks."""
@@ -131,6 +133,7 @@ class CachingAllocator:
             return False
         self.reserved_bytes += size
         self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+        self.least_left_bytes = min(self.least_left_bytes, self.capacity_bytes - self.reserved_bytes)
         self.reservations.append(size)
         return True
 
@@ -343,6 +346,8 @@ class Replay:
     peak_allocated_bytes: int
     peak_reserved_bytes: int
     reservations: tuple[int, ...]
+    least_left_bytes: int
+    """The least the device had left after any reservation: how near the replay came to running out."""
 
 
 def replay(operations: Iterable[int], sizes: list[int] | tuple[int, ...], capacity_bytes: int, *,
@@ -362,7 +367,8 @@ def replay(operations: Iterable[int], sizes: list[int] | tuple[int, ...], capaci
         out_of_memory = error
     return Replay(fits=out_of_memory is None, out_of_memory=out_of_memory,
                   peak_allocated_bytes=allocator.peak_allocated_bytes,
-                  peak_reserved_bytes=allocator.peak_reserved_bytes, reservations=tuple(allocator.reservations))
+                  peak_reserved_bytes=allocator.peak_reserved_bytes, reservations=tuple(allocator.reservations),
+                  least_left_bytes=allocator.least_left_bytes)
 
 
 @dataclass(frozen=True)
