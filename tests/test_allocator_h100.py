@@ -153,7 +153,7 @@ REPLAY_DISAGREES: dict[tuple, list[int]] = {
     ("fp32", True, "adafactor", "sdpa", 1, False): [819],
     ("fp32", True, "sgd", "sdpa", 1, False): [819, 819],
 }
-"""Trials the replay gets wrong, by technique set: 9 of the 135 at batch 40 and up."""
+"""Trials the replay gets wrong, by technique set: 8 of the 135 at batch 40 and up."""
 
 
 def test_every_replayed_largest_batch_verdict_is_the_one_on_record():

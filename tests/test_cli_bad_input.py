@@ -27,6 +27,7 @@ TINY = ["--preset", "tiny", "--device", "cpu"]
     (["run", "--optim", "adamw_bnb_8bit"], "--optim", "needs a CUDA GPU"),
     (["sweep", "--precision", "bf16"], "--precision", "the sweep sets it per experiment"),
     (["sweep", "--only", "warp drive"], "--only", "vanilla"),
+    (["run", "--memory-snapshot", "run.pickle"], "--memory-snapshot", "only on CUDA, and this run is on cpu"),
     (["history", "--limit", "0"], "--limit", "≥ 1"),
     (["history", "--format", "xml"], "--format", "table"),
 ])
@@ -56,5 +57,5 @@ def test_help_explains_every_flag():
     completed = run_cli(["run", "--help"], None, timeout_s=60)
     assert completed.returncode == 0
     for flag in ("--preset", "--grad-checkpointing", "--precision", "--optim", "--tf32", "--pin-memory", "--attn",
-                 "--compile", "--seq-len", "--samples", "--max-steps", "--db", "--json"):
+                 "--compile", "--seq-len", "--samples", "--max-steps", "--db", "--json", "--memory-snapshot"):
         assert flag in completed.stdout
