@@ -27,20 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from max_batch_check import CONFIGS as MAX_BATCH_CONFIGS
 from max_batch_check import flags
 
 CONFIGS: tuple[dict[str, Any], ...] = (
-    {"precision": "fp32"},
-    {"precision": "bf16"},
-    {"precision": "fp16"},
-    {"precision": "fp32", "grad_checkpointing": True},
-    {"precision": "bf16", "grad_checkpointing": True},
+    *MAX_BATCH_CONFIGS,
     {"precision": "fp16", "grad_checkpointing": True},
-    {"precision": "fp32", "optim": "adafactor"},
-    {"precision": "fp32", "attn": "eager"},
-    {"precision": "bf16", "grad_accum": 4},
-    {"precision": "bf16", "optim": "sgd"},
-    {"precision": "bf16", "optim": "adamw_bnb_8bit"},
     {"precision": "bf16", "grad_checkpointing": True, "optim": "sgd"},
     {"precision": "bf16", "grad_checkpointing": True, "grad_accum": 4},
     {"precision": "fp32", "grad_checkpointing": True, "optim": "sgd"},
