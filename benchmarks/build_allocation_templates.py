@@ -12,7 +12,8 @@ written to --report:
 - the sizes are lines: the template, the line through the two largest batches, gives every size of the smaller
   batches exactly (the allocations that differ are counted).
 
-    python benchmarks/build_allocation_templates.py TRACES_DIR [--out gpuanat/data/allocation] [--report R.json]
+    python benchmarks/build_allocation_templates.py TRACES_DIR --gpu-memory-bytes N --torch V --transformers V
+        --gpu NAME [--out gpuanat/data/allocation] [--report R.json]
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def main() -> int:
     parser.add_argument("--report", type=Path)
     parser.add_argument("--gpu-memory-bytes", type=int, required=True,
                         help="the recording GPU's memory as NVML reports it (the H100 80GB HBM3: 85520809984)")
+    parser.add_argument("--gpu", required=True, help="the recording GPU's name, as NVML gives it")
+    parser.add_argument("--torch", required=True, help="the recording torch's version (torch.__version__)")
+    parser.add_argument("--transformers", required=True, help="the recording transformers' version")
     args = parser.parse_args()
     traces = [load(path) for path in sorted(args.traces.glob("*.json.gz"))]
     capacities: dict[bool, int] = {}
@@ -80,6 +84,7 @@ def main() -> int:
         name = template_name(config)
         document = {"config": config, "recorded_batch_sizes": list(template.recorded_batch_sizes),
                     "gpu_memory_bytes": args.gpu_memory_bytes,
+                    "recorded_with": {"gpu": args.gpu, "torch": args.torch, "transformers": args.transformers},
                     "capacity_bytes": capacity_bytes, "operations": list(template.operations),
                     "base_bytes": list(template.base_bytes), "per_sample_bytes": list(template.per_sample_bytes)}
         with gzip.open(args.out / name, "wt") as file:

@@ -419,7 +419,7 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    from gpuanat.core.allocation_templates import largest_batch
+    from gpuanat.core.allocation_templates import largest_batch, version_differences
     from gpuanat.core.predict import (
         estimate_memory,
         fits_in,
@@ -455,6 +455,7 @@ def command_predict(args: argparse.Namespace) -> int:
         "max_batch_size": largest.batch_size if largest else None,
         "max_batch_method": largest.method if largest else None,
         "max_batch_least_left_bytes": largest.least_left_bytes if largest else None,
+        "max_batch_recorded_with": largest.recorded_with if largest else None,
         "max_batch_size_model": max_batch_size(config, gpu_memory) if gpu_memory is not None else None,
         "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
     }
@@ -476,6 +477,12 @@ def command_predict(args: argparse.Namespace) -> int:
               f"largest batch that fits: {result['max_batch_size']} ({how})")
         if result["max_batch_caveat"]:
             print(f"  caveat: {result['max_batch_caveat']}")
+        recorded_with = result["max_batch_recorded_with"]
+        if recorded_with:
+            differences = version_differences(recorded_with)
+            print(f"  the replayed run: {recorded_with['gpu']}, torch {recorded_with['torch']}, transformers "
+                  f"{recorded_with['transformers']}" + (f" ({'; '.join(differences)}: its allocations may differ)"
+                                                         if differences else ""))
     return EXIT_OK
 
 

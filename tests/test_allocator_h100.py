@@ -25,7 +25,7 @@ from test_predict_h100 import (
     verdict,
 )
 
-from gpuanat.core.allocation_templates import TEMPLATES_DIR, largest_batch, template_for
+from gpuanat.core.allocation_templates import TEMPLATES_DIR, largest_batch, template_for, version_differences
 from gpuanat.core.allocator import replay, requests_of
 
 RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "h100"
@@ -57,8 +57,9 @@ def test_each_recorded_run_replayed_reserves_the_same_segments_and_peaks_where_i
 
 def test_the_packaged_templates_are_the_build_of_the_recorded_traces(tmp_path):
     completed = subprocess.run([sys.executable, str(BUILD_SCRIPT), str(TRACES), "--out", str(tmp_path),
-                                "--gpu-memory-bytes", str(H100_MEMORY_BYTES)], capture_output=True, text=True,
-                               check=False)
+                                "--gpu-memory-bytes", str(H100_MEMORY_BYTES), "--gpu", "NVIDIA H100 80GB HBM3",
+                                "--torch", "2.11.0+cu130", "--transformers", "5.17.0"],
+                               capture_output=True, text=True, check=False)
     assert completed.returncode == 0, completed.stderr
     built = sorted(path.name for path in tmp_path.glob("*.json.gz"))
     assert built == sorted(path.name for path in TEMPLATES_DIR.glob("*.json.gz")) and len(built) == 20
@@ -212,3 +213,16 @@ EXPECTED_REPLAY_VERDICTS: dict[tuple, tuple] = {
     ("bf16", True, "sgd", "sdpa", 1, True): (1004, "trains", "oom"),
 }
 """What the trials on record say of the replay's largest batch and of 8 more, per technique set."""
+
+
+def test_a_replayed_answer_says_what_it_was_recorded_with_and_what_differs_here():
+    predicted = largest_batch(_config({"precision": "bf16"}), H100_MEMORY_BYTES)
+    assert predicted.recorded_with == {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130",
+                                       "transformers": "5.17.0"}
+    import torch
+    import transformers
+
+    here = {"gpu": "any", "torch": torch.__version__, "transformers": transformers.__version__}
+    assert version_differences(here) == []
+    other = {**here, "torch": "1.0.0"}
+    assert version_differences(other) == [f"torch {torch.__version__} here, 1.0.0 recorded"]

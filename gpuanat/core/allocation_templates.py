@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib.metadata
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,8 @@ class RecordedTemplate:
     template: AllocationTemplate
     unavailable_bytes: int
     """The recording GPU's memory (NVML total) less what its allocator could reserve."""
+    recorded_with: dict[str, str]
+    """The GPU, torch and transformers it was recorded with."""
 
 
 @functools.cache
@@ -51,7 +54,8 @@ def load_template(name: str) -> RecordedTemplate | None:
     template = AllocationTemplate(operations=tuple(document["operations"]), base_bytes=tuple(document["base_bytes"]),
                                   per_sample_bytes=tuple(document["per_sample_bytes"]),
                                   recorded_batch_sizes=tuple(document["recorded_batch_sizes"]))
-    return RecordedTemplate(template, document["gpu_memory_bytes"] - document["capacity_bytes"])
+    return RecordedTemplate(template, document["gpu_memory_bytes"] - document["capacity_bytes"],
+                            document["recorded_with"])
 
 
 def template_for(config: RunConfig) -> RecordedTemplate | None:
@@ -68,6 +72,8 @@ class LargestBatch:
     least_left_bytes: int | None = None
     """With the replay: the least the device had left at that batch. Within about 10 MiB, the edge is finer than
     the allocator's share of the GPU is known (to 0.01 GiB, as torch's out-of-memory messages give it)."""
+    recorded_with: dict[str, str] | None = None
+    """With the replay: the GPU, torch and transformers of the recorded run."""
 
 
 @functools.cache
@@ -100,4 +106,18 @@ def largest_batch(config: RunConfig, gpu_memory_bytes: int) -> LargestBatch:
         return LargestBatch(estimate, "model")
     batch_size, least_left = _replayed(template_name(config.to_json()), gpu_memory_bytes, config.expandable_segments,
                                        max(1, estimate))
-    return LargestBatch(batch_size, "replay", least_left)
+    return LargestBatch(batch_size, "replay", least_left, recorded.recorded_with)
+
+
+def version_differences(recorded_with: dict[str, str]) -> list[str]:
+    """The packages whose installed major.minor version is not the one a template was recorded with (read from
+    the installed metadata: torch is not imported)."""
+    differences = []
+    for package in ("torch", "transformers"):
+        try:
+            installed = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if installed.split(".")[:2] != recorded_with[package].split(".")[:2]:
+            differences.append(f"{package} {installed} here, {recorded_with[package]} recorded")
+    return differences
