@@ -424,7 +424,6 @@ def command_predict(args: argparse.Namespace) -> int:
         estimate_memory,
         fits_in,
         max_batch_caveat,
-        max_batch_size,
         parse_size,
         prediction_json,
     )
@@ -456,7 +455,7 @@ def command_predict(args: argparse.Namespace) -> int:
         "max_batch_method": largest.method if largest else None,
         "max_batch_least_left_bytes": largest.least_left_bytes if largest else None,
         "max_batch_recorded_with": largest.recorded_with if largest else None,
-        "max_batch_size_model": max_batch_size(config, gpu_memory) if gpu_memory is not None else None,
+        "max_batch_size_model": largest.model_batch_size if largest else None,
         "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
     }
     if args.json:

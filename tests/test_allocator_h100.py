@@ -8,6 +8,7 @@ went into them, so each trial is a held-out test of the replay.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -21,9 +22,9 @@ from test_predict_h100 import (
     MATRIX,
     TECHNIQUES,
     _config,
-    h100_trials,
     verdict,
 )
+from test_predict_h100 import h100_trials as read_h100_trials
 
 from gpuanat.core.allocation_templates import TEMPLATES_DIR, largest_batch, template_for, version_differences
 from gpuanat.core.allocator import replay, requests_of
@@ -32,6 +33,12 @@ RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "h100"
 TRACES = RESULTS / "allocator" / "traces"
 BUILD_SCRIPT = Path(__file__).parent.parent / "benchmarks" / "build_allocation_templates.py"
 MIB = 1 << 20
+
+
+@functools.cache
+def h100_trials() -> dict[tuple, list[dict]]:
+    """The trials on record (test_predict_h100), read once for all the tests here."""
+    return read_h100_trials()
 
 
 def _traces() -> list[dict]:

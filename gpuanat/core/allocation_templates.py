@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.allocator import AllocationTemplate
+from gpuanat.core.allocator import AllocationTemplate, Replay
 from gpuanat.core.config import RunConfig
 from gpuanat.core.predict import max_batch_size
 
@@ -74,6 +74,8 @@ class LargestBatch:
     the allocator's share of the GPU is known (to 0.01 GiB, as torch's out-of-memory messages give it)."""
     recorded_with: dict[str, str] | None = None
     """With the replay: the GPU, torch and transformers of the recorded run."""
+    model_batch_size: int = 0
+    """The bytes model's answer (`predict.max_batch_size`), which is the answer without a template."""
 
 
 @functools.cache
@@ -82,8 +84,13 @@ def _replayed(name: str, gpu_memory_bytes: int, expandable_segments: bool, start
     assert recorded is not None
     capacity = gpu_memory_bytes - recorded.unavailable_bytes
 
+    replays: dict[int, Replay] = {}
+
     def fits(batch_size: int) -> bool:
-        return recorded.template.replay(batch_size, capacity, expandable_segments=expandable_segments).fits
+        if batch_size not in replays:
+            replays[batch_size] = recorded.template.replay(batch_size, capacity,
+                                                           expandable_segments=expandable_segments)
+        return replays[batch_size].fits
 
     if not fits(1):
         return 0, None
@@ -94,8 +101,7 @@ def _replayed(name: str, gpu_memory_bytes: int, expandable_segments: bool, start
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     largest = max([low] + [batch for batch in range(low + 1, low + 1 + SCAN_ABOVE) if fits(batch)])
-    at_largest = recorded.template.replay(largest, capacity, expandable_segments=expandable_segments)
-    return largest, at_largest.least_left_bytes
+    return largest, replays[largest].least_left_bytes
 
 
 def largest_batch(config: RunConfig, gpu_memory_bytes: int) -> LargestBatch:
@@ -103,10 +109,10 @@ def largest_batch(config: RunConfig, gpu_memory_bytes: int) -> LargestBatch:
     estimate = max_batch_size(config, gpu_memory_bytes)
     recorded = template_for(config)
     if recorded is None:
-        return LargestBatch(estimate, "model")
+        return LargestBatch(estimate, "model", model_batch_size=estimate)
     batch_size, least_left = _replayed(template_name(config.to_json()), gpu_memory_bytes, config.expandable_segments,
                                        max(1, estimate))
-    return LargestBatch(batch_size, "replay", least_left, recorded.recorded_with)
+    return LargestBatch(batch_size, "replay", least_left, recorded.recorded_with, estimate)
 
 
 def version_differences(recorded_with: dict[str, str]) -> list[str]:

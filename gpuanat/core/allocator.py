@@ -15,9 +15,10 @@ pool), the front handed out; a freed block merges with its free neighbours.
   requests below 10 MiB, else the request rounded up to 2 MiB. When the device has no room for it, every segment
   that is entirely free is released and it is tried once more; then the request runs out of memory.
 - Expandable segments: each pool is one segment that maps pages (2 MiB small, 20 MiB large) where it needs them:
-  a request no free block fits extends the free block at the end of what is mapped (or starts past it). Any free
-  block is split. When the device has no room, the whole pages inside free blocks are unmapped and it is tried
-  once more. The free block at the end is the last choice for a request other blocks fit.
+  a request no free block fits maps pages at the lowest unmapped address where they, with the free block before
+  them, make enough (the end of what is mapped, unless pages were unmapped before). Any free block is split.
+  When the device has no room, the whole pages inside free blocks are unmapped and it is tried once more.
+  The free block at the end is the last choice for a request other blocks fit.
 
 Pure Python, no torch.
 """
@@ -96,6 +97,7 @@ class _FreeBlocks:
             yield self._blocks[self._keys[index]]
 
     def __iter__(self) -> Iterable[Block]:
+        """A copy, by (size, address): the set may change while it is walked."""
         return iter([self._blocks[key] for key in self._keys])
 
 
@@ -105,6 +107,16 @@ def _link(before: Block | None, block: Block, after: Block | None) -> None:
         before.next = block
     if after is not None:
         after.prev = block
+
+
+def _absorb(block: Block, neighbour: Block) -> None:
+    """Merge `neighbour` (`block.prev` or `block.next`) into `block`."""
+    if neighbour is block.prev:
+        block.address = neighbour.address
+        _link(neighbour.prev, block, block.next)
+    else:
+        _link(block.prev, block, neighbour.next)
+    block.size += neighbour.size
 
 
 class CachingAllocator:
@@ -142,14 +154,13 @@ class CachingAllocator:
         if not self._reserve(size):
             return None
         self._lowest_address -= size + ROUND_LARGE_BYTES  # segments are not contiguous: they never merge
-        block = Block(self._lowest_address, size, small)
-        return block
+        return Block(self._lowest_address, size, small)
 
     def _release_cached(self) -> None:
         """What torch does before its last try: release every free segment (default), or unmap the whole pages
         inside free blocks (expandable segments)."""
         for small, free in self.free_blocks.items():
-            for block in list(free):
+            for block in free:  # a copy: releasing changes the set
                 if not self.expandable_segments:
                     if block.prev is None and block.next is None:
                         free.remove(block)
@@ -197,15 +208,18 @@ class CachingAllocator:
         for neighbour in (hole.prev, hole.next):
             if neighbour is not None and not neighbour.mapped:
                 unmapped.remove(neighbour)
-                hole.address = min(hole.address, neighbour.address)
-                hole.size += neighbour.size
-                _link(hole.prev.prev if neighbour is hole.prev else hole.prev, hole,
-                      hole.next.next if neighbour is hole.next else hole.next)
+                _absorb(hole, neighbour)
         bisect.insort(unmapped, hole, key=lambda block: block.address)
+
+    def _absorb_free_neighbours(self, block: Block) -> None:
+        """Merge the free mapped blocks on either side into `block` (they leave the free set; `block` is not in it)."""
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.mapped and not neighbour.allocated:
+                self.free_blocks[block.small].remove(neighbour)
+                _absorb(block, neighbour)
 
     def _map(self, unmapped: Block, size: int, small: bool) -> Block:
         """Map the first `size` bytes of `unmapped` (whole pages); the free block they join."""
-        free = self.free_blocks[small]
         block = Block(unmapped.address, size, small)
         unmapped.address += size
         unmapped.size -= size
@@ -214,13 +228,7 @@ class CachingAllocator:
             _link(unmapped.prev, block, unmapped.next)
         else:
             _link(unmapped.prev, block, unmapped)
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and neighbour.mapped and not neighbour.allocated:
-                free.remove(neighbour)
-                block.address = min(block.address, neighbour.address)
-                block.size += neighbour.size
-                _link(block.prev.prev if neighbour is block.prev else block.prev, block,
-                      block.next.next if neighbour is block.next else block.next)
+        self._absorb_free_neighbours(block)
         return block
 
     def _extend(self, rounded: int, small: bool) -> Block | None:
@@ -292,19 +300,10 @@ class CachingAllocator:
         return block
 
     def free(self, block: Block) -> None:
-        free = self.free_blocks[block.small]
         block.allocated = False
         self.allocated_bytes -= block.size
-        before, after = block.prev, block.next
-        if before is not None and not before.allocated and before.mapped:
-            free.remove(before)
-            block.address, block.size = before.address, block.size + before.size
-            _link(before.prev, block, after)
-        if after is not None and not after.allocated and after.mapped:
-            free.remove(after)
-            block.size += after.size
-            _link(block.prev, block, after.next)
-        free.add(block)
+        self._absorb_free_neighbours(block)
+        self.free_blocks[block.small].add(block)
 
 
 # --- recorded requests and their replay ---
