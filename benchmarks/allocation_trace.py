@@ -50,8 +50,9 @@ ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segmen
 
 def compact(snapshot: dict[str, Any]) -> dict[str, Any]:
     """What a replay needs of torch's snapshot: the events of device 0, in order, as [action, address, size,
-    stream], and the segments alive when it was written."""
-    events = [[entry["action"], entry["addr"], entry["size"], entry["stream"]]
+    stream] (an out-of-memory event's address is the device's free memory then), and the segments alive when it was
+    written."""
+    events = [[entry["action"], entry.get("addr", entry.get("device_free")), entry["size"], entry["stream"]]
               for entry in snapshot["device_traces"][0] if entry["action"] in ACTIONS]
     segments = [{"address": segment["address"], "total_size": segment["total_size"],
                  "allocated_size": segment["allocated_size"], "segment_type": segment["segment_type"]}

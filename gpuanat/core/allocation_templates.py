@@ -70,8 +70,9 @@ class LargestBatch:
     method: str
     """"replay" (of a recorded run's allocations) or "model" (bytes and a fragmentation allowance)."""
     least_left_bytes: int | None = None
-    """With the replay: the least the device had left at that batch. Within about 10 MiB, the edge is finer than
-    the allocator's share of the GPU is known (to 0.01 GiB, as torch's out-of-memory messages give it)."""
+    """With the replay: the least the device had left at that batch, after any reservation (at least the driver's
+    page, `DRIVER_PAGE_BYTES`). A few MiB is as near the edge as the recorded GPU's capacity was read: to the byte,
+    but once per precision."""
     recorded_with: dict[str, str] | None = None
     """With the replay: the GPU, torch and transformers of the recorded run."""
     model_batch_size: int = 0
