@@ -37,10 +37,12 @@ def largest_request(keep_free_bytes: int, filler_bytes: int) -> dict[str, int]:
     while torch.cuda.mem_get_info()[0] > keep_free_bytes + filler_bytes:
         fillers.append(torch.empty(filler_bytes, dtype=torch.uint8, device="cuda"))
     free_bytes = torch.cuda.mem_get_info()[0]
+    reserved_bytes = torch.cuda.memory_reserved()
     request = free_bytes // PAGE * PAGE
     while request > 0 and not fits(request):
         request -= PAGE
     result = {"filler_bytes": filler_bytes, "fillers": len(fillers), "free_bytes": free_bytes,
+              "reserved_bytes": reserved_bytes,
               "largest_request_bytes": request, "left_bytes": free_bytes - request,
               "free_after_bytes": torch.cuda.mem_get_info()[0]}
     del fillers
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     torch.zeros(1, device="cuda")
+    torch.cuda.empty_cache()  # nothing reserved but the fillers: torch would release a cached segment at its retry
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
     for keep_free_mib, filler_mib in ((6600, 6552), (200, 6552), (30000, 20), (200, 20), (6600, 1638)):
         case = largest_request(keep_free_mib * MIB, filler_mib * MIB)

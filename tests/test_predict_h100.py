@@ -90,6 +90,8 @@ def test_gradients_alive_at_the_end_of_forward_only_when_accumulating():
 
 
 REPLAY_CHECK = RESULTS / "allocator" / "replay_check"
+REPLAY_FIT = RESULTS / "allocator" / "fit" / "fit_fp32_ckpt_sgd.json"
+"""`gpuanat fit` of fp32 + checkpointing + SGD, starting from the replay's 818 (with the driver's page)."""
 CHECK_FILES = (MAX_BATCH_CHECK, RESULTS / "predict" / "max_batch_check_mixed_checkpointed.json", CHECKPOINTED_CHECK,
                OPTIMIZERS_CHECK, *sorted(path for path in EDGE.glob("*.json") if not path.name.startswith("fit_")),
                *sorted(REPLAY_CHECK.glob("*.json")))
@@ -97,7 +99,7 @@ CHECK_FILES = (MAX_BATCH_CHECK, RESULTS / "predict" / "max_batch_check_mixed_che
 at chosen batches, some under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or (allocator/replay_check/) at the
 largest batch the allocator replay predicts, where no trial had said."""
 SEARCH_FILES = (RESULTS / "predict" / "fit_bf16.json", MIXED_CHECKPOINTED_SEARCH, FP32_CHECKPOINTED_ADAFACTOR_SEARCH,
-                EDGE / "fit_bf16_checkpointed_expandable.json")
+                EDGE / "fit_bf16_checkpointed_expandable.json", REPLAY_FIT)
 """`gpuanat fit --json` searches."""
 H100_MEMORY_BYTES = 85_520_809_984
 TECHNIQUES = ("precision", "grad_checkpointing", "optim", "attn", "grad_accum", "expandable_segments")

@@ -41,9 +41,9 @@ MIN_LARGE_ALLOC_BYTES = 10 << 20
 ROUND_LARGE_BYTES = 2 << 20
 DRIVER_PAGE_BYTES = 2 << 20
 """What a reservation must leave free: the driver may take a 2 MiB page of its own for it. On the H100
-(benchmarks/results/h100/allocator/headroom/) a cudaMalloc that would have left 0.19 MiB free failed in 4 of 5 tries
-and leaving 2.19 MiB it succeeded; with expandable segments, mapping a page that would have left 0.19 MiB failed in
-4 of 4. At batch 819 of fp32 + checkpointing, 3 runs asked for 6552 MiB with 6552.19 MiB free and ran out of memory
+(benchmarks/results/h100/allocator/headroom/), filled with segments, a cudaMalloc or a page mapping that would have
+left 0.19 MiB free was refused in all 10 tries, and a cudaMalloc leaving 2.19 MiB was granted in all 5. At batch 819
+of fp32 + checkpointing, runs asked for 6552 MiB with 6552.19 MiB free and ran out of memory
 (allocator/edge_traces/)."""
 EXPANDABLE_ADDRESS_SPACE_BYTES = 1 << 50
 """Virtual address space of an expandable segment: more than any device has."""
