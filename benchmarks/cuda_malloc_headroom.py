@@ -7,6 +7,9 @@ segments (one size), then the largest request of whole 2 MiB pages that succeeds
 downwards in 2 MiB steps.
 
     python benchmarks/cuda_malloc_headroom.py [--json FILE]
+
+With PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the same asks map 20 MiB pages instead; `left_bytes` is then
+what was free less the request, not what the mapping left.
 """
 
 from __future__ import annotations
