@@ -2,7 +2,7 @@
 # GPU verification on the lent GPU machine (see ../shared/GPU.md and the README, "GPU checks").
 #
 # The whole check outlasts one 10-minute device call, so it runs as a background job in its own
-# session that later calls collect from:
+# session that later calls collect from (named: with no argument it only prints this):
 #   scripts/gpu_check.sh start [WAIT_S]    start the job, wait up to WAIT_S s, copy what exists to $OUT
 #   scripts/gpu_check.sh collect [WAIT_S]  wait up to WAIT_S s for the job, copy what exists to $OUT
 #   scripts/gpu_check.sh start-tui [WAIT_S]  the same for the TUI job
@@ -343,7 +343,7 @@ start_in_background() {
   (cd /tmp/gpuanat-src && setsid nohup bash scripts/gpu_check.sh "$1" > /tmp/gpuanat-job.log 2>&1 < /dev/null &)
 }
 
-case "${1:-start}" in
+case "${1:-}" in
   start) start_in_background job; collect "${2:-540}" ;;
   start-tui) start_in_background job_tui; collect "${2:-540}" ;;
   start-watch) start_in_background job_watch; collect "${2:-540}" ;;
@@ -373,4 +373,5 @@ case "${1:-start}" in
   job_expandable) job_expandable ;;
   job_allocation_traces) job_allocation_traces ;;
   job_replay_check) job_replay_check ;;
+  *) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;  # no job without naming one: print the usage above
 esac

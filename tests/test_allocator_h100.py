@@ -41,9 +41,9 @@ def h100_trials() -> dict[tuple, list[dict]]:
     return read_h100_trials()
 
 
-def _traces() -> list[dict]:
+def _traces(folder: Path = TRACES, pattern: str = "*.json.gz") -> list[dict]:
     documents = []
-    for path in sorted(TRACES.glob("*.json.gz")):
+    for path in sorted(folder.glob(pattern)):
         with gzip.open(path, "rt") as file:
             documents.append(json.load(file))
     return documents
@@ -84,9 +84,10 @@ def test_the_out_of_memory_at_819_is_replayed_at_the_request_it_happened_at():
     """fp32 + checkpointing, SGD and Adafactor, at batch 819, recorded with --memory-snapshot: the run asked for a
     6552 MiB segment with 6552.19 MiB free. Replayed with its own requests on the template's capacity, it runs out
     of memory at that request with what the run had reserved and allocated; one driver page more and it would fit."""
-    for path in sorted((RESULTS / "allocator" / "edge_traces").glob("*_b819.json.gz")):
-        with gzip.open(path, "rt") as file:
-            trace = json.load(file)
+    traces = _traces(RESULTS / "allocator" / "edge_traces", "*_b819.json.gz")
+    assert len(traces) == 2
+    for trace in traces:
+        name = trace["overrides"]["optim"]
         events = trace["events"]
         oom = next(index for index, event in enumerate(events) if event[0] == "oom")
         _action, free_bytes, size, _stream = events[oom]
@@ -94,9 +95,9 @@ def test_the_out_of_memory_at_819_is_replayed_at_the_request_it_happened_at():
         operations, sizes = (*before.operations, -1), (*before.sizes, size)
         recorded = template_for(_config(trace["overrides"]))
         capacity = H100_MEMORY_BYTES - recorded.unavailable_bytes
-        assert free_bytes + trace["device"]["reserved_bytes"] == capacity, path.name
+        assert free_bytes + trace["device"]["reserved_bytes"] == capacity, name
         replayed = replay(operations, sizes, capacity)
-        assert replayed.out_of_memory is not None, path.name
+        assert replayed.out_of_memory is not None, name
         assert replayed.out_of_memory.request_index == len(sizes) - 1
         assert replayed.out_of_memory.reserved_bytes == trace["device"]["reserved_bytes"]
         allocated_gib = float(OOM_MESSAGE.search(trace["error"]["message"])[3])

@@ -173,7 +173,7 @@ def train(config: Any, emit: Any) -> int:
                               train_dataset=dataset, callbacks=[probe])
             output = trainer.train()
         except torch.OutOfMemoryError as error:
-            dump_memory_snapshot()  # before anything is freed
+            dump_memory_snapshot()  # before the trainer's memory is freed (the frames unwound have freed theirs)
             # The model itself may not fit (no step yet), or a step ran out of memory.
             step = trainer.state.global_step + 1 if trainer is not None else 0
             peak_allocated, reserved = probe.peak_allocated_bytes, probe.peak_reserved_bytes
