@@ -1,6 +1,7 @@
 """The `gpuanat` command: headless subcommands (run, sweep, predict, fit, history, watch).
 
-Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped.
+Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped (128 + the
+signal's number when SIGTERM or SIGHUP stopped it: 143, 129).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gpuanat.core.config import (
 )
 from gpuanat.core.history import HistoryStore, default_db_path
 from gpuanat.core.protocol import Error, Event, ModelInfo, Step
+from gpuanat.core.stop_signals import StopSignals
 from gpuanat.core.techniques import TECHNIQUES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
@@ -225,18 +227,27 @@ class _ProgressView:
         self._progress.stop()
 
 
-def _run_recorded(config: RunConfig, store: HistoryStore, *, label: str, name: str | None = None,
-                  trace_path: Path | None = None, memory_snapshot: Path | None = None) -> dict[str, Any]:
+def _run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *, label: str,
+                  name: str | None = None, trace_path: Path | None = None,
+                  memory_snapshot: Path | None = None) -> dict[str, Any]:
     from gpuanat.core.config import MEMORY_SNAPSHOT_VARIABLE
     from gpuanat.core.session import execute_run
 
     env = {**os.environ, MEMORY_SNAPSHOT_VARIABLE: str(memory_snapshot.resolve())} if memory_snapshot else None
     view = _ProgressView(label)
     try:
-        return execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name, on_event=view,
-                           trace_path=trace_path, env=env)
+        with signals.polled() as stop_requested:
+            return execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name, on_event=view,
+                               trace_path=trace_path, env=env, stop_requested=stop_requested)
     finally:
         view.close()
+
+
+def _exit_code(status: str, signals: StopSignals) -> int:
+    """The exit code of a command whose run ended with `status`."""
+    if status == "stopped" and signals.exit_code is not None:
+        return signals.exit_code
+    return STATUS_EXIT_CODES[status]
 
 
 def print_summary(result: dict[str, Any]) -> None:
@@ -316,8 +327,9 @@ def command_run_script(args: argparse.Namespace) -> int:
     with _open_store(args) as store:
         view = _ProgressView(f"script {script.name}")
         try:
-            result = execute_script(script, args.script_args, store=store, log_dir=store.path.parent / "logs",
-                                    on_event=view, trace_path=args.trace_out)
+            with args.stop_signals.polled() as stop_requested:
+                result = execute_script(script, args.script_args, store=store, log_dir=store.path.parent / "logs",
+                                        on_event=view, trace_path=args.trace_out, stop_requested=stop_requested)
         finally:
             view.close()
     if args.json:
@@ -327,7 +339,7 @@ def command_run_script(args: argparse.Namespace) -> int:
     if result["status"] == "oom":
         print(f"gpuanat: the script ran out of GPU memory: {(result.get('error') or {}).get('message')}",
               file=sys.stderr)
-    return STATUS_EXIT_CODES[result["status"]]
+    return _exit_code(result["status"], args.stop_signals)
 
 
 def command_run(args: argparse.Namespace) -> int:
@@ -347,7 +359,7 @@ def command_run(args: argparse.Namespace) -> int:
         if not args.memory_snapshot.parent.resolve().is_dir():
             _fail_usage(f"--memory-snapshot: no such folder: {args.memory_snapshot.parent}")
     with _open_store(args) as store:
-        result = _run_recorded(config, store, label="run", trace_path=args.trace_out,
+        result = _run_recorded(config, store, args.stop_signals, label="run", trace_path=args.trace_out,
                                memory_snapshot=args.memory_snapshot)
     if args.json:
         print(json.dumps(result))
@@ -368,7 +380,7 @@ def command_run(args: argparse.Namespace) -> int:
         print(f"gpuanat: out of GPU memory at step {run_error.get('step')} "
               f"(peak allocated {format_bytes(result['peak_allocated_bytes'])}); try a smaller --batch-size, "
               "--grad-checkpointing or --precision bf16", file=sys.stderr)
-    return STATUS_EXIT_CODES[result["status"]]
+    return _exit_code(result["status"], args.stop_signals)
 
 
 def command_sweep(args: argparse.Namespace) -> int:
@@ -400,12 +412,12 @@ def command_sweep(args: argparse.Namespace) -> int:
                                 "config": config.to_json()})
                 print(f"{label}: skipped — {unsupported[1]}", file=sys.stderr)
                 continue
-            result = _run_recorded(config, store, label=label, name=experiment.name)
+            result = _run_recorded(config, store, args.stop_signals, label=label, name=experiment.name)
             run_error = result.get("error")
             result["reason"] = run_error["message"].splitlines()[0] if run_error else ""
             results.append(result)
             print(f"{label}: {result['status']}", file=sys.stderr)
-            if result["status"] == "stopped":
+            if result["status"] == "stopped" or args.stop_signals.requested.is_set():
                 interrupted = True
                 break
     rows = sweep_rows(results)
@@ -414,7 +426,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     else:
         _print_table(SWEEP_COLUMNS, rows)
     if interrupted:
-        return EXIT_STOPPED
+        return args.stop_signals.exit_code or EXIT_STOPPED
     return EXIT_OK if all(r["status"] in ("ok", "skipped", "oom") for r in results) else EXIT_FAILED
 
 
@@ -515,7 +527,7 @@ def command_fit(args: argparse.Namespace) -> int:
     print(f"fit: starting from batch {start}" + (" (the prediction)" if predicted else "") +
           f", {args.trial_steps} steps per trial, up to batch {args.max_batch}", file=sys.stderr)
     def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
-        return _run_recorded(config, store, label=name, name=name)
+        return _run_recorded(config, store, args.stop_signals, label=name, name=name)
 
     def trial_done(batch_size: int, result: dict[str, Any]) -> None:
         print(f"fit: batch {batch_size}: {result['status']}", file=sys.stderr)
@@ -524,6 +536,9 @@ def command_fit(args: argparse.Namespace) -> int:
         fit = run_fit(base, store=store, log_dir=store.path.parent / "logs", start=start,
                       trial_steps=args.trial_steps, max_batch=args.max_batch, run_trial=trial_with_progress,
                       on_trial=trial_done)
+    if args.stop_signals.requested.is_set():
+        print("gpuanat: fit stopped before it found the largest batch", file=sys.stderr)
+        return args.stop_signals.exit_code or EXIT_STOPPED
     if fit.failure is not None:
         failed = fit.failure
         message = (failed.get("error") or {}).get("message", failed["status"]).splitlines()[0]
@@ -574,8 +589,6 @@ def command_history(args: argparse.Namespace) -> int:
 
 
 def command_watch(args: argparse.Namespace) -> int:
-    import threading
-
     from gpuanat.core.sampler import Sampler, open_source
     from gpuanat.core.watch import WatchError, WatchSession, follow, resolve_target
 
@@ -604,11 +617,12 @@ def command_watch(args: argparse.Namespace) -> int:
 
     ended = "stopped"
     try:
-        ended = follow(session, sampler, interval_s=args.interval, on_record=emit, duration_s=args.duration,
-                       stop_requested=threading.Event())
+        with args.stop_signals.polled() as stop_requested:
+            ended = follow(session, sampler, interval_s=args.interval, on_record=emit, duration_s=args.duration,
+                           stop_requested=stop_requested)
     except KeyboardInterrupt:
         print("gpuanat: interrupted", file=sys.stderr)
-        return EXIT_STOPPED
+        return args.stop_signals.exit_code or EXIT_STOPPED
     finally:
         sampler.stop()
         source.close()
@@ -616,7 +630,7 @@ def command_watch(args: argparse.Namespace) -> int:
         result = session.finish_saving(exited=ended == "exited")
         if result is not None:
             print(f"gpuanat: saved as run {result['run_id']} ({result['status']}) in {db_path}", file=sys.stderr)
-    return EXIT_OK
+    return args.stop_signals.exit_code or EXIT_OK
 
 
 def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path) -> int:
@@ -684,11 +698,12 @@ def main(argv: list[str] | None = None) -> int:
                 "history": command_history, "watch": command_watch}
     if args.command is None:
         return command_dashboard(args)
+    args.stop_signals = StopSignals().install()
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
         print("gpuanat: interrupted", file=sys.stderr)
-        return EXIT_STOPPED
+        return args.stop_signals.exit_code or EXIT_STOPPED
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED

@@ -1,9 +1,12 @@
 """Events the training child sends to its parent: one JSON object per line on a dedicated pipe.
 
 stdout and stderr stay the human log (tqdm and all); events travel on their own file descriptor.
-Every event carries the protocol version `v` and its `type`. Decoding is tolerant: unknown keys are
-ignored (a newer child may add fields), and a line that is not a valid event becomes `Malformed`,
-which the parent reports and skips — never fatal.
+Every event carries the protocol version `v` and its `type`. Decoding is tolerant of a newer child
+(unknown keys are ignored) and total over bytes: whatever a line holds — not JSON, a list for `type`,
+strings for numbers, nesting thousands deep, megabytes without a newline — it becomes an event whose
+every field has its declared type, or `Malformed`, which the parent counts and skips. Nothing a child
+writes can raise in the parent. `EventLines` cuts a byte stream into lines of bounded size, so an
+unterminated or enormous line costs the reader at most `MAX_EVENT_LINE_BYTES` of memory.
 """
 
 from __future__ import annotations
@@ -11,10 +14,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import dataclass
 from typing import Any
 
 PROTOCOL_VERSION = 1
+MAX_EVENT_LINE_BYTES = 1 << 20
+"""The longest line that is decoded (1 MiB). The largest real event, a `done` with bands and a hello with a
+full config, is a few KiB; a longer line is reported as malformed and skipped up to its newline."""
+MALFORMED_EXCERPT_BYTES = 200
+"""How much of a malformed line is kept for the report."""
+MAX_INT = (1 << 63) - 1
+"""Integers an event may carry: SQLite stores 64-bit signed integers, and no count or size is negative."""
 
 
 @dataclass(frozen=True)
@@ -171,30 +182,149 @@ def encode(event: Event) -> bytes:
     return (json.dumps(payload, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
+class _FieldTypeError(ValueError):
+    """A field's value does not have the field's declared type."""
+
+
+def _check(value: Any, annotation: Any, name: str) -> Any:
+    """`value` if it has the type `annotation` (int, float, str, bool, X | None, dict[str, V], Any,
+    ProbeBands), converted where JSON cannot say it (an integral float is no int; an int is a float)."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, _UNION_TYPE):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        (inner,) = [option for option in options if option is not type(None)]
+        return _check(value, inner, name)
+    if annotation is ProbeBands:
+        if not isinstance(value, dict):
+            raise _FieldTypeError(f"{name} must be an object, not {type(value).__name__}")
+        return _build(ProbeBands, value)
+    if origin is dict:
+        key_type, value_type = typing.get_args(annotation)
+        if not isinstance(value, dict):
+            raise _FieldTypeError(f"{name} must be an object, not {type(value).__name__}")
+        return {_check(key, key_type, name): _check(item, value_type, f"{name}[{key!r}]")
+                for key, item in value.items()}
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise _FieldTypeError(f"{name} must be true or false, not {type(value).__name__}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _FieldTypeError(f"{name} must be an integer, not {type(value).__name__}")
+        if not 0 <= value <= MAX_INT:
+            raise _FieldTypeError(f"{name} must be between 0 and 2**63-1")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _FieldTypeError(f"{name} must be a number, not {type(value).__name__}")
+        if not math.isfinite(value):
+            raise _FieldTypeError(f"{name} must be finite")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise _FieldTypeError(f"{name} must be a string, not {type(value).__name__}")
+        return value
+    raise TypeError(f"the protocol cannot check fields of type {annotation!r}")  # a programming error
+
+
+_UNION_TYPE = type(int | None)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {field.name: hints[field.name] for field in dataclasses.fields(cls) if field.name != "type"}
+
+
 def _build(cls: type, data: dict[str, Any]) -> Any:
-    known = {f.name for f in dataclasses.fields(cls)}
-    values = {key: value for key, value in data.items() if key in known}
-    if "bands" in values:
-        values["bands"] = ProbeBands.from_json(values["bands"]) if values["bands"] is not None else None
+    """`cls` from `data`: every field it knows checked against its declared type; unknown keys ignored;
+    _FieldTypeError (a ValueError) for a wrong type, TypeError for a missing field."""
+    types = _FIELD_TYPES[cls]
+    values = {key: _check(value, types[key], key) for key, value in data.items() if key in types}
     return cls(**values)
 
 
+def _excerpt(line: bytes) -> str:
+    return line[:MALFORMED_EXCERPT_BYTES].decode(errors="replace").strip()
+
+
 def decode(line: bytes | str) -> Event | Malformed:
-    text = line.decode(errors="replace") if isinstance(line, bytes) else line
-    text = text.strip()
+    """The event a line holds, or Malformed saying why not. Never raises."""
+    data_bytes = line.encode(errors="replace") if isinstance(line, str) else bytes(line)
+    if len(data_bytes) > MAX_EVENT_LINE_BYTES:
+        return Malformed(_excerpt(data_bytes), f"line longer than {MAX_EVENT_LINE_BYTES} bytes")
+    text = data_bytes.decode(errors="replace").strip()
     try:
         data = json.loads(text)
+    except RecursionError:
+        return Malformed(_excerpt(data_bytes), "not JSON: nested too deep")
     except ValueError as error:
-        return Malformed(text, f"not JSON: {error}")
+        return Malformed(_excerpt(data_bytes), f"not JSON: {error}")
     if not isinstance(data, dict):
-        return Malformed(text, "not a JSON object")
+        return Malformed(_excerpt(data_bytes), "not a JSON object")
     version = data.get("v")
-    if version != PROTOCOL_VERSION:
-        return Malformed(text, f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
-    cls = EVENT_TYPES.get(data.get("type", ""))
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
+        return Malformed(_excerpt(data_bytes), f"protocol version {_excerpt(repr(version).encode())}, "
+                                               f"expected {PROTOCOL_VERSION}")
+    event_type = data.get("type")
+    cls = EVENT_TYPES.get(event_type) if isinstance(event_type, str) else None
     if cls is None:
-        return Malformed(text, f"unknown event type {data.get('type')!r}")
+        return Malformed(_excerpt(data_bytes), f"unknown event type {_excerpt(repr(event_type).encode())}")
     try:
         return _build(cls, {key: value for key, value in data.items() if key not in ("v", "type")})
-    except TypeError as error:
-        return Malformed(text, f"bad fields for {cls.__name__}: {error}")
+    except (TypeError, ValueError, RecursionError) as error:
+        return Malformed(_excerpt(data_bytes), f"bad fields for {cls.__name__}: {error}")
+
+
+class EventLines:
+    """Cuts a byte stream into lines, holding at most `max_line_bytes` of an unfinished line.
+
+    A line longer than that is not kept: it comes out once, as `Malformed`, and the stream resumes after
+    its newline. Used by the parent's reader of the events pipe and by the reader of publication files.
+    """
+
+    def __init__(self, max_line_bytes: int = MAX_EVENT_LINE_BYTES) -> None:
+        self._max_line_bytes = max_line_bytes
+        self._partial = bytearray()
+        self._skipping = False
+        """In the middle of an over-long line that was reported: drop bytes until its newline."""
+
+    def feed(self, data: bytes) -> list[Event | Malformed]:
+        """The events (and malformed lines) completed by `data`."""
+        events: list[Event | Malformed] = []
+        start = 0
+        while start < len(data):
+            newline = data.find(b"\n", start)
+            end = len(data) if newline < 0 else newline
+            if self._skipping:
+                if newline >= 0:
+                    self._skipping = False
+                start = end + 1
+                continue
+            if len(self._partial) + (end - start) > self._max_line_bytes:
+                head = bytes(self._partial[:MALFORMED_EXCERPT_BYTES]) or data[start:start + MALFORMED_EXCERPT_BYTES]
+                events.append(Malformed(_excerpt(head), f"line longer than {self._max_line_bytes} bytes"))
+                self._partial.clear()
+                self._skipping = newline < 0
+                start = end + 1
+                continue
+            self._partial += data[start:end]
+            if newline < 0:
+                break
+            if self._partial.strip():
+                events.append(decode(bytes(self._partial)))
+            self._partial.clear()
+            start = newline + 1
+        return events
+
+    def finish(self) -> list[Event | Malformed]:
+        """At the end of the stream: an unterminated last line, decoded (a child killed mid-write)."""
+        rest, self._partial, self._skipping = bytes(self._partial), bytearray(), False
+        return [decode(rest)] if rest.strip() else []
+
+
+_FIELD_TYPES: dict[type, dict[str, Any]] = {}
+_FIELD_TYPES.update({cls: _field_types(cls) for cls in (ProbeBands, *EVENT_TYPES.values())})

@@ -4,6 +4,10 @@ The child gets a dedicated pipe for protocol events (its stdout/stderr go to a l
 log). A reader thread decodes event lines into a queue; the caller drains it with `next_event`.
 Stopping asks politely (SIGINT to the child, which records a clean "stopped"), then ends the whole
 process group — DataLoader workers included — with SIGTERM and SIGKILL.
+
+The child also holds the read end of a lifeline pipe whose write end only this process has: when this
+process exits in any way, SIGKILL included, the child sees end-of-file and ends its own group
+(`gpuanat.worker.lifeline`). No child outlives its parent, not even during its start-up.
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuanat.core.config import Capabilities
-from gpuanat.core.protocol import Event, Malformed, decode
+from gpuanat.core.protocol import Event, EventLines, Malformed
+
+PIPE_READ_BYTES = 1 << 16
+LIFELINE_FD_ENV = "GPUANAT_LIFELINE_FD"
+"""The child's end of the lifeline pipe (see gpuanat.worker.lifeline)."""
+PIPE_CLOSE_GRACE_S = 3.0
+"""After the child has exited, how long the events pipe may stay open (a process the child started holds it)
+before its group is ended and the child is reported gone anyway."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,10 @@ class ChildProcess:
         self._events: queue.Queue[Event | Malformed | ChildExited] = queue.Queue()
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
+        self._lifeline_fd: int | None = None
+        """Our end of the lifeline: open for as long as the child may live."""
+        self._exited_seen_s: float | None = None
+        """When `next_event` first found the child exited with its events pipe still open."""
 
     @property
     def pid(self) -> int | None:
@@ -69,34 +84,62 @@ class ChildProcess:
 
     def start(self) -> None:
         read_fd, write_fd = os.pipe()
+        lifeline_child_fd, self._lifeline_fd = os.pipe()  # not inherited by any other child (O_CLOEXEC)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**self._env, "PYTHONUNBUFFERED": "1", "GPUANAT_EVENTS_FD": str(write_fd)}
-        with open(self.log_path, "ab") as log:
-            try:
+        env = {**self._env, "PYTHONUNBUFFERED": "1", "GPUANAT_EVENTS_FD": str(write_fd),
+               LIFELINE_FD_ENV: str(lifeline_child_fd)}
+        try:
+            with open(self.log_path, "ab") as log:
                 self._process = subprocess.Popen(
                     self._make_command(write_fd), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    pass_fds=(write_fd,), env=env, start_new_session=True,
+                    pass_fds=(write_fd, lifeline_child_fd), env=env, start_new_session=True,
                 )
-            finally:
-                os.close(write_fd)
+        except BaseException:
+            os.close(read_fd)
+            os.close(self._lifeline_fd)
+            self._lifeline_fd = None
+            raise
+        finally:
+            os.close(write_fd)
+            os.close(lifeline_child_fd)
         self._reader = threading.Thread(target=self._read_events, args=(read_fd,), name="gpuanat-events",
                                         daemon=True)
         self._reader.start()
 
     def _read_events(self, read_fd: int) -> None:
-        with os.fdopen(read_fd, "rb") as pipe:
-            for line in pipe:
-                if line.strip():
-                    self._events.put(decode(line))
-        assert self._process is not None
-        self._events.put(ChildExited(self._process.wait()))
+        """Decode the pipe until it closes; whatever happens, end with ChildExited, so that the caller
+        always learns that the child has gone."""
+        lines = EventLines()
+        try:
+            while chunk := os.read(read_fd, PIPE_READ_BYTES):
+                for event in lines.feed(chunk):
+                    self._events.put(event)
+            for event in lines.finish():
+                self._events.put(event)
+        except Exception as error:  # never die silently: the run would wait for an end that never comes
+            self._events.put(Malformed("", f"the events reader failed: {type(error).__name__}: {error}"))
+        finally:
+            os.close(read_fd)
+            assert self._process is not None
+            self._events.put(ChildExited(self._process.wait()))
 
     def next_event(self, timeout_s: float) -> Event | Malformed | ChildExited | None:
-        """The next event, or None when none arrived within `timeout_s`."""
+        """The next event, or None when none arrived within `timeout_s`. ChildExited comes once the pipe has
+        closed, or `PIPE_CLOSE_GRACE_S` after the child exited while something else still held the pipe open."""
         try:
             return self._events.get(timeout=timeout_s)
         except queue.Empty:
+            pass
+        returncode = self.poll()
+        if returncode is None:
             return None
+        now_s = time.monotonic()
+        if self._exited_seen_s is None:
+            self._exited_seen_s = now_s
+        elif now_s - self._exited_seen_s >= PIPE_CLOSE_GRACE_S:
+            self.kill_group()
+            return ChildExited(returncode)
+        return None
 
     def poll(self) -> int | None:
         return self._process.poll() if self._process else None
@@ -136,11 +179,18 @@ class ChildProcess:
             try:
                 os.killpg(pgid, sig)
             except ProcessLookupError:
-                return
+                break
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline and self.group_pids():
                 time.sleep(0.05)
         self._process.wait()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Close our end of the lifeline once the child has been waited for."""
+        if self._lifeline_fd is not None:
+            os.close(self._lifeline_fd)
+            self._lifeline_fd = None
 
     def wait(self, timeout_s: float | None = None) -> int:
         assert self._process is not None

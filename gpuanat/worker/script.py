@@ -23,6 +23,7 @@ from typing import Any
 from gpuanat.core.protocol import Error, Event
 from gpuanat.worker import probe
 from gpuanat.worker.events import EventWriter, ParentGone
+from gpuanat.worker.lifeline import hold_lifeline
 
 EXIT_USAGE = 2
 
@@ -52,6 +53,7 @@ def _emitter() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    hold_lifeline()
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--"]:
         args = args[1:]
