@@ -649,10 +649,11 @@ def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path) -> in
     except KeymapError as error:
         _fail_usage(str(error))
     watch_ids = {binding.id for binding in WatchApp.BINDINGS if isinstance(binding, Binding)}
-    WatchApp(target, db_path=db_path, interval_s=args.interval, save_name=args.save or None,
-             save_on_start=args.save is not None, trace_path=args.trace_out,
-             keymap={key: value for key, value in keymap.items() if key in watch_ids}).run()
-    return EXIT_OK
+    app = WatchApp(target, db_path=db_path, interval_s=args.interval, save_name=args.save or None,
+                   save_on_start=args.save is not None, trace_path=args.trace_out,
+                   keymap={key: value for key, value in keymap.items() if key in watch_ids})
+    app.run()
+    return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal
 
 
 def command_dashboard(args: argparse.Namespace) -> int:
@@ -675,8 +676,9 @@ def command_dashboard(args: argparse.Namespace) -> int:
         keymap = load_keymap(default_config_path(), binding_ids)
     except KeymapError as error:
         _fail_usage(str(error))
-    GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap).run()
-    return EXIT_OK
+    app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap)
+    app.run()
+    return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal
 
 
 def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -4,6 +4,11 @@ compact layout for short terminals."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -14,6 +19,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from gpuanat.core.history import HistoryStore
+from gpuanat.core.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.widgets.line_chart import LineChart
@@ -26,6 +32,9 @@ SHARED_BINDINGS = [
     Binding("q", "quit", "Quit", id="quit"),
 ]
 """Keys of both dashboards (launching and watching), with the actions below."""
+HANGUP_RECORDING_TIMEOUT_S = 60.0
+"""After a hangup, how long a stopping run may take to be recorded before the dashboard leaves anyway (the
+run's stop itself takes at most about 12 s; the history finalises what is left on its next open)."""
 COMPACT_BELOW_ROWS = 34
 """Shorter terminals (80×24 over SSH) get the compact layout (the screen's `-compact` class)."""
 
@@ -36,6 +45,45 @@ class DashboardActions(App[None]):
     db_path: Path
     compare_selection: list[int]
     charts_paused: bool
+    stop_signal: int | None = None
+    """The stop signal (SIGINT, SIGTERM, SIGHUP) that ended the dashboard, if one did."""
+
+    def _listen_for_stop_signals(self) -> None:
+        """SIGTERM, SIGHUP (the SSH connection dropped) and a SIGINT sent from outside end the dashboard as
+        q does, without asking: a run in progress is stopped and recorded first. Only on the main thread, where
+        the dashboard runs for real; tests drive it from theirs."""
+        with contextlib.suppress(RuntimeError, ValueError):
+            loop = asyncio.get_running_loop()
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, self._on_stop_signal, sig)
+
+    def _forget_stop_signals(self) -> None:
+        with contextlib.suppress(RuntimeError, ValueError):
+            loop = asyncio.get_running_loop()
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    def _on_stop_signal(self, signum: int) -> None:
+        if self.stop_signal is not None:
+            return
+        self.stop_signal = signum
+        if signum == signal.SIGHUP:
+            detach_from_terminal()
+            threading.Thread(target=self._leave_after_hangup, name="gpuanat-hangup", daemon=True).start()
+        self.stop_and_quit()
+
+    def _leave_after_hangup(self) -> None:
+        """The terminal is gone, and Textual's teardown, which restores it, can wait forever on a writer that
+        died with it (seen with Textual 8.2.8): once what is in progress is recorded, the process leaves."""
+        self.finish_recording(HANGUP_RECORDING_TIMEOUT_S)
+        os._exit(128 + signal.SIGHUP)
+
+    def stop_and_quit(self) -> None:
+        """Quit without asking, after stopping and recording whatever is in progress."""
+        self.exit()
+
+    def finish_recording(self, timeout_s: float) -> None:
+        """Block (off the event loop) until what is in progress has been recorded, at most `timeout_s`."""
 
     def paint(self) -> None:
         """Move what the threads delivered into the widgets (the app's paint tick)."""
