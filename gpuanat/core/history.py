@@ -123,6 +123,9 @@ V1_TABLES = {
 }
 """The tables of a version-1 history, which carries no application_id: a file must have exactly these."""
 V1_INDEXES = {"steps_by_run", "samples_by_run"}
+_PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG,
+                errno.EROFS}
+"""OS errors the user fixes by choosing another path (exit code 2)."""
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SQLITE_HEADER_BYTES = 100
 
@@ -295,7 +298,7 @@ def _fault_reason(error: BaseException) -> str | None:
         return {sqlite3.SQLITE_BUSY: "busy", sqlite3.SQLITE_LOCKED: "busy", sqlite3.SQLITE_FULL: "full",
                 sqlite3.SQLITE_IOERR: "io", sqlite3.SQLITE_READONLY: "read-only"}.get(_sqlite_code(error) or -1)
     if isinstance(error, OSError):
-        return {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EROFS: "read-only", errno.EIO: "io"}.get(
+        return {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EIO: "io"}.get(
             error.errno or -1)
     return None
 
@@ -494,7 +497,7 @@ class HistoryStore:
             descriptor, staging_name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".new",
                                                         dir=self.path.parent)
         except OSError as error:
-            raise self._creation_error(error) from error
+            raise self._error(error, "create", writing=True) from error
         staging = Path(staging_name)
         try:
             os.fchmod(descriptor, PRIVATE_FILE_MODE)
@@ -523,20 +526,12 @@ class HistoryStore:
                 if not os.path.lexists(self.path):  # a file system without hard links
                     os.rename(staging, self.path)
         except (sqlite3.Error, OSError) as error:
-            raise self._creation_error(error) from error
+            raise self._error(error, "create", writing=True) from error
         finally:
             with suppress(FileNotFoundError):
                 os.unlink(staging)
             with suppress(FileNotFoundError):
                 os.unlink(_companion(staging, "-journal"))
-
-    def _creation_error(self, error: BaseException) -> HistoryError:
-        reason = _fault_reason(error)
-        if reason in ("full", "io"):
-            return HistoryWriteError(f"could not create history {self.path}: {_one_line(error)}; free space there "
-                                     "or pass another path with --db", reason)
-        return HistoryError(f"could not create history {self.path}: {_one_line(error)}; pass a writable path with "
-                            "--db", EXIT_BAD_FILE)
 
     def _check_identity(self, db: sqlite3.Connection, *, writable: bool) -> None:
         """Refuse a file that is not a gpuanat history (see the module docstring), or that a newer gpuanat made
@@ -601,45 +596,33 @@ class HistoryStore:
 
     # --- errors -----------------------------------------------------------------------------------------------
 
-    def _error(self, error: BaseException, doing: str) -> HistoryError:
-        """A HistoryError for an SQLite or OS error met while opening or reading (`doing`)."""
+    def _error(self, error: BaseException, doing: str, *, writing: bool = False) -> HistoryError:
+        """The HistoryError for an SQLite or OS error met while `doing` ("open", "read", "save … to"). A fault a
+        retry may get past (busy, full, I/O) is a HistoryWriteError when `writing` or on a writable store."""
         detail = _one_line(error)
-        if isinstance(error, sqlite3.Error):
-            code = _sqlite_code(error)
-            if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-                return HistoryError(f"{self.path} is damaged or not a database ({detail}); gpuanat leaves it "
-                                    "untouched — restore it from a backup or pass another path with --db",
-                                    EXIT_BAD_FILE)
-            if code in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH):
-                return HistoryError(f"cannot {doing} history {self.path} ({detail}); check the path and its "
-                                    "permissions, or pass another with --db", EXIT_BAD_FILE)
-            if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                return HistoryError(f"history {self.path} is locked by another process ({detail}); try again when "
-                                    f"it is done (`fuser {self.path}` names it)")
-            return HistoryError(f"cannot {doing} history {self.path}: {detail}")
-        if isinstance(error, OSError) and error.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM,
-                                                          errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG):
+        code = _sqlite_code(error) if isinstance(error, sqlite3.Error) else None
+        if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            return HistoryError(f"{self.path} is damaged or not a database ({detail}); gpuanat leaves it untouched — "
+                                "restore it from a backup or pass another path with --db", EXIT_BAD_FILE)
+        if code in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH) or (
+                isinstance(error, OSError) and error.errno in _PATH_ERRNOS):
             return HistoryError(f"cannot {doing} history {self.path} ({detail}); check the path and its permissions, "
                                 "or pass another with --db", EXIT_BAD_FILE)
-        return HistoryError(f"cannot {doing} history {self.path}: {detail}")
-
-    def _write_error(self, error: BaseException, what: str) -> HistoryError:
         reason = _fault_reason(error)
-        detail = _one_line(error)
         if reason == "busy":
-            return HistoryWriteError(
-                f"could not save {what} to history {self.path}: another process held its lock for more than "
-                f"{WRITE_BUSY_TIMEOUT_S:g} s; the records are kept and retried — if this lasts, end the process "
-                f"holding it (`fuser {self.path}` names it)", reason)
-        if reason == "full":
-            return HistoryWriteError(
-                f"could not save {what} to history {self.path}: the disk or database is full ({detail}); the records "
-                "are kept and retried — free space there", reason)
-        if reason in ("io", "read-only"):
-            return HistoryWriteError(
-                f"could not save {what} to history {self.path}: {detail}; the records are kept and retried — check "
-                "the disk and its file system", reason)
-        return self._error(error, f"save {what} to")
+            waited_s = READ_BUSY_TIMEOUT_S if self.read_only else WRITE_BUSY_TIMEOUT_S
+            message = (f"cannot {doing} history {self.path}: another process held its lock for more than {waited_s:g} "
+                       f"s; try again when it is done (`fuser {self.path}` names it)")
+        elif reason == "full":
+            message = (f"cannot {doing} history {self.path}: the disk or the database is full ({detail}); free space "
+                       "there and try again")
+        elif reason is not None:
+            message = f"cannot {doing} history {self.path}: {detail}; check the disk and its file system"
+        else:
+            return HistoryError(f"cannot {doing} history {self.path}: {detail}")
+        if writing or not self.read_only:
+            return HistoryWriteError(message, reason)
+        return HistoryError(message)
 
     # --- reading and writing ----------------------------------------------------------------------------------
 
@@ -681,7 +664,7 @@ class HistoryStore:
             self._db.execute("COMMIT")
         except (sqlite3.Error, OSError) as error:
             self._rollback()
-            raise self._write_error(error, what) from error
+            raise self._error(error, f"save {what} to", writing=True) from error
         except BaseException:
             self._rollback()
             raise
