@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from gpuanat.core.config import (
     machine_unsupported_reason,
     validate_values,
 )
-from gpuanat.core.history import HistoryStore, default_db_path
+from gpuanat.core.history import HistoryError, HistoryStore, default_db_path
 from gpuanat.core.protocol import Error, Event, ModelInfo, Step
 from gpuanat.core.stop_signals import StopSignals
 from gpuanat.core.techniques import TECHNIQUES
@@ -191,8 +192,8 @@ def config_from_args(args: argparse.Namespace, cuda_available: bool) -> RunConfi
     return RunConfig(**changes)
 
 
-def _open_store(args: argparse.Namespace) -> HistoryStore:
-    return HistoryStore(args.db.expanduser() if args.db else default_db_path())
+def _open_store(args: argparse.Namespace, *, read_only: bool = False) -> HistoryStore:
+    return HistoryStore(args.db.expanduser() if args.db else default_db_path(), read_only=read_only)
 
 
 @dataclass
@@ -568,7 +569,7 @@ def command_history(args: argparse.Namespace) -> int:
     output_format = "json" if args.json else args.format
     if args.limit is not None and args.limit < 1:
         _fail_usage(f"--limit: must be an integer ≥ 1 (got {args.limit})")
-    with _open_store(args) as store:
+    with _open_store(args, read_only=True) as store:
         runs = store.runs(limit=args.limit)
     if output_format == "json":
         print(json.dumps([{"id": run.id, "kind": run.kind, "name": run.name, "status": run.status,
@@ -697,12 +698,17 @@ def main(argv: list[str] | None = None) -> int:
     if script_args and args.command != "run":
         parser.error("arguments after -- are only for `gpuanat run --script SCRIPT.py -- ARGS`")
     handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "fit": command_fit,
-                "history": command_history, "watch": command_watch}
-    if args.command is None:
-        return command_dashboard(args)
-    args.stop_signals = StopSignals().install()
+                "history": command_history, "watch": command_watch, None: command_dashboard}
+    # The dashboards handle stop signals on their event loop; the headless commands here.
+    args.stop_signals = StopSignals() if args.command is None else StopSignals().install()
     try:
         return handlers[args.command](args)
+    except HistoryError as error:
+        print(f"gpuanat: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except sqlite3.Error as error:  # HistoryStore turns its own into HistoryError; this is the last guard
+        print(f"gpuanat: error: history: {' '.join(str(error).split())}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("gpuanat: interrupted", file=sys.stderr)
         return args.stop_signals.exit_code or EXIT_STOPPED

@@ -18,7 +18,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.history import HistoryError, HistoryStore
 from gpuanat.core.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
@@ -123,7 +123,7 @@ class DashboardActions(App[None]):
             self.action_show_help_panel()
 
     def _runs(self) -> list[Any]:
-        with HistoryStore(self.db_path) as store:
+        with HistoryStore(self.db_path, read_only=True) as store:
             return store.runs()
 
     def action_history(self) -> None:
@@ -132,17 +132,26 @@ class DashboardActions(App[None]):
                 self.compare_selection = run_ids
                 self.action_compare()
 
-        self.push_screen(HistoryScreen(self._runs()), chosen)
+        try:
+            runs = self._runs()
+        except HistoryError as error:  # an unusable history is reported, the dashboard goes on
+            self.notify(str(error), severity="error")
+            return
+        self.push_screen(HistoryScreen(runs), chosen)
 
     def action_compare(self) -> None:
-        with HistoryStore(self.db_path) as store:
-            run_ids = self.compare_selection or [run.id for run in store.runs(limit=2)]
-            if len(run_ids) < 2:
-                self.notify("Compare needs two recorded runs: run twice, or pick runs in history (h).")
-                return
-            runs = [store.run(run_id) for run_id in run_ids]
-            steps = {run_id: store.steps(run_id) for run_id in run_ids}
-            samples = {run_id: store.samples(run_id) for run_id in run_ids}
+        try:
+            with HistoryStore(self.db_path, read_only=True) as store:
+                run_ids = self.compare_selection or [run.id for run in store.runs(limit=2)]
+                if len(run_ids) < 2:
+                    self.notify("Compare needs two recorded runs: run twice, or pick runs in history (h).")
+                    return
+                runs = [store.run(run_id) for run_id in run_ids]
+                steps = {run_id: store.steps(run_id) for run_id in run_ids}
+                samples = {run_id: store.samples(run_id) for run_id in run_ids}
+        except HistoryError as error:
+            self.notify(str(error), severity="error")
+            return
         self.push_screen(CompareScreen([run for run in runs if run is not None], steps, samples))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
