@@ -238,10 +238,18 @@ def _run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, 
     view = _ProgressView(label)
     try:
         with signals.polled() as stop_requested:
-            return execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name, on_event=view,
-                               trace_path=trace_path, env=env, stop_requested=stop_requested)
+            result = execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name,
+                                 on_event=view, trace_path=trace_path, env=env, stop_requested=stop_requested)
     finally:
         view.close()
+    _warn_if_not_saved(result)
+    return result
+
+
+def _warn_if_not_saved(result: dict[str, Any] | None) -> None:
+    """One line on stderr when the history refused a run's last writes (busy or full until the end)."""
+    if result is not None and result.get("history_error"):
+        print(f"gpuanat: warning: {result['history_error']}", file=sys.stderr)
 
 
 def _exit_code(status: str, signals: StopSignals) -> int:
@@ -333,6 +341,7 @@ def command_run_script(args: argparse.Namespace) -> int:
                                         on_event=view, trace_path=args.trace_out, stop_requested=stop_requested)
         finally:
             view.close()
+    _warn_if_not_saved(result)
     if args.json:
         print(json.dumps(result))
     else:
@@ -629,6 +638,7 @@ def command_watch(args: argparse.Namespace) -> int:
         source.close()
         session.close()
         result = session.finish_saving(exited=ended == "exited")
+        _warn_if_not_saved(result)
         if result is not None:
             print(f"gpuanat: saved as run {result['run_id']} ({result['status']}) in {db_path}", file=sys.stderr)
     return args.stop_signals.exit_code or EXIT_OK

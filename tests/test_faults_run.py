@@ -14,6 +14,7 @@ import pty
 import signal
 import sqlite3
 import struct
+import subprocess
 import sys
 import termios
 import textwrap
@@ -156,7 +157,7 @@ def test_a_sigkilled_gpuanat_takes_its_training_processes_with_it(db_path):
     finally:
         if process.poll() is None:
             process.kill()
-    run, steps = _stored_run(db_path)
+    _run, steps = _stored_run(db_path)
     assert len(steps) >= 3  # what was recorded before the kill stays
 
 
@@ -271,3 +272,111 @@ def test_the_dashboard_records_its_run_as_stopped_when_the_terminal_hangs_up_or_
     assert run.result["status"] == "stopped" and len(steps) >= 3
     assert json.dumps(run.result)  # a whole result, as `gpuanat run --json` gives it
     assert run.result["steps"] >= 3
+
+
+# --- a busy or full history ------------------------------------------------------------------------------------
+
+MEDIUM_CPU_RUN = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "2000", "--batch-size", "4"]
+"""500 steps: several seconds of training, so a lock or a full disk can come and go while it runs."""
+LOCK_HOLDER = textwrap.dedent("""
+    import sqlite3, sys, time
+    connection = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)
+    connection.execute("BEGIN EXCLUSIVE")
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    connection.execute("COMMIT")
+""")
+
+
+def test_a_history_locked_by_another_process_delays_the_records_but_never_ends_the_run(db_path):
+    process = start_cli(["run", *MEDIUM_CPU_RUN, "--json"], db_path)
+    try:
+        _wait_for_steps(db_path, 2, psutil.Process(process.pid))
+        holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db_path), "15"], stdout=subprocess.PIPE,
+                                  text=True)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        locked_at_step = _max_step(db_path)
+        stdout, stderr = process.communicate(timeout=240)
+        assert holder.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr and "warning" not in stderr
+    result = last_json(stdout)
+    assert result["status"] == "ok" and result["steps"] == 500 and result["history_error"] is None
+    run, steps = _stored_run(db_path)
+    assert run.status == "ok" and [step["step"] for step in steps] == list(range(1, 501))
+    assert locked_at_step < 500  # the lock was held while it trained, not only after
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB file system of its own (tmpfs), to fill up for real; skipped where mounting is not permitted."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}); tests/test_faults_history.py "
+                    "simulates a full history with PRAGMA max_page_count")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    """Take every free byte of `directory`'s file system with one file."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as file, contextlib.suppress(OSError):
+        while True:
+            file.write(b"\0" * 65536)
+    return filler
+
+
+def test_a_disk_that_fills_up_and_frees_again_loses_no_record_of_the_run(small_tmpfs):
+    db = small_tmpfs / "history.sqlite"
+    process = start_cli(["run", *MEDIUM_CPU_RUN, "--json"], db)
+    try:
+        _wait_for_steps(db, 2, psutil.Process(process.pid))
+        filler = _fill(small_tmpfs)
+        full_at_step = _max_step(db)
+        time.sleep(3)
+        assert _max_step(db) == full_at_step, "records were still written to a full disk"
+        filler.unlink()
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    result = last_json(stdout)
+    assert result["status"] == "ok" and result["history_error"] is None
+    run, steps = _stored_run(db)
+    assert run.status == "ok" and [step["step"] for step in steps] == list(range(1, 501))
+
+
+def test_a_disk_full_until_the_end_ends_the_run_with_its_result_and_says_what_was_not_saved(small_tmpfs):
+    db = small_tmpfs / "history.sqlite"
+    process = start_cli(["run", *MEDIUM_CPU_RUN, "--json"], db, extra_env={"GPUANAT_FINAL_WRITE_DEADLINE_S": "2"})
+    try:
+        _wait_for_steps(db, 2, psutil.Process(process.pid))
+        filler = _fill(small_tmpfs)
+        saved_steps = _max_step(db)
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr[-3000:]  # the run trained: the history's trouble is said, not fatal
+    assert "Traceback" not in stderr
+    result = last_json(stdout)
+    assert result["status"] == "ok" and result["steps"] == 500
+    assert f"run {result['run_id']} could not be fully saved" in result["history_error"]
+    assert f"gpuanat: warning: run {result['run_id']} could not be fully saved" in stderr
+    filler.unlink()
+    # The next writable open finalises the row from what was saved; nothing is left `running`.
+    run, steps = _stored_run(db)
+    assert run.status == "interrupted" and run.finished_at is not None
+    assert [step["step"] for step in steps] == list(range(1, saved_steps + 1))
+    assert run.result["steps"] == saved_steps and "rebuilt from its" in run.result["error"]["message"]

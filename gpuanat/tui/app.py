@@ -313,6 +313,8 @@ class GpuAnatApp(DashboardActions):
             detail = f", steady {steady:.1f} samples/s" if steady else ""
             severity: SeverityLevel = "information" if status == "ok" else "warning" if status == "stopped" else "error"
             self.notify(f"Run {message.result['run_id']}: {status}{detail}", severity=severity, timeout=6)
+            if message.result.get("history_error"):
+                self.notify(message.result["history_error"], severity="warning", timeout=15)
             self._show_result_bands(message.result)
         self._show_techniques()
         if self._quit_after_run:
