@@ -150,6 +150,18 @@ def test_write_with_backoff_gives_up_at_its_deadline(tmp_path):
         assert len(store.steps(run_id)) == 1
 
 
+def test_processes_creating_one_new_history_at_once_share_it(tmp_path):
+    """The history is built beside its path and linked in whole: every process ends up in the same file."""
+    db = tmp_path / "new" / "history.sqlite"
+    code = ("import sys\nfrom gpuanat.core.history import HistoryStore\n"
+            "with HistoryStore(sys.argv[1]) as store: print(store.create_run({}))\n")
+    creators = [_start(code, str(db)) for _ in range(4)]
+    run_ids = sorted(int(creator.communicate(timeout=60)[0]) for creator in creators)
+    assert all(creator.returncode == 0 for creator in creators)
+    assert run_ids == [1, 2, 3, 4]
+    assert sorted(entry.name for entry in db.parent.iterdir()) == ["history.sqlite"]
+
+
 # --- (b) a full database, a full disk ----------------------------------------------------------------------------
 
 def test_a_full_database_refuses_writes_whole_while_the_history_stays_readable(tmp_path):

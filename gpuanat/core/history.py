@@ -768,21 +768,29 @@ class HistoryStore:
 
     def _interrupted_result(self, row: tuple[Any, ...]) -> dict[str, Any]:
         run_id, config_json, result_json, recorder_pid = row[0], row[6], row[8], row[10]
-        rebuilt = result_from_steps(json.loads(config_json), self.steps(run_id), run_id=run_id,
+        rebuilt = result_from_steps(self._json(config_json, run_id), self.steps(run_id), run_id=run_id,
                                     recorder_pid=recorder_pid)
-        return interrupted_result(json.loads(result_json or "{}"), rebuilt)
+        return interrupted_result(self._json(result_json, run_id), rebuilt)
 
     def _row(self, row: tuple[Any, ...]) -> RunRow:
         (run_id, kind, name, status, created_at, finished_at, config_json, environment_json, result_json,
          log_path, *_recorder) = row
-        result = json.loads(result_json or "{}")
+        result = self._json(result_json, run_id)
         if self._gone(row):  # shown as a writable open will finalise it, without writing
             status, result = "interrupted", self._interrupted_result(row)
         return RunRow(
             id=run_id, kind=kind, name=name, status=status, created_at=created_at, finished_at=finished_at,
-            config=json.loads(config_json), environment=json.loads(environment_json or "{}"),
+            config=self._json(config_json, run_id), environment=self._json(environment_json, run_id),
             result=result, log_path=log_path,
         )
+
+    def _json(self, text: str | None, run_id: int) -> Any:
+        """A JSON column of run `run_id` (NULL reads as {})."""
+        try:
+            return json.loads(text) if text is not None else {}
+        except ValueError as error:
+            raise HistoryError(f"run {run_id} in history {self.path} is damaged ({_one_line(error)}); restore the "
+                               "file from a backup or pass another path with --db", EXIT_BAD_FILE) from error
 
     def runs(self, limit: int | None = None) -> list[RunRow]:
         """Runs, oldest first (the last `limit` when given)."""
@@ -799,11 +807,11 @@ class HistoryStore:
 
     def steps(self, run_id: int) -> list[dict[str, Any]]:
         rows = self._fetch("SELECT record_json FROM steps WHERE run_id = ? ORDER BY step", (run_id,))
-        return [json.loads(record) for (record,) in rows]
+        return [self._json(record, run_id) for (record,) in rows]
 
     def samples(self, run_id: int) -> list[dict[str, Any]]:
         rows = self._fetch("SELECT sample_json FROM samples WHERE run_id = ? ORDER BY t_s", (run_id,))
-        return [json.loads(sample) for (sample,) in rows]
+        return [self._json(sample, run_id) for (sample,) in rows]
 
 
 _RUN_COLUMNS = ("id, kind, name, status, created_at, finished_at, config_json, environment_json, result_json,"
