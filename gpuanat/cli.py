@@ -1,7 +1,8 @@
 """The `gpuanat` command: headless subcommands (run, sweep, predict, fit, history, watch).
 
 Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped (128 + the
-signal's number when SIGTERM or SIGHUP stopped it: 143, 129).
+signal's number when SIGTERM or SIGHUP stopped it: 143, 129). A history that cannot be used (HistoryError) is
+reported in one line by `main`: 2 when its path or file must be fixed, 1 for a fault (busy, full, I/O).
 """
 
 from __future__ import annotations

@@ -221,6 +221,20 @@ def test_a_missing_history_reads_as_empty_and_nothing_is_created(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_read_only_store_sees_what_a_writer_added_after_it_opened(tmp_path):
+    """With no -wal to read the reader opens immutable=1; a writer's change to the file is noticed and read."""
+    db = tmp_path / "h.sqlite"
+    HistoryStore(db).close()
+    with HistoryStore(db, read_only=True) as reader:
+        assert reader.runs() == []
+        add_a_run = (f"from gpuanat.core.history import HistoryStore\nHistoryStore({str(db)!r}).create_run({{}})\n")
+        subprocess.run([sys.executable, "-c", add_a_run], check=True)  # closed: checkpointed into the file
+        assert len(reader.runs()) == 1
+        with HistoryStore(db) as writer:  # still open: the run is in its -wal
+            writer.create_run({})
+            assert len(reader.runs()) == 2
+
+
 def test_a_read_only_store_refuses_to_write(tmp_path):
     HistoryStore(tmp_path / "h.sqlite").close()
     with HistoryStore(tmp_path / "h.sqlite", read_only=True) as reader, pytest.raises(HistoryError, match="read-only"):

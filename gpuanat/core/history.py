@@ -70,7 +70,7 @@ RECORDER_START_TOLERANCE_S = 1.0
 """Two readings of one process's start time agree within this (psutil derives it from the boot time and clock
 ticks, both read from /proc); a PID reused by another process belongs to one that started later than that."""
 IMMUTABLE_READ_ATTEMPTS = 3
-"""Reads of a history opened immutable that are repeated when a writer changed the file during the read."""
+"""How often a read through immutable=1 is tried when writers keep changing the file meanwhile."""
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 EXIT_BAD_FILE = 2
@@ -417,6 +417,7 @@ class HistoryStore:
     def _empty_history(self) -> sqlite3.Connection:
         """A missing history reads as one without runs, in memory: nothing is created."""
         db = sqlite3.connect(":memory:", isolation_level=None)
+        db.row_factory = sqlite3.Row
         db.executescript(SCHEMA)
         return db
 
@@ -448,6 +449,7 @@ class HistoryStore:
                                  isolation_level=None)
         except sqlite3.Error as error:
             raise self._error(error, "open") from error
+        db.row_factory = sqlite3.Row
         return db
 
     def _columns_present(self, db: sqlite3.Connection) -> str:
@@ -480,6 +482,7 @@ class HistoryStore:
                                  isolation_level=None)
         except sqlite3.Error as error:
             raise self._error(error, "open") from error
+        db.row_factory = sqlite3.Row
         try:
             self._check_identity(db, writable=True)
             self._execute(db, "PRAGMA foreign_keys=ON")
@@ -626,13 +629,13 @@ class HistoryStore:
 
     # --- reading and writing ----------------------------------------------------------------------------------
 
-    def _execute(self, db: sqlite3.Connection, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _execute(self, db: sqlite3.Connection, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
         try:
             return db.execute(sql, parameters).fetchall()
         except sqlite3.Error as error:
             raise self._error(error, "read") from error
 
-    def _fetch(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _fetch(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
         """Rows of a read. Through immutable=1, a read during which a writer changed the file is read again, through
         the writer's WAL."""
         for _ in range(IMMUTABLE_READ_ATTEMPTS):
@@ -741,9 +744,10 @@ class HistoryStore:
             for row in db.execute(query).fetchall():  # read again in the transaction: another process may be first
                 if not self._gone(row):
                     continue
-                run_id, created_at, last_recorded_at = row[0], row[4], row[12]
+                run_id = row["id"]
                 result = self._interrupted_result(row)
-                finished_at = last_recorded_at or self._estimated_last_record(run_id, created_at) or now()
+                finished_at = (row["last_recorded_at"] or self._estimated_last_record(run_id, row["created_at"])
+                               or now())
                 db.execute("UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?"
                            " WHERE id = ? AND status = 'running'", (finished_at, json.dumps(result), run_id))
                 finalised.append(run_id)
@@ -761,28 +765,33 @@ class HistoryStore:
         return created_at + max(spans) if spans else None
 
     @staticmethod
-    def _gone(row: tuple[Any, ...]) -> bool:
-        status, created_at, recorder_pid, recorder_started_at = row[3], row[4], row[10], row[11]
-        return status in ACTIVE_STATUSES and not recorder_alive(recorder_pid, recorder_started_at,
-                                                                created_at=created_at)
+    def _gone(row: sqlite3.Row) -> bool:
+        return row["status"] in ACTIVE_STATUSES and not recorder_alive(
+            row["recorder_pid"], row["recorder_started_at"], created_at=row["created_at"])
 
-    def _interrupted_result(self, row: tuple[Any, ...]) -> dict[str, Any]:
-        run_id, config_json, result_json, recorder_pid = row[0], row[6], row[8], row[10]
-        rebuilt = result_from_steps(json.loads(config_json), self.steps(run_id), run_id=run_id,
-                                    recorder_pid=recorder_pid)
-        return interrupted_result(json.loads(result_json or "{}"), rebuilt)
+    def _interrupted_result(self, row: sqlite3.Row) -> dict[str, Any]:
+        run_id = row["id"]
+        rebuilt = result_from_steps(self._json(row["config_json"], run_id), self.steps(run_id), run_id=run_id,
+                                    recorder_pid=row["recorder_pid"])
+        return interrupted_result(self._json(row["result_json"], run_id), rebuilt)
 
-    def _row(self, row: tuple[Any, ...]) -> RunRow:
-        (run_id, kind, name, status, created_at, finished_at, config_json, environment_json, result_json,
-         log_path, *_recorder) = row
-        result = json.loads(result_json or "{}")
+    def _row(self, row: sqlite3.Row) -> RunRow:
+        run_id, status, result = row["id"], row["status"], self._json(row["result_json"], row["id"])
         if self._gone(row):  # shown as a writable open will finalise it, without writing
             status, result = "interrupted", self._interrupted_result(row)
         return RunRow(
-            id=run_id, kind=kind, name=name, status=status, created_at=created_at, finished_at=finished_at,
-            config=json.loads(config_json), environment=json.loads(environment_json or "{}"),
-            result=result, log_path=log_path,
+            id=run_id, kind=row["kind"], name=row["name"], status=status, created_at=row["created_at"],
+            finished_at=row["finished_at"], config=self._json(row["config_json"], run_id),
+            environment=self._json(row["environment_json"], run_id), result=result, log_path=row["log_path"],
         )
+
+    def _json(self, text: str | None, run_id: int) -> Any:
+        """A JSON column of run `run_id` (NULL reads as {})."""
+        try:
+            return json.loads(text) if text is not None else {}
+        except ValueError as error:
+            raise HistoryError(f"run {run_id} in history {self.path} is damaged ({_one_line(error)}); restore the "
+                               "file from a backup or pass another path with --db", EXIT_BAD_FILE) from error
 
     def runs(self, limit: int | None = None) -> list[RunRow]:
         """Runs, oldest first (the last `limit` when given)."""
@@ -799,13 +808,13 @@ class HistoryStore:
 
     def steps(self, run_id: int) -> list[dict[str, Any]]:
         rows = self._fetch("SELECT record_json FROM steps WHERE run_id = ? ORDER BY step", (run_id,))
-        return [json.loads(record) for (record,) in rows]
+        return [self._json(record, run_id) for (record,) in rows]
 
     def samples(self, run_id: int) -> list[dict[str, Any]]:
         rows = self._fetch("SELECT sample_json FROM samples WHERE run_id = ? ORDER BY t_s", (run_id,))
-        return [json.loads(sample) for (sample,) in rows]
+        return [self._json(sample, run_id) for (sample,) in rows]
 
 
 _RUN_COLUMNS = ("id, kind, name, status, created_at, finished_at, config_json, environment_json, result_json,"
                 " log_path, recorder_pid, recorder_started_at, last_recorded_at")
-"""The order `_row`, `_gone` and `finalise_interrupted` read a runs row in."""
+"""The columns of a runs row as `_row`, `_gone` and `finalise_interrupted` read it (by name)."""
