@@ -157,8 +157,10 @@ def test_a_sigkilled_gpuanat_takes_its_training_processes_with_it(db_path):
     finally:
         if process.poll() is None:
             process.kill()
-    _run, steps = _stored_run(db_path)
+    run, steps = _stored_run(db_path)  # a writable open: it finalises the run its dead recorder left running
     assert len(steps) >= 3  # what was recorded before the kill stays
+    assert run.status == "interrupted" and run.finished_at is not None
+    assert run.result["steps"] == steps[-1]["step"] and run.result["error"]["kind"] == "interrupted"
 
 
 def test_a_child_still_starting_dies_with_its_sigkilled_parent(db_path):

@@ -1,7 +1,9 @@
 """Spawn, stream and stop a training child in its own process group.
 
-The child gets a dedicated pipe for protocol events (its stdout/stderr go to a log file, the human
-log). A reader thread decodes event lines into a queue; the caller drains it with `next_event`.
+The child gets a dedicated pipe for protocol events; its stdout and stderr, the human log, go through a
+second pipe that a thread copies into the log file. A reader thread decodes event lines into a queue; the
+caller drains it with `next_event`. A log file that cannot be written (a full disk) costs the log, never
+the run: the copier keeps draining the child's output and `log_error` says what was lost.
 Stopping asks politely (SIGINT to the child, which records a clean "stopped"), then ends the whole
 process group — DataLoader workers included — with SIGTERM and SIGKILL.
 
@@ -77,6 +79,9 @@ class ChildProcess:
         """Our end of the lifeline: open for as long as the child may live."""
         self._exited_seen_s: float | None = None
         """When `next_event` first found the child exited with its events pipe still open."""
+        self.log_error: str | None = None
+        """Why (part of) the child's output is missing from the log file, when it is."""
+        self.dropped_log_bytes = 0
 
     @property
     def pid(self) -> int | None:
@@ -85,26 +90,50 @@ class ChildProcess:
     def start(self) -> None:
         read_fd, write_fd = os.pipe()
         lifeline_child_fd, self._lifeline_fd = os.pipe()  # not inherited by any other child (O_CLOEXEC)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        output_read_fd, output_write_fd = os.pipe()
         env = {**self._env, "PYTHONUNBUFFERED": "1", "GPUANAT_EVENTS_FD": str(write_fd),
                LIFELINE_FD_ENV: str(lifeline_child_fd)}
         try:
-            with open(self.log_path, "ab") as log:
-                self._process = subprocess.Popen(
-                    self._make_command(write_fd), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    pass_fds=(write_fd, lifeline_child_fd), env=env, start_new_session=True,
-                )
+            self._process = subprocess.Popen(
+                self._make_command(write_fd), stdin=subprocess.DEVNULL, stdout=output_write_fd,
+                stderr=subprocess.STDOUT, pass_fds=(write_fd, lifeline_child_fd), env=env, start_new_session=True,
+            )
         except BaseException:
-            os.close(read_fd)
-            os.close(self._lifeline_fd)
+            for fd in (read_fd, output_read_fd, self._lifeline_fd):
+                os.close(fd)
             self._lifeline_fd = None
             raise
         finally:
-            os.close(write_fd)
-            os.close(lifeline_child_fd)
+            for fd in (write_fd, lifeline_child_fd, output_write_fd):
+                os.close(fd)
+        threading.Thread(target=self._copy_output, args=(output_read_fd,), name="gpuanat-log", daemon=True).start()
         self._reader = threading.Thread(target=self._read_events, args=(read_fd,), name="gpuanat-events",
                                         daemon=True)
         self._reader.start()
+
+    def _copy_output(self, read_fd: int) -> None:
+        """Copy the child's output into the log file until the pipe closes, draining it whatever the file does."""
+        log_fd: int | None = None
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            self.log_error = f"cannot write the log {self.log_path}: {error.strerror}; the child's output was dropped"
+        try:
+            while chunk := os.read(read_fd, PIPE_READ_BYTES):
+                if log_fd is None:
+                    continue
+                try:
+                    while chunk:
+                        chunk = chunk[os.write(log_fd, chunk):]
+                except OSError as error:  # dropped; the next chunk tries again (space may be freed)
+                    self.dropped_log_bytes += len(chunk)
+                    self.log_error = (f"the log {self.log_path} refused {self.dropped_log_bytes} bytes of the "
+                                      f"child's output ({error.strerror})")
+        finally:
+            os.close(read_fd)
+            if log_fd is not None:
+                os.close(log_fd)
 
     def _read_events(self, read_fd: int) -> None:
         """Decode the pipe until it closes; whatever happens, end with ChildExited, so that the caller

@@ -53,6 +53,7 @@ class _RunState:
     gpu_name: str | None = None
     exit_code: int | None = None
     stopped_by_user: bool = False
+    log_error: str | None = None
 
     def observe_sample(self, sample: Sample, pid: int) -> None:
         if not sample.gpus:
@@ -157,6 +158,7 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         "unavailable": {**unavailable, **bands.unavailable},
         "error": None,
         "exit_code": state.exit_code,
+        "log_error": state.log_error,
         "log_path": str(log_path),
         "malformed_events": len(state.malformed),
     }
@@ -277,6 +279,7 @@ def execute_run(
         child.kill_group()
         sampler.stop()
         flush()
+    state.log_error = child.log_error
     result = build_result(run_id, config, state, nvml, log_path, name=name)
     result["history_error"] = pending.finish(lambda history: history.update_result(run_id, result,
                                                                                    status=result["status"]))
