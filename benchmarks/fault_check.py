@@ -62,7 +62,7 @@ def _max_step(db: Path) -> int:
 def _training_child(parent: psutil.Process) -> psutil.Process | None:
     for child in parent.children():
         with contextlib.suppress(psutil.Error):
-            if "gpuanat.worker" in " ".join(child.cmdline()):
+            if "--events-fd" in child.cmdline():  # the training child, not the capability probe
                 return child
     return None
 

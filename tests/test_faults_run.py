@@ -58,7 +58,7 @@ def _training_tree(parent_pid: int, timeout_s: float = 120) -> list[psutil.Proce
     deadline = time.monotonic() + timeout_s
     while True:
         children = [child for child in psutil.Process(parent_pid).children()
-                    if "gpuanat.worker" in " ".join(child.cmdline())]
+                    if "--events-fd" in child.cmdline()]  # the training child, not the capability probe
         if children:
             return [children[0], *children[0].children(recursive=True)]
         assert time.monotonic() < deadline, "no training child started"
