@@ -313,8 +313,14 @@ def test_watching_a_real_trainer_run_that_publishes(tmp_path):
         assert record["publisher_pid"] == trainer.pid
         assert record["params"] == reference["params"]
         bands = record["bands"]
-        assert {key: bands[key] for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")} == {
-            key: reference[key] for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")}
+        assert {key: bands[key] for key in ("weights_bytes", "gradients_bytes")} == {
+            key: reference[key] for key in ("weights_bytes", "gradients_bytes")}
+        # The bands are memory at the end of the measured step's forward pass (the peak). The optimizer state
+        # is created by the first optimizer step, after the first forward pass: a watcher that reads the
+        # publication before step 2 was published sees step 1's bands, without it.
+        measured_at_step = record["bands_measured_at_step"]
+        assert 1 <= measured_at_step <= record["step"]
+        assert bands["optimizer_state_bytes"] == (0 if measured_at_step == 1 else reference["optimizer_state_bytes"])
         assert bands["activations_bytes"] > 0
         assert "CPU run" in record["bands_unavailable"]["free_bytes"]
         assert record["rss_bytes"] > reference["weights_bytes"]
@@ -323,6 +329,7 @@ def test_watching_a_real_trainer_run_that_publishes(tmp_path):
     steps = [record["step"] for record in published]
     assert steps == sorted(steps) and steps[-1] == 300  # 400 samples / batch 4 × 3 epochs
     assert published[-1]["training_done"] is True and published[-1]["steady_samples_per_second"] > 0
+    assert published[-1]["bands"]["optimizer_state_bytes"] == reference["optimizer_state_bytes"]
     assert final["exited"] is True and final["training_done"] is True and final["steps"] == 300
     assert final["saved_run_id"] == 1
     # the process removed its publication when it exited
@@ -334,6 +341,7 @@ def test_watching_a_real_trainer_run_that_publishes(tmp_path):
     assert run["config"]["batch_size"] == 4 and run["config"]["watched_pid"] == trainer.pid
     result = run["result"]
     assert result["bands"]["weights_bytes"] == reference["weights_bytes"]
+    assert result["bands"]["optimizer_state_bytes"] == reference["optimizer_state_bytes"]
     assert result["steps"] == 300 and result["steady_samples_per_second"] > 0
     assert result["peak_rss_bytes"] >= max(record["rss_bytes"] for record in samples)
 
