@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     report = []
-    with HistoryStore(args.db) as store:
+    with HistoryStore(args.db, read_only=True) as store:
         for run in reversed(store.runs()):
             pid = run.environment.get("pid")
             checked = check_run(store, run.id, pid) if pid else None

@@ -1,7 +1,8 @@
 """The `gpuanat` command: headless subcommands (run, sweep, predict, fit, history, watch).
 
 Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped (128 + the
-signal's number when SIGTERM or SIGHUP stopped it: 143, 129).
+signal's number when SIGTERM or SIGHUP stopped it: 143, 129). A history that cannot be used (HistoryError) is
+reported in one line by `main`: 2 when its path or file must be fixed, 1 for a fault (busy, full, I/O).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from gpuanat.core.config import (
     machine_unsupported_reason,
     validate_values,
 )
-from gpuanat.core.history import HistoryStore, default_db_path
+from gpuanat.core.history import HistoryError, HistoryStore, default_db_path
 from gpuanat.core.protocol import Error, Event, ModelInfo, Step
 from gpuanat.core.stop_signals import StopSignals
 from gpuanat.core.techniques import TECHNIQUES
@@ -191,8 +193,8 @@ def config_from_args(args: argparse.Namespace, cuda_available: bool) -> RunConfi
     return RunConfig(**changes)
 
 
-def _open_store(args: argparse.Namespace) -> HistoryStore:
-    return HistoryStore(args.db.expanduser() if args.db else default_db_path())
+def _open_store(args: argparse.Namespace, *, read_only: bool = False) -> HistoryStore:
+    return HistoryStore(args.db.expanduser() if args.db else default_db_path(), read_only=read_only)
 
 
 @dataclass
@@ -237,10 +239,18 @@ def _run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, 
     view = _ProgressView(label)
     try:
         with signals.polled() as stop_requested:
-            return execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name, on_event=view,
-                               trace_path=trace_path, env=env, stop_requested=stop_requested)
+            result = execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name,
+                                 on_event=view, trace_path=trace_path, env=env, stop_requested=stop_requested)
     finally:
         view.close()
+    _warn_if_not_saved(result)
+    return result
+
+
+def _warn_if_not_saved(result: dict[str, Any] | None) -> None:
+    """One line on stderr when the history refused a run's last writes (busy or full until the end)."""
+    if result is not None and result.get("history_error"):
+        print(f"gpuanat: warning: {result['history_error']}", file=sys.stderr)
 
 
 def _exit_code(status: str, signals: StopSignals) -> int:
@@ -332,6 +342,7 @@ def command_run_script(args: argparse.Namespace) -> int:
                                         on_event=view, trace_path=args.trace_out, stop_requested=stop_requested)
         finally:
             view.close()
+    _warn_if_not_saved(result)
     if args.json:
         print(json.dumps(result))
     else:
@@ -568,7 +579,7 @@ def command_history(args: argparse.Namespace) -> int:
     output_format = "json" if args.json else args.format
     if args.limit is not None and args.limit < 1:
         _fail_usage(f"--limit: must be an integer ≥ 1 (got {args.limit})")
-    with _open_store(args) as store:
+    with _open_store(args, read_only=True) as store:
         runs = store.runs(limit=args.limit)
     if output_format == "json":
         print(json.dumps([{"id": run.id, "kind": run.kind, "name": run.name, "status": run.status,
@@ -628,6 +639,7 @@ def command_watch(args: argparse.Namespace) -> int:
         source.close()
         session.close()
         result = session.finish_saving(exited=ended == "exited")
+        _warn_if_not_saved(result)
         if result is not None:
             print(f"gpuanat: saved as run {result['run_id']} ({result['status']}) in {db_path}", file=sys.stderr)
     return args.stop_signals.exit_code or EXIT_OK
@@ -652,9 +664,10 @@ def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path) -> in
     keymap = _user_keymap(WatchApp)
     if not sys.stdout.isatty():
         _fail_usage("the dashboard needs a terminal; add --json for one JSON object per sample")
-    WatchApp(target, db_path=db_path, interval_s=args.interval, save_name=args.save or None,
-             save_on_start=args.save is not None, trace_path=args.trace_out, keymap=keymap).run()
-    return EXIT_OK
+    app = WatchApp(target, db_path=db_path, interval_s=args.interval, save_name=args.save or None,
+                   save_on_start=args.save is not None, trace_path=args.trace_out, keymap=keymap)
+    app.run()
+    return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal
 
 
 def command_dashboard(args: argparse.Namespace) -> int:
@@ -670,8 +683,9 @@ def command_dashboard(args: argparse.Namespace) -> int:
     keymap = _user_keymap(GpuAnatApp)
     if not sys.stdout.isatty():
         _fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
-    GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap).run()
-    return EXIT_OK
+    app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap)
+    app.run()
+    return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal
 
 
 def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -690,12 +704,17 @@ def main(argv: list[str] | None = None) -> int:
     if script_args and args.command != "run":
         parser.error("arguments after -- are only for `gpuanat run --script SCRIPT.py -- ARGS`")
     handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "fit": command_fit,
-                "history": command_history, "watch": command_watch}
-    if args.command is None:
-        return command_dashboard(args)
-    args.stop_signals = StopSignals().install()
+                "history": command_history, "watch": command_watch, None: command_dashboard}
+    # The dashboards handle stop signals on their event loop; the headless commands here.
+    args.stop_signals = StopSignals() if args.command is None else StopSignals().install()
     try:
         return handlers[args.command](args)
+    except HistoryError as error:
+        print(f"gpuanat: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except sqlite3.Error as error:  # HistoryStore turns its own into HistoryError; this is the last guard
+        print(f"gpuanat: error: history: {' '.join(str(error).split())}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("gpuanat: interrupted", file=sys.stderr)
         return args.stop_signals.exit_code or EXIT_STOPPED

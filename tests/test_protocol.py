@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from event_fuzz import malformed_lines
 
 from gpuanat.core.protocol import (
+    MAX_EVENT_LINE_BYTES,
     PROTOCOL_VERSION,
     Done,
     Error,
+    EventLines,
     Hello,
     Malformed,
     ModelInfo,
@@ -68,3 +71,75 @@ def test_non_finite_numbers_travel_as_null():
     assert isinstance(decoded, Step) and decoded.loss is None
     assert decode(encode(Done(status="ok", steps=1, samples=1, train_runtime_s=1.0, samples_per_second=float("inf"),
                               steady_samples_per_second=None, warmup_steps=2))).samples_per_second is None
+
+
+def test_no_generated_garbage_line_escapes_the_decoder():
+    # 100,000 lines of the classes that used to raise (a list for `type`, `bands` not an object, 1000+ deep
+    # nesting), and every other way a line can be wrong: each is Malformed, none raises.
+    lines = malformed_lines(100_000, seed=13, too_long=5)
+    decoded = [decode(line) for line in lines]
+    escaped = [(line[:120], event) for line, event in zip(lines, decoded, strict=True)
+               if not isinstance(event, Malformed)]
+    assert escaped == []
+    expected = ["not JSON", "not JSON: nested too deep", "not a JSON object", "protocol version",
+                "unknown event type", f"line longer than {MAX_EVENT_LINE_BYTES} bytes", "bad fields for Step",
+                "bad fields for Done", "bad fields for Hello", "bad fields for ModelInfo"]
+    assert [prefix for prefix in expected if not any(event.reason.startswith(prefix) for event in decoded)] == []
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("step", "3", "step must be an integer, not str"),
+    ("samples", 3.0, "samples must be an integer, not float"),
+    ("tokens", True, "tokens must be an integer, not bool"),
+    ("step", -1, "between 0 and 2**63-1"),
+    ("step", 2**63, "between 0 and 2**63-1"),
+    ("elapsed_s", "0.5", "elapsed_s must be a number, not str"),
+    ("loss", [0.5], "loss must be a number, not list"),
+    ("bands", 5, "bands must be an object, not int"),
+])
+def test_a_step_with_fields_of_the_wrong_type_is_malformed(field, value, words):
+    payload = json.loads(encode(EVENTS[2]))
+    payload[field] = value
+    decoded = decode(json.dumps(payload))
+    assert isinstance(decoded, Malformed)
+    assert words in decoded.reason
+
+
+def test_integral_numbers_where_a_float_is_declared_become_floats():
+    payload = json.loads(encode(EVENTS[2]))
+    payload["elapsed_s"] = 2
+    decoded = decode(json.dumps(payload))
+    assert isinstance(decoded, Step) and decoded.elapsed_s == 2.0 and isinstance(decoded.elapsed_s, float)
+
+
+def test_lines_are_cut_from_a_stream_in_any_chunking():
+    lines = [encode(event) for event in EVENTS]
+    stream = b"".join(lines[:2]) + b"\n\n" + b"".join(lines[2:])
+    for chunk_bytes in (1, 7, 64, len(stream)):
+        reader = EventLines()
+        events = []
+        for start in range(0, len(stream), chunk_bytes):
+            events += reader.feed(stream[start:start + chunk_bytes])
+        assert events + reader.finish() == EVENTS
+
+
+def test_an_endless_line_is_reported_once_and_never_held_whole():
+    reader = EventLines(max_line_bytes=1000)
+    events = reader.feed(b"A" * 600)
+    events += reader.feed(b"B" * 600)  # past the cap: reported here, then skipped up to its newline
+    assert len(events) == 1 and isinstance(events[0], Malformed)
+    assert events[0].reason == "line longer than 1000 bytes" and events[0].line.startswith("A")
+    for _ in range(100):  # 10 MB more of the same line: nothing kept, nothing reported again
+        assert reader.feed(b"C" * 100_000) == []
+        assert len(reader._partial) == 0
+    events = reader.feed(b"tail\n" + encode(EVENTS[0]))
+    assert events == [EVENTS[0]]
+
+
+def test_an_unterminated_last_line_is_decoded_at_the_end_of_the_stream():
+    reader = EventLines()
+    assert reader.feed(encode(EVENTS[1]).strip()) == []
+    assert reader.finish() == [EVENTS[1]]
+    reader.feed(b'{"v": 1, "type": "st')  # a child killed in the middle of a write
+    (cut,) = reader.finish()
+    assert isinstance(cut, Malformed) and "not JSON" in cut.reason

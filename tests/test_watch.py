@@ -436,3 +436,21 @@ def test_the_recorded_gpu_watch_trace_replays_into_the_same_records(tmp_path):
             assert record["gpu_util_scope"] == "process"
     # the bert-large run holds gigabytes of GPU memory
     assert max(record["gpu_memory_bytes"] or 0 for record, _ in on_gpu) > 4 * 1024**3
+
+
+def test_an_event_the_session_cannot_take_is_counted_and_the_watch_goes_on(spinner):
+    """Events also arrive decoded by others (`add_events`); one with a string where the protocol has numbers
+    would break the record's arithmetic. It is counted as malformed; the events around it are used."""
+    from gpuanat.core.protocol import Step
+
+    child, _ = spinner
+    session = WatchSession(resolve_target(child.pid), NO_NVML, publication_dirs_for=None)
+    sampler = Sampler(HostOnlySource(per_process=True), interval_s=0.1, on_sample=lambda sample: None)
+    sampler.track(child.pid)
+    session.add_events(child.pid, [Step(step=1, samples=4, tokens=16, step_time_s=0.1, elapsed_s=0.1),
+                                   Step(step="2", samples="8", tokens=32, step_time_s=0.1, elapsed_s="0.2"),
+                                   Step(step=3, samples=12, tokens=48, step_time_s=0.1, elapsed_s=0.3)])
+    record = session.handle(sampler.sample_once())
+    assert record["malformed_events"] == 1
+    assert (record["step"], record["samples"]) == (3, 12)
+    assert record["samples_per_second"] == pytest.approx(8 / 0.2)

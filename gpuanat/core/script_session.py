@@ -19,8 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.history import HistoryStore, write_with_backoff
 from gpuanat.core.protocol import Event, Malformed
+from gpuanat.core.recording import FINAL_WRITE_DEADLINE_S
 from gpuanat.core.runner import ChildExited, ChildProcess
 from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.watch import WatchError, WatchSession, WatchTarget, resolve_target
@@ -68,9 +69,10 @@ def execute_script(
     JSON contract of `gpuanat run --json`). Ctrl-C or `stop_requested` stops the child's process group."""
     description = {"script": str(script.resolve()), "args": list(script_args), "cwd": os.getcwd()}
     name = f"script {script.name}"
-    run_id = store.create_run(description, kind="launched", name=name)
+    run_id = write_with_backoff(lambda: store.create_run(description, kind="launched", name=name),
+                                deadline_s=FINAL_WRITE_DEADLINE_S)
     log_path = log_dir / f"run-{run_id}.log"
-    store.set_log_path(run_id, log_path)
+    write_with_backoff(lambda: store.set_log_path(run_id, log_path), deadline_s=FINAL_WRITE_DEADLINE_S)
     command = script_command(script, script_args)
     child = ChildProcess(lambda events_fd: command, log_path=log_path, env=env)
     source, nvml = sampler_factory()

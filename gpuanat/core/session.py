@@ -21,9 +21,10 @@ from typing import Any
 from gpuanat.core.anatomy import assemble_bands
 from gpuanat.core.compare import percent_delta
 from gpuanat.core.config import RunConfig, child_environment
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.history import HistoryStore, write_with_backoff
 from gpuanat.core.predict import prediction_json
 from gpuanat.core.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
+from gpuanat.core.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
 from gpuanat.core.runner import ChildExited, ChildProcess, worker_command
 from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
 
@@ -191,10 +192,14 @@ def execute_run(
     Ctrl-C (KeyboardInterrupt) while it runs — or `stop_requested` being set, from any thread — stops
     the child and its process group and records the run as stopped. `on_event` sees every decoded
     event, on the calling thread; `on_start` gets (run id, child pid, log path) once the child runs.
+    A history that is busy or full does not stop the run (see gpuanat.core.recording); when its last
+    writes could not be saved, the result's `history_error` says so.
     """
-    run_id = store.create_run(config.to_json(), name=name)
+    run_id = write_with_backoff(lambda: store.create_run(config.to_json(), name=name),
+                                deadline_s=FINAL_WRITE_DEADLINE_S)
     log_path = log_dir / f"run-{run_id}.log"
-    store.set_log_path(run_id, log_path)
+    pending = PendingWrites(store, run_id)
+    pending.update(lambda history: history.set_log_path(run_id, log_path))
     state = _RunState()
     config_json = json.dumps(config.to_json())
     child = ChildProcess(lambda fd: worker_command(config_json, fd), log_path=log_path,
@@ -202,18 +207,14 @@ def execute_run(
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
     source, nvml = sampler_factory()
     sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
-    pending_steps: list[dict[str, Any]] = []
 
     def flush() -> None:
-        drained = []
         while not samples.empty():
             sample = samples.get()
             if child.pid is not None:
                 state.observe_sample(sample, child.pid)
-            drained.append(sample.to_json())
-        store.add_samples(run_id, drained)
-        store.add_steps(run_id, pending_steps)
-        pending_steps.clear()
+            pending.add_samples([sample.to_json()])
+        pending.flush()
 
     def handle(event: Event | Malformed) -> None:
         if isinstance(event, Malformed):
@@ -221,16 +222,17 @@ def execute_run(
             return
         if isinstance(event, Hello):
             state.hello = event
-            store.set_environment(run_id, {"pid": event.pid, "versions": event.versions, "device": event.device,
-                                           "device_name": event.device_name, "nvml": nvml.__dict__,
-                                           "config_received": event.config, "allocator_conf": event.allocator_conf})
+            environment = {"pid": event.pid, "versions": event.versions, "device": event.device,
+                           "device_name": event.device_name, "nvml": nvml.__dict__,
+                           "config_received": event.config, "allocator_conf": event.allocator_conf}
+            pending.update(lambda history: history.set_environment(run_id, environment))
         elif isinstance(event, ModelInfo):
             state.model = event
         elif isinstance(event, Step):
             state.last_step = event
             if event.bands is not None:
                 state.probe_bands = event.bands
-            pending_steps.append(dataclasses.asdict(event))
+            pending.add_steps([dataclasses.asdict(event)])
         elif isinstance(event, Done):
             state.done = event
             if event.bands is not None:
@@ -276,5 +278,6 @@ def execute_run(
         sampler.stop()
         flush()
     result = build_result(run_id, config, state, nvml, log_path, name=name)
-    store.update_result(run_id, result, status=result["status"])
+    result["history_error"] = pending.finish(lambda history: history.update_result(run_id, result,
+                                                                                   status=result["status"]))
     return result

@@ -31,10 +31,11 @@ from typing import Any
 import psutil
 
 from gpuanat.core.anatomy import MemoryBands, assemble_bands
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.history import HistoryStore, write_with_backoff
 from gpuanat.core.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
 from gpuanat.core.publish import PUBLICATION_SUFFIX, PublicationReader, publication_dirs
+from gpuanat.core.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
 from gpuanat.core.sampler import GpuSample, NvmlStatus, Sample, Sampler
 
 THROUGHPUT_WINDOW_S = 5.0
@@ -565,7 +566,7 @@ class WatchSession:
                 return None
             result = {**self.result(exited=exited), **overrides}
             self._recorder.finish(result)
-            return result
+            return {**result, "history_error": self._recorder.history_error}
 
     def config(self) -> dict[str, Any]:
         """What the run is, for the history: the techniques the probe reported, else the command."""
@@ -653,7 +654,8 @@ def _process_name(pid: int | None) -> str | None:
 
 
 class _HistoryRecorder:
-    """Writes a watched session into the history while it goes on (samples and steps, once a second).
+    """Writes a watched session into the history while it goes on (samples and steps, once a second), through
+    `PendingWrites`: a busy or full history delays the writes, never the watch.
 
     SQLite connections belong to the thread that opened them: the last writes, from another thread (a
     dashboard quitting), go through a connection of their own."""
@@ -661,14 +663,19 @@ class _HistoryRecorder:
     def __init__(self, store: HistoryStore, session: WatchSession, name: str | None, run_id: int | None) -> None:
         self.store = store
         self.finished = False
+        self.history_error: str | None = None
+        """What the last writes could not save, when the history refused them until the end."""
         self._thread = threading.get_ident()
         self.name = name or f"watch {session.target.pid} {session.target.name}"
-        self.run_id = run_id if run_id is not None else store.create_run(session.config(), kind=session.kind,
-                                                                          name=self.name)
+        self.run_id = run_id if run_id is not None else write_with_backoff(
+            lambda: store.create_run(session.config(), kind=session.kind, name=self.name),
+            deadline_s=FINAL_WRITE_DEADLINE_S)
         self._session = session
-        store.set_environment(self.run_id, self._environment())
-        self._pending_samples: list[dict[str, Any]] = list(session.samples)
-        self._pending_steps: list[dict[str, Any]] = list(session.observed.steps)
+        self._pending = PendingWrites(store, self.run_id)
+        environment = self._environment()
+        self._pending.update(lambda history: history.set_environment(self.run_id, environment))
+        self._pending.add_samples(session.samples)
+        self._pending.add_steps(session.observed.steps)
         self._flushed_at_s = -1e9
         self._flush()
 
@@ -683,24 +690,25 @@ class _HistoryRecorder:
 
     def add(self, sample_json: Mapping[str, Any] | None, steps: Iterable[Step]) -> None:
         if sample_json is not None:
-            self._pending_samples.append(dict(sample_json))
-        self._pending_steps.extend(dataclasses.asdict(step) for step in steps)
+            self._pending.add_samples([sample_json])
+        self._pending.add_steps(dataclasses.asdict(step) for step in steps)
         if time.monotonic() - self._flushed_at_s >= HISTORY_FLUSH_INTERVAL_S:
             self._flush()
 
-    def _flush(self, store: HistoryStore | None = None) -> None:
-        store = store or self.store
-        store.add_samples(self.run_id, self._pending_samples)
-        store.add_steps(self.run_id, self._pending_steps)
-        self._pending_samples, self._pending_steps = [], []
+    def _flush(self) -> None:
+        self._pending.flush()
         self._flushed_at_s = time.monotonic()
 
     def finish(self, result: dict[str, Any]) -> None:
         store = self.store if threading.get_ident() == self._thread else HistoryStore(self.store.path)
-        self._flush(store)
-        store.set_config(self.run_id, self._session.config())
-        store.set_environment(self.run_id, self._environment())
-        store.update_result(self.run_id, {**result, "run_id": self.run_id}, status=result["status"])
+        config, environment = self._session.config(), self._environment()
+
+        def final_write(history: HistoryStore) -> None:
+            history.set_config(self.run_id, config)
+            history.set_environment(self.run_id, environment)
+            history.update_result(self.run_id, {**result, "run_id": self.run_id}, status=result["status"])
+
+        self.history_error = self._pending.finish(final_write, store=store)
         store.close()
         self.finished = True
 

@@ -207,6 +207,7 @@ class GpuAnatApp(DashboardActions):
         if self._sample_interval_s is not None:
             self._sampler.start()
         self._start_paint_tick(self._paint_interval_s)
+        self._listen_for_stop_signals()
         threading.Thread(target=self._probe_capabilities, name="gpuanat-capabilities", daemon=True).start()
         self._fit_layout(self.size.height)
         self._show_techniques()
@@ -218,6 +219,7 @@ class GpuAnatApp(DashboardActions):
         self._show_techniques()
 
     def on_unmount(self) -> None:
+        self._forget_stop_signals()
         if self.live is not None:
             self.live.stop_requested.set()
         if self._run_thread is not None:
@@ -311,6 +313,8 @@ class GpuAnatApp(DashboardActions):
             detail = f", steady {steady:.1f} samples/s" if steady else ""
             severity: SeverityLevel = "information" if status == "ok" else "warning" if status == "stopped" else "error"
             self.notify(f"Run {message.result['run_id']}: {status}{detail}", severity=severity, timeout=6)
+            if message.result.get("history_error"):
+                self.notify(message.result["history_error"], severity="warning", timeout=15)
             self._show_result_bands(message.result)
         self._show_techniques()
         if self._quit_after_run:
@@ -530,6 +534,17 @@ class GpuAnatApp(DashboardActions):
 
         self.push_screen(ConfirmScreen(f"Stop run {live.run_id or ''} ({live.config.techniques_summary()})?"),
                          answered)
+
+    def finish_recording(self, timeout_s: float) -> None:
+        if self._run_thread is not None:
+            self._run_thread.join(timeout=timeout_s)
+
+    def stop_and_quit(self) -> None:
+        if self.live is None:
+            self.exit()
+            return
+        self._quit_after_run = True
+        self.live.stop_requested.set()
 
     async def action_quit(self) -> None:
         if self.live is None:

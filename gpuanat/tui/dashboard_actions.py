@@ -4,6 +4,11 @@ compact layout for short terminals."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -13,7 +18,8 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.history import HistoryError, HistoryStore
+from gpuanat.core.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.widgets.line_chart import LineChart
@@ -26,6 +32,9 @@ SHARED_BINDINGS = [
     Binding("q", "quit", "Quit", id="quit"),
 ]
 """Keys of both dashboards (launching and watching), with the actions below."""
+HANGUP_RECORDING_TIMEOUT_S = 60.0
+"""After a hangup, how long a stopping run may take to be recorded before the dashboard leaves anyway (the
+run's stop itself takes at most about 12 s; the history finalises what is left on its next open)."""
 COMPACT_BELOW_ROWS = 34
 """Shorter terminals (80×24 over SSH) get the compact layout (the screen's `-compact` class)."""
 
@@ -36,6 +45,45 @@ class DashboardActions(App[None]):
     db_path: Path
     compare_selection: list[int]
     charts_paused: bool
+    stop_signal: int | None = None
+    """The stop signal (SIGINT, SIGTERM, SIGHUP) that ended the dashboard, if one did."""
+
+    def _listen_for_stop_signals(self) -> None:
+        """SIGTERM, SIGHUP (the SSH connection dropped) and a SIGINT sent from outside end the dashboard as
+        q does, without asking: a run in progress is stopped and recorded first. Only on the main thread, where
+        the dashboard runs for real; tests drive it from theirs."""
+        with contextlib.suppress(RuntimeError, ValueError):
+            loop = asyncio.get_running_loop()
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, self._on_stop_signal, sig)
+
+    def _forget_stop_signals(self) -> None:
+        with contextlib.suppress(RuntimeError, ValueError):
+            loop = asyncio.get_running_loop()
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    def _on_stop_signal(self, signum: int) -> None:
+        if self.stop_signal is not None:
+            return
+        self.stop_signal = signum
+        if signum == signal.SIGHUP:
+            detach_from_terminal()
+            threading.Thread(target=self._leave_after_hangup, name="gpuanat-hangup", daemon=True).start()
+        self.stop_and_quit()
+
+    def _leave_after_hangup(self) -> None:
+        """The terminal is gone, and Textual's teardown, which restores it, can wait forever on a writer that
+        died with it (seen with Textual 8.2.8): once what is in progress is recorded, the process leaves."""
+        self.finish_recording(HANGUP_RECORDING_TIMEOUT_S)
+        os._exit(128 + signal.SIGHUP)
+
+    def stop_and_quit(self) -> None:
+        """Quit without asking, after stopping and recording whatever is in progress."""
+        self.exit()
+
+    def finish_recording(self, timeout_s: float) -> None:
+        """Block (off the event loop) until what is in progress has been recorded, at most `timeout_s`."""
 
     def paint(self) -> None:
         """Move what the threads delivered into the widgets (the app's paint tick)."""
@@ -75,7 +123,7 @@ class DashboardActions(App[None]):
             self.action_show_help_panel()
 
     def _runs(self) -> list[Any]:
-        with HistoryStore(self.db_path) as store:
+        with HistoryStore(self.db_path, read_only=True) as store:
             return store.runs()
 
     def action_history(self) -> None:
@@ -84,17 +132,26 @@ class DashboardActions(App[None]):
                 self.compare_selection = run_ids
                 self.action_compare()
 
-        self.push_screen(HistoryScreen(self._runs()), chosen)
+        try:
+            runs = self._runs()
+        except HistoryError as error:  # an unusable history is reported, the dashboard goes on
+            self.notify(str(error), severity="error")
+            return
+        self.push_screen(HistoryScreen(runs), chosen)
 
     def action_compare(self) -> None:
-        with HistoryStore(self.db_path) as store:
-            run_ids = self.compare_selection or [run.id for run in store.runs(limit=2)]
-            if len(run_ids) < 2:
-                self.notify("Compare needs two recorded runs: run twice, or pick runs in history (h).")
-                return
-            runs = [store.run(run_id) for run_id in run_ids]
-            steps = {run_id: store.steps(run_id) for run_id in run_ids}
-            samples = {run_id: store.samples(run_id) for run_id in run_ids}
+        try:
+            with HistoryStore(self.db_path, read_only=True) as store:
+                run_ids = self.compare_selection or [run.id for run in store.runs(limit=2)]
+                if len(run_ids) < 2:
+                    self.notify("Compare needs two recorded runs: run twice, or pick runs in history (h).")
+                    return
+                runs = [store.run(run_id) for run_id in run_ids]
+                steps = {run_id: store.steps(run_id) for run_id in run_ids}
+                samples = {run_id: store.samples(run_id) for run_id in run_ids}
+        except HistoryError as error:
+            self.notify(str(error), severity="error")
+            return
         self.push_screen(CompareScreen([run for run in runs if run is not None], steps, samples))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

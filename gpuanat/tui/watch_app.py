@@ -135,10 +135,18 @@ class WatchApp(DashboardActions):
         if self._interval_s is not None:
             self._sampler.start()
         self._start_paint_tick(self._paint_interval_s)
+        self._listen_for_stop_signals()
         self._fit_layout(self.size.height)
         self.paint()
 
+    def finish_recording(self, timeout_s: float) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self.session is not None:
+            self.session.finish_saving(exited=self.exited)
+
     def on_unmount(self) -> None:
+        self._forget_stop_signals()
         if self._sampler is not None:
             self._sampler.stop()
         if self.session is not None:

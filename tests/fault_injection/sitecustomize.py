@@ -8,6 +8,8 @@ is the real code. Kinds:
   oom      raise torch.OutOfMemoryError, exactly what the CUDA caching allocator raises
   crash    SIGKILL the training process (a hard crash: no Python cleanup, no final event)
   garbage  write a malformed line to the events pipe, then carry on normally
+  fuzz     write the bytes of the file GPUANAT_TEST_FUZZ_FILE to the events pipe, then carry on normally
+  fuzz-crash  write them, then SIGKILL the training process
   oom-above  (KIND@N) raise torch.OutOfMemoryError at the first step of any run whose per-device
              batch exceeds N: a device on which batches up to N fit
 """
@@ -37,6 +39,14 @@ if _FAULT and "GPUANAT_EVENTS_FD" in os.environ:  # only in the training child, 
             if _kind == "garbage" and not getattr(self, "_garbage_sent", False):
                 self._garbage_sent = True
                 os.write(int(os.environ["GPUANAT_EVENTS_FD"]), b"this is not an event\n")
+            if _kind in ("fuzz", "fuzz-crash") and not getattr(self, "_fuzz_sent", False):
+                self._fuzz_sent = True
+                with open(os.environ["GPUANAT_TEST_FUZZ_FILE"], "rb") as fuzz:
+                    data = fuzz.read()
+                while data:
+                    data = data[os.write(int(os.environ["GPUANAT_EVENTS_FD"]), data):]
+                if _kind == "fuzz-crash":
+                    os.kill(os.getpid(), signal.SIGKILL)
         return _original_training_step(self, *args, **kwargs)
 
     Trainer.training_step = _training_step
