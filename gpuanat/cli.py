@@ -645,35 +645,34 @@ def command_watch(args: argparse.Namespace) -> int:
     return args.stop_signals.exit_code or EXIT_OK
 
 
-def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path) -> int:
-    from textual.binding import Binding
+def _user_keymap(app_class: type) -> dict[str, str]:
+    """The user's key remapping (config.toml [keymap]) for `app_class`. The file is checked whole, against
+    both dashboards it configures, before anything starts: one line and exit 2 when it cannot be used."""
+    from gpuanat.tui.keymap import KeymapError, app_bindings, default_config_path, gpuanat_apps, load_keymap
 
-    from gpuanat.tui.app import GpuAnatApp
-    from gpuanat.tui.keymap import KeymapError, default_config_path, load_keymap
-    from gpuanat.tui.watch_app import WatchApp
-
-    if not sys.stdout.isatty():
-        _fail_usage("the dashboard needs a terminal; add --json for one JSON object per sample")
-    known_ids = {binding.id for app in (GpuAnatApp, WatchApp) for binding in app.BINDINGS
-                 if isinstance(binding, Binding) and binding.id}
     try:
-        keymap = load_keymap(default_config_path(), known_ids)
+        keymap = load_keymap(default_config_path(), gpuanat_apps())
     except KeymapError as error:
         _fail_usage(str(error))
-    watch_ids = {binding.id for binding in WatchApp.BINDINGS if isinstance(binding, Binding)}
+    ids = {binding.id for binding in app_bindings(app_class) if binding.id}
+    return {binding_id: keys for binding_id, keys in keymap.items() if binding_id in ids}
+
+
+def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path) -> int:
+    from gpuanat.tui.watch_app import WatchApp
+
+    keymap = _user_keymap(WatchApp)
+    if not sys.stdout.isatty():
+        _fail_usage("the dashboard needs a terminal; add --json for one JSON object per sample")
     app = WatchApp(target, db_path=db_path, interval_s=args.interval, save_name=args.save or None,
-                   save_on_start=args.save is not None, trace_path=args.trace_out,
-                   keymap={key: value for key, value in keymap.items() if key in watch_ids})
+                   save_on_start=args.save is not None, trace_path=args.trace_out, keymap=keymap)
     app.run()
     return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal
 
 
 def command_dashboard(args: argparse.Namespace) -> int:
     """The full-screen TUI."""
-    from textual.binding import Binding
-
     from gpuanat.tui.app import GpuAnatApp
-    from gpuanat.tui.keymap import KeymapError, default_config_path, load_keymap
 
     # The device default is settled in the app once its capability probe has answered.
     config = config_from_args(args, cuda_available=True)
@@ -681,13 +680,9 @@ def command_dashboard(args: argparse.Namespace) -> int:
         validate_values(config)
     except ConfigError as error:
         _fail_usage(str(error))
+    keymap = _user_keymap(GpuAnatApp)
     if not sys.stdout.isatty():
         _fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
-    binding_ids = {binding.id for binding in GpuAnatApp.BINDINGS if isinstance(binding, Binding) and binding.id}
-    try:
-        keymap = load_keymap(default_config_path(), binding_ids)
-    except KeymapError as error:
-        _fail_usage(str(error))
     app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap)
     app.run()
     return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal

@@ -9,13 +9,16 @@ import os
 import stat
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 from conftest import REPO, cli_env
 
-from gpuanat.core.protocol import Done, Hello, ModelInfo, ProbeBands, Step, encode
+from gpuanat.core.protocol import MAX_EVENT_LINE_BYTES, Done, Hello, Malformed, ModelInfo, ProbeBands, Step, encode
 from gpuanat.core.publish import (
+    MAX_EVENTS_PER_READ,
+    READ_CHUNK_BYTES,
     PublicationReader,
     Publisher,
     PublishRefused,
@@ -179,3 +182,156 @@ def test_a_script_whose_publication_directory_is_unsafe_trains_on_with_one_warni
     assert "publishing for `gpuanat watch` turned off" in warnings[0] and "open to other users" in warnings[0]
     assert "train_runtime" in completed.stdout
     assert list((runtime_dir / "gpuanat").iterdir()) == []
+
+
+# --- hostile files: the writer never touches what it did not create --------------------------------------
+
+
+def private_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "g"
+    directory.mkdir(mode=0o700)
+    return directory
+
+
+def test_the_rewrite_refuses_a_temporary_that_is_a_hard_link_and_leaves_it(tmp_path):
+    directory = private_dir(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    publisher = Publisher(directory, plain_step_interval_s=0.0, max_file_bytes=600)
+    publisher.publish(ModelInfo(params=10, trainable_params=10, weights_bytes=40, dtype="float32", total_steps=0))
+    os.link(victim, directory / f"{publisher.pid}.jsonl.new")
+    with pytest.raises(PublishRefused, match="hard links"):
+        for number in range(1, 20):
+            publisher.publish(step(number))
+    assert victim.read_text() == "precious\n" and os.stat(victim).st_nlink == 2
+    publisher.close()
+    assert not publisher.path.exists() and (directory / f"{publisher.pid}.jsonl.new").exists()
+
+
+def test_a_stale_temporary_of_this_publisher_is_replaced_and_the_rewrite_goes_on(tmp_path):
+    """A `.new` left by an earlier process with this PID (last written before this process started)."""
+    directory = private_dir(tmp_path)
+    publisher = Publisher(directory, plain_step_interval_s=0.0, max_file_bytes=600)
+    publisher.publish(ModelInfo(params=10, trainable_params=10, weights_bytes=40, dtype="float32", total_steps=0))
+    stale = directory / f"{publisher.pid}.jsonl.new"
+    stale.write_text("left over\n")
+    os.utime(stale, (1_000, 1_000))
+    for number in range(1, 20):
+        publisher.publish(step(number))
+    assert publisher.rewrites >= 1 and not stale.exists()
+    assert "left over" not in publisher.path.read_text()
+    publisher.close()
+    assert list(directory.iterdir()) == []
+
+
+def test_the_rewrite_does_not_replace_a_file_put_in_place_of_the_publication(tmp_path):
+    directory = private_dir(tmp_path)
+    publisher = Publisher(directory, plain_step_interval_s=0.0, max_file_bytes=600)
+    publisher.publish(ModelInfo(params=10, trainable_params=10, weights_bytes=40, dtype="float32", total_steps=0))
+    replacement = directory / "replacement"
+    replacement.write_text("someone else's\n")
+    os.replace(replacement, publisher.path)
+    with pytest.raises(PublishRefused, match="did not create"):
+        for number in range(1, 20):
+            publisher.publish(step(number))
+    publisher.close()
+    assert publisher.path.read_text() == "someone else's\n"
+    assert list(directory.iterdir()) == [publisher.path]  # its temporary was removed, nothing else
+
+
+def test_a_publisher_reopened_after_close_without_removal_replaces_its_own_file(tmp_path):
+    directory = private_dir(tmp_path)
+    publisher = Publisher(directory)
+    publisher.publish(ModelInfo(params=10, trainable_params=10, weights_bytes=40, dtype="float32", total_steps=0))
+    publisher.close(remove=False)
+    publisher.publish(ModelInfo(params=20, trainable_params=20, weights_bytes=80, dtype="float32", total_steps=0))
+    assert [event.params for event in PublicationReader(publisher.path).read()] == [20]
+    publisher.close()
+    assert not publisher.path.exists()
+
+
+def test_reader_distrusts_a_file_with_another_name(tmp_path):
+    directory = private_dir(tmp_path)
+    path = directory / "4.jsonl"
+    path.write_bytes(encode(step(1)))
+    path.chmod(0o600)
+    assert [event.step for event in PublicationReader(path).read()] == [1]
+    os.link(path, tmp_path / "other-name")
+    reader = PublicationReader(path)
+    assert reader.read() == [] and "2 hard links" in reader.problem
+
+
+def test_dead_processes_files_that_are_not_plainly_ours_are_left(tmp_path):
+    directory = private_dir(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    pids = [int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                               text=True, check=True).stdout) for _ in range(4)]
+    plain, temporary = directory / f"{pids[0]}.jsonl", directory / f"{pids[1]}.jsonl.new"
+    linked, symlinked = directory / f"{pids[2]}.jsonl", directory / f"{pids[3]}.jsonl"
+    plain.write_text("")
+    temporary.write_text("")
+    os.link(victim, linked)
+    symlinked.symlink_to(victim)
+    assert sorted(remove_dead_publications(directory)) == sorted([plain, temporary])
+    assert linked.exists() and symlinked.is_symlink() and victim.read_text() == "precious\n"
+
+
+# --- a bounded reader ---------------------------------------------------------------------------------
+
+
+def append(path: Path, data: bytes) -> None:
+    with path.open("ab") as out:
+        out.write(data)
+
+
+def test_an_over_long_line_is_one_malformed_and_costs_about_the_cap(tmp_path):
+    directory = private_dir(tmp_path)
+    path = directory / "5.jsonl"
+    path.write_bytes(encode(step(1)) + b'{"v":1,"junk":"' + b"x" * (5 << 20) + b'"}\n' + encode(step(2)))
+    path.chmod(0o600)
+    reader = PublicationReader(path)
+    tracemalloc.start()
+    events = reader.read()
+    _, peak_bytes = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert [getattr(event, "step", None) for event in events] == [1, None, 2]
+    malformed = events[1]
+    assert isinstance(malformed, Malformed)
+    assert malformed.reason == f"line longer than {MAX_EVENT_LINE_BYTES} bytes"
+    assert malformed.line.startswith('{"v":1,"junk":"xxx') and len(malformed.line) <= 200
+    # the line is 5 MiB; what the reader held at most is the cap and a chunk, plus Python's small change
+    assert peak_bytes < MAX_EVENT_LINE_BYTES + 2 * READ_CHUNK_BYTES + (256 << 10)
+
+
+def test_an_unterminated_tail_past_the_cap_is_reported_once_and_the_reader_resynchronises(tmp_path):
+    directory = private_dir(tmp_path)
+    path = directory / "6.jsonl"
+    path.write_bytes(encode(step(1)) + b"y" * (MAX_EVENT_LINE_BYTES // 2))
+    path.chmod(0o600)
+    reader = PublicationReader(path)
+    assert [event.step for event in reader.read()] == [1]
+    append(path, b"y" * MAX_EVENT_LINE_BYTES)  # past the cap, still no newline
+    (malformed,) = reader.read()
+    assert isinstance(malformed, Malformed) and malformed.line == "y" * 200
+    append(path, b"y" * (3 * MAX_EVENT_LINE_BYTES))
+    assert reader.read() == []  # the rest of that line is dropped as it comes
+    append(path, b"y\n" + encode(step(2)))
+    assert [event.step for event in reader.read()] == [2]
+
+
+def test_one_read_takes_a_bounded_number_of_events(tmp_path):
+    directory = private_dir(tmp_path)
+    path = directory / "7.jsonl"
+    path.write_bytes(b"x\n" * 100_000 + encode(step(3)))
+    path.chmod(0o600)
+    reader = PublicationReader(path)
+    counts = []
+    events: list = []
+    while batch := reader.read():
+        counts.append(len(batch))
+        events.extend(batch)
+    assert max(counts) <= MAX_EVENTS_PER_READ + READ_CHUNK_BYTES // 2
+    assert len(counts) > 1
+    assert sum(isinstance(event, Malformed) for event in events) == 100_000
+    assert events[-1].step == 3

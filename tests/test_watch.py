@@ -313,8 +313,14 @@ def test_watching_a_real_trainer_run_that_publishes(tmp_path):
         assert record["publisher_pid"] == trainer.pid
         assert record["params"] == reference["params"]
         bands = record["bands"]
-        assert {key: bands[key] for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")} == {
-            key: reference[key] for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")}
+        assert {key: bands[key] for key in ("weights_bytes", "gradients_bytes")} == {
+            key: reference[key] for key in ("weights_bytes", "gradients_bytes")}
+        # The bands are memory at the end of the measured step's forward pass (the peak). The optimizer state
+        # is created by the first optimizer step, after the first forward pass: a watcher that reads the
+        # publication before step 2 was published sees step 1's bands, without it.
+        measured_at_step = record["bands_measured_at_step"]
+        assert 1 <= measured_at_step <= record["step"]
+        assert bands["optimizer_state_bytes"] == (0 if measured_at_step == 1 else reference["optimizer_state_bytes"])
         assert bands["activations_bytes"] > 0
         assert "CPU run" in record["bands_unavailable"]["free_bytes"]
         assert record["rss_bytes"] > reference["weights_bytes"]
@@ -323,6 +329,7 @@ def test_watching_a_real_trainer_run_that_publishes(tmp_path):
     steps = [record["step"] for record in published]
     assert steps == sorted(steps) and steps[-1] == 300  # 400 samples / batch 4 × 3 epochs
     assert published[-1]["training_done"] is True and published[-1]["steady_samples_per_second"] > 0
+    assert published[-1]["bands"]["optimizer_state_bytes"] == reference["optimizer_state_bytes"]
     assert final["exited"] is True and final["training_done"] is True and final["steps"] == 300
     assert final["saved_run_id"] == 1
     # the process removed its publication when it exited
@@ -334,6 +341,7 @@ def test_watching_a_real_trainer_run_that_publishes(tmp_path):
     assert run["config"]["batch_size"] == 4 and run["config"]["watched_pid"] == trainer.pid
     result = run["result"]
     assert result["bands"]["weights_bytes"] == reference["weights_bytes"]
+    assert result["bands"]["optimizer_state_bytes"] == reference["optimizer_state_bytes"]
     assert result["steps"] == 300 and result["steady_samples_per_second"] > 0
     assert result["peak_rss_bytes"] >= max(record["rss_bytes"] for record in samples)
 
@@ -428,3 +436,21 @@ def test_the_recorded_gpu_watch_trace_replays_into_the_same_records(tmp_path):
             assert record["gpu_util_scope"] == "process"
     # the bert-large run holds gigabytes of GPU memory
     assert max(record["gpu_memory_bytes"] or 0 for record, _ in on_gpu) > 4 * 1024**3
+
+
+def test_an_event_the_session_cannot_take_is_counted_and_the_watch_goes_on(spinner):
+    """Events also arrive decoded by others (`add_events`); one with a string where the protocol has numbers
+    would break the record's arithmetic. It is counted as malformed; the events around it are used."""
+    from gpuanat.core.protocol import Step
+
+    child, _ = spinner
+    session = WatchSession(resolve_target(child.pid), NO_NVML, publication_dirs_for=None)
+    sampler = Sampler(HostOnlySource(per_process=True), interval_s=0.1, on_sample=lambda sample: None)
+    sampler.track(child.pid)
+    session.add_events(child.pid, [Step(step=1, samples=4, tokens=16, step_time_s=0.1, elapsed_s=0.1),
+                                   Step(step="2", samples="8", tokens=32, step_time_s=0.1, elapsed_s="0.2"),
+                                   Step(step=3, samples=12, tokens=48, step_time_s=0.1, elapsed_s=0.3)])
+    record = session.handle(sampler.sample_once())
+    assert record["malformed_events"] == 1
+    assert (record["step"], record["samples"]) == (3, 12)
+    assert record["samples_per_second"] == pytest.approx(8 / 0.2)

@@ -307,7 +307,13 @@ class WatchSession:
             incoming.extend(self._publications.poll(tree_pids))
         new_steps = []
         for pid, event in incoming:
-            step = self.observed.observe_event(pid, event)
+            try:
+                step = self.observed.observe_event(pid, event)
+            except (TypeError, ValueError, AttributeError, KeyError, ArithmeticError, RecursionError):
+                # decode checks every field's type; an event it lets through that the session still cannot
+                # take counts as malformed: whatever a publication holds, the watch goes on
+                self.observed.malformed += 1
+                continue
             if step is not None:
                 new_steps.append(step)
         return new_steps
@@ -446,6 +452,8 @@ class WatchSession:
             "bands_unavailable": bands_unavailable,
             "gradients_at_forward_end_bytes": (observed.probe_bands.gradients_at_forward_end_bytes
                                                if observed.probe_bands else None),
+            "bands_measured_at_step": observed.probe_bands.measured_at_step if observed.probe_bands else None,
+            "malformed_events": observed.malformed,
         }
 
     def _publication_reason(self) -> str:
@@ -504,6 +512,7 @@ class WatchSession:
                 "peak_gpu_memory_bytes": observed.peak_gpu_memory_bytes,
                 "peak_rss_bytes": observed.peak_rss_bytes,
                 "steady_samples_per_second": observed.done.steady_samples_per_second if observed.done else None,
+                "malformed_events": observed.malformed,
             }
 
     def observed_pids(self) -> list[int]:
