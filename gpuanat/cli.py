@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sqlite3
 import sys
 from dataclasses import dataclass
@@ -642,7 +643,10 @@ def command_watch(args: argparse.Namespace) -> int:
         _warn_if_not_saved(result)
         if result is not None:
             print(f"gpuanat: saved as run {result['run_id']} ({result['status']}) in {db_path}", file=sys.stderr)
-    return args.stop_signals.exit_code or EXIT_OK
+    if args.stop_signals.signal_number is not None:
+        print(f"gpuanat: interrupted ({signal.Signals(args.stop_signals.signal_number).name})", file=sys.stderr)
+        return args.stop_signals.exit_code
+    return EXIT_OK
 
 
 def _user_keymap(app_class: type) -> dict[str, str]:
