@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,3 +76,62 @@ def last_json(stdout: str):
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "history.sqlite"
+
+
+def mount(*arguments: str) -> bool:
+    """`mount ARGUMENTS` as root; False where this machine does not permit it."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", *arguments], capture_output=True).returncode == 0
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount_point: Path, size_mib: int) -> Iterator[Path]:
+    """A file system of `size_mib` MiB of its own at `mount_point`, to fill up for real; the test is skipped where
+    mounting is not permitted (tests/test_faults_history.py also simulates a full history without one)."""
+    mount_point.mkdir()
+    if not mount("-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(mount_point)):
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def fill_file_system(directory: Path) -> Path:
+    """Fill `directory`'s file system to its last byte; returns the filler file."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as file:
+        for chunk_bytes in (1 << 16, 1 << 12, 1 << 9, 1):
+            try:
+                while True:
+                    file.write(b"\0" * chunk_bytes)
+            except OSError as error:
+                assert error.errno == 28  # ENOSPC
+    return filler
+
+
+def max_step(db: Path) -> int:
+    """The highest step recorded in the history `db` so far, read without writing (0 before there is any)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+            row = connection.execute("SELECT MAX(step) FROM steps").fetchone()
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+    return row[0] or 0
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE  # exited, not yet reaped by its Popen
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_for_steps(db: Path, min_step: int, alive: psutil.Process | None = None, timeout_s: float = 180) -> None:
+    """Wait until the run recording into `db` has recorded step `min_step`, failing early if `alive` ends."""
+    deadline = time.monotonic() + timeout_s
+    while max_step(db) < min_step:
+        assert alive is None or _running(alive), "gpuanat ended before the run had recorded its steps"
+        assert time.monotonic() < deadline, f"no step {min_step} recorded within {timeout_s} s"
+        time.sleep(0.2)

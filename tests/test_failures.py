@@ -9,12 +9,10 @@ CUDA OOM is exercised on the GPU machine (scripts/gpu_check.sh).
 from __future__ import annotations
 
 import signal
-import sqlite3
-import time
 
 import psutil
 import pytest
-from conftest import TINY_CPU, last_json, start_cli
+from conftest import TINY_CPU, last_json, start_cli, wait_for_steps
 
 from gpuanat.core.history import HistoryStore
 
@@ -73,27 +71,13 @@ def test_a_malformed_event_is_counted_and_the_run_goes_on(faulted):
     assert result["steps"] == 8
 
 
-def _wait_for_steps(db, min_step: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with sqlite3.connect(db) as connection:
-                row = connection.execute("SELECT MAX(step) FROM steps").fetchone()
-            if row and row[0] is not None and row[0] >= min_step:
-                return
-        except sqlite3.OperationalError:
-            pass  # the database or its tables do not exist yet
-        time.sleep(0.2)
-    raise AssertionError(f"no step {min_step} recorded within {timeout_s} s")
-
-
 def test_ctrl_c_stops_the_child_and_its_dataloader_workers(db_path):
     # A long run with two DataLoader worker processes; Ctrl-C arrives as SIGINT to gpuanat itself.
     args = ["run", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "100000",
             "--batch-size", "4", "--workers", "2", "--json"]
     process = start_cli(args, db_path)
     try:
-        _wait_for_steps(db_path, min_step=2, timeout_s=180)
+        wait_for_steps(db_path, 2, psutil.Process(process.pid))
         tree = psutil.Process(process.pid).children(recursive=True)
         training = [p for p in psutil.Process(process.pid).children() if "gpuanat.worker" in " ".join(p.cmdline())]
         assert len(training) == 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import run_cli
+from conftest import fill_file_system, mount, run_cli, small_tmpfs
 
 from gpuanat.core.history import (
     WRITE_BUSY_TIMEOUT_S,
@@ -94,12 +93,6 @@ def _history_with_runs(db: Path, runs: int = 2) -> list[int]:
             store.update_result(run_id, {"status": "ok", "run_id": run_id}, status="ok")
             run_ids.append(run_id)
     return run_ids
-
-
-def _mount(*arguments: str) -> bool:
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
-    return subprocess.run(["mount", *arguments], capture_output=True).returncode == 0
 
 
 # --- (a) another process holds the write lock -------------------------------------------------------------------
@@ -184,27 +177,8 @@ def test_a_full_database_refuses_writes_whole_while_the_history_stays_readable(t
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs, unmounted afterwards."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    if not _mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)):
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
+    with small_tmpfs(tmp_path / "small", size_mib=2) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=True)
-
-
-def _fill(directory: Path) -> Path:
-    """Fill the file system to its last byte; returns the filler file."""
-    filler = directory / "filler"
-    with open(filler, "wb", buffering=0) as file:
-        for chunk_bytes in (1 << 16, 1 << 12, 1 << 9, 1):
-            try:
-                while True:
-                    file.write(b"\0" * chunk_bytes)
-            except OSError as error:
-                assert error.errno == 28  # ENOSPC
-    return filler
 
 
 def test_a_full_disk_fails_writes_with_one_line_and_history_still_lists_the_runs(small_disk):
@@ -212,7 +186,7 @@ def test_a_full_disk_fails_writes_with_one_line_and_history_still_lists_the_runs
     run_ids = _history_with_runs(db)
     records = [{"step": step, "elapsed_s": step / 10, "padding": "x" * 2000} for step in range(2, 400)]
     store = HistoryStore(db)
-    filler = _fill(small_disk)
+    filler = fill_file_system(small_disk)
     for _attempt in range(2):
         with pytest.raises(HistoryWriteError) as full:
             store.add_steps(run_ids[0], records)
@@ -354,10 +328,10 @@ def read_only_mount(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     source, mounted = tmp_path / "source", tmp_path / "read-only"
     source.mkdir()
     mounted.mkdir()
-    if not _mount("--bind", str(source), str(mounted)):
+    if not mount("--bind", str(source), str(mounted)):
         pytest.skip("bind mounts are not permitted here")
     try:
-        if not _mount("-o", "remount,bind,ro", str(mounted)):
+        if not mount("-o", "remount,bind,ro", str(mounted)):
             pytest.skip("a read-only remount is not permitted here")
         yield source, mounted
     finally:

@@ -12,7 +12,6 @@ import json
 import os
 import pty
 import signal
-import sqlite3
 import struct
 import subprocess
 import sys
@@ -24,7 +23,17 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, TINY_CPU, cli_env, last_json, start_cli
+from conftest import (
+    REPO,
+    TINY_CPU,
+    cli_env,
+    fill_file_system,
+    last_json,
+    max_step,
+    small_tmpfs,
+    start_cli,
+    wait_for_steps,
+)
 from event_fuzz import malformed_lines
 
 from gpuanat.core.history import HistoryStore
@@ -34,23 +43,6 @@ LONG_CPU_RUN = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--sam
 """Trains for far longer than any test waits: the test ends it."""
 ORPHAN_DEADLINE_S = PARENT_GONE_GRACE_S + 10
 """How long the training processes may take to go once gpuanat is gone (their stop grace and some slack)."""
-
-
-def _max_step(db: Path) -> int:
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
-            row = connection.execute("SELECT MAX(step) FROM steps").fetchone()
-    except sqlite3.OperationalError:  # not created yet
-        return 0
-    return row[0] or 0
-
-
-def _wait_for_steps(db: Path, min_step: int, alive: psutil.Process | None = None, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while _max_step(db) < min_step:
-        assert alive is None or alive.is_running(), "gpuanat ended before the run had recorded its steps"
-        assert time.monotonic() < deadline, f"no step {min_step} recorded within {timeout_s} s"
-        time.sleep(0.2)
 
 
 def _training_tree(parent_pid: int, timeout_s: float = 120) -> list[psutil.Process]:
@@ -71,6 +63,12 @@ def _assert_all_gone(processes: list[psutil.Process], timeout_s: float) -> None:
         with contextlib.suppress(psutil.Error):
             process.kill()
     assert alive == [], f"outlived gpuanat: {[p.pid for p in alive]}"
+
+
+def _sigkill_and_expect_gone(gpuanat: subprocess.Popen[str], training: list[psutil.Process]) -> None:
+    gpuanat.kill()
+    gpuanat.wait(timeout=10)
+    _assert_all_gone(training, ORPHAN_DEADLINE_S)
 
 
 def _stored_run(db: Path) -> tuple[object, list[dict]]:
@@ -123,7 +121,7 @@ def test_a_stop_signal_stops_the_run_and_records_it_as_stopped(db_path, signals)
     process = start_cli(["run", *LONG_CPU_RUN, "--workers", "2", "--json"], db_path)
     try:
         tree = _training_tree(process.pid)
-        _wait_for_steps(db_path, 3, psutil.Process(process.pid))
+        wait_for_steps(db_path, 3, psutil.Process(process.pid))
         tree = _training_tree(process.pid)  # DataLoader workers included, now that training runs
         for number in signals:  # a second signal while stopping must not cut the recording short
             process.send_signal(number)
@@ -148,12 +146,10 @@ def test_a_stop_signal_stops_the_run_and_records_it_as_stopped(db_path, signals)
 def test_a_sigkilled_gpuanat_takes_its_training_processes_with_it(db_path):
     process = start_cli(["run", *LONG_CPU_RUN, "--workers", "2", "--json"], db_path)
     try:
-        _wait_for_steps(db_path, 3, psutil.Process(process.pid))
+        wait_for_steps(db_path, 3, psutil.Process(process.pid))
         tree = _training_tree(process.pid)
         assert len(tree) >= 3, "expected the training child and its two DataLoader workers"
-        process.kill()
-        process.wait(timeout=10)
-        _assert_all_gone(tree, ORPHAN_DEADLINE_S)
+        _sigkill_and_expect_gone(process, tree)
     finally:
         if process.poll() is None:
             process.kill()
@@ -168,9 +164,7 @@ def test_a_child_still_starting_dies_with_its_sigkilled_parent(db_path):
     process = start_cli(["run", *LONG_CPU_RUN], db_path)
     try:
         tree = _training_tree(process.pid)
-        process.kill()
-        process.wait(timeout=10)
-        _assert_all_gone(tree, ORPHAN_DEADLINE_S)
+        _sigkill_and_expect_gone(process, tree)
     finally:
         if process.poll() is None:
             process.kill()
@@ -191,9 +185,7 @@ def test_a_script_busy_before_its_trainer_dies_with_its_sigkilled_parent(tmp_pat
             assert process.poll() is None and time.monotonic() < deadline, "the script did not start"
             time.sleep(0.05)
         script_process = psutil.Process(int(ready.read_text()))
-        process.kill()
-        process.wait(timeout=10)
-        _assert_all_gone([script_process], ORPHAN_DEADLINE_S)
+        _sigkill_and_expect_gone(process, [script_process])
     finally:
         if process.poll() is None:
             process.kill()
@@ -257,7 +249,7 @@ def test_the_dashboard_records_its_run_as_stopped_when_the_terminal_hangs_up_or_
             assert time.monotonic() < deadline, "the dashboard did not draw"
             time.sleep(0.1)
         terminal.type("r")
-        _wait_for_steps(db_path, 3, psutil.Process(terminal.pid))
+        wait_for_steps(db_path, 3, psutil.Process(terminal.pid))
         tree = _training_tree(terminal.pid)
         if how == "hang up":
             terminal.hang_up()
@@ -293,11 +285,11 @@ LOCK_HOLDER = textwrap.dedent("""
 def test_a_history_locked_by_another_process_delays_the_records_but_never_ends_the_run(db_path):
     process = start_cli(["run", *MEDIUM_CPU_RUN, "--json"], db_path)
     try:
-        _wait_for_steps(db_path, 2, psutil.Process(process.pid))
+        wait_for_steps(db_path, 2, psutil.Process(process.pid))
         holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db_path), "15"], stdout=subprocess.PIPE,
                                   text=True)
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-        locked_at_step = _max_step(db_path)
+        locked_at_step = max_step(db_path)
         stdout, stderr = process.communicate(timeout=240)
         assert holder.wait(timeout=30) == 0
     finally:
@@ -313,39 +305,21 @@ def test_a_history_locked_by_another_process_delays_the_records_but_never_ends_t
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 4 MiB file system of its own (tmpfs), to fill up for real; skipped where mounting is not permitted."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}); tests/test_faults_history.py "
-                    "simulates a full history with PRAGMA max_page_count")
-    try:
+def small_disk(tmp_path):
+    """4 MiB: room for a 500-step run's records and its write-ahead log, and little else."""
+    with small_tmpfs(tmp_path / "small", size_mib=4) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def _fill(directory: Path) -> Path:
-    """Take every free byte of `directory`'s file system with one file."""
-    filler = directory / "filler"
-    with open(filler, "wb", buffering=0) as file, contextlib.suppress(OSError):
-        while True:
-            file.write(b"\0" * 65536)
-    return filler
-
-
-def test_a_disk_that_fills_up_and_frees_again_loses_no_record_of_the_run(small_tmpfs):
-    db = small_tmpfs / "history.sqlite"
+def test_a_disk_that_fills_up_and_frees_again_loses_no_record_of_the_run(small_disk):
+    db = small_disk / "history.sqlite"
     process = start_cli(["run", *MEDIUM_CPU_RUN, "--json"], db)
     try:
-        _wait_for_steps(db, 2, psutil.Process(process.pid))
-        filler = _fill(small_tmpfs)
-        full_at_step = _max_step(db)
+        wait_for_steps(db, 2, psutil.Process(process.pid))
+        filler = fill_file_system(small_disk)
+        full_at_step = max_step(db)
         time.sleep(3)
-        assert _max_step(db) == full_at_step, "records were still written to a full disk"
+        assert max_step(db) == full_at_step, "records were still written to a full disk"
         filler.unlink()
         stdout, stderr = process.communicate(timeout=240)
     finally:
@@ -359,13 +333,13 @@ def test_a_disk_that_fills_up_and_frees_again_loses_no_record_of_the_run(small_t
     assert run.status == "ok" and [step["step"] for step in steps] == list(range(1, 501))
 
 
-def test_a_disk_full_until_the_end_ends_the_run_with_its_result_and_says_what_was_not_saved(small_tmpfs):
-    db = small_tmpfs / "history.sqlite"
+def test_a_disk_full_until_the_end_ends_the_run_with_its_result_and_says_what_was_not_saved(small_disk):
+    db = small_disk / "history.sqlite"
     process = start_cli(["run", *MEDIUM_CPU_RUN, "--json"], db, extra_env={"GPUANAT_FINAL_WRITE_DEADLINE_S": "2"})
     try:
-        _wait_for_steps(db, 2, psutil.Process(process.pid))
-        filler = _fill(small_tmpfs)
-        saved_steps = _max_step(db)
+        wait_for_steps(db, 2, psutil.Process(process.pid))
+        filler = fill_file_system(small_disk)
+        saved_steps = max_step(db)
         stdout, stderr = process.communicate(timeout=240)
     finally:
         if process.poll() is None:
