@@ -12,6 +12,7 @@ import json
 import os
 import pty
 import signal
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -356,3 +357,36 @@ def test_a_disk_full_until_the_end_ends_the_run_with_its_result_and_says_what_wa
     assert run.status == "interrupted" and run.finished_at is not None
     assert [step["step"] for step in steps] == list(range(1, saved_steps + 1))
     assert run.result["steps"] == saved_steps and "rebuilt from its" in run.result["error"]["message"]
+
+
+def test_the_watch_dashboard_saves_what_it_watched_when_the_terminal_hangs_up(tmp_path, db_path):
+    watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    terminal = _Terminal(["watch", str(watched.pid), "--save", "hung up"], db_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not _saved_runs(db_path):
+            assert time.monotonic() < deadline, "the watch dashboard did not start saving"
+            time.sleep(0.1)
+        time.sleep(1.5)  # a few samples recorded
+        terminal.hang_up()
+        exit_code = terminal.wait(timeout_s=60)
+    finally:
+        if terminal.wait(0) is None:
+            terminal.kill()
+        watched.kill()
+        watched.wait()
+    assert exit_code == 128 + signal.SIGHUP
+    with HistoryStore(db_path) as store:
+        (run,) = store.runs()
+        samples = store.samples(run.id)
+    assert (run.kind, run.name, run.status) == ("watched", "hung up", "detached")
+    assert run.finished_at is not None and run.result["watched_s"] > 1
+    assert len(samples) >= 3
+
+
+def _saved_runs(db: Path) -> int:
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+            return connection.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0

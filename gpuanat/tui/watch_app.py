@@ -130,10 +130,10 @@ class WatchApp(DashboardActions):
         self._sampler = Sampler(self._source, interval_s=self._interval_s or SAMPLE_INTERVAL_S,
                                 on_sample=self._on_sample, clock=self._clock, trace_path=self._trace_path)
         self._sampler.track(self.target.pid)
-        if self._save_on_start:
-            self.action_save()
         if self._interval_s is not None:
             self._sampler.start()
+        if self._save_on_start:  # after the start: a sampler that is not running means the process has exited
+            self.action_save()
         self._start_paint_tick(self._paint_interval_s)
         self._listen_for_stop_signals()
         self._fit_layout(self.size.height)
