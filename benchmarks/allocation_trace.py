@@ -1,4 +1,4 @@
-"""Record the caching allocator's history of real `gpuanat run`s, for replaying it (`gpuanat.core.allocator`).
+"""Record the caching allocator's history of real `gpuanat run`s, for replaying it (`gpuanat.core.memory.allocator`).
 
 For each configuration and batch size: a 2-step `gpuanat run --memory-snapshot` of bert-large at seq 512 (the
 largest-batch trials' workload, `max_batch_check.py`), whose snapshot is cut down to what a replay needs: every

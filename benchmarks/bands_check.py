@@ -30,10 +30,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.anatomy import assemble_bands
-from gpuanat.core.history import HistoryStore
-from gpuanat.core.protocol import ProbeBands
-from gpuanat.core.sampler import Sample
+from gpuanat.core.measure.anatomy import assemble_bands
+from gpuanat.core.measure.sampler import Sample
+from gpuanat.core.run.protocol import ProbeBands
+from gpuanat.core.store.history import HistoryStore
 
 TOLERANCE_PERCENT = 1.0
 

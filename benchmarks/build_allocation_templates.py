@@ -1,10 +1,10 @@
 """Build the allocation templates that `gpuanat predict` replays, from traces recorded by allocation_trace.py.
 
 For each configuration recorded at several batch sizes: the template (every allocation's size a line in the batch
-size, `gpuanat.core.allocator.build_template`) goes to gpuanat/data/allocation/, with the memory the allocator could
-reserve on the GPU it was recorded on: the device's free memory plus the run's reserved memory when its trace was
-written, the largest of any run of the same precision (fp32, or mixed). Runs recorded alongside others only read
-less (their memory is not free); on the H100 the largest readings agree across optimizers, attention and
+size, `gpuanat.core.memory.allocator.build_template`) goes to gpuanat/data/allocation/, with the memory the
+allocator could reserve on the GPU it was recorded on: the device's free memory plus the run's reserved memory when
+its trace was written, the largest of any run of the same precision (fp32, or mixed). Runs recorded alongside others
+only read less (their memory is not free); on the H100 the largest readings agree across optimizers, attention and
 accumulation to 0.1 MiB, and differ by precision (mixed precision loads 16 MiB more kernels). Checks, printed and
 written to --report:
 - the replay is faithful: each recorded run's own requests, replayed, reserve the same segments in the same order
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.allocation_templates import TEMPLATES_DIR, template_name
-from gpuanat.core.allocator import build_template, replay, requests_of
+from gpuanat.core.memory.allocation_templates import TEMPLATES_DIR, template_name
+from gpuanat.core.memory.allocator import build_template, replay, requests_of
 
 
 def load(path: Path) -> dict[str, Any]:

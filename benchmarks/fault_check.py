@@ -108,7 +108,7 @@ def run_scenario(name: str, handle: Any, workdir: Path) -> dict[str, Any]:
         time.sleep(POLL_S)
     lines = stdout_path.read_text().strip().splitlines()
     printed = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
-    from gpuanat.core.history import HistoryStore
+    from gpuanat.core.store.history import HistoryStore
 
     with HistoryStore(db) as store:  # a writable open: it finalises a run whose recorder is gone
         (row,) = store.runs()

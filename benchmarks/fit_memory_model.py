@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.config import RunConfig
-from gpuanat.core.predict import (
+from gpuanat.core.memory.predict import (
     COEFFICIENTS,
     CUDA_CONTEXT_BYTES,
     DRIVER_RESERVED_BYTES,
@@ -34,7 +33,8 @@ from gpuanat.core.predict import (
     max_batch_size,
     parameter_shapes,
 )
-from gpuanat.core.presets import PRESETS
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.presets import PRESETS
 
 FIT_BATCHES = (8, 32)
 CHECKPOINTED_TEMPORARIES_BATCHES = (32, 64)

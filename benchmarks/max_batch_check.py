@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.config import ALLOCATOR_CONF_VARIABLE, RunConfig
-from gpuanat.core.predict import max_batch_size
-from gpuanat.core.sampler import probe_nvml
+from gpuanat.core.measure.sampler import probe_nvml
+from gpuanat.core.memory.predict import max_batch_size
+from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, RunConfig
 
 CONFIGS: tuple[dict[str, Any], ...] = (
     {"precision": "fp32"},

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuanat.core.config import RunConfig, child_environment
+from gpuanat.core.run.config import RunConfig, child_environment
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,8 +51,8 @@ def gpuanat_run(config: dict, db: Path) -> dict:
 
 
 def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
-    from gpuanat.core.config import RunConfig
-    from gpuanat.core.sweep import EXPERIMENTS
+    from gpuanat.core.run.config import RunConfig
+    from gpuanat.core.store.sweep import EXPERIMENTS
 
     rows = []
     db = out.with_suffix(".sqlite")

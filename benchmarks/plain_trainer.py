@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from gpuanat.core.config import RunConfig
+from gpuanat.core.run.config import RunConfig
 from gpuanat.worker.train import build_dataset, build_model, training_arguments_kwargs
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from gpuanat.core.config import RunConfig
+from gpuanat.core.run.config import RunConfig
 from gpuanat.worker.events import EventWriter
 from gpuanat.worker.probe import AnatomyCallback
 from gpuanat.worker.train import build_dataset, build_model, training_arguments_kwargs

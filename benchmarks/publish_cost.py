@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from gpuanat.core.config import RunConfig
-from gpuanat.core.protocol import ProbeBands, Step
-from gpuanat.core.publish import Publisher
+from gpuanat.core.measure.publish import Publisher
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.protocol import ProbeBands, Step
 from gpuanat.worker import probe
 from gpuanat.worker.probe import AnatomyCallback
 from gpuanat.worker.train import build_dataset, build_model, training_arguments_kwargs

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpuanat import __version__
-from gpuanat.core.config import (
+from gpuanat.core.run.config import (
     Capabilities,
     ConfigError,
     RunConfig,
@@ -26,10 +26,10 @@ from gpuanat.core.config import (
     machine_unsupported_reason,
     validate_values,
 )
-from gpuanat.core.history import HistoryError, HistoryStore, default_db_path
-from gpuanat.core.protocol import Error, Event, ModelInfo, Step
-from gpuanat.core.stop_signals import StopSignals
-from gpuanat.core.techniques import TECHNIQUES
+from gpuanat.core.run.protocol import Error, Event, ModelInfo, Step
+from gpuanat.core.run.stop_signals import StopSignals
+from gpuanat.core.run.techniques import TECHNIQUES
+from gpuanat.core.store.history import HistoryError, HistoryStore, default_db_path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
 TABLE_WIDTH_NOT_A_TERMINAL = 200
@@ -176,7 +176,7 @@ def _fail_usage(message: str) -> NoReturn:
 
 
 def detect_capabilities() -> Capabilities:
-    from gpuanat.core.runner import probe_capabilities
+    from gpuanat.core.run.runner import probe_capabilities
 
     try:
         return probe_capabilities()
@@ -233,8 +233,8 @@ class _ProgressView:
 def _run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *, label: str,
                   name: str | None = None, trace_path: Path | None = None,
                   memory_snapshot: Path | None = None) -> dict[str, Any]:
-    from gpuanat.core.config import MEMORY_SNAPSHOT_VARIABLE
-    from gpuanat.core.session import execute_run
+    from gpuanat.core.run.config import MEMORY_SNAPSHOT_VARIABLE
+    from gpuanat.core.run.session import execute_run
 
     env = {**os.environ, MEMORY_SNAPSHOT_VARIABLE: str(memory_snapshot.resolve())} if memory_snapshot else None
     view = _ProgressView(label)
@@ -263,8 +263,8 @@ def _exit_code(status: str, signals: StopSignals) -> int:
 
 def print_summary(result: dict[str, Any]) -> None:
     """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements."""
-    from gpuanat.core.anatomy import BAND_NAMES
-    from gpuanat.core.report import format_bytes, format_mb, format_number
+    from gpuanat.core.measure.anatomy import BAND_NAMES
+    from gpuanat.core.store.report import format_bytes, format_mb, format_number
 
     config = RunConfig.from_json({key: value for key, value in result["config"].items() if value is not None})
     where = result.get("gpu_name") or result.get("device_name") or result["device"]
@@ -302,7 +302,7 @@ def _print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuanat.core.report import display_value
+    from gpuanat.core.store.report import display_value
 
     table = Table(show_edge=False, header_style="bold")
     for column in columns:
@@ -326,7 +326,7 @@ def _validated_config(args: argparse.Namespace, cuda_available: bool) -> RunConf
 
 
 def command_run_script(args: argparse.Namespace) -> int:
-    from gpuanat.core.script_session import execute_script
+    from gpuanat.core.run.script_session import execute_script
 
     given = [t.flag for t in TECHNIQUES if getattr(args, t.field, None) is not None]
     if given:
@@ -387,7 +387,7 @@ def command_run(args: argparse.Namespace) -> int:
         print(f"gpuanat: error: {run_error.get('flag')}: {run_error.get('message')}", file=sys.stderr)
         return EXIT_USAGE
     if result["status"] == "oom":
-        from gpuanat.core.report import format_bytes
+        from gpuanat.core.store.report import format_bytes
 
         print(f"gpuanat: out of GPU memory at step {run_error.get('step')} "
               f"(peak allocated {format_bytes(result['peak_allocated_bytes'])}); try a smaller --batch-size, "
@@ -396,8 +396,8 @@ def command_run(args: argparse.Namespace) -> int:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
-    from gpuanat.core.report import SWEEP_COLUMNS, sweep_rows
-    from gpuanat.core.sweep import BASE_TECHNIQUE_FIELDS, EXPERIMENTS
+    from gpuanat.core.store.report import SWEEP_COLUMNS, sweep_rows
+    from gpuanat.core.store.sweep import BASE_TECHNIQUE_FIELDS, EXPERIMENTS
 
     fixed = [t.flag for t in TECHNIQUES
              if t.field in BASE_TECHNIQUE_FIELDS and t.field != "batch_size" and getattr(args, t.field) is not None]
@@ -443,16 +443,16 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    from gpuanat.core.allocation_templates import largest_batch, version_differences
-    from gpuanat.core.predict import (
+    from gpuanat.core.measure.sampler import probe_nvml
+    from gpuanat.core.memory.allocation_templates import largest_batch, version_differences
+    from gpuanat.core.memory.predict import (
         estimate_memory,
         fits_in,
         max_batch_caveat,
         parse_size,
         prediction_json,
     )
-    from gpuanat.core.report import format_bytes
-    from gpuanat.core.sampler import probe_nvml
+    from gpuanat.core.store.report import format_bytes
 
     config = _validated_config(args, cuda_available=True)
     if config.model is not None:
@@ -510,10 +510,10 @@ def command_predict(args: argparse.Namespace) -> int:
 
 
 def command_fit(args: argparse.Namespace) -> int:
-    from gpuanat.core.allocation_templates import largest_batch
-    from gpuanat.core.fit import run_fit
-    from gpuanat.core.predict import parse_size
-    from gpuanat.core.sampler import probe_nvml
+    from gpuanat.core.measure.sampler import probe_nvml
+    from gpuanat.core.memory.allocation_templates import largest_batch
+    from gpuanat.core.memory.fit import run_fit
+    from gpuanat.core.memory.predict import parse_size
 
     if args.trial_steps < 1:
         _fail_usage(f"--trial-steps: must be an integer ≥ 1 (got {args.trial_steps})")
@@ -575,7 +575,7 @@ def command_fit(args: argparse.Namespace) -> int:
 
 
 def command_history(args: argparse.Namespace) -> int:
-    from gpuanat.core.report import HISTORY_COLUMNS, history_rows, render_csv, render_markdown
+    from gpuanat.core.store.report import HISTORY_COLUMNS, history_rows, render_csv, render_markdown
 
     output_format = "json" if args.json else args.format
     if args.limit is not None and args.limit < 1:
@@ -601,8 +601,8 @@ def command_history(args: argparse.Namespace) -> int:
 
 
 def command_watch(args: argparse.Namespace) -> int:
-    from gpuanat.core.sampler import Sampler, open_source
-    from gpuanat.core.watch import WatchError, WatchSession, follow, resolve_target
+    from gpuanat.core.measure.sampler import Sampler, open_source
+    from gpuanat.core.measure.watch import WatchError, WatchSession, follow, resolve_target
 
     if args.interval <= 0:
         _fail_usage(f"--interval: must be a number of seconds > 0 (got {args.interval})")

@@ -149,8 +149,8 @@ job_predict() {
   echo "$(date +%T) probe cost across the table" >> "$JOB/progress.txt"
   python3 - "$JOB" <<'PY' > "$JOB/probe_cost_table.log" 2>&1
 import json, subprocess, sys
-from gpuanat.core.config import RunConfig
-from gpuanat.core.sweep import EXPERIMENTS
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.store.sweep import EXPERIMENTS
 job = sys.argv[1]
 for index, experiment in enumerate(EXPERIMENTS):
     config = experiment.config(RunConfig(device="cuda"))
@@ -302,7 +302,7 @@ job_allocation_traces() {
   touch "$JOB/DONE"
 }
 
-# Issue #4: the replayed largest batches (gpuanat.core.allocation_templates) that no trial on record judged yet.
+# Issue #4: the replayed largest batches (gpuanat.core.memory.allocation_templates) that no trial on record judged yet.
 job_replay_check() {
   begin_job
   check_at replay_fp32_ckpt_8bit '{"precision": "fp32", "grad_checkpointing": true, "optim": "adamw_bnb_8bit"}' 816

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 
-from gpuanat.core.protocol import (
+from gpuanat.core.run.protocol import (
     MAX_EVENT_LINE_BYTES,
     PROTOCOL_VERSION,
     Done,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuanat.core.allocator import (
+from gpuanat.core.memory.allocator import (
     DRIVER_PAGE_BYTES,
     LARGE_SEGMENT_BYTES,
     SMALL_SEGMENT_BYTES,

@@ -26,8 +26,8 @@ from test_predict_h100 import (
 )
 from test_predict_h100 import h100_trials as read_h100_trials
 
-from gpuanat.core.allocation_templates import TEMPLATES_DIR, largest_batch, template_for, version_differences
-from gpuanat.core.allocator import DRIVER_PAGE_BYTES, replay, requests_of
+from gpuanat.core.memory.allocation_templates import TEMPLATES_DIR, largest_batch, template_for, version_differences
+from gpuanat.core.memory.allocator import DRIVER_PAGE_BYTES, replay, requests_of
 
 RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "h100"
 TRACES = RESULTS / "allocator" / "traces"

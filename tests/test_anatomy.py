@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuanat.core.anatomy import BAND_NAMES, assemble_bands
-from gpuanat.core.protocol import ProbeBands
+from gpuanat.core.measure.anatomy import BAND_NAMES, assemble_bands
+from gpuanat.core.run.protocol import ProbeBands
 
 GIB = 1024**3
 PROBE = ProbeBands(weights_bytes=1_340 * 1024**2, gradients_bytes=1_340 * 1024**2,

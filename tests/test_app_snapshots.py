@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuanat.core.config import Capabilities, RunConfig
-from gpuanat.core.history import HistoryStore
-from gpuanat.core.protocol import ModelInfo, Step, decode
-from gpuanat.core.sampler import NvmlStatus, ReplaySource
+from gpuanat.core.measure.sampler import NvmlStatus, ReplaySource
+from gpuanat.core.run.config import Capabilities, RunConfig
+from gpuanat.core.run.protocol import ModelInfo, Step, decode
+from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp, LiveRun
 
 DATA = Path(__file__).resolve().parent / "data"

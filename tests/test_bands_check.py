@@ -12,8 +12,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpuanat.core.history import HistoryStore
-from gpuanat.core.sampler import Sample
+from gpuanat.core.measure.sampler import Sample
+from gpuanat.core.store.history import HistoryStore
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 from bands_check import TOLERANCE_PERCENT, check_run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import run_cli
 
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.store.history import HistoryStore
 
 TINY = ["--preset", "tiny", "--device", "cpu"]
 

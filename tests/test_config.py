@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuanat.core.config import (
+from gpuanat.core.run.config import (
     Capabilities,
     ConfigError,
     RunConfig,
@@ -15,7 +15,7 @@ from gpuanat.core.config import (
     machine_unsupported_reason,
     validate_values,
 )
-from gpuanat.core.sweep import EXPERIMENTS
+from gpuanat.core.store.sweep import EXPERIMENTS
 
 CPU_ONLY = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build")
 HOPPER_WITH_BNB = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_device_name="NVIDIA H100",

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from conftest import TINY_CPU, last_json, start_cli, wait_for_steps
 
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.store.history import HistoryStore
 
 FAULTS = {"oom": "oom@3", "crash": "crash@3", "garbage": "garbage@2"}
 

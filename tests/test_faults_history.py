@@ -23,7 +23,7 @@ import psutil
 import pytest
 from conftest import fill_file_system, mount, run_cli, small_tmpfs
 
-from gpuanat.core.history import (
+from gpuanat.core.store.history import (
     WRITE_BUSY_TIMEOUT_S,
     HistoryError,
     HistoryStore,
@@ -43,7 +43,7 @@ db.execute("ROLLBACK")
 
 RECORDER = """
 import sys, time
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.store.history import HistoryStore
 store = HistoryStore(sys.argv[1])
 run_id = store.create_run({"batch_size": 4, "preset": "tiny"})
 store.add_steps(run_id, [
@@ -146,7 +146,7 @@ def test_write_with_backoff_gives_up_at_its_deadline(tmp_path):
 def test_processes_creating_one_new_history_at_once_share_it(tmp_path):
     """The history is built beside its path and linked in whole: every process ends up in the same file."""
     db = tmp_path / "new" / "history.sqlite"
-    code = ("import sys\nfrom gpuanat.core.history import HistoryStore\n"
+    code = ("import sys\nfrom gpuanat.core.store.history import HistoryStore\n"
             "with HistoryStore(sys.argv[1]) as store: print(store.create_run({}))\n")
     creators = [_start(code, str(db)) for _ in range(4)]
     run_ids = sorted(int(creator.communicate(timeout=60)[0]) for creator in creators)

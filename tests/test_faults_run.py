@@ -37,7 +37,7 @@ from conftest import (
 )
 from event_fuzz import malformed_lines
 
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.store.history import HistoryStore
 from gpuanat.worker.lifeline import PARENT_GONE_GRACE_S
 
 LONG_CPU_RUN = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "100000", "--batch-size", "4"]

@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import run_cli
 
-from gpuanat.core.fit import find_largest_batch
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.memory.fit import find_largest_batch
+from gpuanat.core.store.history import HistoryStore
 
 
 @pytest.mark.parametrize(("largest_that_fits", "start"),

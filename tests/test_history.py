@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuanat.core.history import (
+from gpuanat.core.store.history import (
     APPLICATION_ID,
     SCHEMA_VERSION,
     HistoryError,
@@ -65,7 +65,7 @@ def test_run_lifecycle(tmp_path):
 
 def test_a_run_whose_recorder_exited_is_finalised_once_by_the_next_writable_open(tmp_path):
     db = tmp_path / "h.sqlite"
-    code = ("from gpuanat.core.history import HistoryStore\n"
+    code = ("from gpuanat.core.store.history import HistoryStore\n"
             f"s = HistoryStore({str(db)!r}); r = s.create_run({{'batch_size': 4}})\n"
             "s.add_steps(r, [{'step': 1, 'elapsed_s': 0.5, 'samples': 4, 'loss': 2.5},"
             " {'step': 2, 'elapsed_s': 1.0, 'samples': 8}])\n"
@@ -128,7 +128,7 @@ def test_result_from_steps_takes_each_figure_from_the_steps_that_have_it():
 
 def test_what_a_partial_result_stored_wins_over_the_rebuilt_one(tmp_path):
     db = tmp_path / "h.sqlite"
-    code = ("from gpuanat.core.history import HistoryStore\n"
+    code = ("from gpuanat.core.store.history import HistoryStore\n"
             f"s = HistoryStore({str(db)!r}); r = s.create_run({{'batch_size': 4}})\n"
             "s.add_steps(r, [{'step': 1, 'elapsed_s': 0.5, 'samples': 4}])\n"
             "s.update_result(r, {'status': 'running', 'params': 110, 'gpu_name': 'H100', 'train_loss': None})\n"
@@ -227,7 +227,8 @@ def test_a_read_only_store_sees_what_a_writer_added_after_it_opened(tmp_path):
     HistoryStore(db).close()
     with HistoryStore(db, read_only=True) as reader:
         assert reader.runs() == []
-        add_a_run = (f"from gpuanat.core.history import HistoryStore\nHistoryStore({str(db)!r}).create_run({{}})\n")
+        add_a_run = ("from gpuanat.core.store.history import HistoryStore\n"
+                     f"HistoryStore({str(db)!r}).create_run({{}})\n")
         subprocess.run([sys.executable, "-c", add_a_run], check=True)  # closed: checkpointed into the file
         assert len(reader.runs()) == 1
         with HistoryStore(db) as writer:  # still open: the run is in its -wal

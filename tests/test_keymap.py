@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli_env, run_cli
 
-from gpuanat.core.config import RunConfig
-from gpuanat.core.sampler import open_source
-from gpuanat.core.watch import resolve_target
+from gpuanat.core.measure.sampler import open_source
+from gpuanat.core.measure.watch import resolve_target
+from gpuanat.core.run.config import RunConfig
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.keymap import KeymapError, gpuanat_apps, load_keymap
 from gpuanat.tui.watch_app import WatchApp

@@ -8,9 +8,8 @@ import pytest
 from conftest import run_cli
 from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config
 
-from gpuanat.core.allocation_templates import largest_batch
-from gpuanat.core.config import RunConfig
-from gpuanat.core.predict import (
+from gpuanat.core.memory.allocation_templates import largest_batch
+from gpuanat.core.memory.predict import (
     CUDA_CONTEXT_BYTES,
     DRIVER_RESERVED_BYTES,
     estimate_memory,
@@ -19,7 +18,8 @@ from gpuanat.core.predict import (
     parameter_shapes,
     parse_size,
 )
-from gpuanat.core.presets import PRESETS
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.presets import PRESETS
 
 
 def real_model(name: str):

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli_env
 
-from gpuanat.core.protocol import MAX_EVENT_LINE_BYTES, Done, Hello, Malformed, ModelInfo, ProbeBands, Step, encode
-from gpuanat.core.publish import (
+from gpuanat.core.measure.publish import (
     MAX_EVENTS_PER_READ,
     READ_CHUNK_BYTES,
     PublicationReader,
@@ -26,6 +25,7 @@ from gpuanat.core.publish import (
     publication_file_problem,
     remove_dead_publications,
 )
+from gpuanat.core.run.protocol import MAX_EVENT_LINE_BYTES, Done, Hello, Malformed, ModelInfo, ProbeBands, Step, encode
 
 BANDS = ProbeBands(weights_bytes=8, gradients_bytes=8, optimizer_state_bytes=16, activations_bytes=4,
                    activations_method="saved_tensors", batch_bytes=2, measured_at_step=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from gpuanat.core.report import SWEEP_COLUMNS, render_csv, render_markdown, sweep_rows
+from gpuanat.core.store.report import SWEEP_COLUMNS, render_csv, render_markdown, sweep_rows
 
 RESULTS = [
     {"name": "vanilla", "status": "ok", "train_runtime_s": 60.0, "samples_per_second": 8.0,

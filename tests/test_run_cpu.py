@@ -16,7 +16,7 @@ import pytest
 from conftest import last_json, run_cli, start_cli
 from transformers import AutoModelForSequenceClassification, BertConfig
 
-from gpuanat.core.presets import PRESETS
+from gpuanat.core.run.presets import PRESETS
 
 BASE = ["--preset", "tiny", "--device", "cpu", "--seq-len", "64", "--samples", "64"]
 RUNS = {
@@ -169,7 +169,7 @@ def test_the_probe_reports_its_own_time(results):
 
 
 def test_steps_are_recorded_with_the_run(results, history_db):
-    from gpuanat.core.history import HistoryStore
+    from gpuanat.core.store.history import HistoryStore
 
     with HistoryStore(history_db) as store:
         steps = store.steps(results["adamw_bs8"]["run_id"])
@@ -191,7 +191,7 @@ def test_steps_are_recorded_with_the_run(results, history_db):
 
 
 def test_the_child_runs_with_the_allocator_options_of_its_technique(results, history_db):
-    from gpuanat.core.history import HistoryStore
+    from gpuanat.core.store.history import HistoryStore
 
     with HistoryStore(history_db) as store:
         row = store.run(results["adamw_bs8"]["run_id"])

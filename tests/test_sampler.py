@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuanat.core.sampler import (
+from gpuanat.core.measure.sampler import (
     GpuSample,
     HostOnlySource,
     HostSample,
@@ -372,7 +372,8 @@ def test_open_source_without_nvml_does_not_touch_it():
 
 def test_core_sampler_imports_without_torch_textual_or_pynvml():
     code = (
-        "import sys, gpuanat.core.sampler; print(sorted(m for m in ('torch', 'textual', 'pynvml') if m in sys.modules))"
+        "import sys, gpuanat.core.measure.sampler\n"
+        "print(sorted(m for m in ('torch', 'textual', 'pynvml') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import REPO, cli_env, last_json, run_cli, tiny_model_reference
 
-from gpuanat.core.history import HistoryStore
+from gpuanat.core.store.history import HistoryStore
 
 TINY_TRAINER = REPO / "tests" / "scripts" / "tiny_trainer.py"
 

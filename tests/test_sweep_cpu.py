@@ -6,9 +6,9 @@ import json
 
 from conftest import run_cli
 
-from gpuanat.core.compare import percent_delta
-from gpuanat.core.history import HistoryStore
-from gpuanat.core.sweep import EXPERIMENTS
+from gpuanat.core.store.compare import percent_delta
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.sweep import EXPERIMENTS
 
 SWEEP = ["sweep", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "16"]
 

@@ -15,10 +15,10 @@ import pytest
 from conftest import cli_env
 from rich.console import Console
 
-from gpuanat.core.compare import percent_delta
-from gpuanat.core.config import RunConfig
-from gpuanat.core.history import HistoryStore
-from gpuanat.core.sampler import open_source
+from gpuanat.core.measure.sampler import open_source
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.store.compare import percent_delta
+from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.confirm import ConfirmScreen

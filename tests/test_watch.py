@@ -23,9 +23,9 @@ import psutil
 import pytest
 from conftest import REPO, cli_env, run_cli, start_cli, tiny_model_reference
 
-from gpuanat.core.pid_namespace import PidNamespaceResolver
-from gpuanat.core.sampler import HostOnlySource, NvmlStatus, ReplayGpuSource, ReplaySource, Sample, Sampler
-from gpuanat.core.watch import NOT_PUBLISHED, WatchError, WatchSession, WatchTarget, follow, resolve_target
+from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
+from gpuanat.core.measure.sampler import HostOnlySource, NvmlStatus, ReplayGpuSource, ReplaySource, Sample, Sampler
+from gpuanat.core.measure.watch import NOT_PUBLISHED, WatchError, WatchSession, WatchTarget, follow, resolve_target
 
 MIB = 1024 * 1024
 H100_TRACE = Path(__file__).parent / "data" / "nvml_trace_h100.jsonl"
@@ -373,7 +373,7 @@ def test_interrupting_the_json_watch_exits_130(spinner):
 
 def test_events_pushed_by_a_launcher_are_used_without_publication_files(spinner):
     """`run --script` feeds its child's pipe events to the session; no file is looked for."""
-    from gpuanat.core.protocol import ModelInfo, ProbeBands, Step
+    from gpuanat.core.run.protocol import ModelInfo, ProbeBands, Step
 
     child, _ = spinner
     session = WatchSession(resolve_target(child.pid), NO_NVML, publication_dirs_for=None)
@@ -441,7 +441,7 @@ def test_the_recorded_gpu_watch_trace_replays_into_the_same_records(tmp_path):
 def test_an_event_the_session_cannot_take_is_counted_and_the_watch_goes_on(spinner):
     """Events also arrive decoded by others (`add_events`); one with a string where the protocol has numbers
     would break the record's arithmetic. It is counted as malformed; the events around it are used."""
-    from gpuanat.core.protocol import Step
+    from gpuanat.core.run.protocol import Step
 
     child, _ = spinner
     session = WatchSession(resolve_target(child.pid), NO_NVML, publication_dirs_for=None)

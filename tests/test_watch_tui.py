@@ -14,9 +14,9 @@ import pytest
 from textual.binding import Binding
 from watch_replay import STEPS, TRACE, make_watch_app, replay
 
-from gpuanat.core.history import HistoryStore
-from gpuanat.core.sampler import HostOnlySource, NvmlStatus
-from gpuanat.core.watch import resolve_target
+from gpuanat.core.measure.sampler import HostOnlySource, NvmlStatus
+from gpuanat.core.measure.watch import resolve_target
+from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.watch_app import WatchApp
 from gpuanat.tui.widgets.memory_bar import MemoryBar

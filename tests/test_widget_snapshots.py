@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from textual.app import App, ComposeResult
 
-from gpuanat.core.report import format_bytes
+from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar

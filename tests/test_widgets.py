@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 from textual.app import App, ComposeResult
 
-from gpuanat.core.anatomy import BAND_NAMES
-from gpuanat.core.report import format_bytes
+from gpuanat.core.measure.anatomy import BAND_NAMES
+from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.series import Reduce, TimeSeries
 from gpuanat.tui.widgets.line_chart import LOWER_EIGHTHS, LineChart, format_duration
 from gpuanat.tui.widgets.memory_bar import BAND_GLYPHS, BAND_LABELS, MemoryBar, band_component_class, split_cells

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ClassVar
 
-from gpuanat.core.pid_namespace import PidNamespaceResolver
-from gpuanat.core.protocol import Hello, ModelInfo, Step, decode
-from gpuanat.core.sampler import HostProcess, NvmlStatus, ReplaySource, Sample
-from gpuanat.core.watch import WatchSession, WatchTarget
+from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
+from gpuanat.core.measure.sampler import HostProcess, NvmlStatus, ReplaySource, Sample
+from gpuanat.core.measure.watch import WatchSession, WatchTarget
+from gpuanat.core.run.protocol import Hello, ModelInfo, Step, decode
 from gpuanat.tui.watch_app import WatchApp
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -22,18 +22,18 @@ from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer
 
-from gpuanat.core.allocation_templates import largest_batch
-from gpuanat.core.anatomy import assemble_bands
-from gpuanat.core.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
-from gpuanat.core.fit import run_fit
-from gpuanat.core.history import HistoryStore
-from gpuanat.core.predict import CUDA_CONTEXT_BYTES, estimate_memory, peak_reserved_bytes
-from gpuanat.core.protocol import Event, ModelInfo, ProbeBands, Step
-from gpuanat.core.report import format_bytes
-from gpuanat.core.runner import probe_capabilities
-from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
-from gpuanat.core.session import execute_run
-from gpuanat.core.techniques import changed_config
+from gpuanat.core.measure.anatomy import assemble_bands
+from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.memory.allocation_templates import largest_batch
+from gpuanat.core.memory.fit import run_fit
+from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, estimate_memory, peak_reserved_bytes
+from gpuanat.core.run.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.run.protocol import Event, ModelInfo, ProbeBands, Step
+from gpuanat.core.run.runner import probe_capabilities
+from gpuanat.core.run.session import execute_run
+from gpuanat.core.run.techniques import changed_config
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.series import TimeSeries

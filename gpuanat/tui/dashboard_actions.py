@@ -18,8 +18,8 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from gpuanat.core.history import HistoryError, HistoryStore
-from gpuanat.core.stop_signals import STOP_SIGNALS, detach_from_terminal
+from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
+from gpuanat.core.store.history import HistoryError, HistoryStore
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.widgets.line_chart import LineChart

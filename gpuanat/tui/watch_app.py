@@ -23,9 +23,9 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Footer
 
-from gpuanat.core.report import format_bytes
-from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
-from gpuanat.core.watch import WatchSession, WatchTarget
+from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.measure.watch import WatchSession, WatchTarget
+from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
@@ -279,7 +279,7 @@ class WatchApp(DashboardActions):
 
     def _save_after_exit(self, session: WatchSession, saved: Callable[[int | None, str | None], None]) -> None:
         """The process is gone, so no sample will serve the request: save what was observed, on this thread."""
-        from gpuanat.core.history import HistoryStore
+        from gpuanat.core.store.history import HistoryStore
 
         try:
             run_id = session.start_saving(HistoryStore(self.db_path), self._save_name)

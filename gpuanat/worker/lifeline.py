@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 
-from gpuanat.core.runner import LIFELINE_FD_ENV
+from gpuanat.core.run.runner import LIFELINE_FD_ENV
 
 PARENT_GONE_GRACE_S = 5.0
 """After the parent is gone, how long the child has to stop cleanly before its group is killed."""

@@ -13,7 +13,7 @@ The time spent in its callbacks and hooks is itself measured (`probe_time_s`), s
 
 Where the events go: to the `emit` given (gpuanat's worker passes its pipe); else to the sink that
 gpuanat's script launcher installed (`gpuanat run --script`); else, in a script gpuanat did not launch,
-they are published to a private per-user file that `gpuanat watch PID` reads (`gpuanat.core.publish`;
+they are published to a private per-user file that `gpuanat watch PID` reads (`gpuanat.core.measure.publish`;
 `publish=False` opts out). Without an `emit` the callback also sends `hello` when training begins and
 `done` when it ends, which gpuanat's worker otherwise sends itself.
 
@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from gpuanat.core.protocol import Done, Event, Hello, ModelInfo, ProbeBands, Step
-from gpuanat.core.publish import Publisher, PublishRefused, publication_dirs
-from gpuanat.core.sampler import nvml_memory_info, nvml_processes
+from gpuanat.core.measure.publish import Publisher, PublishRefused, publication_dirs
+from gpuanat.core.measure.sampler import nvml_memory_info, nvml_processes
+from gpuanat.core.run.protocol import Done, Event, Hello, ModelInfo, ProbeBands, Step
 from gpuanat.worker.events import ParentGone
 
 FIRST_MEASURED_STEPS = 3

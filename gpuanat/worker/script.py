@@ -20,7 +20,7 @@ import sys
 import traceback
 from typing import Any
 
-from gpuanat.core.protocol import Error, Event
+from gpuanat.core.run.protocol import Error, Event
 from gpuanat.worker import probe
 from gpuanat.worker.events import EventWriter, ParentGone
 from gpuanat.worker.lifeline import hold_lifeline

@@ -34,7 +34,7 @@ def build_model(config: Any) -> Any:
     import torch
     from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config, PretrainedConfig
 
-    from gpuanat.core.presets import PRESETS
+    from gpuanat.core.run.presets import PRESETS
 
     if config.model is not None:
         return AutoModelForSequenceClassification.from_pretrained(config.model, attn_implementation=config.attn)
@@ -126,7 +126,7 @@ MEMORY_HISTORY_MAX_EVENTS = 1_000_000
 
 def record_memory_history(path: str | None) -> Any:
     """Start torch's allocator history when `path` is set (CUDA only); the returned function writes the snapshot
-    there: pytorch.org/memory_viz reads it, and `gpuanat.core.allocator` replays it. Besides torch's own keys it
+    there: pytorch.org/memory_viz reads it, and `gpuanat.core.memory.allocator` replays it. Besides torch's own keys it
     holds `gpuanat`: the device memory free when it was written (`torch.cuda.mem_get_info`)."""
     import pickle
 
@@ -151,8 +151,8 @@ def train(config: Any, emit: Any) -> int:
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from gpuanat.core.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE
-    from gpuanat.core.protocol import Done, Error, Hello
+    from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE
+    from gpuanat.core.run.protocol import Done, Error, Hello
     from gpuanat.worker.probe import AnatomyCallback
 
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else platform.processor() or None
@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="RunConfig as JSON")
     args = parser.parse_args(argv)
 
-    from gpuanat.core.config import RunConfig
-    from gpuanat.core.protocol import Error
+    from gpuanat.core.run.config import RunConfig
+    from gpuanat.core.run.protocol import Error
     from gpuanat.worker.events import EventWriter, ParentGone
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)

@@ -13,9 +13,9 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
-from gpuanat.core.compare import BAND_METRICS, compare_runs
-from gpuanat.core.history import RunRow
-from gpuanat.core.report import format_bytes, format_delta
+from gpuanat.core.store.compare import BAND_METRICS, compare_runs
+from gpuanat.core.store.history import RunRow
+from gpuanat.core.store.report import format_bytes, format_delta
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
 

@@ -7,8 +7,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
-from gpuanat.core.history import RunRow
-from gpuanat.core.report import HISTORY_COLUMNS, display_value, history_rows
+from gpuanat.core.store.history import RunRow
+from gpuanat.core.store.report import HISTORY_COLUMNS, display_value, history_rows
 
 SELECTED_MARK = "✓"
 SCREEN_COLUMN_ORDER = ("id", "when", "name", "status", "techniques", "time_s", "samples_per_second",

@@ -1,6 +1,6 @@
 """MemoryBar: GPU memory as one stacked bar of the anatomy's bands, a predicted bar under it, and a legend.
 
-Bands are drawn in the order of `gpuanat.core.anatomy.BAND_NAMES` (other processes first, free last), each with
+Bands are drawn in the order of `gpuanat.core.measure.anatomy.BAND_NAMES` (other processes first, free last), each with
 its own glyph and colour, so they stay distinguishable even where a theme (e.g. `ansi-dark`) has few colours.
 Both bars share one scale: the device total when known, else the larger of the two sums, so measured and
 predicted compare by length. The legend has one row per band: swatch, name, current, peak and predicted value,
@@ -21,8 +21,8 @@ from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-from gpuanat.core.anatomy import BAND_NAMES
-from gpuanat.core.report import format_bytes
+from gpuanat.core.measure.anatomy import BAND_NAMES
+from gpuanat.core.store.report import format_bytes
 
 BAND_LABELS: dict[str, str] = {
     "other_processes_bytes": "other processes",

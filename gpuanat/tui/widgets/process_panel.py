@@ -8,8 +8,8 @@ from typing import Any
 from rich.text import Text
 from textual.widget import Widget
 
-from gpuanat.core.report import format_bytes
-from gpuanat.core.watch import NOT_PUBLISHED
+from gpuanat.core.measure.watch import NOT_PUBLISHED
+from gpuanat.core.store.report import format_bytes
 
 MAX_TREE_ROWS = 12
 MAX_OTHER_ROWS = 6

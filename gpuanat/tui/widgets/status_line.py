@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from gpuanat.core.sampler import NvmlStatus
+from gpuanat.core.measure.sampler import NvmlStatus
 
 
 class StatusLine(Widget):

@@ -8,9 +8,9 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gpuanat.core.config import Capabilities, RunConfig, machine_unsupported_reason
-from gpuanat.core.predict import MemoryEstimate
-from gpuanat.core.report import format_bytes
+from gpuanat.core.memory.predict import MemoryEstimate
+from gpuanat.core.run.config import Capabilities, RunConfig, machine_unsupported_reason
+from gpuanat.core.store.report import format_bytes
 
 ROWS: tuple[tuple[str, str, str], ...] = (
     # (RunConfig field, key shown, label)

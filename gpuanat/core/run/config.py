@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.presets import DEFAULT_PRESET, PRESETS
-from gpuanat.core.techniques import ATTENTION_IMPLEMENTATIONS, DEVICES, OPTIMIZERS, PRECISIONS
+from gpuanat.core.run.presets import DEFAULT_PRESET, PRESETS
+from gpuanat.core.run.techniques import ATTENTION_IMPLEMENTATIONS, DEVICES, OPTIMIZERS, PRECISIONS
 
 
 class ConfigError(ValueError):

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpuanat.core.compare import percent_delta
-from gpuanat.core.config import RunConfig
-from gpuanat.core.history import RunRow
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.store.compare import percent_delta
+from gpuanat.core.store.history import RunRow
 
 MIB = 1024**2
 GIB = 1024**3

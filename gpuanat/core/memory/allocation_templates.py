@@ -1,5 +1,5 @@
-"""The largest batch that fits, by replaying recorded allocations (`gpuanat.core.allocator`) where a recording
-exists, else by the bytes model (`gpuanat.core.predict.max_batch_size`).
+"""The largest batch that fits, by replaying recorded allocations (`gpuanat.core.memory.allocator`) where a recording
+exists, else by the bytes model (`gpuanat.core.memory.predict.max_batch_size`).
 
 The templates in gpuanat/data/allocation/ were recorded on an H100 (benchmarks/allocation_trace.py, built by
 benchmarks/build_allocation_templates.py) for bert-large at seq 512 and the technique sets of the largest-batch
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.allocator import AllocationTemplate, Replay
-from gpuanat.core.config import RunConfig
-from gpuanat.core.predict import max_batch_size
+from gpuanat.core.memory.allocator import AllocationTemplate, Replay
+from gpuanat.core.memory.predict import max_batch_size
+from gpuanat.core.run.config import RunConfig
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "data" / "allocation"
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "data" / "allocation"
 REQUEST_FIELDS = ("preset", "seq_len", "precision", "grad_checkpointing", "optim", "attn", "grad_accum")
 """The techniques that change what a run asks the allocator for (expandable segments changes only how it is
 served; tf32, the DataLoader's workers and pinning change neither)."""

@@ -38,8 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuanat.core.history import pid_alive
-from gpuanat.core.protocol import (
+from gpuanat.core.run.protocol import (
     MALFORMED_EXCERPT_BYTES,
     Done,
     Event,
@@ -50,6 +49,7 @@ from gpuanat.core.protocol import (
     Step,
     encode,
 )
+from gpuanat.core.store.history import pid_alive
 
 PLAIN_STEP_INTERVAL_S = 0.25
 """A step without measured bands is written only this long after the previous step written (4 per second)."""

@@ -19,12 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.history import HistoryStore, write_with_backoff
-from gpuanat.core.protocol import Event, Malformed
-from gpuanat.core.recording import FINAL_WRITE_DEADLINE_S
-from gpuanat.core.runner import ChildExited, ChildProcess
-from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
-from gpuanat.core.watch import WatchError, WatchSession, WatchTarget, resolve_target
+from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.measure.watch import WatchError, WatchSession, WatchTarget, resolve_target
+from gpuanat.core.run.protocol import Event, Malformed
+from gpuanat.core.run.runner import ChildExited, ChildProcess
+from gpuanat.core.store.history import HistoryStore, write_with_backoff
+from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S
 
 SAMPLE_INTERVAL_S = 0.25
 EVENT_POLL_INTERVAL_S = 0.2

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpuanat.core.config import RunConfig
-from gpuanat.core.presets import PRESETS, ModelPreset
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.presets import PRESETS, ModelPreset
 
 MIB = 1024**2
 NUM_LABELS = 2

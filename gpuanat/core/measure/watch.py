@@ -5,7 +5,7 @@ injected source (NVML + psutil live, or a recorded NVML trace with live psutil i
 JSON-ready record: host CPU and RSS of the tree and of each process, GPU memory of the tree on every GPU it
 uses (NVML per-process), GPU utilization (per process where NVML reports it, else device-wide, labelled),
 the device's other processes, how NVML's PIDs relate to ours (`pid_namespace`), and — when a process of the
-tree publishes probe events (`AnatomyCallback` in its script, see `gpuanat.core.publish`) — the step,
+tree publishes probe events (`AnatomyCallback` in its script, see `gpuanat.core.measure.publish`) — the step,
 throughput and memory bands, exactly as for runs gpuanat launched. When the process exits, `final_record`
 says so. The session can record itself into the history as a run of kind `watched` (`start_saving`).
 
@@ -30,13 +30,13 @@ from typing import Any
 
 import psutil
 
-from gpuanat.core.anatomy import MemoryBands, assemble_bands
-from gpuanat.core.history import HistoryStore, write_with_backoff
-from gpuanat.core.pid_namespace import PidMapping, PidNamespaceResolver
-from gpuanat.core.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
-from gpuanat.core.publish import PUBLICATION_SUFFIX, PublicationReader, publication_dirs
-from gpuanat.core.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
-from gpuanat.core.sampler import GpuSample, NvmlStatus, Sample, Sampler
+from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands
+from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
+from gpuanat.core.measure.publish import PUBLICATION_SUFFIX, PublicationReader, publication_dirs
+from gpuanat.core.measure.sampler import GpuSample, NvmlStatus, Sample, Sampler
+from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
+from gpuanat.core.store.history import HistoryStore, write_with_backoff
+from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
 
 THROUGHPUT_WINDOW_S = 5.0
 """Samples/s in a record is the rate over the published steps of about this many seconds of training."""

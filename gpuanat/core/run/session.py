@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.anatomy import assemble_bands
-from gpuanat.core.compare import percent_delta
-from gpuanat.core.config import RunConfig, child_environment
-from gpuanat.core.history import HistoryStore, write_with_backoff
-from gpuanat.core.predict import prediction_json
-from gpuanat.core.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
-from gpuanat.core.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
-from gpuanat.core.runner import ChildExited, ChildProcess, worker_command
-from gpuanat.core.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.measure.anatomy import assemble_bands
+from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.memory.predict import prediction_json
+from gpuanat.core.run.config import RunConfig, child_environment
+from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
+from gpuanat.core.run.runner import ChildExited, ChildProcess, worker_command
+from gpuanat.core.store.compare import percent_delta
+from gpuanat.core.store.history import HistoryStore, write_with_backoff
+from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
 
 SAMPLE_INTERVAL_S = 0.25
 HISTORY_FLUSH_INTERVAL_S = 1.0
@@ -194,7 +194,7 @@ def execute_run(
     Ctrl-C (KeyboardInterrupt) while it runs — or `stop_requested` being set, from any thread — stops
     the child and its process group and records the run as stopped. `on_event` sees every decoded
     event, on the calling thread; `on_start` gets (run id, child pid, log path) once the child runs.
-    A history that is busy or full does not stop the run (see gpuanat.core.recording); when its last
+    A history that is busy or full does not stop the run (see gpuanat.core.store.recording); when its last
     writes could not be saved, the result's `history_error` says so.
     """
     run_id = write_with_backoff(lambda: store.create_run(config.to_json(), name=name),

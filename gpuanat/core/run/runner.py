@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuanat.core.config import Capabilities
-from gpuanat.core.protocol import Event, EventLines, Malformed
+from gpuanat.core.run.config import Capabilities
+from gpuanat.core.run.protocol import Event, EventLines, Malformed
 
 PIPE_READ_BYTES = 1 << 16
 LIFELINE_FD_ENV = "GPUANAT_LIFELINE_FD"

@@ -1,0 +1,1 @@
+"""What is kept: the SQLite history, writes that wait for it, reports, comparisons, the sweep's experiments."""
