@@ -1,0 +1,60 @@
+"""The `gpuanat` command: the live dashboard, and headless subcommands (run, sweep, predict, fit, history,
+watch), one module each.
+
+Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped (128 + the
+signal's number when SIGTERM or SIGHUP stopped it: 143, 129). A history that cannot be used (HistoryError) is
+reported in one line by `main`: 2 when its path or file must be fixed, 1 for a fault (busy, full, I/O).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+
+from gpuanat.cli.common import EXIT_FAILED, EXIT_STOPPED
+from gpuanat.cli.dashboard import command_dashboard
+from gpuanat.cli.fit import command_fit
+from gpuanat.cli.history import command_history
+from gpuanat.cli.parser import build_parser
+from gpuanat.cli.predict import command_predict
+from gpuanat.cli.run import command_run
+from gpuanat.cli.sweep import command_sweep
+from gpuanat.cli.watch import command_watch
+from gpuanat.core.run.stop_signals import StopSignals
+from gpuanat.core.store.history import HistoryError
+
+
+def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`gpuanat run --script train.py -- ARGS`: what follows the first `--` belongs to the script."""
+    if "--" in argv:
+        split = argv.index("--")
+        return argv[:split], argv[split + 1:]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    own_args, script_args = split_script_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(own_args)
+    args.script_args = script_args
+    if script_args and args.command != "run":
+        parser.error("arguments after -- are only for `gpuanat run --script SCRIPT.py -- ARGS`")
+    handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "fit": command_fit,
+                "history": command_history, "watch": command_watch, None: command_dashboard}
+    # The dashboards handle stop signals on their event loop; the headless commands here.
+    args.stop_signals = StopSignals() if args.command is None else StopSignals().install()
+    try:
+        return handlers[args.command](args)
+    except HistoryError as error:
+        print(f"gpuanat: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except sqlite3.Error as error:  # HistoryStore turns its own into HistoryError; this is the last guard
+        print(f"gpuanat: error: history: {' '.join(str(error).split())}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("gpuanat: interrupted", file=sys.stderr)
+        return args.stop_signals.exit_code or EXIT_STOPPED
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED

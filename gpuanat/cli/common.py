@@ -1,0 +1,187 @@
+"""Helpers every `gpuanat` command shares: exit codes, one-line usage errors, the config from the flags, the
+history, the progress view, the run summary and tables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gpuanat.core.run.config import Capabilities, ConfigError, RunConfig, expandable_segments_enabled, validate_values
+from gpuanat.core.run.protocol import Error, Event, ModelInfo, Step
+from gpuanat.core.run.stop_signals import StopSignals
+from gpuanat.core.run.techniques import TECHNIQUES
+from gpuanat.core.store.history import HistoryStore, default_db_path
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
+TABLE_WIDTH_NOT_A_TERMINAL = 200
+STATUS_EXIT_CODES = {"ok": EXIT_OK, "oom": EXIT_OOM, "stopped": EXIT_STOPPED, "failed": EXIT_FAILED}
+
+
+def fail_usage(message: str) -> NoReturn:
+    print(f"gpuanat: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def detect_capabilities() -> Capabilities:
+    from gpuanat.core.run.runner import probe_capabilities
+
+    try:
+        return probe_capabilities()
+    except RuntimeError as error:
+        fail_usage(str(error))
+
+
+def config_from_args(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
+    """RunConfig from the flags given; device defaults to cuda when available, and on CUDA expandable segments
+    to what the user's PYTORCH_CUDA_ALLOC_CONF says (the child's allocator follows the technique)."""
+    changes = {t.field: getattr(args, t.field) for t in TECHNIQUES if getattr(args, t.field, None) is not None}
+    changes.setdefault("device", "cuda" if cuda_available else "cpu")
+    if changes["device"] == "cuda":
+        changes.setdefault("expandable_segments", expandable_segments_enabled(os.environ))
+    return RunConfig(**changes)
+
+
+def open_store(args: argparse.Namespace, *, read_only: bool = False) -> HistoryStore:
+    return HistoryStore(args.db.expanduser() if args.db else default_db_path(), read_only=read_only)
+
+
+@dataclass
+class ProgressView:
+    """Renders step events as a progress bar on stderr (rich), for the main thread only."""
+
+    label: str
+
+    def __post_init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+        )
+        self._task = self._progress.add_task(f"{self.label}: starting", total=None, rate="")
+        self._progress.start()
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, ModelInfo):
+            self._progress.update(self._task, total=event.total_steps or None,
+                                  description=f"{self.label}: training {event.params / 1e6:.0f}M params")
+        elif isinstance(event, Step):
+            rate = f"{event.samples / event.elapsed_s:.1f} samples/s" if event.elapsed_s > 0 else ""
+            loss = f" loss {event.loss:.3f}" if event.loss is not None else ""
+            self._progress.update(self._task, completed=event.step, rate=rate + loss)
+        elif isinstance(event, Error):
+            self._progress.update(self._task, description=f"{self.label}: {event.kind}")
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *, label: str,
+                  name: str | None = None, trace_path: Path | None = None,
+                  memory_snapshot: Path | None = None) -> dict[str, Any]:
+    from gpuanat.core.run.config import MEMORY_SNAPSHOT_VARIABLE
+    from gpuanat.core.run.session import execute_run
+
+    env = {**os.environ, MEMORY_SNAPSHOT_VARIABLE: str(memory_snapshot.resolve())} if memory_snapshot else None
+    view = ProgressView(label)
+    try:
+        with signals.polled() as stop_requested:
+            result = execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name,
+                                 on_event=view, trace_path=trace_path, env=env, stop_requested=stop_requested)
+    finally:
+        view.close()
+    warn_if_not_saved(result)
+    return result
+
+
+def warn_if_not_saved(result: dict[str, Any] | None) -> None:
+    """One line on stderr when the history refused a run's last writes (busy or full until the end)."""
+    if result is not None and result.get("history_error"):
+        print(f"gpuanat: warning: {result['history_error']}", file=sys.stderr)
+
+
+def exit_code_for(status: str, signals: StopSignals) -> int:
+    """The exit code of a command whose run ended with `status`."""
+    if status == "stopped" and signals.exit_code is not None:
+        return signals.exit_code
+    return STATUS_EXIT_CODES[status]
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements."""
+    from gpuanat.core.measure.anatomy import BAND_NAMES
+    from gpuanat.core.store.report import format_bytes, format_mb, format_number
+
+    config = RunConfig.from_json({key: value for key, value in result["config"].items() if value is not None})
+    where = result.get("gpu_name") or result.get("device_name") or result["device"]
+    script = result["config"].get("script")
+    if script is not None:
+        arguments = " ".join(result["config"].get("args") or [])
+        print(f"Run {result['run_id']}: {result['status']} — script {script} {arguments}".rstrip()
+              + f" on {where or 'the machine it ran on'}")
+    else:
+        print(f"Run {result['run_id']}: {result['status']} — {config.model or config.preset} "
+              f"{config.techniques_summary()} on {where}")
+    if result.get("error"):
+        print(f"  {result['error']['kind']}: {result['error']['message']}")
+    print(f"Time: {format_number(result['train_runtime_s'])}")
+    print(f"Samples/second: {format_number(result['samples_per_second'])}")
+    print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MB.")
+    steady = result["steady_samples_per_second"]
+    note = (f"after {result['warmup_steps']} warm-up steps" if steady is not None
+            else result["unavailable"].get("steady_samples_per_second", ""))
+    print(f"Steady samples/second: {format_number(steady)} ({note})")
+    print(f"Peak allocated: {format_bytes(result['peak_allocated_bytes'])}")
+    if result.get("probe_cost_percent") is not None:
+        print(f"gpuanat's probe: {result['probe_cost_percent']:.2f}% of the training time "
+              f"({format_number(result['probe_time_s'])} s in its callbacks)")
+    print("Memory bands:")
+    for band in BAND_NAMES:
+        value = result["bands"].get(band)
+        label = band.removesuffix("_bytes").replace("_", " ")
+        reason = result["unavailable"].get(band)
+        print(f"  {label:<22} {format_bytes(value):>11}" + (f"  ({reason})" if value is None and reason else ""))
+    print(f"Log: {result['log_path']}")
+
+
+def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuanat.core.store.report import display_value
+
+    table = Table(show_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column.title, justify="right" if column.numeric else "left",
+                         no_wrap=column.key != "reason")
+    for row in rows:
+        table.add_row(*(display_value(column.key, row.get(column.key)) for column in columns))
+    # A pipe or file gets the whole table; a terminal gets its own width.
+    Console(width=None if sys.stdout.isatty() else TABLE_WIDTH_NOT_A_TERMINAL).print(table)
+
+
+def validated_config(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
+    config = config_from_args(args, cuda_available)
+    try:
+        validate_values(config)
+    except ConfigError as error:
+        fail_usage(str(error))
+    return config
+
+
+def user_keymap(app_class: type) -> dict[str, str]:
+    """The user's key remapping (config.toml [keymap]) for `app_class`. The file is checked whole, against
+    both dashboards it configures, before anything starts: one line and exit 2 when it cannot be used."""
+    from gpuanat.tui.keymap import KeymapError, app_bindings, default_config_path, gpuanat_apps, load_keymap
+
+    try:
+        keymap = load_keymap(default_config_path(), gpuanat_apps())
+    except KeymapError as error:
+        fail_usage(str(error))
+    ids = {binding.id for binding in app_bindings(app_class) if binding.id}
+    return {binding_id: keys for binding_id, keys in keymap.items() if binding_id in ids}

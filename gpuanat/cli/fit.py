@@ -1,0 +1,88 @@
+"""`gpuanat fit`: the largest batch that trains, confirmed with short real runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuanat.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STOPPED,
+    STATUS_EXIT_CODES,
+    detect_capabilities,
+    fail_usage,
+    open_store,
+    run_recorded,
+    validated_config,
+)
+from gpuanat.core.run.config import RunConfig, machine_unsupported_reason
+from gpuanat.core.store.history import HistoryStore
+
+
+def command_fit(args: argparse.Namespace) -> int:
+    from gpuanat.core.measure.sampler import probe_nvml
+    from gpuanat.core.memory.allocation_templates import largest_batch
+    from gpuanat.core.memory.fit import run_fit
+    from gpuanat.core.memory.predict import parse_size
+
+    if args.trial_steps < 1:
+        fail_usage(f"--trial-steps: must be an integer ≥ 1 (got {args.trial_steps})")
+    if args.max_batch < 1:
+        fail_usage(f"--max-batch: must be an integer ≥ 1 (got {args.max_batch})")
+    capabilities = detect_capabilities()
+    base = validated_config(args, capabilities.cuda_available)
+    unsupported = machine_unsupported_reason(base, capabilities)
+    if unsupported is not None:
+        fail_usage(f"{unsupported[0]}: {unsupported[1]}")
+    gpu_memory = None
+    if args.gpu_memory is not None:
+        try:
+            gpu_memory = parse_size(args.gpu_memory)
+        except ValueError as error:
+            fail_usage(f"--gpu-memory: {error}")
+    elif base.device == "cuda":
+        nvml = probe_nvml()
+        gpu_memory = nvml.gpu_total_bytes[0] if nvml.available and nvml.gpu_total_bytes else None
+    predicted = (largest_batch(base, gpu_memory).batch_size if gpu_memory is not None and base.model is None
+                 else None)
+    start = predicted or base.batch_size
+    print(f"fit: starting from batch {start}" + (" (the prediction)" if predicted else "") +
+          f", {args.trial_steps} steps per trial, up to batch {args.max_batch}", file=sys.stderr)
+    def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
+        return run_recorded(config, store, args.stop_signals, label=name, name=name)
+
+    def trial_done(batch_size: int, result: dict[str, Any]) -> None:
+        print(f"fit: batch {batch_size}: {result['status']}", file=sys.stderr)
+
+    with open_store(args) as store:
+        fit = run_fit(base, store=store, log_dir=store.path.parent / "logs", start=start,
+                      trial_steps=args.trial_steps, max_batch=args.max_batch, run_trial=trial_with_progress,
+                      on_trial=trial_done)
+    if args.stop_signals.requested.is_set():
+        print("gpuanat: fit stopped before it found the largest batch", file=sys.stderr)
+        return args.stop_signals.exit_code or EXIT_STOPPED
+    if fit.failure is not None:
+        failed = fit.failure
+        message = (failed.get("error") or {}).get("message", failed["status"]).splitlines()[0]
+        print(f"gpuanat: fit stopped: the trial at batch {failed['config']['batch_size']} ended {failed['status']} "
+              f"({message}), not out of memory", file=sys.stderr)
+        return STATUS_EXIT_CODES.get(failed["status"], EXIT_FAILED)
+    largest, trials, results = fit.largest_batch_size, fit.trials, fit.results
+    summary = {
+        "config": base.to_json(), "largest_batch_size": largest, "predicted_max_batch_size": predicted,
+        "gpu_memory_bytes": gpu_memory, "reached_max_batch": largest == args.max_batch,
+        "trials": [{"batch_size": t.batch_size, "trained": t.trained, "run_id": results[t.batch_size]["run_id"],
+                    "peak_allocated_bytes": results[t.batch_size]["peak_allocated_bytes"],
+                    "peak_reserved_bytes": results[t.batch_size]["peak_reserved_bytes"]} for t in trials],
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        trained = ", ".join(f"{t.batch_size} {'ok' if t.trained else 'OOM'}" for t in trials)
+        limit_note = " (the --max-batch limit; larger may fit)" if summary["reached_max_batch"] else ""
+        print(f"Largest batch that trains: {largest}{limit_note}; predicted: {predicted or '—'}; trials: {trained}")
+    return EXIT_OK

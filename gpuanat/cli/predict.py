@@ -1,0 +1,76 @@
+"""`gpuanat predict`: memory bands, peaks and the largest batch that fits, without running."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gpuanat.cli.common import EXIT_OK, fail_usage, validated_config
+
+
+def command_predict(args: argparse.Namespace) -> int:
+    from gpuanat.core.measure.sampler import probe_nvml
+    from gpuanat.core.memory.allocation_templates import largest_batch, version_differences
+    from gpuanat.core.memory.predict import (
+        estimate_memory,
+        fits_in,
+        max_batch_caveat,
+        parse_size,
+        prediction_json,
+    )
+    from gpuanat.core.store.report import format_bytes
+
+    config = validated_config(args, cuda_available=True)
+    if config.model is not None:
+        fail_usage("--model: predict works from the presets' shapes; use --preset")
+    gpu_memory: int | None = None
+    source = "--gpu-memory"
+    if args.gpu_memory is not None:
+        try:
+            gpu_memory = parse_size(args.gpu_memory)
+        except ValueError as error:
+            fail_usage(f"--gpu-memory: {error}")
+    else:
+        nvml = probe_nvml()
+        if nvml.available and nvml.gpu_total_bytes:
+            gpu_memory, source = nvml.gpu_total_bytes[0], f"NVML: {nvml.gpu_names[0]}"
+        else:
+            source = f"no GPU memory to fit: {nvml.reason or 'no GPU'}; give --gpu-memory"
+    prediction = prediction_json(config)
+    assert prediction is not None
+    largest = largest_batch(config, gpu_memory) if gpu_memory is not None else None
+    result: dict[str, Any] = {
+        "config": config.to_json(), **prediction, "gpu_memory_bytes": gpu_memory, "gpu_memory_source": source,
+        "max_batch_size": largest.batch_size if largest else None,
+        "max_batch_method": largest.method if largest else None,
+        "max_batch_least_left_bytes": largest.least_left_bytes if largest else None,
+        "max_batch_recorded_with": largest.recorded_with if largest else None,
+        "max_batch_size_model": largest.model_batch_size if largest else None,
+        "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
+    }
+    if args.json:
+        print(json.dumps(result))
+        return EXIT_OK
+    print(f"Prediction for {config.preset} {config.techniques_summary()}, seq {config.seq_len}:")
+    for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
+                "cuda_context_bytes", "peak_allocated_bytes", "peak_device_bytes"):
+        print(f"  {key.removesuffix('_bytes').replace('_', ' '):<22} {format_bytes(result[key]):>11}")
+    if gpu_memory is None:
+        print(f"Largest batch that fits: — ({source})")
+    else:
+        fits = "fits" if fits_in(estimate_memory(config), gpu_memory) else "does NOT fit"
+        how = (f"replaying a recorded run's allocations, {format_bytes(result['max_batch_least_left_bytes'])} left at "
+               f"its tightest; the bytes model says {result['max_batch_size_model']}"
+               if result["max_batch_method"] == "replay" else "the bytes model")
+        print(f"On {format_bytes(gpu_memory)} ({source}): batch {config.batch_size} {fits}; "
+              f"largest batch that fits: {result['max_batch_size']} ({how})")
+        if result["max_batch_caveat"]:
+            print(f"  caveat: {result['max_batch_caveat']}")
+        recorded_with = result["max_batch_recorded_with"]
+        if recorded_with:
+            differences = version_differences(recorded_with)
+            print(f"  the replayed run: {recorded_with['gpu']}, torch {recorded_with['torch']}, transformers "
+                  f"{recorded_with['transformers']}" + (f" ({'; '.join(differences)}: its allocations may differ)"
+                                                         if differences else ""))
+    return EXIT_OK

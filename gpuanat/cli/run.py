@@ -1,0 +1,93 @@
+"""`gpuanat run`: train one configuration (or the user's own script, `--script`) in a child process and report it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gpuanat.cli.common import (
+    EXIT_USAGE,
+    ProgressView,
+    detect_capabilities,
+    exit_code_for,
+    fail_usage,
+    open_store,
+    print_summary,
+    run_recorded,
+    validated_config,
+    warn_if_not_saved,
+)
+from gpuanat.core.run.config import machine_unsupported_reason
+from gpuanat.core.run.techniques import TECHNIQUES
+
+
+def command_run_script(args: argparse.Namespace) -> int:
+    from gpuanat.core.run.script_session import execute_script
+
+    given = [t.flag for t in TECHNIQUES if getattr(args, t.field, None) is not None]
+    if given:
+        fail_usage(f"{given[0]}: technique flags do not apply to --script (the script sets its own "
+                    "TrainingArguments); give the script its own arguments after --")
+    script: Path = args.script
+    if not script.is_file():
+        fail_usage(f"--script: no such file: {script}")
+    with open_store(args) as store:
+        view = ProgressView(f"script {script.name}")
+        try:
+            with args.stop_signals.polled() as stop_requested:
+                result = execute_script(script, args.script_args, store=store, log_dir=store.path.parent / "logs",
+                                        on_event=view, trace_path=args.trace_out, stop_requested=stop_requested)
+        finally:
+            view.close()
+    warn_if_not_saved(result)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_summary(result)
+    if result["status"] == "oom":
+        print(f"gpuanat: the script ran out of GPU memory: {(result.get('error') or {}).get('message')}",
+              file=sys.stderr)
+    return exit_code_for(result["status"], args.stop_signals)
+
+
+def command_run(args: argparse.Namespace) -> int:
+    if args.script is not None:
+        return command_run_script(args)
+    if args.script_args:
+        fail_usage("arguments after -- are for a script: give it with --script SCRIPT.py")
+    capabilities = detect_capabilities()
+    config = validated_config(args, capabilities.cuda_available)
+    unsupported = machine_unsupported_reason(config, capabilities)
+    if unsupported is not None:
+        fail_usage(f"{unsupported[0]}: {unsupported[1]}")
+    if args.memory_snapshot is not None:
+        if config.device != "cuda":
+            fail_usage(f"--memory-snapshot: torch records its allocator's history only on CUDA, and this run is on "
+                        f"{config.device}")
+        if not args.memory_snapshot.parent.resolve().is_dir():
+            fail_usage(f"--memory-snapshot: no such folder: {args.memory_snapshot.parent}")
+    with open_store(args) as store:
+        result = run_recorded(config, store, args.stop_signals, label="run", trace_path=args.trace_out,
+                               memory_snapshot=args.memory_snapshot)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_summary(result)
+    if args.memory_snapshot is not None:
+        written = args.memory_snapshot.is_file()
+        print(f"Memory snapshot: {args.memory_snapshot} (drop it on pytorch.org/memory_viz)" if written
+              else f"gpuanat: no memory snapshot was written to {args.memory_snapshot} (see the log)",
+              file=sys.stderr if args.json or not written else sys.stdout)
+    run_error = result.get("error") or {}
+    if run_error.get("kind") == "config":
+        print(f"gpuanat: error: {run_error.get('flag')}: {run_error.get('message')}", file=sys.stderr)
+        return EXIT_USAGE
+    if result["status"] == "oom":
+        from gpuanat.core.store.report import format_bytes
+
+        print(f"gpuanat: out of GPU memory at step {run_error.get('step')} "
+              f"(peak allocated {format_bytes(result['peak_allocated_bytes'])}); try a smaller --batch-size, "
+              "--grad-checkpointing or --precision bf16", file=sys.stderr)
+    return exit_code_for(result["status"], args.stop_signals)

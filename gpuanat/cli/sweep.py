@@ -1,0 +1,69 @@
+"""`gpuanat sweep`: the Hugging Face docs' whole experiment table, one fresh process per experiment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gpuanat.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STOPPED,
+    detect_capabilities,
+    fail_usage,
+    open_store,
+    print_table,
+    run_recorded,
+    validated_config,
+)
+from gpuanat.core.run.config import machine_unsupported_reason
+from gpuanat.core.run.techniques import TECHNIQUES
+
+
+def command_sweep(args: argparse.Namespace) -> int:
+    from gpuanat.core.store.report import SWEEP_COLUMNS, sweep_rows
+    from gpuanat.core.store.sweep import BASE_TECHNIQUE_FIELDS, EXPERIMENTS
+
+    fixed = [t.flag for t in TECHNIQUES
+             if t.field in BASE_TECHNIQUE_FIELDS and t.field != "batch_size" and getattr(args, t.field) is not None]
+    if fixed:
+        fail_usage(f"{fixed[0]}: the sweep sets it per experiment; use `gpuanat run` for one configuration")
+    experiments = EXPERIMENTS
+    if args.only:
+        known = {experiment.name for experiment in EXPERIMENTS}
+        for name in args.only:
+            if name not in known:
+                fail_usage(f"--only: unknown experiment {name!r}; choose from {', '.join(sorted(known))}")
+        experiments = tuple(experiment for experiment in EXPERIMENTS if experiment.name in args.only)
+    capabilities = detect_capabilities()
+    base = validated_config(args, capabilities.cuda_available)
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    with open_store(args) as store:
+        for index, experiment in enumerate(experiments, start=1):
+            config = experiment.config(base)
+            label = f"[{index}/{len(experiments)}] {experiment.name}"
+            unsupported = machine_unsupported_reason(config, capabilities)
+            if unsupported is not None:
+                results.append({"name": experiment.name, "status": "skipped", "reason": unsupported[1],
+                                "config": config.to_json()})
+                print(f"{label}: skipped — {unsupported[1]}", file=sys.stderr)
+                continue
+            result = run_recorded(config, store, args.stop_signals, label=label, name=experiment.name)
+            run_error = result.get("error")
+            result["reason"] = run_error["message"].splitlines()[0] if run_error else ""
+            results.append(result)
+            print(f"{label}: {result['status']}", file=sys.stderr)
+            if result["status"] == "stopped" or args.stop_signals.requested.is_set():
+                interrupted = True
+                break
+    rows = sweep_rows(results)
+    if args.json:
+        print(json.dumps([{**result, **row} for result, row in zip(results, rows, strict=False)]))
+    else:
+        print_table(SWEEP_COLUMNS, rows)
+    if interrupted:
+        return args.stop_signals.exit_code or EXIT_STOPPED
+    return EXIT_OK if all(r["status"] in ("ok", "skipped", "oom") for r in results) else EXIT_FAILED
