@@ -12,7 +12,7 @@ import os
 import sqlite3
 import sys
 
-from gpuanat.cli.common import EXIT_FAILED, EXIT_STOPPED
+from gpuanat.cli.common import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 from gpuanat.cli.dashboard import command_dashboard
 from gpuanat.cli.fit import command_fit
 from gpuanat.cli.history import command_history
@@ -36,7 +36,10 @@ def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     own_args, script_args = split_script_args(list(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(own_args)
+    try:
+        args = parser.parse_args(own_args)
+    except BrokenPipeError:  # --print-completion or --help into a reader that stopped early
+        return _reader_gone()
     args.script_args = script_args
     if script_args and args.command != "run":
         parser.error("arguments after -- are only for `gpuanat run --script SCRIPT.py -- ARGS`")
@@ -56,5 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         print("gpuanat: interrupted", file=sys.stderr)
         return args.stop_signals.exit_code or EXIT_STOPPED
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """stdout's reader stopped early (`gpuanat history --json | head -1`): what it read is what it wanted, so that
+    is no failure. Further writes, at exit too, go nowhere."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK

@@ -129,6 +129,12 @@ def print_summary(result: dict[str, Any]) -> None:
               f"{config.techniques_summary()} on {where}")
     if result.get("error"):
         print(f"  {result['error']['kind']}: {result['error']['message']}")
+    if "training" in result["unavailable"]:  # a script that trained nothing gpuanat could see
+        print(f"Nothing measured: {result['unavailable']['training']}.")
+        print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MB.")
+        print(f"Peak RSS: {format_bytes(result.get('peak_rss_bytes'))}")
+        print(f"Log: {result['log_path']}")
+        return
     print(f"Time: {format_number(result['train_runtime_s'])}")
     print(f"Samples/second: {format_number(result['samples_per_second'])}")
     print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MB.")
@@ -150,19 +156,28 @@ def print_summary(result: dict[str, Any]) -> None:
 
 
 def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
+    """The rows as a table: a terminal gets what fits its width (columns cut short, then dropped, by each column's
+    `keep`); a pipe or a file gets every column whole."""
+    import shutil
+
     from rich.console import Console
     from rich.table import Table
 
-    from gpuanat.core.store.report import display_value
+    from gpuanat.core.store.report import display_value, fit_columns
 
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else TABLE_WIDTH_NOT_A_TERMINAL
+    shown, cut_widths = fit_columns(columns, rows, width) if sys.stdout.isatty() else (list(columns), {})
     table = Table(show_edge=False, header_style="bold")
-    for column in columns:
-        table.add_column(column.title, justify="right" if column.numeric else "left",
-                         no_wrap=column.key != "reason")
+    for column in shown:
+        table.add_column(column.title, justify="right" if column.numeric else "left", no_wrap=column.key != "reason",
+                         max_width=cut_widths.get(column.key), overflow="ellipsis")
     for row in rows:
-        table.add_row(*(display_value(column.key, row.get(column.key)) for column in columns))
-    # A pipe or file gets the whole table; a terminal gets its own width.
-    Console(width=None if sys.stdout.isatty() else TABLE_WIDTH_NOT_A_TERMINAL).print(table)
+        table.add_row(*(display_value(column.key, row.get(column.key)) for column in shown))
+    Console(width=width).print(table)
+    dropped = [column.title for column in columns if column not in shown]
+    if dropped:
+        print(f"({len(dropped)} more columns at a wider terminal: {', '.join(dropped)}; all of them with "
+              "--format md, csv or json)", file=sys.stderr)
 
 
 def validated_config(args: argparse.Namespace, cuda_available: bool) -> RunConfig:

@@ -3,25 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any, NoReturn
 
+import shtab
+
 from gpuanat import __version__
 from gpuanat.cli.common import EXIT_USAGE
+from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.techniques import TECHNIQUES
+
+CONFIG_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports bad input in one line on stderr (no usage dump) and exits 2."""
+    """argparse that reports bad input in one line on stderr (no usage dump) and exits 2, with the same
+    `gpuanat: error:` prefix as gpuanat's own checks."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        command = self.prog.removeprefix("gpuanat").strip()
+        self.exit(EXIT_USAGE, f"gpuanat: error: {command + ': ' if command else ''}{message}\n")
+
+
+def _with_default(technique: Any) -> str:
+    """The technique's help, ending with its default where the help does not say it already."""
+    default = CONFIG_DEFAULTS.get(technique.field)
+    if "default" in technique.help or default is None:
+        return technique.help
+    shown = ("on" if default else "off") if isinstance(default, bool) else default
+    return f"{technique.help} (default: {shown})"
 
 
 def add_technique_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("techniques and workload")
     for technique in TECHNIQUES:
-        kwargs: dict[str, Any] = {"dest": technique.field, "default": None, "help": technique.help}
+        kwargs: dict[str, Any] = {"dest": technique.field, "default": None, "help": _with_default(technique)}
         if technique.kind == "bool":
             kwargs["action"] = argparse.BooleanOptionalAction
         elif technique.kind == "int":
@@ -47,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"gpuanat {__version__}")
+    shtab.add_argument_to(parser, ["--print-completion"],
+                          help="print a shell completion script: eval \"$(gpuanat --print-completion bash)\" (also "
+                               "zsh, tcsh)")
     # Without a subcommand gpuanat opens the dashboard; these flags set its starting techniques.
     add_technique_flags(parser)
     add_common(parser)
@@ -87,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         "predict", help="predict memory bands, peaks and the largest batch that fits, without running",
         description="Predict every memory band, the peak allocated and peak device memory, and the largest "
                     "per-device batch that fits the GPU, from the model's shape and the techniques alone "
-                    "(no torch, milliseconds). A first model: issue #4 verifies and refines it.")
+                    "(no torch, milliseconds). Where a run of the same techniques was recorded, the largest batch "
+                    "comes from replaying its allocations (docs/allocator-replay.md); else from the bytes model "
+                    "(docs/memory-model.md).")
     add_technique_flags(predict)
     predict.add_argument("--gpu-memory", metavar="SIZE", default=None,
                          help="GPU memory to fit, e.g. 80GiB, 24G, 40GB (default: GPU 0's total, read through NVML)")

@@ -36,6 +36,10 @@ def script_command(script: Path, script_args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "gpuanat.worker.script", "--", str(script), *script_args]
 
 
+NO_TRAINER = ("the script created no transformers Trainer, so gpuanat's probe measured no training; only its "
+              "processes were measured from outside")
+
+
 def _log_tail(log_path: Path) -> str:
     try:
         text = log_path.read_text(errors="replace")
@@ -139,7 +143,11 @@ def execute_script(
                  "message": f"the script exited with code {exit_code}; last lines of its log:\n{_log_tail(log_path)}"}
     unavailable = dict(session.result(exited=True)["unavailable"])
     if observed.model is None:
-        unavailable["bands"] = "the script created no transformers Trainer, so the probe measured nothing"
+        # Nothing trained under the probe: every training figure is missing for that one reason.
+        unavailable = {key: reason for key, reason in unavailable.items() if key.startswith(("device_", "bands"))}
+        unavailable["training"] = unavailable["bands"] = NO_TRAINER
+    elif observed.done is None:
+        unavailable["steady_samples_per_second"] = f"the script ended ({status}) before training finished"
     result = session.finish_saving(exited=True, status=status, exit_code=exit_code, log_path=str(log_path),
                                    error=error, name=name, unavailable=unavailable)
     assert result is not None

@@ -26,6 +26,43 @@ class Column:
     key: str
     title: str
     numeric: bool = False
+    keep: int = 0
+    """Where a terminal too narrow for every column drops columns: the highest `keep` goes first, 0 never."""
+    shrinks: bool = False
+    """Free text that may be cut short (with an ellipsis) before any column is dropped."""
+
+
+TABLE_CELL_PADDING = 3
+"""Characters a terminal table adds per column beyond its text: a space each side and a separator."""
+SHRUNK_COLUMN_MIN = 12
+"""The narrowest a shrinking column is cut to before columns are dropped instead."""
+
+
+def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, Any]], width: int) -> tuple[list[Column],
+                                                                                                    dict[str, int]]:
+    """The columns that fit `width` characters, in their order, and the widths to cut shrinking ones to: first
+    shrinking columns are cut (down to SHRUNK_COLUMN_MIN), then columns are dropped, highest `keep` first. Columns
+    with `keep` 0 always stay (the table may then be wider than `width`)."""
+
+    def natural(column: Column) -> int:
+        cells = [len(display_value(column.key, row.get(column.key))) for row in rows]
+        return max([len(column.title), *cells])
+
+    widths = {column.key: natural(column) for column in columns}
+    kept = list(columns)
+
+    def total() -> int:
+        return sum(widths[column.key] + TABLE_CELL_PADDING for column in kept)
+
+    for column in kept:
+        if column.shrinks and total() > width:
+            widths[column.key] = max(min(widths[column.key], SHRUNK_COLUMN_MIN),
+                                     widths[column.key] - (total() - width))
+    for column in sorted((c for c in kept if c.keep), key=lambda c: -c.keep):
+        if total() <= width:
+            break
+        kept.remove(column)
+    return kept, {column.key: widths[column.key] for column in kept if column.shrinks}
 
 
 def format_bytes(value: int | None) -> str:
@@ -51,19 +88,20 @@ def format_delta(value: float | None) -> str:
 
 HISTORY_COLUMNS = (
     Column("id", "id", numeric=True),
-    Column("when", "when"),
-    Column("name", "name"),
+    Column("when", "when", keep=7),
+    Column("name", "name", shrinks=True),
     Column("status", "status"),
-    Column("model", "model"),
-    Column("techniques", "techniques"),
-    Column("device", "device"),
-    Column("time_s", "time s", numeric=True),
+    Column("model", "model", keep=4),
+    Column("techniques", "techniques", keep=3, shrinks=True),
+    Column("device", "device", keep=8, shrinks=True),
+    Column("time_s", "time s", numeric=True, keep=6),
     Column("samples_per_second", "samples/s", numeric=True),
-    Column("steady_samples_per_second", "steady/s", numeric=True),
-    Column("peak_allocated", "peak alloc", numeric=True),
-    Column("gpu_memory_mb", "GPU mem MB", numeric=True),
-    Column("prediction_error_delta", "pred err", numeric=True),
+    Column("steady_samples_per_second", "steady/s", numeric=True, keep=5),
+    Column("peak_allocated", "peak alloc", numeric=True, keep=2),
+    Column("gpu_memory_mb", "GPU mem MB", numeric=True, keep=1),
+    Column("prediction_error_delta", "pred err", numeric=True, keep=9),
 )
+"""At 80 columns: id, name, status, samples/s, GPU memory, peak allocated (and techniques, cut short)."""
 
 
 def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
