@@ -17,7 +17,8 @@ from gpuanat.core.run.techniques import TECHNIQUES
 from gpuanat.core.store.history import HistoryStore, default_db_path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
-TABLE_WIDTH_NOT_A_TERMINAL = 200
+TABLE_WIDTH_NOT_A_TERMINAL = 10_000
+"""A pipe or a file has no width: every column is printed whole, however wide the table."""
 STATUS_EXIT_CODES = {"ok": EXIT_OK, "oom": EXIT_OOM, "stopped": EXIT_STOPPED, "failed": EXIT_FAILED}
 
 
