@@ -302,7 +302,7 @@ class GpuAnatApp(DashboardActions):
                 notes.append(f"No CUDA here ({self.capabilities.reason}); runs train on the CPU.")
             self.config, workload = workload_for_device(self.config, self._untouched_fields)
             if workload is not None:
-                notes.append(f"On the CPU: {workload} (start gpuanat with --preset to choose).")
+                notes.append(f"Sized for the CPU: {workload} (start gpuanat with --preset to choose).")
             if notes:
                 self.notify(" ".join(notes), timeout=10)
         self._show_techniques()
