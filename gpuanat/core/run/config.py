@@ -256,8 +256,9 @@ def validate_values(config: RunConfig) -> None:
 
 CPU_WORKLOAD: dict[str, Any] = {"preset": "tiny", "seq_len": 64, "samples": 64}
 """The workload a CPU trains when the user chose none: bert-large (the GPU default) trains at 0.1 samples/s on
-a CPU, about 85 minutes a run. This one — 16 steps at the default batch 4 — took 15.6 s wall for a whole
-`gpuanat run` (4.3 s of training, the rest imports and the capability probe) on a 2-core CPU."""
+a CPU, about 85 minutes a run. This one — 16 steps at the default batch 4 — takes a whole `gpuanat run` 6.2-6.7 s
+wall on an idle 2-core CPU (0.2 s of it training; the rest is imports, the capability probe and the model's
+construction), 14-16 s wall while other tests ran there."""
 WORKLOAD_CHOICE_FIELDS = ("preset", "model")
 """Either, given by the user, means they chose the workload: the device never changes it."""
 
