@@ -155,7 +155,7 @@ def _require_between(flag: str, value: int | None, minimum: int, maximum: int, w
     _require_at_least(flag, value, minimum)
     assert value is not None
     if value > maximum:
-        raise ConfigError(flag, f"must be ≤ {maximum:,} ({why}) (got {value:,})")
+        raise ConfigError(flag, f"must be ≤ {maximum:,}: {why} (got {value:,})")
 
 
 def _require_choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -227,11 +227,12 @@ def validate_values(config: RunConfig) -> None:
                      "no run needs more accumulation steps")
     _require_choice("--precision", config.precision, PRECISIONS)
     _require_choice("--optim", config.optim, OPTIMIZERS)
-    _require_between("--workers", config.workers, 0, MAX_WORKERS, "more DataLoader processes than any host has cores")
+    _require_between("--workers", config.workers, 0, MAX_WORKERS, "no host has the cores for more DataLoader processes")
     _require_choice("--attn", config.attn, ATTENTION_IMPLEMENTATIONS)
     _require_between("--seq-len", config.seq_len, 1, MAX_SEQ_LEN,
                      "the longest context open models train at on one device")
-    _require_between("--samples", config.samples, 1, MAX_SAMPLES, "train longer with --epochs")
+    _require_between("--samples", config.samples, 1, MAX_SAMPLES,
+                     "a random dataset needs no more; train longer with --epochs")
     if config.samples * config.seq_len > MAX_DATASET_TOKENS:
         raise ConfigError("--samples", f"samples × seq-len must be ≤ {MAX_DATASET_TOKENS:,} tokens (the random "
                                        "dataset is built in host memory, 8 bytes a token); train longer with "
