@@ -7,14 +7,18 @@ import json
 import pytest
 
 from gpuanat.core.run.config import (
+    CPU_WORKLOAD,
     Capabilities,
     ConfigError,
     RunConfig,
     child_environment,
     expandable_segments_enabled,
     machine_unsupported_reason,
+    model_is_path,
     validate_values,
+    workload_for_device,
 )
+from gpuanat.core.run.techniques import TECHNIQUES
 from gpuanat.core.store.sweep import EXPERIMENTS
 
 CPU_ONLY = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build")
@@ -37,6 +41,15 @@ VOLTA_NO_BNB = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_de
     ({"epochs": 0}, "--epochs"),
     ({"max_steps": 0}, "--max-steps"),
     ({"preset": "llama"}, "--preset"),
+    ({"batch_size": 65_537}, "--batch-size"),
+    ({"grad_accum": 65_537}, "--grad-accum"),
+    ({"workers": 513}, "--workers"),
+    ({"preset": "tiny", "seq_len": 131_073}, "--seq-len"),
+    ({"samples": 10_000_001, "seq_len": 1}, "--samples"),
+    ({"samples": 2_097_153, "seq_len": 512}, "--samples"),  # 2^30 tokens and one sample more
+    ({"epochs": 10_001}, "--epochs"),
+    ({"max_steps": 10_000_001}, "--max-steps"),
+    ({"model": "./no-such-dir"}, "--model"),
 ])
 def test_bad_values_name_their_flag(changes, flag):
     with pytest.raises(ConfigError) as raised:
@@ -51,6 +64,48 @@ def test_seq_len_limit_follows_the_preset_and_local_checkpoints(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
     with pytest.raises(ConfigError, match=f"≤ 128, the position embeddings of {tmp_path}"):
         validate_values(RunConfig(model=str(tmp_path), seq_len=256))
+
+
+def test_the_largest_values_allowed_are_valid():
+    validate_values(RunConfig(preset="tiny", batch_size=65_536, grad_accum=65_536, workers=512, seq_len=1,
+                              samples=10_000_000, epochs=10_000, max_steps=10_000_000))
+    validate_values(RunConfig(samples=2_097_152, seq_len=512))  # 2^30 tokens
+
+
+@pytest.mark.parametrize(("model", "is_path"), [
+    ("./my-bert", True), ("/models/bert", True), ("~/bert", True), ("models/org/bert", True),
+    ("bert-base-uncased", False), ("google-bert/bert-base-uncased", False),
+])
+def test_a_model_is_a_path_when_it_looks_like_one(model, is_path):
+    assert model_is_path(model) is is_path
+
+
+def test_a_local_model_is_a_directory_with_config_json(tmp_path):
+    with pytest.raises(ConfigError, match="no such directory"):
+        validate_values(RunConfig(model=str(tmp_path / "missing")))
+    with pytest.raises(ConfigError, match=r"has no config\.json"):
+        validate_values(RunConfig(model=str(tmp_path)))
+    (tmp_path / "config.json").write_text("{}")
+    validate_values(RunConfig(model=str(tmp_path)))
+
+
+EVERY_FIELD = frozenset(technique.field for technique in TECHNIQUES)
+
+
+@pytest.mark.parametrize(("changes", "given", "expected"), [
+    ({"device": "cpu"}, set(), CPU_WORKLOAD),  # nothing chosen: the CPU's workload
+    ({"device": "cpu", "seq_len": 32}, {"seq_len"}, {**CPU_WORKLOAD, "seq_len": 32}),  # what was given stays
+    ({"device": "cpu", "preset": "bert-base"}, {"preset"}, {"preset": "bert-base", "seq_len": 512, "samples": 512}),
+    ({"device": "cpu", "model": "org/name"}, {"model"}, {"preset": "bert-large", "seq_len": 512, "samples": 512}),
+    ({"device": "cuda"}, set(), {"preset": "bert-large", "seq_len": 512, "samples": 512}),  # a GPU trains the docs'
+])
+def test_the_workload_left_to_the_defaults_is_sized_for_the_device(changes, given, expected):
+    config, note = workload_for_device(RunConfig(**changes), EVERY_FIELD - given)
+    assert {field: getattr(config, field) for field in expected} == expected
+    assert (note is not None) == (config != RunConfig(**changes))
+    if note is not None:
+        assert note == f"training the tiny preset, seq {config.seq_len}, {config.samples} samples"
+    validate_values(config)
 
 
 def test_defaults_are_valid_and_round_trip():

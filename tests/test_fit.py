@@ -1,13 +1,12 @@
-"""The largest batch that trains: the search itself, and `gpuanat fit` with real trial runs."""
+"""The largest batch that trains: the search itself, and the search with real trial runs."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from conftest import run_cli
+from conftest import cli_env
 
-from gpuanat.core.memory.fit import find_largest_batch
+from gpuanat.core.memory.fit import find_largest_batch, run_fit
+from gpuanat.core.run.config import RunConfig
 from gpuanat.core.store.history import HistoryStore
 
 
@@ -35,18 +34,18 @@ def test_search_stops_at_the_limit():
 
 
 def test_fit_confirms_with_real_runs(db_path):
-    # CI has no GPU: the child raises torch.OutOfMemoryError for batches above 6 (the test hook in
+    # `gpuanat fit` refuses the CPU (tests/test_cli_bad_input.py), and CI has no GPU: the search runs here with
+    # real CPU trials in which the child raises torch.OutOfMemoryError for batches above 6 (the test hook in
     # tests/fault_injection); the trial runs, the search and the history are the real ones.
-    completed = run_cli(["fit", "--preset", "tiny", "--device", "cpu", "--seq-len", "16", "--batch-size", "2",
-                         "--trial-steps", "2", "--max-batch", "64", "--json"], db_path, fault="oom-above@6",
-                        timeout_s=600)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    result = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert result["largest_batch_size"] == 6
-    assert [(trial["batch_size"], trial["trained"]) for trial in result["trials"]] == [
-        (2, True), (10, False), (6, True), (8, False), (7, False)]
+    base = RunConfig(preset="tiny", device="cpu", seq_len=16, batch_size=2)
     with HistoryStore(db_path) as store:
+        fit = run_fit(base, store=store, log_dir=db_path.parent / "logs", start=2, trial_steps=2, max_batch=64,
+                      env=cli_env(db_path, fault="oom-above@6"))
         runs = store.runs()
+    assert fit.failure is None
+    assert fit.largest_batch_size == 6
+    assert [(trial.batch_size, trial.trained) for trial in fit.trials] == [
+        (2, True), (10, False), (6, True), (8, False), (7, False)]
     assert [(run.name, run.status) for run in runs] == [
         ("fit batch 2", "ok"), ("fit batch 10", "oom"), ("fit batch 6", "ok"), ("fit batch 8", "oom"),
         ("fit batch 7", "oom")]

@@ -76,7 +76,7 @@ def test_techniques_move_the_estimate_the_right_way():
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("80GiB", 80 * 1024**3), ("80G", 80 * 1024**3), ("40GB", 40 * 1000**3), ("81559MiB", 81559 * 1024**2),
-    ("1.5 GiB", int(1.5 * 1024**3)), ("4096", 4096),
+    ("1.5 GiB", int(1.5 * 1024**3)), ("64MiB", 64 * 1024**2), ("64TiB", 64 * 1024**4),
 ])
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
@@ -85,6 +85,18 @@ def test_parse_size(text, expected):
 @pytest.mark.parametrize("text", ["lots", "0G", "-1GiB", "12 parsecs", ""])
 def test_parse_size_refuses_nonsense(text):
     with pytest.raises(ValueError, match="not a memory size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("24", "give a unit: 24GiB, 24G, 24GB or 24576MiB"),  # 24 bytes was read before: "largest batch 0"
+    ("4096", "give a unit"),
+    ("63MiB", "not a GPU's memory"),
+    ("24B", "not a GPU's memory"),
+    ("65TiB", "not a GPU's memory"),
+])
+def test_parse_size_refuses_what_no_gpu_has(text, words):
+    with pytest.raises(ValueError, match=words):
         parse_size(text)
 
 

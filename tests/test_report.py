@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from gpuanat.core.store.report import SWEEP_COLUMNS, render_csv, render_markdown, sweep_rows
+from gpuanat.core.store.report import SWEEP_COLUMNS, format_bytes, render_csv, render_markdown, sweep_rows
 
 RESULTS = [
     {"name": "vanilla", "status": "ok", "train_runtime_s": 60.0, "samples_per_second": 8.0,
@@ -38,3 +38,9 @@ def test_markdown_and_csv():
     assert markdown[3].count("| 12000 |") == 1
     parsed = list(csv.DictReader(io.StringIO(render_csv(SWEEP_COLUMNS, rows))))
     assert parsed[1]["samples_per_second_delta"] == "100.0" and parsed[2]["time_s"] == ""
+
+
+def test_sizes_print_in_the_largest_unit_that_is_at_least_one():
+    assert [format_bytes(value) for value in (None, 512 * 1024**2, 80 * 1024**3, 1023 * 1024**3, 1024**4,
+                                              114 * 1024**4)] == [
+        "—", "512 MiB", "80.00 GiB", "1023.00 GiB", "1.00 TiB", "114.00 TiB"]

@@ -230,6 +230,8 @@ def test_model_flag_loads_local_weights_and_refuses_a_missing_model(tmp_path, db
     assert result["bands"]["weights_bytes"] == 4 * result["params"] + sum(b.nbytes for b in model.buffers())
     _, stderr = missing.communicate(timeout=300)
     assert missing.returncode == 2
-    assert stderr.strip().splitlines()[-1].startswith("gpuanat: error: --model: cannot load model")
+    assert stderr.strip().splitlines() == [f"gpuanat: error: --model: no such directory: {tmp_path / 'no-such-model'} "
+                                           "(a local model is a directory with config.json, as save_pretrained "
+                                           "writes it)"]
     too_long = run_cli([*common, "--model", str(checkpoint), "--seq-len", "256"], db_path)
     assert too_long.returncode == 2 and f"≤ 128, the position embeddings of {checkpoint}" in too_long.stderr

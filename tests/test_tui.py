@@ -12,11 +12,11 @@ import time
 
 import psutil
 import pytest
-from conftest import cli_env
 from rich.console import Console
 
 from gpuanat.core.measure.sampler import open_source
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.config import Capabilities, RunConfig
+from gpuanat.core.run.techniques import TECHNIQUES
 from gpuanat.core.store.compare import percent_delta
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp
@@ -167,18 +167,56 @@ async def test_quitting_during_a_run_stops_the_child(db_path):
 
 
 @pytest.mark.asyncio
-async def test_f_finds_the_largest_batch_and_makes_it_current(db_path):
-    # No GPU here: the training child raises torch.OutOfMemoryError above batch 6 (tests/fault_injection).
-    app = GpuAnatApp(TINY.replace(batch_size=2, seq_len=16), db_path=db_path,
-                     sampler_factory=lambda: open_source(prefer_nvml=False),
-                     run_env=cli_env(db_path, fault="oom-above@6"))
+async def test_f_on_a_cpu_run_is_refused_with_the_reason(db_path):
+    """fit finds the largest batch that fits GPU memory; on the CPU it would climb to its cap. (The search with
+    real trials is tested in tests/test_fit.py.)"""
+    app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
         await pilot.press("f")
-        assert app.live is not None
-        await wait_for(pilot, lambda: app.live is None, timeout_s=400, what="the fit to finish")
-        assert app.config.batch_size == 6
-    with HistoryStore(db_path) as store:
-        assert [(run.name, run.status) for run in store.runs()] == [
-            ("fit batch 2", "ok"), ("fit batch 10", "oom"), ("fit batch 6", "ok"), ("fit batch 8", "oom"),
-            ("fit batch 7", "oom")]
+        await pilot.pause(0.2)
+        assert app.live is None
+        errors = [n.message for n in app._notifications if n.severity == "error"]
+        assert any(message.startswith("fit needs a CUDA GPU") and "gpuanat predict --gpu-memory" in message
+                   for message in errors), errors
+    if db_path.exists():
+        with HistoryStore(db_path, read_only=True) as store:
+            assert store.runs() == []
+
+
+EVERY_FIELD = frozenset(technique.field for technique in TECHNIQUES)
+NO_CUDA = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="a CPU-only build")
+WITH_CUDA = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_device_name="NVIDIA H100",
+                         cuda_compute_capability=(9, 0), cuda_total_memory_bytes=80 * 1024**3)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("capabilities", "given", "expected", "note"), [
+    (NO_CUDA, {}, {"device": "cpu", "preset": "tiny", "seq_len": 64, "samples": 64},
+     "training the tiny preset, seq 64, 64 samples"),
+    (NO_CUDA, {"seq_len": 128}, {"device": "cpu", "preset": "tiny", "seq_len": 128, "samples": 64},
+     "training the tiny preset, seq 128, 64 samples"),
+    (NO_CUDA, {"preset": "bert-base"}, {"device": "cpu", "preset": "bert-base", "seq_len": 512, "samples": 512},
+     None),
+    (WITH_CUDA, {}, {"device": "cuda", "preset": "bert-large", "seq_len": 512, "samples": 512}, None),
+])
+async def test_without_cuda_the_workload_left_to_the_defaults_is_the_cpus(db_path, capabilities, given, expected,
+                                                                          note):
+    """As `gpuanat` started with these flags: what the user did not give is the capability probe's to settle."""
+    app = GpuAnatApp(RunConfig(**given), db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False),
+                     capabilities_probe=lambda: capabilities, untouched_fields=EVERY_FIELD - set(given))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await pilot.pause()
+        assert {field: getattr(app.config, field) for field in expected} == expected
+        messages = [n.message for n in app._notifications]
+        if note is None:
+            assert not any("preset" in message for message in messages), messages
+        else:
+            (message,) = [message for message in messages if note in message]
+            assert message.startswith("No CUDA here (a CPU-only build); runs train on the CPU.")
+            assert "--preset" in message
+        console = Console(width=120, record=True, file=io.StringIO())
+        console.print(app.query_one(TechniquesPanel).render())
+        shown = console.export_text()
+        assert expected["preset"] in shown

@@ -10,7 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpuanat.core.run.config import Capabilities, ConfigError, RunConfig, expandable_segments_enabled, validate_values
+from gpuanat.core.run.config import (
+    Capabilities,
+    ConfigError,
+    RunConfig,
+    check_hub_model,
+    expandable_segments_enabled,
+    validate_values,
+    workload_for_device,
+)
 from gpuanat.core.run.protocol import Error, Event, ModelInfo, Step
 from gpuanat.core.run.stop_signals import StopSignals
 from gpuanat.core.run.techniques import TECHNIQUES
@@ -36,10 +44,22 @@ def detect_capabilities() -> Capabilities:
         fail_usage(str(error))
 
 
+def given_fields(args: argparse.Namespace) -> set[str]:
+    """The RunConfig fields the user gave a flag for."""
+    return {t.field for t in TECHNIQUES if getattr(args, t.field, None) is not None}
+
+
+def untouched_fields(args: argparse.Namespace) -> set[str]:
+    """The RunConfig fields left to the defaults (no flag given), which the machine may choose."""
+    return {t.field for t in TECHNIQUES} - given_fields(args)
+
+
 def config_from_args(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
     """RunConfig from the flags given; device defaults to cuda when available, and on CUDA expandable segments
     to what the user's PYTORCH_CUDA_ALLOC_CONF says (the child's allocator follows the technique)."""
-    changes = {t.field: getattr(args, t.field) for t in TECHNIQUES if getattr(args, t.field, None) is not None}
+    changes = {field: getattr(args, field) for field in given_fields(args)}
+    if changes.get("model") is not None:
+        changes["model"] = os.path.expanduser(changes["model"])  # from_pretrained takes "~/m" for a repo id
     changes.setdefault("device", "cuda" if cuda_available else "cpu")
     if changes["device"] == "cuda":
         changes.setdefault("expandable_segments", expandable_segments_enabled(os.environ))
@@ -182,7 +202,38 @@ def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
 
 
 def validated_config(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
+    """The config the flags give, its values checked (one line and exit 2 when one is wrong)."""
     config = config_from_args(args, cuda_available)
+    try:
+        validate_values(config)
+    except ConfigError as error:
+        fail_usage(str(error))
+    return config
+
+
+def check_values(args: argparse.Namespace) -> None:
+    """Refuse what is wrong whatever the machine — values, a --model that cannot be had — in one line and exit 2,
+    before the capability probe, which imports torch (seconds): a bad value is answered at once. Says in one
+    line when --model will be downloaded."""
+    config = validated_config(args, cuda_available=True)  # the device is the probe's to settle
+    if config.model is not None:
+        try:
+            note = check_hub_model(config.model)
+        except ConfigError as error:
+            fail_usage(str(error))
+        if note is not None:
+            print(f"gpuanat: {note}", file=sys.stderr)
+
+
+def machine_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:
+    """The config to train on this machine: the device from the probe, and on the CPU a workload sized for it
+    in place of what the user left to the defaults (one line on stderr says so). Values as in `check_values`."""
+    config, workload = workload_for_device(config_from_args(args, capabilities.cuda_available),
+                                           untouched_fields(args))
+    if workload is not None:
+        why = ("no CUDA GPU here" + (f" ({capabilities.reason})" if capabilities.reason else "")
+               if not capabilities.cuda_available else "--device cpu")
+        print(f"gpuanat: {why}; {workload} — give --preset to choose", file=sys.stderr)
     try:
         validate_values(config)
     except ConfigError as error:

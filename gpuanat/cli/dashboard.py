@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuanat.cli.common import EXIT_OK, config_from_args, fail_usage, user_keymap
-from gpuanat.core.run.config import ConfigError, validate_values
+from gpuanat.cli.common import EXIT_OK, check_values, config_from_args, fail_usage, untouched_fields, user_keymap
 from gpuanat.core.store.history import default_db_path
 
 
@@ -14,15 +13,14 @@ def command_dashboard(args: argparse.Namespace) -> int:
     """The full-screen TUI."""
     from gpuanat.tui.app import GpuAnatApp
 
-    # The device default is settled in the app once its capability probe has answered.
+    # The device default, and on the CPU the workload the user left to the defaults, are settled in the app once
+    # its capability probe has answered.
+    check_values(args)
     config = config_from_args(args, cuda_available=True)
-    try:
-        validate_values(config)
-    except ConfigError as error:
-        fail_usage(str(error))
     keymap = user_keymap(GpuAnatApp)
     if not sys.stdout.isatty():
         fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
-    app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap)
+    app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap,
+                     untouched_fields=untouched_fields(args))
     app.run()
     return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal

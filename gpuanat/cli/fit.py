@@ -13,38 +13,47 @@ from gpuanat.cli.common import (
     EXIT_OK,
     EXIT_STOPPED,
     STATUS_EXIT_CODES,
+    check_values,
+    config_from_args,
     detect_capabilities,
     fail_usage,
+    machine_config,
     open_store,
     run_recorded,
-    validated_config,
 )
-from gpuanat.core.run.config import RunConfig, machine_unsupported_reason
+from gpuanat.core.run.config import MAX_BATCH_SIZE, MAX_STEPS, RunConfig, machine_unsupported_reason
 from gpuanat.core.store.history import HistoryStore
 
 
 def command_fit(args: argparse.Namespace) -> int:
     from gpuanat.core.measure.sampler import probe_nvml
     from gpuanat.core.memory.allocation_templates import largest_batch
-    from gpuanat.core.memory.fit import run_fit
+    from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
     from gpuanat.core.memory.predict import parse_size
 
-    if args.trial_steps < 1:
-        fail_usage(f"--trial-steps: must be an integer ≥ 1 (got {args.trial_steps})")
-    if args.max_batch < 1:
-        fail_usage(f"--max-batch: must be an integer ≥ 1 (got {args.max_batch})")
-    capabilities = detect_capabilities()
-    base = validated_config(args, capabilities.cuda_available)
-    unsupported = machine_unsupported_reason(base, capabilities)
-    if unsupported is not None:
-        fail_usage(f"{unsupported[0]}: {unsupported[1]}")
+    if not 1 <= args.trial_steps <= MAX_STEPS:
+        fail_usage(f"--trial-steps: must be an integer ≥ 1 and ≤ {MAX_STEPS:,} (got {args.trial_steps})")
+    if not 1 <= args.max_batch <= MAX_BATCH_SIZE:
+        fail_usage(f"--max-batch: must be an integer ≥ 1 and ≤ {MAX_BATCH_SIZE:,} (got {args.max_batch})")
     gpu_memory = None
     if args.gpu_memory is not None:
         try:
             gpu_memory = parse_size(args.gpu_memory)
         except ValueError as error:
             fail_usage(f"--gpu-memory: {error}")
-    elif base.device == "cuda":
+    check_values(args)
+    # fit needs CUDA: --device cpu says so before the capability probe, otherwise the probe does.
+    capabilities = None if args.device == "cpu" else detect_capabilities()
+    cannot_fit = fit_unsupported_reason(config_from_args(args, capabilities is not None and
+                                                         capabilities.cuda_available))
+    if cannot_fit is not None:
+        fail_usage(cannot_fit)
+    assert capabilities is not None
+    base = machine_config(args, capabilities)
+    unsupported = machine_unsupported_reason(base, capabilities)
+    if unsupported is not None:
+        fail_usage(f"{unsupported[0]}: {unsupported[1]}")
+    if gpu_memory is None:
         nvml = probe_nvml()
         gpu_memory = nvml.gpu_total_bytes[0] if nvml.available and nvml.gpu_total_bytes else None
     predicted = (largest_batch(base, gpu_memory).batch_size if gpu_memory is not None and base.model is None

@@ -10,13 +10,14 @@ from pathlib import Path
 from gpuanat.cli.common import (
     EXIT_USAGE,
     ProgressView,
+    check_values,
     detect_capabilities,
     exit_code_for,
     fail_usage,
+    machine_config,
     open_store,
     print_summary,
     run_recorded,
-    validated_config,
     warn_if_not_saved,
 )
 from gpuanat.core.run.config import machine_unsupported_reason
@@ -57,17 +58,17 @@ def command_run(args: argparse.Namespace) -> int:
         return command_run_script(args)
     if args.script_args:
         fail_usage("arguments after -- are for a script: give it with --script SCRIPT.py")
+    check_values(args)
+    if args.memory_snapshot is not None and not args.memory_snapshot.parent.resolve().is_dir():
+        fail_usage(f"--memory-snapshot: no such folder: {args.memory_snapshot.parent}")
     capabilities = detect_capabilities()
-    config = validated_config(args, capabilities.cuda_available)
+    config = machine_config(args, capabilities)
     unsupported = machine_unsupported_reason(config, capabilities)
     if unsupported is not None:
         fail_usage(f"{unsupported[0]}: {unsupported[1]}")
-    if args.memory_snapshot is not None:
-        if config.device != "cuda":
-            fail_usage(f"--memory-snapshot: torch records its allocator's history only on CUDA, and this run is on "
-                        f"{config.device}")
-        if not args.memory_snapshot.parent.resolve().is_dir():
-            fail_usage(f"--memory-snapshot: no such folder: {args.memory_snapshot.parent}")
+    if args.memory_snapshot is not None and config.device != "cuda":
+        fail_usage(f"--memory-snapshot: torch records its allocator's history only on CUDA, and this run is on "
+                   f"{config.device}")
     with open_store(args) as store:
         result = run_recorded(config, store, args.stop_signals, label="run", trace_path=args.trace_out,
                                memory_snapshot=args.memory_snapshot)

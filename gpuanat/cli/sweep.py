@@ -11,12 +11,13 @@ from gpuanat.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_STOPPED,
+    check_values,
     detect_capabilities,
     fail_usage,
+    machine_config,
     open_store,
     print_table,
     run_recorded,
-    validated_config,
 )
 from gpuanat.core.run.config import machine_unsupported_reason
 from gpuanat.core.run.techniques import TECHNIQUES
@@ -37,8 +38,9 @@ def command_sweep(args: argparse.Namespace) -> int:
             if name not in known:
                 fail_usage(f"--only: unknown experiment {name!r}; choose from {', '.join(sorted(known))}")
         experiments = tuple(experiment for experiment in EXPERIMENTS if experiment.name in args.only)
+    check_values(args)
     capabilities = detect_capabilities()
-    base = validated_config(args, capabilities.cuda_available)
+    base = machine_config(args, capabilities)  # on the CPU, every experiment trains the CPU's workload
     results: list[dict[str, Any]] = []
     interrupted = False
     with open_store(args) as store:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,16 @@ from textual.widgets import Footer
 from gpuanat.core.measure.anatomy import assemble_bands
 from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.memory.allocation_templates import largest_batch
-from gpuanat.core.memory.fit import run_fit
+from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
 from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, estimate_memory, peak_reserved_bytes
-from gpuanat.core.run.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.run.config import (
+    Capabilities,
+    ConfigError,
+    RunConfig,
+    machine_unsupported_reason,
+    validate_values,
+    workload_for_device,
+)
 from gpuanat.core.run.protocol import Event, ModelInfo, ProbeBands, Step
 from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import execute_run
@@ -150,11 +157,15 @@ class GpuAnatApp(DashboardActions):
         sample_interval_s: float | None = SAMPLE_INTERVAL_S,
         run_env: dict[str, str] | None = None,
         keymap: dict[str, str] | None = None,
+        untouched_fields: Collection[str] = (),
     ) -> None:
         """Every source of data is injectable: tests pass a replayed NVML trace, a frozen clock and
-        `sample_interval_s=None` (no sampler thread; they call `sample_now`)."""
+        `sample_interval_s=None` (no sampler thread; they call `sample_now`). `untouched_fields` names the
+        RunConfig fields the user left to the defaults (no flag given): on the CPU, once the capability probe has
+        answered, the workload among them is sized for it (`workload_for_device`)."""
         super().__init__()
         self.config = config
+        self._untouched_fields = frozenset(untouched_fields)
         self.db_path = db_path
         self._sampler_factory = sampler_factory
         self._capabilities_probe = capabilities_probe
@@ -283,10 +294,17 @@ class GpuAnatApp(DashboardActions):
         self.capabilities = message.capabilities
         if message.failure:
             self.notify(message.failure, severity="error", timeout=10)
-        elif self.capabilities is not None and not self.capabilities.cuda_available and self.config.device == "cuda":
-            # Expandable segments are an option of the CUDA allocator (on by default from PYTORCH_CUDA_ALLOC_CONF).
-            self.config = self.config.replace(device="cpu", expandable_segments=False)
-            self.notify(f"No CUDA here ({self.capabilities.reason}); runs train on the CPU.", timeout=6)
+        elif self.capabilities is not None:
+            notes = []
+            if not self.capabilities.cuda_available and self.config.device == "cuda":
+                # Expandable segments are an option of the CUDA allocator (on by default from PYTORCH_CUDA_ALLOC_CONF).
+                self.config = self.config.replace(device="cpu", expandable_segments=False)
+                notes.append(f"No CUDA here ({self.capabilities.reason}); runs train on the CPU.")
+            self.config, workload = workload_for_device(self.config, self._untouched_fields)
+            if workload is not None:
+                notes.append(f"Sized for the CPU: {workload} (start gpuanat with --preset to choose).")
+            if notes:
+                self.notify(" ".join(notes), timeout=10)
         self._show_techniques()
 
     def on_run_started(self, message: RunStarted) -> None:
@@ -513,6 +531,10 @@ class GpuAnatApp(DashboardActions):
 
     def action_fit(self) -> None:
         if not self._can_start():
+            return
+        cannot_fit = fit_unsupported_reason(self.config)
+        if cannot_fit is not None:
+            self.notify(cannot_fit, severity="error", timeout=10)
             return
         gpu_total = self._gpu_total_bytes() if self.config.device == "cuda" else None
         self.live = LiveRun(config=self.config, stop_requested=threading.Event())

@@ -24,6 +24,15 @@ class Trial:
     """False when the run ran out of memory."""
 
 
+def fit_unsupported_reason(config: RunConfig) -> str | None:
+    """Why `config` cannot be fitted, else None: the search finds the largest batch that fits GPU memory, and on
+    the CPU it would only climb to its cap (memory there is the host's, and swaps before it runs out)."""
+    if config.device == "cuda":
+        return None
+    return (f"fit needs a CUDA GPU: it finds the largest batch that fits GPU memory, and this run is on "
+            f"{config.device}; gpuanat predict --gpu-memory 24GiB predicts it for a GPU of that size")
+
+
 FIRST_STEP = 8
 """The search's first step away from the start: the prediction is meant to fit while 8 more does not."""
 

@@ -1,16 +1,19 @@
 """RunConfig: every technique of one training run as a typed, validated value.
 
 Validation happens in two stages, both before anything starts:
-`validate_values` checks what can be judged from the values alone; `validate_for_machine` checks
-what needs the machine (CUDA, compute capability, bitsandbytes), given a `Capabilities` reading
-taken by the worker's capability probe.
+`validate_values` checks what can be judged from the values alone (and `check_hub_model` whether a --model
+name can be had from the Hugging Face cache or Hub); `validate_for_machine` checks what needs the machine (CUDA,
+compute capability, bitsandbytes), given a `Capabilities` reading taken by the worker's capability probe. The
+first stage needs no torch, so a bad value is answered before the probe starts. Between the two,
+`workload_for_device` sizes the workload the user left to the defaults for the device it trains on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,9 +124,38 @@ class Capabilities:
         return cls(**{key: value for key, value in data.items() if key in known})
 
 
+# Upper bounds: no run on one device needs more, and a value beyond one is a typo (an extra zero or three) that
+# would otherwise start a run that fails late or never ends. Generous on purpose: each is far past real use.
+MAX_BATCH_SIZE = 65_536
+"""Per-device batch: bert-large at seq 128 fits about a thousand samples on an 80 GiB GPU."""
+MAX_GRAD_ACCUM = 65_536
+"""Accumulation steps: with batch 1 that is an effective batch of 65,536 samples, past LLM pre-training's."""
+MAX_SAMPLES = 10_000_000
+"""Samples in the random dataset (the docs use 512)."""
+MAX_SEQ_LEN = 131_072
+"""Tokens per sample: the longest context open models are trained at on one device (a preset's or a local
+checkpoint's position embeddings set a lower bound)."""
+MAX_DATASET_TOKENS = 2**30
+"""samples × seq-len: the child builds the random dataset in host memory at 8 bytes a token (int64), so this is
+8 GiB of host memory; more epochs train longer without it."""
+MAX_EPOCHS = 10_000
+"""Passes over the dataset."""
+MAX_WORKERS = 512
+"""DataLoader worker processes: more than the cores of the largest single hosts."""
+MAX_STEPS = 10_000_000
+"""Optimizer steps: ten times a long LLM pre-training run."""
+
+
 def _require_at_least(flag: str, value: int | None, minimum: int) -> None:
     if value is None or value < minimum:
         raise ConfigError(flag, f"must be an integer ≥ {minimum} (got {value})")
+
+
+def _require_between(flag: str, value: int | None, minimum: int, maximum: int, why: str) -> None:
+    _require_at_least(flag, value, minimum)
+    assert value is not None
+    if value > maximum:
+        raise ConfigError(flag, f"must be ≤ {maximum:,}: {why} (got {value:,})")
 
 
 def _require_choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -144,21 +176,72 @@ def _local_model_max_positions(model: str) -> int | None:
     return None
 
 
+def model_is_path(model: str) -> bool:
+    """Whether --model names a local directory rather than a Hugging Face Hub repo id ("name" or "org/name"):
+    it starts like a path, has more than one slash or a backslash, or is an existing directory."""
+    return (model.startswith((".", "/", "~")) or model.count("/") > 1 or (os.sep != "/" and os.sep in model)
+            or Path(model).expanduser().is_dir())
+
+
+def _validate_local_model(model: str) -> None:
+    directory = Path(model).expanduser()
+    if not directory.is_dir():
+        raise ConfigError("--model", f"no such directory: {model} (a local model is a directory with config.json, "
+                                     "as save_pretrained writes it)")
+    if not (directory / "config.json").is_file():
+        raise ConfigError("--model", f"{model} has no config.json (a local model is a directory as save_pretrained "
+                                     "writes it)")
+
+
+def check_hub_model(model: str) -> str | None:
+    """For a --model that is a Hub name: raise ConfigError when it is not in the local Hugging Face cache and
+    HF_HUB_OFFLINE forbids downloading it; return a one-line note when the run will download it; None when it
+    is cached (or a local directory, which `validate_values` checks)."""
+    if model_is_path(model):
+        return None
+    # huggingface_hub comes with transformers and imports no torch (about 0.1 s); only a Hub name needs it.
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except HFValidationError:
+        raise ConfigError("--model", f"{model!r} is neither a local directory nor a Hugging Face repo id "
+                                     "(name or org/name)") from None
+    if isinstance(cached, str):
+        return None
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError("--model", f"{model} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
+                                     "and HF_HUB_OFFLINE is set, so it cannot be downloaded; download it while "
+                                     "online, or give a local directory")
+    return f"--model {model} is not in the local Hugging Face cache; the run will download it from the Hub"
+
+
 def validate_values(config: RunConfig) -> None:
     """Raise ConfigError for a value that is wrong whatever the machine."""
     _require_choice("--preset", config.preset, tuple(PRESETS))
     _require_choice("--device", config.device, DEVICES)
-    _require_at_least("--batch-size", config.batch_size, 1)
-    _require_at_least("--grad-accum", config.grad_accum, 1)
+    _require_between("--batch-size", config.batch_size, 1, MAX_BATCH_SIZE,
+                     "no run needs a larger per-device batch")
+    _require_between("--grad-accum", config.grad_accum, 1, MAX_GRAD_ACCUM,
+                     "no run needs more accumulation steps")
     _require_choice("--precision", config.precision, PRECISIONS)
     _require_choice("--optim", config.optim, OPTIMIZERS)
-    _require_at_least("--workers", config.workers, 0)
+    _require_between("--workers", config.workers, 0, MAX_WORKERS, "no host has the cores for more DataLoader processes")
     _require_choice("--attn", config.attn, ATTENTION_IMPLEMENTATIONS)
-    _require_at_least("--seq-len", config.seq_len, 1)
-    _require_at_least("--samples", config.samples, 1)
-    _require_at_least("--epochs", config.epochs, 1)
+    _require_between("--seq-len", config.seq_len, 1, MAX_SEQ_LEN,
+                     "the longest context open models train at on one device")
+    _require_between("--samples", config.samples, 1, MAX_SAMPLES,
+                     "a random dataset needs no more; train longer with --epochs")
+    if config.samples * config.seq_len > MAX_DATASET_TOKENS:
+        raise ConfigError("--samples", f"samples × seq-len must be ≤ {MAX_DATASET_TOKENS:,} tokens (the random "
+                                       "dataset is built in host memory, 8 bytes a token); train longer with "
+                                       f"--epochs (got {config.samples:,} × {config.seq_len:,})")
+    _require_between("--epochs", config.epochs, 1, MAX_EPOCHS, "no run needs more passes")
     if config.max_steps is not None:
-        _require_at_least("--max-steps", config.max_steps, 1)
+        _require_between("--max-steps", config.max_steps, 1, MAX_STEPS, "no run needs more optimizer steps")
+    if config.model is not None and model_is_path(config.model):
+        _validate_local_model(config.model)
     max_positions = PRESETS[config.preset].max_positions
     source = f"preset {config.preset}"
     if config.model is not None:
@@ -170,6 +253,28 @@ def validate_values(config: RunConfig) -> None:
     if max_positions and config.seq_len > max_positions:
         raise ConfigError("--seq-len", f"must be ≤ {max_positions}, the position embeddings of {source} "
                                        f"(got {config.seq_len})")
+
+
+CPU_WORKLOAD: dict[str, Any] = {"preset": "tiny", "seq_len": 64, "samples": 64}
+"""The workload a CPU trains when the user chose none: bert-large (the GPU default) trains at 0.1 samples/s on
+a CPU, about 85 minutes a run. This one — 16 steps at the default batch 4 — takes a whole `gpuanat run` 6.2-6.7 s
+wall on an idle 2-core CPU (0.2 s of it training; the rest is imports, the capability probe and the model's
+construction), 14-16 s wall while other tests ran there."""
+WORKLOAD_CHOICE_FIELDS = ("preset", "model")
+"""Either, given by the user, means they chose the workload: the device never changes it."""
+
+
+def workload_for_device(config: RunConfig, untouched: Collection[str]) -> tuple[RunConfig, str | None]:
+    """`config` with its workload sized for the device it trains on, and what it trains now in a few words
+    (None when nothing changed). `untouched` names the fields the user did not give: on the CPU, when neither
+    preset nor model was given, those of `CPU_WORKLOAD` take its values (a --seq-len or --samples given stays)."""
+    if config.device != "cpu" or not all(field in untouched for field in WORKLOAD_CHOICE_FIELDS):
+        return config, None
+    changes = {field: value for field, value in CPU_WORKLOAD.items() if field in untouched}
+    sized = config.replace(**changes)
+    if sized == config:
+        return config, None
+    return sized, f"training the {sized.preset} preset, seq {sized.seq_len}, {sized.samples} samples"
 
 
 def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) -> tuple[str, str] | None:

@@ -19,6 +19,7 @@ from gpuanat.core.store.history import RunRow
 
 MIB = 1024**2
 GIB = 1024**3
+TIB = 1024**4
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, Any]], width
 def format_bytes(value: int | None) -> str:
     if value is None:
         return "—"
+    if abs(value) >= TIB:
+        return f"{value / TIB:.2f} TiB"
     if abs(value) >= GIB:
         return f"{value / GIB:.2f} GiB"
     return f"{value / MIB:.0f} MiB"
