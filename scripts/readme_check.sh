@@ -14,6 +14,7 @@ export PYTEST_ADDOPTS="-n ${WORKERS:-12} --dist loadfile -p no:cacheprovider"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 --version
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  python3 -m pip list 2>/dev/null | grep -iE "^(pyarrow|pytest|pytest-xdist|rich|huggingface.hub|fsspec) "
 } > "$OUT/readme_env.txt" 2>&1
 
 # 1. Install and open the dashboard, in a pseudo-terminal 120x40; after DASHBOARD_S seconds it gets SIGTERM,
