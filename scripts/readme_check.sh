@@ -9,7 +9,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}
 mkdir -p "$OUT"
 export PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl PIP_DISABLE_PIP_VERSION_CHECK=1 NCCL_NVLS_ENABLE=0
-export PYTEST_ADDOPTS="-n ${WORKERS:-12} --dist loadfile -p no:cacheprovider"
+export PYTEST_ADDOPTS="-n ${WORKERS:-14} --dist loadfile -p no:cacheprovider -p no:benchmark -rfE"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 --version
@@ -18,8 +18,8 @@ export PYTEST_ADDOPTS="-n ${WORKERS:-12} --dist loadfile -p no:cacheprovider"
 } > "$OUT/readme_env.txt" 2>&1
 
 # 1. Install and open the dashboard, in a pseudo-terminal 120x40; after DASHBOARD_S seconds it gets SIGTERM,
-#    which it answers by quitting with 143.
-script -qec "stty rows 40 cols 120; timeout -s TERM ${DASHBOARD_S:-90} bash -c 'python3 -m pip install -e . && gpuanat'" \
+#    which it answers by quitting with 143 (timeout passes that on).
+script -qec "stty rows 40 cols 120; timeout --preserve-status -s TERM ${DASHBOARD_S:-150} bash -c 'python3 -m pip install -e . && gpuanat'" \
   /dev/null > "$OUT/readme_dashboard.log" 2>&1
 echo "exit $?" >> "$OUT/readme_dashboard.log"
 

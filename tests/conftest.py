@@ -73,6 +73,15 @@ def last_json(stdout: str):
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(autouse=True)
+def machine_without_cuda(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test but the GPU-marked ones sees a machine without CUDA, also on a GPU box: torch in this process and
+    in every child finds no CUDA device (NVML, which ignores CUDA_VISIBLE_DEVICES, still sees the GPU). CI has no
+    GPU; this keeps the suite's answers the same on the lent GPU machines, where the GPU tests run too."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "history.sqlite"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -265,10 +266,10 @@ def test_a_replayed_answer_says_what_it_was_recorded_with_and_what_differs_here(
     predicted = largest_batch(_config({"precision": "bf16"}), H100_MEMORY_BYTES)
     assert predicted.recorded_with == {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130",
                                        "transformers": "5.17.0"}
-    import torch
-    import transformers
-
-    here = {"gpu": "any", "torch": torch.__version__, "transformers": transformers.__version__}
+    # what the installed packages' metadata says (a CUDA build's torch.__version__ carries "+cu130", its
+    # package version does not)
+    here = {"gpu": "any", "torch": importlib.metadata.version("torch"),
+            "transformers": importlib.metadata.version("transformers")}
     assert version_differences(here) == []
     other = {**here, "torch": "1.0.0"}
-    assert version_differences(other) == [f"torch {torch.__version__} here, 1.0.0 recorded"]
+    assert version_differences(other) == [f"torch {here['torch']} here, 1.0.0 recorded"]

@@ -269,7 +269,9 @@ def test_watch_json_goes_on_through_every_kind_of_malformed_line_in_bounded_memo
     # watcher peaked at about 25 MB here (an unbounded reader: 457 MB on this file)
     assert MAX_EVENT_LINE_BYTES < 5 * MB
     (peak_rss_bytes,) = peak
-    assert 0 < peak_rss_bytes < 300 * MB and peak_rss_bytes < garbage_bytes / 2
+    # The old reader held the whole 100 MB line (457 MB of RSS); a bounded one stays near an idle watcher (25 MB
+    # here, 56 MB on the H100 box's Python 3.12).
+    assert 0 < peak_rss_bytes < 150 * MB < garbage_bytes
 
 
 def test_watch_json_distrusts_a_publication_that_is_a_hard_link(tmp_path):

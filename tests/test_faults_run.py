@@ -46,12 +46,19 @@ ORPHAN_DEADLINE_S = PARENT_GONE_GRACE_S + 10
 """How long the training processes may take to go once gpuanat is gone (their stop grace and some slack)."""
 
 
+def _is_training_child(process: psutil.Process) -> bool:
+    """The training child, not the capability probe (which may have just exited)."""
+    try:
+        return "--events-fd" in process.cmdline()
+    except psutil.Error:
+        return False
+
+
 def _training_tree(parent_pid: int, timeout_s: float = 120) -> list[psutil.Process]:
     """The training child of `parent_pid` and its own children, once the child exists."""
     deadline = time.monotonic() + timeout_s
     while True:
-        children = [child for child in psutil.Process(parent_pid).children()
-                    if "--events-fd" in child.cmdline()]  # the training child, not the capability probe
+        children = [child for child in psutil.Process(parent_pid).children() if _is_training_child(child)]
         if children:
             return [children[0], *children[0].children(recursive=True)]
         assert time.monotonic() < deadline, "no training child started"
@@ -245,7 +252,7 @@ class _Terminal:
 def test_the_dashboard_records_its_run_as_stopped_when_the_terminal_hangs_up_or_it_is_terminated(db_path, how):
     terminal = _Terminal([*LONG_CPU_RUN, "--workers", "2"], db_path)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while b"Techniques" not in terminal.output:
             assert time.monotonic() < deadline, "the dashboard did not draw"
             time.sleep(0.1)

@@ -8,6 +8,7 @@ import pytest
 from conftest import run_cli
 from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config
 
+from gpuanat.core.measure.sampler import probe_nvml
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.predict import (
     CUDA_CONTEXT_BYTES,
@@ -126,8 +127,13 @@ def test_predict_command(db_path):
     unrecorded = json.loads(run_cli(["predict", "--gpu-memory", "80GiB", "--seq-len", "256", "--json"], db_path).stdout)
     assert unrecorded["max_batch_method"] == "model"
     assert unrecorded["max_batch_size"] == unrecorded["max_batch_size_model"] > result["max_batch_size"]
-    no_gpu = json.loads(run_cli(["predict", "--json"], db_path).stdout)
-    assert no_gpu["max_batch_size"] is None and "give --gpu-memory" in no_gpu["gpu_memory_source"]
+    without_size = json.loads(run_cli(["predict", "--json"], db_path).stdout)
+    nvml = probe_nvml()
+    if nvml.available and nvml.gpu_total_bytes:  # a GPU box: GPU 0's memory, read through NVML
+        assert without_size["gpu_memory_bytes"] == nvml.gpu_total_bytes[0]
+        assert without_size["gpu_memory_source"] == f"NVML: {nvml.gpu_names[0]}" and without_size["max_batch_size"]
+    else:
+        assert without_size["max_batch_size"] is None and "give --gpu-memory" in without_size["gpu_memory_source"]
     bad = run_cli(["predict", "--gpu-memory", "lots"], db_path)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--gpu-memory" in bad.stderr
     human = run_cli(["predict", "--gpu-memory", "16GiB", "--batch-size", "64"], db_path).stdout
