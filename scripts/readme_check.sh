@@ -17,11 +17,13 @@ export PYTEST_ADDOPTS="-n ${WORKERS:-14} --dist loadfile -p no:cacheprovider -p 
   python3 -m pip list 2>/dev/null | grep -iE "^(pyarrow|pytest|pytest-xdist|rich|huggingface.hub|fsspec) "
 } > "$OUT/readme_env.txt" 2>&1
 
-# 1. Install and open the dashboard, in a pseudo-terminal 120x40; after DASHBOARD_S seconds it gets SIGTERM,
-#    which it answers by quitting with 143 (timeout passes that on).
-script -qec "stty rows 40 cols 120; timeout --preserve-status -s TERM ${DASHBOARD_S:-150} bash -c 'python3 -m pip install -e . && gpuanat'" \
-  /dev/null > "$OUT/readme_dashboard.log" 2>&1
+# 1. Install and open the dashboard, in a pseudo-terminal 120x40, in its foreground process group (`timeout` would
+#    put it in a background group, where the dashboard's terminal set-up stops it with SIGTTOU). After DASHBOARD_S
+#    seconds it gets SIGTERM, which it answers by quitting with 143.
+script -qec "stty rows 40 cols 120; (sleep ${DASHBOARD_S:-150}; pkill -TERM -f 'bin/gpuanat\$') & \
+  python3 -m pip install -e . && gpuanat" /dev/null > "$OUT/readme_dashboard.log" 2>&1
 echo "exit $?" >> "$OUT/readme_dashboard.log"
+grep -a -c "Techniques" "$OUT/readme_dashboard.log" | sed 's/^/frames showing the techniques panel: /' >> "$OUT/readme_dashboard.log"
 
 # 2. Install the test extras and run the whole suite.
 timeout -s TERM "${TESTS_S:-420}" bash -c 'python3 -m pip install -e ".[test]" && python3 -m pytest' \
