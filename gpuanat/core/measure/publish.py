@@ -39,7 +39,6 @@ from pathlib import Path
 import psutil
 
 from gpuanat.core.run.protocol import (
-    MALFORMED_EXCERPT_BYTES,
     Done,
     Event,
     EventLines,
@@ -417,16 +416,8 @@ class PublicationReader:
             if not chunk:
                 break
             budget_bytes -= len(chunk)
-            events.extend(self._decode(chunk))
+            events.extend(self._lines.feed(chunk))  # total: a line is an event or Malformed, never an exception
         return events
-
-    def _decode(self, chunk: bytes) -> list[Event | Malformed]:
-        try:
-            return self._lines.feed(chunk)
-        except Exception as error:  # decoding is meant to be total; if a line still breaks it, the watch goes on
-            self._lines = EventLines()  # the unfinished line is dropped with the chunk
-            excerpt = chunk[:MALFORMED_EXCERPT_BYTES].decode(errors="replace").strip()
-            return [Malformed(excerpt, f"could not be decoded: {type(error).__name__}: {error}")]
 
     def _close(self) -> None:
         if self._fd is not None:

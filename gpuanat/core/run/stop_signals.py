@@ -43,7 +43,6 @@ class StopSignals:
         self.signal_number: int | None = None
         """The first stop signal received."""
         self._polled = 0
-        self._previous: dict[int, object] = {}
 
     @property
     def exit_code(self) -> int | None:
@@ -61,14 +60,10 @@ class StopSignals:
             raise KeyboardInterrupt
 
     def install(self) -> StopSignals:
+        """Handle STOP_SIGNALS from now on, for the rest of the process (a command's whole life)."""
         for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            signal.signal(sig, self._handle)
         return self
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self._previous.clear()
 
     @contextlib.contextmanager
     def polled(self) -> Iterator[threading.Event]:
@@ -78,9 +73,3 @@ class StopSignals:
             yield self.requested
         finally:
             self._polled -= 1
-
-    def __enter__(self) -> StopSignals:
-        return self.install()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.restore()
