@@ -15,6 +15,7 @@ from gpuanat.core.run.config import (
     ConfigError,
     RunConfig,
     check_hub_model,
+    distributed_for_ranks,
     expandable_segments_enabled,
     validate_values,
     workload_for_device,
@@ -63,7 +64,7 @@ def config_from_args(args: argparse.Namespace, cuda_available: bool) -> RunConfi
     changes.setdefault("device", "cuda" if cuda_available else "cpu")
     if changes["device"] == "cuda":
         changes.setdefault("expandable_segments", expandable_segments_enabled(os.environ))
-    return RunConfig(**changes)
+    return distributed_for_ranks(RunConfig(**changes), untouched_fields(args))
 
 
 def open_store(args: argparse.Namespace, *, read_only: bool = False) -> HistoryStore:
@@ -114,6 +115,9 @@ def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *
         with signals.polled() as stop_requested:
             result = execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name,
                                  on_event=view, trace_path=trace_path, env=env, stop_requested=stop_requested)
+    except ConfigError as error:  # the GPUs asked for cannot be had: nothing was started or recorded
+        view.close()
+        fail_usage(str(error))
     finally:
         view.close()
     warn_if_not_saved(result)

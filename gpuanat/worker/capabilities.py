@@ -36,11 +36,28 @@ def detect() -> Capabilities:
         bnb_version = bitsandbytes.__version__
     except Exception as error:  # bitsandbytes raises many kinds when its native library is missing
         bnb_error = f"{type(error).__name__}: {error}".splitlines()[0]
+    deepspeed_version, deepspeed_error = _installed_version("deepspeed")
     return Capabilities(
         torch_version=torch.__version__, cuda_available=cuda_available, cuda_device_name=name,
         cuda_compute_capability=capability, cuda_total_memory_bytes=total,
-        bitsandbytes_version=bnb_version, bitsandbytes_error=bnb_error, reason=reason,
+        bitsandbytes_version=bnb_version, bitsandbytes_error=bnb_error, deepspeed_version=deepspeed_version,
+        deepspeed_error=deepspeed_error, cuda_device_count=torch.cuda.device_count() if cuda_available else 0,
+        reason=reason,
     )
+
+
+def _installed_version(package: str) -> tuple[str | None, str | None]:
+    """(version, None) when `package` is installed, else (None, why): read from its metadata, without importing
+    it (importing deepspeed takes seconds; the training child imports it when a run needs it)."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        return None, f"{package} is not installed"
+    try:
+        return importlib.metadata.version(package), None
+    except importlib.metadata.PackageNotFoundError:
+        return None, f"{package} is importable but has no package metadata"
 
 
 if __name__ == "__main__":

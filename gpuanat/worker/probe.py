@@ -31,7 +31,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -117,19 +117,33 @@ def _never_raises(method: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
+def _local_shards(tensor: torch.Tensor) -> Iterable[torch.Tensor]:
+    """The memory behind `tensor` on this rank: the tensor itself; for an FSDP2 DTensor its local shard; for a
+    DeepSpeed ZeRO-3 parameter (emptied between uses) its partition, and the full tensor while gathered."""
+    local = getattr(tensor, "_local_tensor", None)
+    yield local if isinstance(local, torch.Tensor) else tensor
+    partition = getattr(tensor, "ds_tensor", None)
+    if isinstance(partition, torch.Tensor):
+        yield partition
+
+
 def unique_storage_bytes(tensors: Iterable[torch.Tensor | None], device: torch.device | None = None) -> int:
-    """Bytes of the distinct storages behind `tensors` (views and shared storages count once)."""
+    """Bytes of the distinct storages behind `tensors` (views and shared storages count once; a sharded tensor
+    counts its shard on this rank)."""
     # Keyed by (is CUDA, address): CUDA's unified virtual addressing gives every device's allocations distinct
     # addresses, and this is about three times cheaper than building each storage's device.
     sizes: dict[tuple[bool, int], int] = {}
     for tensor in tensors:
-        if tensor is None or (device is not None and tensor.device != device):
+        if tensor is None:
             continue
-        try:
-            storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            continue
-        sizes[(tensor.is_cuda, storage.data_ptr())] = storage.nbytes()
+        for shard in _local_shards(tensor):
+            if device is not None and shard.device != device:
+                continue
+            try:
+                storage = shard.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            sizes[(shard.is_cuda, storage.data_ptr())] = storage.nbytes()
     return sum(sizes.values())
 
 
@@ -142,12 +156,38 @@ def allocator_bytes(device: torch.device) -> tuple[int, int, int]:
             stats.get("reserved_bytes", {}).get("all", {}).get("current", 0))
 
 
+DEEPSPEED_MASTER_WEIGHTS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+"""Where DeepSpeed's ZeRO optimizers keep this rank's fp32 master weights (stages 1-2, stage 3): optimizer state
+in ZeRO's accounting (12 bytes a parameter with Adam: master weights, momentum, variance), outside `.state`."""
+
+
+def _optimizer_chain(optimizer: Any) -> list[Any]:
+    """The optimizer and those it wraps: accelerate's AcceleratedOptimizer wraps the real one, or DeepSpeed's ZeRO
+    optimizer, which wraps the torch optimizer over its flat partitions."""
+    chain: list[Any] = []
+    while optimizer is not None and len(chain) < 4 and all(optimizer is not seen for seen in chain):
+        chain.append(optimizer)
+        optimizer = getattr(optimizer, "optimizer", None)
+    return chain
+
+
+def deepspeed_master_weights(optimizer: Any) -> list[torch.Tensor]:
+    """This rank's fp32 master-weight partitions when DeepSpeed ZeRO trains; empty otherwise."""
+    tensors: list[torch.Tensor] = []
+    for wrapped in _optimizer_chain(optimizer):
+        for name in DEEPSPEED_MASTER_WEIGHTS:
+            tensors.extend(item for item in getattr(wrapped, name, None) or [] if isinstance(item, torch.Tensor))
+    return tensors
+
+
 def optimizer_state_tensors(optimizer: Any) -> Iterable[torch.Tensor]:
-    """Every tensor held in `optimizer.state`, also inside nested containers."""
+    """Every tensor held in the optimizer's state, also inside nested containers; with DeepSpeed ZeRO also its
+    fp32 master weights."""
     if optimizer is None:
         return
-    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the real one
-    stack: list[Any] = list(getattr(inner, "state", {}).values())
+    yield from deepspeed_master_weights(optimizer)
+    states = [getattr(wrapped, "state", None) for wrapped in _optimizer_chain(optimizer)]
+    stack: list[Any] = [value for state in states if isinstance(state, Mapping) for value in state.values()]
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
@@ -391,7 +431,10 @@ class AnatomyCallback(TrainerCallback):
         return None
 
     def _gradients_bytes_now(self) -> int:
-        return unique_storage_bytes((p.grad for p in self._model.parameters()), self._device)
+        """Gradients on this rank: of the parameters, and with DeepSpeed ZeRO of its fp32 partitions."""
+        gradients = [p.grad for p in self._model.parameters()]
+        gradients.extend(master.grad for master in deepspeed_master_weights(self._optimizer))
+        return unique_storage_bytes(gradients, self._device)
 
     def _optimizer_state_bytes_now(self) -> int:
         return unique_storage_bytes(optimizer_state_tensors(self._optimizer), self._device)

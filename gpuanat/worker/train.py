@@ -2,6 +2,10 @@
 
 Run as `python -m gpuanat.worker --events-fd FD --config JSON`. Events go to FD; stdout and stderr
 stay the human log. Exit codes: 0 done, 1 exception, 2 config error, 3 out of memory, 130 stopped.
+
+As a rank of a distributed run (started by torchrun through gpuanat.worker.launch) it is given
+`--rank-socket PATH` instead: it connects there, says which rank it is, sends its events on the connection and
+holds it as its lifeline. Each rank trains on the GPU of its local rank.
 """
 
 from __future__ import annotations
@@ -54,8 +58,62 @@ def build_model(config: Any) -> Any:
         )
     torch.manual_seed(config.seed)
     # Initialising on the target device is much faster than on the CPU and gives the same model.
-    with torch.device(config.device):
+    with torch.device(training_device(config)):
         return AutoModelForSequenceClassification.from_config(model_config, attn_implementation=config.attn)
+
+
+def training_device(config: Any) -> str:
+    """This process's device: on CUDA, the GPU of its local rank (every rank sees all the run's GPUs)."""
+    if config.device != "cuda":
+        return config.device
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+def transformer_layer_class_names(model: Any) -> list[str]:
+    """The model's repeated block classes, which FSDP wraps one unit each: the model's own `_no_split_modules`
+    when it names them, else the class of the first ModuleList's items (BertLayer, GPT2Block, ...)."""
+    import torch
+
+    names = [name for name in getattr(model, "_no_split_modules", None) or [] if isinstance(name, str)]
+    present = {type(module).__name__ for module in model.modules()}
+    names = [name for name in names if name in present]
+    if names:
+        return names
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            return [type(module[0]).__name__]
+    raise ValueError(f"cannot find the repeated layers of {type(model).__name__} for FSDP to wrap")
+
+
+def deepspeed_config(stage: int) -> dict[str, Any]:
+    """A DeepSpeed config that needs no compiled ops: ZeRO `stage`, the Trainer's own (torch) optimizer, no
+    offload; batch, accumulation, precision and clipping from the TrainingArguments ("auto")."""
+    return {
+        "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True},
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1_000_000_000,
+        "wall_clock_breakdown": False,
+    }
+
+
+def distributed_arguments(config: Any, model: Any) -> dict[str, Any]:
+    """TrainingArguments for `config.distributed`: DDP needs none (torchrun's environment turns it on); FSDP2 wraps
+    each transformer layer; ZeRO passes a DeepSpeed config."""
+    from gpuanat.core.run.techniques import ZERO_STAGES
+
+    if config.distributed == "fsdp":
+        layers = transformer_layer_class_names(model)
+        return {"fsdp": "full_shard", "fsdp_config": {"version": 2, "reshard_after_forward": True,
+                                                      "transformer_layer_cls_to_wrap": layers}}
+    if config.distributed in ZERO_STAGES:
+        return {"deepspeed": deepspeed_config(ZERO_STAGES[config.distributed])}
+    return {}
 
 
 def build_dataset(config: Any, vocab_size: int) -> Any:
@@ -155,6 +213,8 @@ def train(config: Any, emit: Any) -> int:
     from gpuanat.core.run.protocol import Done, Error, Hello
     from gpuanat.worker.probe import AnatomyCallback
 
+    if config.device == "cuda":
+        torch.cuda.set_device(training_device(config))  # before anything touches CUDA: one context, on our GPU
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else platform.processor() or None
     emit(Hello(pid=os.getpid(), versions=_versions(), device=config.device, device_name=device_name,
                config=config.to_json(), allocator_conf=os.environ.get(ALLOCATOR_CONF_VARIABLE)))
@@ -169,8 +229,9 @@ def train(config: Any, emit: Any) -> int:
                 emit(Error(kind="config", flag="--model", message=f"cannot load model {config.model!r}: {error}"))
                 return EXIT_CONFIG
             dataset = build_dataset(config, model.config.vocab_size)
-            trainer = Trainer(model=model, args=TrainingArguments(**training_arguments_kwargs(config, output_dir)),
-                              train_dataset=dataset, callbacks=[probe])
+            arguments = TrainingArguments(**training_arguments_kwargs(config, output_dir),
+                                          **distributed_arguments(config, model))
+            trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=[probe])
             output = trainer.train()
         except torch.OutOfMemoryError as error:
             dump_memory_snapshot()  # before the trainer's memory is freed (the frames unwound have freed theirs)
@@ -216,9 +277,27 @@ def train(config: Any, emit: Any) -> int:
     return EXIT_OK
 
 
+def connect_rank_socket(path: str) -> int:
+    """Connect to the rank launcher, say which rank this is, and hold the connection as this rank's lifeline;
+    returns its descriptor, to write events to."""
+    import socket
+
+    from gpuanat.worker.lifeline import hold_lifeline_fd
+
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(path)
+    header = {"rank": int(os.environ.get("RANK", "0")), "pid": os.getpid()}
+    connection.sendall((json.dumps(header) + "\n").encode())
+    fd = connection.detach()
+    hold_lifeline_fd(fd)
+    return fd
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuanat.worker", description=__doc__)
-    parser.add_argument("--events-fd", type=int, required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--events-fd", type=int, help="the pipe gpuanat reads events from")
+    where.add_argument("--rank-socket", help="as a rank of a distributed run: the rank launcher's socket")
     parser.add_argument("--config", required=True, help="RunConfig as JSON")
     args = parser.parse_args(argv)
 
@@ -227,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpuanat.worker.events import EventWriter, ParentGone
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    writer = EventWriter(args.events_fd)
+    writer = EventWriter(args.events_fd if args.rank_socket is None else connect_rank_socket(args.rank_socket))
     config = RunConfig.from_json(json.loads(args.config))
     try:
         return train(config, writer.emit)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.run.presets import DEFAULT_PRESET, PRESETS
-from gpuanat.core.run.techniques import ATTENTION_IMPLEMENTATIONS, DEVICES, OPTIMIZERS, PRECISIONS
+from gpuanat.core.run.techniques import ATTENTION_IMPLEMENTATIONS, DEVICES, DISTRIBUTED, OPTIMIZERS, PRECISIONS
 
 
 class ConfigError(ValueError):
@@ -52,6 +52,12 @@ class RunConfig:
     expandable_segments: bool = False
     """CUDA caching allocator option (`PYTORCH_CUDA_ALLOC_CONF`): grow segments by mapping pages instead of
     allocating fixed blocks, so memory freed between tensors can be reused. Off, as in PyTorch."""
+    gpus: str | None = None
+    """`--gpus` as given (a count, NVML indices, or "all"); None trains on one GPU, the first idle one. The GPUs a
+    run used are in its result (`gpus`)."""
+    distributed: str = "none"
+    nproc: int = 1
+    """Ranks on the CPU; on CUDA every chosen GPU is a rank."""
     seq_len: int = 512
     samples: int = 512
     epochs: int = 1
@@ -60,7 +66,18 @@ class RunConfig:
 
     @property
     def effective_batch_size(self) -> int:
+        """Samples per optimizer step on one rank."""
         return self.batch_size * self.grad_accum
+
+    @property
+    def ranks(self) -> int | None:
+        """Training processes: `nproc` on the CPU, one per GPU asked for on CUDA (None for `--gpus all`, known
+        once the GPUs are read)."""
+        if self.device != "cuda":
+            return self.nproc
+        from gpuanat.core.run.gpus import requested_count
+
+        return requested_count(self.gpus)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -94,6 +111,10 @@ class RunConfig:
             parts.append("expseg")
         if self.workers:
             parts.append(f"workers{self.workers}")
+        if self.distributed != "none":
+            parts.append(f"{self.distributed}×{self.gpus if self.device == 'cuda' and self.gpus else self.nproc}")
+        elif self.gpus:
+            parts.append(f"gpus {self.gpus}")
         return " ".join(parts)
 
 
@@ -109,6 +130,10 @@ class Capabilities:
     bitsandbytes_version: str | None = None
     """None when bitsandbytes cannot be imported."""
     bitsandbytes_error: str | None = None
+    deepspeed_version: str | None = None
+    """None when deepspeed cannot be imported."""
+    deepspeed_error: str | None = None
+    cuda_device_count: int = 0
     reason: str | None = None
     """Why CUDA is unavailable, when it is."""
 
@@ -144,6 +169,8 @@ MAX_WORKERS = 512
 """DataLoader worker processes: more than the cores of the largest single hosts."""
 MAX_STEPS = 10_000_000
 """Optimizer steps: ten times a long LLM pre-training run."""
+MAX_CPU_RANKS = 64
+"""Processes of a distributed run on the CPU: each takes a core or more."""
 
 
 def _require_at_least(flag: str, value: int | None, minimum: int) -> None:
@@ -240,6 +267,7 @@ def validate_values(config: RunConfig) -> None:
     _require_between("--epochs", config.epochs, 1, MAX_EPOCHS, "no run needs more passes")
     if config.max_steps is not None:
         _require_between("--max-steps", config.max_steps, 1, MAX_STEPS, "no run needs more optimizer steps")
+    _validate_ranks(config)
     if config.model is not None and model_is_path(config.model):
         _validate_local_model(config.model)
     max_positions = PRESETS[config.preset].max_positions
@@ -253,6 +281,41 @@ def validate_values(config: RunConfig) -> None:
     if max_positions and config.seq_len > max_positions:
         raise ConfigError("--seq-len", f"must be ≤ {max_positions}, the position embeddings of {source} "
                                        f"(got {config.seq_len})")
+
+
+def _validate_ranks(config: RunConfig) -> None:
+    """--gpus, --nproc and --distributed together: a spec that parses, the right one for the device, and a
+    distributed technique exactly when there are several ranks."""
+    from gpuanat.core.run.gpus import parse_gpus
+
+    _require_choice("--distributed", config.distributed, DISTRIBUTED)
+    _require_between("--nproc", config.nproc, 1, MAX_CPU_RANKS, "each rank takes a core or more")
+    if config.device == "cuda":
+        if config.nproc != 1:
+            raise ConfigError("--nproc", "counts ranks on the CPU; on GPUs each GPU is a rank: use --gpus N")
+        if config.gpus is not None:
+            parse_gpus(config.gpus)
+    elif config.gpus is not None:
+        raise ConfigError("--gpus", f"this run is on the {config.device}; spread it over processes with --nproc N")
+    ranks = config.ranks
+    if config.distributed != "none" and ranks == 1:
+        more = "--gpus 2" if config.device == "cuda" else "--nproc 2"
+        raise ConfigError("--distributed", f"{config.distributed} spreads a run over several ranks; this one has one "
+                                           f"(add {more})")
+    if config.distributed == "none" and ranks is not None and ranks > 1:
+        raise ConfigError("--distributed", f"none trains on one rank; with {ranks} choose ddp, fsdp, zero1, zero2 "
+                                           "or zero3")
+    if config.distributed not in ("none", "ddp") and config.device != "cuda":
+        raise ConfigError("--distributed", f"{config.distributed} shards over GPUs; on the CPU use ddp")
+
+
+def distributed_for_ranks(config: RunConfig, untouched: Collection[str]) -> RunConfig:
+    """`config` with DDP, the plain way to train on several ranks, when the user asked for several (--gpus 2,
+    --nproc 2) and chose no technique."""
+    ranks = config.ranks
+    if "distributed" in untouched and config.distributed == "none" and (ranks is None or ranks > 1):
+        return config.replace(distributed="ddp")
+    return config
 
 
 CPU_WORKLOAD: dict[str, Any] = {"preset": "tiny", "seq_len": 64, "samples": 64}
@@ -294,6 +357,10 @@ def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) ->
             return "--tf32", f"tf32 needs compute capability ≥ 8.0 ({this_gpu})"
         if config.precision == "bf16":
             return "--precision", f"bf16 needs compute capability ≥ 8.0 ({this_gpu}); use fp16"
+    if config.distributed.startswith("zero") and capabilities.deepspeed_version is None:
+        detail = f": {capabilities.deepspeed_error}" if capabilities.deepspeed_error else ""
+        return "--distributed", (f"{config.distributed} needs DeepSpeed (pip install deepspeed; README: Several "
+                                 f"GPUs){detail}")
     if config.optim == "adamw_bnb_8bit":
         if config.device != "cuda":
             return "--optim", "8-bit Adam (adamw_bnb_8bit) needs a CUDA GPU"

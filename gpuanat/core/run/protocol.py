@@ -162,6 +162,16 @@ class Malformed:
     type: str = "malformed"
 
 
+@dataclass(frozen=True)
+class Ranked:
+    """An event of one rank of a distributed run, as the rank launcher (gpuanat.worker.launch) forwards it:
+    `event` is that rank's event (or `Malformed`, for a line of the rank's that did not decode)."""
+
+    rank: int
+    event: Any
+    type: str = "rank"
+
+
 Event = Hello | ModelInfo | Step | Done | Error
 EVENT_TYPES: dict[str, type] = {cls.type: cls for cls in (Hello, ModelInfo, Step, Done, Error)}  # type: ignore[attr-defined]
 
@@ -177,7 +187,7 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def encode(event: Event) -> bytes:
+def encode(event: Event | Ranked) -> bytes:
     payload = _finite_or_none({"v": PROTOCOL_VERSION, **dataclasses.asdict(event)})
     return (json.dumps(payload, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
@@ -269,6 +279,12 @@ def decode(line: bytes | str) -> Event | Malformed:
     if version != PROTOCOL_VERSION or isinstance(version, bool):
         return Malformed(_excerpt(data_bytes), f"protocol version {_excerpt(repr(version).encode())}, "
                                                f"expected {PROTOCOL_VERSION}")
+    if data.get("type") == "rank":
+        return _decode_ranked(data, data_bytes)
+    return _decode_fields(data, data_bytes)
+
+
+def _decode_fields(data: dict[str, Any], data_bytes: bytes) -> Event | Malformed:
     event_type = data.get("type")
     cls = EVENT_TYPES.get(event_type) if isinstance(event_type, str) else None
     if cls is None:
@@ -277,6 +293,21 @@ def decode(line: bytes | str) -> Event | Malformed:
         return _build(cls, {key: value for key, value in data.items() if key not in ("v", "type")})
     except (TypeError, ValueError, RecursionError) as error:
         return Malformed(_excerpt(data_bytes), f"bad fields for {cls.__name__}: {error}")
+
+
+def _decode_ranked(data: dict[str, Any], data_bytes: bytes) -> Ranked | Malformed:
+    """A `Ranked` envelope: the rank, and the rank's own event inside (one level: an envelope holds no envelope)."""
+    rank, inner = data.get("rank"), data.get("event")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_INT:
+        return Malformed(_excerpt(data_bytes), "bad fields for Ranked: rank must be an integer ≥ 0")
+    if not isinstance(inner, dict):
+        return Malformed(_excerpt(data_bytes), "bad fields for Ranked: event must be an object")
+    if inner.get("type") == "malformed":
+        line, reason = inner.get("line"), inner.get("reason")
+        return Ranked(rank, Malformed(line if isinstance(line, str) else "",
+                                      reason if isinstance(reason, str) else "malformed"))
+    event = _decode_fields(inner, data_bytes)
+    return Ranked(rank, event)
 
 
 class EventLines:

@@ -26,6 +26,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from gpuanat.core.run.config import Capabilities
 from gpuanat.core.run.protocol import Event, EventLines, Malformed
@@ -59,8 +62,12 @@ def probe_capabilities() -> Capabilities:
     return Capabilities.from_json(json.loads(completed.stdout))
 
 
-def worker_command(config_json: str, events_fd: int) -> list[str]:
-    """The command line of gpuanat's own training child."""
+def worker_command(config_json: str, events_fd: int, ranks: int = 1) -> list[str]:
+    """The command line of gpuanat's own training child: the worker itself, or for several ranks the rank launcher
+    (gpuanat.worker.launch), which starts them through torchrun."""
+    if ranks > 1:
+        return [sys.executable, "-m", "gpuanat.worker.launch", "--events-fd", str(events_fd), "--nproc", str(ranks),
+                "--", "--config", config_json]
     return [sys.executable, "-m", "gpuanat.worker", "--events-fd", str(events_fd), "--config", config_json]
 
 
@@ -82,6 +89,9 @@ class ChildProcess:
         self.log_error: str | None = None
         """Why (part of) the child's output is missing from the log file, when it is."""
         self.dropped_log_bytes = 0
+        self._descendants: dict[int, Any] = {}
+        """Every descendant seen in a session of its own (torchrun's ranks): found while the child lives, ended
+        with its group even once re-parented."""
 
     @property
     def pid(self) -> int | None:
@@ -173,18 +183,37 @@ class ChildProcess:
     def poll(self) -> int | None:
         return self._process.poll() if self._process else None
 
-    def group_pids(self) -> list[int]:
-        """PIDs still alive in the child's process group (the child and e.g. DataLoader workers)."""
-        if self._process is None:
-            return []
+    def _family(self) -> list[Any]:
+        """psutil processes still alive of the child's family: its process group (the child, DataLoader workers)
+        and its descendants in sessions of their own (the ranks torchrun starts), zombies not counted. Each
+        descendant is remembered once seen, so it is found even after its parent died and it was re-parented;
+        psutil checks a process's start time before signalling it, so a reused PID is never signalled."""
+        assert self._process is not None
         pgid = self._process.pid
-        alive = []
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pgid).children(recursive=True):
+                self._descendants.setdefault(child.pid, child)
+        family: dict[int, Any] = {}
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
-                with contextlib.suppress(OSError, ProcessLookupError):
+                with contextlib.suppress(OSError, psutil.Error):
                     if os.getpgid(int(entry.name)) == pgid:
-                        alive.append(int(entry.name))
+                        family[int(entry.name)] = psutil.Process(int(entry.name))
+        for pid, process in self._descendants.items():
+            if pid not in family:
+                family[pid] = process
+        alive = []
+        for process in family.values():
+            with contextlib.suppress(psutil.Error):
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
         return alive
+
+    def group_pids(self) -> list[int]:
+        """PIDs still alive of the child's family (see `_family`)."""
+        if self._process is None:
+            return []
+        return sorted(process.pid for process in self._family())
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         """Stop the child: SIGINT, wait `grace_s`, then SIGTERM and SIGKILL to the whole group."""
@@ -205,10 +234,14 @@ class ChildProcess:
             return
         pgid = self._process.pid
         for sig, wait_s in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, 0.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
+            family = self._family()
+            if not family:
                 break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+            for process in family:
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(sig)
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline and self.group_pids():
                 time.sleep(0.05)

@@ -22,7 +22,15 @@ from gpuanat.core.measure.anatomy import assemble_bands
 from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.run.config import RunConfig, child_environment
-from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
+from gpuanat.core.run.gpus import (
+    VISIBLE_DEVICES_VARIABLE,
+    Gpu,
+    GpuChoice,
+    child_visible_devices,
+    gpus_for_run,
+    read_gpus,
+)
+from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Ranked, Step
 from gpuanat.core.run.runner import ChildExited, ChildProcess, worker_command
 from gpuanat.core.store.compare import percent_delta
 from gpuanat.core.store.history import HistoryStore, write_with_backoff
@@ -38,7 +46,7 @@ SamplerFactory = Callable[[], tuple[Any, NvmlStatus]]
 
 @dataclass
 class _RunState:
-    """What the parent has learned about the run so far."""
+    """What the parent has learned about the run so far: about one rank (rank 0's is the run's own)."""
 
     hello: Hello | None = None
     model: ModelInfo | None = None
@@ -54,24 +62,61 @@ class _RunState:
     exit_code: int | None = None
     stopped_by_user: bool = False
     log_error: str | None = None
+    gpu_index: int | None = None
+    """NVML index of the GPU this rank trains on; None when unknown (no NVML): the first GPU NVML lists."""
+
+    def observe(self, event: Event) -> None:
+        """Keep what `event` says about the run (or rank)."""
+        if isinstance(event, Hello):
+            self.hello = event
+        elif isinstance(event, ModelInfo):
+            self.model = event
+        elif isinstance(event, Step):
+            self.last_step = event
+            if event.bands is not None:
+                self.probe_bands = event.bands
+        elif isinstance(event, Done):
+            self.done = event
+            if event.bands is not None:
+                self.probe_bands = event.bands
+        elif isinstance(event, Error):
+            self.error = event
 
     def observe_sample(self, sample: Sample, pid: int) -> None:
-        if not sample.gpus:
+        gpus = [gpu for gpu in sample.gpus if self.gpu_index is None or gpu.index == self.gpu_index]
+        if not gpus:
             return
-        gpu = sample.gpus[0]
+        gpu = gpus[0]
         self.gpu_name = gpu.name
         self.device_total_bytes = gpu.total_bytes
         if gpu.used_bytes is not None:
             self.peak_device_used_bytes = max(self.peak_device_used_bytes or 0, gpu.used_bytes)
-        process_used = sample.process_used_bytes([pid])
+        process_used = dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes([pid])
         if process_used is not None:
             self.peak_process_used_bytes = max(self.peak_process_used_bytes or 0, process_used)
 
 
-def _status(state: _RunState) -> str:
-    if state.error is not None and state.error.kind == "oom":
+def _rank_status(state: _RunState) -> str:
+    """How one rank ended, from its own events."""
+    if state.error is not None:
+        return "oom" if state.error.kind == "oom" else "failed"
+    if state.done is not None:
+        return "ok" if state.done.status == "ok" else "stopped"
+    return "failed"
+
+
+def _status(state: _RunState, ranks: Mapping[int, _RunState] | None = None) -> str:
+    """The run's status: rank 0's, unless another rank ran out of memory or failed — a rank killed mid-run fails
+    the run, though the ranks torchrun then stopped say "stopped"."""
+    others = [rank_state for rank, rank_state in (ranks or {}).items() if rank != 0]
+    errors = [rank_state.error for rank_state in (state, *others) if rank_state.error is not None]
+    if any(error.kind == "oom" for error in errors):
         return "oom"
-    if state.stopped_by_user or (state.done is not None and state.done.status == "stopped"):
+    if state.stopped_by_user:
+        return "stopped"
+    if errors or any(_rank_status(rank_state) == "failed" for rank_state in others):
+        return "failed"
+    if state.done is not None and state.done.status == "stopped":
         return "stopped"
     if state.done is not None and state.done.status == "ok" and state.exit_code == 0:
         return "ok"
@@ -98,11 +143,9 @@ def _probe_cost_percent(done: Done | None) -> float | None:
     return 100.0 * in_steps_s / without_probe_s if without_probe_s > 0 else None
 
 
-def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlStatus, log_path: Path,
-                 name: str | None = None) -> dict[str, Any]:
-    """The run's result as the JSON contract of `gpuanat run --json`."""
+def _memory(config: RunConfig, state: _RunState, nvml: NvmlStatus) -> dict[str, Any]:
+    """One rank's memory: peaks, NVML readings of its GPU and its bands, with why any is missing."""
     done, error = state.done, state.error
-    status = _status(state)
     unavailable: dict[str, str] = {}
     no_gpu_reason = None
     if config.device != "cuda":
@@ -123,9 +166,52 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         device_total_bytes=state.device_total_bytes, process_used_bytes=state.peak_process_used_bytes,
         no_gpu_reason=no_gpu_reason,
     )
+    return {
+        "peak_allocated_bytes": peak_allocated,
+        "peak_reserved_bytes": peak_reserved,
+        "device_memory_used_bytes": device_used,
+        "process_memory_used_bytes": state.peak_process_used_bytes if no_gpu_reason is None else None,
+        "device_memory_total_bytes": state.device_total_bytes if no_gpu_reason is None else None,
+        "bands": {key: value for key, value in bands.to_json().items() if key != "unavailable"},
+        "unavailable": {**unavailable, **bands.unavailable},
+    }
+
+
+def _rank_result(rank: int, config: RunConfig, state: _RunState, nvml: NvmlStatus) -> dict[str, Any]:
+    """One entry of the result's `ranks`."""
+    done, last_step = state.done, state.last_step
+    return {
+        "rank": rank,
+        "pid": state.hello.pid if state.hello else None,
+        "gpu_index": state.gpu_index,
+        "status": _rank_status(state),
+        "samples": done.samples if done else (last_step.samples if last_step else 0),
+        "steady_samples_per_second": done.steady_samples_per_second if done else None,
+        "error": ({"kind": state.error.kind, "message": state.error.message, "step": state.error.step}
+                  if state.error else None),
+        **_memory(config, state, nvml),
+    }
+
+
+def _sum_or_none(values: list[float | None]) -> float | None:
+    return None if not values or any(value is None for value in values) else sum(v for v in values if v is not None)
+
+
+def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlStatus, log_path: Path,
+                 name: str | None = None, ranks: Mapping[int, _RunState] | None = None,
+                 gpus: GpuChoice | None = None) -> dict[str, Any]:
+    """The run's result as the JSON contract of `gpuanat run --json`. The top level is rank 0's (its memory, its
+    bands); samples and steady samples/s are the whole run's (every rank's summed); `ranks` has one entry per rank."""
+    ranks = {0: state, **(ranks or {})}
+    done, error = state.done, state.error
+    status = _status(state, ranks)
+    memory = _memory(config, state, nvml)
+    unavailable = dict(memory.pop("unavailable"))
     steady_reason = done.steady_reason if done else f"run ended with status {status}"
-    if done is None or done.steady_samples_per_second is None:
-        unavailable["steady_samples_per_second"] = steady_reason or "not measured"
+    rank_results = [_rank_result(rank, config, ranks[rank], nvml) for rank in sorted(ranks)]
+    steady = _sum_or_none([entry["steady_samples_per_second"] for entry in rank_results])
+    if steady is None:
+        unavailable["steady_samples_per_second"] = steady_reason or "not measured on every rank"
     last_step = state.last_step
     result: dict[str, Any] = {
         "run_id": run_id,
@@ -135,39 +221,42 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         "params": state.model.params if state.model else None,
         "train_runtime_s": done.train_runtime_s if done else None,
         "samples_per_second": done.samples_per_second if done else None,
-        "steady_samples_per_second": done.steady_samples_per_second if done else None,
+        "steady_samples_per_second": steady,
         "warmup_steps": done.warmup_steps if done else None,
         "steps": done.steps if done else (last_step.step if last_step else 0),
-        "samples": done.samples if done else (last_step.samples if last_step else 0),
+        "samples": sum(entry["samples"] for entry in rank_results),
         "train_loss": done.train_loss if done else None,
         "probe_time_s": done.probe_time_s if done else None,
         "probe_time_by_part_s": done.probe_time_by_part_s if done else None,
         "probe_cost_percent": _probe_cost_percent(done),
-        "peak_allocated_bytes": peak_allocated,
-        "peak_reserved_bytes": peak_reserved,
-        "device_memory_used_bytes": device_used,
-        "process_memory_used_bytes": state.peak_process_used_bytes if no_gpu_reason is None else None,
-        "device_memory_total_bytes": state.device_total_bytes if no_gpu_reason is None else None,
+        **memory,
         "device": config.device,
         "device_name": state.hello.device_name if state.hello else None,
         "gpu_name": state.gpu_name,
+        "gpus": [gpu.to_json() for gpu in gpus.gpus] if gpus is not None else [],
         "versions": state.hello.versions if state.hello else {},
-        "bands": {key: value for key, value in bands.to_json().items() if key != "unavailable"},
         "gradients_at_forward_end_bytes": (state.probe_bands.gradients_at_forward_end_bytes
                                            if state.probe_bands else None),
-        "unavailable": {**unavailable, **bands.unavailable},
+        "unavailable": unavailable,
         "error": None,
         "exit_code": state.exit_code,
         "log_error": state.log_error,
         "log_path": str(log_path),
-        "malformed_events": len(state.malformed),
+        "malformed_events": sum(len(rank_state.malformed) for rank_state in ranks.values()),
+        "ranks": rank_results,
     }
     predicted = prediction_json(config)
     result["predicted"] = predicted
-    result["prediction_error_percent"] = (percent_delta(predicted["peak_allocated_bytes"], peak_allocated)
-                                          if predicted is not None else None)
-    if error is not None:
-        result["error"] = {"kind": error.kind, "message": error.message, "step": error.step, "flag": error.flag}
+    result["prediction_error_percent"] = (
+        percent_delta(predicted["peak_allocated_bytes"], memory["peak_allocated_bytes"]) if predicted is not None
+        else None)
+    rank_error = error if error is not None else next(
+        (ranks[rank].error for rank in sorted(ranks) if ranks[rank].error is not None), None)
+    if rank_error is not None:
+        failed_rank = next(rank for rank in sorted(ranks) if ranks[rank].error is rank_error)
+        prefix = f"rank {failed_rank}: " if failed_rank and not rank_error.message.startswith("rank ") else ""
+        result["error"] = {"kind": rank_error.kind, "message": prefix + rank_error.message, "step": rank_error.step,
+                           "flag": rank_error.flag}
     elif status == "failed":
         result["error"] = {"kind": "exception", "flag": None, "step": last_step.step + 1 if last_step else None,
                            "message": f"the training process exited with code {state.exit_code} "
@@ -188,8 +277,13 @@ def execute_run(
     stop_grace_s: float = 10.0,
     stop_requested: threading.Event | None = None,
     on_start: Callable[[int, int, Path], None] | None = None,
+    gpu_reader: Callable[[], list[Gpu]] = read_gpus,
 ) -> dict[str, Any]:
     """Train `config` in a child process, record it, return its result.
+
+    The GPUs are chosen first (`gpuanat.core.run.gpus`, from what `gpu_reader` lists): ConfigError, before
+    anything is recorded, when they cannot be had. Several ranks are started through the rank launcher; rank 0's
+    events are the run's own, every rank's measurements land in the result's `ranks`.
 
     Ctrl-C (KeyboardInterrupt) while it runs — or `stop_requested` being set, from any thread — stops
     the child and its process group and records the run as stopped. `on_event` sees every decoded
@@ -197,15 +291,26 @@ def execute_run(
     A history that is busy or full does not stop the run (see gpuanat.core.store.recording); when its last
     writes could not be saved, the result's `history_error` says so.
     """
+    base_environment = os.environ if env is None else env
+    choice = gpus_for_run(config, base_environment, gpu_reader() if config.device == "cuda" else [])
+    environment = child_environment(config, base_environment)
+    visible = child_visible_devices(choice, config, base_environment)
+    if visible is not None:
+        environment[VISIBLE_DEVICES_VARIABLE] = visible
+    rank_count = len(choice.gpus) if choice is not None else (config.ranks or 1)
     run_id = write_with_backoff(lambda: store.create_run(config.to_json(), name=name),
                                 deadline_s=FINAL_WRITE_DEADLINE_S)
     log_path = log_dir / f"run-{run_id}.log"
     pending = PendingWrites(store, run_id)
     pending.update(lambda history: history.set_log_path(run_id, log_path))
-    state = _RunState()
+
+    def gpu_of(rank: int) -> int | None:
+        return choice.gpus[rank].index if choice is not None and rank < len(choice.gpus) else None
+
+    state = _RunState(gpu_index=gpu_of(0))
+    ranks: dict[int, _RunState] = {0: state}
     config_json = json.dumps(config.to_json())
-    child = ChildProcess(lambda fd: worker_command(config_json, fd), log_path=log_path,
-                         env=child_environment(config, os.environ if env is None else env))
+    child = ChildProcess(lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path, env=environment)
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
     source, nvml = sampler_factory()
     sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
@@ -214,33 +319,33 @@ def execute_run(
         while not samples.empty():
             sample = samples.get()
             if child.pid is not None:
-                state.observe_sample(sample, child.pid)
+                for rank_state in ranks.values():
+                    rank_state.observe_sample(sample, rank_state.hello.pid if rank_state.hello else child.pid)
             pending.add_samples([sample.to_json()])
         pending.flush()
 
-    def handle(event: Event | Malformed) -> None:
+    def handle(event: Event | Ranked | Malformed) -> None:
+        rank = 0
+        if isinstance(event, Ranked):
+            rank, event = event.rank, event.event
+        rank_state = ranks.setdefault(rank, _RunState(gpu_index=gpu_of(rank)))
         if isinstance(event, Malformed):
-            state.malformed.append(event.reason)
+            rank_state.malformed.append(event.reason)
+            return
+        rank_state.observe(event)
+        if rank != 0:  # the run's record is rank 0's; the others' are in the result's `ranks`
+            if on_event is not None:
+                on_event(Ranked(rank, event))
             return
         if isinstance(event, Hello):
-            state.hello = event
-            environment = {"pid": event.pid, "versions": event.versions, "device": event.device,
-                           "device_name": event.device_name, "nvml": nvml.__dict__,
-                           "config_received": event.config, "allocator_conf": event.allocator_conf}
-            pending.update(lambda history: history.set_environment(run_id, environment))
-        elif isinstance(event, ModelInfo):
-            state.model = event
+            run_environment = {"pid": event.pid, "versions": event.versions, "device": event.device,
+                               "device_name": event.device_name, "nvml": nvml.__dict__,
+                               "config_received": event.config, "allocator_conf": event.allocator_conf,
+                               "gpus": [gpu.to_json() for gpu in choice.gpus] if choice else [],
+                               "ranks": rank_count}
+            pending.update(lambda history: history.set_environment(run_id, run_environment))
         elif isinstance(event, Step):
-            state.last_step = event
-            if event.bands is not None:
-                state.probe_bands = event.bands
             pending.add_steps([dataclasses.asdict(event)])
-        elif isinstance(event, Done):
-            state.done = event
-            if event.bands is not None:
-                state.probe_bands = event.bands
-        elif isinstance(event, Error):
-            state.error = event
         if on_event is not None:
             on_event(event)
 
@@ -280,7 +385,9 @@ def execute_run(
         sampler.stop()
         flush()
     state.log_error = child.log_error
-    result = build_result(run_id, config, state, nvml, log_path, name=name)
+    for rank in range(rank_count):  # a rank that never said anything is still one of the run's
+        ranks.setdefault(rank, _RunState(gpu_index=gpu_of(rank)))
+    result = build_result(run_id, config, state, nvml, log_path, name=name, ranks=ranks, gpus=choice)
     result["history_error"] = pending.finish(lambda history: history.update_result(run_id, result,
                                                                                    status=result["status"]))
     return result

@@ -15,6 +15,11 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "sgd")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 DEVICES = ("cuda", "cpu")
+DISTRIBUTED = ("none", "ddp", "fsdp", "zero1", "zero2", "zero3")
+"""How a run spreads over several ranks: DDP (every rank holds everything, gradients all-reduced), FSDP2 (weights,
+gradients and optimizer state sharded), DeepSpeed ZeRO stage 1 (optimizer state sharded), 2 (+ gradients),
+3 (+ weights)."""
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,14 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("expandable_segments", "--expandable-segments", "bool",
               "CUDA allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF): less fragmentation, so a larger "
               "batch fits, and the largest one is predicted better"),
+    Technique("gpus", "--gpus", "str",
+              "GPUs to train on: a count (2), NVML indices as nvidia-smi shows them (0,2; one index: 3,) or all "
+              "(default: one GPU, the first idle one)"),
+    Technique("distributed", "--distributed", "choice",
+              "spread the run over several ranks: ddp, fsdp (FSDP2), DeepSpeed zero1/zero2/zero3 (needs "
+              "deepspeed); launched with torchrun (default: none on one rank, ddp on several)",
+              choices=DISTRIBUTED),
+    Technique("nproc", "--nproc", "int", "ranks on the CPU (one process each, gloo); on GPUs --gpus decides"),
     Technique("seq_len", "--seq-len", "int", "tokens per sample"),
     Technique("samples", "--samples", "int", "samples in the random dataset (the docs use 512)"),
     Technique("epochs", "--epochs", "int", "passes over the dataset"),

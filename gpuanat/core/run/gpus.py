@@ -1,0 +1,197 @@
+"""Which GPUs a run trains on: `--gpus` read, checked against what NVML lists, and handed to the child.
+
+A run uses exactly the GPUs it was given — never one more — so the child's `CUDA_VISIBLE_DEVICES` names them by
+UUID (an index there follows CUDA's own ordering, which can differ from NVML's and nvidia-smi's). Without
+`--gpus` a run trains on one GPU: the first that no process uses. HF Trainer started with several GPUs visible
+would otherwise wrap the model in `nn.DataParallel` over all of them, silently.
+
+Indices in `--gpus` are NVML's, as nvidia-smi shows them. A user's own `CUDA_VISIBLE_DEVICES` (indices or UUIDs)
+narrows the default choice and `all`; an explicit list of indices overrides it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuanat.core.run.config import ConfigError, RunConfig
+
+VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
+MAX_GPUS = 64
+"""More GPUs than any single host has; a run spans one host."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as NVML lists it when the run starts."""
+
+    index: int
+    """NVML's index, as nvidia-smi shows it."""
+    uuid: str
+    name: str
+    total_bytes: int | None
+    used_bytes: int | None
+    processes: int
+    """Compute processes running on it."""
+
+    def to_json(self) -> dict[str, object]:
+        return {"index": self.index, "uuid": self.uuid, "name": self.name, "total_bytes": self.total_bytes}
+
+
+@dataclass(frozen=True)
+class GpuChoice:
+    gpus: tuple[Gpu, ...]
+    note: str | None = None
+    """One line for the user when the choice is not what they might assume (a busy GPU taken)."""
+
+    @property
+    def visible_devices(self) -> str:
+        """The child's CUDA_VISIBLE_DEVICES: rank r trains on `gpus[r]`."""
+        return ",".join(gpu.uuid for gpu in self.gpus)
+
+
+def parse_gpus(spec: str) -> int | tuple[int, ...] | None:
+    """`--gpus` as a count (`2`), a list of NVML indices (`0,2`), or None for `all`. A single number is a count
+    (`--gpus 1` is one GPU, the first idle one); one particular GPU is a list of one, `--gpus 3,`."""
+    text = spec.strip().lower()
+    if text == "all":
+        return None
+    if "," in text:
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if not parts or not all(part.isdigit() for part in parts):
+            raise ConfigError("--gpus", f"a list is NVML indices separated by commas, e.g. 0,2 (got {spec!r})")
+        indices = tuple(int(part) for part in parts)
+        if len(set(indices)) != len(indices):
+            raise ConfigError("--gpus", f"GPU {next(i for i in indices if indices.count(i) > 1)} is listed twice")
+        if len(indices) > MAX_GPUS:
+            raise ConfigError("--gpus", f"at most {MAX_GPUS} GPUs (got {len(indices)})")
+        return indices
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError("--gpus", f"must be a count (2), a list of GPU indices (0,2) or all (got {spec!r})")
+    if int(text) > MAX_GPUS:
+        raise ConfigError("--gpus", f"at most {MAX_GPUS} GPUs (got {int(text)})")
+    return int(text)
+
+
+def requested_count(spec: str | None) -> int | None:
+    """How many GPUs `spec` asks for; None for `all` (known once NVML is read). No spec is one GPU."""
+    if spec is None:
+        return 1
+    parsed = parse_gpus(spec)
+    if parsed is None:
+        return None
+    return parsed if isinstance(parsed, int) else len(parsed)
+
+
+def _visible_subset(gpus: Sequence[Gpu], visible: str | None) -> tuple[list[Gpu], str | None]:
+    """The GPUs the user's CUDA_VISIBLE_DEVICES allows (all when unset), and what it said, for messages."""
+    if visible is None or not visible.strip():
+        return list(gpus), None
+    allowed: list[Gpu] = []
+    for entry in (part.strip() for part in visible.split(",")):
+        if entry.isdigit():
+            match = [gpu for gpu in gpus if gpu.index == int(entry)]
+        else:
+            match = [gpu for gpu in gpus if entry and gpu.uuid.startswith(entry)]
+        if not match:
+            break  # CUDA stops at the first entry it cannot find
+        if match[0] not in allowed:
+            allowed.append(match[0])
+    return allowed, visible
+
+
+def choose_gpus(spec: str | None, gpus: Sequence[Gpu], environment: Mapping[str, str]) -> GpuChoice:
+    """The GPUs a run trains on. Raises ConfigError (flag `--gpus`) when the request cannot be met."""
+    if not gpus:
+        raise ConfigError("--gpus", "NVML lists no GPU on this machine")
+    parsed = parse_gpus(spec) if spec is not None else 1
+    if isinstance(parsed, tuple):
+        by_index = {gpu.index: gpu for gpu in gpus}
+        missing = [index for index in parsed if index not in by_index]
+        if missing:
+            raise ConfigError("--gpus", f"no GPU {missing[0]} here: NVML lists {len(gpus)} "
+                                        f"(indices 0-{len(gpus) - 1}, as nvidia-smi shows them)")
+        return GpuChoice(tuple(by_index[index] for index in parsed))
+    candidates, visible = _visible_subset(gpus, environment.get(VISIBLE_DEVICES_VARIABLE))
+    where = f"CUDA_VISIBLE_DEVICES={visible} allows" if visible is not None else "NVML lists"
+    if parsed is None:
+        if not candidates:
+            raise ConfigError("--gpus", f"{where} no GPU")
+        return GpuChoice(tuple(candidates))
+    if parsed > len(candidates):
+        raise ConfigError("--gpus", f"{parsed} GPUs asked for, but {where} {len(candidates)}")
+    idle = [gpu for gpu in candidates if gpu.processes == 0]
+    if len(idle) >= parsed:
+        return GpuChoice(tuple(idle[:parsed]))
+    # Not enough idle GPUs: the idle ones, then the busy ones with the most free memory.
+    busy = sorted((gpu for gpu in candidates if gpu.processes), key=lambda gpu: (gpu.used_bytes or 0, gpu.index))
+    chosen = tuple(sorted([*idle, *busy[:parsed - len(idle)]], key=lambda gpu: gpu.index))
+    taken = [gpu for gpu in chosen if gpu.processes]
+    note = ("no idle GPU is left for this run: " if not idle else "too few idle GPUs: ") + "training also on " + \
+        ", ".join(f"GPU {gpu.index} ({gpu.processes} other process{'es' if gpu.processes > 1 else ''})"
+                  for gpu in taken) + " — choose with --gpus"
+    return GpuChoice(chosen, note)
+
+
+def read_gpus() -> list[Gpu]:
+    """Every GPU NVML lists, with its use now; empty when NVML is unavailable."""
+    from gpuanat.core.measure.sampler import nvml_memory_info, nvml_processes
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no pynvml: the run's NVML status says why
+        return []
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = nvml_memory_info(pynvml, handle)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            gpus.append(Gpu(index=index, uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                            name=name.decode() if isinstance(name, bytes) else str(name),
+                            total_bytes=int(memory.total) if memory is not None else None,
+                            used_bytes=int(memory.used) if memory is not None else None,
+                            processes=len(nvml_processes(pynvml, handle))))
+        return gpus
+    except pynvml.NVMLError:
+        return []
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def gpus_for_run(config: RunConfig, environment: Mapping[str, str], listed: Sequence[Gpu]) -> GpuChoice | None:
+    """The GPUs `config` trains on, given what NVML lists (`read_gpus`); None on the CPU, or where NVML lists none
+    (the child's CUDA then decides: see `child_visible_devices`). Raises ConfigError when the request cannot be met
+    or does not match the distributed technique."""
+    if config.device != "cuda":
+        return None
+    if not listed:
+        if config.gpus is not None:
+            raise ConfigError("--gpus", "NVML lists no GPU here, so GPUs cannot be chosen; set CUDA_VISIBLE_DEVICES "
+                                        "instead")
+        return None
+    choice = choose_gpus(config.gpus, listed, environment)
+    count = len(choice.gpus)
+    if config.distributed != "none" and count < 2:
+        raise ConfigError("--distributed", f"{config.distributed} spreads a run over several GPUs; --gpus "
+                                           f"{config.gpus or '1'} is one here")
+    if config.distributed == "none" and count > 1:
+        raise ConfigError("--distributed", f"none trains on one GPU; with {count} choose ddp, fsdp, zero1, zero2 "
+                                           "or zero3")
+    return choice
+
+
+def child_visible_devices(choice: GpuChoice | None, config: RunConfig, environment: Mapping[str, str]) -> str | None:
+    """The child's CUDA_VISIBLE_DEVICES: the chosen GPUs; without NVML, for one rank, CUDA's first visible GPU (so
+    Trainer never sees several and wraps the model in DataParallel); None to leave the environment's."""
+    if choice is not None:
+        return choice.visible_devices
+    if config.device == "cuda" and config.distributed == "none":
+        visible = environment.get(VISIBLE_DEVICES_VARIABLE)
+        return visible.split(",")[0].strip() if visible and visible.strip() else "0"
+    return None

@@ -1,0 +1,170 @@
+"""The rank launcher: one distributed run, started with torchrun, seen by gpuanat as one child.
+
+    python -m gpuanat.worker.launch --events-fd FD --nproc N -- WORKER-ARGS...
+
+gpuanat starts this process (it holds the lifeline, in a process group of its own); it starts
+`python -m torch.distributed.run --standalone --nproc-per-node N -m gpuanat.worker WORKER-ARGS --rank-socket PATH`
+in its own group. torchrun starts every rank in a session of its own and passes it no descriptor, so each rank
+connects to a Unix socket this launcher listens on (in a private folder): its first line says which rank it is,
+then come its protocol events. The launcher forwards them to gpuanat's events pipe, each wrapped as `Ranked`.
+
+The socket is also each rank's lifeline: the launcher never writes to it, so a rank reads end-of-file exactly
+when the launcher is gone, and ends its own group (gpuanat.worker.lifeline). When gpuanat goes, this launcher's
+lifeline ends torchrun and every rank it knows of. SIGINT or SIGTERM (gpuanat's stop) is passed to torchrun as
+SIGTERM, which torchrun passes to every rank; a rank stops like a single-process run.
+
+Exit code: torchrun's; 130 when stopped and every rank stopped. A rank that ended without saying `done` or
+`error` (killed, crashed in C) is reported as an `error` event of that rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.run.protocol import Done, Error, EventLines, Ranked
+from gpuanat.worker.events import EventWriter, ParentGone
+from gpuanat.worker.lifeline import hold_lifeline
+
+EXIT_STOPPED = 130
+RANK_HEADER_MAX_BYTES = 4096
+RANKS_GONE_GRACE_S = 10.0
+"""After torchrun exited, how long the ranks' connections may stay open before the launcher stops waiting."""
+
+
+def torchrun_command(nproc: int, worker_args: list[str], socket_path: str) -> list[str]:
+    """torchrun on this host alone: a free port, no restarts (a failed rank fails the run)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "--max-restarts=0", "-m", "gpuanat.worker", *worker_args, "--rank-socket", socket_path]
+
+
+class _Forwarder:
+    """Reads each rank's connection and forwards its events, whole lines, one writer at a time."""
+
+    def __init__(self, writer: EventWriter) -> None:
+        self._writer = writer
+        self._lock = threading.Lock()
+        self.finished: dict[int, str] = {}
+        """Rank -> how it ended ("done" or "error"), from its own events."""
+        self.connected: dict[int, int] = {}
+        """Rank -> pid, from its header."""
+        self.threads: list[threading.Thread] = []
+        self.parent_gone = False
+
+    def send(self, event: Any) -> None:
+        with self._lock:
+            if self.parent_gone:
+                return
+            try:
+                self._writer.emit(event)
+            except ParentGone:
+                self.parent_gone = True
+
+    def serve(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # closed: no more ranks
+                return
+            thread = threading.Thread(target=self._read_rank, args=(connection,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _read_rank(self, connection: socket.socket) -> None:
+        with connection:
+            header = _read_header(connection)
+            if header is None:
+                return
+            rank, pid = header
+            self.connected[rank] = pid
+            lines = EventLines()
+            while True:
+                try:
+                    chunk = connection.recv(1 << 16)
+                except OSError:
+                    chunk = b""
+                events = lines.feed(chunk) if chunk else lines.finish()
+                for event in events:
+                    if isinstance(event, Done):
+                        self.finished[rank] = "done"
+                    elif isinstance(event, Error):
+                        self.finished[rank] = "error"
+                    self.send(Ranked(rank, event))
+                if not chunk:
+                    return
+
+
+def _read_header(connection: socket.socket) -> tuple[int, int] | None:
+    """The rank's first line, {"rank": R, "pid": P}; None when it is not that."""
+    data = b""
+    while b"\n" not in data and len(data) < RANK_HEADER_MAX_BYTES:
+        try:
+            chunk = connection.recv(1)
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    try:
+        header = json.loads(data)
+        rank, pid = header["rank"], header["pid"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not (isinstance(rank, int) and isinstance(pid, int)) or rank < 0:
+        return None
+    return rank, pid
+
+
+def main(argv: list[str] | None = None) -> int:
+    hold_lifeline()
+    parser = argparse.ArgumentParser(prog="python -m gpuanat.worker.launch", description=__doc__)
+    parser.add_argument("--events-fd", type=int, required=True)
+    parser.add_argument("--nproc", type=int, required=True)
+    parser.add_argument("worker_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    worker_args = args.worker_args[1:] if args.worker_args[:1] == ["--"] else args.worker_args
+    forwarder = _Forwarder(EventWriter(args.events_fd))
+    stop_requested = threading.Event()
+    with tempfile.TemporaryDirectory(prefix="gpuanat-ranks-") as folder:
+        socket_path = str(Path(folder) / "ranks.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(socket_path)
+        listener.listen(max(8, args.nproc))
+        threading.Thread(target=forwarder.serve, args=(listener,), daemon=True).start()
+        torchrun = subprocess.Popen(torchrun_command(args.nproc, worker_args, socket_path), stdin=subprocess.DEVNULL)
+
+        def pass_stop(signum: int, frame: Any) -> None:
+            stop_requested.set()
+            with contextlib.suppress(ProcessLookupError):
+                torchrun.send_signal(signal.SIGTERM)
+
+        signal.signal(signal.SIGINT, pass_stop)
+        signal.signal(signal.SIGTERM, pass_stop)
+        returncode = torchrun.wait()
+        for thread in list(forwarder.threads):
+            thread.join(RANKS_GONE_GRACE_S)
+        listener.close()
+    missing = [rank for rank in range(args.nproc) if rank not in forwarder.finished]
+    if missing and not stop_requested.is_set():
+        for rank in missing:
+            pid = forwarder.connected.get(rank)
+            never = "" if pid is not None else " (it never connected)"
+            forwarder.send(Ranked(rank, Error(kind="exception", message=(
+                f"rank {rank}{f' (pid {pid})' if pid else ''} ended without finishing{never}; torchrun exited "
+                f"with code {returncode} — see the log"))))
+    if stop_requested.is_set():
+        return EXIT_STOPPED
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
