@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         for rank in missing:
             pid = forwarder.connected.get(rank)
             never = "" if pid is not None else " (it never connected)"
-            forwarder.send(Ranked(rank, Error(kind="exception", message=(
+            forwarder.send(Ranked(rank, Error(kind="exited", message=(
                 f"rank {rank}{f' (pid {pid})' if pid else ''} ended without finishing{never}; torchrun exited "
                 f"with code {returncode} — see the log"))))
     if stop_requested.is_set():

@@ -109,5 +109,22 @@ def assemble_bands(
     ):
         if value is None:
             unavailable[name] = reason
+    # A negative band is a measurement that cannot be explained (readings of different moments or devices): it is
+    # never shown, only reported, with the numbers that gave it.
+    if other is not None and other < 0:
+        unavailable["other_processes_bytes"] = (f"this run's processes used more ({process_used_bytes:,} B) than NVML "
+                                                f"counted on the device ({device_used_bytes:,} B)")
+        other = None
+    if context is not None and context < 0:
+        unavailable["cuda_context_bytes"] = (f"torch reserved more ({reserved_bytes:,} B) than NVML counted for the "
+                                             f"process ({process_used_bytes:,} B)")
+        context = None
+    if cache is not None and cache < 0:
+        unavailable["temporaries_and_cache_bytes"] = (f"the tensor bands add up to more than torch reserved "
+                                                      f"({reserved_bytes:,} B), by {-cache:,} B")
+        cache = None
+    if free is not None and free < 0:
+        unavailable["free_bytes"] = f"NVML counted more used ({device_used_bytes:,} B) than total memory"
+        free = None
     return MemoryBands(other_processes_bytes=other, cuda_context_bytes=context, **tensor_bands,
                        temporaries_and_cache_bytes=cache, free_bytes=free, unavailable=unavailable)

@@ -142,7 +142,8 @@ class Done:
 @dataclass(frozen=True)
 class Error:
     kind: str
-    """"oom", "exception" or "config"."""
+    """"oom", "exception", "config", or "exited": a rank of a distributed run ended without saying why (killed, or
+    crashed in native code), reported by the rank launcher."""
     message: str
     traceback: str | None = None
     step: int | None = None

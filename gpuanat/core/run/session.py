@@ -193,6 +193,19 @@ def _rank_result(rank: int, config: RunConfig, state: _RunState, nvml: NvmlStatu
     }
 
 
+ERROR_CAUSE_ORDER = ("oom", "exited", "config", "exception")
+"""Which rank's error the run reports: running out of memory, then a rank that died without a word (killed), whose
+death made the others fail in their collectives; then the lowest rank's."""
+
+
+def _first_cause(errors: list[Error | None]) -> Error | None:
+    """The error that best explains a run's end, of its ranks' errors (rank order)."""
+    present = [error for error in errors if error is not None]
+    ranked = sorted(present, key=lambda error: (ERROR_CAUSE_ORDER.index(error.kind)
+                                                if error.kind in ERROR_CAUSE_ORDER else len(ERROR_CAUSE_ORDER)))
+    return ranked[0] if ranked else None
+
+
 def _sum_or_none(values: list[float | None]) -> float | None:
     return None if not values or any(value is None for value in values) else sum(v for v in values if v is not None)
 
@@ -203,7 +216,7 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
     """The run's result as the JSON contract of `gpuanat run --json`. The top level is rank 0's (its memory, its
     bands); samples and steady samples/s are the whole run's (every rank's summed); `ranks` has one entry per rank."""
     ranks = {0: state, **(ranks or {})}
-    done, error = state.done, state.error
+    done = state.done
     status = _status(state, ranks)
     memory = _memory(config, state, nvml)
     unavailable = dict(memory.pop("unavailable"))
@@ -250,8 +263,7 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
     result["prediction_error_percent"] = (
         percent_delta(predicted["peak_allocated_bytes"], memory["peak_allocated_bytes"]) if predicted is not None
         else None)
-    rank_error = error if error is not None else next(
-        (ranks[rank].error for rank in sorted(ranks) if ranks[rank].error is not None), None)
+    rank_error = _first_cause([ranks[rank].error for rank in sorted(ranks)])
     if rank_error is not None:
         failed_rank = next(rank for rank in sorted(ranks) if ranks[rank].error is rank_error)
         prefix = f"rank {failed_rank}: " if failed_rank and not rank_error.message.startswith("rank ") else ""

@@ -1,0 +1,144 @@
+"""Several ranks on the CPU: DDP over 2 real processes (gloo), started by torchrun through the rank launcher.
+
+Each test runs the real `gpuanat run --nproc 2`; every process of the run carries a marker in its environment, so
+the test can find them all — torchrun starts each rank in a session of its own — and check that none is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+import uuid
+
+import psutil
+import pytest
+from conftest import TINY_CPU, last_json, run_cli, start_cli, tiny_model_reference, wait_for_steps
+
+from gpuanat.worker.lifeline import PARENT_GONE_GRACE_S
+
+TWO_RANKS = [*TINY_CPU, "--nproc", "2"]
+LONG_TWO_RANKS = [*TWO_RANKS, "--samples", "200000"]
+"""Trains for far longer than any test waits: the test ends it."""
+MARKER = "GPUANAT_TEST_RUN_MARKER"
+
+
+def _marked(marker: str) -> list[psutil.Process]:
+    """Every live process whose environment carries `marker`."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(MARKER) == marker and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+    return found
+
+
+def _ranks(marker: str, count: int, timeout_s: float = 180) -> dict[int, psutil.Process]:
+    """The rank processes (RANK in their environment), once `count` of them run."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ranks = {}
+        for process in _marked(marker):
+            with contextlib.suppress(psutil.Error):
+                rank = process.environ().get("RANK")  # torchrun sets it for the ranks alone
+                if rank is not None:
+                    ranks[int(rank)] = process
+        if len(ranks) == count:
+            return ranks
+        assert time.monotonic() < deadline, f"{count} ranks did not start (found {sorted(ranks)})"
+        time.sleep(0.2)
+
+
+def _assert_none_left(marker: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := _marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    assert left == [], f"left behind: {[(p.pid, p.cmdline()[:4]) for p in left]}"
+
+
+def _marker() -> tuple[str, dict[str, str]]:
+    marker = uuid.uuid4().hex
+    return marker, {MARKER: marker}
+
+
+def test_ddp_on_two_cpu_ranks_holds_the_whole_model_on_each_and_counts_every_sample(db_path):
+    marker, env = _marker()
+    completed = run_cli(["run", *TWO_RANKS, "--json"], db_path, extra_env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    assert result["status"] == "ok"
+    assert result["config"]["distributed"] == "ddp" and result["config"]["nproc"] == 2  # ddp: the default for 2
+    reference = tiny_model_reference()
+    ranks = result["ranks"]
+    assert [rank["rank"] for rank in ranks] == [0, 1]
+    assert len({rank["pid"] for rank in ranks}) == 2
+    for rank in ranks:
+        # DDP replicates: every rank holds all weights, all gradients and all optimizer state, byte for byte.
+        assert rank["status"] == "ok"
+        for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
+            assert rank["bands"][band] == reference[band], (rank["rank"], band)
+        assert rank["samples"] == 16  # the sampler gives each rank half of the 32
+    assert result["samples"] == 32
+    assert result["steady_samples_per_second"] == pytest.approx(
+        sum(rank["steady_samples_per_second"] for rank in ranks))
+    assert result["bands"] == ranks[0]["bands"]  # the top level is rank 0's
+    _assert_none_left(marker, timeout_s=10)
+
+
+def test_a_rank_killed_mid_run_fails_the_run_and_the_other_rank_is_stopped(db_path):
+    marker, env = _marker()
+    process = start_cli(["run", *LONG_TWO_RANKS, "--json"], db_path, extra_env=env)
+    try:
+        wait_for_steps(db_path, 3, psutil.Process(process.pid))
+        ranks = _ranks(marker, 2)
+        ranks[1].kill()
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, stderr[-3000:]
+    result = last_json(stdout)
+    assert result["status"] == "failed"
+    by_rank = {rank["rank"]: rank for rank in result["ranks"]}
+    assert by_rank[1]["status"] == "failed" and "rank 1" in by_rank[1]["error"]["message"]
+    # Rank 0 ended too, and said how: its all-reduce lost its peer (gloo: "Connection reset by peer"), or torchrun
+    # stopped it first. Either way the run's error is the cause, rank 1's death.
+    assert by_rank[0]["status"] in ("failed", "stopped")
+    assert result["error"]["kind"] == "exited" and result["error"]["message"].startswith("rank 1")
+    assert result["steps"] >= 3
+    _assert_none_left(marker, timeout_s=10)
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_stopping_a_distributed_run_stops_every_rank_and_leaves_no_process(db_path, number):
+    marker, env = _marker()
+    process = start_cli(["run", *LONG_TWO_RANKS, "--json"], db_path, extra_env=env)
+    try:
+        wait_for_steps(db_path, 3, psutil.Process(process.pid))
+        process.send_signal(number)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + number, stderr[-3000:]
+    result = last_json(stdout)
+    assert result["status"] == "stopped" and result["steps"] >= 3
+    assert [rank["status"] for rank in result["ranks"]] == ["stopped", "stopped"]
+    _assert_none_left(marker, timeout_s=10)
+
+
+def test_a_sigkilled_gpuanat_takes_the_launcher_torchrun_and_every_rank_with_it(db_path):
+    marker, env = _marker()
+    process = start_cli(["run", *LONG_TWO_RANKS, "--json"], db_path, extra_env=env)
+    try:
+        wait_for_steps(db_path, 3, psutil.Process(process.pid))
+        _ranks(marker, 2)
+        process.kill()
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    _assert_none_left(marker, timeout_s=2 * PARENT_GONE_GRACE_S + 10)
