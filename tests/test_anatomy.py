@@ -45,11 +45,32 @@ def test_first_step_has_no_optimizer_state_at_the_end_of_forward():
     bands = assemble_bands(first_step, **readings)
     assert bands.optimizer_state_bytes == 0
     assert bands.temporaries_and_cache_bytes == reserved - weights - activations == 861_863_976
-    # Before the probe measured the state at the end of forward, the step's final state was used: negative cache.
+    # Before the probe measured the state at the end of forward, the step's final state was used: the cache came out
+    # negative, 1,819,289,100 B below zero. A negative band is never shown: it is missing, and the reason says why.
     older_probe = ProbeBands(**{**first_step.__dict__, "optimizer_state_at_forward_end_bytes": None})
-    assert assemble_bands(older_probe, **readings).temporaries_and_cache_bytes == -1_819_289_100
+    older = assemble_bands(older_probe, **readings)
+    assert older.temporaries_and_cache_bytes is None
+    assert "by 1,819,289,100 B" in older.unavailable["temporaries_and_cache_bytes"]
     later = ProbeBands(**{**first_step.__dict__, "optimizer_state_at_forward_end_bytes": optimizer_state})
     assert assemble_bands(later, **readings).optimizer_state_bytes == optimizer_state
+
+
+def test_readings_that_cannot_add_up_give_no_negative_band_but_say_why():
+    # Issue #15: Trainer's silent DataParallel over 2 H200s, read as one GPU, gave other processes −16.9 GB and a
+    # CUDA context of 18.5 GB. Each negative difference becomes a missing band with the numbers behind it.
+    probe = ProbeBands(weights_bytes=1_340_583_944, gradients_bytes=0, optimizer_state_bytes=2_681_153_076,
+                       activations_bytes=3_000_000_000, activations_method="allocator", batch_bytes=16_384,
+                       measured_at_step=3, optimizer_state_at_forward_end_bytes=2_681_153_076)
+    bands = assemble_bands(probe, reserved_bytes=8_000_000_000, device_used_bytes=19_500_000_000,
+                           device_total_bytes=150_000_000_000, process_used_bytes=36_404_290_304)
+    assert bands.other_processes_bytes is None
+    assert "36,404,290,304 B" in bands.unavailable["other_processes_bytes"]
+    assert bands.cuda_context_bytes == 36_404_290_304 - 8_000_000_000  # positive differences stay
+    too_little_reserved = assemble_bands(probe, reserved_bytes=4_000_000_000, device_used_bytes=5_000_000_000,
+                                         device_total_bytes=150_000_000_000, process_used_bytes=4_500_000_000)
+    assert too_little_reserved.temporaries_and_cache_bytes is None
+    assert all(value is None or value >= 0 for value in too_little_reserved.to_json().values()
+               if not isinstance(value, dict))
 
 
 def test_cpu_run_has_tensor_bands_only_with_reasons():

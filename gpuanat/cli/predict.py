@@ -24,6 +24,13 @@ def command_predict(args: argparse.Namespace) -> int:
     config = validated_config(args, cuda_available=True)
     if config.model is not None:
         fail_usage("--model: predict works from the presets' shapes; use --preset")
+    if config.ranks is None:  # --gpus all: as many as NVML lists
+        from gpuanat.core.run.gpus import read_gpus
+
+        count = len(read_gpus())
+        if count == 0:
+            fail_usage("--gpus: all needs NVML to count the GPUs, and it lists none here; give a count, e.g. --gpus 8")
+        config = config.replace(gpus=str(count))
     gpu_memory: int | None = None
     source = "--gpu-memory"
     if args.gpu_memory is not None:
@@ -52,7 +59,8 @@ def command_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return EXIT_OK
-    print(f"Prediction for {config.preset} {config.techniques_summary()}, seq {config.seq_len}:")
+    each = f", each of {prediction['ranks']} ranks" if prediction["ranks"] > 1 else ""
+    print(f"Prediction for {config.preset} {config.techniques_summary()}, seq {config.seq_len}{each}:")
     for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
                 "cuda_context_bytes", "peak_allocated_bytes", "peak_device_bytes"):
         print(f"  {key.removesuffix('_bytes').replace('_', ' '):<22} {format_bytes(result[key]):>11}")

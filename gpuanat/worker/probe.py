@@ -141,10 +141,21 @@ def unique_storage_bytes(tensors: Iterable[torch.Tensor | None], device: torch.d
                 continue
             try:
                 storage = shard.untyped_storage()
-            except (RuntimeError, NotImplementedError):
+                sizes[(shard.is_cuda, storage.data_ptr())] = storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # a tensor without storage of its own
                 continue
-            sizes[(shard.is_cuda, storage.data_ptr())] = storage.nbytes()
     return sum(sizes.values())
+
+
+def _storage_keys(tensors: Iterable[torch.Tensor]) -> set[tuple[str, int]]:
+    """(device, address) of the storages behind `tensors` (their shards on this rank)."""
+    keys = set()
+    for tensor in tensors:
+        for shard in _local_shards(tensor):
+            with contextlib.suppress(RuntimeError, NotImplementedError):
+                storage = shard.untyped_storage()
+                keys.add((str(storage.device), storage.data_ptr()))
+    return keys
 
 
 def allocator_bytes(device: torch.device) -> tuple[int, int, int]:
@@ -159,6 +170,24 @@ def allocator_bytes(device: torch.device) -> tuple[int, int, int]:
 DEEPSPEED_MASTER_WEIGHTS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
 """Where DeepSpeed's ZeRO optimizers keep this rank's fp32 master weights (stages 1-2, stage 3): optimizer state
 in ZeRO's accounting (12 bytes a parameter with Adam: master weights, momentum, variance), outside `.state`."""
+
+
+DEEPSPEED_GRADIENTS = ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer")
+"""Where DeepSpeed's ZeRO optimizers keep this rank's gradient partitions (stages 1-2: lists per group and a
+contiguous buffer; stage 3: one flat buffer), outside the parameters' `.grad`."""
+
+
+def _tensors_in(value: Any) -> Iterable[torch.Tensor]:
+    """The tensors in `value`, also inside nested dicts, lists and tuples."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 
 def _optimizer_chain(optimizer: Any) -> list[Any]:
@@ -180,6 +209,16 @@ def deepspeed_master_weights(optimizer: Any) -> list[torch.Tensor]:
     return tensors
 
 
+def deepspeed_gradients(optimizer: Any) -> list[torch.Tensor]:
+    """This rank's gradient partitions when DeepSpeed ZeRO trains (with the fp32 master weights' `.grad`); empty
+    otherwise."""
+    tensors = [master.grad for master in deepspeed_master_weights(optimizer) if master.grad is not None]
+    for wrapped in _optimizer_chain(optimizer):
+        for name in DEEPSPEED_GRADIENTS:
+            tensors.extend(_tensors_in(getattr(wrapped, name, None)))
+    return tensors
+
+
 def optimizer_state_tensors(optimizer: Any) -> Iterable[torch.Tensor]:
     """Every tensor held in the optimizer's state, also inside nested containers; with DeepSpeed ZeRO also its
     fp32 master weights."""
@@ -187,15 +226,7 @@ def optimizer_state_tensors(optimizer: Any) -> Iterable[torch.Tensor]:
         return
     yield from deepspeed_master_weights(optimizer)
     states = [getattr(wrapped, "state", None) for wrapped in _optimizer_chain(optimizer)]
-    stack: list[Any] = [value for state in states if isinstance(state, Mapping) for value in state.values()]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            yield item
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+    yield from _tensors_in([dict(state) for state in states if isinstance(state, Mapping)])
 
 
 class _NvmlReader:
@@ -327,9 +358,7 @@ class AnatomyCallback(TrainerCallback):
         self._cuda = self._device.type == "cuda"
         self._compiled = bool(getattr(args, "torch_compile", False))
         parameters = list(model.parameters())
-        self._parameter_storage_keys = {
-            (str(p.untyped_storage().device), p.untyped_storage().data_ptr()) for p in parameters
-        }
+        self._parameter_storage_keys = _storage_keys(parameters)
         self._weights_bytes = unique_storage_bytes([*parameters, *model.buffers()])
         unique_params = {id(p): p for p in parameters}.values()
         total_steps = int(state.max_steps or 0)
@@ -360,9 +389,15 @@ class AnatomyCallback(TrainerCallback):
         self._steady_end: tuple[float, int] | None = None
         self._step_peak_floor_bytes = 0
         """The step's peak allocated memory before the forward pass restarted the allocator's counter."""
+        self._buffers_at_start_bytes: int | None = None
         if self._cuda:
             self._nvml = _NvmlReader.open(self._device)
             self._nvml_read_at_reserved_bytes: int | None = None
+            # What is allocated before the first step beyond weights, gradients and optimizer state: the buffers a
+            # distributed wrapper keeps for the whole run (DDP's gradient buckets, DeepSpeed's flat buffers).
+            allocated_now = allocator_bytes(self._device)[0]
+            self._buffers_at_start_bytes = max(0, allocated_now - self._weights_bytes - self._gradients_bytes_now()
+                                               - self._optimizer_state_bytes_now())
         self._hooks = [
             model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
             model.register_forward_hook(self._after_forward, with_kwargs=True),
@@ -414,7 +449,8 @@ class AnatomyCallback(TrainerCallback):
         if self._cuda:
             allocated, forward_peak, _ = allocator_bytes(self._device)
             self._forward_peak_bytes = max(self._forward_peak_bytes or 0, forward_peak)
-            live_bytes = self._weights_bytes + gradients_now + optimizer_state_now + self._batch_bytes
+            live_bytes = (self._weights_bytes + gradients_now + optimizer_state_now + self._batch_bytes
+                          + (self._buffers_at_start_bytes or 0))
             activations = allocated - live_bytes
         elif not self._compiled:
             self._saved_hooks.__exit__(None, None, None)
@@ -433,7 +469,7 @@ class AnatomyCallback(TrainerCallback):
     def _gradients_bytes_now(self) -> int:
         """Gradients on this rank: of the parameters, and with DeepSpeed ZeRO of its fp32 partitions."""
         gradients = [p.grad for p in self._model.parameters()]
-        gradients.extend(master.grad for master in deepspeed_master_weights(self._optimizer))
+        gradients.extend(deepspeed_gradients(self._optimizer))
         return unique_storage_bytes(gradients, self._device)
 
     def _optimizer_state_bytes_now(self) -> int:
@@ -509,6 +545,7 @@ class AnatomyCallback(TrainerCallback):
                 gradients_at_forward_end_bytes=self._gradients_at_forward_end_bytes,
                 optimizer_state_at_forward_end_bytes=self._optimizer_at_forward_end_bytes,
                 forward_peak_allocated_bytes=self._forward_peak_bytes,
+                buffers_at_start_bytes=self._buffers_at_start_bytes,
             )
             self.last_bands = bands
             self._measuring = False
@@ -568,7 +605,7 @@ class AnatomyCallback(TrainerCallback):
         """Samples/s after warm-up, or None with the reason."""
         result: dict[str, Any] = {"warmup_steps": getattr(self, "warmup_steps", 0),
                                   "steady_samples_per_second": None, "steady_reason": None}
-        start, end = self._steady_start, getattr(self, "_steady_end", None)
+        start, end = getattr(self, "_steady_start", None), getattr(self, "_steady_end", None)
         if start is None or end is None or end[1] <= start[1] or end[0] <= start[0]:
             result["steady_reason"] = (f"too few steps: the first {result['warmup_steps']} are warm-up "
                                        "and at least one more is needed")

@@ -70,15 +70,11 @@ def training_device(config: Any) -> str:
 
 
 def transformer_layer_class_names(model: Any) -> list[str]:
-    """The model's repeated block classes, which FSDP wraps one unit each: the model's own `_no_split_modules`
-    when it names them, else the class of the first ModuleList's items (BertLayer, GPT2Block, ...)."""
+    """The model's repeated block class, which FSDP wraps one unit each: the class of the first ModuleList's items
+    (BertLayer, GPT2Block, LlamaDecoderLayer). Not `_no_split_modules`, which may name the embeddings too: accelerate
+    shards the input embeddings itself, and a module sharded twice fails."""
     import torch
 
-    names = [name for name in getattr(model, "_no_split_modules", None) or [] if isinstance(name, str)]
-    present = {type(module).__name__ for module in model.modules()}
-    names = [name for name in names if name in present]
-    if names:
-        return names
     for module in model.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
             return [type(module[0]).__name__]

@@ -108,7 +108,7 @@ def _replayed(name: str, gpu_memory_bytes: int, expandable_segments: bool, start
 def largest_batch(config: RunConfig, gpu_memory_bytes: int) -> LargestBatch:
     """The largest per-device batch predicted to fit a GPU of `gpu_memory_bytes` (NVML's total)."""
     estimate = max_batch_size(config, gpu_memory_bytes)
-    recorded = template_for(config)
+    recorded = template_for(config) if config.distributed == "none" else None  # recorded on one GPU alone
     if recorded is None:
         return LargestBatch(estimate, "model", model_batch_size=estimate)
     batch_size, least_left = _replayed(template_name(config.to_json()), gpu_memory_bytes, config.expandable_segments,

@@ -37,6 +37,10 @@ NUM_LABELS = 2
 CUDA_CONTEXT_BYTES = 760 * MIB
 """Per-process CUDA context, kernels and library handles outside torch's allocator: 742-758 MiB on the
 H100 with torch 2.11 and CUDA 13 (benchmarks/results/h100/sweep.json)."""
+RANK_COMMUNICATION_CONTEXT_BYTES = {"ddp": 850 * MIB, "fsdp": 850 * MIB, "zero": 1330 * MIB}
+"""Per rank of a distributed run, on top of the CUDA context: NCCL's buffers and streams (and DeepSpeed's), outside
+torch's allocator. Measured on 2 H200s, bert-large bf16: 1.57 GiB of context per rank with DDP and 2.04 GiB with
+DeepSpeed ZeRO against 0.74 GiB alone (benchmarks/results/h200x2/multi/results.jsonl); FSDP taken as DDP."""
 DRIVER_RESERVED_BYTES = 615 * MIB
 """Device memory the driver keeps for itself (NVML v2 `reserved`), measured on the H100."""
 CUBLAS_WORKSPACE_BYTES = 72_702_916
@@ -172,6 +176,11 @@ class MemoryEstimate:
     """Expected allocator reservation above the peak, as a fraction of it, near the memory limit."""
     moment_fragmentation_bytes: int
     """Reservation lost, in addition, to optimizer moments splitting the large pool's segments."""
+    communication_buffers_bytes: int = 0
+    """Kept all run long by a distributed wrapper, in torch's allocator: DDP's gradient buckets (a copy of every
+    gradient). In the temporaries & cache band."""
+    ranks: int = 1
+    distributed: str = "none"
 
 
 BNB_MIN_8BIT_ELEMENTS = 4096
@@ -285,15 +294,61 @@ def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
     return int(b * s * h * c.backward_temporaries)
 
 
+@dataclass(frozen=True)
+class RankState:
+    """What one rank holds of the model's state, by distributed technique."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    gradients_at_peak_bytes: int
+    optimizer_state_bytes: int
+    communication_buffers_bytes: int
+    half_weight_copies_bytes: int
+    """AMP's 16-bit copies of the matmul weights, which a model already in 16 bits (DeepSpeed) does not make."""
+
+
+def _shard(size: int, ranks: int) -> int:
+    return -(-size // ranks)
+
+
+def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
+    """Weights, gradients and optimizer state on each rank (the ZeRO paper's accounting, as the H200s measured it):
+    DDP replicates them and keeps a bucket copy of the gradients; FSDP2 shards all three; DeepSpeed trains a
+    16-bit model (with bf16/fp16) whose fp32 master weights count as optimizer state, ZeRO-1/2 sharding the
+    optimizer state (ZeRO-2 the gradients too, reduced into partitions as backward goes), ZeRO-3 everything."""
+    ranks = config.ranks or 1
+    params = shapes.params
+    weights, gradients = 4 * params + shapes.buffer_bytes, 4 * params
+    optimizer = optimizer_state_bytes(config, shapes)
+    accumulating = config.grad_accum > 1
+    half_copies = half_weight_copies_bytes(config, shapes)
+    if config.distributed == "fsdp":
+        return RankState(_shard(weights, ranks), _shard(gradients, ranks),
+                         _shard(gradients, ranks) if accumulating else 0, _shard(optimizer, ranks), 0, half_copies)
+    if config.distributed.startswith("zero"):
+        sixteen_bit = _is_mixed(config)
+        model_weights = (2 if sixteen_bit else 4) * params + shapes.buffer_bytes
+        model_gradients = (2 if sixteen_bit else 4) * params
+        state = _shard(optimizer + (4 * params if sixteen_bit else 0), ranks)
+        if config.distributed == "zero3":  # a persistent flat buffer of gradient partitions
+            return RankState(_shard(model_weights, ranks), _shard(model_gradients, ranks),
+                             _shard(model_gradients, ranks), state, 0, 0)
+        partition = _shard(model_gradients, ranks) if config.distributed == "zero2" else model_gradients
+        return RankState(model_weights, partition, partition if accumulating else 0, state, 0, 0)
+    buckets = gradients if config.distributed == "ddp" else 0
+    return RankState(weights, gradients, gradients if accumulating else 0, optimizer, buckets, half_copies)
+
+
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
+    """One rank's memory (the whole run's on one GPU)."""
     preset = PRESETS[config.preset]
     shapes = parameter_shapes(preset)
-    weights = 4 * shapes.params + shapes.buffer_bytes
-    gradients = 4 * shapes.params
-    optimizer = optimizer_state_bytes(config, shapes)
-    activations = activations_bytes(config, preset, shapes)
-    temporaries = temporaries_bytes(config, preset)
-    gradients_at_peak = gradients if config.grad_accum > 1 else 0
+    held = rank_state(config, shapes)
+    weights, gradients, optimizer = held.weights_bytes, held.gradients_bytes, held.optimizer_state_bytes
+    activations = (activations_bytes(config, preset, shapes) - half_weight_copies_bytes(config, shapes)
+                   + held.half_weight_copies_bytes)
+    temporaries = temporaries_bytes(config, preset) + held.communication_buffers_bytes
+    gradients_at_peak = held.gradients_at_peak_bytes
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
     # Late in backward with checkpointing, the kept inputs are mostly freed, but nearly all gradients exist while
     # the first layer is recomputed; then the optimizer step, with its own temporaries: at small batches, the peak.
@@ -314,6 +369,8 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         autocast_cache_bytes=autocast_cache, step_temporaries_bytes=step_temporaries,
         peak_allocated_bytes=max(forward_end_peak, first_step_peak, forward_return_peak),
         cache_fraction=cache_fraction, moment_fragmentation_bytes=moment_fragmentation,
+        communication_buffers_bytes=held.communication_buffers_bytes, ranks=config.ranks or 1,
+        distributed=config.distributed,
     )
 
 
@@ -360,8 +417,10 @@ def prediction_json(config: RunConfig) -> dict[str, int] | None:
         "temporaries_bytes": estimate.temporaries_bytes,
         "peak_allocated_bytes": estimate.peak_allocated_bytes,
         "peak_reserved_bytes": peak_reserved_bytes(estimate),
-        "cuda_context_bytes": CUDA_CONTEXT_BYTES,
+        "cuda_context_bytes": cuda_context_bytes(estimate),
+        "communication_buffers_bytes": estimate.communication_buffers_bytes,
         "peak_device_bytes": peak_device_bytes(estimate),
+        "ranks": estimate.ranks,
     }
 
 
@@ -382,15 +441,22 @@ def fragmentation_bytes(estimate: MemoryEstimate) -> int:
     return int(estimate.cache_fraction * estimate.peak_allocated_bytes) + estimate.moment_fragmentation_bytes
 
 
+def cuda_context_bytes(estimate: MemoryEstimate) -> int:
+    """Memory each rank's process holds outside torch's allocator: the CUDA context, and NCCL's with several."""
+    if estimate.ranks <= 1 or estimate.distributed == "none":
+        return CUDA_CONTEXT_BYTES
+    return CUDA_CONTEXT_BYTES + RANK_COMMUNICATION_CONTEXT_BYTES[estimate.distributed.rstrip("123")]
+
+
 def peak_device_bytes(estimate: MemoryEstimate) -> int:
-    """Device memory the run will hold at its peak: allocator reservation plus the CUDA context."""
-    return peak_reserved_bytes(estimate) + CUDA_CONTEXT_BYTES
+    """Device memory the run (a rank) will hold at its peak: allocator reservation plus the CUDA context."""
+    return peak_reserved_bytes(estimate) + cuda_context_bytes(estimate)
 
 
 def fits_in(estimate: MemoryEstimate, gpu_memory_bytes: int) -> bool:
     """Whether the run fits a GPU of `gpu_memory_bytes` (its total, as NVML reports it). Near the limit the
     allocator gives its cache back before failing, so only fragmentation counts then."""
-    allocatable = gpu_memory_bytes - DRIVER_RESERVED_BYTES - CUDA_CONTEXT_BYTES
+    allocatable = gpu_memory_bytes - DRIVER_RESERVED_BYTES - cuda_context_bytes(estimate)
     return estimate.peak_allocated_bytes + fragmentation_bytes(estimate) <= allocatable
 
 

@@ -1,7 +1,8 @@
 """Which GPUs a run trains on: `--gpus` read, checked against what NVML lists, and handed to the child.
 
-A run uses exactly the GPUs it was given — never one more — so the child's `CUDA_VISIBLE_DEVICES` names them by
-UUID (an index there follows CUDA's own ordering, which can differ from NVML's and nvidia-smi's). Without
+A run uses exactly the GPUs it was given — never one more — so the child's `CUDA_VISIBLE_DEVICES` names them, by
+NVML's index with `CUDA_DEVICE_ORDER=PCI_BUS_ID` (CUDA's own default order, fastest first, can differ from NVML's
+and nvidia-smi's; UUIDs would say the same, but DeepSpeed reads the variable as integers). Without
 `--gpus` a run trains on one GPU: the first that no process uses. HF Trainer started with several GPUs visible
 would otherwise wrap the model in `nn.DataParallel` over all of them, silently.
 
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 from gpuanat.core.run.config import ConfigError, RunConfig
 
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
+DEVICE_ORDER_VARIABLE = "CUDA_DEVICE_ORDER"
+PCI_BUS_ORDER = "PCI_BUS_ID"
+"""NVML's order: with it, CUDA's device i is nvidia-smi's GPU i."""
 MAX_GPUS = 64
 """More GPUs than any single host has; a run spans one host."""
 
@@ -47,8 +51,8 @@ class GpuChoice:
 
     @property
     def visible_devices(self) -> str:
-        """The child's CUDA_VISIBLE_DEVICES: rank r trains on `gpus[r]`."""
-        return ",".join(gpu.uuid for gpu in self.gpus)
+        """The child's CUDA_VISIBLE_DEVICES, under `CUDA_DEVICE_ORDER=PCI_BUS_ID`: rank r trains on `gpus[r]`."""
+        return ",".join(str(gpu.index) for gpu in self.gpus)
 
 
 def parse_gpus(spec: str) -> int | tuple[int, ...] | None:
@@ -186,12 +190,13 @@ def gpus_for_run(config: RunConfig, environment: Mapping[str, str], listed: Sequ
     return choice
 
 
-def child_visible_devices(choice: GpuChoice | None, config: RunConfig, environment: Mapping[str, str]) -> str | None:
-    """The child's CUDA_VISIBLE_DEVICES: the chosen GPUs; without NVML, for one rank, CUDA's first visible GPU (so
-    Trainer never sees several and wraps the model in DataParallel); None to leave the environment's."""
+def child_gpu_environment(choice: GpuChoice | None, config: RunConfig,
+                          environment: Mapping[str, str]) -> dict[str, str]:
+    """What the child's environment must say about GPUs: the chosen ones, in NVML's order; without NVML, for one
+    rank, CUDA's first visible GPU alone (so Trainer never sees several and wraps the model in DataParallel)."""
     if choice is not None:
-        return choice.visible_devices
+        return {VISIBLE_DEVICES_VARIABLE: choice.visible_devices, DEVICE_ORDER_VARIABLE: PCI_BUS_ORDER}
     if config.device == "cuda" and config.distributed == "none":
         visible = environment.get(VISIBLE_DEVICES_VARIABLE)
-        return visible.split(",")[0].strip() if visible and visible.strip() else "0"
-    return None
+        return {VISIBLE_DEVICES_VARIABLE: visible.split(",")[0].strip() if visible and visible.strip() else "0"}
+    return {}

@@ -54,6 +54,10 @@ class ProbeBands:
     """Highest torch allocated memory during the forward pass. Above the end of forward it holds what the
     forward pass frees before it returns: with AMP and checkpointing, autocast's cache of half-precision
     weight copies, emptied when autocast exits."""
+    buffers_at_start_bytes: int | None = None
+    """Allocated before the first step beyond weights, gradients and optimizer state: buffers a distributed wrapper
+    keeps all run long (DDP's gradient buckets, DeepSpeed's flat buffers); about 0 on one GPU. Not activations:
+    they count in temporaries & cache. None on the CPU."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProbeBands:

@@ -23,10 +23,9 @@ from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_sourc
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.run.config import RunConfig, child_environment
 from gpuanat.core.run.gpus import (
-    VISIBLE_DEVICES_VARIABLE,
     Gpu,
     GpuChoice,
-    child_visible_devices,
+    child_gpu_environment,
     gpus_for_run,
     read_gpus,
 )
@@ -187,6 +186,8 @@ def _rank_result(rank: int, config: RunConfig, state: _RunState, nvml: NvmlStatu
         "status": _rank_status(state),
         "samples": done.samples if done else (last_step.samples if last_step else 0),
         "steady_samples_per_second": done.steady_samples_per_second if done else None,
+        "gradients_at_forward_end_bytes": (state.probe_bands.gradients_at_forward_end_bytes
+                                           if state.probe_bands else None),
         "error": ({"kind": state.error.kind, "message": state.error.message, "step": state.error.step}
                   if state.error else None),
         **_memory(config, state, nvml),
@@ -258,7 +259,8 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         "malformed_events": sum(len(rank_state.malformed) for rank_state in ranks.values()),
         "ranks": rank_results,
     }
-    predicted = prediction_json(config)
+    predicted = prediction_json(config.replace(gpus=str(len(gpus.gpus))) if gpus is not None and config.ranks is None
+                                else config)
     result["predicted"] = predicted
     result["prediction_error_percent"] = (
         percent_delta(predicted["peak_allocated_bytes"], memory["peak_allocated_bytes"]) if predicted is not None
@@ -305,10 +307,8 @@ def execute_run(
     """
     base_environment = os.environ if env is None else env
     choice = gpus_for_run(config, base_environment, gpu_reader() if config.device == "cuda" else [])
-    environment = child_environment(config, base_environment)
-    visible = child_visible_devices(choice, config, base_environment)
-    if visible is not None:
-        environment[VISIBLE_DEVICES_VARIABLE] = visible
+    environment = {**child_environment(config, base_environment),
+                   **child_gpu_environment(choice, config, base_environment)}
     rank_count = len(choice.gpus) if choice is not None else (config.ranks or 1)
     run_id = write_with_backoff(lambda: store.create_run(config.to_json(), name=name),
                                 deadline_s=FINAL_WRITE_DEADLINE_S)
