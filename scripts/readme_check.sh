@@ -9,7 +9,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}
 mkdir -p "$OUT"
 export PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl PIP_DISABLE_PIP_VERSION_CHECK=1 NCCL_NVLS_ENABLE=0
-export PYTEST_ADDOPTS="-n ${WORKERS:-14} --dist loadfile -p no:cacheprovider -p no:benchmark -rfE"
+export PYTEST_ADDOPTS="-n ${WORKERS:-14} --dist loadfile -p no:cacheprovider -p no:benchmark -rfE ${PYTEST_EXTRA:-}"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 --version

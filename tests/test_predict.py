@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import run_cli
@@ -186,3 +187,43 @@ def test_the_users_expandable_segments_setting_is_the_default_on_cuda(db_path):
     assert config()["expandable_segments"] is True
     assert config("--no-expandable-segments")["expandable_segments"] is False
     assert config("--device", "cpu")["expandable_segments"] is False  # an option of the CUDA allocator only
+
+
+MULTI_GPU_RESULTS = Path(__file__).resolve().parent.parent / "benchmarks/results/h200x2/multi/results.jsonl"
+
+
+def test_each_rank_holds_what_its_distributed_technique_leaves_it():
+    one = estimate_memory(RunConfig(precision="bf16", batch_size=16))
+    ranks = {technique: estimate_memory(RunConfig(precision="bf16", batch_size=16, gpus="4", distributed=technique))
+             for technique in ("ddp", "fsdp", "zero1", "zero2", "zero3")}
+    ddp, fsdp, zero1, zero2, zero3 = (ranks[name] for name in ("ddp", "fsdp", "zero1", "zero2", "zero3"))
+    assert (ddp.weights_bytes, ddp.gradients_bytes, ddp.optimizer_state_bytes) == (
+        one.weights_bytes, one.gradients_bytes, one.optimizer_state_bytes)
+    assert ddp.communication_buffers_bytes == one.gradients_bytes  # DDP's buckets: a copy of every gradient
+    assert fsdp.weights_bytes == -(-one.weights_bytes // 4) and fsdp.optimizer_state_bytes == -(
+        -one.optimizer_state_bytes // 4)
+    # DeepSpeed trains a 16-bit model; its fp32 master weights join the optimizer state, 12 B/param with Adam, sharded.
+    assert zero1.weights_bytes == zero2.weights_bytes == 4 * zero3.weights_bytes
+    assert zero1.optimizer_state_bytes == zero3.optimizer_state_bytes < one.optimizer_state_bytes
+    assert zero1.gradients_bytes == 4 * zero2.gradients_bytes
+    assert ddp.peak_allocated_bytes > one.peak_allocated_bytes > fsdp.peak_allocated_bytes
+
+
+def test_per_rank_predictions_against_the_h200_measurements_they_were_not_fitted_on():
+    # Measured by benchmarks/multi_gpu_check.sh on 2 H200s: bert-large bf16 batch 16, seq 512 (docs/several-gpus.md).
+    results = {json.loads(line)["technique"]: json.loads(line) for line in MULTI_GPU_RESULTS.read_text().splitlines()}
+    for technique in ("default", "ddp", "fsdp", "zero1", "zero2", "zero3"):
+        result = results[technique]
+        config = RunConfig.from_json(result["config"])
+        predicted = estimate_memory(config)
+        for rank in result["ranks"]:
+            bands = rank["bands"]
+            # What the technique shards is exact, to the tolerance of buffers the model does not list (< 0.2%).
+            assert bands["weights_bytes"] == pytest.approx(predicted.weights_bytes, rel=2e-3), technique
+            assert bands["optimizer_state_bytes"] == pytest.approx(predicted.optimizer_state_bytes, rel=2e-3), technique
+            assert rank["gradients_at_forward_end_bytes"] == pytest.approx(predicted.gradients_at_peak_bytes,
+                                                                           rel=2e-3, abs=1 << 20), technique
+    for technique in ("default", "ddp", "zero3"):  # the peaks the model gets right; docs/several-gpus.md: the rest
+        rank = results[technique]["ranks"][0]
+        config = RunConfig.from_json(results[technique]["config"])
+        assert estimate_memory(config).peak_allocated_bytes == pytest.approx(rank["peak_allocated_bytes"], rel=0.01)

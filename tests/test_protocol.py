@@ -17,6 +17,7 @@ from gpuanat.core.run.protocol import (
     Malformed,
     ModelInfo,
     ProbeBands,
+    Ranked,
     Step,
     decode,
     encode,
@@ -143,3 +144,29 @@ def test_an_unterminated_last_line_is_decoded_at_the_end_of_the_stream():
     reader.feed(b'{"v": 1, "type": "st')  # a child killed in the middle of a write
     (cut,) = reader.finish()
     assert isinstance(cut, Malformed) and "not JSON" in cut.reason
+
+
+def test_a_ranks_events_travel_in_an_envelope_that_decodes_whole():
+    step = Step(step=3, samples=48, tokens=24_576, step_time_s=0.05, elapsed_s=2.0, loss=0.7)
+    decoded = decode(encode(Ranked(1, step)))
+    assert decoded == Ranked(1, step)
+    garbled = decode(encode(Ranked(2, Malformed("{not json", "not JSON: Expecting property name"))))
+    assert isinstance(garbled, Ranked) and garbled.rank == 2 and isinstance(garbled.event, Malformed)
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    (b'{"v":1,"type":"rank","rank":-1,"event":{"type":"done"}}', "rank must be an integer"),
+    (b'{"v":1,"type":"rank","rank":true,"event":{}}', "rank must be an integer"),
+    (b'{"v":1,"type":"rank","rank":1,"event":[1]}', "event must be an object"),
+])
+def test_a_bad_envelope_is_malformed(line, words):
+    decoded = decode(line)
+    assert isinstance(decoded, Malformed) and words in decoded.reason
+
+
+def test_an_envelope_holds_no_envelope():
+    inner = json.loads(encode(Ranked(1, Step(step=1, samples=1, tokens=1, step_time_s=0.1, elapsed_s=0.1))))
+    nested = json.dumps({"v": 1, "type": "rank", "rank": 0, "event": inner}).encode()
+    decoded = decode(nested)
+    assert isinstance(decoded, Ranked) and isinstance(decoded.event, Malformed)
+    assert "unknown event type 'rank'" in decoded.event.reason
