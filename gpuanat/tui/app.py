@@ -8,10 +8,11 @@ declarative bindings (footer, help panel, command palette, remappable through th
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,10 @@ from textual.notifications import SeverityLevel
 from textual.widgets import Footer
 
 from gpuanat.core.measure.anatomy import assemble_bands
-from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.measure.sampler import GpuSample, NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
-from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, estimate_memory, peak_reserved_bytes
+from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, cuda_context_bytes, estimate_memory, peak_reserved_bytes
 from gpuanat.core.run.config import (
     Capabilities,
     ConfigError,
@@ -35,15 +36,16 @@ from gpuanat.core.run.config import (
     validate_values,
     workload_for_device,
 )
-from gpuanat.core.run.protocol import Event, ModelInfo, ProbeBands, Step
+from gpuanat.core.run.protocol import Event, Hello, ModelInfo, ProbeBands, Ranked, Step
 from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import execute_run
-from gpuanat.core.run.techniques import changed_config
+from gpuanat.core.run.techniques import changed_config, next_distributed, next_gpu_count
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.log_pane import LogPane
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -69,9 +71,9 @@ def _rate_label(value: float) -> str:
 
 
 class RunStarted(Message):
-    def __init__(self, run_id: int, pid: int, log_path: Path) -> None:
+    def __init__(self, run_id: int, pid: int, log_path: Path, gpu_indices: tuple[int, ...] = ()) -> None:
         super().__init__()
-        self.run_id, self.pid, self.log_path = run_id, pid, log_path
+        self.run_id, self.pid, self.log_path, self.gpu_indices = run_id, pid, log_path, gpu_indices
 
 
 class RunFinished(Message):
@@ -119,6 +121,11 @@ class LiveRun:
     probe_bands: ProbeBands | None = None
     peak_bands: dict[str, int | None] | None = None
     """The bands at the highest device use seen so far."""
+    gpu_indices: tuple[int, ...] = ()
+    """NVML index of each rank's GPU (rank 0 first); empty on the CPU or without NVML."""
+    rank_pids: dict[int, int] = field(default_factory=dict)
+    rank_steps: dict[int, Step] = field(default_factory=dict)
+    rank_probe_bands: dict[int, ProbeBands] = field(default_factory=dict)
 
 
 class GpuAnatApp(DashboardActions):
@@ -142,6 +149,8 @@ class GpuAnatApp(DashboardActions):
         Binding("x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments",
                 show=False),
         Binding("f", "fit", "Fit batch", id="fit"),
+        Binding("G", "cycle_gpus", "GPUs", id="gpus", show=False),
+        Binding("D", "cycle_distributed", "Distributed", id="distributed", show=False),
         *SHARED_BINDINGS,
     ]
 
@@ -202,6 +211,7 @@ class GpuAnatApp(DashboardActions):
                 yield LineChart("GPU utilization", formatter=_percent_label, y_max=100, id="util-chart")
                 yield LineChart("Throughput (samples/s)", formatter=_rate_label, id="throughput-chart")
         yield MemoryBar(id="memory")
+        yield GpuLanes(id="lanes")
         yield LogPane(id="log")
         yield Footer()
 
@@ -260,7 +270,7 @@ class GpuAnatApp(DashboardActions):
                     live.config, store=store, log_dir=self.db_path.parent / "logs",
                     on_event=self._incoming_events.append, env=self._run_env,
                     stop_requested=live.stop_requested,
-                    on_start=lambda run_id, pid, log: self._post(RunStarted(run_id, pid, log)),
+                    on_start=lambda run_id, pid, log, gpus: self._post(RunStarted(run_id, pid, log, gpus)),
                 )
         except Exception as error:  # the dashboard must survive any failure of a run
             self.post_message(RunFinished(None, f"{type(error).__name__}: {error}"))
@@ -279,7 +289,7 @@ class GpuAnatApp(DashboardActions):
                     trial_steps=FIT_TRIAL_STEPS, max_batch=FIT_MAX_BATCH,
                     on_trial=lambda batch_size, result: self._post(FitTrialDone(batch_size, result["status"])),
                     on_event=self._incoming_events.append, env=self._run_env, stop_requested=live.stop_requested,
-                    on_start=lambda run_id, pid, log: self._post(RunStarted(run_id, pid, log)),
+                    on_start=lambda run_id, pid, log, gpus: self._post(RunStarted(run_id, pid, log, gpus)),
                 )
         except Exception as error:  # the dashboard must survive any failure of a run
             self.post_message(FitFinished(None, f"{type(error).__name__}: {error}"))
@@ -310,8 +320,9 @@ class GpuAnatApp(DashboardActions):
     def on_run_started(self, message: RunStarted) -> None:
         if self.live is None:
             return
-        self.live.run_id, self.live.pid = message.run_id, message.pid
+        self.live.run_id, self.live.pid, self.live.gpu_indices = message.run_id, message.pid, message.gpu_indices
         self.live.last_step = self.live.probe_bands = None  # a fit starts one run per trial
+        self.live.rank_pids, self.live.rank_steps, self.live.rank_probe_bands = {}, {}, {}
         self.series["throughput"].clear()
         if self._sampler is not None:
             self._sampler.track(message.pid)
@@ -380,24 +391,50 @@ class GpuAnatApp(DashboardActions):
             self.query_one(StatusLine).show(nvml=self.nvml, run_state=self._run_state(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())
 
+    def _shown_gpu_index(self) -> int | None:
+        """The GPU the charts and the memory bar show: rank 0's of the run in progress, else of the last run."""
+        if self.live is not None and self.live.gpu_indices:
+            return self.live.gpu_indices[0]
+        if self.last_result and self.last_result.get("gpus"):
+            return self.last_result["gpus"][0]["index"]
+        return None
+
+    def _gpu_of(self, sample: Sample | None, index: int | None) -> GpuSample | None:
+        """GPU `index` of `sample` (None: the first NVML lists)."""
+        if sample is None or not sample.gpus:
+            return None
+        return next((gpu for gpu in sample.gpus if index is None or gpu.index == index), None)
+
     def _add_sample(self, sample: Sample) -> None:
         self._latest_sample = sample
-        if sample.gpus:
-            gpu = sample.gpus[0]
+        gpu = self._gpu_of(sample, self._shown_gpu_index())
+        if gpu is not None:
             if gpu.used_bytes is not None:
                 self.series["device_used"].append(sample.t_s, gpu.used_bytes)
             if gpu.gpu_util_percent is not None:
                 self.series["gpu_util"].append(sample.t_s, gpu.gpu_util_percent)
             if self.live is not None and self.live.pid is not None:
-                run_used = sample.process_used_bytes([self.live.pid])
+                pids = [self.live.pid, *self.live.rank_pids.values()]  # the run's processes on the GPU shown
+                run_used = dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes(pids)
                 if run_used is not None:
                     self.series["run_used"].append(sample.t_s, run_used)
         if self.live is None and self.last_result is None and sample.gpus:
             self._show_idle_bands(sample)  # after a run, its bands stay up until the next one
 
-    def _add_event(self, event: Event) -> None:
+    def _add_event(self, event: Event | Ranked) -> None:
         live = self.live
         if live is None:
+            return
+        rank = 0
+        if isinstance(event, Ranked):
+            rank, event = event.rank, event.event
+        if isinstance(event, Hello):
+            live.rank_pids[rank] = event.pid
+        elif isinstance(event, Step):
+            live.rank_steps[rank] = event
+            if event.bands is not None:
+                live.rank_probe_bands[rank] = event.bands
+        if rank != 0:
             return
         if isinstance(event, ModelInfo):
             live.model = event
@@ -435,18 +472,21 @@ class GpuAnatApp(DashboardActions):
         return self.capabilities.cuda_total_memory_bytes if self.capabilities else None
 
     def _show_techniques(self) -> None:
-        context = CUDA_CONTEXT_BYTES  # until a run here has measured it
-        if self.last_result and self.last_result["bands"].get("cuda_context_bytes"):
-            context = self.last_result["bands"]["cuda_context_bytes"]
         try:
             validate_values(self.config)
             estimate = estimate_memory(self.config)
         except ConfigError:
             estimate = None
+        context = CUDA_CONTEXT_BYTES if estimate is None else cuda_context_bytes(estimate)  # until measured here
+        last_config = RunConfig.from_json(self.last_result["config"]) if self.last_result else None
+        if (last_config is not None and self.last_result["bands"].get("cuda_context_bytes")
+                and (last_config.ranks, last_config.distributed) == (self.config.ranks, self.config.distributed)):
+            context = self.last_result["bands"]["cuda_context_bytes"]
         self.query_one(TechniquesPanel).show(self.config, capabilities=self.capabilities, estimate=estimate,
                                              gpu_total_bytes=self._gpu_total_bytes(),
                                              device_peak_bytes=None if estimate is None else
-                                             peak_reserved_bytes(estimate) + context)
+                                             peak_reserved_bytes(estimate) + context,
+                                             several_gpus=self._gpu_count() > 1)
         if estimate is None or self.screen.has_class("-compact"):
             self.query_one(MemoryBar).update_predicted(None)
         else:
@@ -459,27 +499,45 @@ class GpuAnatApp(DashboardActions):
 
     def _show_idle_bands(self, sample: Sample) -> None:
         gpu = sample.gpus[0]
+        self.query_one(GpuLanes).update_lanes([])
         free = gpu.total_bytes - gpu.used_bytes if gpu.total_bytes is not None and gpu.used_bytes is not None else None
         self.query_one(MemoryBar).update_bands({"other_processes_bytes": gpu.used_bytes, "free_bytes": free}, None,
                                                gpu.total_bytes, {})
 
-    def _show_live_bands(self) -> None:
-        live, sample = self.live, self._latest_sample
-        assert live is not None
-        gpu = sample.gpus[0] if sample is not None and sample.gpus else None
+    def _rank_bands(self, live: LiveRun, rank: int, sample: Sample | None,
+                    gpu_index: int | None) -> tuple[GpuSample | None, dict[str, Any], dict[str, str]]:
+        """One rank's bands now, at the peak's accounting (gradients: those alive at the end of forward), from its
+        own events and NVML's reading of its GPU and its PID; with why a band is missing."""
+        gpu = self._gpu_of(sample, gpu_index)
+        probe, step = live.rank_probe_bands.get(rank), live.rank_steps.get(rank)
+        pid = live.rank_pids.get(rank, live.pid if rank == 0 else None)
         no_gpu = None if gpu is not None and live.config.device == "cuda" else "CPU run: no GPU memory"
         bands = assemble_bands(
-            live.probe_bands,
-            reserved_bytes=live.last_step.reserved_bytes if live.last_step else None,
+            probe,
+            reserved_bytes=step.reserved_bytes if step else None,
             device_used_bytes=gpu.used_bytes if gpu else None,
             device_total_bytes=gpu.total_bytes if gpu else None,
-            process_used_bytes=sample.process_used_bytes([live.pid]) if sample and live.pid else None,
+            process_used_bytes=(dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes([pid])
+                                if sample is not None and gpu is not None and pid else None),
             no_gpu_reason=no_gpu,
         )
         values = bands.to_json()
         unavailable = values.pop("unavailable")
-        if live.probe_bands is not None:
-            values["gradients_bytes"] = live.probe_bands.gradients_at_forward_end_bytes
+        if probe is not None:
+            values["gradients_bytes"] = probe.gradients_at_forward_end_bytes
+        return gpu, values, unavailable
+
+    def _show_live_bands(self) -> None:
+        live, sample = self.live, self._latest_sample
+        assert live is not None
+        gpu, values, unavailable = self._rank_bands(live, 0, sample, self._shown_gpu_index())
+        lanes = []
+        for rank, index in enumerate(live.gpu_indices):
+            rank_gpu, rank_values, _ = self._rank_bands(live, rank, sample, index)
+            reading = rank_gpu or GpuSample(index, "", None, None, None, None, None, None, None, ())
+            lanes.append(Lane(index, rank, rank_values, reading.used_bytes, reading.total_bytes,
+                              reading.gpu_util_percent))
+        self.query_one(GpuLanes).update_lanes(lanes)
         used = gpu.used_bytes if gpu else None
         if used is not None and (live.peak_bands is None or used >= (live.peak_bands.get("device_used_bytes") or 0)):
             live.peak_bands = {**values, "device_used_bytes": used}
@@ -490,6 +548,11 @@ class GpuAnatApp(DashboardActions):
         at_peak = {**result["bands"], "gradients_bytes": result.get("gradients_at_forward_end_bytes")}
         self.query_one(MemoryBar).update_bands(at_peak, at_peak, result.get("device_memory_total_bytes"),
                                                result["unavailable"])
+        self.query_one(GpuLanes).update_lanes([
+            Lane(rank["gpu_index"], rank["rank"],
+                 {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},
+                 rank.get("device_memory_used_bytes"), rank.get("device_memory_total_bytes"), None)
+            for rank in result.get("ranks") or [] if rank.get("gpu_index") is not None])
 
     # --- actions -----------------------------------------------------------------------------------
     def _change_config(self, config: RunConfig) -> None:
@@ -501,6 +564,23 @@ class GpuAnatApp(DashboardActions):
 
     def action_step(self, field: str, direction: int) -> None:
         self._change_config(changed_config(self.config, field, direction))
+
+    def _gpu_count(self) -> int:
+        return len(self.nvml.gpu_names) if self.nvml is not None and self.nvml.available else 0
+
+    def action_cycle_gpus(self) -> None:
+        if self.config.device != "cuda" or self._gpu_count() < 2:
+            self.notify(f"One GPU here ({self._gpu_count()} listed by NVML): nothing to choose."
+                        if self.config.device == "cuda" else "CPU runs use no GPU.", timeout=4)
+            return
+        self._change_config(next_gpu_count(self.config, self._gpu_count()))
+
+    def action_cycle_distributed(self) -> None:
+        following = next_distributed(self.config)
+        if following is None:
+            self.notify("A distributed technique needs several GPUs: choose them with G first.", timeout=4)
+            return
+        self._change_config(following)
 
     def action_run(self) -> None:
         if not self._can_start():

@@ -290,7 +290,7 @@ def execute_run(
     trace_path: Path | None = None,
     stop_grace_s: float = 10.0,
     stop_requested: threading.Event | None = None,
-    on_start: Callable[[int, int, Path], None] | None = None,
+    on_start: Callable[[int, int, Path, tuple[int, ...]], None] | None = None,
     gpu_reader: Callable[[], list[Gpu]] = read_gpus,
 ) -> dict[str, Any]:
     """Train `config` in a child process, record it, return its result.
@@ -301,7 +301,8 @@ def execute_run(
 
     Ctrl-C (KeyboardInterrupt) while it runs — or `stop_requested` being set, from any thread — stops
     the child and its process group and records the run as stopped. `on_event` sees every decoded
-    event, on the calling thread; `on_start` gets (run id, child pid, log path) once the child runs.
+    event, on the calling thread; `on_start` gets (run id, child pid, log path, the NVML indices of the GPUs of
+    ranks 0, 1, …) once the child runs.
     A history that is busy or full does not stop the run (see gpuanat.core.store.recording); when its last
     writes could not be saved, the result's `history_error` says so.
     """
@@ -385,7 +386,7 @@ def execute_run(
     sampler.track(child.pid)
     sampler.start()
     if on_start is not None:
-        on_start(run_id, child.pid, log_path)
+        on_start(run_id, child.pid, log_path, tuple(gpu.index for gpu in choice.gpus) if choice else ())
     try:
         pump(stop_when_idle=False)
     except KeyboardInterrupt:

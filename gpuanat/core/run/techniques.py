@@ -104,3 +104,23 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
     if technique.kind == "choice":
         return config.replace(**{field: _cycle(technique.choices, getattr(config, field))})
     raise ValueError(f"{field} cannot be changed by a key")
+
+
+def next_gpu_count(config: Any, gpu_count: int) -> Any:
+    """`config` with one GPU more, back to one after all `gpu_count` of them; several take DDP unless a
+    distributed technique is chosen already, one takes none."""
+    current = config.ranks or gpu_count
+    following = current + 1 if current < gpu_count else 1
+    if following == 1:
+        return config.replace(gpus=None, distributed="none")
+    distributed = "ddp" if config.distributed == "none" else config.distributed
+    return config.replace(gpus=str(following), distributed=distributed)
+
+
+def next_distributed(config: Any) -> Any | None:
+    """`config` with the next distributed technique for its ranks; None with one rank (none is the only one)."""
+    ranks = config.ranks
+    if ranks == 1:
+        return None
+    several = DISTRIBUTED[1:] if config.device == "cuda" else ("ddp",)
+    return config.replace(distributed=_cycle(several, config.distributed))

@@ -26,13 +26,20 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("compile", "c", "compile"),
     ("expandable_segments", "x", "expandable segs"),
 )
+SEVERAL_GPU_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("gpus", "G", "GPUs"),
+    ("distributed", "D", "distributed"),
+)
+"""Shown where NVML lists several GPUs, or a run was asked for more than one."""
 BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device",
-                  "--expandable-segments": "expandable_segments"}
+                  "--expandable-segments": "expandable_segments", "--distributed": "distributed"}
 
 
-def _value_text(value: object) -> str:
+def _value_text(field: str, value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
+    if field == "gpus" and value is None:
+        return "1 (first idle)"
     return str(value)
 
 
@@ -71,12 +78,15 @@ class TechniquesPanel(Widget):
         self._estimate: MemoryEstimate | None = None
         self._gpu_total_bytes: int | None = None
         self._device_peak_bytes: int | None = None
+        self._several_gpus = False
 
     def show(self, config: RunConfig, *, capabilities: Capabilities | None, estimate: MemoryEstimate | None,
-             gpu_total_bytes: int | None, device_peak_bytes: int | None) -> None:
-        """`device_peak_bytes`: the predicted peak with the allocator's cache and the CUDA context."""
+             gpu_total_bytes: int | None, device_peak_bytes: int | None, several_gpus: bool = False) -> None:
+        """`device_peak_bytes`: the predicted peak (of one rank) with the allocator's cache and the CUDA context;
+        `several_gpus`: show the GPU and distributed rows."""
         self._config, self._capabilities, self._estimate = config, capabilities, estimate
         self._gpu_total_bytes, self._device_peak_bytes = gpu_total_bytes, device_peak_bytes
+        self._several_gpus = several_gpus or config.ranks != 1
         self.refresh(layout=True)
 
     def render(self) -> Table:
@@ -90,12 +100,13 @@ class TechniquesPanel(Widget):
         config, defaults = self._config, RunConfig()
         unsupported = machine_unsupported_reason(config, self._capabilities) if self._capabilities else None
         blocked_field = BLOCKING_FLAGS.get(unsupported[0]) if unsupported else None
-        for field, key, label in ROWS:
+        for field, key, label in ROWS + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
             value = getattr(config, field)
             style = changed_style if value != getattr(defaults, field) else ""
             if field == blocked_field:
                 style = self.get_component_rich_style("techniques-panel--unavailable")
-            table.add_row(Text(key, style=key_style), Text(label, style=muted), Text(_value_text(value), style=style))
+            table.add_row(Text(key, style=key_style), Text(label, style=muted),
+                          Text(_value_text(field, value), style=style))
         lines = Table.grid()
         lines.add_row(table)
         if not self.compact:
@@ -117,7 +128,8 @@ class TechniquesPanel(Widget):
             return Text(f"predicted peak allocated: {format_bytes(self._estimate.peak_allocated_bytes)} (CPU run)",
                         style=muted)
         device_peak = self._device_peak_bytes or self._estimate.peak_allocated_bytes
-        text = Text(f"predicted peak: {format_bytes(device_peak)}")
+        label = "predicted/GPU" if self._estimate.ranks > 1 else "predicted peak"
+        text = Text(f"{label}: {format_bytes(device_peak)}")
         if self._gpu_total_bytes:
             text.append(f" of {format_bytes(self._gpu_total_bytes)}", style=muted)
             if device_peak > self._gpu_total_bytes:

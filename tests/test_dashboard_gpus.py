@@ -1,0 +1,139 @@
+"""The dashboard on a machine with 2 GPUs, fed by what was recorded on the H200×2 machine.
+
+The NVML trace (tests/data/h200x2_ddp_trace.jsonl, `gpuanat run --gpus 2 --distributed ddp --trace-out`) plays
+through the real sampler code; the run's per-rank results are that run's (benchmarks/results/h200x2/multi/
+results.jsonl, technique ddp), so each rank's bands and PIDs are the real ones.
+Regenerate the snapshot with `pytest tests/test_dashboard_gpus.py --snapshot-update` (pinned Textual 8.2.8).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpuanat.core.measure.sampler import NvmlStatus, ReplaySource
+from gpuanat.core.run.config import Capabilities, RunConfig
+from gpuanat.core.run.protocol import Hello, ProbeBands, Ranked, Step
+from gpuanat.tui.app import GpuAnatApp, LiveRun, RunFinished
+from gpuanat.tui.widgets.gpu_lanes import GpuLanes
+from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
+
+DATA = Path(__file__).resolve().parent / "data"
+TRACE = DATA / "h200x2_ddp_trace.jsonl"
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks/results/h200x2/multi/results.jsonl"
+SIZE = (120, 40)
+FROZEN_T_S = 1_000.0
+TRAINING_SAMPLES = 84
+"""Samples of the trace up to the middle of training (both ranks at their peak from sample 80 on)."""
+
+
+def ddp_result() -> dict:
+    return next(row for row in map(json.loads, RESULTS.read_text().splitlines()) if row["technique"] == "ddp")
+
+
+def make_app(db_path: Path, config: RunConfig, gpu_names: tuple[str, ...] = ("NVIDIA H200", "NVIDIA H200")):
+    capabilities = Capabilities(torch_version="2.11.0+cu130", cuda_available=True, cuda_device_name="NVIDIA H200",
+                                cuda_compute_capability=(9, 0), cuda_total_memory_bytes=150_754_820_096,
+                                deepspeed_version="0.19.8", cuda_device_count=len(gpu_names))
+    nvml = NvmlStatus(available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000,
+                      gpu_names=gpu_names)
+    return GpuAnatApp(config, db_path=db_path, sampler_factory=lambda: (ReplaySource(TRACE), nvml),
+                      capabilities_probe=lambda: capabilities, clock=lambda: FROZEN_T_S, sample_interval_s=None,
+                      paint_interval_s=3600)
+
+
+def replay_ddp_run(app: GpuAnatApp) -> None:
+    """The ddp run as the dashboard saw it mid-training: both ranks' hellos and a measured step each (their
+    recorded bands), and the trace's NVML samples up to then."""
+    result = ddp_result()
+    app.live = LiveRun(config=RunConfig.from_json(result["config"]), stop_requested=threading.Event(),
+                       run_id=result["run_id"], pid=999, gpu_indices=(0, 1))
+    for rank in result["ranks"]:
+        bands = rank["bands"]
+        probe = ProbeBands(weights_bytes=bands["weights_bytes"], gradients_bytes=bands["gradients_bytes"],
+                           optimizer_state_bytes=bands["optimizer_state_bytes"],
+                           activations_bytes=bands["activations_bytes"], activations_method="allocator",
+                           batch_bytes=0, measured_at_step=3, optimizer_state_at_forward_end_bytes=bands[
+                               "optimizer_state_bytes"], gradients_at_forward_end_bytes=0)
+        step = Step(step=3, samples=48, tokens=24_576, step_time_s=0.1, elapsed_s=1.0, bands=probe,
+                    reserved_bytes=rank["peak_reserved_bytes"])
+        hello = Hello(pid=rank["pid"], versions={}, device="cuda", device_name="NVIDIA H200", config={})
+        for event in (hello, step):
+            app._incoming_events.append(event if rank["rank"] == 0 else Ranked(rank["rank"], event))
+    for _ in range(TRAINING_SAMPLES):
+        app.sample_now()
+    app.paint()
+
+
+@pytest.mark.asyncio
+async def test_G_and_D_choose_the_gpus_and_the_distributed_technique(tmp_path):
+    app = make_app(tmp_path / "h.sqlite", RunConfig(precision="bf16", batch_size=16))
+    async with app.run_test(size=SIZE) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.press("G")
+        assert (app.config.gpus, app.config.distributed) == ("2", "ddp")
+        await pilot.press("D")
+        assert app.config.distributed == "fsdp"
+        await pilot.press("D", "D", "D", "D")  # zero1, zero2, zero3, and round to ddp
+        assert app.config.distributed == "ddp"
+        panel = app.query_one(TechniquesPanel).render()
+        assert panel is not None
+        await pilot.press("G")  # no third GPU: back to one, and one rank trains without a technique
+        assert (app.config.gpus, app.config.distributed) == (None, "none")
+        await pilot.press("D")
+        assert app.config.distributed == "none"
+        assert any("several GPUs" in notification.message for notification in app._notifications)
+
+
+@pytest.mark.asyncio
+async def test_on_one_gpu_G_says_there_is_nothing_to_choose(tmp_path):
+    app = make_app(tmp_path / "h.sqlite", RunConfig(), gpu_names=("NVIDIA H100 80GB HBM3",))
+    async with app.run_test(size=SIZE) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.press("G")
+        assert app.config.gpus is None
+        assert any("One GPU here" in notification.message for notification in app._notifications)
+
+
+@pytest.mark.asyncio
+async def test_each_gpu_of_a_run_gets_a_lane_with_its_ranks_bands_and_nvml_reading(tmp_path):
+    app = make_app(tmp_path / "h.sqlite", RunConfig(gpus="2", distributed="ddp", precision="bf16", batch_size=16))
+    samples = [json.loads(line) for line in TRACE.read_text().splitlines()]
+    async with app.run_test(size=SIZE) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        replay_ddp_run(app)
+        await pilot.pause()
+        lanes = app.query_one(GpuLanes).lanes
+        assert [(lane.gpu_index, lane.rank) for lane in lanes] == [(0, 0), (1, 1)]
+        shown = samples[TRAINING_SAMPLES - 1]["gpus"]
+        for lane in lanes:
+            assert lane.used_bytes == shown[lane.gpu_index]["used_bytes"]  # that GPU's own reading
+            assert lane.bands["weights_bytes"] == ddp_result()["ranks"][lane.rank]["bands"]["weights_bytes"]
+            # each rank's own process on its own GPU: context = its NVML use minus its reserved memory
+            process = next(p for p in shown[lane.gpu_index]["processes"])
+            rank = ddp_result()["ranks"][lane.rank]
+            assert lane.bands["cuda_context_bytes"] == process["used_bytes"] - rank["peak_reserved_bytes"]
+            assert all(value is None or value >= 0 for value in lane.bands.values())
+        app.post_message(RunFinished(ddp_result()))
+        await pilot.pause()
+        finished = app.query_one(GpuLanes).lanes
+        assert [lane.used_bytes for lane in finished] == [rank["device_memory_used_bytes"]
+                                                          for rank in ddp_result()["ranks"]]
+
+
+def test_dashboard_with_two_gpus(snap_compare, tmp_path):
+    app = make_app(tmp_path / "h.sqlite", RunConfig(gpus="2", distributed="ddp", precision="bf16", batch_size=16))
+
+    async def run_before(pilot) -> None:
+        while app.capabilities is None:
+            await pilot.pause()
+        replay_ddp_run(app)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
