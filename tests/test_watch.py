@@ -454,3 +454,39 @@ def test_an_event_the_session_cannot_take_is_counted_and_the_watch_goes_on(spinn
     assert record["malformed_events"] == 1
     assert (record["step"], record["samples"]) == (3, 12)
     assert record["samples_per_second"] == pytest.approx(8 / 0.2)
+
+
+def test_watching_a_torchrun_job_shows_every_ranks_anatomy(tmp_path):
+    """Issue #15: a job launched with torchrun (2 CPU ranks, DDP over gloo), each rank with the one-line callback:
+    `gpuanat watch` of the torchrun process shows both ranks, each with its own bands."""
+    runtime_dir = tmp_path / "runtime"
+    runtime_dir.mkdir(mode=0o700)
+    env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                            str(TINY_TRAINER), "--callback", "--samples", "20000", "--hold-s", "1"],
+                           env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline_s = time.monotonic() + 180
+        while len(list((runtime_dir / "gpuanat").glob("*.jsonl")) if (runtime_dir / "gpuanat").exists() else []) < 2:
+            assert job.poll() is None, job.stderr.read() if job.stderr else ""
+            assert time.monotonic() < deadline_s, "the two ranks did not publish"
+            time.sleep(0.1)
+        watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(job.pid), "--json", "--duration",
+                                  "6"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.wait(timeout=60)
+    assert watcher.returncode == 0, watcher.stderr
+    records = [json.loads(line) for line in watcher.stdout.splitlines()]
+    both = [record for record in records if len(record["ranks"]) == 2]
+    assert both, "no record showed both ranks"
+    reference = tiny_model_reference()
+    for record in both:
+        assert [rank["rank"] for rank in record["ranks"]] == [0, 1]  # from each rank's RANK
+        assert len({rank["pid"] for rank in record["ranks"]}) == 2
+        assert record["publisher_pid"] == record["ranks"][0]["pid"]  # rank 0 speaks for the run
+        for rank in record["ranks"]:
+            assert rank["bands"]["weights_bytes"] == reference["weights_bytes"]  # DDP: the whole model on each
+            assert rank["bands"]["gradients_bytes"] == reference["gradients_bytes"]
+            assert "CPU run" in rank["bands_unavailable"]["free_bytes"]

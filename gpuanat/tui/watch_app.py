@@ -28,6 +28,7 @@ from gpuanat.core.measure.watch import WatchSession, WatchTarget
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 from gpuanat.tui.widgets.process_panel import ProcessPanel
@@ -116,6 +117,7 @@ class WatchApp(DashboardActions):
                 yield LineChart("Throughput (samples/s, when published)", formatter=lambda value: f"{value:.1f}/s",
                                 id="throughput-chart")
         yield MemoryBar(id="memory")
+        yield GpuLanes(id="lanes")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -236,6 +238,11 @@ class WatchApp(DashboardActions):
             self._peak_device_used_bytes = used
             self._peak_bands = dict(bands)
         self.query_one(MemoryBar).update_bands(bands, self._peak_bands, total, unavailable, unattributed)
+        self.query_one(GpuLanes).update_lanes([  # every publishing rank of a distributed job, on its own GPU
+            Lane(rank["gpu_index"], rank["rank"],
+                 {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},
+                 rank["used_bytes"], rank["total_bytes"], None)
+            for rank in record.get("ranks") or [] if rank["gpu_index"] is not None])
 
     def _state_text(self) -> str:
         record = self.last_record

@@ -150,6 +150,34 @@ class _Publications:
 
 
 @dataclass
+class Publisher:
+    """What one publishing process of the tree has said: with torchrun, one rank."""
+
+    pid: int
+    rank: int | None = None
+    """From the process's RANK (torchrun, accelerate launch); None when unreadable or not set."""
+    probe_bands: ProbeBands | None = None
+    reserved_bytes: int | None = None
+    step: int | None = None
+
+    def observe(self, event: Event) -> None:
+        if isinstance(event, (Step, Done)) and event.bands is not None and (
+                self.probe_bands is None or event.bands.measured_at_step >= self.probe_bands.measured_at_step):
+            self.probe_bands = event.bands
+        if isinstance(event, Step):
+            self.step = event.step if self.step is None else max(self.step, event.step)
+            if event.reserved_bytes is not None:
+                self.reserved_bytes = event.reserved_bytes
+
+
+def _rank_of(pid: int) -> int | None:
+    with contextlib.suppress(psutil.Error, ValueError):
+        rank = psutil.Process(pid).environ().get("RANK")
+        return int(rank) if rank is not None else None
+    return None
+
+
+@dataclass
 class ObservedRun:
     """What the watch has learned about the run: probe events of the publishing process, and peaks."""
 
@@ -173,16 +201,22 @@ class ObservedRun:
         default_factory=lambda: collections.deque(maxlen=256))
     """(elapsed s, samples) of the latest published steps, for the current samples/s."""
     steps: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=KEPT_STEPS))
+    publishers: dict[int, Publisher] = field(default_factory=dict)
+    """Every publishing process, by PID, in the order they first published: each rank of a distributed job."""
 
     def observe_event(self, pid: int, event: Event | Malformed) -> Step | None:
         """Take one event; returns the step when it is a new one (for the history)."""
         if isinstance(event, Malformed):
             self.malformed += 1
             return None
-        if self.publisher_pid is None:
-            self.publisher_pid = pid
-        elif pid != self.publisher_pid:
-            return None  # several ranks publish: the first one speaks for the run
+        if pid not in self.publishers:
+            self.publishers[pid] = Publisher(pid, rank=_rank_of(pid))
+        self.publishers[pid].observe(event)
+        if self.publisher_pid is None or (self.publishers[pid].rank == 0
+                                          and self.publishers[self.publisher_pid].rank != 0):
+            self.publisher_pid = pid  # rank 0 speaks for the run; without ranks, the first publisher
+        if pid != self.publisher_pid:
+            return None
         if isinstance(event, Hello):
             self.hello = event
         elif isinstance(event, ModelInfo):
@@ -454,7 +488,33 @@ class WatchSession:
                                                if observed.probe_bands else None),
             "bands_measured_at_step": observed.probe_bands.measured_at_step if observed.probe_bands else None,
             "malformed_events": observed.malformed,
+            "ranks": self._ranks(sample, mapping),
         }
+
+    def _ranks(self, sample: Sample, mapping: Any) -> list[dict[str, Any]]:
+        """Every publishing process (each rank of a distributed job) with its GPU and its own bands, computed as
+        one GPU's are: from its probe and NVML's reading of the GPU NVML lists its PID on."""
+        ranks = []
+        for position, publisher in enumerate(self.observed.publishers.values()):
+            nvml_pids = mapping.nvml_pids_of([publisher.pid])
+            gpu = next((gpu for gpu in sample.gpus if any(p.pid in nvml_pids for p in gpu.processes)), None)
+            used = _gpu_used_by(gpu, nvml_pids)[0] if gpu is not None else None
+            hello = self.observed.hello
+            no_gpu = ("CPU run: it uses no GPU memory" if hello is not None and hello.device != "cuda"
+                      else None if gpu is not None else "NVML lists no GPU memory of this process")
+            memory = assemble_bands(publisher.probe_bands, reserved_bytes=publisher.reserved_bytes,
+                                    device_used_bytes=gpu.used_bytes if gpu else None,
+                                    device_total_bytes=gpu.total_bytes if gpu else None,
+                                    process_used_bytes=used, no_gpu_reason=no_gpu)
+            ranks.append({"pid": publisher.pid, "rank": publisher.rank if publisher.rank is not None else position,
+                          "gpu_index": gpu.index if gpu else None, "step": publisher.step,
+                          "used_bytes": gpu.used_bytes if gpu else None,
+                          "total_bytes": gpu.total_bytes if gpu else None,
+                          "gradients_at_forward_end_bytes": (publisher.probe_bands.gradients_at_forward_end_bytes
+                                                             if publisher.probe_bands else None),
+                          "bands": {key: value for key, value in memory.to_json().items() if key != "unavailable"},
+                          "bands_unavailable": memory.unavailable})
+        return sorted(ranks, key=lambda entry: entry["rank"])
 
     def _publication_reason(self) -> str:
         if self._publications is None:
@@ -637,7 +697,33 @@ class WatchSession:
                        "flag": observed.error.flag} if observed.error else None),
             "log_path": None,
             "malformed_events": observed.malformed,
+            "ranks": (self.last_record or {}).get("ranks", []),
         }
+
+    def _ranks(self, sample: Sample, mapping: Any) -> list[dict[str, Any]]:
+        """Every publishing process (each rank of a distributed job) with its GPU and its own bands, computed as
+        one GPU's are: from its probe and NVML's reading of the GPU NVML lists its PID on."""
+        ranks = []
+        for position, publisher in enumerate(self.observed.publishers.values()):
+            nvml_pids = mapping.nvml_pids_of([publisher.pid])
+            gpu = next((gpu for gpu in sample.gpus if any(p.pid in nvml_pids for p in gpu.processes)), None)
+            used = _gpu_used_by(gpu, nvml_pids)[0] if gpu is not None else None
+            hello = self.observed.hello
+            no_gpu = ("CPU run: it uses no GPU memory" if hello is not None and hello.device != "cuda"
+                      else None if gpu is not None else "NVML lists no GPU memory of this process")
+            memory = assemble_bands(publisher.probe_bands, reserved_bytes=publisher.reserved_bytes,
+                                    device_used_bytes=gpu.used_bytes if gpu else None,
+                                    device_total_bytes=gpu.total_bytes if gpu else None,
+                                    process_used_bytes=used, no_gpu_reason=no_gpu)
+            ranks.append({"pid": publisher.pid, "rank": publisher.rank if publisher.rank is not None else position,
+                          "gpu_index": gpu.index if gpu else None, "step": publisher.step,
+                          "used_bytes": gpu.used_bytes if gpu else None,
+                          "total_bytes": gpu.total_bytes if gpu else None,
+                          "gradients_at_forward_end_bytes": (publisher.probe_bands.gradients_at_forward_end_bytes
+                                                             if publisher.probe_bands else None),
+                          "bands": {key: value for key, value in memory.to_json().items() if key != "unavailable"},
+                          "bands_unavailable": memory.unavailable})
+        return sorted(ranks, key=lambda entry: entry["rank"])
 
     def close(self) -> None:
         if self._publications is not None:
