@@ -165,9 +165,8 @@ def test_fit_on_the_cpu_is_refused_and_says_what_to_use(args, db_path):
 
 
 def test_run_without_a_preset_trains_the_cpu_workload_and_says_so(db_path):
-    started = time.monotonic()
+    # 6-7 s on an idle 2-core CPU (CPU_WORKLOAD's docstring); bert-large, the GPU default, would take about 85 minutes
     completed = run_cli(["run", "--json"], db_path, timeout_s=300)
-    elapsed_s = time.monotonic() - started
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     assert result["status"] == "ok"
@@ -176,7 +175,6 @@ def test_run_without_a_preset_trains_the_cpu_workload_and_says_so(db_path):
     (line,) = [line for line in completed.stderr.splitlines() if line.startswith("gpuanat:")]
     assert line.startswith("gpuanat: no CUDA GPU here (")
     assert line.endswith("training the tiny preset, seq 64, 64 samples — give --preset to choose")
-    assert elapsed_s < 60  # 6-7 s idle, 14-16 s loaded, here; bert-large, the GPU default: about 85 minutes
 
 
 def test_a_preset_given_on_the_cpu_is_kept(db_path):

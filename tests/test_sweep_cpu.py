@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import run_cli
 
 from gpuanat.core.store.compare import percent_delta
@@ -13,6 +14,7 @@ from gpuanat.core.store.sweep import EXPERIMENTS
 SWEEP = ["sweep", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "16"]
 
 
+@pytest.mark.timeout(900)  # a dozen processes that each import torch: ~20 s apiece on the GPU machines' CPUs
 def test_sweep_runs_the_docs_table_and_skips_what_needs_a_gpu(db_path):
     completed = run_cli([*SWEEP, "--json"], db_path, timeout_s=900)
     assert completed.returncode == 0, completed.stderr[-3000:]

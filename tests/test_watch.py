@@ -275,13 +275,21 @@ def test_foreign_nvml_pids_are_mapped_where_proc_allows(spinner, tmp_path, how):
 # --- a real HF Trainer run that publishes --------------------------------------------------------
 
 
-def start_tiny_trainer(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:
+def start_tiny_trainer(tmp_path: Path, *args: str, watch_args: list[str] | None = None,
+                       ) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:
+    """The tiny trainer with the callback, once it has trained a step. With `watch_args`, `gpuanat watch PID
+    *watch_args` is started the moment the trainer is, before it publishes anything (a watcher started later can
+    miss a short run on a loaded machine), as `trainer.watcher`."""
     runtime_dir = tmp_path / "runtime"
     runtime_dir.mkdir(mode=0o700)
     env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
     ready = tmp_path / "ready"
     trainer = subprocess.Popen([sys.executable, str(TINY_TRAINER), "--callback", "--ready-file", str(ready), *args],
                                env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if watch_args is not None:
+        trainer.watcher = subprocess.Popen(  # type: ignore[attr-defined]
+            [sys.executable, "-m", "gpuanat", "watch", str(trainer.pid), *watch_args], env=env, cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline_s = time.monotonic() + 120
     while not ready.exists():
         assert trainer.poll() is None, trainer.stderr.read() if trainer.stderr else ""
@@ -291,17 +299,20 @@ def start_tiny_trainer(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str
 
 
 def test_watching_a_real_trainer_run_that_publishes(tmp_path):
-    trainer, runtime_dir, env = start_tiny_trainer(tmp_path, "--samples", "400", "--hold-s", "1")
+    trainer, runtime_dir, _env = start_tiny_trainer(tmp_path, "--samples", "400", "--hold-s", "1",
+                                                   watch_args=["--json", "--save", "tiny external"])
     publication = runtime_dir / "gpuanat" / f"{trainer.pid}.jsonl"
     try:
         # private: the directory 0700 and the file 0600, both ours
         assert stat.S_IMODE(publication.parent.stat().st_mode) == 0o700
         assert stat.S_IMODE(publication.stat().st_mode) == 0o600
         assert publication.stat().st_uid == os.getuid()
-        watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(trainer.pid), "--json", "--save",
-                                  "tiny external"], env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+        stdout, stderr = trainer.watcher.communicate(timeout=240)
+        watcher = subprocess.CompletedProcess(trainer.watcher.args, trainer.watcher.returncode, stdout, stderr)
     finally:
         trainer.wait(timeout=240)
+        if trainer.watcher.poll() is None:
+            trainer.watcher.kill()
     assert watcher.returncode == 0, watcher.stderr
     records = [json.loads(line) for line in watcher.stdout.splitlines()]
     *samples, final = records

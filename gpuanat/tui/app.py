@@ -149,6 +149,7 @@ class GpuAnatApp(DashboardActions):
         Binding("x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments",
                 show=False),
         Binding("f", "fit", "Fit batch", id="fit"),
+        Binding("E", "toggle_technique('engine')", "Engine", id="engine", show=False),
         Binding("G", "cycle_gpus", "GPUs", id="gpus", show=False),
         Binding("D", "cycle_distributed", "Distributed", id="distributed", show=False),
         *SHARED_BINDINGS,

@@ -618,6 +618,16 @@ class AnatomyCallback(TrainerCallback):
         return getattr(self, "_samples", 0)
 
     @property
+    def started(self) -> bool:
+        """Whether training has begun (the probe saw on_train_begin)."""
+        return hasattr(self, "_train_start_s")
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps completed so far."""
+        return self.last_step.step if self.last_step is not None else 0
+
+    @property
     def peak_allocated_bytes(self) -> int | None:
         """Highest allocated memory seen at any step so far, including now."""
         if not getattr(self, "_cuda", False):

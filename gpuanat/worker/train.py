@@ -227,12 +227,19 @@ def train(config: Any, emit: Any) -> int:
             dataset = build_dataset(config, model.config.vocab_size)
             arguments = TrainingArguments(**training_arguments_kwargs(config, output_dir),
                                           **distributed_arguments(config, model))
-            trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=[probe])
-            output = trainer.train()
+            if config.engine == "accelerate":
+                from gpuanat.worker.accelerate_loop import train_with_accelerate
+
+                metrics = train_with_accelerate(config, model, dataset, probe, arguments, LOGGING_STEPS)
+                global_step = metrics["global_step"]
+            else:
+                trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=[probe])
+                output = trainer.train()
+                metrics, global_step = output.metrics, output.global_step
         except torch.OutOfMemoryError as error:
             dump_memory_snapshot()  # before the trainer's memory is freed (the frames unwound have freed theirs)
             # The model itself may not fit (no step yet), or a step ran out of memory.
-            step = trainer.state.global_step + 1 if trainer is not None else 0
+            step = probe.steps + 1 if probe.started else 0
             peak_allocated, reserved = probe.peak_allocated_bytes, probe.peak_reserved_bytes
             if peak_allocated is None and config.device == "cuda":
                 peak_allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved()
@@ -244,7 +251,7 @@ def train(config: Any, emit: Any) -> int:
             return EXIT_OOM
         except KeyboardInterrupt:
             dump_memory_snapshot()
-            emit(Done(status="stopped", steps=trainer.state.global_step if trainer else 0, samples=probe.samples,
+            emit(Done(status="stopped", steps=probe.steps, samples=probe.samples,
                       train_runtime_s=None, samples_per_second=None, steady_samples_per_second=None,
                       warmup_steps=getattr(probe, "warmup_steps", 0), steady_reason="stopped before the end",
                       peak_allocated_bytes=probe.peak_allocated_bytes,
@@ -252,11 +259,10 @@ def train(config: Any, emit: Any) -> int:
                       probe_time_s=probe.probe_time_s, probe_time_by_part_s=dict(probe.probe_time_by_part_s)))
             return EXIT_STOPPED
     dump_memory_snapshot()
-    metrics = output.metrics
     steady = probe.steady_state()
     emit(Done(
         status="ok",
-        steps=output.global_step,
+        steps=global_step,
         samples=probe.samples,
         train_runtime_s=metrics.get("train_runtime"),
         samples_per_second=metrics.get("train_samples_per_second"),

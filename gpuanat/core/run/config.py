@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.run.presets import DEFAULT_PRESET, PRESETS
-from gpuanat.core.run.techniques import ATTENTION_IMPLEMENTATIONS, DEVICES, DISTRIBUTED, OPTIMIZERS, PRECISIONS
+from gpuanat.core.run.techniques import (
+    ATTENTION_IMPLEMENTATIONS,
+    DEVICES,
+    DISTRIBUTED,
+    ENGINES,
+    OPTIMIZERS,
+    PRECISIONS,
+)
 
 
 class ConfigError(ValueError):
@@ -58,6 +65,7 @@ class RunConfig:
     distributed: str = "none"
     nproc: int = 1
     """Ranks on the CPU; on CUDA every chosen GPU is a rank."""
+    engine: str = "trainer"
     seq_len: int = 512
     samples: int = 512
     epochs: int = 1
@@ -111,6 +119,8 @@ class RunConfig:
             parts.append("expseg")
         if self.workers:
             parts.append(f"workers{self.workers}")
+        if self.engine != "trainer":
+            parts.append(self.engine)
         if self.distributed != "none":
             parts.append(f"{self.distributed}×{self.gpus if self.device == 'cuda' and self.gpus else self.nproc}")
         elif self.gpus:
@@ -289,6 +299,10 @@ def _validate_ranks(config: RunConfig) -> None:
     from gpuanat.core.run.gpus import parse_gpus
 
     _require_choice("--distributed", config.distributed, DISTRIBUTED)
+    _require_choice("--engine", config.engine, ENGINES)
+    if config.engine == "accelerate" and config.distributed not in ("none", "ddp"):
+        raise ConfigError("--engine", f"the accelerate engine trains with none or ddp; {config.distributed} trains "
+                                      "with --engine trainer")
     _require_between("--nproc", config.nproc, 1, MAX_CPU_RANKS, "each rank takes a core or more")
     if config.device == "cuda":
         if config.nproc != 1:

@@ -20,6 +20,8 @@ DISTRIBUTED = ("none", "ddp", "fsdp", "zero1", "zero2", "zero3")
 gradients and optimizer state sharded), DeepSpeed ZeRO stage 1 (optimizer state sharded), 2 (+ gradients),
 3 (+ weights)."""
 ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+ENGINES = ("trainer", "accelerate")
+"""What runs the training loop: HF Trainer, or the docs' custom loop with 🤗 Accelerate."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ TECHNIQUES: tuple[Technique, ...] = (
               "deepspeed); launched with torchrun (default: none on one rank, ddp on several)",
               choices=DISTRIBUTED),
     Technique("nproc", "--nproc", "int", "ranks on the CPU (one process each, gloo); on GPUs --gpus decides"),
+    Technique("engine", "--engine", "choice",
+              "the training loop: HF Trainer, or the docs' custom loop with Accelerate (with none or ddp)",
+              choices=ENGINES),
     Technique("seq_len", "--seq-len", "int", "tokens per sample"),
     Technique("samples", "--samples", "int", "samples in the random dataset (the docs use 512)"),
     Technique("epochs", "--epochs", "int", "passes over the dataset"),

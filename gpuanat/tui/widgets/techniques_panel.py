@@ -26,6 +26,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("compile", "c", "compile"),
     ("expandable_segments", "x", "expandable segs"),
 )
+ENGINE_ROW = ("engine", "E", "engine")
+"""Shown once the engine is not the default Trainer."""
 SEVERAL_GPU_ROWS: tuple[tuple[str, str, str], ...] = (
     ("gpus", "G", "GPUs"),
     ("distributed", "D", "distributed"),
@@ -100,7 +102,8 @@ class TechniquesPanel(Widget):
         config, defaults = self._config, RunConfig()
         unsupported = machine_unsupported_reason(config, self._capabilities) if self._capabilities else None
         blocked_field = BLOCKING_FLAGS.get(unsupported[0]) if unsupported else None
-        for field, key, label in ROWS + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
+        engine_row = (ENGINE_ROW,) if config.engine != defaults.engine else ()
+        for field, key, label in ROWS + engine_row + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
             value = getattr(config, field)
             style = changed_style if value != getattr(defaults, field) else ""
             if field == blocked_field:
