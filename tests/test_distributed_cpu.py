@@ -142,3 +142,26 @@ def test_a_sigkilled_gpuanat_takes_the_launcher_torchrun_and_every_rank_with_it(
         if process.poll() is None:
             process.kill()
     _assert_none_left(marker, timeout_s=2 * PARENT_GONE_GRACE_S + 10)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_accelerate_engine_trains_the_docs_loop_with_the_same_probe(db_path, ranks):
+    """--engine accelerate: the docs' custom loop, alone and over 2 CPU ranks (the Accelerator picks DDP up from
+    torchrun), measured by the same probe: the same exact bands as Trainer, every sample counted."""
+    marker, env = _marker()
+    completed = run_cli(["run", *TINY_CPU, "--nproc", str(ranks), "--engine", "accelerate", "--grad-accum", "2",
+                         "--json"], db_path, extra_env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    assert result["status"] == "ok" and result["config"]["engine"] == "accelerate"
+    reference = tiny_model_reference()
+    assert len(result["ranks"]) == ranks
+    for rank in result["ranks"]:
+        for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
+            assert rank["bands"][band] == reference[band], (rank["rank"], band)
+        assert rank["bands"]["activations_bytes"] > 0
+        assert rank["gradients_at_forward_end_bytes"] == reference["gradients_bytes"]  # accumulating: alive
+    assert result["samples"] == 32
+    assert result["steps"] == 32 // (4 * 2 * ranks)  # batch 4, accumulation 2, split over the ranks
+    assert result["train_loss"] is not None and result["samples_per_second"] > 0
+    _assert_none_left(marker, timeout_s=10)

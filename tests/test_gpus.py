@@ -131,6 +131,7 @@ def test_gpus_nproc_and_distributed_must_agree():
         (RunConfig(gpus="2"), "--distributed", "none trains on one rank; with 2"),
         (RunConfig(device="cpu", nproc=2, distributed="zero2"), "--distributed", "on the CPU use ddp"),
         (RunConfig(device="cpu", nproc=0), "--nproc", "≥ 1"),
+        (RunConfig(gpus="2", distributed="fsdp", engine="accelerate"), "--engine", "fsdp trains with --engine trainer"),
     ]:
         with pytest.raises(ConfigError, match=message) as raised:
             validate_values(config)
