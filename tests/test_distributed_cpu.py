@@ -88,7 +88,7 @@ def test_ddp_on_two_cpu_ranks_holds_the_whole_model_on_each_and_counts_every_sam
     _assert_none_left(marker, timeout_s=10)
 
 
-def test_a_rank_killed_mid_run_fails_the_run_and_the_other_rank_is_stopped(db_path):
+def test_a_rank_killed_mid_run_fails_the_run_and_ends_the_other_rank(db_path):
     marker, env = _marker()
     process = start_cli(["run", *LONG_TWO_RANKS, "--json"], db_path, extra_env=env)
     try:

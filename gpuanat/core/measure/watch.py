@@ -700,31 +700,6 @@ class WatchSession:
             "ranks": (self.last_record or {}).get("ranks", []),
         }
 
-    def _ranks(self, sample: Sample, mapping: Any) -> list[dict[str, Any]]:
-        """Every publishing process (each rank of a distributed job) with its GPU and its own bands, computed as
-        one GPU's are: from its probe and NVML's reading of the GPU NVML lists its PID on."""
-        ranks = []
-        for position, publisher in enumerate(self.observed.publishers.values()):
-            nvml_pids = mapping.nvml_pids_of([publisher.pid])
-            gpu = next((gpu for gpu in sample.gpus if any(p.pid in nvml_pids for p in gpu.processes)), None)
-            used = _gpu_used_by(gpu, nvml_pids)[0] if gpu is not None else None
-            hello = self.observed.hello
-            no_gpu = ("CPU run: it uses no GPU memory" if hello is not None and hello.device != "cuda"
-                      else None if gpu is not None else "NVML lists no GPU memory of this process")
-            memory = assemble_bands(publisher.probe_bands, reserved_bytes=publisher.reserved_bytes,
-                                    device_used_bytes=gpu.used_bytes if gpu else None,
-                                    device_total_bytes=gpu.total_bytes if gpu else None,
-                                    process_used_bytes=used, no_gpu_reason=no_gpu)
-            ranks.append({"pid": publisher.pid, "rank": publisher.rank if publisher.rank is not None else position,
-                          "gpu_index": gpu.index if gpu else None, "step": publisher.step,
-                          "used_bytes": gpu.used_bytes if gpu else None,
-                          "total_bytes": gpu.total_bytes if gpu else None,
-                          "gradients_at_forward_end_bytes": (publisher.probe_bands.gradients_at_forward_end_bytes
-                                                             if publisher.probe_bands else None),
-                          "bands": {key: value for key, value in memory.to_json().items() if key != "unavailable"},
-                          "bands_unavailable": memory.unavailable})
-        return sorted(ranks, key=lambda entry: entry["rank"])
-
     def close(self) -> None:
         if self._publications is not None:
             self._publications.close()
