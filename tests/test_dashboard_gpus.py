@@ -19,6 +19,8 @@ from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.protocol import Hello, ProbeBands, Ranked, Step
 from gpuanat.tui.app import GpuAnatApp, LiveRun, RunFinished
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes
+from gpuanat.tui.widgets.memory_bar import MemoryBar
+from gpuanat.tui.widgets.status_line import StatusLine
 from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -137,3 +139,27 @@ def test_dashboard_with_two_gpus(snap_compare, tmp_path):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+@pytest.mark.asyncio
+async def test_eight_lanes_fit_80x24_with_the_memory_legend_folded_away(tmp_path):
+    """A box of 8 GPUs at an SSH session's default size: every lane shows, one row each; the memory bar keeps its
+    bar and device-used row and drops its legend (each lane says its GPU's memory), and takes it back at 120×40."""
+    app = make_app(tmp_path / "h.sqlite", RunConfig(gpus="8", distributed="ddp", precision="bf16", batch_size=16),
+                   gpu_names=("NVIDIA H200",) * 8)
+    result = ddp_result()
+    eight = {**result, "ranks": [{**result["ranks"][index % 2], "rank": index, "gpu_index": index}
+                                 for index in range(8)]}
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        app.post_message(RunFinished(eight))
+        await pilot.pause()
+        lanes = app.query_one(GpuLanes)
+        assert [lane.gpu_index for lane in lanes.lanes] == list(range(8))
+        assert lanes.region.height == 8 and lanes.region.bottom <= 24 - 1  # above the footer
+        assert app.query_one(MemoryBar).region.height == 2  # the bar and "device used"
+        assert "8× NVIDIA H200" in str(app.query_one(StatusLine).render())
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert app.query_one(MemoryBar).region.height > 2

@@ -500,7 +500,7 @@ class GpuAnatApp(DashboardActions):
 
     def _show_idle_bands(self, sample: Sample) -> None:
         gpu = sample.gpus[0]
-        self.query_one(GpuLanes).update_lanes([])
+        self._show_lanes([])
         free = gpu.total_bytes - gpu.used_bytes if gpu.total_bytes is not None and gpu.used_bytes is not None else None
         self.query_one(MemoryBar).update_bands({"other_processes_bytes": gpu.used_bytes, "free_bytes": free}, None,
                                                gpu.total_bytes, {})
@@ -538,7 +538,7 @@ class GpuAnatApp(DashboardActions):
             reading = rank_gpu or GpuSample(index, "", None, None, None, None, None, None, None, ())
             lanes.append(Lane(index, rank, rank_values, reading.used_bytes, reading.total_bytes,
                               reading.gpu_util_percent))
-        self.query_one(GpuLanes).update_lanes(lanes)
+        self._show_lanes(lanes)
         used = gpu.used_bytes if gpu else None
         if used is not None and (live.peak_bands is None or used >= (live.peak_bands.get("device_used_bytes") or 0)):
             live.peak_bands = {**values, "device_used_bytes": used}
@@ -549,7 +549,7 @@ class GpuAnatApp(DashboardActions):
         at_peak = {**result["bands"], "gradients_bytes": result.get("gradients_at_forward_end_bytes")}
         self.query_one(MemoryBar).update_bands(at_peak, at_peak, result.get("device_memory_total_bytes"),
                                                result["unavailable"])
-        self.query_one(GpuLanes).update_lanes([
+        self._show_lanes([
             Lane(rank["gpu_index"], rank["rank"],
                  {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},
                  rank.get("device_memory_used_bytes"), rank.get("device_memory_total_bytes"), None)

@@ -22,7 +22,9 @@ from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.core.store.history import HistoryError, HistoryStore
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
+from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
+from gpuanat.tui.widgets.memory_bar import MemoryBar
 
 SHARED_BINDINGS = [
     Binding("h", "history", "History", id="history"),
@@ -106,9 +108,20 @@ class DashboardActions(App[None]):
         if compact != self.screen.has_class("-compact"):
             self.screen.set_class(compact, "-compact")
             self._layout_changed(compact)
+            self._fit_memory_legend()
 
     def _layout_changed(self, compact: bool) -> None:
         """What the app's own widgets do beyond the `-compact` class."""
+
+    def _show_lanes(self, lanes: list[Lane]) -> None:
+        """One lane per GPU of a run on several; in the compact layout the memory bar then drops its legend, so that
+        eight lanes fit at 80×24 (each lane says its GPU's memory, and the bar rank 0's)."""
+        self.query_one(GpuLanes).update_lanes(lanes)
+        self._fit_memory_legend()
+
+    def _fit_memory_legend(self) -> None:
+        several = len(self.query_one(GpuLanes).lanes) > 1
+        self.query_one(MemoryBar).show_legend(not (several and self.screen.has_class("-compact")))
 
     def action_pause(self) -> None:
         self.charts_paused = not self.charts_paused

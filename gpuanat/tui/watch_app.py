@@ -238,7 +238,7 @@ class WatchApp(DashboardActions):
             self._peak_device_used_bytes = used
             self._peak_bands = dict(bands)
         self.query_one(MemoryBar).update_bands(bands, self._peak_bands, total, unavailable, unattributed)
-        self.query_one(GpuLanes).update_lanes([  # every publishing rank of a distributed job, on its own GPU
+        self._show_lanes([  # every publishing rank of a distributed job, on its own GPU
             Lane(rank["gpu_index"], rank["rank"],
                  {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},
                  rank["used_bytes"], rank["total_bytes"], None)

@@ -141,6 +141,14 @@ class MemoryBar(Widget):
         self._rows: list[Strip] = []
         self._rows_key: tuple[int, int] | None = None
         self._base_style = Style()
+        self._legend = True
+
+    def show_legend(self, shown: bool) -> None:
+        """Show the legend (a row per band) or only the bars and the device-used row: a short terminal that shows a
+        lane per GPU has no rows to spare for it."""
+        if shown != self._legend:
+            self._legend = shown
+            self._changed(layout=True)
 
     def update_bands(
         self,
@@ -195,6 +203,8 @@ class MemoryBar(Widget):
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         bars = 2 if self._predicted is not None else 1
+        if not self._legend:
+            return bars + 1
         return bars + 1 + len(BAND_NAMES) + (self._unattributed_bytes is not None) + 1
 
     def render_line(self, y: int) -> Strip:
@@ -247,6 +257,8 @@ class MemoryBar(Widget):
         rows = [self._bar_row("measured", self._current if self._has_reading else {}, width)]
         if self._predicted is not None:
             rows.append(self._bar_row("predicted", self._predicted, width))
+        if not self._legend:
+            return [*rows, self._used_row(width)]
         predicted_header = f"{'predicted':>{PREDICTED_WIDTH}}" if self._predicted is not None else ""
         header = f"{'':3}{'band':<{NAME_WIDTH}}{'now':>{VALUE_WIDTH}}{'peak':>{VALUE_WIDTH}}{predicted_header}"
         rows.append(self._finish([Segment(header, self._style("memory-bar--header"))], width))

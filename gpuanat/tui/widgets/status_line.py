@@ -9,6 +9,15 @@ from textual.widget import Widget
 from gpuanat.core.measure.sampler import NvmlStatus
 
 
+def gpu_names_text(names: tuple[str, ...]) -> str:
+    """The GPUs in few words: "NVIDIA H200" for one, "8× NVIDIA H200" for a box of the same, else each."""
+    if not names:
+        return "no GPU"
+    if len(names) > 1 and len(set(names)) == 1:
+        return f"{len(names)}× {names[0]}"
+    return ", ".join(names)
+
+
 class StatusLine(Widget):
     COMPONENT_CLASSES = {"status-line--banner", "status-line--muted", "status-line--run"}
     DEFAULT_CSS = """
@@ -36,7 +45,7 @@ class StatusLine(Widget):
         if nvml is None:
             text.append("probing NVML…", style=muted)
         elif nvml.available:
-            text.append(", ".join(nvml.gpu_names) or "no GPU")
+            text.append(gpu_names_text(nvml.gpu_names))
             text.append(f" · driver {nvml.driver_version}", style=muted)
         else:
             text.append(f" NVML unavailable: {nvml.reason} — host metrics only ",
