@@ -227,3 +227,21 @@ def test_per_rank_predictions_against_the_h200_measurements_they_were_not_fitted
         rank = results[technique]["ranks"][0]
         config = RunConfig.from_json(results[technique]["config"])
         assert estimate_memory(config).peak_allocated_bytes == pytest.approx(rank["peak_allocated_bytes"], rel=0.01)
+
+
+@pytest.mark.parametrize("name", [name for name, preset in PRESETS.items() if preset.objective == "causal-lm"])
+def test_decoder_parameter_shapes_match_the_real_model(name):
+    """Every decoder preset, built by the worker's own code on the meta device (no memory: llama-3.1-8b too)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gpuanat.worker.train import preset_model_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(preset_model_config(PRESETS[name]))
+    shapes = parameter_shapes(PRESETS[name])
+    parameters = list(model.parameters())
+    assert shapes.params == sum(p.numel() for p in parameters)
+    assert shapes.tensors == len(parameters)
+    assert sorted(shapes.vectors) == sorted(p.numel() for p in parameters if p.dim() == 1)
+    assert shapes.buffer_bytes == sum(b.numel() * b.element_size() for b in model.buffers())

@@ -64,6 +64,10 @@ def command_predict(args: argparse.Namespace) -> int:
     for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
                 "cuda_context_bytes", "peak_allocated_bytes", "peak_device_bytes"):
         print(f"  {key.removesuffix('_bytes').replace('_', ' '):<22} {format_bytes(result[key]):>11}")
+        if key == "activations_bytes" and result["logits_bytes"]:
+            print(f"    {'of which logits':<20} {format_bytes(result['logits_bytes']):>11}")
+    if result["caveat"]:
+        print(f"Not checked: {result['caveat']}.")
     if gpu_memory is None:
         print(f"Largest batch that fits: — ({source})")
     else:

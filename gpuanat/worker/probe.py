@@ -464,6 +464,9 @@ class AnatomyCallback(TrainerCallback):
             activations = None
         if activations is not None:
             self._activations_bytes = max(self._activations_bytes or 0, activations)
+        logits = getattr(output, "logits", None)
+        if isinstance(logits, torch.Tensor):
+            self._logits_bytes = max(self._logits_bytes or 0, unique_storage_bytes([logits]))
         return None
 
     def _gradients_bytes_now(self) -> int:
@@ -486,6 +489,7 @@ class AnatomyCallback(TrainerCallback):
             self._gradients_at_forward_end_bytes = 0
             self._optimizer_at_forward_end_bytes = 0
             self._forward_peak_bytes: int | None = None
+            self._logits_bytes: int | None = None
             self._batch_bytes = 0
         self._step_peak_floor_bytes = 0
         if self._cuda:
@@ -546,6 +550,7 @@ class AnatomyCallback(TrainerCallback):
                 optimizer_state_at_forward_end_bytes=self._optimizer_at_forward_end_bytes,
                 forward_peak_allocated_bytes=self._forward_peak_bytes,
                 buffers_at_start_bytes=self._buffers_at_start_bytes,
+                logits_bytes=self._logits_bytes,
             )
             self.last_bands = bands
             self._measuring = False

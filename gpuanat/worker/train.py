@@ -33,33 +33,84 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def build_model(config: Any) -> Any:
-    """The model for `config`: from_pretrained when --model is given, else the preset with random weights."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config, PretrainedConfig
+def preset_model_config(preset: Any) -> Any:
+    """The transformers config of a preset."""
+    from transformers import BertConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-    from gpuanat.core.run.presets import PRESETS
-
-    if config.model is not None:
-        return AutoModelForSequenceClassification.from_pretrained(config.model, attn_implementation=config.attn)
-    preset = PRESETS[config.preset]
-    model_config: PretrainedConfig
+    if preset.family in ("llama", "qwen2", "mistral"):
+        config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[preset.family]
+        return config_class(
+            vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, intermediate_size=preset.intermediate_size,
+            num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
+            num_key_value_heads=preset.kv_heads, max_position_embeddings=preset.max_positions,
+            tie_word_embeddings=preset.tie_word_embeddings,
+        )
     if preset.family == "bert":
-        model_config = BertConfig(
+        return BertConfig(
             vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, num_hidden_layers=preset.num_layers,
             num_attention_heads=preset.num_heads, intermediate_size=preset.intermediate_size,
             max_position_embeddings=preset.max_positions,
         )
-    else:
-        model_config = GPT2Config(
-            vocab_size=preset.vocab_size, n_embd=preset.hidden_size, n_layer=preset.num_layers,
-            n_head=preset.num_heads, n_inner=preset.intermediate_size, n_positions=preset.max_positions,
-            pad_token_id=preset.vocab_size - 1,
-        )
+    return GPT2Config(
+        vocab_size=preset.vocab_size, n_embd=preset.hidden_size, n_layer=preset.num_layers, n_head=preset.num_heads,
+        n_inner=preset.intermediate_size, n_positions=preset.max_positions, pad_token_id=preset.vocab_size - 1,
+    )
+
+
+def is_causal_lm(model_config: Any) -> bool:
+    """Whether a config is trained as a causal LM: its `architectures` say so, else a decoder type (one that has a
+    causal-LM head and no masked-LM head: encoders such as BERT have both)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    architectures = getattr(model_config, "architectures", None) or []
+    if architectures:
+        return any(name.endswith("ForCausalLM") for name in architectures)
+    model_type = getattr(model_config, "model_type", "")
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+def build_model(config: Any) -> Any:
+    """The model for `config`: from_pretrained for a --model directory or Hub name; random weights from a --model
+    config.json or from the preset. Decoders get a causal-LM head, the rest a 2-label classification head (the HF
+    docs' workload). With LoRA the base is held in the run's 16-bit precision, as PEFT users load it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from gpuanat.core.run.presets import PRESETS
+
     torch.manual_seed(config.seed)
-    # Initialising on the target device is much faster than on the CPU and gives the same model.
-    with torch.device(training_device(config)):
-        return AutoModelForSequenceClassification.from_config(model_config, attn_implementation=config.attn)
+    if config.model is not None and not config.model.endswith(".json"):
+        model_config = AutoConfig.from_pretrained(config.model)
+        head = AutoModelForCausalLM if is_causal_lm(model_config) else AutoModelForSequenceClassification
+        model = head.from_pretrained(config.model, attn_implementation=config.attn)
+    else:
+        model_config = (AutoConfig.from_pretrained(config.model) if config.model is not None
+                        else preset_model_config(PRESETS[config.preset]))
+        head = AutoModelForCausalLM if is_causal_lm(model_config) else AutoModelForSequenceClassification
+        # Initialising on the target device is much faster than on the CPU and gives the same model.
+        with torch.device(training_device(config)):
+            model = head.from_config(model_config, attn_implementation=config.attn)
+    if config.lora:
+        model = with_lora(model, config)
+    return model
+
+
+def with_lora(model: Any, config: Any) -> Any:
+    """`model` with LoRA adapters of rank `config.lora` on `config.lora_targets` (PEFT), its base frozen and held
+    in the run's 16-bit precision (fp32 otherwise); the adapters stay fp32, as PEFT creates them."""
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    if config.precision in ("bf16", "fp16"):
+        model = model.to(torch.bfloat16 if config.precision == "bf16" else torch.float16)
+    targets = config.lora_targets if config.lora_targets == "all-linear" else config.lora_targets.split(",")
+    task = TaskType.CAUSAL_LM if is_causal_lm(model.config) else TaskType.SEQ_CLS
+    lora = LoraConfig(r=config.lora, lora_alpha=2 * config.lora, lora_dropout=0.0, target_modules=targets,
+                      task_type=task)
+    return get_peft_model(model, lora)
 
 
 def training_device(config: Any) -> str:
@@ -112,16 +163,18 @@ def distributed_arguments(config: Any, model: Any) -> dict[str, Any]:
     return {}
 
 
-def build_dataset(config: Any, vocab_size: int) -> Any:
-    """The docs' dummy dataset: random token ids, labels drawn as in the docs, torch format."""
+def build_dataset(config: Any, vocab_size: int, causal_lm: bool = False) -> Any:
+    """The docs' dummy dataset: random token ids, labels drawn as in the docs (a causal LM's labels: its input ids,
+    which the model shifts), torch format."""
     import numpy as np
     from datasets import Dataset
 
     rng = np.random.default_rng(config.seed)
     high = min(TOKEN_ID_HIGH, vocab_size)
+    input_ids = rng.integers(min(TOKEN_ID_LOW, high - 1), high, (config.samples, config.seq_len))
     dataset = Dataset.from_dict({
-        "input_ids": rng.integers(min(TOKEN_ID_LOW, high - 1), high, (config.samples, config.seq_len)),
-        "labels": rng.integers(0, 1, config.samples),
+        "input_ids": input_ids,
+        "labels": input_ids.copy() if causal_lm else rng.integers(0, 1, config.samples),
     })
     dataset.set_format("pt")
     return dataset
@@ -224,7 +277,7 @@ def train(config: Any, emit: Any) -> int:
             except (OSError, ValueError) as error:
                 emit(Error(kind="config", flag="--model", message=f"cannot load model {config.model!r}: {error}"))
                 return EXIT_CONFIG
-            dataset = build_dataset(config, model.config.vocab_size)
+            dataset = build_dataset(config, model.config.vocab_size, causal_lm=is_causal_lm(model.config))
             arguments = TrainingArguments(**training_arguments_kwargs(config, output_dir),
                                           **distributed_arguments(config, model))
             if config.engine == "accelerate":

@@ -120,12 +120,30 @@ class ParameterShapes:
     buffer_bytes: int
 
 
+def decoder_linear_shapes(preset: ModelPreset) -> list[tuple[int, int]]:
+    """(out, in) of one decoder layer's linear projections: q, k, v, o, then the SwiGLU MLP's gate, up and down."""
+    h, i = preset.hidden_size, preset.intermediate_size
+    q, kv = preset.num_heads * preset.head_dim, preset.kv_heads * preset.head_dim
+    return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+
+
 def parameter_shapes(preset: ModelPreset) -> ParameterShapes:
-    """The parameter tensors of the preset's sequence-classification model."""
+    """The parameter tensors of the preset's model: a 2-label classifier, or a decoder's causal LM."""
     h, i, v, p = preset.hidden_size, preset.intermediate_size, preset.vocab_size, preset.max_positions
     matrices: list[tuple[int, int]] = []
     vectors: list[int] = []
-    if preset.family == "bert":
+    if preset.objective == "causal-lm":
+        embeddings = [(v, h)]
+        matrices += embeddings
+        q, kv = preset.num_heads * preset.head_dim, preset.kv_heads * preset.head_dim
+        for _ in range(preset.num_layers):
+            matrices += decoder_linear_shapes(preset)
+            vectors += [h, h] + ([q, kv, kv] if preset.attention_bias else [])  # RMSNorms, q/k/v biases
+        vectors += [h]  # final RMSNorm
+        if not preset.tie_word_embeddings:
+            matrices += [(v, h)]  # LM head
+        buffer_bytes = 2 * (preset.head_dim // 2) * 4  # rotary inv_freq and original_inv_freq, fp32
+    elif preset.family == "bert":
         embeddings = [(v, h), (p, h), (2, h)]
         matrices += embeddings
         vectors += [h, h]  # embedding LayerNorm
@@ -149,6 +167,28 @@ def parameter_shapes(preset: ModelPreset) -> ParameterShapes:
                            vectors=tuple(vectors), embedding_params=sum(r * c for r, c in embeddings),
                            embedding_tensors=len(embeddings),
                            buffer_bytes=buffer_bytes)
+
+
+DECODER_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The module names of `decoder_linear_shapes`, in its order (Llama, Qwen2, Mistral)."""
+
+
+def lora_shapes(preset: ModelPreset, config: RunConfig) -> ParameterShapes:
+    """The LoRA adapters' parameters: A (rank × in) and B (out × rank) on each targeted linear layer. For decoders
+    exactly as PEFT adds them ("all-linear": every projection but the LM head); for the classifiers an estimate
+    over their non-embedding matrices (PEFT also trains a copy of their head)."""
+    rank = config.lora
+    if preset.objective == "causal-lm":
+        wanted = (set(DECODER_LINEAR_NAMES) if config.lora_targets == "all-linear"
+                  else {name.strip() for name in config.lora_targets.split(",")})
+        targeted = [shape for name, shape in zip(DECODER_LINEAR_NAMES, decoder_linear_shapes(preset), strict=True)
+                    if name in wanted] * preset.num_layers
+    else:
+        full = parameter_shapes(preset)
+        targeted = list(full.matrices[full.embedding_tensors:])
+    matrices = [shape for out, inp in targeted for shape in ((rank, inp), (out, rank))]
+    return ParameterShapes(params=sum(r * c for r, c in matrices), tensors=len(matrices), matrices=tuple(matrices),
+                           vectors=(), embedding_params=0, embedding_tensors=0, buffer_bytes=0)
 
 
 @dataclass(frozen=True)
@@ -181,6 +221,8 @@ class MemoryEstimate:
     gradient). In the temporaries & cache band."""
     ranks: int = 1
     distributed: str = "none"
+    logits_bytes: int = 0
+    """Of the activations, a causal LM's logits (what the probe measures as `logits_bytes`)."""
 
 
 BNB_MIN_8BIT_ELEMENTS = 4096
@@ -253,7 +295,7 @@ def coefficients(config: RunConfig) -> PrecisionCoefficients:
 def half_weight_copies_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     """AMP casts each matmul weight to 16 bits once per forward and keeps the copy for backward
     (autocast's cache); with checkpointing backward recomputes them per layer (`autocast_cache_bytes`)."""
-    if not _is_mixed(config) or config.grad_checkpointing:
+    if not _is_mixed(config) or config.grad_checkpointing or config.lora:  # a LoRA base is 16-bit already
         return 0
     return 2 * _matmul_params(shapes)
 
@@ -265,7 +307,7 @@ def autocast_cache_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     before the end-of-forward hooks run. So the copies are not in the probe's activations, and backward
     (which recomputes each layer, casting again) does not hold them. Without checkpointing they are kept for
     backward anyway (`half_weight_copies_bytes`)."""
-    if not _is_mixed(config) or not config.grad_checkpointing:
+    if not _is_mixed(config) or not config.grad_checkpointing or config.lora:
         return 0
     return 2 * _matmul_params(shapes)
 
@@ -283,6 +325,23 @@ def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterS
     else:
         per_sample = layers * (s * h * c.activations_per_layer + eager_scores)
     return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES
+
+
+def decoder_activations_bytes(config: RunConfig, preset: ModelPreset) -> tuple[int, int]:
+    """(activations, of which logits) of a causal LM, from first principles — not fitted, not yet checked against a
+    measurement: per token and layer, the two RMSNorm inputs (fp32) and outputs, q, k, v, the attention output, and
+    the SwiGLU's gate, up, activation and product; with checkpointing each layer's input and one layer; eager
+    attention adds its probabilities. The logits (batch × seq × vocab, 16-bit under AMP) are the second number; the
+    fp32 log-probabilities the loss keeps for backward, as many again at 4 bytes, are in the first."""
+    s, b, h, i, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.intermediate_size, \
+        preset.num_layers
+    q, kv = preset.num_heads * preset.head_dim, preset.kv_heads * preset.head_dim
+    element = 2 if _is_mixed(config) else 4
+    per_layer_token = 2 * 4 * h + element * (2 * h + 2 * q + 2 * kv + 4 * i)
+    per_token = (layers * element * h + per_layer_token) if config.grad_checkpointing else layers * per_layer_token
+    eager = layers * preset.num_heads * s * s * element if config.attn == "eager" else 0
+    logits = b * s * preset.vocab_size * element
+    return b * (s * per_token + eager) + logits + b * s * preset.vocab_size * 4, logits
 
 
 def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
@@ -322,6 +381,10 @@ def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
     optimizer = optimizer_state_bytes(config, shapes)
     accumulating = config.grad_accum > 1
     half_copies = half_weight_copies_bytes(config, shapes)
+    if config.lora:  # a frozen base in the run's precision; only the fp32 adapters have gradients and state
+        adapters = lora_shapes(PRESETS[config.preset], config)
+        weights = (2 if _is_mixed(config) else 4) * params + 4 * adapters.params + shapes.buffer_bytes
+        gradients, optimizer, half_copies = 4 * adapters.params, optimizer_state_bytes(config, adapters), 0
     if config.distributed == "fsdp":
         return RankState(_shard(weights, ranks), _shard(gradients, ranks),
                          _shard(gradients, ranks) if accumulating else 0, _shard(optimizer, ranks), 0, half_copies)
@@ -345,8 +408,13 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     shapes = parameter_shapes(preset)
     held = rank_state(config, shapes)
     weights, gradients, optimizer = held.weights_bytes, held.gradients_bytes, held.optimizer_state_bytes
-    activations = (activations_bytes(config, preset, shapes) - half_weight_copies_bytes(config, shapes)
-                   + held.half_weight_copies_bytes)
+    logits = 0
+    if preset.objective == "causal-lm":
+        activations, logits = decoder_activations_bytes(config, preset)
+        activations += held.half_weight_copies_bytes + CUBLAS_WORKSPACE_BYTES
+    else:
+        activations = (activations_bytes(config, preset, shapes) - half_weight_copies_bytes(config, shapes)
+                       + held.half_weight_copies_bytes)
     temporaries = temporaries_bytes(config, preset) + held.communication_buffers_bytes
     gradients_at_peak = held.gradients_at_peak_bytes
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
@@ -370,7 +438,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         peak_allocated_bytes=max(forward_end_peak, first_step_peak, forward_return_peak),
         cache_fraction=cache_fraction, moment_fragmentation_bytes=moment_fragmentation,
         communication_buffers_bytes=held.communication_buffers_bytes, ranks=config.ranks or 1,
-        distributed=config.distributed,
+        distributed=config.distributed, logits_bytes=logits,
     )
 
 
@@ -421,7 +489,25 @@ def prediction_json(config: RunConfig) -> dict[str, int] | None:
         "communication_buffers_bytes": estimate.communication_buffers_bytes,
         "peak_device_bytes": peak_device_bytes(estimate),
         "ranks": estimate.ranks,
+        "logits_bytes": estimate.logits_bytes,
+        "confidence": "checked" if prediction_caveat(config) is None else "unchecked",
+        "caveat": prediction_caveat(config),
     }
+
+
+def prediction_caveat(config: RunConfig) -> str | None:
+    """Why not to trust a prediction that no measurement has checked; None where measurements held it (BERT on the
+    H100: docs/memory-model.md)."""
+    preset = PRESETS[config.preset]
+    if preset.objective == "causal-lm":
+        return ("decoders are predicted from first principles, not yet checked against a measurement: the weights, "
+                "gradients and optimizer state are exact, the activations and logits may be tens of percent off")
+    if config.lora:
+        return "LoRA is not yet checked against a measurement: the adapters are exact, the activations may be off"
+    if preset.family != "bert":
+        return ("fitted on bert-large: on gpt2 shapes held-out H100 runs were off by up to 47%; the weights, "
+                "gradients and optimizer state are exact")
+    return None
 
 
 ALLOCATOR_CACHE_MIN_BYTES = 256 * MIB

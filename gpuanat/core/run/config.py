@@ -66,6 +66,9 @@ class RunConfig:
     nproc: int = 1
     """Ranks on the CPU; on CUDA every chosen GPU is a rank."""
     engine: str = "trainer"
+    lora: int = 0
+    """LoRA rank; 0 trains every weight."""
+    lora_targets: str = "all-linear"
     seq_len: int = 512
     samples: int = 512
     epochs: int = 1
@@ -119,6 +122,8 @@ class RunConfig:
             parts.append("expseg")
         if self.workers:
             parts.append(f"workers{self.workers}")
+        if self.lora:
+            parts.append(f"lora{self.lora}" + (f"[{self.lora_targets}]" if self.lora_targets != "all-linear" else ""))
         if self.engine != "trainer":
             parts.append(self.engine)
         if self.distributed != "none":
@@ -140,6 +145,9 @@ class Capabilities:
     bitsandbytes_version: str | None = None
     """None when bitsandbytes cannot be imported."""
     bitsandbytes_error: str | None = None
+    peft_version: str | None = None
+    """None when peft cannot be imported."""
+    peft_error: str | None = None
     deepspeed_version: str | None = None
     """None when deepspeed cannot be imported."""
     deepspeed_error: str | None = None
@@ -179,6 +187,8 @@ MAX_WORKERS = 512
 """DataLoader worker processes: more than the cores of the largest single hosts."""
 MAX_STEPS = 10_000_000
 """Optimizer steps: ten times a long LLM pre-training run."""
+MAX_LORA_RANK = 4096
+"""LoRA rank: the largest hidden size of the presets; real adapters use 8-256."""
 MAX_CPU_RANKS = 64
 """Processes of a distributed run on the CPU: each takes a core or more."""
 
@@ -202,7 +212,7 @@ def _require_choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
 
 def _local_model_max_positions(model: str) -> int | None:
     """max_position_embeddings (or n_positions) from a local checkpoint's config.json, if readable."""
-    config_path = Path(model) / "config.json"
+    config_path = Path(model) if model.endswith(".json") else Path(model) / "config.json"
     try:
         data = json.loads(config_path.read_text())
     except (OSError, ValueError):
@@ -217,10 +227,22 @@ def model_is_path(model: str) -> bool:
     """Whether --model names a local directory rather than a Hugging Face Hub repo id ("name" or "org/name"):
     it starts like a path, has more than one slash or a backslash, or is an existing directory."""
     return (model.startswith((".", "/", "~")) or model.count("/") > 1 or (os.sep != "/" and os.sep in model)
-            or Path(model).expanduser().is_dir())
+            or model.endswith(".json") or Path(model).expanduser().is_dir())
 
 
 def _validate_local_model(model: str) -> None:
+    if model.endswith(".json"):  # a bare config: random weights of that architecture
+        config_file = Path(model).expanduser()
+        if not config_file.is_file():
+            raise ConfigError("--model", f"no such file: {model}")
+        try:
+            data = json.loads(config_file.read_text())
+        except (OSError, ValueError) as error:
+            raise ConfigError("--model", f"{model} is not a readable JSON config: {error}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+            raise ConfigError("--model", f"{model} has no model_type: a config.json as transformers writes it is "
+                                         "needed")
+        return
     directory = Path(model).expanduser()
     if not directory.is_dir():
         raise ConfigError("--model", f"no such directory: {model} (a local model is a directory with config.json, "
@@ -278,6 +300,13 @@ def validate_values(config: RunConfig) -> None:
     if config.max_steps is not None:
         _require_between("--max-steps", config.max_steps, 1, MAX_STEPS, "no run needs more optimizer steps")
     _validate_ranks(config)
+    _require_between("--lora", config.lora, 0, MAX_LORA_RANK, "adapters past the hidden size train no less than the "
+                                                             "full weights")
+    if config.lora and config.distributed in ("fsdp", "zero1", "zero2", "zero3"):
+        raise ConfigError("--lora", f"LoRA trains on one GPU or with ddp here; not with {config.distributed}")
+    if not config.lora_targets.strip() or any(not name.strip() for name in config.lora_targets.split(",")):
+        raise ConfigError("--lora-targets", f"all-linear, or module names separated by commas (got "
+                                            f"{config.lora_targets!r})")
     if config.model is not None and model_is_path(config.model):
         _validate_local_model(config.model)
     max_positions = PRESETS[config.preset].max_positions
@@ -371,6 +400,9 @@ def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) ->
             return "--tf32", f"tf32 needs compute capability ≥ 8.0 ({this_gpu})"
         if config.precision == "bf16":
             return "--precision", f"bf16 needs compute capability ≥ 8.0 ({this_gpu}); use fp16"
+    if config.lora and capabilities.peft_version is None:
+        detail = f": {capabilities.peft_error}" if capabilities.peft_error else ""
+        return "--lora", f"LoRA needs PEFT (pip install 'gpuanat[llm]'){detail}"
     if config.distributed.startswith("zero") and capabilities.deepspeed_version is None:
         detail = f": {capabilities.deepspeed_error}" if capabilities.deepspeed_error else ""
         return "--distributed", (f"{config.distributed} needs DeepSpeed (pip install deepspeed; README: Several "

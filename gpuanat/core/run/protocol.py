@@ -54,6 +54,9 @@ class ProbeBands:
     """Highest torch allocated memory during the forward pass. Above the end of forward it holds what the
     forward pass frees before it returns: with AMP and checkpointing, autocast's cache of half-precision
     weight copies, emptied when autocast exits."""
+    logits_bytes: int | None = None
+    """The logits the model returned in that forward pass (part of the activations): a causal LM's
+    batch × seq × vocabulary. None from a probe that did not measure them."""
     buffers_at_start_bytes: int | None = None
     """Allocated before the first step beyond weights, gradients and optimizer state: buffers a distributed wrapper
     keeps all run long (DDP's gradient buckets, DeepSpeed's flat buffers); about 0 on one GPU. Not activations:
