@@ -331,8 +331,9 @@ def decoder_activations_bytes(config: RunConfig, preset: ModelPreset) -> tuple[i
     """(activations, of which logits) of a causal LM, from first principles — not fitted, not yet checked against a
     measurement: per token and layer, the two RMSNorm inputs (fp32) and outputs, q, k, v, the attention output, and
     the SwiGLU's gate, up, activation and product; with checkpointing each layer's input and one layer; eager
-    attention adds its probabilities. The logits (batch × seq × vocab, 16-bit under AMP) are the second number; the
-    fp32 log-probabilities the loss keeps for backward, as many again at 4 bytes, are in the first."""
+    attention adds its probabilities. The logits the model returns (batch × seq × vocab, fp32: under mixed precision
+    accelerate converts a model's outputs to fp32, as seen on the CPU) are the second number; the 16-bit logits under
+    AMP and the fp32 log-probabilities the loss keeps for backward are in the first."""
     s, b, h, i, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.intermediate_size, \
         preset.num_layers
     q, kv = preset.num_heads * preset.head_dim, preset.kv_heads * preset.head_dim
@@ -340,8 +341,9 @@ def decoder_activations_bytes(config: RunConfig, preset: ModelPreset) -> tuple[i
     per_layer_token = 2 * 4 * h + element * (2 * h + 2 * q + 2 * kv + 4 * i)
     per_token = (layers * element * h + per_layer_token) if config.grad_checkpointing else layers * per_layer_token
     eager = layers * preset.num_heads * s * s * element if config.attn == "eager" else 0
-    logits = b * s * preset.vocab_size * element
-    return b * (s * per_token + eager) + logits + b * s * preset.vocab_size * 4, logits
+    logits = b * s * preset.vocab_size * 4
+    kept_for_loss = b * s * preset.vocab_size * (4 + (element if element == 2 else 0))
+    return b * (s * per_token + eager) + logits + kept_for_loss, logits
 
 
 def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
@@ -382,8 +384,12 @@ def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
     accumulating = config.grad_accum > 1
     half_copies = half_weight_copies_bytes(config, shapes)
     if config.lora:  # a frozen base in the run's precision; only the fp32 adapters have gradients and state
-        adapters = lora_shapes(PRESETS[config.preset], config)
-        weights = (2 if _is_mixed(config) else 4) * params + 4 * adapters.params + shapes.buffer_bytes
+        preset = PRESETS[config.preset]
+        adapters = lora_shapes(preset, config)
+        # the cast to 16 bits takes the decoders' float buffers (rotary frequencies) along; BERT's are integers
+        buffers = shapes.buffer_bytes // 2 if _is_mixed(config) and preset.objective == "causal-lm" else \
+            shapes.buffer_bytes
+        weights = (2 if _is_mixed(config) else 4) * params + 4 * adapters.params + buffers
         gradients, optimizer, half_copies = 4 * adapters.params, optimizer_state_bytes(config, adapters), 0
     if config.distributed == "fsdp":
         return RankState(_shard(weights, ranks), _shard(gradients, ranks),

@@ -1,0 +1,95 @@
+"""Decoder LLMs on the CPU: the llama-tiny preset trained as a causal LM by the real worker, full and with LoRA
+(PEFT), a model from a bare config.json, and what predict says of each.
+
+The exact bands — weights, gradients, optimizer state — are counted by the probe from the real tensors and must
+equal what `gpuanat predict` computes from the shapes alone; the logits are batch × seq × vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import last_json, run_cli
+
+from gpuanat.core.memory.predict import estimate_memory, lora_shapes, parameter_shapes, prediction_json
+from gpuanat.core.run.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.run.presets import PRESETS
+
+LLAMA_TINY = ["--preset", "llama-tiny", "--device", "cpu", "--seq-len", "32", "--samples", "32", "--batch-size", "4"]
+
+
+def _config(result: dict) -> RunConfig:
+    return RunConfig.from_json(result["config"])
+
+
+@pytest.mark.parametrize("extra", [[], ["--lora", "8"], ["--lora", "4", "--lora-targets", "q_proj,v_proj",
+                                                          "--precision", "bf16"]],
+                         ids=["full", "lora", "lora-qv-bf16"])
+def test_a_causal_lm_trains_and_its_exact_bands_are_what_predict_says(db_path, extra):
+    completed = run_cli(["run", *LLAMA_TINY, *extra, "--json"], db_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    assert result["status"] == "ok" and result["steps"] == 8
+    config = _config(result)
+    predicted = estimate_memory(config)
+    for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
+        assert result["bands"][band] == getattr(predicted, band), band
+    shapes = parameter_shapes(PRESETS["llama-tiny"])
+    adapters = lora_shapes(PRESETS["llama-tiny"], config).params if config.lora else 0
+    assert result["params"] == shapes.params + adapters
+    assert result["trainable_params"] == (adapters or shapes.params)
+    # the logits: batch 4 × seq 32 × a 32,000-token vocabulary, fp32 also under bf16 (accelerate converts the
+    # outputs of a mixed-precision model to fp32)
+    assert result["logits_bytes"] == predicted.logits_bytes == 4 * 32 * 32_000 * 4
+    assert result["tokens_per_second"] == pytest.approx(result["samples_per_second"] * 32)
+    assert result["predicted"]["confidence"] == "unchecked" and "first principles" in result["predicted"]["caveat"]
+
+
+def test_a_bare_config_json_trains_with_random_weights_and_the_head_its_architecture_needs(tmp_path, db_path):
+    from gpuanat.worker.train import preset_model_config
+
+    llama = tmp_path / "llama" / "config.json"
+    llama.parent.mkdir()
+    preset_model_config(PRESETS["llama-tiny"]).to_json_file(llama)
+    completed = run_cli(["run", "--model", str(llama), "--device", "cpu", "--seq-len", "16", "--samples", "8",
+                         "--json"], db_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    assert result["status"] == "ok"
+    assert result["params"] == parameter_shapes(PRESETS["llama-tiny"]).params  # no classification head added
+    assert result["logits_bytes"] == 4 * 16 * 32_000 * 4  # a causal LM's logits
+
+
+def test_a_config_json_that_is_not_one_is_refused_before_torch(tmp_path, db_path):
+    broken = tmp_path / "config.json"
+    broken.write_text(json.dumps({"hidden_size": 64}))
+    completed = run_cli(["run", "--model", str(broken), "--device", "cpu"], db_path, timeout_s=60)
+    assert completed.returncode == 2
+    assert completed.stderr.strip() == (f"gpuanat: error: --model: {broken} has no model_type: a config.json as "
+                                        "transformers writes it is needed")
+
+
+def test_lora_needs_peft_and_one_gpu_or_ddp():
+    without_peft = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_compute_capability=(9, 0),
+                                peft_error="peft is not installed")
+    flag, reason = machine_unsupported_reason(RunConfig(preset="llama-tiny", lora=8), without_peft)
+    assert flag == "--lora" and "gpuanat[llm]" in reason and "not installed" in reason
+    with pytest.raises(ConfigError, match="not with fsdp"):
+        validate_values(RunConfig(preset="llama-tiny", lora=8, gpus="2", distributed="fsdp"))
+    with pytest.raises(ConfigError, match="module names"):
+        validate_values(RunConfig(preset="llama-tiny", lora=8, lora_targets="q_proj,,v_proj"))
+
+
+def test_predict_says_what_no_measurement_has_checked():
+    assert prediction_json(RunConfig())["confidence"] == "checked"  # bert-large: the H100's held-out runs
+    assert prediction_json(RunConfig(preset="gpt2"))["confidence"] == "unchecked"
+    decoder = prediction_json(RunConfig(preset="llama-3.1-8b", lora=16, precision="bf16", seq_len=2048,
+                                        batch_size=1, grad_checkpointing=True))
+    assert decoder["confidence"] == "unchecked"
+    # exact: a 16-bit base of 8.03B parameters and 42M fp32 adapters with their gradients and AdamW's moments
+    adapters = lora_shapes(PRESETS["llama-3.1-8b"], RunConfig(preset="llama-3.1-8b", lora=16)).params
+    assert adapters == 41_943_040
+    assert decoder["gradients_bytes"] == 4 * adapters
+    assert decoder["weights_bytes"] == 2 * parameter_shapes(PRESETS["llama-3.1-8b"]).params + 4 * adapters + 256
+    assert decoder["logits_bytes"] == 1 * 2048 * 128_256 * 4
