@@ -7,10 +7,12 @@ equal what `gpuanat predict` computes from the shapes alone; the logits are batc
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 from conftest import last_json, run_cli
+from rich.console import Console
 
 from gpuanat.core.memory.predict import estimate_memory, lora_shapes, parameter_shapes, prediction_json
 from gpuanat.core.run.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
@@ -93,3 +95,30 @@ def test_predict_says_what_no_measurement_has_checked():
     assert decoder["gradients_bytes"] == 4 * adapters
     assert decoder["weights_bytes"] == 2 * parameter_shapes(PRESETS["llama-3.1-8b"]).params + 4 * adapters + 256
     assert decoder["logits_bytes"] == 1 * 2048 * 128_256 * 4
+
+
+@pytest.mark.asyncio
+async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_path):
+    """M steps through the presets, L through the LoRA ranks; the run the dashboard starts trains what it shows."""
+    from test_tui import make_app, run_to_completion, wait_for
+
+    from gpuanat.core.run.presets import PRESETS as presets
+    from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
+
+    app = make_app(db_path, RunConfig(preset="tiny", device="cpu", seq_len=32, samples=32, batch_size=4))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        names = list(presets)
+        await pilot.press(*["M"] * ((names.index("llama-tiny") - names.index("tiny")) % len(names)))
+        assert app.config.preset == "llama-tiny"
+        await pilot.press("L")
+        assert app.config.lora == 8
+        console = Console(width=80, record=True, file=io.StringIO())
+        console.print(app.query_one(TechniquesPanel).render())
+        shown = console.export_text()
+        assert "LoRA rank" in shown and "llama-tiny on cpu" in shown
+        result = await run_to_completion(app, pilot)
+    assert result["status"] == "ok", result.get("error")
+    assert (result["config"]["preset"], result["config"]["lora"]) == ("llama-tiny", 8)
+    assert result["trainable_params"] == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny",
+                                                                                      lora=8)).params

@@ -150,6 +150,8 @@ class GpuAnatApp(DashboardActions):
                 show=False),
         Binding("f", "fit", "Fit batch", id="fit"),
         Binding("E", "toggle_technique('engine')", "Engine", id="engine", show=False),
+        Binding("L", "toggle_technique('lora')", "LoRA", id="lora", show=False),
+        Binding("M", "toggle_technique('preset')", "Model", id="preset", show=False),
         Binding("G", "cycle_gpus", "GPUs", id="gpus", show=False),
         Binding("D", "cycle_distributed", "Distributed", id="distributed", show=False),
         *SHARED_BINDINGS,

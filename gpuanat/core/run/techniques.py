@@ -85,6 +85,8 @@ TECHNIQUES_BY_FIELD: dict[str, Technique] = {technique.field: technique for tech
 WORKER_CHOICES = (0, 1, 2, 4, 8)
 BATCH_SIZE_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 GRAD_ACCUM_STEPS = (1, 2, 4, 8, 16, 32, 64)
+LORA_RANKS = (0, 8, 16, 32, 64)
+"""The ranks the LoRA key cycles through (0: every weight trains)."""
 
 
 def _step_through(values: tuple[int, ...], current: int, direction: int) -> int:
@@ -104,6 +106,9 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
         return config.replace(batch_size=_step_through(BATCH_SIZE_STEPS, config.batch_size, direction))
     if field == "grad_accum":
         return config.replace(grad_accum=_step_through(GRAD_ACCUM_STEPS, config.grad_accum, direction))
+    if field == "lora":
+        return config.replace(lora=LORA_RANKS[(LORA_RANKS.index(config.lora) + 1) % len(LORA_RANKS)]
+                              if config.lora in LORA_RANKS else 0)
     if field == "workers":
         return config.replace(workers=WORKER_CHOICES[(WORKER_CHOICES.index(config.workers) + 1) % len(WORKER_CHOICES)]
                               if config.workers in WORKER_CHOICES else 0)

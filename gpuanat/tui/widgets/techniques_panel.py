@@ -28,13 +28,15 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 )
 ENGINE_ROW = ("engine", "E", "engine")
 """Shown once the engine is not the default Trainer."""
+LORA_ROW = ("lora", "L", "LoRA rank")
+"""Shown once LoRA is on."""
 SEVERAL_GPU_ROWS: tuple[tuple[str, str, str], ...] = (
     ("gpus", "G", "GPUs"),
     ("distributed", "D", "distributed"),
 )
 """Shown where NVML lists several GPUs, or a run was asked for more than one."""
 BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device",
-                  "--expandable-segments": "expandable_segments", "--distributed": "distributed"}
+                  "--expandable-segments": "expandable_segments", "--distributed": "distributed", "--lora": "lora"}
 
 
 def _value_text(field: str, value: object) -> str:
@@ -102,8 +104,8 @@ class TechniquesPanel(Widget):
         config, defaults = self._config, RunConfig()
         unsupported = machine_unsupported_reason(config, self._capabilities) if self._capabilities else None
         blocked_field = BLOCKING_FLAGS.get(unsupported[0]) if unsupported else None
-        engine_row = (ENGINE_ROW,) if config.engine != defaults.engine else ()
-        for field, key, label in ROWS + engine_row + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
+        extra_rows = ((ENGINE_ROW,) if config.engine != defaults.engine else ()) + ((LORA_ROW,) if config.lora else ())
+        for field, key, label in ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
             value = getattr(config, field)
             style = changed_style if value != getattr(defaults, field) else ""
             if field == blocked_field:
