@@ -7,6 +7,7 @@ equal what `gpuanat predict` computes from the shapes alone; the logits are batc
 
 from __future__ import annotations
 
+import html
 import io
 import json
 
@@ -103,6 +104,7 @@ async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_
     from test_tui import make_app, run_to_completion, wait_for
 
     from gpuanat.core.run.presets import PRESETS as presets
+    from gpuanat.tui.widgets.memory_bar import MemoryBar
     from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
 
     app = make_app(db_path, RunConfig(preset="tiny", device="cpu", seq_len=32, samples=32, batch_size=4))
@@ -118,6 +120,10 @@ async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_
         shown = console.export_text()
         assert "LoRA rank" in shown and "llama-tiny on cpu" in shown
         result = await run_to_completion(app, pilot)
+        await pilot.pause()
+        # the causal LM's logits under the activations, measured and predicted: 4 × 32 × 32,000 × 4 bytes
+        assert app.query_one(MemoryBar).logits == (result["logits_bytes"], result["logits_bytes"], 16_384_000)
+        assert "of which logits" in html.unescape(app.export_screenshot()).replace("\xa0", " ")
     assert result["status"] == "ok", result.get("error")
     assert (result["config"]["preset"], result["config"]["lora"]) == ("llama-tiny", 8)
     assert result["trainable_params"] == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny",

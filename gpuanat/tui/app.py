@@ -201,6 +201,7 @@ class GpuAnatApp(DashboardActions):
         self.series = {"device_used": TimeSeries(), "run_used": TimeSeries(), "gpu_util": TimeSeries(),
                        "throughput": TimeSeries(reduce="mean")}
         self._run_thread: threading.Thread | None = None
+        self._predicted_logits_bytes: int | None = None
         if keymap:
             self.set_keymap(keymap)
 
@@ -490,7 +491,11 @@ class GpuAnatApp(DashboardActions):
                                              device_peak_bytes=None if estimate is None else
                                              peak_reserved_bytes(estimate) + context,
                                              several_gpus=self._gpu_count() > 1)
-        if estimate is None or self.screen.has_class("-compact"):
+        compact = self.screen.has_class("-compact")
+        self._predicted_logits_bytes = estimate.logits_bytes if estimate is not None and not compact else None
+        now, peak, _ = self.query_one(MemoryBar).logits
+        self._show_logits(now, peak)
+        if estimate is None or compact:
             self.query_one(MemoryBar).update_predicted(None)
         else:
             self.query_one(MemoryBar).update_predicted(
@@ -499,6 +504,10 @@ class GpuAnatApp(DashboardActions):
                  "gradients_bytes": estimate.gradients_at_peak_bytes,
                  "cuda_context_bytes": context if self.config.device == "cuda" else None},
                 self._gpu_total_bytes())
+
+    def _show_logits(self, now: int | None, peak: int | None) -> None:
+        """The logits row under the activations: measured, and predicted for the configured run."""
+        self.query_one(MemoryBar).update_logits(now, peak, self._predicted_logits_bytes)
 
     def _show_idle_bands(self, sample: Sample) -> None:
         gpu = sample.gpus[0]
@@ -545,12 +554,15 @@ class GpuAnatApp(DashboardActions):
         if used is not None and (live.peak_bands is None or used >= (live.peak_bands.get("device_used_bytes") or 0)):
             live.peak_bands = {**values, "device_used_bytes": used}
         self.query_one(MemoryBar).update_bands(values, live.peak_bands, gpu.total_bytes if gpu else None, unavailable)
+        logits = live.probe_bands.logits_bytes if live.probe_bands else None
+        self._show_logits(logits, logits)
 
     def _show_result_bands(self, result: dict[str, Any]) -> None:
         # The bar stacks the memory at the peak (end of forward): only accumulated gradients are alive then.
         at_peak = {**result["bands"], "gradients_bytes": result.get("gradients_at_forward_end_bytes")}
         self.query_one(MemoryBar).update_bands(at_peak, at_peak, result.get("device_memory_total_bytes"),
                                                result["unavailable"])
+        self._show_logits(result.get("logits_bytes"), result.get("logits_bytes"))
         self._show_lanes([
             Lane(rank["gpu_index"], rank["rank"],
                  {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},

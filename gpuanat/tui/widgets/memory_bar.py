@@ -52,6 +52,7 @@ LABEL_WIDTH = 10
 NAME_WIDTH = 20
 VALUE_WIDTH = 10
 PREDICTED_WIDTH = 11
+LOGITS_SHOWN_FROM_BYTES = 1 << 20
 
 
 def band_component_class(band: str) -> str:
@@ -142,6 +143,23 @@ class MemoryBar(Widget):
         self._rows_key: tuple[int, int] | None = None
         self._base_style = Style()
         self._legend = True
+        self._logits: tuple[int | None, int | None, int | None] = (None, None, None)
+        """(now, peak, predicted) bytes of a causal LM's logits, shown under the activations they are part of."""
+
+    @property
+    def logits(self) -> tuple[int | None, int | None, int | None]:
+        return self._logits
+
+    def update_logits(self, now: int | None, peak: int | None, predicted: int | None) -> None:
+        """A causal LM's logits (part of the activations): a row of their own under the activations once one of the
+        values reaches a MiB (a classifier's 2-label logits never do)."""
+        if (now, peak, predicted) != self._logits:
+            layout = self._shows_logits() != self._shows_logits((now, peak, predicted))
+            self._logits = (now, peak, predicted)
+            self._changed(layout=layout)
+
+    def _shows_logits(self, logits: tuple[int | None, int | None, int | None] | None = None) -> bool:
+        return any((value or 0) >= LOGITS_SHOWN_FROM_BYTES for value in (logits or self._logits))
 
     def show_legend(self, shown: bool) -> None:
         """Show the legend (a row per band) or only the bars and the device-used row: a short terminal that shows a
@@ -205,7 +223,7 @@ class MemoryBar(Widget):
         bars = 2 if self._predicted is not None else 1
         if not self._legend:
             return bars + 1
-        return bars + 1 + len(BAND_NAMES) + (self._unattributed_bytes is not None) + 1
+        return bars + 1 + len(BAND_NAMES) + (self._unattributed_bytes is not None) + self._shows_logits() + 1
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -262,7 +280,10 @@ class MemoryBar(Widget):
         predicted_header = f"{'predicted':>{PREDICTED_WIDTH}}" if self._predicted is not None else ""
         header = f"{'':3}{'band':<{NAME_WIDTH}}{'now':>{VALUE_WIDTH}}{'peak':>{VALUE_WIDTH}}{predicted_header}"
         rows.append(self._finish([Segment(header, self._style("memory-bar--header"))], width))
-        rows.extend(self._band_row(band, width) for band in BAND_NAMES[:-1])
+        for band in BAND_NAMES[:-1]:
+            rows.append(self._band_row(band, width))
+            if band == "activations_bytes" and self._shows_logits():
+                rows.append(self._logits_row(width))
         if self._unattributed_bytes is not None:
             rows.append(self._unattributed_row(width))
         rows.append(self._band_row(BAND_NAMES[-1], width))
@@ -303,6 +324,11 @@ class MemoryBar(Widget):
             shown = reason if len(reason) <= room else reason[: room - 1] + "…"
             segments.append(Segment(f"  {shown}", self._style("memory-bar--reason")))
         return self._finish(segments, width)
+
+    def _logits_row(self, width: int) -> Strip:
+        now, peak, predicted = self._logits
+        text = f"{'':3}{'  of which logits':<{NAME_WIDTH}}{self._values_text(now, peak, predicted)}"
+        return self._finish([Segment(text, self._style("memory-bar--label"))], width)
 
     def _used_row(self, width: int) -> Strip:
         def device_used(bands: Mapping[str, int | None] | None) -> tuple[int | None, str]:
