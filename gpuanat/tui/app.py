@@ -42,7 +42,7 @@ from gpuanat.core.run.session import execute_run
 from gpuanat.core.run.techniques import changed_config, next_distributed, next_gpu_count
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import format_bytes
-from gpuanat.tui.dashboard_actions import SHARED_BINDINGS, DashboardActions
+from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
@@ -132,6 +132,7 @@ class GpuAnatApp(DashboardActions):
     CSS_PATH = "app.tcss"
     TITLE = "gpuanat"
     BINDINGS = [
+        *FIRST_BINDINGS,
         Binding("r", "run", "Run", id="run"),
         Binding("s", "stop", "Stop", id="stop"),
         Binding("g", "toggle_technique('grad_checkpointing')", "Checkpointing", id="grad_checkpointing"),

@@ -22,16 +22,22 @@ from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.core.store.history import HistoryError, HistoryStore
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
+from gpuanat.tui.screens.keys import KeysScreen, key_rows
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 
+FIRST_BINDINGS = [
+    Binding("question_mark", "help", "Help", id="help", key_display="?"),
+    Binding("q", "quit", "Quit", id="quit"),
+    Binding("ctrl+c", "quit", "Quit", id="quit_ctrl_c", show=False, priority=True),
+]
+"""First in both footers, so that help and quit show at any width (htop's F1 Help comes first too); ctrl+c quits as
+in nvitop and htop — asking first while a run is live, like q."""
 SHARED_BINDINGS = [
     Binding("h", "history", "History", id="history"),
     Binding("enter", "compare", "Compare", id="compare", show=False),
     Binding("space", "pause", "Pause charts", id="pause", show=False),
-    Binding("question_mark", "help", "Help", id="help", key_display="?"),
-    Binding("q", "quit", "Quit", id="quit"),
 ]
 """Keys of both dashboards (launching and watching), with the actions below."""
 HANGUP_RECORDING_TIMEOUT_S = 60.0
@@ -130,10 +136,8 @@ class DashboardActions(App[None]):
         self.notify("Charts paused (space resumes)." if self.charts_paused else "Charts live.", timeout=2)
 
     def action_help(self) -> None:
-        if self.screen.query("HelpPanel"):
-            self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
+        """gpuanat's key page: every key in use, grouped, each technique with what it does."""
+        self.push_screen(KeysScreen(key_rows(self)))
 
     def _runs(self) -> list[Any]:
         with HistoryStore(self.db_path, read_only=True) as store:

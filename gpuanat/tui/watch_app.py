@@ -26,7 +26,7 @@ from textual.widgets import Footer
 from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.measure.watch import WatchSession, WatchTarget
 from gpuanat.core.store.report import format_bytes
-from gpuanat.tui.dashboard_actions import SHARED_BINDINGS, DashboardActions
+from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
@@ -54,6 +54,7 @@ class WatchApp(DashboardActions):
     CSS_PATH = "app.tcss"
     TITLE = "gpuanat watch"
     BINDINGS = [
+        *FIRST_BINDINGS,
         Binding("s", "save", "Save to history", id="save_watched"),
         *SHARED_BINDINGS,
     ]

@@ -1,0 +1,90 @@
+"""gpuanat's own key page (`?`): every key of the dashboard in use now — remapped ones as remapped — grouped, each
+technique with what it does in one line. Scrolls, so it reads whole at 80×24; `?`, `escape` or `q` close it."""
+
+from __future__ import annotations
+
+import re
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
+
+TECHNIQUE_ACTION = re.compile(r"^(?:toggle_technique|step)\('(\w+)'")
+"""The technique a binding's action changes: toggle_technique('precision'), step('batch_size', 1)."""
+CYCLING_ACTIONS = {"cycle_gpus": "gpus", "cycle_distributed": "distributed"}
+"""Actions that change a technique their own way (several GPUs)."""
+GROUPS = ("Runs", "Techniques of the next run", "Views")
+VIEW_ACTIONS = {"history", "compare", "pause", "help", "quit", "command_palette", "save"}
+
+
+def key_rows(app: object) -> dict[str, list[tuple[str, str]]]:
+    """(keys, what they do) of every binding of `app` in use now, by group."""
+    by_action: dict[str, tuple[list[str], Binding]] = {}
+    for key, active in app.active_bindings.items():  # type: ignore[attr-defined]
+        binding = active.binding
+        if binding.id is None and binding.action != "command_palette":
+            continue  # Textual's own (scrolling, focus, copying): not gpuanat's keys
+        keys, _ = by_action.setdefault(binding.action, ([], binding))
+        shown = binding.key_display if binding.key_display and key == binding.key.split(",")[0] else \
+            app.get_key_display(Binding(key, binding.action))  # type: ignore[attr-defined]
+        keys.append(shown)
+    groups: dict[str, list[tuple[str, str]]] = {group: [] for group in GROUPS}
+    for action, (keys, binding) in by_action.items():
+        technique = TECHNIQUE_ACTION.match(action)
+        field = technique.group(1) if technique else CYCLING_ACTIONS.get(action)
+        what = binding.description
+        if field is not None:
+            info = TECHNIQUES_BY_FIELD.get(field)
+            what = f"{binding.description} — {info.help}" if info else binding.description
+            group = "Techniques of the next run"
+        elif action.split("(")[0] in VIEW_ACTIONS or action.startswith("app."):
+            group = "Views"
+        else:
+            group = "Runs"
+        groups[group].append((" ".join(dict.fromkeys(keys)), what))
+    return groups
+
+
+class KeysScreen(ModalScreen[None]):
+    """Every key, grouped (`key_rows` of the dashboard, read before this page covers it); scrolls."""
+
+    BINDINGS = [Binding("question_mark,escape,q", "dismiss_keys", "Close", id="keys.close")]
+    DEFAULT_CSS = """
+    KeysScreen { align: center middle; }
+    KeysScreen > VerticalScroll { width: 100; max-width: 100%; height: auto; max-height: 100%;
+                                  border: round $primary; background: $surface; padding: 0 1; }
+    """
+
+    def __init__(self, rows: dict[str, list[tuple[str, str]]]) -> None:
+        super().__init__()
+        self._rows = rows
+
+    @property
+    def rows(self) -> dict[str, list[tuple[str, str]]]:
+        return self._rows
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(self._page())
+
+    def _page(self) -> Table:
+        page = Table.grid(padding=(0, 1))
+        page.add_column(justify="right", no_wrap=True, style="bold")
+        page.add_column()
+        for group, rows in self._rows.items():
+            if not rows:
+                continue
+            page.add_row("", Text(group, style="bold underline"))
+            for keys, what in rows:
+                page.add_row(keys, what)
+        page.add_row("", Text("? esc or q closes this page · keys can be remapped: docs/dashboard.md", style="dim"))
+        return page
+
+    def action_dismiss_keys(self) -> None:
+        self.dismiss()

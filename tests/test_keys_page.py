@@ -1,0 +1,60 @@
+"""`?` opens gpuanat's own key page and `q`/`ctrl+c` quit, at any width (issue #17, points 2 and 9).
+
+The dashboard runs headless on the H100 recordings (tests/test_app_snapshots.py's environment: no subprocess)."""
+
+from __future__ import annotations
+
+import pytest
+from test_app_snapshots import h100_environment, make_app
+
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
+from gpuanat.tui.screens.keys import KeysScreen, key_rows
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_question_mark_lists_every_key_grouped_with_what_each_technique_does(tmp_path, size):
+    meta, _, _ = h100_environment()
+    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    async with app.run_test(size=size) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        footer_keys = [binding.key for binding in app.BINDINGS if binding.show][:2]
+        assert footer_keys == ["question_mark", "q"]  # first in the footer: shown at 80 columns
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, KeysScreen)
+        rows = app.screen.rows  # the dashboard's keys, read before the page covered it
+        techniques = dict(rows["Techniques of the next run"])
+        assert techniques["g"] == f"Checkpointing — {TECHNIQUES_BY_FIELD['grad_checkpointing'].help}"
+        assert "L" in techniques and "G" in techniques and "D" in techniques and "M" in techniques
+        views = {what: keys.split() for keys, what in rows["Views"]}
+        assert views["Help"] == ["?"] and {"q", "^c"} <= set(views["Quit"])
+        assert not any("Scroll" in what for group in rows.values() for _, what in group)
+        assert dict(rows["Runs"])["r"] == "Run"
+        await pilot.press("question_mark")
+        assert not isinstance(app.screen, KeysScreen)
+
+
+@pytest.mark.asyncio
+async def test_a_remapped_key_shows_as_remapped(tmp_path):
+    meta, _, _ = h100_environment()
+    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    app.set_keymap({"grad_checkpointing": "k"})
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        techniques = dict(key_rows(app)["Techniques of the next run"])
+        assert "k" in techniques and "g" not in techniques
+
+
+@pytest.mark.asyncio
+async def test_ctrl_c_quits_like_q_when_no_run_is_live(tmp_path):
+    meta, _, _ = h100_environment()
+    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+    assert app.return_code == 0 and not app.is_running
