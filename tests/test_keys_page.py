@@ -58,3 +58,14 @@ async def test_ctrl_c_quits_like_q_when_no_run_is_live(tmp_path):
         await pilot.press("ctrl+c")
         await pilot.pause()
     assert app.return_code == 0 and not app.is_running
+
+
+def test_the_status_line_says_step_elapsed_and_eta_first():
+    from gpuanat.core.run.protocol import Step
+    from gpuanat.tui.app import run_progress
+
+    step = Step(step=9, samples=36, tokens=18_432, step_time_s=1.0, elapsed_s=12.0)
+    assert run_progress(3, step, 64) == "run 3: step 9/64 · 12s · ETA 1m13s"  # 55 steps at 12/9 s each
+    assert run_progress(3, step, None) == "run 3: step 9 · 12s"  # no total known: no ETA
+    long = Step(step=100, samples=400, tokens=1, step_time_s=1.0, elapsed_s=3725.0)
+    assert run_progress(1, long, 100) == "run 1: step 100/100 · 1h02m"

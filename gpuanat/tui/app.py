@@ -128,6 +128,26 @@ class LiveRun:
     rank_probe_bands: dict[int, ProbeBands] = field(default_factory=dict)
 
 
+def _duration(seconds: float) -> str:
+    """12s, 4m05s, 1h02m."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str:
+    """"run 3: step 9/64 · 0m12s · ETA 1m25s": where the run is, how long it has trained, and — at the mean pace of
+    its steps so far — how long it has left."""
+    text = f"run {run_id}: step {step.step}" + (f"/{total_steps}" if total_steps else "")
+    text += f" · {_duration(step.elapsed_s)}"
+    if total_steps and 0 < step.step < total_steps and step.elapsed_s > 0:
+        text += f" · ETA {_duration(step.elapsed_s / step.step * (total_steps - step.step))}"
+    return text
+
+
 class GpuAnatApp(DashboardActions):
     CSS_PATH = "app.tcss"
     TITLE = "gpuanat"
@@ -460,8 +480,7 @@ class GpuAnatApp(DashboardActions):
             return "idle" if self.last_result is None else f"idle · last run {self.last_result['status']}"
         if live.last_step is None:
             return "starting the training process…"
-        total = f"/{live.model.total_steps}" if live.model and live.model.total_steps else ""
-        return f"run {live.run_id}: step {live.last_step.step}{total}"
+        return run_progress(live.run_id, live.last_step, live.model.total_steps if live.model else None)
 
     def _sampler_cpu_percent(self) -> float | None:
         if self._sampler is None:

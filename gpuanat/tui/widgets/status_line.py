@@ -1,5 +1,5 @@
-"""One line on top: the GPU, the driver, the run's state, and the sampler's own CPU cost; a banner when
-NVML is unavailable."""
+"""One line on top: the run's state first (step, elapsed, ETA), then the GPU, the driver and the sampler's own CPU
+cost; a banner when NVML is unavailable."""
 
 from __future__ import annotations
 
@@ -39,8 +39,11 @@ class StatusLine(Widget):
             self.refresh()
 
     def render(self) -> Text:
+        # The run's progress first: at 80 columns it is what must show; the GPU and driver may be cut.
         muted = self.get_component_rich_style("status-line--muted")
         text = Text("gpuanat ", style="bold")
+        text.append(self._run_state, style=self.get_component_rich_style("status-line--run"))
+        text.append(" · ", style=muted)
         nvml = self._nvml
         if nvml is None:
             text.append("probing NVML…", style=muted)
@@ -50,8 +53,6 @@ class StatusLine(Widget):
         else:
             text.append(f" NVML unavailable: {nvml.reason} — host metrics only ",
                         style=self.get_component_rich_style("status-line--banner"))
-        text.append(" · ", style=muted)
-        text.append(self._run_state, style=self.get_component_rich_style("status-line--run"))
         if self._sampler_cpu_percent is not None:
             text.append(f" · sampler {self._sampler_cpu_percent:.1f}% CPU", style=muted)
         return text
