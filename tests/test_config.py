@@ -174,3 +174,14 @@ def test_the_child_allocator_conf_follows_the_technique_and_keeps_the_users_othe
 ])
 def test_the_users_allocator_conf_is_the_default_of_the_technique(user_conf, enabled):
     assert expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": user_conf} if user_conf else {}) is enabled
+
+
+def test_every_technique_the_machine_cannot_run_is_named_with_its_reason():
+    """Issue #17: with fp16, tf32, expandable segments and 8-bit Adam on a CPU box without bitsandbytes, each of
+    them is refused — not only the first — and 8-bit Adam names both things it lacks."""
+    from gpuanat.core.run.config import machine_unsupported_reasons
+
+    config = RunConfig(device="cpu", precision="fp16", tf32=True, expandable_segments=True, optim="adamw_bnb_8bit")
+    reasons = dict(machine_unsupported_reasons(config, CPU_ONLY))
+    assert list(reasons) == ["--precision", "--tf32", "--expandable-segments", "--optim"]
+    assert "a CUDA GPU and bitsandbytes" in reasons["--optim"]

@@ -69,3 +69,36 @@ def test_the_status_line_says_step_elapsed_and_eta_first():
     assert run_progress(3, step, None) == "run 3: step 9 · 12s"  # no total known: no ETA
     long = Step(step=100, samples=400, tokens=1, step_time_s=1.0, elapsed_s=3725.0)
     assert run_progress(1, long, 100) == "run 1: step 100/100 · 1h02m"
+
+
+@pytest.mark.asyncio
+async def test_every_unavailable_value_is_red_with_its_reason(tmp_path):
+    """On a CPU box (capabilities without CUDA or bitsandbytes), fp16, tf32, expandable segments and 8-bit Adam are
+    each marked, and the panel says how many."""
+    import io
+
+    from rich.console import Console
+
+    from gpuanat.core.measure.sampler import HostOnlySource, NvmlStatus
+    from gpuanat.core.run.config import Capabilities
+    from gpuanat.tui.app import GpuAnatApp as App
+    from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
+
+    cpu = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build",
+                       bitsandbytes_error="ModuleNotFoundError: No module named 'bitsandbytes'")
+    no_nvml = NvmlStatus(available=False, reason="no NVIDIA driver", driver_version=None, cuda_driver_version=None,
+                         gpu_names=())
+    config = RunConfig(device="cpu", preset="tiny", precision="fp16", tf32=True, expandable_segments=True,
+                       optim="adamw_bnb_8bit")
+    app = App(config, db_path=tmp_path / "h.sqlite", sampler_factory=lambda: (HostOnlySource(), no_nvml),
+              capabilities_probe=lambda: cpu, sample_interval_s=None, paint_interval_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.pause()
+        panel = app.query_one(TechniquesPanel)
+        console = Console(width=80, record=True, file=io.StringIO())
+        console.print(panel.render())
+        text = console.export_text()
+        assert "unavailable: fp16 needs a CUDA GPU" in text and "+3 more" in text
+        assert panel.tooltip.count("\n") == 3 and "bitsandbytes" in panel.tooltip

@@ -24,12 +24,13 @@ def test_sweep_runs_the_docs_table_and_skips_what_needs_a_gpu(db_path):
     for name in ("vanilla", "grad accumulation", "+ grad checkpointing", "bf16", "adafactor"):
         assert by_name[name]["status"] == "ok", by_name[name]
     reasons = {row["name"]: row["reason"] for row in rows if row["status"] == "skipped"}
+    # 8-bit Adam also names bitsandbytes where it is missing (as in CI), not where it is installed
+    assert reasons.pop("8-bit adam").startswith("8-bit Adam (adamw_bnb_8bit) needs a CUDA GPU")
     assert reasons == {
         "fp16": "fp16 needs a CUDA GPU; use bf16 or fp32 on CPU",
         "accum + gc + fp16": "fp16 needs a CUDA GPU; use bf16 or fp32 on CPU",
         "tf32": "tf32 needs a CUDA GPU (Ampere or newer)",
         "accum + gc + fp16 + adafactor": "fp16 needs a CUDA GPU; use bf16 or fp32 on CPU",
-        "8-bit adam": "8-bit Adam (adamw_bnb_8bit) needs a CUDA GPU",
         "accum + gc + fp16 + 8-bit adam": "fp16 needs a CUDA GPU; use bf16 or fp32 on CPU",
     }
     vanilla = by_name["vanilla"]

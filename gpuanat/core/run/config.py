@@ -383,37 +383,48 @@ def workload_for_device(config: RunConfig, untouched: Collection[str]) -> tuple[
     return sized, f"training the {sized.preset} preset, seq {sized.seq_len}, {sized.samples} samples"
 
 
-def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) -> tuple[str, str] | None:
-    """(flag, reason) when this machine cannot run `config`, else None."""
-    if config.device == "cuda" and not capabilities.cuda_available:
-        return "--device", f"cuda is not available here ({capabilities.reason or 'no CUDA GPU'}); use --device cpu"
-    if config.precision == "fp16" and config.device != "cuda":
-        return "--precision", "fp16 needs a CUDA GPU; use bf16 or fp32 on CPU"
-    if config.tf32 and config.device != "cuda":
-        return "--tf32", "tf32 needs a CUDA GPU (Ampere or newer)"
-    if config.expandable_segments and config.device != "cuda":
-        return "--expandable-segments", "expandable segments are an option of the CUDA allocator; this run is on cpu"
+def machine_unsupported_reasons(config: RunConfig, capabilities: Capabilities) -> list[tuple[str, str]]:
+    """Every (flag, reason) why this machine cannot run `config`, in the order of the flags; empty when it can."""
+    reasons: list[tuple[str, str]] = []
+    cuda = config.device == "cuda"
+    if cuda and not capabilities.cuda_available:
+        reasons.append(("--device", f"cuda is not available here ({capabilities.reason or 'no CUDA GPU'}); use "
+                                    "--device cpu"))
+    if config.precision == "fp16" and not cuda:
+        reasons.append(("--precision", "fp16 needs a CUDA GPU; use bf16 or fp32 on CPU"))
+    if config.tf32 and not cuda:
+        reasons.append(("--tf32", "tf32 needs a CUDA GPU (Ampere or newer)"))
+    if config.expandable_segments and not cuda:
+        reasons.append(("--expandable-segments", "expandable segments are an option of the CUDA allocator; this run "
+                                                 "is on cpu"))
     compute_capability = capabilities.cuda_compute_capability
-    if config.device == "cuda" and compute_capability is not None and compute_capability < (8, 0):
+    if cuda and compute_capability is not None and compute_capability < (8, 0):
         this_gpu = f"this GPU has {compute_capability[0]}.{compute_capability[1]}"
         if config.tf32:
-            return "--tf32", f"tf32 needs compute capability ≥ 8.0 ({this_gpu})"
+            reasons.append(("--tf32", f"tf32 needs compute capability ≥ 8.0 ({this_gpu})"))
         if config.precision == "bf16":
-            return "--precision", f"bf16 needs compute capability ≥ 8.0 ({this_gpu}); use fp16"
+            reasons.append(("--precision", f"bf16 needs compute capability ≥ 8.0 ({this_gpu}); use fp16"))
     if config.lora and capabilities.peft_version is None:
         detail = f": {capabilities.peft_error}" if capabilities.peft_error else ""
-        return "--lora", f"LoRA needs PEFT (pip install 'gpuanat[llm]'){detail}"
+        reasons.append(("--lora", f"LoRA needs PEFT (pip install 'gpuanat[llm]'){detail}"))
     if config.distributed.startswith("zero") and capabilities.deepspeed_version is None:
         detail = f": {capabilities.deepspeed_error}" if capabilities.deepspeed_error else ""
-        return "--distributed", (f"{config.distributed} needs DeepSpeed (pip install deepspeed; README: Several "
-                                 f"GPUs){detail}")
+        reasons.append(("--distributed", f"{config.distributed} needs DeepSpeed (pip install deepspeed; README: "
+                                         f"Several GPUs){detail}"))
     if config.optim == "adamw_bnb_8bit":
-        if config.device != "cuda":
-            return "--optim", "8-bit Adam (adamw_bnb_8bit) needs a CUDA GPU"
+        missing = [] if cuda else ["a CUDA GPU"]
         if capabilities.bitsandbytes_version is None:
-            detail = f": {capabilities.bitsandbytes_error}" if capabilities.bitsandbytes_error else ""
-            return "--optim", f"8-bit Adam needs bitsandbytes (pip install 'gpuanat[bnb]'){detail}"
-    return None
+            missing.append("bitsandbytes (pip install 'gpuanat[bnb]'"
+                           + (f"; {capabilities.bitsandbytes_error})" if capabilities.bitsandbytes_error else ")"))
+        if missing:
+            reasons.append(("--optim", f"8-bit Adam (adamw_bnb_8bit) needs {' and '.join(missing)}"))
+    return reasons
+
+
+def machine_unsupported_reason(config: RunConfig, capabilities: Capabilities) -> tuple[str, str] | None:
+    """The first (flag, reason) why this machine cannot run `config`, else None."""
+    reasons = machine_unsupported_reasons(config, capabilities)
+    return reasons[0] if reasons else None
 
 
 ALLOCATOR_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"

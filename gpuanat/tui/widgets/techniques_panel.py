@@ -9,7 +9,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from gpuanat.core.memory.predict import MemoryEstimate
-from gpuanat.core.run.config import Capabilities, RunConfig, machine_unsupported_reason
+from gpuanat.core.run.config import Capabilities, RunConfig, machine_unsupported_reasons
 from gpuanat.core.store.report import format_bytes
 
 ROWS: tuple[tuple[str, str, str], ...] = (
@@ -91,6 +91,8 @@ class TechniquesPanel(Widget):
         self._config, self._capabilities, self._estimate = config, capabilities, estimate
         self._gpu_total_bytes, self._device_peak_bytes = gpu_total_bytes, device_peak_bytes
         self._several_gpus = several_gpus or config.ranks != 1
+        reasons = machine_unsupported_reasons(config, capabilities) if capabilities else []
+        self.tooltip = "\n".join(f"{flag}: {reason}" for flag, reason in reasons) or None
         self.refresh(layout=True)
 
     def render(self) -> Table:
@@ -102,13 +104,13 @@ class TechniquesPanel(Widget):
         table.add_column(no_wrap=True)
         table.add_column(no_wrap=True)
         config, defaults = self._config, RunConfig()
-        unsupported = machine_unsupported_reason(config, self._capabilities) if self._capabilities else None
-        blocked_field = BLOCKING_FLAGS.get(unsupported[0]) if unsupported else None
+        unsupported = machine_unsupported_reasons(config, self._capabilities) if self._capabilities else []
+        blocked_fields = {BLOCKING_FLAGS.get(flag) for flag, _ in unsupported}
         extra_rows = ((ENGINE_ROW,) if config.engine != defaults.engine else ()) + ((LORA_ROW,) if config.lora else ())
         for field, key, label in ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
             value = getattr(config, field)
             style = changed_style if value != getattr(defaults, field) else ""
-            if field == blocked_field:
+            if field in blocked_fields:
                 style = self.get_component_rich_style("techniques-panel--unavailable")
             table.add_row(Text(key, style=key_style), Text(label, style=muted),
                           Text(_value_text(field, value), style=style))
@@ -117,8 +119,9 @@ class TechniquesPanel(Widget):
         if not self.compact:
             lines.add_row(Text(f"{config.model or config.preset} on {config.device}, seq {config.seq_len}, "
                                f"{config.samples} samples", style=muted, overflow="ellipsis", no_wrap=True))
-        if unsupported is not None:
-            lines.add_row(Text(f"unavailable: {unsupported[1]}",
+        if unsupported:
+            more = f" (+{len(unsupported) - 1} more, in red above; all in the tooltip)" if len(unsupported) > 1 else ""
+            lines.add_row(Text(f"unavailable: {unsupported[0][1]}{more}",
                                style=self.get_component_rich_style("techniques-panel--unavailable")))
         elif self._capabilities is None:
             lines.add_row(Text("checking what this machine can run…", style=muted))
