@@ -71,34 +71,66 @@ def test_the_status_line_says_step_elapsed_and_eta_first():
     assert run_progress(1, long, 100) == "run 1: step 100/100 · 1h02m"
 
 
-@pytest.mark.asyncio
-async def test_every_unavailable_value_is_red_with_its_reason(tmp_path):
-    """On a CPU box (capabilities without CUDA or bitsandbytes), fp16, tf32, expandable segments and 8-bit Adam are
-    each marked, and the panel says how many."""
-    import io
-
-    from rich.console import Console
-
+def cpu_app(tmp_path, config: RunConfig):
+    """The dashboard on a CPU box: capabilities without CUDA or bitsandbytes, no NVML (the real host source)."""
     from gpuanat.core.measure.sampler import HostOnlySource, NvmlStatus
     from gpuanat.core.run.config import Capabilities
-    from gpuanat.tui.app import GpuAnatApp as App
-    from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
+    from gpuanat.tui.app import GpuAnatApp
 
     cpu = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build",
                        bitsandbytes_error="ModuleNotFoundError: No module named 'bitsandbytes'")
     no_nvml = NvmlStatus(available=False, reason="no NVIDIA driver", driver_version=None, cuda_driver_version=None,
                          gpu_names=())
+    return GpuAnatApp(config, db_path=tmp_path / "h.sqlite", sampler_factory=lambda: (HostOnlySource(), no_nvml),
+                      capabilities_probe=lambda: cpu, sample_interval_s=None, paint_interval_s=3600)
+
+
+def panel_text(app) -> str:
+    import io
+
+    from rich.console import Console
+
+    from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
+
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(app.query_one(TechniquesPanel).render())
+    return console.export_text()
+
+
+@pytest.mark.asyncio
+async def test_every_unavailable_value_is_red_with_its_reason(tmp_path):
+    """On a CPU box, fp16, tf32, expandable segments and 8-bit Adam are each marked, and the panel says how many."""
+    from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
+
     config = RunConfig(device="cpu", preset="tiny", precision="fp16", tf32=True, expandable_segments=True,
                        optim="adamw_bnb_8bit")
-    app = App(config, db_path=tmp_path / "h.sqlite", sampler_factory=lambda: (HostOnlySource(), no_nvml),
-              capabilities_probe=lambda: cpu, sample_interval_s=None, paint_interval_s=3600)
+    app = cpu_app(tmp_path, config)
     async with app.run_test(size=(120, 40)) as pilot:
         while app.capabilities is None:
             await pilot.pause()
         await pilot.pause()
-        panel = app.query_one(TechniquesPanel)
-        console = Console(width=80, record=True, file=io.StringIO())
-        console.print(panel.render())
-        text = console.export_text()
+        text = panel_text(app)
         assert "unavailable: fp16 needs a CUDA GPU" in text and "+3 more" in text
-        assert panel.tooltip.count("\n") == 3 and "bitsandbytes" in panel.tooltip
+        tooltip = app.query_one(TechniquesPanel).tooltip
+        assert tooltip.count("\n") == 3 and "bitsandbytes" in tooltip
+
+
+@pytest.mark.asyncio
+async def test_on_the_cpu_only_the_exact_bands_are_predicted(tmp_path):
+    """Issue #17, point 7: the bytes model is of CUDA memory; on the CPU the dashboard predicts weights, gradients
+    and optimizer state (exact) and no activations, workspaces or peak."""
+    from gpuanat.core.memory.predict import estimate_memory
+    from gpuanat.core.store.report import format_bytes
+    from gpuanat.tui.widgets.memory_bar import MemoryBar
+
+    config = RunConfig(device="cpu", preset="tiny", seq_len=32, samples=32)
+    app = cpu_app(tmp_path, config)
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.pause()
+        estimate = estimate_memory(config)
+        state = estimate.weights_bytes + estimate.gradients_bytes + estimate.optimizer_state_bytes
+        assert f"predicted weights+grads+optimizer: {format_bytes(state)}" in panel_text(app)
+        predicted = app.query_one(MemoryBar)._predicted
+        assert predicted["activations_bytes"] is None and predicted["weights_bytes"] == estimate.weights_bytes

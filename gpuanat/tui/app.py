@@ -518,9 +518,10 @@ class GpuAnatApp(DashboardActions):
         if estimate is None or compact:
             self.query_one(MemoryBar).update_predicted(None)
         else:
+            on_gpu = self.config.device == "cuda"  # the activation model is of CUDA memory; none on the CPU
             self.query_one(MemoryBar).update_predicted(
                 {"weights_bytes": estimate.weights_bytes, "optimizer_state_bytes": estimate.optimizer_state_bytes,
-                 "activations_bytes": estimate.activations_bytes,
+                 "activations_bytes": estimate.activations_bytes if on_gpu else None,
                  "gradients_bytes": estimate.gradients_at_peak_bytes,
                  "cuda_context_bytes": context if self.config.device == "cuda" else None},
                 self._gpu_total_bytes())

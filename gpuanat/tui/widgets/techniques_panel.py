@@ -133,8 +133,12 @@ class TechniquesPanel(Widget):
         if self._estimate is None:
             return Text("predicted peak: —", style=muted)
         if self._config.device != "cuda":
-            return Text(f"predicted peak allocated: {format_bytes(self._estimate.peak_allocated_bytes)} (CPU run)",
-                        style=muted)
+            # The bytes model is of CUDA memory (its activations, workspaces and allocator): on the CPU only the
+            # tensor bands, which are exact, are predicted.
+            estimate = self._estimate
+            state = estimate.weights_bytes + estimate.gradients_bytes + estimate.optimizer_state_bytes
+            return Text(f"predicted weights+grads+optimizer: {format_bytes(state)} (CPU: no activation model)",
+                        style=muted, overflow="ellipsis", no_wrap=True)
         device_peak = self._device_peak_bytes or self._estimate.peak_allocated_bytes
         label = "predicted/GPU" if self._estimate.ranks > 1 else "predicted peak"
         text = Text(f"{label}: {format_bytes(device_peak)}")
