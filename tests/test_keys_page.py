@@ -134,3 +134,24 @@ async def test_on_the_cpu_only_the_exact_bands_are_predicted(tmp_path):
         assert f"predicted weights+grads+optimizer: {format_bytes(state)}" in panel_text(app)
         predicted = app.query_one(MemoryBar)._predicted
         assert predicted["activations_bytes"] is None and predicted["weights_bytes"] == estimate.weights_bytes
+
+
+@pytest.mark.asyncio
+async def test_a_resize_under_the_history_pane_lays_out_the_dashboard(tmp_path):
+    """Issue #17, point 5: the compact class goes to the dashboard's screen, not to the pane on top of it."""
+    meta, _, _ = h100_environment()
+    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.press("h")
+        await pilot.pause()
+        history = app.screen
+        assert history is not app.dashboard_screen
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.dashboard_screen.has_class("-compact") and not history.has_class("-compact")
+        app.paint()  # the paint tick goes on under the pane
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.dashboard_screen and app.compact

@@ -220,3 +220,19 @@ async def test_without_cuda_the_workload_left_to_the_defaults_is_the_cpus(db_pat
         console.print(app.query_one(TechniquesPanel).render())
         shown = console.export_text()
         assert expected["preset"] in shown
+
+
+@pytest.mark.asyncio
+async def test_a_stop_question_goes_away_when_its_run_ends(db_path):
+    """Issue #17, point 5: a stop dialog must not outlive its run (y would then do nothing)."""
+    app = make_app(db_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: app.live is not None and app.live.run_id is not None, what="the run to start")
+        await pilot.press("s")
+        assert isinstance(app.screen, ConfirmScreen)
+        await wait_for(pilot, lambda: app.live is None, what="the run to finish on its own")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert app.last_result["status"] == "ok"

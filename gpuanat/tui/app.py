@@ -223,6 +223,8 @@ class GpuAnatApp(DashboardActions):
                        "throughput": TimeSeries(reduce="mean")}
         self._run_thread: threading.Thread | None = None
         self._predicted_logits_bytes: int | None = None
+        self._stop_dialog: ConfirmScreen | None = None
+        """The "Stop run N?" question while it is open."""
         if keymap:
             self.set_keymap(keymap)
 
@@ -354,6 +356,8 @@ class GpuAnatApp(DashboardActions):
         self.query_one(LogPane).follow(message.log_path)
 
     def on_run_finished(self, message: RunFinished) -> None:
+        if self._stop_dialog is not None and self._stop_dialog in self.screen_stack:
+            self._stop_dialog.dismiss(False)  # the run it asked about has ended: the question is moot
         self.paint()  # the run's last events and samples
         live, self.live = self.live, None
         if live is not None and live.pid is not None and self._sampler is not None:
@@ -511,7 +515,7 @@ class GpuAnatApp(DashboardActions):
                                              device_peak_bytes=None if estimate is None else
                                              peak_reserved_bytes(estimate) + context,
                                              several_gpus=self._gpu_count() > 1)
-        compact = self.screen.has_class("-compact")
+        compact = self.compact
         self._predicted_logits_bytes = estimate.logits_bytes if estimate is not None and not compact else None
         now, peak, _ = self.query_one(MemoryBar).logits
         self._show_logits(now, peak)
@@ -667,11 +671,12 @@ class GpuAnatApp(DashboardActions):
         live = self.live
 
         def answered(stop: bool | None) -> None:
+            self._stop_dialog = None
             if stop:
                 live.stop_requested.set()
 
-        self.push_screen(ConfirmScreen(f"Stop run {live.run_id or ''} ({live.config.techniques_summary()})?"),
-                         answered)
+        self._stop_dialog = ConfirmScreen(f"Stop run {live.run_id or ''} ({live.config.techniques_summary()})?")
+        self.push_screen(self._stop_dialog, answered)
 
     def finish_recording(self, timeout_s: float) -> None:
         if self._run_thread is not None:
@@ -692,6 +697,9 @@ class GpuAnatApp(DashboardActions):
 
         def answered(quit_now: bool | None) -> None:
             if quit_now:
+                if self.live is None:  # the run ended while the question was open
+                    self.exit()
+                    return
                 self._quit_after_run = True
                 live.stop_requested.set()
 

@@ -111,10 +111,21 @@ class DashboardActions(App[None]):
 
     def _fit_layout(self, rows: int) -> None:
         compact = rows < COMPACT_BELOW_ROWS
-        if compact != self.screen.has_class("-compact"):
-            self.screen.set_class(compact, "-compact")
+        if compact != self.dashboard_screen.has_class("-compact"):
+            # On the dashboard's own screen, also when a dialog or the history is on top while the terminal resizes.
+            self.dashboard_screen.set_class(compact, "-compact")
             self._layout_changed(compact)
             self._fit_memory_legend()
+
+    @property
+    def dashboard_screen(self) -> Screen[Any]:
+        """The dashboard itself: the bottom of the screen stack, under any dialog or pane."""
+        return self.screen_stack[0]
+
+    @property
+    def compact(self) -> bool:
+        """Whether the dashboard has the compact layout of short terminals."""
+        return self.dashboard_screen.has_class("-compact")
 
     def _layout_changed(self, compact: bool) -> None:
         """What the app's own widgets do beyond the `-compact` class."""
@@ -127,7 +138,7 @@ class DashboardActions(App[None]):
 
     def _fit_memory_legend(self) -> None:
         several = len(self.query_one(GpuLanes).lanes) > 1
-        self.query_one(MemoryBar).show_legend(not (several and self.screen.has_class("-compact")))
+        self.query_one(MemoryBar).show_legend(not (several and self.compact))
 
     def action_pause(self) -> None:
         self.charts_paused = not self.charts_paused
