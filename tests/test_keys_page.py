@@ -155,3 +155,17 @@ async def test_a_resize_under_the_history_pane_lays_out_the_dashboard(tmp_path):
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is app.dashboard_screen and app.compact
+
+
+@pytest.mark.asyncio
+async def test_the_command_palette_says_what_each_key_does_not_its_raw_action(tmp_path):
+    meta, _, _ = h100_environment()
+    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        commands = {command.title: command.help for command in app.get_system_commands(app.screen)}
+    assert commands["Accum+ (a)"] == f"gpuanat · {TECHNIQUES_BY_FIELD['grad_accum'].help}"
+    assert commands["Run (r)"] == "gpuanat · run"
+    raw = ("toggle_technique(", "step(", "cycle_")
+    assert not any(word in (help_text or "") for help_text in commands.values() for word in raw)

@@ -70,6 +70,10 @@ def _rate_label(value: float) -> str:
     return f"{value:.1f}/s"
 
 
+THROUGHPUT_WINDOW_STEPS = 10
+"""The throughput chart plots the mean rate of this many steps."""
+
+
 class RunStarted(Message):
     def __init__(self, run_id: int, pid: int, log_path: Path, gpu_indices: tuple[int, ...] = ()) -> None:
         super().__init__()
@@ -121,6 +125,9 @@ class LiveRun:
     probe_bands: ProbeBands | None = None
     peak_bands: dict[str, int | None] | None = None
     """The bands at the highest device use seen so far."""
+    recent_steps: collections.deque[tuple[float, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=THROUGHPUT_WINDOW_STEPS + 1))
+    """(elapsed s, samples) of the last steps, for the throughput chart's mean."""
     gpu_indices: tuple[int, ...] = ()
     """NVML index of each rank's GPU (rank 0 first); empty on the CPU or without NVML."""
     rank_pids: dict[int, int] = field(default_factory=dict)
@@ -236,7 +243,8 @@ class GpuAnatApp(DashboardActions):
             with Vertical(id="charts"):
                 yield LineChart("GPU memory used", formatter=_bytes_label, id="memory-chart")
                 yield LineChart("GPU utilization", formatter=_percent_label, y_max=100, id="util-chart")
-                yield LineChart("Throughput (samples/s)", formatter=_rate_label, id="throughput-chart")
+                yield LineChart(f"Throughput (samples/s, mean of {THROUGHPUT_WINDOW_STEPS} steps)",
+                                formatter=_rate_label, id="throughput-chart")
         yield MemoryBar(id="memory")
         yield GpuLanes(id="lanes")
         yield LogPane(id="log")
@@ -350,6 +358,7 @@ class GpuAnatApp(DashboardActions):
         self.live.run_id, self.live.pid, self.live.gpu_indices = message.run_id, message.pid, message.gpu_indices
         self.live.last_step = self.live.probe_bands = None  # a fit starts one run per trial
         self.live.rank_pids, self.live.rank_steps, self.live.rank_probe_bands = {}, {}, {}
+        self.live.recent_steps.clear()
         self.series["throughput"].clear()
         if self._sampler is not None:
             self._sampler.track(message.pid)
@@ -468,13 +477,17 @@ class GpuAnatApp(DashboardActions):
         if isinstance(event, ModelInfo):
             live.model = event
         elif isinstance(event, Step):
-            previous, live.last_step = live.last_step, event
+            live.last_step = event
             if event.bands is not None:
                 live.probe_bands = event.bands
+            # The mean rate of the last steps, as the steady rate is a mean: a single step's rate jumps with the
+            # loss logging and the DataLoader, and would read against the "steady" figure the run ends with.
+            live.recent_steps.append((event.elapsed_s, event.samples))
+            first_elapsed_s, first_samples = live.recent_steps[0]
             throughput = self.series["throughput"]
-            if (previous is not None and event.elapsed_s > previous.elapsed_s
+            if (event.elapsed_s > first_elapsed_s
                     and (throughput.last_t_s is None or event.elapsed_s > throughput.last_t_s)):
-                rate = (event.samples - previous.samples) / (event.elapsed_s - previous.elapsed_s)
+                rate = (event.samples - first_samples) / (event.elapsed_s - first_elapsed_s)
                 throughput.append(event.elapsed_s, rate)  # on the run's own clock
 
     # --- what the widgets show ---------------------------------------------------------------------

@@ -19,10 +19,11 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
+from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.core.store.history import HistoryError, HistoryStore
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
-from gpuanat.tui.screens.keys import KeysScreen, key_rows
+from gpuanat.tui.screens.keys import CYCLING_ACTIONS, TECHNIQUE_ACTION, KeysScreen, key_rows
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -45,6 +46,14 @@ HANGUP_RECORDING_TIMEOUT_S = 60.0
 run's stop itself takes at most about 12 s; the history finalises what is left on its next open)."""
 COMPACT_BELOW_ROWS = 34
 """Shorter terminals (80×24 over SSH) get the compact layout (the screen's `-compact` class)."""
+
+
+def _palette_help(binding: Binding) -> str:
+    """The command palette's line under a key's name: what a technique key does, else the key's own words."""
+    technique = TECHNIQUE_ACTION.match(binding.action)
+    field = technique.group(1) if technique else CYCLING_ACTIONS.get(binding.action)
+    info = TECHNIQUES_BY_FIELD.get(field) if field else None
+    return f"gpuanat · {info.help}" if info else f"gpuanat · {binding.description.lower()}"
 
 
 class DashboardActions(App[None]):
@@ -187,4 +196,4 @@ class DashboardActions(App[None]):
         for binding in self.BINDINGS:
             if isinstance(binding, Binding) and binding.description:
                 yield SystemCommand(f"{binding.description} ({binding.key_display or binding.key})",
-                                    f"gpuanat: {binding.action}", lambda b=binding: self.run_action(b.action))
+                                    _palette_help(binding), lambda b=binding: self.run_action(b.action))

@@ -22,6 +22,13 @@ from gpuanat.tui.widgets.line_chart import LineChart
 BYTE_METRICS = BAND_METRICS | {"peak_allocated_bytes", "device_memory_used_bytes"}
 
 
+def technique_text(value: object) -> str:
+    """A technique's value as the techniques panel shows it: on/off, — for none."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "—" if value is None else str(value)
+
+
 def _value(key: str, value: float | None) -> str:
     if value is None:
         return "—"
@@ -82,8 +89,9 @@ class CompareScreen(Screen[None]):
         techniques.add_column("differs")
         for run in self._runs:
             techniques.add_column(f"run {run.id}")
+        techniques.add_row("status", *(run.status for run in self._runs))
         for field, values in self.comparison.differing:
-            techniques.add_row(field, *(str(value) for value in values))
+            techniques.add_row(field, *(technique_text(value) for value in values))
         if not self.comparison.differing:
             techniques.add_row("(same techniques)", *("" for _ in self._runs))
         metrics = self.query_one("#compare-metrics", DataTable)
