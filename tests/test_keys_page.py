@@ -82,7 +82,8 @@ def cpu_app(tmp_path, config: RunConfig):
     no_nvml = NvmlStatus(available=False, reason="no NVIDIA driver", driver_version=None, cuda_driver_version=None,
                          gpu_names=())
     return GpuAnatApp(config, db_path=tmp_path / "h.sqlite", sampler_factory=lambda: (HostOnlySource(), no_nvml),
-                      capabilities_probe=lambda: cpu, sample_interval_s=None, paint_interval_s=3600)
+                      capabilities_probe=lambda: cpu, sample_interval_s=None, paint_interval_s=3600,
+                      clock=lambda: 1_000.0)
 
 
 def panel_text(app) -> str:
@@ -169,3 +170,16 @@ async def test_the_command_palette_says_what_each_key_does_not_its_raw_action(tm
     assert commands["Run (r)"] == "gpuanat · run"
     raw = ("toggle_technique(", "step(", "cycle_")
     assert not any(word in (help_text or "") for help_text in commands.values() for word in raw)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_dashboard_without_nvml(snap_compare, tmp_path, size):
+    """Issue #17: a CPU box without NVML at both sizes — the host charts, the banner, the keys."""
+    app = cpu_app(tmp_path, RunConfig(device="cpu", preset="tiny", seq_len=64, samples=64))
+
+    async def run_before(pilot) -> None:
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

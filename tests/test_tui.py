@@ -236,3 +236,23 @@ async def test_a_stop_question_goes_away_when_its_run_ends(db_path):
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen)
         assert app.last_result["status"] == "ok"
+
+
+@pytest.mark.asyncio
+async def test_without_nvml_the_charts_show_the_runs_host_memory_and_cpu(db_path):
+    """Issue #17, point 3: no NVML (this machine) — the charts chart what is measurable, a run's RSS and CPU,
+    instead of waiting forever for GPU samples, and say once why."""
+    from gpuanat.tui.widgets.line_chart import LineChart
+
+    app = GpuAnatApp(TINY, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False),
+                     sample_interval_s=0.1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        memory_chart = app.query_one("#memory-chart", LineChart)
+        assert memory_chart.title == "Host memory of the run (RSS)"
+        assert app.query_one("#util-chart", LineChart).title == "Host CPU of the run (% of one core)"
+        assert any("No GPU charts" in notification.message for notification in app._notifications)
+        result = await run_to_completion(app, pilot)
+        assert result["status"] == "ok"
+        assert len(app.series["host_rss"]) > 0 and app.series["host_rss"].max > 100 * 1024 * 1024  # torch alone
+        assert len(app.series["host_cpu"]) > 0

@@ -227,7 +227,8 @@ class GpuAnatApp(DashboardActions):
         self._quit_after_run = False
         # Memory keeps its peaks when downsampled; rates are averaged.
         self.series = {"device_used": TimeSeries(), "run_used": TimeSeries(), "gpu_util": TimeSeries(),
-                       "throughput": TimeSeries(reduce="mean")}
+                       "throughput": TimeSeries(reduce="mean"), "host_rss": TimeSeries(),
+                       "host_cpu": TimeSeries(reduce="mean")}
         self._run_thread: threading.Thread | None = None
         self._predicted_logits_bytes: int | None = None
         self._stop_dialog: ConfirmScreen | None = None
@@ -244,19 +245,23 @@ class GpuAnatApp(DashboardActions):
                 yield LineChart("GPU memory used", formatter=_bytes_label, id="memory-chart")
                 yield LineChart("GPU utilization", formatter=_percent_label, y_max=100, id="util-chart")
                 yield LineChart(f"Throughput (samples/s, mean of {THROUGHPUT_WINDOW_STEPS} steps)",
-                                formatter=_rate_label, id="throughput-chart")
+                                formatter=_rate_label, id="throughput-chart",
+                                empty_message="a run's samples/s show here")
         yield MemoryBar(id="memory")
         yield GpuLanes(id="lanes")
         yield LogPane(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
-        memory_chart = self.query_one("#memory-chart", LineChart)
-        memory_chart.set_series("device used", self.series["device_used"])
-        memory_chart.set_series("this run", self.series["run_used"])
-        self.query_one("#util-chart", LineChart).set_series("GPU util", self.series["gpu_util"])
-        self.query_one("#throughput-chart", LineChart).set_series("samples/s", self.series["throughput"])
         source, self.nvml = self._sampler_factory()
+        if self.nvml.available:
+            memory_chart = self.query_one("#memory-chart", LineChart)
+            memory_chart.set_series("device used", self.series["device_used"])
+            memory_chart.set_series("this run", self.series["run_used"])
+            self.query_one("#util-chart", LineChart).set_series("GPU util", self.series["gpu_util"])
+        else:
+            self._chart_the_host()
+        self.query_one("#throughput-chart", LineChart).set_series("samples/s", self.series["throughput"])
         self._sampler = Sampler(source, interval_s=self._sample_interval_s or SAMPLE_INTERVAL_S,
                                 on_sample=self._incoming_samples.append, clock=self._clock)
         self._sampler_started_s = self._clock()
@@ -268,6 +273,21 @@ class GpuAnatApp(DashboardActions):
         self._fit_layout(self.size.height)
         self._show_techniques()
         self.paint()
+
+    def _chart_the_host(self) -> None:
+        """Without NVML the GPU charts would wait forever: chart what is measurable instead — the run's host memory
+        (RSS) and CPU — and say once why."""
+        assert self.nvml is not None
+        memory_chart = self.query_one("#memory-chart", LineChart)
+        memory_chart.title = "Host memory of the run (RSS)"
+        memory_chart.set_series("run RSS", self.series["host_rss"])
+        util_chart = self.query_one("#util-chart", LineChart)
+        util_chart.title = "Host CPU of the run (% of one core)"
+        util_chart.y_max = None  # several cores read over 100%
+        util_chart.set_series("run CPU", self.series["host_cpu"])
+        for chart in (memory_chart, util_chart):
+            chart.empty_message = "a run's RSS and CPU show here"
+        self.notify(f"No GPU charts: {self.nvml.reason}. The charts show the run's host memory and CPU.", timeout=8)
 
     def _layout_changed(self, compact: bool) -> None:
         # Compact: no log pane, two charts, no predicted bar, and a shorter techniques list.
@@ -445,6 +465,11 @@ class GpuAnatApp(DashboardActions):
 
     def _add_sample(self, sample: Sample) -> None:
         self._latest_sample = sample
+        if self.live is not None and self.live.pid is not None:  # the run's process tree (NVML or not)
+            if sample.host.rss_bytes is not None:
+                self.series["host_rss"].append(sample.t_s, sample.host.rss_bytes)
+            if sample.host.cpu_percent is not None:
+                self.series["host_cpu"].append(sample.t_s, sample.host.cpu_percent)
         gpu = self._gpu_of(sample, self._shown_gpu_index())
         if gpu is not None:
             if gpu.used_bytes is not None:
@@ -639,7 +664,7 @@ class GpuAnatApp(DashboardActions):
         if not self._can_start():
             return
         self.live = LiveRun(config=self.config, stop_requested=threading.Event())
-        for name in ("run_used", "throughput"):
+        for name in ("run_used", "throughput", "host_rss", "host_cpu"):
             self.series[name].clear()
         self._run_thread = threading.Thread(target=self._execute, args=(self.live,), name="gpuanat-run", daemon=True)
         self._run_thread.start()
@@ -671,7 +696,7 @@ class GpuAnatApp(DashboardActions):
             return
         gpu_total = self._gpu_total_bytes() if self.config.device == "cuda" else None
         self.live = LiveRun(config=self.config, stop_requested=threading.Event())
-        for name in ("run_used", "throughput"):
+        for name in ("run_used", "throughput", "host_rss", "host_cpu"):
             self.series[name].clear()
         self._run_thread = threading.Thread(target=self._fit, args=(self.live, gpu_total), name="gpuanat-fit",
                                             daemon=True)
