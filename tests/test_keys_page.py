@@ -183,3 +183,28 @@ def test_dashboard_without_nvml(snap_compare, tmp_path, size):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.asyncio
+async def test_the_history_opens_on_the_newest_run_in_view_at_80x24(tmp_path):
+    from test_app_snapshots import fill_history
+    from textual.widgets import DataTable
+
+    from gpuanat.core.store.history import HistoryStore
+
+    for _ in range(4):  # 44 runs: more than 80×24 shows
+        fill_history(tmp_path / "h.sqlite")
+    with HistoryStore(tmp_path / "h.sqlite", read_only=True) as store:
+        assert len(store.runs()) == 44
+    app = make_app(tmp_path / "h.sqlite", RunConfig())
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.press("h")
+        await pilot.pause()
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        newest = table.row_count - 1
+        assert table.cursor_row == newest and newest > 0
+        visible_rows = table.scrollable_content_region.height - 1  # the header row
+        assert table.scroll_offset.y <= newest < table.scroll_offset.y + visible_rows
