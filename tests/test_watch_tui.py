@@ -20,6 +20,7 @@ from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.watch_app import WatchApp
 from gpuanat.tui.widgets.memory_bar import MemoryBar
+from gpuanat.tui.widgets.process_panel import ProcessPanel
 
 recorded = pytest.mark.skipif(not (TRACE.exists() and STEPS.exists()), reason="H100 recordings not committed")
 
@@ -71,6 +72,8 @@ async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tm
                 assert time.monotonic() < deadline, "no record reached the dashboard"
                 await pilot.pause(0.1)
             assert app.last_record["rss_bytes"] >= 64 * 1024 * 1024
+            # no NVML: whether other processes use the GPU is unknown, not "none" (issue #17)
+            assert "other processes on the GPU  unknown" in str(app.query_one(ProcessPanel).render())
             footer_keys = {binding.key for (_, binding, enabled, _) in app.screen.active_bindings.values()}
             assert "s" in footer_keys and "r" not in footer_keys
             await pilot.press("r", "g", "p")  # launch and technique keys of the other dashboard do nothing here

@@ -105,7 +105,9 @@ class ProcessPanel(Widget):
             text.append(f"GPU memory: {record['gpu_memory_reason']}\n", style=muted)
         others = record.get("other_gpu_processes") or []
         text.append("\nother processes on the GPU", style=heading)
-        if not others:
+        if not record.get("gpus"):  # no NVML reading: whether there are any is unknown, not "none"
+            text.append("  unknown (no GPU readings)\n", style=muted)
+        elif not others:
             text.append("  none\n", style=muted)
         else:
             text.append("\n")
