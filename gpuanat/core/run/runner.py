@@ -4,8 +4,9 @@ The child gets a dedicated pipe for protocol events; its stdout and stderr, the 
 second pipe that a thread copies into the log file. A reader thread decodes event lines into a queue; the
 caller drains it with `next_event`. A log file that cannot be written (a full disk) costs the log, never
 the run: the copier keeps draining the child's output and `log_error` says what was lost.
-Stopping asks politely (SIGINT to the child, which records a clean "stopped"), then ends the whole
-process group — DataLoader workers included — with SIGTERM and SIGKILL.
+Stopping asks politely (SIGINT to the child, which records a clean "stopped"), then ends the child's whole
+family — its process group, DataLoader workers included, and every descendant seen in a session of its own (the
+ranks torchrun starts) — with SIGTERM and SIGKILL.
 
 The child also holds the read end of a lifeline pipe whose write end only this process has: when this
 process exits in any way, SIGKILL included, the child sees end-of-file and ends its own group

@@ -101,7 +101,7 @@ def _rank_status(state: _RunState) -> str:
         return "oom" if state.error.kind == "oom" else "failed"
     if state.done is not None:
         return "ok" if state.done.status == "ok" else "stopped"
-    return "failed"
+    return "stopped" if state.stopped_by_user else "failed"
 
 
 def _status(state: _RunState, ranks: Mapping[int, _RunState] | None = None) -> str:
