@@ -274,6 +274,14 @@ class GpuAnatApp(DashboardActions):
         self._show_techniques()
         self.paint()
 
+    def _scale_memory_chart(self, gpu: GpuSample) -> None:
+        """The memory chart spans the GPU's whole memory, as the bar below does: a run's use reads against what the
+        card has, not against its own maximum (where any run would look like a wall)."""
+        chart = self.query_one("#memory-chart", LineChart)
+        if gpu.total_bytes is not None and chart.y_max != gpu.total_bytes:
+            chart.y_max = gpu.total_bytes
+            chart.title = f"GPU {gpu.index} memory used (of {format_bytes(gpu.total_bytes)})"
+
     def _chart_the_host(self) -> None:
         """Without NVML the GPU charts would wait forever: chart what is measurable instead — the run's host memory
         (RSS) and CPU — and say once why."""
@@ -472,6 +480,7 @@ class GpuAnatApp(DashboardActions):
                 self.series["host_cpu"].append(sample.t_s, sample.host.cpu_percent)
         gpu = self._gpu_of(sample, self._shown_gpu_index())
         if gpu is not None:
+            self._scale_memory_chart(gpu)
             if gpu.used_bytes is not None:
                 self.series["device_used"].append(sample.t_s, gpu.used_bytes)
             if gpu.gpu_util_percent is not None:
