@@ -11,7 +11,7 @@ from textual.app import App, ComposeResult
 from gpuanat.core.measure.anatomy import BAND_NAMES
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.series import Reduce, TimeSeries
-from gpuanat.tui.widgets.line_chart import LOWER_EIGHTHS, LineChart, format_duration
+from gpuanat.tui.widgets.line_chart import BRAILLE_BLANK, LineChart, format_duration
 from gpuanat.tui.widgets.memory_bar import BAND_GLYPHS, BAND_LABELS, MemoryBar, band_component_class, split_cells
 
 GIB = 1024**3
@@ -130,6 +130,11 @@ def chart_rows(chart: LineChart) -> list[str]:
     return [chart.render_line(y).text for y in range(chart.size.height)]
 
 
+def is_dot(cell: str) -> bool:
+    """A braille cell with at least one dot."""
+    return BRAILLE_BLANK < ord(cell) <= BRAILLE_BLANK + 0xFF
+
+
 def bytes_label(value: float) -> str:
     return format_bytes(int(value))
 
@@ -149,9 +154,12 @@ def test_line_chart_rows_axis_and_top():
         assert rows[1].startswith(" 8.00 GiB┤")  # formatted max on the top plot row
         assert rows[8].startswith("    0 MiB┤")
         assert rows[9].strip().startswith("└ 0s") and rows[9].rstrip().endswith("1m00s")
-        # The ramp's highest (last) column fills the top row; its first column is nearly empty.
-        assert rows[1][-1] == LOWER_EIGHTHS[8]
-        assert rows[1][10] == " " and rows[8][10] in LOWER_EIGHTHS[:3]
+        # A line, in braille: the ramp's last (highest) point is a dot in the top row's last column, its first
+        # a dot in the bottom row's first column; the rows between hold the rising line, one cell high each.
+        plot = rows[1:9]
+        assert is_dot(plot[0][-1]) and not is_dot(plot[-1][-1])
+        assert is_dot(plot[-1][10]) and not is_dot(plot[0][10])
+        assert all(sum(is_dot(cell) for cell in row[10:]) >= 1 for row in plot)
         # Cached: an unchanged chart hands back the very same strips.
         assert chart.render_line(4) is chart.render_line(4)
 
@@ -172,13 +180,14 @@ def test_line_chart_fixed_y_max_and_two_layered_series():
         rows = chart_rows(chart)
         assert rows[1].startswith(" 16.00 GiB┤")
         plot = rows[1:9]
-        # 8 rows of 16 GiB: device used reaches 6 rows, this run 3 rows, both as full blocks.
-        assert [row[-1] for row in plot] == [" ", " "] + [LOWER_EIGHTHS[8]] * 6
-        front = chart.get_component_rich_style("line-chart--series-1").color
-        back = chart.get_component_rich_style("line-chart--series-0").color
-        colours = [list(chart.render_line(y))[-1].style.color for y in range(3, 9)]
-        assert colours == [back] * 3 + [front] * 3
-
+        # 8 rows of 4 dots for 16 GiB, 31 steps: device used (12 GiB) is a flat line at dot 23 from the bottom, 8
+        # from the top, in row 2; this run (6 GiB) at dot 12, 19 from the top, in row 4 — two lines, each in its
+        # own colour, neither hiding the other.
+        line_rows = [index for index, row in enumerate(plot) if is_dot(row[-1])]
+        assert line_rows == [2, 4]
+        colours = {y: list(chart.render_line(y + 1))[-1].style.color for y in line_rows}
+        assert colours == {2: chart.get_component_rich_style("line-chart--series-0").color,
+                           4: chart.get_component_rich_style("line-chart--series-1").color}
     run_app(ChartApp(chart), check)
 
 
@@ -214,10 +223,11 @@ def test_line_chart_follows_a_theme_change():
     async def check(pilot) -> None:
         chart.set_series("device used", ramp(30))
         await pilot.pause()
-        before = list(chart.render_line(8))[-1].style.color
+        line_row = next(y for y in range(1, 9) if is_dot(chart.render_line(y).text[-1]))
+        before = list(chart.render_line(line_row))[-1].style.color
         pilot.app.theme = "ansi-dark"
         await pilot.pause()
-        after = list(chart.render_line(8))[-1].style.color
+        after = list(chart.render_line(line_row))[-1].style.color
         assert after != before
         assert after == chart.get_component_rich_style("line-chart--series-0").color
 

@@ -1,12 +1,12 @@
-"""LineChart: named time series over a whole run, drawn as layered area charts with the Line API.
+"""LineChart: named time series over a whole run, drawn as lines in braille dots with the Line API.
 
 Layout (rows): a title line with a legend of the series and their latest values; the plot, with the
 formatted maximum and zero on a y-axis label column; an x-axis line with the run's elapsed time.
 
-Each plot cell is one glyph: a lower eighth block (▁▂▃▄▅▆▇█) whose foreground is the series in front
-and whose background is the series behind it (or the widget's background), so two series sharing a
-cell both show, at 1/8-row resolution for the front one. Per column the smaller value is drawn in
-front, so "this run" stays visible inside "device used".
+Each plot cell is one braille glyph of 2 × 4 dots, so a line has twice the columns' resolution across and four
+times the rows' up; each point is joined to the previous one by the dots between, so a step reads as a line, not
+as scattered dots. Series are lines, not areas, so one never hides another (the compare view overlays runs); where
+two share a cell, the cell takes the colour of the later series.
 
 Cheap to repaint: rows are computed once per (size, data version, settings) and served from a cache;
 `refresh_data()` repaints only when a series' version changed. Colours come from COMPONENT_CLASSES.
@@ -25,8 +25,11 @@ from textual.widget import Widget
 
 from gpuanat.tui.series import TimeSeries
 
-LOWER_EIGHTHS = " ▁▂▃▄▅▆▇█"
-"""Index n: a cell filled n/8 from the bottom."""
+LEGEND_SWATCH = "█"
+BRAILLE_BLANK = 0x2800
+"""U+2800, the braille cell with no dot; each dot adds a bit."""
+BRAILLE_DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
+"""The bit of the dot at [row from the top, 0-3][column, 0-1] of a braille cell."""
 SERIES_STYLE_COUNT = 4
 """Series i is drawn with component class `line-chart--series-{i % SERIES_STYLE_COUNT}`."""
 
@@ -45,35 +48,27 @@ def _default_format(value: float) -> str:
     return f"{value:.3g}"
 
 
-Cell = tuple[str, int | None, int | None]
-"""A plot cell: glyph, series drawn in front (the glyph's colour), series behind it (the background)."""
-BLANK_CELL: Cell = (" ", None, None)
-
-
-def _column_cells(stack: list[tuple[int, int]], rows: int) -> list[Cell]:
-    """The cells of one column, bottom row first.
-
-    `stack` holds (height in eighths, series index) sorted by height, smallest first: the colour at height p
-    is that of the first series taller than p, so smaller values are drawn in front of larger ones. Where two
-    tops fall in one cell, the lower one is exact and the upper one is rounded up to the cell's top.
-    """
-    cells: list[Cell] = []
-    position, count = 0, len(stack)
-    for row in range(rows):
-        bottom = row * 8
-        while position < count and stack[position][0] <= bottom:
-            position += 1
-        if position == count:
-            cells.extend([BLANK_CELL] * (rows - row))
-            break
-        height, front = stack[position]
-        if height >= bottom + 8:
-            cells.append((LOWER_EIGHTHS[8], front, None))
-            continue
-        behind = position + 1
-        while behind < count and stack[behind][0] <= height:
-            behind += 1
-        cells.append((LOWER_EIGHTHS[height - bottom], front, stack[behind][1] if behind < count else None))
+def line_cells(columns_by_series: Mapping[int, list[float | None]], top: float, rows: int,
+               columns: int) -> list[list[tuple[int, int | None]]]:
+    """The plot as braille cells, top row first: (dot bits, series drawn last there). Each series' values are one
+    per dot column (2 per cell column); each value is a dot at its height, joined to the previous value's."""
+    dots_high = rows * 4
+    cells: list[list[tuple[int, int | None]]] = [[(0, None)] * columns for _ in range(rows)]
+    scale = (dots_high - 1) / top if top > 0 else 0.0
+    for index, values in columns_by_series.items():
+        previous: int | None = None
+        for x, value in enumerate(values[: columns * 2]):
+            if value is None:
+                previous = None
+                continue
+            height = min(dots_high - 1, max(0, round(value * scale)))
+            low, high = (height, height) if previous is None else (min(previous, height), max(previous, height))
+            for y in range(low, high + 1):
+                from_top = dots_high - 1 - y
+                row, column = from_top // 4, x // 2
+                bits, _ = cells[row][column]
+                cells[row][column] = (bits | BRAILLE_DOTS[from_top % 4][x % 2], index)
+            previous = height
     return cells
 
 
@@ -209,8 +204,8 @@ class LineChart(Widget):
         label_width = min(max(len(self.formatter(value)) for value in label_candidates) + 1, max(1, width // 3))
         plot_width = max(0, width - label_width - 1)
 
-        columns_by_series = {
-            index: series.bucket(plot_width, t_start_s, t_end_s)
+        columns_by_series = {  # two values a cell: the braille cell's two dot columns
+            index: series.bucket(plot_width * 2, t_start_s, t_end_s)
             for index, series in enumerate(shown.values())
             if series
         }
@@ -238,7 +233,7 @@ class LineChart(Widget):
         with_values = used + sum(len(name) + len(value) + 5 for _, name, value in legend) <= width
         for index, name, value in legend:
             segments.append(Segment("  ", axis_style))
-            segments.append(Segment(LOWER_EIGHTHS[8], self._series_color_style(index)))
+            segments.append(Segment(LEGEND_SWATCH, self._series_color_style(index)))
             segments.append(Segment(f" {name}", axis_style))
             if with_values:
                 segments.append(Segment(f" {value}", title_style))
@@ -255,59 +250,33 @@ class LineChart(Widget):
     ) -> list[Strip]:
         if plot_height <= 0:
             return []
-        eighths = plot_height * 8
-        scale = eighths / top if top > 0 else 0.0
-        cells_by_column: list[list[Cell]] = []
-        cells_by_stack: dict[tuple[tuple[int, int], ...], list[Cell]] = {}  # flat stretches repeat a stack
-        for column in range(plot_width):
-            stack = []
-            for index, values in columns_by_series.items():
-                value = values[column]
-                if value is None or value <= 0:
-                    continue
-                # A non-zero value never vanishes: at least one eighth.
-                stack.append((min(eighths, max(1, round(value * scale))), index))
-            stack.sort()
-            key = tuple(stack)
-            if key not in cells_by_stack:
-                cells_by_stack[key] = _column_cells(stack, plot_height)
-            cells_by_column.append(cells_by_stack[key])
-
+        cells = line_cells(columns_by_series, top, plot_height, plot_width)
         base = self._base_style
-        background = base.bgcolor
         axis_style = self._style("line-chart--axis")
-        colors = {index: self._series_color_style(index).color for index in columns_by_series}
-        cell_styles: dict[tuple[int | None, int | None], Style] = {}
-
-        def cell_style(front: int | None, back: int | None) -> Style:
-            if (front, back) not in cell_styles:
-                cell_styles[front, back] = base + Style(
-                    color=colors[front] if front is not None else None,
-                    bgcolor=colors[back] if back is not None else background,
-                )
-            return cell_styles[front, back]
-
+        series_styles = {index: base + Style(color=self._series_color_style(index).color)
+                         for index in columns_by_series}
         top_label = self.formatter(top)
         zero_label = self.formatter(0.0)
         rows = []
-        for row in range(plot_height):
+        for row, row_cells in enumerate(cells):
             label, tick = ("", "│")
             if row == 0:
                 label, tick = top_label, "┤"
             elif row == plot_height - 1:
                 label, tick = zero_label, "┤"
             segments = [Segment(f"{label[-label_width:]:>{label_width}}{tick}", axis_style)]
-            # One segment per run of cells with the same colours: usually one to three per row.
+            # One segment per run of cells of one series (or none): usually a handful a row.
             run_glyphs: list[str] = []
-            run_colours: tuple[int | None, int | None] = (None, None)
-            for glyph, front, back in (column_cells[plot_height - 1 - row] for column_cells in cells_by_column):
-                if (front, back) != run_colours:
-                    if run_glyphs:
-                        segments.append(Segment("".join(run_glyphs), cell_style(*run_colours)))
-                    run_glyphs, run_colours = [], (front, back)
-                run_glyphs.append(glyph)
+            run_owner: int | None = None
+            for bits, owner in row_cells:
+                owner = owner if bits else None
+                if owner != run_owner and run_glyphs:
+                    segments.append(Segment("".join(run_glyphs), series_styles.get(run_owner, base)))
+                    run_glyphs = []
+                run_owner = owner
+                run_glyphs.append(chr(BRAILLE_BLANK + bits) if bits else " ")
             if run_glyphs:
-                segments.append(Segment("".join(run_glyphs), cell_style(*run_colours)))
+                segments.append(Segment("".join(run_glyphs), series_styles.get(run_owner, base)))
             rows.append(self._finish(segments, width))
         return rows
 

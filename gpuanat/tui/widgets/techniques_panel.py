@@ -24,7 +24,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("pin_memory", "m", "pin memory"),
     ("attn", "e", "attention"),
     ("compile", "c", "compile"),
-    ("expandable_segments", "x", "expandable segs"),
+    ("expandable_segments", "x", "exp. segments"),
 )
 ENGINE_ROW = ("engine", "E", "engine")
 """Shown once the engine is not the default Trainer."""
