@@ -39,7 +39,8 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("preset", "--preset", "choice", "model shape, built with random weights (no download)",
               choices=tuple(PRESETS)),
     Technique("model", "--model", "str",
-              "load real weights with from_pretrained from this name or local path (overrides --preset)"),
+              "load real weights with from_pretrained from this name or local directory, or train random weights of "
+              "a bare config.json (overrides --preset)"),
     Technique("device", "--device", "choice", "where to train (default: cuda when available, else cpu)",
               choices=("cuda", "cpu")),
     Technique("batch_size", "--batch-size", "int", "per-device batch size"),
