@@ -46,7 +46,7 @@ from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, Dashb
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
-from gpuanat.tui.widgets.line_chart import LineChart
+from gpuanat.tui.widgets.line_chart import LineChart, format_duration
 from gpuanat.tui.widgets.log_pane import LogPane
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 from gpuanat.tui.widgets.status_line import StatusLine
@@ -135,23 +135,13 @@ class LiveRun:
     rank_probe_bands: dict[int, ProbeBands] = field(default_factory=dict)
 
 
-def _duration(seconds: float) -> str:
-    """12s, 4m05s, 1h02m."""
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
 def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str:
-    """"run 3: step 9/64 · 0m12s · ETA 1m25s": where the run is, how long it has trained, and — at the mean pace of
+    """"run 3: step 9/64 · 12s · ETA 1m13s": where the run is, how long it has trained, and — at the mean pace of
     its steps so far — how long it has left."""
     text = f"run {run_id}: step {step.step}" + (f"/{total_steps}" if total_steps else "")
-    text += f" · {_duration(step.elapsed_s)}"
+    text += f" · {format_duration(step.elapsed_s)}"
     if total_steps and 0 < step.step < total_steps and step.elapsed_s > 0:
-        text += f" · ETA {_duration(step.elapsed_s / step.step * (total_steps - step.step))}"
+        text += f" · ETA {format_duration(step.elapsed_s / step.step * (total_steps - step.step))}"
     return text
 
 
