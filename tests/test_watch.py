@@ -490,8 +490,12 @@ def test_watching_a_torchrun_job_shows_every_ranks_anatomy(tmp_path):
         job.wait(timeout=60)
     assert watcher.returncode == 0, watcher.stderr
     records = [json.loads(line) for line in watcher.stdout.splitlines()]
-    both = [record for record in records if len(record["ranks"]) == 2]
-    assert both, "no record showed both ranks"
+    # A rank's bands come with its first measured step: a record read between its start and that step shows the
+    # rank without them yet.
+    both = [record for record in records if len(record["ranks"]) == 2
+            and all(rank["step"] is not None and rank["bands"]["weights_bytes"] is not None
+                    for rank in record["ranks"])]
+    assert both, "no record showed both ranks with their bands"
     reference = tiny_model_reference()
     for record in both:
         assert [rank["rank"] for rank in record["ranks"]] == [0, 1]  # from each rank's RANK
