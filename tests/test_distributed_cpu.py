@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -88,17 +90,24 @@ def test_ddp_on_two_cpu_ranks_holds_the_whole_model_on_each_and_counts_every_sam
     _assert_none_left(marker, timeout_s=10)
 
 
-def test_a_rank_killed_mid_run_fails_the_run_and_ends_the_other_rank(db_path):
+@contextlib.contextmanager
+def training_on_two_ranks(db_path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A long `gpuanat run --nproc 2 --json`, once it has recorded 3 steps: (its marker, the gpuanat process), which
+    is killed at the end if the test left it running."""
     marker, env = _marker()
     process = start_cli(["run", *LONG_TWO_RANKS, "--json"], db_path, extra_env=env)
     try:
         wait_for_steps(db_path, 3, psutil.Process(process.pid))
-        ranks = _ranks(marker, 2)
-        ranks[1].kill()
-        stdout, stderr = process.communicate(timeout=120)
+        yield marker, process
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_rank_killed_mid_run_fails_the_run_and_ends_the_other_rank(db_path):
+    with training_on_two_ranks(db_path) as (marker, process):
+        _ranks(marker, 2)[1].kill()
+        stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 1, stderr[-3000:]
     result = last_json(stdout)
     assert result["status"] == "failed"
@@ -114,15 +123,9 @@ def test_a_rank_killed_mid_run_fails_the_run_and_ends_the_other_rank(db_path):
 
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
 def test_stopping_a_distributed_run_stops_every_rank_and_leaves_no_process(db_path, number):
-    marker, env = _marker()
-    process = start_cli(["run", *LONG_TWO_RANKS, "--json"], db_path, extra_env=env)
-    try:
-        wait_for_steps(db_path, 3, psutil.Process(process.pid))
+    with training_on_two_ranks(db_path) as (marker, process):
         process.send_signal(number)
         stdout, stderr = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
     assert process.returncode == 128 + number, stderr[-3000:]
     result = last_json(stdout)
     assert result["status"] == "stopped" and result["steps"] >= 3
@@ -131,16 +134,10 @@ def test_stopping_a_distributed_run_stops_every_rank_and_leaves_no_process(db_pa
 
 
 def test_a_sigkilled_gpuanat_takes_the_launcher_torchrun_and_every_rank_with_it(db_path):
-    marker, env = _marker()
-    process = start_cli(["run", *LONG_TWO_RANKS, "--json"], db_path, extra_env=env)
-    try:
-        wait_for_steps(db_path, 3, psutil.Process(process.pid))
+    with training_on_two_ranks(db_path) as (marker, process):
         _ranks(marker, 2)
         process.kill()
         process.wait(timeout=10)
-    finally:
-        if process.poll() is None:
-            process.kill()
     _assert_none_left(marker, timeout_s=2 * PARENT_GONE_GRACE_S + 10)
 
 

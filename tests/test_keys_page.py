@@ -12,14 +12,23 @@ from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.tui.screens.keys import KeysScreen, key_rows
 
 
+def h100_app(tmp_path):
+    """The dashboard on the H100 recordings, configured as the recorded run."""
+    meta, _, _ = h100_environment()
+    return make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+
+
+async def until_probed(app, pilot) -> None:
+    """Wait for the dashboard's capability probe (injected: it answers at once)."""
+    while app.capabilities is None:
+        await pilot.pause()
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])
 async def test_question_mark_lists_every_key_grouped_with_what_each_technique_does(tmp_path, size):
-    meta, _, _ = h100_environment()
-    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    app = h100_app(tmp_path)
     async with app.run_test(size=size) as pilot:
-        while app.capabilities is None:
-            await pilot.pause()
+        await until_probed(app, pilot)
         footer_keys = [binding.key for binding in app.BINDINGS if binding.show][:2]
         assert footer_keys == ["question_mark", "q"]  # first in the footer: shown at 80 columns
         await pilot.press("question_mark")
@@ -38,23 +47,19 @@ async def test_question_mark_lists_every_key_grouped_with_what_each_technique_do
 
 @pytest.mark.asyncio
 async def test_a_remapped_key_shows_as_remapped(tmp_path):
-    meta, _, _ = h100_environment()
-    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    app = h100_app(tmp_path)
     app.set_keymap({"grad_checkpointing": "k"})
     async with app.run_test(size=(120, 40)) as pilot:
-        while app.capabilities is None:
-            await pilot.pause()
+        await until_probed(app, pilot)
         techniques = dict(key_rows(app)["Techniques of the next run"])
         assert "k" in techniques and "g" not in techniques
 
 
 @pytest.mark.asyncio
 async def test_ctrl_c_quits_like_q_when_no_run_is_live(tmp_path):
-    meta, _, _ = h100_environment()
-    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    app = h100_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
-        while app.capabilities is None:
-            await pilot.pause()
+        await until_probed(app, pilot)
         await pilot.press("ctrl+c")
         await pilot.pause()
     assert app.return_code == 0 and not app.is_running
@@ -107,8 +112,7 @@ async def test_every_unavailable_value_is_red_with_its_reason(tmp_path):
                        optim="adamw_bnb_8bit")
     app = cpu_app(tmp_path, config)
     async with app.run_test(size=(120, 40)) as pilot:
-        while app.capabilities is None:
-            await pilot.pause()
+        await until_probed(app, pilot)
         await pilot.pause()
         text = panel_text(app)
         assert "unavailable: fp16 needs a CUDA GPU" in text and "+3 more" in text
@@ -127,8 +131,7 @@ async def test_on_the_cpu_only_the_exact_bands_are_predicted(tmp_path):
     config = RunConfig(device="cpu", preset="tiny", seq_len=32, samples=32)
     app = cpu_app(tmp_path, config)
     async with app.run_test(size=(120, 40)) as pilot:
-        while app.capabilities is None:
-            await pilot.pause()
+        await until_probed(app, pilot)
         await pilot.pause()
         estimate = estimate_memory(config)
         state = estimate.weights_bytes + estimate.gradients_bytes + estimate.optimizer_state_bytes
@@ -140,11 +143,9 @@ async def test_on_the_cpu_only_the_exact_bands_are_predicted(tmp_path):
 @pytest.mark.asyncio
 async def test_a_resize_under_the_history_pane_lays_out_the_dashboard(tmp_path):
     """Issue #17, point 5: the compact class goes to the dashboard's screen, not to the pane on top of it."""
-    meta, _, _ = h100_environment()
-    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    app = h100_app(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        while app.capabilities is None:
-            await pilot.pause()
+        await until_probed(app, pilot)
         await pilot.press("h")
         await pilot.pause()
         history = app.screen
@@ -160,11 +161,9 @@ async def test_a_resize_under_the_history_pane_lays_out_the_dashboard(tmp_path):
 
 @pytest.mark.asyncio
 async def test_the_command_palette_says_what_each_key_does_not_its_raw_action(tmp_path):
-    meta, _, _ = h100_environment()
-    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    app = h100_app(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        while app.capabilities is None:
-            await pilot.pause()
+        await until_probed(app, pilot)
         commands = {command.title: command.help for command in app.get_system_commands(app.screen)}
     assert commands["Accum+ (a)"] == f"gpuanat · {TECHNIQUES_BY_FIELD['grad_accum'].help}"
     assert commands["Run (r)"] == "gpuanat · run"
@@ -178,8 +177,7 @@ def test_dashboard_without_nvml(snap_compare, tmp_path, size):
     app = cpu_app(tmp_path, RunConfig(device="cpu", preset="tiny", seq_len=64, samples=64))
 
     async def run_before(pilot) -> None:
-        while app.capabilities is None:
-            await pilot.pause()
+        await until_probed(app, pilot)
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
@@ -198,8 +196,7 @@ async def test_the_history_opens_on_the_newest_run_in_view_at_80x24(tmp_path):
         assert len(store.runs()) == 44
     app = make_app(tmp_path / "h.sqlite", RunConfig())
     async with app.run_test(size=(80, 24)) as pilot:
-        while app.capabilities is None:
-            await pilot.pause()
+        await until_probed(app, pilot)
         await pilot.press("h")
         await pilot.pause()
         await pilot.pause()

@@ -132,7 +132,9 @@ class LiveRun:
     """NVML index of each rank's GPU (rank 0 first); empty on the CPU or without NVML."""
     rank_pids: dict[int, int] = field(default_factory=dict)
     rank_steps: dict[int, Step] = field(default_factory=dict)
+    """The latest step of each rank but rank 0 (whose is `last_step`)."""
     rank_probe_bands: dict[int, ProbeBands] = field(default_factory=dict)
+    """The latest measured bands of each rank but rank 0 (whose are `probe_bands`)."""
 
 
 def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str:
@@ -492,11 +494,11 @@ class GpuAnatApp(DashboardActions):
             rank, event = event.rank, event.event
         if isinstance(event, Hello):
             live.rank_pids[rank] = event.pid
-        elif isinstance(event, Step):
-            live.rank_steps[rank] = event
-            if event.bands is not None:
-                live.rank_probe_bands[rank] = event.bands
         if rank != 0:
+            if isinstance(event, Step):
+                live.rank_steps[rank] = event
+                if event.bands is not None:
+                    live.rank_probe_bands[rank] = event.bands
             return
         if isinstance(event, ModelInfo):
             live.model = event
@@ -583,7 +585,8 @@ class GpuAnatApp(DashboardActions):
         """One rank's bands now, at the peak's accounting (gradients: those alive at the end of forward), from its
         own events and NVML's reading of its GPU and its PID; with why a band is missing."""
         gpu = self._gpu_of(sample, gpu_index)
-        probe, step = live.rank_probe_bands.get(rank), live.rank_steps.get(rank)
+        probe, step = ((live.probe_bands, live.last_step) if rank == 0
+                       else (live.rank_probe_bands.get(rank), live.rank_steps.get(rank)))
         pid = live.rank_pids.get(rank, live.pid if rank == 0 else None)
         no_gpu = None if gpu is not None and live.config.device == "cuda" else "CPU run: no GPU memory"
         bands = assemble_bands(

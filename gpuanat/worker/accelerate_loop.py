@@ -53,7 +53,9 @@ def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arg
     model.train()
     started_s = time.perf_counter()
     samples = 0
-    losses: list[float] = []
+    # Sums on the device, read only when logged and at the end: no sync a step, and no tensor kept per step.
+    run_loss_sum = window_loss_sum = torch.zeros((), device=accelerator.device)
+    run_batches = window_batches = 0
     step_begun = False
     for _epoch in range(epochs):
         for batch in loader:
@@ -68,13 +70,17 @@ def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arg
                 optimizer.step()
                 optimizer.zero_grad()
             samples += int(batch["input_ids"].shape[0])
-            losses.append(loss.detach())
+            run_loss_sum = run_loss_sum + loss.detach()
+            window_loss_sum = window_loss_sum + loss.detach()
+            run_batches += 1
+            window_batches += 1
             if not accelerator.sync_gradients:
                 continue
             state.global_step += 1
             step_begun = False
             if state.global_step % logging_steps == 0:
-                probe.on_log(args, state, control, logs={"loss": float(torch.stack(losses[-logging_steps:]).mean())})
+                probe.on_log(args, state, control, logs={"loss": float(window_loss_sum) / window_batches})
+                window_loss_sum, window_batches = torch.zeros((), device=accelerator.device), 0
             probe.on_step_end(args, state, control)
             if state.global_step >= total_steps or control.should_training_stop:
                 break
@@ -82,6 +88,6 @@ def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arg
             break
     runtime_s = time.perf_counter() - started_s
     probe.on_train_end(args, state, control)
-    train_loss = float(torch.stack(losses).mean()) if losses else None
+    train_loss = float(run_loss_sum) / run_batches if run_batches else None
     return {"train_runtime": runtime_s, "train_samples_per_second": samples * accelerator.num_processes / runtime_s,
             "train_loss": train_loss, "global_step": state.global_step}
