@@ -3,6 +3,7 @@
 # distributed technique, every rank's bands against NVML on its GPU, samples/s, and what `gpuanat run` without
 # --gpus does there. One call of the device tool:
 #   WHAT="default busy0 ddp fsdp zero1 zero2 zero3 ddp-oom" benchmarks/multi_gpu_check.sh
+#   GPUS=4 WHAT="ddp fsdp zero2 zero3 accelerate" OUT=... benchmarks/multi_gpu_check.sh   (4 GPUs; the Accelerate loop)
 # writes to $OUT/multi/: results.jsonl (one `gpuanat run --json` result a line, with "technique" added),
 # env.txt (GPUs, topology, versions), logs.tar.gz (the runs' logs and stderr), trace-ddp.jsonl (an NVML trace).
 set -uo pipefail
@@ -30,6 +31,8 @@ for technique in ${WHAT:-default busy0 ddp fsdp zero1 zero2 zero3 ddp-oom}; do
            holder=$!; sleep 25 ;;
     # A batch no GPU holds: every rank out of memory, the run says oom, nothing left running.
     ddp-oom) flags=(--gpus ${GPUS:-2} --distributed ddp --batch-size 2048) ;;
+    # The docs' Accelerate loop over the same GPUs (it trains with DDP under torchrun).
+    accelerate) flags=(--gpus ${GPUS:-2} --distributed ddp --engine accelerate) ;;
     *) flags=(--gpus ${GPUS:-2} --distributed "$technique") ;;
   esac
   trace=()
@@ -40,15 +43,15 @@ for technique in ${WHAT:-default busy0 ddp fsdp zero1 zero2 zero3 ddp-oom}; do
   code=$?
   [ -n "$holder" ] && kill $holder
   left=$(pgrep -f "gpuanat.worker" | wc -l)
-  python3 - "$technique" "$code" "$(( $(date +%s) - started ))" "$left" <<'EOF' >> "$OUT/results.jsonl"
+  python3 - "$technique" "$code" "$(( $(date +%s) - started ))" "$left" "${GPUS:-2}" <<'EOF' >> "$OUT/results.jsonl"
 import json, sys
 technique, code, wall, left = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 try:
     result = json.loads(open(f"/tmp/multi/{technique}.json").read().strip().splitlines()[-1])
 except Exception as error:
     result = {"status": "no result", "why": str(error)}
-print(json.dumps({"technique": technique, "exit_code": code, "wall_s": wall, "training_processes_left": left,
-                  **result}))
+print(json.dumps({"technique": technique, "gpus_asked": sys.argv[5], "exit_code": code, "wall_s": wall,
+                  "training_processes_left": left, **result}))
 EOF
   echo "$technique: exit $code, $(( $(date +%s) - started )) s, $left training processes left"
 done

@@ -1,5 +1,6 @@
 """The table of benchmarks/multi_gpu_check.sh: per technique and rank, the bands, their sum against NVML's device
-reading of that rank's GPU, and throughput.
+reading of that rank's GPU, throughput, and the peak allocated memory predicted when the run was made and by
+today's `gpuanat predict` (which may have learnt since from these very runs: say which when quoting it).
 
     python benchmarks/multi_gpu_table.py benchmarks/results/h200x2/multi/results.jsonl [--markdown]
 """
@@ -9,6 +10,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+from gpuanat.core.memory.predict import estimate_memory
+from gpuanat.core.run.config import RunConfig
 
 BANDS = ("other_processes_bytes", "cuda_context_bytes", "weights_bytes", "gradients_bytes", "optimizer_state_bytes",
          "activations_bytes", "temporaries_and_cache_bytes")
@@ -30,6 +34,8 @@ def rows(results: list[dict]) -> list[list[str]]:
             total = sum(at_peak[name] for name in BANDS if at_peak.get(name) is not None)
             missing = [name for name in BANDS if at_peak.get(name) is None]
             predicted = result.get("predicted") or {}
+            predicted_now = estimate_memory(RunConfig.from_json(result["config"])).peak_allocated_bytes \
+                if result.get("config") else None
             gap = f"{100 * (total - used) / used:+.2f}%" if used and not missing else "—"
             negative = [name for name in BANDS if (bands.get(name) or 0) < 0]
             table.append([
@@ -39,6 +45,7 @@ def rows(results: list[dict]) -> list[list[str]]:
                 gib(rank.get("peak_allocated_bytes")), gib(predicted.get("peak_allocated_bytes")),
                 _error(predicted.get("peak_allocated_bytes"), rank.get("peak_allocated_bytes")),
                 gib(predicted.get("peak_device_bytes")), _error(predicted.get("peak_device_bytes"), used),
+                gib(predicted_now), _error(predicted_now, rank.get("peak_allocated_bytes")),
             ])
     return table
 
@@ -49,7 +56,7 @@ def _error(predicted: int | None, measured: int | None) -> str:
 
 HEADER = ["technique", "status", "rank", "GPU", "other", "context", "weights", "grads", "optim", "activ",
           "temp+cache", "NVML used", "bands−NVML", "negative", "samples/s (HF)", "steady samples/s", "peak alloc",
-          "predicted peak alloc", "error", "predicted device", "error"]
+          "predicted peak alloc", "error", "predicted device", "error", "predicted now", "error now"]
 
 
 def main() -> None:

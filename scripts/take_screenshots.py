@@ -26,6 +26,23 @@ from gpuanat.tui.watch_app import WatchApp
 COLUMNS, ROWS = 120, 40
 
 
+async def take_live_lanes(out_dir: Path, config: RunConfig, mid_run_s: float, filename: str) -> None:
+    """The dashboard during a live run on several GPUs: one lane per GPU once every rank has measured a step."""
+    db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
+    app = GpuAnatApp(config, db_path=db_path)
+    async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause(0.2)
+        await pilot.press("r")
+        while app.live is None or app.live.last_step is None:
+            await pilot.pause(0.2)
+        started = time.monotonic()
+        while time.monotonic() - started < mid_run_s and app.live is not None:
+            await pilot.pause(0.25)
+        app.save_screenshot(filename=filename, path=str(out_dir))
+        await pilot.press("q")
+
+
 async def take(out_dir: Path, first: RunConfig, second_keys: list[str], mid_run_s: float) -> None:
     db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
     app = GpuAnatApp(first, db_path=db_path)
@@ -93,6 +110,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--watch-pid", type=int, default=None, help="only the watch dashboard of this process")
     parser.add_argument("--watch-replay", action="store_true", help="only the watch dashboard, from the recording")
+    parser.add_argument("--gpus", default=None, help="only the dashboard during a run on these GPUs (--gpus of run)")
+    parser.add_argument("--distributed", default="ddp", help="with --gpus: the distributed technique")
+    parser.add_argument("--filename", default="dashboard_two_gpus.svg", help="with --gpus: the screenshot's name")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--batch-size", type=int, default=4)
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.watch_pid is not None:
@@ -100,6 +122,12 @@ def main() -> None:
         return
     if args.watch_replay:
         asyncio.run(take_watch_replay(args.out_dir))
+        return
+    if args.gpus is not None:
+        config = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples,
+                           gpus=args.gpus, distributed=args.distributed, precision=args.precision,
+                           batch_size=args.batch_size)
+        asyncio.run(take_live_lanes(args.out_dir, config, args.mid_run_s, args.filename))
         return
     first = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples)
     asyncio.run(take(args.out_dir, first, args.second_keys.split(","), args.mid_run_s))

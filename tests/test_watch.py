@@ -505,3 +505,42 @@ def test_watching_a_torchrun_job_shows_every_ranks_anatomy(tmp_path):
             assert rank["bands"]["weights_bytes"] == reference["weights_bytes"]  # DDP: the whole model on each
             assert rank["bands"]["gradients_bytes"] == reference["gradients_bytes"]
             assert "CPU run" in rank["bands_unavailable"]["free_bytes"]
+
+
+# --- a torchrun job on 4 H200s (benchmarks/multi_gpu_live.sh, benchmarks/results/h200x4/live/) ---
+
+
+def test_a_rank_is_placed_on_the_gpu_that_holds_most_of_its_memory():
+    """A rank may hold a small context on another rank's GPU: nvidia-smi during the job (nvidia_smi_during.txt)
+    listed rank 1 (PID 979) with 610 MiB on GPU 2 and 11736 MiB on GPU 3. It trains on GPU 3, not on the first GPU
+    that lists it."""
+    from gpuanat.core.measure.sampler import GpuSample, ProcessGpuMemory
+    from gpuanat.core.measure.watch import _gpu_of
+
+    mib = 1 << 20
+
+    def gpu(index: int, processes: dict[int, int]) -> GpuSample:
+        return GpuSample(index=index, name="NVIDIA H200", used_bytes=sum(processes.values()) * mib,
+                         total_bytes=143771 * mib, reserved_bytes=None, gpu_util_percent=None,
+                         memory_util_percent=None, power_w=None, temperature_c=None,
+                         processes=tuple(ProcessGpuMemory(pid, used * mib) for pid, used in processes.items()))
+
+    gpus = [gpu(0, {}), gpu(1, {}), gpu(2, {978: 11738, 979: 610}), gpu(3, {979: 11736})]
+    assert _gpu_of(gpus, {979}).index == 3
+    assert _gpu_of(gpus, {978}).index == 2
+    assert _gpu_of(gpus, {12345}) is None
+
+
+def test_the_watch_dashboard_shows_rank_0s_gpu_of_a_recorded_torchrun_job():
+    """The last record of `gpuanat watch TORCHRUN_PID --json` of that job: the ranks on GPUs 2 and 3, each with its
+    own bands; the dashboard's charts follow rank 0's GPU."""
+    from gpuanat.tui.watch_app import _main_gpu
+
+    record = json.loads((REPO / "tests" / "data" / "h200x4_watch_torchrun_record.json").read_text())
+    assert [(rank["rank"], rank["gpu_index"]) for rank in record["ranks"]] == [(0, 2), (1, 3)]
+    for rank in record["ranks"]:
+        assert rank["bands"]["cuda_context_bytes"] > 0 and rank["bands"]["weights_bytes"] > 0
+        assert all(value >= 0 for value in rank["bands"].values() if value is not None)
+    assert _main_gpu(record)["index"] == 2
+    # it follows the ranks, not the first GPU in use: listed the other way round, GPU 3 leads
+    assert _main_gpu({**record, "ranks": list(reversed(record["ranks"]))})["index"] == 3

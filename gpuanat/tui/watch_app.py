@@ -198,7 +198,7 @@ class WatchApp(DashboardActions):
             return
         self.last_record = record
         t_s = record["t"]
-        main = next((gpu for gpu in record["gpus"] if gpu["uses_it"]), record["gpus"][0] if record["gpus"] else None)
+        main = _main_gpu(record)
         if main is not None and main["used_bytes"] is not None:
             self.series["device_used"].append(t_s, main["used_bytes"])
         if record["gpu_memory_bytes"] is not None:
@@ -305,3 +305,13 @@ class WatchApp(DashboardActions):
         ending = "" if self.exited else " (until the process exits or you quit)"
         self.notify(f"Recording into the history as run {message.run_id}{ending}; h lists it, enter compares.",
                     timeout=6)
+
+
+def _main_gpu(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The GPU the charts and the memory bar show: rank 0's where the job's ranks publish, else the first GPU the
+    process uses, else the first GPU."""
+    rank_gpus = [rank["gpu_index"] for rank in record.get("ranks") or [] if rank["gpu_index"] is not None]
+    gpus = record["gpus"]
+    return (next((gpu for gpu in gpus if rank_gpus and gpu["index"] == rank_gpus[0]), None)
+            or next((gpu for gpu in gpus if gpu["uses_it"]), gpus[0] if gpus else None))
+

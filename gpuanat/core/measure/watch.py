@@ -23,7 +23,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,6 +262,13 @@ class ObservedRun:
         return (last_samples - first_samples) / (last_elapsed_s - first_elapsed_s)
 
 
+def _gpu_of(gpus: Sequence[GpuSample], nvml_pids: set[int]) -> GpuSample | None:
+    """The GPU a process trains on: where NVML lists the most of its memory. A rank may hold a small context on
+    another GPU too (seen on 4 H200s: a torchrun rank with 610 MiB on rank 0's GPU and 11.7 GiB on its own)."""
+    listed = [gpu for gpu in gpus if any(process.pid in nvml_pids for process in gpu.processes)]
+    return max(listed, key=lambda gpu: _gpu_used_by(gpu, nvml_pids)[0], default=None)
+
+
 def _gpu_used_by(gpu: GpuSample, nvml_pids: set[int]) -> tuple[int, bool]:
     """Memory NVML reports for `nvml_pids` on `gpu`, and whether any of them is listed without a number."""
     used = 0
@@ -497,7 +504,7 @@ class WatchSession:
         ranks = []
         for position, publisher in enumerate(self.observed.publishers.values()):
             nvml_pids = mapping.nvml_pids_of([publisher.pid])
-            gpu = next((gpu for gpu in sample.gpus if any(p.pid in nvml_pids for p in gpu.processes)), None)
+            gpu = _gpu_of(sample.gpus, nvml_pids)
             used = _gpu_used_by(gpu, nvml_pids)[0] if gpu is not None else None
             hello = self.observed.hello
             no_gpu = ("CPU run: it uses no GPU memory" if hello is not None and hello.device != "cuda"
