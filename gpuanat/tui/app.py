@@ -171,6 +171,8 @@ class GpuAnatApp(DashboardActions):
         Binding("f", "fit", "Fit batch", id="fit"),
         Binding("E", "toggle_technique('engine')", "Engine", id="engine", show=False),
         Binding("L", "toggle_technique('lora')", "LoRA", id="lora", show=False),
+        Binding("4", "toggle_technique('load_in_4bit')", "4-bit base (QLoRA)", id="load_in_4bit", show=False),
+        Binding("K", "toggle_technique('liger')", "Liger loss", id="liger", show=False),
         Binding("M", "toggle_technique('preset')", "Model", id="preset", show=False),
         Binding("G", "cycle_gpus", "GPUs", id="gpus", show=False),
         Binding("D", "cycle_distributed", "Distributed", id="distributed", show=False),

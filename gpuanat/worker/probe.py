@@ -147,6 +147,27 @@ def unique_storage_bytes(tensors: Iterable[torch.Tensor | None], device: torch.d
     return sum(sizes.values())
 
 
+def quantization_state_tensors(parameters: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]:
+    """The tensors a bitsandbytes 4-bit weight (`Params4bit`) keeps beside its packed values, in its `quant_state`:
+    the blocks' scales (themselves quantized to 8 bits with double quantization), the scales' scales, their offset
+    and the code tables. Weight memory that is neither a parameter nor a buffer."""
+    for parameter in parameters:
+        state = getattr(parameter, "quant_state", None)
+        while state is not None:
+            for name in ("absmax", "code", "offset"):
+                value = getattr(state, name, None)
+                if isinstance(value, torch.Tensor):
+                    yield value
+            state = getattr(state, "state2", None)
+
+
+def parameter_elements(parameter: torch.Tensor) -> int:
+    """Elements of a parameter as the model defines it: a 4-bit weight's storage packs two a byte, and its
+    quantization state keeps the original shape."""
+    shape = getattr(getattr(parameter, "quant_state", None), "shape", None)
+    return math.prod(shape) if shape is not None else parameter.numel()
+
+
 def _storage_keys(tensors: Iterable[torch.Tensor]) -> set[tuple[str, int]]:
     """(device, address) of the storages behind `tensors` (their shards on this rank)."""
     keys = set()
@@ -359,7 +380,8 @@ class AnatomyCallback(TrainerCallback):
         self._compiled = bool(getattr(args, "torch_compile", False))
         parameters = list(model.parameters())
         self._parameter_storage_keys = _storage_keys(parameters)
-        self._weights_bytes = unique_storage_bytes([*parameters, *model.buffers()])
+        self._weights_bytes = unique_storage_bytes([*parameters, *model.buffers(),
+                                                    *quantization_state_tensors(parameters)])
         unique_params = {id(p): p for p in parameters}.values()
         total_steps = int(state.max_steps or 0)
         # Warm-up: the first tenth of the run, at least 2 and at most 20 optimizer steps.
@@ -372,8 +394,8 @@ class AnatomyCallback(TrainerCallback):
                 config=_training_config(args, model, self._device, total_steps),
             ))
         self._emit_safely(ModelInfo(
-            params=sum(p.numel() for p in unique_params),
-            trainable_params=sum(p.numel() for p in unique_params if p.requires_grad),
+            params=sum(parameter_elements(p) for p in unique_params),
+            trainable_params=sum(parameter_elements(p) for p in unique_params if p.requires_grad),
             weights_bytes=self._weights_bytes,
             dtype=str(first_parameter.dtype).removeprefix("torch."),
             total_steps=total_steps,
@@ -467,6 +489,8 @@ class AnatomyCallback(TrainerCallback):
         logits = getattr(output, "logits", None)
         if isinstance(logits, torch.Tensor):
             self._logits_bytes = max(self._logits_bytes or 0, unique_storage_bytes([logits]))
+        elif hasattr(output, "logits"):  # a model that has logits and returned none (Liger's fused loss): 0 bytes
+            self._logits_bytes = self._logits_bytes or 0
         return None
 
     def _gradients_bytes_now(self) -> int:

@@ -75,42 +75,139 @@ def is_causal_lm(model_config: Any) -> bool:
 def build_model(config: Any) -> Any:
     """The model for `config`: from_pretrained for a --model directory or Hub name; random weights from a --model
     config.json or from the preset. Decoders get a causal-LM head, the rest a 2-label classification head (the HF
-    docs' workload). With LoRA the base is held in the run's 16-bit precision, as PEFT users load it."""
+    docs' workload). With LoRA the base is held in the run's 16-bit precision, as PEFT users load it; with QLoRA
+    its linear layers are quantized to NF4 and PEFT prepares it for k-bit training. With Liger the causal LM's loss
+    is Liger Kernel's fused linear cross-entropy."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from gpuanat.core.run.presets import PRESETS
 
     torch.manual_seed(config.seed)
+    quantization = bnb_4bit_config(config) if config.load_in_4bit else None
     if config.model is not None and not config.model.endswith(".json"):
         model_config = AutoConfig.from_pretrained(config.model)
         head = AutoModelForCausalLM if is_causal_lm(model_config) else AutoModelForSequenceClassification
-        model = head.from_pretrained(config.model, attn_implementation=config.attn)
+        if quantization is not None:  # transformers quantizes each weight of the checkpoint as it reaches the GPU
+            model = head.from_pretrained(config.model, attn_implementation=config.attn,
+                                         quantization_config=quantization, dtype=quantization.bnb_4bit_compute_dtype,
+                                         device_map={"": training_device(config)})
+        else:
+            model = head.from_pretrained(config.model, attn_implementation=config.attn)
     else:
         model_config = (AutoConfig.from_pretrained(config.model) if config.model is not None
                         else preset_model_config(PRESETS[config.preset]))
         head = AutoModelForCausalLM if is_causal_lm(model_config) else AutoModelForSequenceClassification
+        sixteen_bit = {} if quantization is None else {"dtype": quantization.bnb_4bit_compute_dtype}
         # Initialising on the target device is much faster than on the CPU and gives the same model.
         with torch.device(training_device(config)):
-            model = head.from_config(model_config, attn_implementation=config.attn)
-    if config.lora:
+            model = head.from_config(model_config, attn_implementation=config.attn, **sixteen_bit)
+        if quantization is not None:
+            model = quantized_in_place(model, quantization, training_device(config))
+    if config.liger:
+        with_liger_loss(model)
+    if config.load_in_4bit:
+        model = with_qlora(model, config)
+        if config.device == "cuda":  # the 16-bit model that was quantized is gone: its peak is not the training's
+            torch.cuda.reset_peak_memory_stats()
+    elif config.lora:
         model = with_lora(model, config)
     return model
+
+
+def lora_config(model: Any, config: Any) -> Any:
+    """PEFT's LoRA config of rank `config.lora` (alpha 2R, no dropout) on `config.lora_targets`."""
+    from peft import LoraConfig, TaskType
+
+    targets = config.lora_targets if config.lora_targets == "all-linear" else config.lora_targets.split(",")
+    task = TaskType.CAUSAL_LM if is_causal_lm(model.config) else TaskType.SEQ_CLS
+    return LoraConfig(r=config.lora, lora_alpha=2 * config.lora, lora_dropout=0.0, target_modules=targets,
+                      task_type=task)
 
 
 def with_lora(model: Any, config: Any) -> Any:
     """`model` with LoRA adapters of rank `config.lora` on `config.lora_targets` (PEFT), its base frozen and held
     in the run's 16-bit precision (fp32 otherwise); the adapters stay fp32, as PEFT creates them."""
     import torch
-    from peft import LoraConfig, TaskType, get_peft_model
+    from peft import get_peft_model
 
     if config.precision in ("bf16", "fp16"):
         model = model.to(torch.bfloat16 if config.precision == "bf16" else torch.float16)
-    targets = config.lora_targets if config.lora_targets == "all-linear" else config.lora_targets.split(",")
-    task = TaskType.CAUSAL_LM if is_causal_lm(model.config) else TaskType.SEQ_CLS
-    lora = LoraConfig(r=config.lora, lora_alpha=2 * config.lora, lora_dropout=0.0, target_modules=targets,
-                      task_type=task)
-    return get_peft_model(model, lora)
+    return get_peft_model(model, lora_config(model, config))
+
+
+def bnb_4bit_config(config: Any) -> Any:
+    """The QLoRA paper's quantization, as PEFT's and transformers' guides write it: NF4 with double quantization
+    (the blocks' scales quantized too), computing in 16 bits (fp16 for an fp16 run, else bf16)."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.float16 if config.precision == "fp16" else torch.bfloat16)
+
+
+def quantized_in_place(model: Any, quantization: Any, device: str) -> Any:
+    """`model`, built with random weights in its compute dtype on `device`, with its linear layers quantized as
+    `from_pretrained(quantization_config=...)` quantizes a checkpoint's: transformers' bitsandbytes quantizer
+    replaces every linear layer but those it keeps (the LM head or classifier: the output embeddings and the last
+    module) by a bitsandbytes Linear4bit, and each 16-bit weight becomes a Params4bit that is quantized as it moves to
+    the device, freeing the 16-bit weight as it goes (transformers' `Bnb4bitQuantize`). Saving the random model and
+    loading it back quantized would do the same through the disk: 16 GB written and read again for an 8B model."""
+    import bitsandbytes as bnb
+    import torch
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers import AutoHfQuantizer
+
+    quantizer = AutoHfQuantizer.from_config(quantization, pre_quantized=False)
+    quantizer.validate_environment(device_map={"": device})
+    originals = {name: module for name, module in model.named_modules()
+                 if isinstance(module, (torch.nn.Linear, Conv1D))}
+    quantizer.preprocess_model(model=model, dtype=quantization.bnb_4bit_compute_dtype, device_map={"": device},
+                               checkpoint_files=None, use_kernels=False)
+    for name, module in model.named_modules():
+        if not isinstance(module, bnb.nn.Linear4bit):
+            continue
+        original = originals.pop(name)
+        weight = original.weight.data.T if issubclass(module.source_cls, Conv1D) else original.weight.data
+        module.weight = bnb.nn.Params4bit(weight, requires_grad=False, **module.weight.__dict__).to(device)
+        if original.bias is not None:
+            module.bias = original.bias
+        del original, weight
+    originals.clear()
+    model.hf_quantizer = quantizer
+    quantizer.postprocess_model(model)  # marks it quantized, loaded in 4 bits, with its quantization config
+    return model
+
+
+def with_qlora(model: Any, config: Any) -> Any:
+    """QLoRA as PEFT's guide trains it: `prepare_model_for_kbit_training` freezes the 4-bit model, casts its other
+    16-bit parameters (embeddings, norms, LM head) to fp32 and, with checkpointing, makes the inputs require grad;
+    then LoRA adapters of rank `config.lora`, fp32, on `config.lora_targets`."""
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.grad_checkpointing)
+    return get_peft_model(model, lora_config(model, config))
+
+
+LIGER_KERNELS = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rope": False, "rms_norm": False,
+                 "swiglu": False, "geglu": False, "layer_norm": False}
+"""Only the fused linear cross-entropy, so that a run with --liger differs from one without in the loss alone (the
+LM head's matmul and the cross-entropy computed in chunks, the logits never whole); the other kernels stay off."""
+
+
+def with_liger_loss(model: Any) -> None:
+    """Patch `model` (a causal LM, before PEFT wraps it) with Liger Kernel's fused linear cross-entropy, as HF
+    Trainer's `use_liger_kernel` does (`_apply_liger_kernel_to_instance`): its forward, in training with labels,
+    returns the loss and no logits."""
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
+
+    from gpuanat.core.run.config import ConfigError
+
+    model_type = getattr(model.config, "model_type", None)
+    if not is_causal_lm(model.config) or model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        raise ConfigError("--liger", f"Liger Kernel has no fused loss for this model ({model_type}, "
+                                     f"{type(model).__name__}): it patches causal LMs of the types it knows")
+    _apply_liger_kernel_to_instance(model=model, **LIGER_KERNELS)
 
 
 def training_device(config: Any) -> str:
@@ -258,7 +355,7 @@ def train(config: Any, emit: Any) -> int:
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE
+    from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE, ConfigError
     from gpuanat.core.run.protocol import Done, Error, Hello
     from gpuanat.worker.probe import AnatomyCallback
 
@@ -274,6 +371,9 @@ def train(config: Any, emit: Any) -> int:
         try:
             try:
                 model = build_model(config)
+            except ConfigError as error:
+                emit(Error(kind="config", flag=error.flag, message=error.message))
+                return EXIT_CONFIG
             except (OSError, ValueError) as error:
                 emit(Error(kind="config", flag="--model", message=f"cannot load model {config.model!r}: {error}"))
                 return EXIT_CONFIG

@@ -26,6 +26,7 @@ H100 the peak allocated memory alone then decides (`EXPANDABLE_SEGMENTS_FRAGMENT
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -189,6 +190,97 @@ def lora_shapes(preset: ModelPreset, config: RunConfig) -> ParameterShapes:
     matrices = [shape for out, inp in targeted for shape in ((rank, inp), (out, rank))]
     return ParameterShapes(params=sum(r * c for r, c in matrices), tensors=len(matrices), matrices=tuple(matrices),
                            vectors=(), embedding_params=0, embedding_tensors=0, buffer_bytes=0)
+
+
+NF4_BLOCK_ELEMENTS = 64
+"""bitsandbytes' 4-bit blocksize: each block of 64 weights has its own scale (absmax)."""
+NF4_NESTED_BLOCK_ELEMENTS = 256
+"""Double quantization quantizes the blocks' fp32 scales to 8 bits, in blocks of 256 scales with an fp32 scale
+each (`quantize_blockwise(absmax - offset, blocksize=256)`)."""
+NF4_PER_WEIGHT_BYTES = 4 + 16 * 4 + 256 * 4
+"""What each quantized weight keeps whatever its size: the scales' fp32 offset (their mean), its own copy of the
+16-entry fp32 NF4 code and of the 256-entry fp32 8-bit map of its nested state (`code.to(device, copy=True)`)."""
+
+
+def nf4_weight_bytes(elements: int) -> int:
+    """Bytes of one weight of `elements` values quantized by bitsandbytes as QLoRA does (NF4, blocksize 64, double
+    quantization; bitsandbytes 0.45-0.50 `functional.quantize_4bit` with `compress_statistics=True`): the packed
+    values, two a byte (uint8, (n + 1) // 2); one 8-bit quantized scale per 64-value block (ceil(n / 64)); one fp32
+    scale per 256 of those (4 · ceil(blocks / 256)); and `NF4_PER_WEIGHT_BYTES`. About 0.516 bytes a value for a
+    large matrix: 0.5 + 1/64 + 4/(64·256)."""
+    blocks = -(-elements // NF4_BLOCK_ELEMENTS)
+    return (elements + 1) // 2 + blocks + 4 * -(-blocks // NF4_NESTED_BLOCK_ELEMENTS) + NF4_PER_WEIGHT_BYTES
+
+
+def quantized_matrices(preset: ModelPreset) -> list[tuple[int, int]]:
+    """The matrices QLoRA holds in 4 bits: every linear layer of a decoder's layers. Transformers keeps the output
+    embeddings (the LM head, tied or not) and the input embeddings, which are no linear layers, out."""
+    return decoder_linear_shapes(preset) * preset.num_layers
+
+
+def qlora_base_bytes(preset: ModelPreset, shapes: ParameterShapes) -> int:
+    """A QLoRA base's weights as training starts: the NF4 matrices with their quantization state
+    (`nf4_weight_bytes`), and every other parameter — embeddings, LM head, norms, biases — in fp32, to which PEFT's
+    `prepare_model_for_kbit_training` (peft 0.14-0.21) casts every 16-bit parameter that is not a `Params4bit`. The
+    rotary frequencies stay the fp32 buffers the model was built with (a buffer is no parameter)."""
+    quantized = quantized_matrices(preset)
+    quantized_params = sum(rows * cols for rows, cols in quantized)
+    return (sum(nf4_weight_bytes(rows * cols) for rows, cols in quantized) + 4 * (shapes.params - quantized_params)
+            + shapes.buffer_bytes)
+
+
+def qlora_head_copy_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    """Under mixed precision, the 16-bit copy autocast makes of a QLoRA model's fp32 LM head for its matmul, saved
+    for backward (the head is frozen, so autocast's cache does not keep it; the matmul's saved weight does). With
+    Liger the head's weight is cast inside the fused loss, chunk by chunk, and not saved (`liger_transient_bytes`)."""
+    if not (config.load_in_4bit and _is_mixed(config)) or config.liger:
+        return 0
+    return 2 * preset.vocab_size * preset.hidden_size
+
+
+def dequantized_weight_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    """With QLoRA, bitsandbytes' 4-bit matmul in training dequantizes its weight to the 16-bit compute dtype for
+    each matmul, forward and backward, and frees it after (`MatMul4Bit`): one matrix at a time, the largest."""
+    if not config.load_in_4bit:
+        return 0
+    return 2 * max(rows * cols for rows, cols in quantized_matrices(preset))
+
+
+def _lm_head_input_element_bytes(config: RunConfig) -> int:
+    """Bytes per element of the hidden states the LM head reads: the final norm's output, 16-bit on LoRA's 16-bit
+    base, else fp32 (fp32 weights, also under autocast, which leaves norms alone; QLoRA's norms are fp32)."""
+    return 2 if config.lora and not config.load_in_4bit and _is_mixed(config) else 4
+
+
+def liger_chunk_tokens(config: RunConfig, preset: ModelPreset) -> int:
+    """Tokens per chunk of Liger's fused linear cross-entropy (liger-kernel 0.8 `fused_linear_cross_entropy_forward`,
+    `chunk_mem_const` 1): the b·s tokens split so one chunk's logits are about as large as the hidden states,
+    ceil(V / h) chunks, the chunk rounded up to a power of two, at most b·s."""
+    tokens = config.batch_size * config.seq_len
+    chunks = -(-preset.vocab_size // preset.hidden_size)
+    return min(1 << max(0, (-(-tokens // chunks) - 1).bit_length()), tokens)
+
+
+def liger_kept_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    """What Liger's fused linear cross-entropy keeps from the forward pass to the backward pass, in place of the
+    logits and the loss's log-probabilities: it computes the gradients in the forward pass and saves them — the
+    hidden states' (b·s·h, their dtype), and, where the LM head trains (no LoRA), the head's (V·h, fp32)."""
+    hidden = config.batch_size * config.seq_len * preset.hidden_size * _lm_head_input_element_bytes(config)
+    head = 0 if config.lora else 4 * preset.vocab_size * preset.hidden_size
+    return hidden + head
+
+
+def liger_transient_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    """What Liger's fused loss allocates and frees again inside the forward pass, above what it keeps: the per-token
+    fp32 losses, one chunk's logits (16-bit under autocast, else fp32) and its hidden-state gradient (fp32 at most),
+    and with QLoRA under mixed precision the 16-bit cast of the fp32 LM head that each chunk's matmuls make."""
+    if not config.liger:
+        return 0
+    chunk = liger_chunk_tokens(config, preset)
+    logits_element = 2 if _is_mixed(config) else 4
+    head_cast = 2 * preset.vocab_size * preset.hidden_size if config.load_in_4bit and _is_mixed(config) else 0
+    return (4 * config.batch_size * config.seq_len + chunk * preset.vocab_size * logits_element
+            + chunk * preset.hidden_size * 4 + head_cast)
 
 
 @dataclass(frozen=True)
@@ -386,11 +478,16 @@ def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
     if config.lora:  # a frozen base in the run's precision; only the fp32 adapters have gradients and state
         preset = PRESETS[config.preset]
         adapters = lora_shapes(preset, config)
-        # the cast to 16 bits takes the decoders' float buffers (rotary frequencies) along; BERT's are integers
-        buffers = shapes.buffer_bytes // 2 if _is_mixed(config) and preset.objective == "causal-lm" else \
-            shapes.buffer_bytes
-        weights = (2 if _is_mixed(config) else 4) * params + 4 * adapters.params + buffers
-        gradients, optimizer, half_copies = 4 * adapters.params, optimizer_state_bytes(config, adapters), 0
+        if config.load_in_4bit:  # QLoRA: NF4 matrices, the rest fp32
+            weights = qlora_base_bytes(preset, shapes) + 4 * adapters.params
+            half_copies = qlora_head_copy_bytes(config, preset)
+        else:
+            # the cast to 16 bits takes the decoders' float buffers (rotary frequencies) along; BERT's are integers
+            buffers = shapes.buffer_bytes // 2 if _is_mixed(config) and preset.objective == "causal-lm" else \
+                shapes.buffer_bytes
+            weights = (2 if _is_mixed(config) else 4) * params + 4 * adapters.params + buffers
+            half_copies = 0
+        gradients, optimizer = 4 * adapters.params, optimizer_state_bytes(config, adapters)
     if config.distributed == "fsdp":
         return RankState(_shard(weights, ranks), _shard(gradients, ranks),
                          _shard(gradients, ranks) if accumulating else 0, _shard(optimizer, ranks), 0, half_copies)
@@ -415,13 +512,21 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     held = rank_state(config, shapes)
     weights, gradients, optimizer = held.weights_bytes, held.gradients_bytes, held.optimizer_state_bytes
     logits = 0
-    if preset.objective == "causal-lm":
+    if preset.objective == "causal-lm" and config.liger:
+        # Liger's fused loss holds no vocabulary-sized tensor: the decoder's activations as for a vocabulary of 0,
+        # and the gradients the fused loss keeps for backward in their place
+        activations = (decoder_activations_bytes(config, dataclasses.replace(preset, vocab_size=0))[0]
+                       + liger_kept_bytes(config, preset) + held.half_weight_copies_bytes + CUBLAS_WORKSPACE_BYTES)
+    elif preset.objective == "causal-lm":
         activations, logits = decoder_activations_bytes(config, preset)
         activations += held.half_weight_copies_bytes + CUBLAS_WORKSPACE_BYTES
     else:
         activations = (activations_bytes(config, preset, shapes) - half_weight_copies_bytes(config, shapes)
                        + held.half_weight_copies_bytes)
-    temporaries = temporaries_bytes(config, preset) + held.communication_buffers_bytes
+    # Liger's chunks come and go in the forward pass, before backward's temporaries; QLoRA's dequantized weight
+    # exists beside those
+    temporaries = (max(temporaries_bytes(config, preset) + dequantized_weight_bytes(config, preset),
+                       liger_transient_bytes(config, preset)) + held.communication_buffers_bytes)
     gradients_at_peak = held.gradients_at_peak_bytes
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
     # Late in backward with checkpointing, the kept inputs are mostly freed, but nearly all gradients exist while
@@ -506,8 +611,15 @@ def prediction_caveat(config: RunConfig) -> str | None:
     H100: docs/memory-model.md)."""
     preset = PRESETS[config.preset]
     if preset.objective == "causal-lm":
-        return ("decoders are predicted from first principles, not yet checked against a measurement: the weights, "
-                "gradients and optimizer state are exact, the activations and logits may be tens of percent off")
+        caveat = ("decoders are predicted from first principles, not yet checked against a measurement: the weights, "
+                  "gradients and optimizer state are exact, the activations and logits may be tens of percent off")
+        if config.load_in_4bit:
+            caveat += ("; QLoRA's activations are modelled as over a 16-bit base, while its fp32 norms and embeddings "
+                       "(prepare_model_for_kbit_training) keep the residual stream in fp32: they may be more off")
+        if config.liger:
+            caveat += ("; Liger's fused loss is derived from its source (no logits, the gradients it keeps, its "
+                       "chunks), not measured")
+        return caveat
     if config.lora:
         return "LoRA is not yet checked against a measurement: the adapters are exact, the activations may be off"
     if preset.family != "bert":

@@ -69,6 +69,12 @@ class RunConfig:
     lora: int = 0
     """LoRA rank; 0 trains every weight."""
     lora_targets: str = "all-linear"
+    load_in_4bit: bool = False
+    """QLoRA: the frozen base's linear layers held in bitsandbytes NF4 (double quantization, 16-bit compute), the
+    LM head and the other parameters in fp32 as PEFT's `prepare_model_for_kbit_training` leaves them; needs `lora`."""
+    liger: bool = False
+    """Liger Kernel's fused linear cross-entropy: a causal LM's loss computed from the hidden states in chunks,
+    without the logits."""
     seq_len: int = 512
     samples: int = 512
     epochs: int = 1
@@ -123,7 +129,10 @@ class RunConfig:
         if self.workers:
             parts.append(f"workers{self.workers}")
         if self.lora:
-            parts.append(f"lora{self.lora}" + (f"[{self.lora_targets}]" if self.lora_targets != "all-linear" else ""))
+            parts.append(("qlora" if self.load_in_4bit else "lora") + str(self.lora)
+                         + (f"[{self.lora_targets}]" if self.lora_targets != "all-linear" else ""))
+        if self.liger:
+            parts.append("liger")
         if self.engine != "trainer":
             parts.append(self.engine)
         if self.distributed != "none":
@@ -148,6 +157,9 @@ class Capabilities:
     peft_version: str | None = None
     """None when peft cannot be imported."""
     peft_error: str | None = None
+    liger_version: str | None = None
+    """None when liger-kernel is not installed."""
+    liger_error: str | None = None
     deepspeed_version: str | None = None
     """None when deepspeed cannot be imported."""
     deepspeed_error: str | None = None
@@ -304,6 +316,14 @@ def validate_values(config: RunConfig) -> None:
                                                              "full weights")
     if config.lora and config.distributed in ("fsdp", "zero1", "zero2", "zero3"):
         raise ConfigError("--lora", f"LoRA trains on one GPU or with ddp here; not with {config.distributed}")
+    if config.load_in_4bit and not config.lora:
+        raise ConfigError("--load-in-4bit", "QLoRA trains LoRA adapters on a frozen 4-bit base, and a 4-bit weight "
+                                            "cannot train itself: add --lora R (e.g. --lora 16)")
+    if config.load_in_4bit and config.model is None and PRESETS[config.preset].objective != "causal-lm":
+        raise ConfigError("--load-in-4bit", f"QLoRA is for causal LMs here (the llama, qwen2 and mistral presets, or "
+                                            f"a --model); {config.preset} is a {PRESETS[config.preset].family} "
+                                            "classifier")
+    _validate_liger(config)
     if not config.lora_targets.strip() or any(not name.strip() for name in config.lora_targets.split(",")):
         raise ConfigError("--lora-targets", f"all-linear, or module names separated by commas (got "
                                             f"{config.lora_targets!r})")
@@ -320,6 +340,20 @@ def validate_values(config: RunConfig) -> None:
     if max_positions and config.seq_len > max_positions:
         raise ConfigError("--seq-len", f"must be ≤ {max_positions}, the position embeddings of {source} "
                                        f"(got {config.seq_len})")
+
+
+def _validate_liger(config: RunConfig) -> None:
+    """--liger replaces a causal LM's loss, which reads the LM head's weight whole: a classifier has none to fuse
+    (a --model's head is known once the worker builds it), and a weight sharded over ranks is not whole."""
+    if not config.liger:
+        return
+    preset = PRESETS[config.preset]
+    if config.model is None and preset.objective != "causal-lm":
+        raise ConfigError("--liger", f"Liger's fused linear cross-entropy replaces a causal LM's loss; {config.preset} "
+                                     f"is a {preset.family} classifier (choose a llama, qwen2 or mistral preset)")
+    if config.distributed in ("fsdp", "zero3"):
+        raise ConfigError("--liger", f"Liger's fused loss reads the LM head's weight whole, which {config.distributed} "
+                                     "shards; use it on one GPU, with ddp, zero1 or zero2")
 
 
 def _validate_ranks(config: RunConfig) -> None:
@@ -407,6 +441,21 @@ def machine_unsupported_reasons(config: RunConfig, capabilities: Capabilities) -
     if config.lora and capabilities.peft_version is None:
         detail = f": {capabilities.peft_error}" if capabilities.peft_error else ""
         reasons.append(("--lora", f"LoRA needs PEFT (pip install 'gpuanat[llm]'){detail}"))
+    if config.load_in_4bit:
+        missing = [] if cuda else ["a CUDA GPU"]
+        if capabilities.bitsandbytes_version is None:
+            missing.append("bitsandbytes (pip install 'gpuanat[bnb]'"
+                           + (f"; {capabilities.bitsandbytes_error})" if capabilities.bitsandbytes_error else ")"))
+        if missing:
+            reasons.append(("--load-in-4bit", f"QLoRA's 4-bit base (bitsandbytes NF4) needs {' and '.join(missing)}"))
+    if config.liger:
+        missing = [] if cuda else ["a CUDA GPU"]
+        if capabilities.liger_version is None:
+            missing.append("liger-kernel (pip install 'gpuanat[llm]'"
+                           + (f"; {capabilities.liger_error})" if capabilities.liger_error else ")"))
+        if missing:
+            reasons.append(("--liger", f"Liger's fused linear cross-entropy (Triton kernels) needs "
+                                       f"{' and '.join(missing)}"))
     if config.distributed.startswith("zero") and capabilities.deepspeed_version is None:
         detail = f": {capabilities.deepspeed_error}" if capabilities.deepspeed_error else ""
         reasons.append(("--distributed", f"{config.distributed} needs DeepSpeed (pip install deepspeed; README: "

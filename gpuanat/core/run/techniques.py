@@ -71,6 +71,12 @@ TECHNIQUES: tuple[Technique, ...] = (
               "LoRA adapters of this rank on a frozen base held in the run's 16-bit precision (PEFT; 0: off)"),
     Technique("lora_targets", "--lora-targets", "str",
               "modules the LoRA adapters wrap: all-linear, or names separated by commas (q_proj,v_proj)"),
+    Technique("load_in_4bit", "--load-in-4bit", "bool",
+              "QLoRA: hold the frozen base's linear layers in 4 bits (bitsandbytes NF4, double quantization) under "
+              "the --lora adapters, prepared with PEFT's prepare_model_for_kbit_training (CUDA, needs bitsandbytes)"),
+    Technique("liger", "--liger", "bool",
+              "compute a causal LM's loss with Liger Kernel's fused linear cross-entropy, in chunks, so the logits "
+              "are never held whole (CUDA, needs liger-kernel: pip install 'gpuanat[llm]')"),
     Technique("engine", "--engine", "choice",
               "the training loop: HF Trainer, or the docs' custom loop with Accelerate (with none or ddp)",
               choices=ENGINES),
@@ -88,6 +94,8 @@ BATCH_SIZE_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 GRAD_ACCUM_STEPS = (1, 2, 4, 8, 16, 32, 64)
 LORA_RANKS = (0, 8, 16, 32, 64)
 """The ranks the LoRA key cycles through (0: every weight trains)."""
+QLORA_DEFAULT_RANK = 16
+"""The adapters' rank when the 4-bit key turns QLoRA on without LoRA."""
 
 
 def _step_through(values: tuple[int, ...], current: int, direction: int) -> int:
@@ -107,9 +115,11 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
         return config.replace(batch_size=_step_through(BATCH_SIZE_STEPS, config.batch_size, direction))
     if field == "grad_accum":
         return config.replace(grad_accum=_step_through(GRAD_ACCUM_STEPS, config.grad_accum, direction))
-    if field == "lora":
-        return config.replace(lora=LORA_RANKS[(LORA_RANKS.index(config.lora) + 1) % len(LORA_RANKS)]
-                              if config.lora in LORA_RANKS else 0)
+    if field == "lora":  # back to 0 the 4-bit base goes too: QLoRA without adapters trains nothing
+        lora = LORA_RANKS[(LORA_RANKS.index(config.lora) + 1) % len(LORA_RANKS)] if config.lora in LORA_RANKS else 0
+        return config.replace(lora=lora, load_in_4bit=config.load_in_4bit and lora > 0)
+    if field == "load_in_4bit":  # QLoRA needs adapters: turning it on without them adds the usual rank
+        return config.replace(load_in_4bit=not config.load_in_4bit, lora=config.lora or QLORA_DEFAULT_RANK)
     if field == "workers":
         return config.replace(workers=WORKER_CHOICES[(WORKER_CHOICES.index(config.workers) + 1) % len(WORKER_CHOICES)]
                               if config.workers in WORKER_CHOICES else 0)

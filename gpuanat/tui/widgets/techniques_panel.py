@@ -10,6 +10,7 @@ from textual.widget import Widget
 
 from gpuanat.core.memory.predict import MemoryEstimate
 from gpuanat.core.run.config import Capabilities, RunConfig, machine_unsupported_reasons
+from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.store.report import format_bytes
 
 ROWS: tuple[tuple[str, str, str], ...] = (
@@ -30,13 +31,18 @@ ENGINE_ROW = ("engine", "E", "engine")
 """Shown once the engine is not the default Trainer."""
 LORA_ROW = ("lora", "L", "LoRA rank")
 """Shown once LoRA is on."""
+QLORA_ROW = ("load_in_4bit", "4", "4-bit base")
+"""Shown once LoRA is on: QLoRA's NF4 base under the adapters."""
+LIGER_ROW = ("liger", "K", "Liger loss")
+"""Shown for a causal LM (its loss is what Liger fuses), and once on."""
 SEVERAL_GPU_ROWS: tuple[tuple[str, str, str], ...] = (
     ("gpus", "G", "GPUs"),
     ("distributed", "D", "distributed"),
 )
 """Shown where NVML lists several GPUs, or a run was asked for more than one."""
 BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device",
-                  "--expandable-segments": "expandable_segments", "--distributed": "distributed", "--lora": "lora"}
+                  "--expandable-segments": "expandable_segments", "--distributed": "distributed", "--lora": "lora",
+                  "--load-in-4bit": "load_in_4bit", "--liger": "liger"}
 
 
 def _value_text(field: str, value: object) -> str:
@@ -106,7 +112,10 @@ class TechniquesPanel(Widget):
         config, defaults = self._config, RunConfig()
         unsupported = machine_unsupported_reasons(config, self._capabilities) if self._capabilities else []
         blocked_fields = {BLOCKING_FLAGS.get(flag) for flag, _ in unsupported}
-        extra_rows = ((ENGINE_ROW,) if config.engine != defaults.engine else ()) + ((LORA_ROW,) if config.lora else ())
+        causal_lm = config.model is None and PRESETS[config.preset].objective == "causal-lm"
+        extra_rows = (((ENGINE_ROW,) if config.engine != defaults.engine else ())
+                      + ((LORA_ROW, QLORA_ROW) if config.lora or config.load_in_4bit else ())
+                      + ((LIGER_ROW,) if causal_lm or config.liger else ()))
         for field, key, label in ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
             value = getattr(config, field)
             style = changed_style if value != getattr(defaults, field) else ""
