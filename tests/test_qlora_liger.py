@@ -204,6 +204,12 @@ async def test_keys_4_and_K_choose_qlora_and_liger_and_the_cpu_marks_them_unavai
         assert (app.config.lora, app.config.load_in_4bit) == (0, False)
         await pilot.press("K")
         assert not app.config.liger
+        assert not any("--liger" in notification.message for notification in app._notifications)
+        await pilot.press("M")
+        assert app.config.preset == "tiny"  # a BERT classifier, which cannot take Liger: said at once, not at `r`
+        await pilot.press("K")
+        assert any(notification.message.startswith("--liger: Liger's fused linear cross-entropy replaces a causal "
+                                                   "LM's loss") for notification in app._notifications)
     assert changed_config(RunConfig(lora=8), "load_in_4bit").lora == 8  # a rank chosen stays
 
 

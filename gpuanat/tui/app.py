@@ -643,6 +643,10 @@ class GpuAnatApp(DashboardActions):
 
     def action_toggle_technique(self, field: str) -> None:
         self._change_config(changed_config(self.config, field))
+        try:  # a value that cannot train (Liger on a classifier, QLoRA without adapters) is said at once, not at `r`
+            validate_values(self.config)
+        except ConfigError as error:
+            self.notify(str(error), severity="warning", timeout=6)
 
     def action_step(self, field: str, direction: int) -> None:
         self._change_config(changed_config(self.config, field, direction))
