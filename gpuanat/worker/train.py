@@ -108,7 +108,8 @@ def build_model(config: Any) -> Any:
         with_liger_loss(model)
     if config.load_in_4bit:
         model = with_qlora(model, config)
-        if config.device == "cuda":  # the 16-bit model that was quantized is gone: its peak is not the training's
+        if config.device == "cuda":  # the 16-bit model that was quantized is gone: neither its peak nor the blocks
+            torch.cuda.empty_cache()  # it left cached are the training's (peft 0.21 empties the cache too; older not)
             torch.cuda.reset_peak_memory_stats()
     elif config.lora:
         model = with_lora(model, config)
