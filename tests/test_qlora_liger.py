@@ -90,6 +90,15 @@ def test_the_run_says_what_it_trains_and_the_history_keeps_it():
     assert RunConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
 
 
+def test_a_run_with_adapters_says_how_its_parameters_split(db_path):
+    completed = run_cli(["run", "--preset", "llama-tiny", "--device", "cpu", "--lora", "8", "--seq-len", "32",
+                         "--samples", "16"], db_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    adapters = lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny", lora=8)).params
+    base = parameter_shapes(PRESETS["llama-tiny"]).params
+    assert f"Parameters: {adapters:,} trainable, {base:,} frozen (0.39%)" in completed.stdout.splitlines()
+
+
 # --- predicted from the shapes --------------------------------------------------------------------------------------
 
 def _nf4_bytes(values: int) -> int:

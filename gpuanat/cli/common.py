@@ -90,8 +90,10 @@ class ProgressView:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, ModelInfo):
+            trains = (f"{event.params / 1e6:.0f}M params" if event.trainable_params == event.params
+                      else f"{event.trainable_params / 1e6:.1f}M of {event.params / 1e6:.0f}M params")
             self._progress.update(self._task, total=event.total_steps or None,
-                                  description=f"{self.label}: training {event.params / 1e6:.0f}M params")
+                                  description=f"{self.label}: training {trains}")
         elif isinstance(event, Step):
             rate = f"{event.samples / event.elapsed_s:.1f} samples/s" if event.elapsed_s > 0 else ""
             loss = f" loss {event.loss:.3f}" if event.loss is not None else ""
@@ -168,6 +170,9 @@ def print_summary(result: dict[str, Any]) -> None:
             else result["unavailable"].get("steady_samples_per_second", ""))
     print(f"Steady samples/second: {format_number(steady)} ({note})")
     print(f"Peak allocated: {format_bytes(result['peak_allocated_bytes'])}")
+    params, trainable = result.get("params"), result.get("trainable_params")
+    if params and trainable is not None and trainable != params:  # adapters on a frozen base: say how it splits
+        print(f"Parameters: {trainable:,} trainable, {params - trainable:,} frozen ({100 * trainable / params:.2f}%)")
     if result.get("probe_cost_percent") is not None:
         print(f"gpuanat's probe: {result['probe_cost_percent']:.2f}% of the training time "
               f"({format_number(result['probe_time_s'])} s in its callbacks)")
