@@ -189,7 +189,8 @@ def test_the_users_expandable_segments_setting_is_the_default_on_cuda(db_path):
     assert config("--device", "cpu")["expandable_segments"] is False  # an option of the CUDA allocator only
 
 
-MULTI_GPU_RESULTS = Path(__file__).resolve().parent.parent / "benchmarks/results/h200x2/multi/results.jsonl"
+MULTI_GPU_RESULTS = {gpus: Path(__file__).resolve().parent.parent / "benchmarks" / "results" / f"h200x{gpus}" / "multi"
+                     / "results.jsonl" for gpus in (2, 4)}
 
 
 def test_each_rank_holds_what_its_distributed_technique_leaves_it():
@@ -209,10 +210,17 @@ def test_each_rank_holds_what_its_distributed_technique_leaves_it():
     assert ddp.peak_allocated_bytes > one.peak_allocated_bytes > fsdp.peak_allocated_bytes
 
 
-def test_per_rank_predictions_against_the_h200_measurements_they_were_not_fitted_on():
-    # Measured by benchmarks/multi_gpu_check.sh on 2 H200s: bert-large bf16 batch 16, seq 512 (docs/several-gpus.md).
-    results = {json.loads(line)["technique"]: json.loads(line) for line in MULTI_GPU_RESULTS.read_text().splitlines()}
-    for technique in ("default", "ddp", "fsdp", "zero1", "zero2", "zero3"):
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_per_rank_predictions_against_the_h200_measurements(gpus):
+    """Measured by benchmarks/multi_gpu_check.sh on 2 and on 4 H200s: bert-large bf16 batch 16, seq 512
+    (docs/several-gpus.md). The DeepSpeed buckets and the 16-bit compute of FSDP and ZeRO were derived from DeepSpeed's
+    source and autocast's rules and checked against both machines' runs; nothing here was fitted to them."""
+    lines = MULTI_GPU_RESULTS[gpus].read_text().splitlines()
+    results = {json.loads(line)["technique"]: json.loads(line) for line in lines
+               if json.loads(line).get("gpus_asked", "2") == str(gpus) and json.loads(line)["status"] == "ok"}
+    techniques = [name for name in ("default", "ddp", "fsdp", "zero1", "zero2", "zero3") if name in results]
+    assert len(techniques) >= 4
+    for technique in techniques:
         result = results[technique]
         config = RunConfig.from_json(result["config"])
         predicted = estimate_memory(config)
@@ -223,10 +231,8 @@ def test_per_rank_predictions_against_the_h200_measurements_they_were_not_fitted
             assert bands["optimizer_state_bytes"] == pytest.approx(predicted.optimizer_state_bytes, rel=2e-3), technique
             assert rank["gradients_at_forward_end_bytes"] == pytest.approx(predicted.gradients_at_peak_bytes,
                                                                            rel=2e-3, abs=1 << 20), technique
-    for technique in ("default", "ddp", "zero3"):  # the peaks the model gets right; docs/several-gpus.md: the rest
-        rank = results[technique]["ranks"][0]
-        config = RunConfig.from_json(results[technique]["config"])
-        assert estimate_memory(config).peak_allocated_bytes == pytest.approx(rank["peak_allocated_bytes"], rel=0.01)
+            assert bands["activations_bytes"] == pytest.approx(predicted.activations_bytes, rel=0.02), technique
+            assert rank["peak_allocated_bytes"] == pytest.approx(predicted.peak_allocated_bytes, rel=0.01), technique
 
 
 @pytest.mark.parametrize("name", [name for name, preset in PRESETS.items() if preset.objective == "causal-lm"])

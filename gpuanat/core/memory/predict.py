@@ -408,14 +408,34 @@ def _matmul_params(shapes: ParameterShapes) -> int:
     return sum(rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors:])
 
 
+def computes_in_16_bit(config: RunConfig) -> bool:
+    """Whether the model computes with 16-bit weights and no autocast: FSDP2's mixed-precision policy casts the
+    gathered parameters, DeepSpeed casts the model. Measured on 2 and 4 H200s (bert-large, bf16): the activations
+    of FSDP and ZeRO-1/2 are 6.50 GiB where one GPU under autocast holds 8.00 (its weight copies left out)."""
+    return _is_mixed(config) and (config.distributed == "fsdp" or config.distributed.startswith("zero"))
+
+
+def autocast_extra_bytes_per_token_hidden(preset: ModelPreset) -> int:
+    """What autocast saves for backward beyond a model computing in 16 bits, per token and hidden unit and layer:
+    it casts an fp32 activation anew for each linear that reads it (BERT's separate query, key and value: two 16-bit
+    copies more than one; GPT-2's fused c_attn: none), and the LayerNorms (two a layer) run in fp32 on the fp32
+    residual stream, so their saved inputs take 4 bytes, not 2. BERT: 2 × 2 + 2 × 2 = 8 of the 42.29 fitted under
+    autocast, leaving 34.3 — which the 6.50 GiB measured with FSDP and ZeRO reproduce within 1%."""
+    extra_input_copies = 2 if preset.family == "bert" else 0
+    return 2 * extra_input_copies + 2 * 2
+
+
 def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:
     s, b, h, a, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads, preset.num_layers
     c = coefficients(config)
     eager_scores = a * s * s * c.eager_per_score if config.attn == "eager" else 0.0
     if config.grad_checkpointing:
-        per_sample = s * h * c.checkpointed
+        # The kept layer inputs are the residual stream: fp32 under autocast, 16-bit without.
+        per_sample = s * h * (c.checkpointed - (2 * layers if computes_in_16_bit(config) else 0))
     else:
-        per_sample = layers * (s * h * c.activations_per_layer + eager_scores)
+        per_token_hidden = c.activations_per_layer - (autocast_extra_bytes_per_token_hidden(preset)
+                                                      if computes_in_16_bit(config) else 0)
+        per_sample = layers * (s * h * per_token_hidden + eager_scores)
     return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES
 
 
@@ -458,10 +478,28 @@ class RankState:
     communication_buffers_bytes: int
     half_weight_copies_bytes: int
     """AMP's 16-bit copies of the matmul weights, which a model already in 16 bits (DeepSpeed) does not make."""
+    gathered_parameters_bytes: int = 0
+    """ZeRO-3: the parameters gathered in full and still alive as the forward pass ends (in the activations)."""
 
 
 def _shard(size: int, ranks: int) -> int:
     return -(-size // ranks)
+
+
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's `reduce_bucket_size` default (gpuanat's config leaves it): the elements of one gradient bucket."""
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""DeepSpeed's `stage3_max_live_parameters` default: ZeRO-3 keeps up to this many parameters gathered."""
+
+
+def deepspeed_bucket_bytes(config: RunConfig) -> int:
+    """DeepSpeed's gradient buckets, whole whatever the model's size (`deepspeed/runtime/zero/stage_1_and_2.py`,
+    `setup_buckets`; `stage3.py`): ZeRO-1/2 allocate two of `reduce_bucket_size` elements as backward begins (with
+    `overlap_comm`, as gpuanat's config sets), ZeRO-3 one at start-up, in the model's dtype. On 2 and 4 H200s
+    (bert-large, bf16) the peak exceeded the bands by 2.00 GiB with ZeRO-1/2 (two buckets: 1.86) and by 1.05 GiB
+    with ZeRO-3 (one: 0.93)."""
+    buckets = 1 if config.distributed == "zero3" else 2
+    return buckets * DEEPSPEED_REDUCE_BUCKET_ELEMENTS * (2 if _is_mixed(config) else 4)
 
 
 def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
@@ -488,19 +526,24 @@ def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
             weights = (2 if _is_mixed(config) else 4) * params + 4 * adapters.params + buffers
             half_copies = 0
         gradients, optimizer = 4 * adapters.params, optimizer_state_bytes(config, adapters)
-    if config.distributed == "fsdp":
+    if config.distributed == "fsdp":  # its gathered parameters are 16-bit already: no autocast copies
         return RankState(_shard(weights, ranks), _shard(gradients, ranks),
-                         _shard(gradients, ranks) if accumulating else 0, _shard(optimizer, ranks), 0, half_copies)
+                         _shard(gradients, ranks) if accumulating else 0, _shard(optimizer, ranks), 0,
+                         0 if computes_in_16_bit(config) else half_copies)
     if config.distributed.startswith("zero"):
         sixteen_bit = _is_mixed(config)
         model_weights = (2 if sixteen_bit else 4) * params + shapes.buffer_bytes
         model_gradients = (2 if sixteen_bit else 4) * params
         state = _shard(optimizer + (4 * params if sixteen_bit else 0), ranks)
+        buckets = deepspeed_bucket_bytes(config)
         if config.distributed == "zero3":  # a persistent flat buffer of gradient partitions
+            # Parameters reused within `stage3_max_reuse_distance` stay gathered: as the forward pass ends, all of
+            # them up to `stage3_max_live_parameters` (measured: the activations 0.63 GiB above ZeRO-1/2's)
+            gathered = min(params, DEEPSPEED_MAX_LIVE_PARAMETERS) * (2 if sixteen_bit else 4)
             return RankState(_shard(model_weights, ranks), _shard(model_gradients, ranks),
-                             _shard(model_gradients, ranks), state, 0, 0)
+                             _shard(model_gradients, ranks), state, buckets, 0, gathered)
         partition = _shard(model_gradients, ranks) if config.distributed == "zero2" else model_gradients
-        return RankState(model_weights, partition, partition if accumulating else 0, state, 0, 0)
+        return RankState(model_weights, partition, partition if accumulating else 0, state, buckets, 0)
     buckets = gradients if config.distributed == "ddp" else 0
     return RankState(weights, gradients, gradients if accumulating else 0, optimizer, buckets, half_copies)
 
@@ -523,6 +566,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     else:
         activations = (activations_bytes(config, preset, shapes) - half_weight_copies_bytes(config, shapes)
                        + held.half_weight_copies_bytes)
+    activations += held.gathered_parameters_bytes
     # Liger's chunks come and go in the forward pass, before backward's temporaries; QLoRA's dequantized weight
     # exists beside those
     temporaries = (max(temporaries_bytes(config, preset) + dequantized_weight_bytes(config, preset),
