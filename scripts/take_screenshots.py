@@ -110,11 +110,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--watch-pid", type=int, default=None, help="only the watch dashboard of this process")
     parser.add_argument("--watch-replay", action="store_true", help="only the watch dashboard, from the recording")
-    parser.add_argument("--gpus", default=None, help="only the dashboard during a run on these GPUs (--gpus of run)")
+    parser.add_argument("--gpus", default=None, help="only the dashboard during a run on these GPUs (--gpus of run;"
+                        " 1 with --distributed none for one GPU)")
     parser.add_argument("--distributed", default="ddp", help="with --gpus: the distributed technique")
     parser.add_argument("--filename", default="dashboard_two_gpus.svg", help="with --gpus: the screenshot's name")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--lora", type=int, default=0)
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.watch_pid is not None:
@@ -126,7 +129,7 @@ def main() -> None:
     if args.gpus is not None:
         config = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples,
                            gpus=args.gpus, distributed=args.distributed, precision=args.precision,
-                           batch_size=args.batch_size)
+                           batch_size=args.batch_size, seq_len=args.seq_len, lora=args.lora)
         asyncio.run(take_live_lanes(args.out_dir, config, args.mid_run_s, args.filename))
         return
     first = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples)

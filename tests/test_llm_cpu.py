@@ -46,7 +46,12 @@ def test_a_causal_lm_trains_and_its_exact_bands_are_what_predict_says(db_path, e
     # outputs of a mixed-precision model to fp32)
     assert result["logits_bytes"] == predicted.logits_bytes == 4 * 32 * 32_000 * 4
     assert result["tokens_per_second"] == pytest.approx(result["samples_per_second"] * 32)
-    assert result["predicted"]["confidence"] == "unchecked" and "first principles" in result["predicted"]["caveat"]
+    # decoders were measured in bf16 (docs/llm.md): an fp32 run says so
+    if config.precision == "fp32":
+        assert result["predicted"]["confidence"] == "unchecked"
+        assert "measured in bf16 only" in result["predicted"]["caveat"]
+    else:
+        assert result["predicted"]["confidence"] == "checked" and result["predicted"]["caveat"] is None
 
 
 def test_a_bare_config_json_trains_with_random_weights_and_the_head_its_architecture_needs(tmp_path, db_path):
@@ -86,10 +91,13 @@ def test_lora_needs_peft_and_one_gpu_or_ddp():
 
 def test_predict_says_what_no_measurement_has_checked():
     assert prediction_json(RunConfig())["confidence"] == "checked"  # bert-large: the H100's held-out runs
-    assert prediction_json(RunConfig(preset="gpt2"))["confidence"] == "unchecked"
+    assert prediction_json(RunConfig(preset="gpt2"))["confidence"] == "checked"  # the H100 matrix (docs/llm.md)
+    assert "decoders only" in prediction_json(RunConfig(preset="gpt2", lora=8))["caveat"]
+    mistral = prediction_json(RunConfig(preset="mistral-7b", lora=16, precision="bf16"))
+    assert mistral["confidence"] == "unchecked" and "no mistral decoder was measured" in mistral["caveat"]
     decoder = prediction_json(RunConfig(preset="llama-3.1-8b", lora=16, precision="bf16", seq_len=2048,
                                         batch_size=1, grad_checkpointing=True))
-    assert decoder["confidence"] == "unchecked"
+    assert decoder["confidence"] == "checked"
     # exact: a 16-bit base of 8.03B parameters and 42M fp32 adapters with their gradients and AdamW's moments
     adapters = lora_shapes(PRESETS["llama-3.1-8b"], RunConfig(preset="llama-3.1-8b", lora=16)).params
     assert adapters == 41_943_040
@@ -128,3 +136,17 @@ async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_
     assert (result["config"]["preset"], result["config"]["lora"]) == ("llama-tiny", 8)
     assert result["trainable_params"] == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny",
                                                                                       lora=8)).params
+
+
+def test_the_gpt2_preset_trains_the_docs_classifier_not_a_language_model(db_path):
+    """GPT-2's config is a decoder's, but the preset is the HF docs' 2-label classifier: the H100 showed the worker
+    training a causal LM for it (1.53 GiB of logits) while predict counted a classifier."""
+    completed = run_cli(["run", "--preset", "gpt2", "--device", "cpu", "--seq-len", "16", "--samples", "6",
+                         "--batch-size", "2", "--max-steps", "3", "--json"], db_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    assert result["status"] == "ok"
+    assert result["logits_bytes"] == 2 * 2 * 4  # batch × 2 labels, fp32
+    predicted = estimate_memory(_config(result))
+    for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
+        assert result["bands"][band] == getattr(predicted, band), band

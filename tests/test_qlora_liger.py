@@ -21,6 +21,7 @@ import pytest
 from conftest import REPO, cli_env, last_json, run_cli
 
 from gpuanat.core.memory.predict import (
+    decoder_weight_casts_bytes,
     estimate_memory,
     liger_chunk_tokens,
     liger_kept_bytes,
@@ -29,6 +30,7 @@ from gpuanat.core.memory.predict import (
     nf4_weight_bytes,
     parameter_shapes,
     prediction_json,
+    qlora_head_copy_bytes,
 )
 from gpuanat.core.run.config import (
     Capabilities,
@@ -133,9 +135,12 @@ def test_qlora_keeps_the_fp32_heads_16_bit_copy_for_backward_under_mixed_precisi
     assert with_amp.activations_bytes - lora.activations_bytes >= head_copy
     assert without.weights_bytes == with_amp.weights_bytes  # the base is the same in any precision
     # Liger casts the head chunk by chunk inside its loss instead of saving a copy
-    fused = estimate_memory(QLORA_8B.replace(liger=True))
-    assert fused.temporaries_bytes >= head_copy > fused.activations_bytes - estimate_memory(
-        QLORA_8B.replace(liger=True, load_in_4bit=False)).activations_bytes
+    fused_config = QLORA_8B.replace(liger=True)
+    preset = PRESETS[fused_config.preset]
+    assert estimate_memory(fused_config).temporaries_bytes >= head_copy
+    assert qlora_head_copy_bytes(fused_config, preset) == 0
+    assert decoder_weight_casts_bytes(fused_config, preset, parameter_shapes(preset)) == 0
+    assert decoder_weight_casts_bytes(QLORA_8B, preset, parameter_shapes(preset)) == head_copy
 
 
 def test_liger_takes_the_logits_and_the_losss_copies_out_of_the_activations():
@@ -159,9 +164,10 @@ def test_liger_takes_the_logits_and_the_losss_copies_out_of_the_activations():
 
 
 def test_what_no_measurement_has_checked_is_said():
-    qlora = prediction_json(QLORA_8B.replace(liger=True))
+    qlora = prediction_json(QLORA_8B.replace(liger=True))  # no checkpointing: the H100 measured QLoRA with it
     assert qlora["confidence"] == "unchecked"
-    assert "QLoRA's activations" in qlora["caveat"] and "Liger's fused loss" in qlora["caveat"]
+    assert "QLoRA was measured with checkpointing only" in qlora["caveat"] and "Liger" in qlora["caveat"]
+    assert prediction_json(QLORA_8B.replace(grad_checkpointing=True))["confidence"] == "checked"
 
 
 def test_the_issues_question_answers_in_milliseconds_with_bands_peak_and_the_largest_batch(db_path):

@@ -97,13 +97,18 @@ def build_model(config: Any) -> Any:
     else:
         model_config = (AutoConfig.from_pretrained(config.model) if config.model is not None
                         else preset_model_config(PRESETS[config.preset]))
-        head = AutoModelForCausalLM if is_causal_lm(model_config) else AutoModelForSequenceClassification
+        # A preset says what it trains (gpt2 is the docs' classifier, though its config is a decoder's)
+        causal = (PRESETS[config.preset].objective == "causal-lm" if config.model is None
+                  else is_causal_lm(model_config))
+        head = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
         sixteen_bit = {} if quantization is None else {"dtype": quantization.bnb_4bit_compute_dtype}
         # Initialising on the target device is much faster than on the CPU and gives the same model.
         with torch.device(training_device(config)):
             model = head.from_config(model_config, attn_implementation=config.attn, **sixteen_bit)
         if quantization is not None:
             model = quantized_in_place(model, quantization, training_device(config))
+    # Name the head, so that what reads the config later (labels, LoRA's task, Liger) knows which one it is
+    model.config.architectures = [type(model).__name__]
     if config.liger:
         with_liger_loss(model)
     if config.load_in_4bit:

@@ -425,13 +425,35 @@ def autocast_extra_bytes_per_token_hidden(preset: ModelPreset) -> int:
     return 2 * extra_input_copies + 2 * 2
 
 
+BERT_LARGE_LAYERS = 24
+"""The layers of the model the BERT coefficients were fitted on."""
+
+
+def gpt2_layer_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
+    """What autograd keeps of one GPT-2 block per token, as `benchmarks/saved_tensors.py` listed it on the H100 (gpt2,
+    bf16 autocast: 69,184 B/token = 26h + 16i + 64): the two LayerNorms' fp32 inputs (autocast runs them in fp32:
+    8h), the 16-bit casts c_attn and c_fc read (4h), the attention's 16-bit q, k, v, output and c_attn's output (12h),
+    two dropout masks (2h), and GPT-2's tanh GELU, whose `pow` autocast runs in fp32: three fp32 intermediates (12i)
+    beside its 16-bit input and the 16-bit cast c_proj reads (4i) — the reason the BERT coefficients, which know
+    nothing of it, were 31-49% low for gpt2. In fp32 (not measured) the same tensors at 4 bytes: 42h + 20i."""
+    h, i = preset.hidden_size, preset.intermediate_size
+    statistics = 4 * preset.num_heads + 16  # SDPA's log-sum-exp, the LayerNorms' means and deviations
+    if _is_mixed(config):
+        return 26 * h + 16 * i + statistics
+    return 42 * h + 20 * i + statistics
+
+
 def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:
     s, b, h, a, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads, preset.num_layers
     c = coefficients(config)
     eager_scores = a * s * s * c.eager_per_score if config.attn == "eager" else 0.0
     if config.grad_checkpointing:
-        # The kept layer inputs are the residual stream: fp32 under autocast, 16-bit without.
-        per_sample = s * h * (c.checkpointed - (2 * layers if computes_in_16_bit(config) else 0))
+        # Each layer's input is kept (the residual stream: fp32 under autocast, 16-bit without), plus what is outside
+        # the layers; the fitted coefficient is bert-large's, 24 layers, so it is split: 4 bytes a layer, the rest once.
+        residual = 2 if computes_in_16_bit(config) else 4
+        per_sample = s * h * (layers * residual + c.checkpointed - BERT_LARGE_LAYERS * 4)
+    elif preset.family == "gpt2":
+        per_sample = layers * (s * gpt2_layer_bytes_per_token(config, preset) + eager_scores) + s * 7 * h
     else:
         per_token_hidden = c.activations_per_layer - (autocast_extra_bytes_per_token_hidden(preset)
                                                       if computes_in_16_bit(config) else 0)
@@ -439,23 +461,70 @@ def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterS
     return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES
 
 
-def decoder_activations_bytes(config: RunConfig, preset: ModelPreset) -> tuple[int, int]:
-    """(activations, of which logits) of a causal LM, from first principles — not fitted, not yet checked against a
-    measurement: per token and layer, the two RMSNorm inputs (fp32) and outputs, q, k, v, the attention output, and
-    the SwiGLU's gate, up, activation and product; with checkpointing each layer's input and one layer; eager
-    attention adds its probabilities. The logits the model returns (batch × seq × vocab, fp32: under mixed precision
-    accelerate converts a model's outputs to fp32, as seen on the CPU) are the second number; the 16-bit logits under
-    AMP and the fp32 log-probabilities the loss keeps for backward are in the first."""
-    s, b, h, i, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.intermediate_size, \
-        preset.num_layers
+def decoder_residual_element_bytes(config: RunConfig) -> int:
+    """Bytes per element of a decoder's residual stream: fp32 with fp32 weights (also under autocast, which leaves the
+    additions and the norms alone) and with QLoRA (`prepare_model_for_kbit_training` makes the embeddings and norms
+    fp32); 16-bit where the weights are (LoRA's base, FSDP2's and DeepSpeed's 16-bit compute)."""
+    if not _is_mixed(config) or config.load_in_4bit:
+        return 4
+    return 2 if config.lora or computes_in_16_bit(config) else 4
+
+
+def decoder_layer_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
+    """What autograd keeps for backward of one decoder layer, per token — as `benchmarks/saved_tensors.py` listed it
+    tensor by tensor on the H100 for llama-3.2-1b and qwen2.5-0.5b (benchmarks/results/h100/llm/saved_tensors.json:
+    129,416 and 66,624 B/token under AMP with fp32 weights, 108,808 and 57,536 on a bf16 base; this formula gives
+    them within 0.3%). Each RMSNorm keeps its fp32 input and its fp32 normalized value (an fp32 stream: 8h bytes) or
+    an fp32 copy of its 16-bit input and its 16-bit normalized value (6h). SDPA keeps q, k, v (the KV heads, not
+    repeated) and its output in 16 bits, and an fp32 log-sum-exp per head; the SwiGLU keeps gate, up, activation and
+    product. The projections keep their input: autocast casts an fp32 input anew for each projection that reads it
+    (q, k, v: three 16-bit copies; gate, up: two); a 16-bit input is shared. In fp32 everything is 4 bytes."""
+    h, i = preset.hidden_size, preset.intermediate_size
     q, kv = preset.num_heads * preset.head_dim, preset.kv_heads * preset.head_dim
+    log_sum_exp = 4 * preset.num_heads
+    if not _is_mixed(config):
+        return 2 * 8 * h + 4 * h + 4 * h + 4 * (2 * q + 2 * kv) + log_sum_exp + 4 * 4 * i
+    attention, mlp = 2 * (2 * q + 2 * kv) + log_sum_exp, 2 * 4 * i
+    if decoder_residual_element_bytes(config) == 4:
+        return 2 * 8 * h + 3 * 2 * h + 2 * 2 * h + attention + mlp
+    return 2 * 6 * h + 2 * h + 2 * h + attention + mlp
+
+
+def decoder_activations_bytes(config: RunConfig, preset: ModelPreset) -> tuple[int, int]:
+    """(activations, of which logits) of a causal LM at the end of the forward pass, per `benchmarks/saved_tensors.py`
+    and the H100 matrix (docs/llm.md): every layer's saved tensors (`decoder_layer_bytes_per_token`) — with
+    checkpointing only each layer's input, in the residual stream's dtype — then the final norm (as a layer's), the LM
+    head's input (16 bits under mixed precision), the loss's fp32 log-probabilities and the logits the model returns
+    (batch × seq × vocab, fp32: accelerate converts a model's outputs to fp32 under mixed precision). Eager attention
+    adds its probabilities. Autocast's weight copies are `decoder_weight_casts_bytes`."""
+    s, b, h, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.num_layers
+    residual = decoder_residual_element_bytes(config)
+    if config.grad_checkpointing:
+        per_token = layers * residual * h
+    else:
+        per_token = layers * decoder_layer_bytes_per_token(config, preset)
+    final_norm = 8 * h if residual == 4 else 6 * h
+    head_input = 2 * h if _is_mixed(config) else 0  # in fp32 the head reads the norm's output, kept already
+    per_token += final_norm + head_input
     element = 2 if _is_mixed(config) else 4
-    per_layer_token = 2 * 4 * h + element * (2 * h + 2 * q + 2 * kv + 4 * i)
-    per_token = (layers * element * h + per_layer_token) if config.grad_checkpointing else layers * per_layer_token
-    eager = layers * preset.num_heads * s * s * element if config.attn == "eager" else 0
+    eager = 0 if config.grad_checkpointing or config.attn != "eager" else layers * preset.num_heads * s * s * element
     logits = b * s * preset.vocab_size * 4
-    kept_for_loss = b * s * preset.vocab_size * (4 + (element if element == 2 else 0))
-    return b * (s * per_token + eager) + logits + kept_for_loss, logits
+    log_probabilities = b * s * preset.vocab_size * 4
+    return b * (s * per_token + eager) + logits + log_probabilities, logits
+
+
+def decoder_weight_casts_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:
+    """Autocast's 16-bit copies of fp32 weights that a decoder's forward pass leaves alive: of every matmul weight,
+    the LM head's included (with tied embeddings the embedding matrix is cast for the head), without checkpointing;
+    with it only the head's (outside the checkpointed layers; the layers' copies are in autocast's cache until the
+    forward pass returns). LoRA's 16-bit base and 16-bit compute (FSDP2, ZeRO) make none; QLoRA's fp32 head one.
+    Measured: 2,357 MiB on llama-3.2-1b, all 1.24 B parameters' worth; 0.49 GiB with checkpointing."""
+    if not _is_mixed(config) or config.liger or computes_in_16_bit(config) or (config.lora and not config.load_in_4bit):
+        return 0
+    head = 2 * preset.vocab_size * preset.hidden_size
+    if config.grad_checkpointing or config.load_in_4bit:
+        return head
+    return 2 * _matmul_params(shapes) + (head if preset.tie_word_embeddings else 0)
 
 
 def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
@@ -463,7 +532,10 @@ def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
     c = coefficients(config)
     if config.grad_checkpointing:
         eager_scores = a * s * s * c.eager_recompute_per_score if config.attn == "eager" else 0.0  # one layer's
-        return int(b * (s * h * c.recompute_temporaries + eager_scores) + c.recompute_constant_bytes)
+        recompute = c.recompute_temporaries
+        if preset.family == "gpt2":  # one recomputed block: GPT-2's, not BERT's (fitted), with the same backward extra
+            recompute += gpt2_layer_bytes_per_token(config, preset) / h - c.activations_per_layer
+        return int(b * (s * h * recompute + eager_scores) + c.recompute_constant_bytes)
     return int(b * s * h * c.backward_temporaries)
 
 
@@ -562,14 +634,17 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
                        + liger_kept_bytes(config, preset) + held.half_weight_copies_bytes + CUBLAS_WORKSPACE_BYTES)
     elif preset.objective == "causal-lm":
         activations, logits = decoder_activations_bytes(config, preset)
-        activations += held.half_weight_copies_bytes + CUBLAS_WORKSPACE_BYTES
+        activations += decoder_weight_casts_bytes(config, preset, shapes) + CUBLAS_WORKSPACE_BYTES
     else:
         activations = (activations_bytes(config, preset, shapes) - half_weight_copies_bytes(config, shapes)
                        + held.half_weight_copies_bytes)
     activations += held.gathered_parameters_bytes
     # Liger's chunks come and go in the forward pass, before backward's temporaries; QLoRA's dequantized weight
     # exists beside those
-    temporaries = (max(temporaries_bytes(config, preset) + dequantized_weight_bytes(config, preset),
+    # A causal LM's backward begins with the gradient of the logits, fp32, beside everything the forward kept: on the
+    # H100 the peak was that far above the bands at the end of the forward pass (e.g. 3.98 GiB for 3.91 GiB of logits)
+    backward_temporaries = logits if preset.objective == "causal-lm" else temporaries_bytes(config, preset)
+    temporaries = (max(backward_temporaries + dequantized_weight_bytes(config, preset),
                        liger_transient_bytes(config, preset)) + held.communication_buffers_bytes)
     gradients_at_peak = held.gradients_at_peak_bytes
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
@@ -650,26 +725,33 @@ def prediction_json(config: RunConfig) -> dict[str, int] | None:
     }
 
 
+MEASURED_DECODER_FAMILIES = ("llama", "qwen2")
+"""Decoder families the H100 matrix measured (docs/llm.md): llama-3.2-1b, llama-3.1-8b (QLoRA), qwen2.5-0.5b."""
+
+
 def prediction_caveat(config: RunConfig) -> str | None:
-    """Why not to trust a prediction that no measurement has checked; None where measurements held it (BERT on the
-    H100: docs/memory-model.md)."""
+    """Why not to trust a prediction: what no measurement has checked; None where measurements held it (BERT on the
+    H100: docs/memory-model.md; bert-base, gpt2 and the decoders of the H100 matrix: docs/llm.md)."""
     preset = PRESETS[config.preset]
+    notes = []
     if preset.objective == "causal-lm":
-        caveat = ("decoders are predicted from first principles, not yet checked against a measurement: the weights, "
-                  "gradients and optimizer state are exact, the activations and logits may be tens of percent off")
-        if config.load_in_4bit:
-            caveat += ("; QLoRA's activations are modelled as over a 16-bit base, while its fp32 norms and embeddings "
-                       "(prepare_model_for_kbit_training) keep the residual stream in fp32: they may be more off")
+        if preset.family not in MEASURED_DECODER_FAMILIES:
+            notes.append(f"no {preset.family} decoder was measured (its layers are Llama's, so the model applies)")
+        if not _is_mixed(config):
+            notes.append("decoders were measured in bf16 only")
+        if config.attn == "eager":
+            notes.append("eager attention was not measured on a decoder")
+        if config.load_in_4bit and not config.grad_checkpointing:
+            notes.append("QLoRA was measured with checkpointing only (its fp32 residual stream is modelled)")
         if config.liger:
-            caveat += ("; Liger's fused loss is derived from its source (no logits, the gradients it keeps, its "
-                       "chunks), not measured")
-        return caveat
-    if config.lora:
-        return "LoRA is not yet checked against a measurement: the adapters are exact, the activations may be off"
-    if preset.family != "bert":
-        return ("fitted on bert-large: on gpt2 shapes held-out H100 runs were off by up to 47%; the weights, "
-                "gradients and optimizer state are exact")
-    return None
+            notes.append("Liger's fused loss was checked on one run (llama-3.2-1b, full: 4.5% low)")
+        if config.distributed != "none":
+            notes.append("decoders were not measured on several GPUs")
+    elif config.lora:
+        notes.append("LoRA was measured on decoders only: the adapters are exact, the activations may be off")
+    if not notes:
+        return None
+    return "; ".join(notes) + "; the weights, gradients and optimizer state are exact"
 
 
 ALLOCATOR_CACHE_MIN_BYTES = 256 * MIB
