@@ -256,3 +256,27 @@ async def test_without_nvml_the_charts_show_the_runs_host_memory_and_cpu(db_path
         assert result["status"] == "ok"
         assert len(app.series["host_rss"]) > 0 and app.series["host_rss"].max > 100 * 1024 * 1024  # torch alone
         assert len(app.series["host_cpu"]) > 0
+
+
+@pytest.mark.asyncio
+async def test_a_lora_run_shows_its_trainable_weights_and_its_logits_in_the_memory_bar(db_path):
+    """llama-tiny with LoRA on the CPU, started from the dashboard: the weights row gains "of which trainable" (the
+    fp32 adapters, measured from the run's counts and predicted from the adapter shapes, equal) and the logits
+    (4 × 32 × 32,000 fp32) show as a band of their own."""
+    from gpuanat.core.memory.predict import lora_shapes
+    from gpuanat.core.run.presets import PRESETS
+    from gpuanat.tui.widgets.memory_bar import MemoryBar
+
+    config = RunConfig(preset="llama-tiny", device="cpu", seq_len=32, samples=32, batch_size=4, lora=8)
+    app = make_app(db_path, config)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        bar = app.query_one(MemoryBar)
+        adapters = 4 * lora_shapes(PRESETS["llama-tiny"], config).params
+        assert bar.trainable == (None, adapters)  # before any run: the prediction only
+        result = await run_to_completion(app, pilot)
+        assert result["status"] == "ok" and result["trainable_params"] < result["params"]
+        assert bar.trainable == (adapters, adapters) and adapters == 4 * result["trainable_params"]
+        assert bar.logits[0] == result["logits_bytes"] == 4 * 32 * 32_000 * 4
+        rows = [bar.render_line(y).text for y in range(bar.size.height)]
+        assert any("of which trainable" in row for row in rows) and any("of which logits" in row for row in rows)

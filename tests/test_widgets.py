@@ -359,3 +359,38 @@ def test_memory_bar_repeated_readings_do_not_rebuild_and_themes_restyle():
         assert any(segment.style.color == weights for segment in bar.render_line(0))
 
     run_app(BarApp(), check)
+
+
+def test_memory_bar_draws_a_causal_lms_logits_as_a_band_of_their_own():
+    """llama-3.2-1b on the H100 (benchmarks/results/h100/llm_runs: bf16, batch 2, seq 1024): 8.30 GiB of activations,
+    of which 1002 MiB of logits, measured and predicted. Both bars carve the logits out of the activations."""
+    from gpuanat.tui.widgets.memory_bar import LOGITS_COMPONENT, LOGITS_GLYPH
+
+    logits = 2 * 1024 * 128_256 * 4
+    bands = {"cuda_context_bytes": 758 * MIB, "weights_bytes": 4_943_257_856, "gradients_bytes": 0,
+             "optimizer_state_bytes": 9_886_515_784, "activations_bytes": 8_912_000_000,
+             "temporaries_and_cache_bytes": 2_830_000_000}
+    predicted = dict(bands, activations_bytes=8_920_000_000, temporaries_and_cache_bytes=None)
+
+    async def check(pilot) -> None:
+        bar = pilot.app.query_one(MemoryBar)
+        bar.update_bands(bands, None, H100_TOTAL_BYTES, {})
+        bar.update_predicted(predicted)
+        bar.update_logits(logits, logits, logits // 2)
+        await pilot.pause()
+        bar_width = 80 - 10
+        for row, expected_logits in ((0, logits), (1, logits // 2)):
+            segments = [segment for segment in bar.render_line(row) if segment.text.strip()][1:]
+            glyphs = [segment.text[0] for segment in segments]
+            at = glyphs.index(LOGITS_GLYPH)
+            assert segments[at - 1].style.color == bar.get_component_rich_style(
+                band_component_class("activations_bytes")).color  # right after the activations
+            assert segments[at].style.color == bar.get_component_rich_style(LOGITS_COMPONENT).color
+            assert abs(len(segments[at].text) - expected_logits / H100_TOTAL_BYTES * bar_width) <= 1
+            activations = (bands if row == 0 else predicted)["activations_bytes"] - expected_logits
+            assert abs(len(segments[at - 1].text) - activations / H100_TOTAL_BYTES * bar_width) <= 1
+        rows = bar_rows(bar)
+        logits_row = rows[3 + BAND_NAMES.index("activations_bytes") + 1]
+        assert LOGITS_GLYPH in logits_row and "of which logits" in logits_row and "1002 MiB" in logits_row
+
+    run_app(BarApp(), check)

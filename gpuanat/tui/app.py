@@ -27,7 +27,13 @@ from gpuanat.core.measure.anatomy import assemble_bands
 from gpuanat.core.measure.sampler import GpuSample, NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
-from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, cuda_context_bytes, estimate_memory, peak_reserved_bytes
+from gpuanat.core.memory.predict import (
+    CUDA_CONTEXT_BYTES,
+    cuda_context_bytes,
+    estimate_memory,
+    lora_shapes,
+    peak_reserved_bytes,
+)
 from gpuanat.core.run.config import (
     Capabilities,
     ConfigError,
@@ -36,6 +42,7 @@ from gpuanat.core.run.config import (
     validate_values,
     workload_for_device,
 )
+from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.protocol import Event, Hello, ModelInfo, ProbeBands, Ranked, Step
 from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import execute_run
@@ -145,6 +152,14 @@ def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str
     if total_steps and 0 < step.step < total_steps and step.elapsed_s > 0:
         text += f" · ETA {format_duration(step.elapsed_s / step.step * (total_steps - step.step))}"
     return text
+
+
+def trainable_weights_bytes(params: int | None, trainable_params: int | None) -> int | None:
+    """The bytes of the weights that train where the rest is frozen: LoRA's and QLoRA's adapters, which PEFT keeps
+    in fp32; None for full fine-tuning (all of them train) or without counts."""
+    if not params or trainable_params is None or trainable_params >= params:
+        return None
+    return 4 * trainable_params
 
 
 class GpuAnatApp(DashboardActions):
@@ -560,6 +575,7 @@ class GpuAnatApp(DashboardActions):
         self._predicted_logits_bytes = estimate.logits_bytes if estimate is not None and not compact else None
         now, peak, _ = self.query_one(MemoryBar).logits
         self._show_logits(now, peak)
+        self._show_trainable(self.query_one(MemoryBar).trainable[0])  # what was measured stays; the prediction
         if estimate is None or compact:
             self.query_one(MemoryBar).update_predicted(None)
         else:
@@ -574,6 +590,14 @@ class GpuAnatApp(DashboardActions):
     def _show_logits(self, now: int | None, peak: int | None) -> None:
         """The logits row under the activations: measured, and predicted for the configured run."""
         self.query_one(MemoryBar).update_logits(now, peak, self._predicted_logits_bytes)
+
+    def _show_trainable(self, measured: int | None) -> None:
+        """The weights that train, where the rest is frozen (`trainable_weights_bytes`), and the configured run's
+        adapters as predicted."""
+        predicted = None
+        if self.config.lora and self.config.model is None and not self.compact:
+            predicted = 4 * lora_shapes(PRESETS[self.config.preset], self.config).params
+        self.query_one(MemoryBar).update_trainable(measured, predicted)
 
     def _show_idle_bands(self, sample: Sample) -> None:
         gpu = sample.gpus[0]
@@ -623,6 +647,8 @@ class GpuAnatApp(DashboardActions):
         self.query_one(MemoryBar).update_bands(values, live.peak_bands, gpu.total_bytes if gpu else None, unavailable)
         logits = live.probe_bands.logits_bytes if live.probe_bands else None
         self._show_logits(logits, logits)
+        self._show_trainable(trainable_weights_bytes(live.model.params, live.model.trainable_params)
+                             if live.model else None)
 
     def _show_result_bands(self, result: dict[str, Any]) -> None:
         # The bar stacks the memory at the peak (end of forward): only accumulated gradients are alive then.
@@ -630,6 +656,7 @@ class GpuAnatApp(DashboardActions):
         self.query_one(MemoryBar).update_bands(at_peak, at_peak, result.get("device_memory_total_bytes"),
                                                result["unavailable"])
         self._show_logits(result.get("logits_bytes"), result.get("logits_bytes"))
+        self._show_trainable(trainable_weights_bytes(result.get("params"), result.get("trainable_params")))
         self._show_lanes([
             Lane(rank["gpu_index"], rank["rank"],
                  {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},

@@ -44,6 +44,9 @@ BAND_GLYPHS: dict[str, str] = {
     "temporaries_and_cache_bytes": "▓",  # textured: transient or cached, next to the activations
     "free_bytes": "░",
 }
+LOGITS_GLYPH = "▆"
+"""The logits' cells, carved out of the activations they are part of: the same colour family, another shape."""
+LOGITS_COMPONENT = "memory-bar--logits"
 UNATTRIBUTED_LABEL = "watched process"
 UNATTRIBUTED_GLYPH = "▚"
 """Checkered: memory known to be the watched process's, not split into bands."""
@@ -93,6 +96,7 @@ class MemoryBar(Widget):
         "memory-bar--reason",
         "memory-bar--overflow",
         "memory-bar--unattributed",
+        LOGITS_COMPONENT,
     }
 
     DEFAULT_CSS = """
@@ -112,7 +116,9 @@ class MemoryBar(Widget):
         & > .memory-bar--reason { color: $text-muted; text-style: italic; }
         & > .memory-bar--overflow { color: $error; text-style: bold; }
         & > .memory-bar--unattributed { color: $accent; }
+        & > .memory-bar--logits { color: $error-darken-2; }
         &:ansi > .memory-bar--other-processes { color: ansi_bright_black; }
+        &:ansi > .memory-bar--logits { color: ansi_red; }
         &:ansi > .memory-bar--temporaries-and-cache { color: ansi_magenta; }
         &:ansi > .memory-bar--free { color: ansi_bright_black; }
         &:ansi > .memory-bar--label { color: ansi_bright_black; }
@@ -145,18 +151,36 @@ class MemoryBar(Widget):
         self._legend = True
         self._logits: tuple[int | None, int | None, int | None] = (None, None, None)
         """(now, peak, predicted) bytes of a causal LM's logits, shown under the activations they are part of."""
+        self._trainable: tuple[int | None, int | None] = (None, None)
+        """(measured, predicted) bytes of the weights that train, where some are frozen (LoRA, QLoRA)."""
 
     @property
     def logits(self) -> tuple[int | None, int | None, int | None]:
         return self._logits
 
     def update_logits(self, now: int | None, peak: int | None, predicted: int | None) -> None:
-        """A causal LM's logits (part of the activations): a row of their own under the activations once one of the
-        values reaches a MiB (a classifier's 2-label logits never do)."""
+        """A causal LM's logits (part of the activations): a band of their own, carved out of the activations in both
+        bars, and a legend row under the activations, once one of the values reaches a MiB (a classifier's 2-label
+        logits never do)."""
         if (now, peak, predicted) != self._logits:
             layout = self._shows_logits() != self._shows_logits((now, peak, predicted))
             self._logits = (now, peak, predicted)
             self._changed(layout=layout)
+
+    @property
+    def trainable(self) -> tuple[int | None, int | None]:
+        return self._trainable
+
+    def update_trainable(self, measured: int | None, predicted: int | None) -> None:
+        """The weights that train where the rest is frozen (LoRA's adapters): a row under the weights; None, None
+        (full fine-tuning) shows none."""
+        if (measured, predicted) != self._trainable:
+            layout = self._shows_trainable() != (measured is not None or predicted is not None)
+            self._trainable = (measured, predicted)
+            self._changed(layout=layout)
+
+    def _shows_trainable(self) -> bool:
+        return any(value is not None for value in self._trainable)
 
     def _shows_logits(self, logits: tuple[int | None, int | None, int | None] | None = None) -> bool:
         return any((value or 0) >= LOGITS_SHOWN_FROM_BYTES for value in (logits or self._logits))
@@ -223,7 +247,8 @@ class MemoryBar(Widget):
         bars = 2 if self._predicted is not None else 1
         if not self._legend:
             return bars + 1
-        return bars + 1 + len(BAND_NAMES) + (self._unattributed_bytes is not None) + self._shows_logits() + 1
+        return (bars + 1 + len(BAND_NAMES) + (self._unattributed_bytes is not None) + self._shows_logits()
+                + self._shows_trainable() + 1)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -259,13 +284,19 @@ class MemoryBar(Widget):
             segments.append(Segment("waiting for a reading…", self._style("memory-bar--reason")))
             return self._finish(segments, width)
         unattributed = self._unattributed_bytes if bands is self._current else None
+        logits = (self._logits[0] if bands is self._current else self._logits[2]) if self._shows_logits() else None
+        activations = bands.get("activations_bytes") or 0
+        logits = min(logits or 0, activations)
         names = [*BAND_NAMES[:-1], "unattributed", BAND_NAMES[-1]]
-        values = [(unattributed or 0) if name == "unattributed" else bands.get(name) or 0 for name in names]
+        names.insert(names.index("activations_bytes") + 1, "logits")
+        values = [(unattributed or 0) if name == "unattributed" else logits if name == "logits"
+                  else activations - logits if name == "activations_bytes" else bands.get(name) or 0 for name in names]
         cells = split_cells(values, scale, bar_width)
+        special = {"unattributed": (UNATTRIBUTED_GLYPH, "memory-bar--unattributed"),
+                   "logits": (LOGITS_GLYPH, LOGITS_COMPONENT)}
         for name, count in zip(names, cells, strict=True):
             if count:
-                glyph, component = ((UNATTRIBUTED_GLYPH, "memory-bar--unattributed") if name == "unattributed"
-                                    else (BAND_GLYPHS[name], band_component_class(name)))
+                glyph, component = special.get(name) or (BAND_GLYPHS[name], band_component_class(name))
                 segments.append(Segment(glyph * count, self._style(component)))
         return self._finish(segments, width)
 
@@ -284,6 +315,8 @@ class MemoryBar(Widget):
             rows.append(self._band_row(band, width))
             if band == "activations_bytes" and self._shows_logits():
                 rows.append(self._logits_row(width))
+            if band == "weights_bytes" and self._shows_trainable():
+                rows.append(self._trainable_row(width))
         if self._unattributed_bytes is not None:
             rows.append(self._unattributed_row(width))
         rows.append(self._band_row(BAND_NAMES[-1], width))
@@ -327,7 +360,15 @@ class MemoryBar(Widget):
 
     def _logits_row(self, width: int) -> Strip:
         now, peak, predicted = self._logits
-        text = f"{'':3}{'  of which logits':<{NAME_WIDTH}}{self._values_text(now, peak, predicted)}"
+        return self._finish([
+            Segment(f"  {LOGITS_GLYPH}", self._style(LOGITS_COMPONENT)),
+            Segment(f"{'  of which logits':<{NAME_WIDTH}}{self._values_text(now, peak, predicted)}",
+                    self._style("memory-bar--label")),
+        ], width)
+
+    def _trainable_row(self, width: int) -> Strip:
+        measured, predicted = self._trainable
+        text = f"{'':3}{'  of which trainable':<{NAME_WIDTH}}{self._values_text(measured, measured, predicted)}"
         return self._finish([Segment(text, self._style("memory-bar--label"))], width)
 
     def _used_row(self, width: int) -> Strip:
