@@ -374,6 +374,7 @@ class AnatomyCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):  # type: ignore[override]
         self._model = model
         self._optimizer = optimizer
+        self._measure_gradients_before_deepspeed_steps()
         first_parameter = next(model.parameters())
         self._device = first_parameter.device
         self._cuda = self._device.type == "cuda"
@@ -493,6 +494,29 @@ class AnatomyCallback(TrainerCallback):
             self._logits_bytes = self._logits_bytes or 0
         return None
 
+    def _measure_gradients_before_deepspeed_steps(self) -> None:
+        """DeepSpeed's engine steps inside accelerate's backward, before Trainer's `on_pre_optimizer_step`, and
+        ZeRO-1/2 free their gradient partitions in that step: the probe reads them as the ZeRO optimizer's `step`
+        begins, by wrapping that one method of that one object (ZeRO-3's persistent flat buffer is read either way)."""
+        for wrapped in _optimizer_chain(self._optimizer):
+            if any(hasattr(wrapped, name) for name in DEEPSPEED_MASTER_WEIGHTS) and callable(getattr(wrapped, "step",
+                                                                                                     None)):
+                wrapped.step = self._reading_gradients_first(wrapped.step)
+                return
+
+    def _reading_gradients_first(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(step)
+        def step_measured(*args: Any, **kwargs: Any) -> Any:
+            self._read_gradients_before_step()
+            return step(*args, **kwargs)
+
+        return step_measured
+
+    @_never_raises
+    def _read_gradients_before_step(self) -> None:
+        if self._measuring:
+            self._gradients_bytes = max(self._gradients_bytes, self._gradients_bytes_now())
+
     def _gradients_bytes_now(self) -> int:
         """Gradients on this rank: of the parameters, and with DeepSpeed ZeRO of its fp32 partitions."""
         gradients = [p.grad for p in self._model.parameters()]
@@ -523,7 +547,7 @@ class AnatomyCallback(TrainerCallback):
     @_never_raises
     def on_pre_optimizer_step(self, args, state, control, **kwargs):  # type: ignore[override]
         if self._measuring:
-            self._gradients_bytes = self._gradients_bytes_now()
+            self._gradients_bytes = max(self._gradients_bytes, self._gradients_bytes_now())
         return control
 
     @_never_raises

@@ -578,7 +578,7 @@ def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
     """Weights, gradients and optimizer state on each rank (the ZeRO paper's accounting, as the H200s measured it):
     DDP replicates them and keeps a bucket copy of the gradients; FSDP2 shards all three; DeepSpeed trains a
     16-bit model (with bf16/fp16) whose fp32 master weights count as optimizer state, ZeRO-1/2 sharding the
-    optimizer state (ZeRO-2 the gradients too, reduced into partitions as backward goes), ZeRO-3 everything."""
+    optimizer state and keeping a partition of the reduced gradients for the step, ZeRO-3 everything."""
     ranks = config.ranks or 1
     params = shapes.params
     weights, gradients = 4 * params + shapes.buffer_bytes, 4 * params
@@ -614,7 +614,9 @@ def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
             gathered = min(params, DEEPSPEED_MAX_LIVE_PARAMETERS) * (2 if sixteen_bit else 4)
             return RankState(_shard(model_weights, ranks), _shard(model_gradients, ranks),
                              _shard(model_gradients, ranks), state, buckets, 0, gathered)
-        partition = _shard(model_gradients, ranks) if config.distributed == "zero2" else model_gradients
+        # As the ZeRO optimizer's step begins, ZeRO-1 and ZeRO-2 alike hold this rank's 16-bit partition of the
+        # reduced gradients (measured on 2 H200s: 0.31 GiB each for bert-large's 0.62), and free it in the step
+        partition = _shard(model_gradients, ranks)
         return RankState(model_weights, partition, partition if accumulating else 0, state, buckets, 0)
     buckets = gradients if config.distributed == "ddp" else 0
     return RankState(weights, gradients, gradients if accumulating else 0, optimizer, buckets, half_copies)
