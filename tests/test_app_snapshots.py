@@ -88,14 +88,16 @@ def replay_run(app: GpuAnatApp, until_elapsed_s: float) -> None:
     app.live = LiveRun(config=RunConfig.from_json(meta["config"]), stop_requested=threading.Event(),
                        run_id=meta["run_id"], pid=meta["pid"])
     app._incoming_events.append(ModelInfo(**meta["model"]))
-    for line in lines:
-        event = decode(line)
-        assert isinstance(event, Step)
-        if event.elapsed_s <= until_elapsed_s:
-            app._incoming_events.append(event)
-    for _ in range(samples):
+    steps = [decode(line) for line in lines]
+    assert all(isinstance(step, Step) for step in steps)
+    # in the order they happened: each sample, then the steps that ended before the next, one paint each
+    sample_times_s = meta["elapsed_at_sample"][:samples]
+    for index in range(samples):
         app.sample_now()
-    app.paint()
+        next_s = sample_times_s[index + 1] if index + 1 < samples else until_elapsed_s
+        app._incoming_events.extend(step for step in steps if sample_times_s[index] <= step.elapsed_s < next_s
+                                    or (index == 0 and step.elapsed_s < sample_times_s[0]))
+        app.paint()
 
 
 def test_dashboard_during_the_h100_run(snap_compare, tmp_path):

@@ -280,3 +280,26 @@ async def test_a_lora_run_shows_its_trainable_weights_and_its_logits_in_the_memo
         assert bar.logits[0] == result["logits_bytes"] == 4 * 32 * 32_000 * 4
         rows = [bar.render_line(y).text for y in range(bar.size.height)]
         assert any("of which trainable" in row for row in rows) and any("of which logits" in row for row in rows)
+
+
+@pytest.mark.asyncio
+async def test_every_chart_of_a_run_shares_one_time_axis(db_path):
+    """The throughput comes on the run's own clock (its steps' elapsed seconds); the charts put it on the sampler's,
+    so the memory, CPU and throughput of a run read against one time axis (issue #17: 49 s above 12 s)."""
+    from gpuanat.tui.widgets.line_chart import LineChart
+
+    app = make_app(db_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await run_to_completion(app, pilot)
+        await pilot.pause(0.3)
+        charts = list(app.query(LineChart))
+        assert len(charts) == 3 and len({chart.window for chart in charts}) == 1
+        start_s, end_s = charts[0].window
+        throughput, rss = app.series["throughput"], app.series["host_rss"]
+        assert throughput and rss
+        # the run's steps fall inside the span its process was sampled in, not at 0 s of the chart
+        assert start_s <= rss.first_t_s <= throughput.first_t_s <= throughput.last_t_s <= end_s
+        assert throughput.first_t_s > start_s
+        axes = {chart.render_line(chart.size.height - 1).text.split()[-1] for chart in charts}
+        assert len(axes) == 1  # the same end label on every x-axis

@@ -142,6 +142,8 @@ class LiveRun:
     """The latest step of each rank but rank 0 (whose is `last_step`)."""
     rank_probe_bands: dict[int, ProbeBands] = field(default_factory=dict)
     """The latest measured bands of each rank but rank 0 (whose are `probe_bands`)."""
+    clock_offset_s: float | None = None
+    """For steps without `monotonic_s`: the sampler's time at the run's elapsed 0 s, from its first step."""
 
 
 def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str:
@@ -458,13 +460,23 @@ class GpuAnatApp(DashboardActions):
             self._add_event(event)
         with self.batch_update():
             if samples or events:
+                window = self._charts_window()
                 for chart in self.query(LineChart):
+                    chart.window = window
                     chart.refresh_data()
             if self.live is not None:
                 self._show_live_bands()
             self.query_one(LogPane).poll()
             self.query_one(StatusLine).show(nvml=self.nvml, run_state=self._run_state(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())
+
+    def _charts_window(self) -> tuple[float, float] | None:
+        """One time axis for every chart: from the first to the last sample any of them shows."""
+        shown = [series for series in self.series.values() if series]
+        if not shown:
+            return None
+        return (min(series.first_t_s for series in shown if series.first_t_s is not None),
+                max(series.last_t_s for series in shown if series.last_t_s is not None))
 
     def _shown_gpu_index(self) -> int | None:
         """The GPU the charts and the memory bar show: rank 0's of the run in progress, else of the last run."""
@@ -527,11 +539,17 @@ class GpuAnatApp(DashboardActions):
             # loss logging and the DataLoader, and would read against the "steady" figure the run ends with.
             live.recent_steps.append((event.elapsed_s, event.samples))
             first_elapsed_s, first_samples = live.recent_steps[0]
+            if event.monotonic_s is not None:  # the worker's time.monotonic(): the sampler's clock (Linux)
+                t_s = event.monotonic_s
+            else:  # a step without it (older recordings): placed by the latest sample when the first step came
+                if live.clock_offset_s is None:
+                    now_s = self._latest_sample.t_s if self._latest_sample is not None else self._clock()
+                    live.clock_offset_s = now_s - event.elapsed_s
+                t_s = live.clock_offset_s + event.elapsed_s
             throughput = self.series["throughput"]
-            if (event.elapsed_s > first_elapsed_s
-                    and (throughput.last_t_s is None or event.elapsed_s > throughput.last_t_s)):
+            if event.elapsed_s > first_elapsed_s and (throughput.last_t_s is None or t_s > throughput.last_t_s):
                 rate = (event.samples - first_samples) / (event.elapsed_s - first_elapsed_s)
-                throughput.append(event.elapsed_s, rate)  # on the run's own clock
+                throughput.append(t_s, rate)  # on the sampler's clock, as the other charts
 
     # --- what the widgets show ---------------------------------------------------------------------
     def _run_state(self) -> str:

@@ -103,6 +103,8 @@ class LineChart(Widget):
     title: reactive[str] = reactive("")
     y_max: reactive[float | None] = reactive(None)
     """Fixed top of the y-axis (e.g. device total memory); None scales to the highest value shown."""
+    window: reactive[tuple[float, float] | None] = reactive(None)
+    """The time span shown, shared by the charts of one dashboard (one time axis); None spans this chart's data."""
     paused: reactive[bool] = reactive(False)
     """Freeze the display on the data it showed when paused; new samples keep arriving underneath."""
 
@@ -166,7 +168,7 @@ class LineChart(Widget):
     def render_line(self, y: int) -> Strip:
         width, height = self.size
         shown = self._frozen if self._frozen is not None else self._series
-        key = (width, height, self.title, self.y_max, self.paused, self._data_key(shown))
+        key = (width, height, self.title, self.y_max, self.window, self.paused, self._data_key(shown))
         if key != self._rows_key:
             self._base_style = self.rich_style  # walks the ancestors: once per build, not per row
             self._rows = self._build_rows(width, height, shown)
@@ -199,6 +201,8 @@ class LineChart(Widget):
 
         t_start_s = min(series.first_t_s for series in with_data.values() if series.first_t_s is not None)
         t_end_s = max(series.last_t_s for series in with_data.values() if series.last_t_s is not None)
+        if self.window is not None:
+            t_start_s, t_end_s = min(self.window[0], t_start_s), max(self.window[1], t_end_s)
         raw_max = max(series.max for series in with_data.values() if series.max is not None)
         label_candidates = [raw_max, 0.0] if self.y_max is None else [self.y_max, 0.0]
         label_width = min(max(len(self.formatter(value)) for value in label_candidates) + 1, max(1, width // 3))
