@@ -394,3 +394,20 @@ def test_memory_bar_draws_a_causal_lms_logits_as_a_band_of_their_own():
         assert LOGITS_GLYPH in logits_row and "of which logits" in logits_row and "1002 MiB" in logits_row
 
     run_app(BarApp(), check)
+
+
+def test_memory_bar_columns_never_touch_on_a_141_gb_card():
+    """An H200 shows 131.03 GiB free: the now and peak columns must not run together ("131.03 GiB131.03 GiB")."""
+    total = 143_771 * MIB
+    bands = {"cuda_context_bytes": 758 * MIB, "weights_bytes": 4 * GIB, "free_bytes": total - 758 * MIB - 4 * GIB}
+
+    async def check(pilot) -> None:
+        bar = pilot.app.query_one(MemoryBar)
+        bar.update_bands(bands, bands, total, {})
+        bar.update_predicted({"weights_bytes": 4 * GIB, "free_bytes": 1023 * GIB})
+        await pilot.pause()
+        rows = bar_rows(bar)
+        assert any("135.66 GiB" in row for row in rows)
+        assert not [row for row in rows if "GiB1" in row or "MiB1" in row], rows
+
+    run_app(BarApp(), check)

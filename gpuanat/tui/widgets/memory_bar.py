@@ -53,8 +53,9 @@ UNATTRIBUTED_GLYPH = "▚"
 LABEL_WIDTH = 10
 """Columns before a bar: "measured", "predicted"."""
 NAME_WIDTH = 20
-VALUE_WIDTH = 10
-PREDICTED_WIDTH = 11
+VALUE_WIDTH = 11
+"""Room for the widest value, "1023.99 GiB" (a 141 GB card shows 131.03 GiB): columns never touch."""
+PREDICTED_WIDTH = 12
 LOGITS_SHOWN_FROM_BYTES = 1 << 20
 
 
@@ -325,12 +326,17 @@ class MemoryBar(Widget):
 
     def _unattributed_row(self, width: int) -> Strip:
         value_style = self._style("memory-bar--value")
-        return self._finish([
+        segments = [
             Segment(UNATTRIBUTED_GLYPH * 2, self._style("memory-bar--unattributed")),
             Segment(f" {UNATTRIBUTED_LABEL:<{NAME_WIDTH}}", value_style),
             Segment(f"{format_bytes(self._unattributed_bytes):>{VALUE_WIDTH}}", value_style),
-            Segment("  not broken down: the process publishes no anatomy", self._style("memory-bar--reason")),
-        ], width)
+        ]
+        reason = "not broken down: the process publishes no anatomy"
+        room = width - sum(len(segment.text) for segment in segments) - 2
+        if room > 1:
+            shown = reason if len(reason) <= room else reason[: room - 1] + "…"
+            segments.append(Segment(f"  {shown}", self._style("memory-bar--reason")))
+        return self._finish(segments, width)
 
     def _values_text(self, now: int | None, peak: int | None, predicted: int | None) -> str:
         text = f"{format_bytes(now):>{VALUE_WIDTH}}{format_bytes(peak):>{VALUE_WIDTH}}"
