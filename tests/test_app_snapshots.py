@@ -21,6 +21,7 @@ from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.protocol import ModelInfo, Step, decode
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp, LiveRun
+from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline
 
 DATA = Path(__file__).resolve().parent / "data"
 TRACE = DATA / "nvml_trace_h100.jsonl"
@@ -139,3 +140,27 @@ def test_dashboard_fits_80x24_in_ansi_colours(snap_compare, tmp_path):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_the_anatomy_over_time_of_the_h100_run(snap_compare, tmp_path):
+    """`v`: the bands of the recorded H100 run over its steps, each at its peak and its end — the activations rise
+    and fall every step, the optimizer state appears after step 1 (issue #17)."""
+    meta, _, _ = h100_environment()
+    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+
+    async def run_before(pilot) -> None:
+        while app.capabilities is None:
+            await pilot.pause()
+        replay_run(app, until_elapsed_s=3.0)
+        await pilot.press("v")
+        await pilot.pause()
+        timeline = app.query_one(AnatomyTimeline)
+        points = timeline.points
+        assert points and points[0].step == 1 and points[0].bands["optimizer_state_bytes"] == 0
+        assert points[1].bands["optimizer_state_bytes"] > 0  # created by the first optimizer step
+        peaks = [point for point in points if point.at_peak]
+        ends = [point for point in points if not point.at_peak]
+        assert all(peak.bands["activations_bytes"] > 1 << 30 for peak in peaks[1:])  # 4.6 GiB at each peak
+        assert all(end.bands["activations_bytes"] == 0 for end in ends)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

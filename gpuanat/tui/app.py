@@ -52,6 +52,7 @@ from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline, anatomy_points
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart, format_duration
 from gpuanat.tui.widgets.log_pane import LogPane
@@ -193,6 +194,7 @@ class GpuAnatApp(DashboardActions):
         Binding("M", "toggle_technique('preset')", "Model", id="preset", show=False),
         Binding("G", "cycle_gpus", "GPUs", id="gpus", show=False),
         Binding("D", "cycle_distributed", "Distributed", id="distributed", show=False),
+        Binding("v", "toggle_timeline", "Anatomy timeline", id="timeline", show=False),
         *SHARED_BINDINGS,
     ]
 
@@ -258,6 +260,7 @@ class GpuAnatApp(DashboardActions):
                 yield LineChart(f"Throughput (samples/s, mean of {THROUGHPUT_WINDOW_STEPS} steps)",
                                 formatter=_rate_label, id="throughput-chart",
                                 empty_message="a run's samples/s show here")
+                yield AnatomyTimeline(id="timeline")
         yield MemoryBar(id="memory")
         yield GpuLanes(id="lanes")
         yield LogPane(id="log")
@@ -290,6 +293,7 @@ class GpuAnatApp(DashboardActions):
         card has, not against its own maximum (where any run would look like a wall)."""
         chart = self.query_one("#memory-chart", LineChart)
         if gpu.total_bytes is not None and chart.y_max != gpu.total_bytes:
+            self.query_one(AnatomyTimeline).set_total(gpu.total_bytes)
             chart.y_max = gpu.total_bytes
             chart.title = f"GPU {gpu.index} memory used (of {format_bytes(gpu.total_bytes)})"
 
@@ -399,6 +403,7 @@ class GpuAnatApp(DashboardActions):
         self.live.rank_pids, self.live.rank_steps, self.live.rank_probe_bands = {}, {}, {}
         self.live.recent_steps.clear()
         self.series["throughput"].clear()
+        self.query_one(AnatomyTimeline).clear()
         if self._sampler is not None:
             self._sampler.track(message.pid)
         self.query_one(LogPane).follow(message.log_path)
@@ -470,6 +475,18 @@ class GpuAnatApp(DashboardActions):
             self.query_one(StatusLine).show(nvml=self.nvml, run_state=self._run_state(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())
 
+    def _add_anatomy_points(self, live: LiveRun, step: Step) -> None:
+        """The step's two columns of the anatomy timeline: its peak and its end."""
+        if live.model is None:
+            return
+        known = live.probe_bands.optimizer_state_bytes if live.probe_bands is not None else 0
+        before = (step.bands.optimizer_state_at_forward_end_bytes if step.bands is not None
+                  and step.bands.optimizer_state_at_forward_end_bytes is not None else 0 if step.step <= 1 else known)
+        context = (live.peak_bands or {}).get("cuda_context_bytes")
+        self.query_one(AnatomyTimeline).add_points(anatomy_points(
+            step.step, step.peak_allocated_bytes, step.allocated_bytes, step.reserved_bytes, live.model.weights_bytes,
+            before, known, context))
+
     def _charts_window(self) -> tuple[float, float] | None:
         """One time axis for every chart: from the first to the last sample any of them shows."""
         shown = [series for series in self.series.values() if series]
@@ -535,6 +552,7 @@ class GpuAnatApp(DashboardActions):
             live.last_step = event
             if event.bands is not None:
                 live.probe_bands = event.bands
+            self._add_anatomy_points(live, event)
             # The mean rate of the last steps, as the steady rate is a mean: a single step's rate jumps with the
             # loss logging and the DataLoader, and would read against the "steady" figure the run ends with.
             live.recent_steps.append((event.elapsed_s, event.samples))

@@ -149,6 +149,13 @@ class DashboardActions(App[None]):
         several = len(self.query_one(GpuLanes).lanes) > 1
         self.query_one(MemoryBar).show_legend(not (several and self.compact))
 
+    def action_toggle_timeline(self) -> None:
+        """The memory and utilization charts, or in their place the anatomy timeline: the bands over the last steps."""
+        self.screen.toggle_class("-timeline")
+        shown = self.screen.has_class("-timeline")
+        self.notify("Anatomy over time: each step at its peak and its end (v: the charts)." if shown
+                    else "Charts (v: the anatomy over time).", timeout=3)
+
     def action_pause(self) -> None:
         self.charts_paused = not self.charts_paused
         for chart in self.query(LineChart):
