@@ -164,3 +164,39 @@ def test_the_anatomy_over_time_of_the_h100_run(snap_compare, tmp_path):
         assert all(end.bands["activations_bytes"] == 0 for end in ends)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+@pytest.mark.asyncio
+async def test_history_sorts_and_filters_as_htop_does(tmp_path):
+    """The H100 sweep's 11 runs: `>` sorts by the next column (time, largest first), `I` inverts, `/` filters by
+    name/techniques, escape clears the filter; the selection and compare work on what is shown."""
+    from gpuanat.tui.screens.history import HistoryScreen
+
+    fill_history(tmp_path / "h.sqlite")
+    app = make_app(tmp_path / "h.sqlite", RunConfig())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        screen = app.screen
+        assert isinstance(screen, HistoryScreen) and screen.shown_run_ids == list(range(1, 12))
+        rows = {row["id"]: row for row in screen._rows}
+        await pilot.press("greater_than_sign")
+        assert screen.sort_key == "time_s" and screen.descending
+        times = [rows[run_id]["time_s"] for run_id in screen.shown_run_ids if rows[run_id]["time_s"] is not None]
+        assert times == sorted(times, reverse=True) and len(times) >= 8
+        await pilot.press("I")
+        times = [rows[run_id]["time_s"] for run_id in screen.shown_run_ids if rows[run_id]["time_s"] is not None]
+        assert times == sorted(times)
+        assert "▲" in str(screen.query_one("#history-table").columns["time_s"].label)
+        await pilot.press("slash", *"fp16")
+        shown = screen.shown_run_ids
+        assert 0 < len(shown) < 11
+        assert all("fp16" in f"{rows[i]['name']} {rows[i]['techniques']}".lower() for i in shown)
+        await pilot.press("enter")  # keeps the filter, back in the table
+        assert screen.filter_text == "fp16" and screen.query_one("#history-table").has_focus
+        await pilot.press("escape")  # clears it
+        assert screen.filter_text == "" and len(screen.shown_run_ids) == 11
+        await pilot.press("less_than_sign")  # back to the run order
+        assert screen.sort_key == "id" and screen.shown_run_ids == list(range(1, 12))
+        await pilot.press("space", "up", "space", "enter")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, HistoryScreen)

@@ -158,13 +158,13 @@ def print_summary(result: dict[str, Any]) -> None:
         print(f"  {result['error']['kind']}: {result['error']['message']}")
     if "training" in result["unavailable"]:  # a script that trained nothing gpuanat could see
         print(f"Nothing measured: {result['unavailable']['training']}.")
-        print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MB.")
+        print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MiB.")
         print(f"Peak RSS: {format_bytes(result.get('peak_rss_bytes'))}")
         print(f"Log: {result['log_path']}")
         return
     print(f"Time: {format_number(result['train_runtime_s'])}")
     print(f"Samples/second: {format_number(result['samples_per_second'])}")
-    print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MB.")
+    print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MiB.")
     steady = result["steady_samples_per_second"]
     note = (f"after {result['warmup_steps']} warm-up steps" if steady is not None
             else result["unavailable"].get("steady_samples_per_second", ""))

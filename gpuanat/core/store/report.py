@@ -101,7 +101,7 @@ HISTORY_COLUMNS = (
     Column("samples_per_second", "samples/s", numeric=True),
     Column("steady_samples_per_second", "steady/s", numeric=True, keep=5),
     Column("peak_allocated", "peak alloc", numeric=True, keep=2),
-    Column("gpu_memory_mb", "GPU mem MB", numeric=True, keep=1),
+    Column("gpu_memory_mb", "GPU mem MiB", numeric=True, keep=1),
     Column("prediction_error_delta", "pred err", numeric=True, keep=9),
 )
 """At 80 columns: id, name, status, samples/s, GPU memory, peak allocated (and techniques, cut short)."""
@@ -154,7 +154,7 @@ SWEEP_COLUMNS = (
     Column("samples_per_second_delta", "Δ samples/s", numeric=True),
     Column("steady_samples_per_second", "Steady/s", numeric=True),
     Column("steady_delta", "Δ steady", numeric=True),
-    Column("gpu_memory_mb", "GPU mem MB", numeric=True),
+    Column("gpu_memory_mb", "GPU mem MiB", numeric=True),
     Column("memory_delta", "Δ mem", numeric=True),
     Column("peak_allocated", "Peak alloc", numeric=True),
     Column("reason", "reason"),

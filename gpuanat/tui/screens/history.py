@@ -1,11 +1,17 @@
-"""Every recorded run (this session's and earlier ones), newest last; pick runs to compare."""
+"""Every recorded run (this session's and earlier ones), newest last; pick runs to compare.
+
+As in htop and nvitop: `<` and `>` choose the column the rows are sorted by (its title marked ▲ or ▼), `I` inverts
+the order, `/` filters the rows to those whose name, status, model, techniques or device contain the text typed
+(escape clears the filter)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label
+from textual.widgets import DataTable, Footer, Input, Label
 
 from gpuanat.core.store.history import RunRow
 from gpuanat.core.store.report import HISTORY_COLUMNS, display_value, history_rows
@@ -16,6 +22,25 @@ SCREEN_COLUMN_ORDER = ("id", "when", "name", "status", "techniques", "time_s", "
                        "model", "device")
 """The metrics come before the long model and device names so that 120 columns show them."""
 SCREEN_COLUMNS = tuple(next(c for c in HISTORY_COLUMNS if c.key == key) for key in SCREEN_COLUMN_ORDER)
+SORT_KEYS = ("id", "time_s", "samples_per_second", "steady_samples_per_second", "peak_allocated", "gpu_memory_mb",
+             "prediction_error_delta", "status", "name", "model", "techniques", "device")
+"""The columns `<` and `>` step through; `id` (the order the runs were made in) first."""
+FILTERED_KEYS = ("name", "status", "model", "techniques", "device")
+
+
+def sorted_rows(rows: list[dict[str, Any]], key: str, descending: bool) -> list[dict[str, Any]]:
+    """`rows` by `key`; rows without a value last either way (a failed run has no samples/s)."""
+    present = [row for row in rows if row.get(key) is not None]
+    missing = [row for row in rows if row.get(key) is None]
+    return sorted(present, key=lambda row: row[key], reverse=descending) + missing
+
+
+def filtered_rows(rows: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """The rows whose name, status, model, techniques or device contain `text` (any case)."""
+    needle = text.strip().lower()
+    if not needle:
+        return rows
+    return [row for row in rows if any(needle in str(row.get(key) or "").lower() for key in FILTERED_KEYS)]
 
 
 class HistoryScreen(Screen[list[int]]):
@@ -24,39 +49,104 @@ class HistoryScreen(Screen[list[int]]):
     BINDINGS = [
         Binding("space", "toggle_selection", "Select", id="history.select"),
         Binding("enter", "compare", "Compare selected", id="history.compare", priority=True),
+        Binding("greater_than_sign", "sort_by(1)", "Sort: next column", id="history.sort_next", key_display=">"),
+        Binding("less_than_sign", "sort_by(-1)", "Sort: previous column", id="history.sort_previous",
+                key_display="<", show=False),
+        Binding("I", "invert_sort", "Invert order", id="history.invert", show=False),
+        Binding("slash", "filter", "Filter", id="history.filter", key_display="/"),
         Binding("h,escape", "close", "Back", id="history.back"),
     ]
     DEFAULT_CSS = """
     HistoryScreen DataTable { height: 1fr; }
     HistoryScreen #history-hint { color: $text-muted; padding: 0 1; }
+    HistoryScreen #history-filter { display: none; }
+    HistoryScreen.-filtering #history-filter { display: block; }
     """
 
     def __init__(self, runs: list[RunRow]) -> None:
         super().__init__()
         self._runs = runs
+        self._rows = history_rows(runs)
+        for row in self._rows:
+            row["when"] = row["when"][5:]  # the year goes: MM-DD HH:MM
         self.selected: list[int] = []
+        self.sort_key = "id"
+        self.descending = False
+        self.filter_text = ""
 
     def compose(self) -> ComposeResult:
         yield Label("History — space selects runs, enter compares them (the first selected is the baseline)",
                     id="history-hint")
         yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
+        yield Input(placeholder="filter: name, status, model, techniques, device (enter keeps it, escape clears it)",
+                    id="history-filter")
         yield Footer()
 
     def on_mount(self) -> None:
+        self._fill(cursor_run_id=self._rows[-1]["id"] if self._rows else None)
+
+    @property
+    def shown_run_ids(self) -> list[int]:
+        """The runs the table shows, in its order."""
+        return [row["id"] for row in self._shown_rows()]
+
+    def _shown_rows(self) -> list[dict[str, Any]]:
+        return sorted_rows(filtered_rows(self._rows, self.filter_text), self.sort_key, self.descending)
+
+    def _fill(self, cursor_run_id: int | None = None) -> None:
+        """(Re)build the table: the filter, then the sort; the cursor stays on the run it was on where shown."""
         table = self.query_one(DataTable)
+        if cursor_run_id is None and table.row_count:
+            cursor_run_id = int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
+        table.clear(columns=True)
         table.add_column(" ", key="selected")
         for column in SCREEN_COLUMNS:
-            table.add_column(column.title, key=column.key)
-        for row in history_rows(self._runs):
-            row["when"] = row["when"][5:]  # the year goes: MM-DD HH:MM
-            table.add_row("", *(display_value(column.key, row.get(column.key)) for column in SCREEN_COLUMNS),
+            mark = (" ▼" if self.descending else " ▲") if column.key == self.sort_key else ""
+            table.add_column(column.title + mark, key=column.key)
+        rows = self._shown_rows()
+        for row in rows:
+            table.add_row(SELECTED_MARK if row["id"] in self.selected else "",
+                          *(display_value(column.key, row.get(column.key)) for column in SCREEN_COLUMNS),
                           key=str(row["id"]))
-        if self._runs:
-            table.move_cursor(row=len(self._runs) - 1)
+        ids = [row["id"] for row in rows]
+        if ids:
+            table.move_cursor(row=ids.index(cursor_run_id) if cursor_run_id in ids else len(ids) - 1)
+        shown = f"{len(rows)} of {len(self._rows)} runs" if self.filter_text else f"{len(rows)} runs"
+        order = "" if self.sort_key == "id" and not self.descending else \
+            f" · sorted by {next(c.title for c in SCREEN_COLUMNS if c.key == self.sort_key)}"
+        where = f" · filter “{self.filter_text}”" if self.filter_text else ""
+        self.query_one("#history-hint", Label).update(
+            f"History — {shown}{order}{where} · space selects, enter compares (the first selected is the baseline)")
+
+    def action_sort_by(self, step: int) -> None:
+        self.sort_key = SORT_KEYS[(SORT_KEYS.index(self.sort_key) + step) % len(SORT_KEYS)]
+        # numbers read best largest first; names and the run order ascending
+        self.descending = self.sort_key not in ("id", "status", "name", "model", "techniques", "device")
+        self._fill()
+
+    def action_invert_sort(self) -> None:
+        self.descending = not self.descending
+        self._fill()
+
+    def action_filter(self) -> None:
+        self.add_class("-filtering")
+        self.query_one(Input).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value
+        self._fill()
+
+    def _end_filtering(self, keep: bool) -> None:
+        if not keep:
+            self.query_one(Input).value = ""
+            self.filter_text = ""
+            self._fill()
+        self.remove_class("-filtering")
+        self.query_one(DataTable).focus()
 
     def action_toggle_selection(self) -> None:
         table = self.query_one(DataTable)
-        if not self._runs:
+        if table.row_count == 0:
             return
         run_id = int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
         if run_id in self.selected:
@@ -67,10 +157,16 @@ class HistoryScreen(Screen[list[int]]):
         table.action_cursor_down()
 
     def action_compare(self) -> None:
+        if self.has_class("-filtering"):  # enter in the filter: keep it, back to the table
+            self._end_filtering(keep=True)
+            return
         if len(self.selected) < 2:
             self.notify("Select two or more runs with space first.", severity="warning")
             return
         self.dismiss(list(self.selected))
 
     def action_close(self) -> None:
+        if self.has_class("-filtering") or self.filter_text:  # escape clears the filter before it leaves
+            self._end_filtering(keep=False)
+            return
         self.dismiss([])
