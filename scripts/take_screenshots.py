@@ -99,6 +99,24 @@ async def take_watch_replay(out_dir: Path) -> None:
         app.save_screenshot(filename="watch_replay.svg", path=str(out_dir))
 
 
+async def take_dashboard_replay(out_dir: Path, size: tuple[int, int], filename: str) -> None:
+    """The dashboard at `size` during the H100 run recorded in tests/data, replayed 3 s into training (no GPU)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from test_app_snapshots import h100_environment, make_app, replay_run
+
+    meta, _, _ = h100_environment()
+    db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
+    app = make_app(db_path, RunConfig.from_json(meta["config"]))
+    async with app.run_test(size=size) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        replay_run(app, until_elapsed_s=3.0)
+        await pilot.pause(0.5)
+        app.save_screenshot(filename=filename, path=str(out_dir))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, required=True)
@@ -110,6 +128,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--watch-pid", type=int, default=None, help="only the watch dashboard of this process")
     parser.add_argument("--watch-replay", action="store_true", help="only the watch dashboard, from the recording")
+    parser.add_argument("--dashboard-replay", action="store_true",
+                        help="only the dashboard at 80×24 from the H100 recording (dashboard_80x24.svg)")
     parser.add_argument("--gpus", default=None, help="only the dashboard during a run on these GPUs (--gpus of run;"
                         " 1 with --distributed none for one GPU)")
     parser.add_argument("--distributed", default="ddp", help="with --gpus: the distributed technique")
@@ -125,6 +145,9 @@ def main() -> None:
         return
     if args.watch_replay:
         asyncio.run(take_watch_replay(args.out_dir))
+        return
+    if args.dashboard_replay:
+        asyncio.run(take_dashboard_replay(args.out_dir, (80, 24), "dashboard_80x24.svg"))
         return
     if args.gpus is not None:
         config = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples,
