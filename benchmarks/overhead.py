@@ -9,6 +9,10 @@ Two modes, each writing one JSON document with both measurements and the ratios 
 
     python benchmarks/overhead.py --sweep-json sweep.json --out overhead.json
     python benchmarks/overhead.py --interleave vanilla --interleave bf16 --repeats 3 --out interleaved.json
+    python benchmarks/overhead.py --interleave as-is --base '{"precision": "bf16", "batch_size": 32, "samples": 2048}' \
+        --repeats 3 --out bs32.json     # the base config itself (issue #18's GPU-bound case)
+
+Each run's HF samples/s, steady samples/s and wall time (process start to result) are kept.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from gpuanat.core.run.config import RunConfig, child_environment
@@ -28,16 +33,18 @@ HERE = Path(__file__).resolve().parent
 
 def plain_run(config: dict) -> dict:
     """The plain Trainer under the same allocator settings as `gpuanat run` gives its child."""
+    started_s = time.monotonic()
     env = child_environment(RunConfig.from_json(config), os.environ)
     completed = subprocess.run([sys.executable, str(HERE / "plain_trainer.py"), "--config", json.dumps(config)],
                                capture_output=True, text=True, check=False, env=env)
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
         raise RuntimeError(f"plain Trainer failed ({completed.returncode}): {completed.stderr[-2000:]}")
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "wall_s": time.monotonic() - started_s}
 
 
 def gpuanat_run(config: dict, db: Path) -> dict:
+    started_s = time.monotonic()
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in config.items()
              if value is not None and not isinstance(value, bool) and key not in ("model", "seed")]
     flags += [f"--{'' if value else 'no-'}{key.replace('_', '-')}" for key, value in config.items()
@@ -47,7 +54,7 @@ def gpuanat_run(config: dict, db: Path) -> dict:
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
         raise RuntimeError(f"gpuanat run failed ({completed.returncode}): {completed.stderr[-2000:]}")
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "wall_s": time.monotonic() - started_s}
 
 
 def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
@@ -56,8 +63,10 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
 
     rows = []
     db = out.with_suffix(".sqlite")
-    for experiment in (e for e in EXPERIMENTS if e.name in names):
-        config = experiment.config(RunConfig.from_json(base)).to_json()
+    chosen = [(e.name, e.config(RunConfig.from_json(base)).to_json()) for e in EXPERIMENTS if e.name in names]
+    if "as-is" in names:
+        chosen.append(("as-is", RunConfig.from_json(base).to_json()))
+    for name, config in chosen:
         plain, monitored = [], []
         for round_index in range(repeats):
             order = ("plain", "gpuanat") if round_index % 2 == 0 else ("gpuanat", "plain")
@@ -69,7 +78,15 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
         plain_steady = [r["steady_samples_per_second"] for r in plain]
         monitored_steady = [r["steady_samples_per_second"] for r in monitored]
         row = {
-            "name": experiment.name, "config": config, "repeats": repeats,
+            "name": name, "config": config, "repeats": repeats,
+            "plain_samples_per_second": [r["samples_per_second"] for r in plain],
+            "gpuanat_samples_per_second": [r["samples_per_second"] for r in monitored],
+            "samples_ratio_of_medians": statistics.median(r["samples_per_second"] for r in monitored)
+            / statistics.median(r["samples_per_second"] for r in plain),
+            "plain_wall_s": [r["wall_s"] for r in plain],
+            "gpuanat_wall_s": [r["wall_s"] for r in monitored],
+            "gpuanat_achieved_tflops": [r.get("achieved_tflops") for r in monitored],
+            "gpuanat_mfu": [r.get("mfu") for r in monitored],
             "plain_steady_samples_per_second": plain_steady,
             "gpuanat_steady_samples_per_second": monitored_steady,
             "steady_ratio_of_medians": statistics.median(monitored_steady) / statistics.median(plain_steady),
@@ -78,7 +95,8 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
         }
         rows.append(row)
         out.write_text(json.dumps(rows, indent=2))
-        print(f"{experiment.name:<32} steady ratio of medians {row['steady_ratio_of_medians']:.4f}  "
+        print(f"{name:<32} HF samples/s ratio of medians {row['samples_ratio_of_medians']:.4f}  "
+              f"steady ratio of medians {row['steady_ratio_of_medians']:.4f}  "
               f"plain {plain_steady}  gpuanat {monitored_steady}", flush=True)
 
 

@@ -303,3 +303,6 @@ async def test_every_chart_of_a_run_shares_one_time_axis(db_path):
         assert throughput.first_t_s > start_s
         axes = {chart.render_line(chart.size.height - 1).text.split()[-1] for chart in charts}
         assert len(axes) == 1  # the same end label on every x-axis
+        # the model FLOPs the run achieved at the plotted rate, live (no MFU on a CPU: no peak known)
+        title = app.query_one("#throughput-chart", LineChart).title
+        assert "FLOP/s" in title and "MFU" not in title

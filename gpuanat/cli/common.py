@@ -169,6 +169,7 @@ def print_summary(result: dict[str, Any]) -> None:
     note = (f"after {result['warmup_steps']} warm-up steps" if steady is not None
             else result["unavailable"].get("steady_samples_per_second", ""))
     print(f"Steady samples/second: {format_number(steady)} ({note})")
+    print(f"Achieved: {compute_text(result)}")
     print(f"Peak allocated: {format_bytes(result['peak_allocated_bytes'])}")
     params, trainable = result.get("params"), result.get("trainable_params")
     if params and trainable is not None and trainable != params:  # adapters on a frozen base: say how it splits
@@ -183,6 +184,21 @@ def print_summary(result: dict[str, Any]) -> None:
         reason = result["unavailable"].get(band)
         print(f"  {label:<22} {format_bytes(value):>11}" + (f"  ({reason})" if value is None and reason else ""))
     print(f"Log: {result['log_path']}")
+
+
+def compute_text(result: dict[str, Any]) -> str:
+    """"311.6 TFLOP/s, 31.5% of NVIDIA H100 80GB HBM3's 989 TFLOP/s dense peak (MFU)": model FLOPs at the steady
+    rate; the MFU or why it is missing."""
+    achieved = result.get("achieved_tflops")
+    if achieved is None:
+        return "— TFLOP/s (" + (result["unavailable"].get("mfu") or "not measured") + ")"
+    text = f"{achieved:.1f} TFLOP/s" if achieved >= 1 else f"{achieved * 1000:.1f} GFLOP/s"
+    if result.get("mfu") is None:
+        return f"{text} (MFU: {result['unavailable'].get('mfu', 'not known')})"
+    gpus = len(result.get("gpus") or []) or 1
+    where = result.get("gpu_name") or "the GPU"
+    where = f"{gpus}× {where}" if gpus > 1 else where
+    return f"{text}, {100 * result['mfu']:.1f}% of {where}'s {result['peak_tflops']:.0f} TFLOP/s dense peak (MFU)"
 
 
 def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:

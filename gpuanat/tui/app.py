@@ -42,6 +42,7 @@ from gpuanat.core.run.config import (
     validate_values,
     workload_for_device,
 )
+from gpuanat.core.run.flops import utilization
 from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.protocol import Event, Hello, ModelInfo, ProbeBands, Ranked, Step
 from gpuanat.core.run.runner import probe_capabilities
@@ -403,6 +404,7 @@ class GpuAnatApp(DashboardActions):
         self.live.rank_pids, self.live.rank_steps, self.live.rank_probe_bands = {}, {}, {}
         self.live.recent_steps.clear()
         self.series["throughput"].clear()
+        self.query_one("#throughput-chart", LineChart).title = self._throughput_title(None, None)
         self.query_one(AnatomyTimeline).clear()
         if self._sampler is not None:
             self._sampler.track(message.pid)
@@ -474,6 +476,20 @@ class GpuAnatApp(DashboardActions):
             self.query_one(LogPane).poll()
             self.query_one(StatusLine).show(nvml=self.nvml, run_state=self._run_state(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())
+
+    def _throughput_title(self, live: LiveRun | None, rank_rate: float | None) -> str:
+        """The throughput chart's title, with the model FLOPs the run achieves at that rate and its MFU."""
+        title = f"Throughput (samples/s, mean of {THROUGHPUT_WINDOW_STEPS} steps)"
+        if live is None or rank_rate is None:
+            return title
+        gpu = self._gpu_of(self._latest_sample, self._shown_gpu_index())
+        ranks = max(1, len(live.gpu_indices))
+        speed = utilization(live.config, rank_rate * ranks, gpu.name if gpu else None, ranks)
+        if speed.achieved_tflops is None:
+            return title
+        achieved = (f"{speed.achieved_tflops:.1f} TFLOP/s" if speed.achieved_tflops >= 1
+                    else f"{speed.achieved_tflops * 1000:.1f} GFLOP/s")
+        return f"{title} · {achieved}" + (f", {100 * speed.mfu:.0f}% MFU" if speed.mfu is not None else "")
 
     def _add_anatomy_points(self, live: LiveRun, step: Step) -> None:
         """The step's two columns of the anatomy timeline: its peak and its end."""
@@ -568,6 +584,7 @@ class GpuAnatApp(DashboardActions):
             if event.elapsed_s > first_elapsed_s and (throughput.last_t_s is None or t_s > throughput.last_t_s):
                 rate = (event.samples - first_samples) / (event.elapsed_s - first_elapsed_s)
                 throughput.append(t_s, rate)  # on the sampler's clock, as the other charts
+                self.query_one("#throughput-chart", LineChart).title = self._throughput_title(live, rate)
 
     # --- what the widgets show ---------------------------------------------------------------------
     def _run_state(self) -> str:

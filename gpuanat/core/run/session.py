@@ -22,6 +22,7 @@ from gpuanat.core.measure.anatomy import assemble_bands
 from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.run.config import RunConfig, child_environment
+from gpuanat.core.run.flops import utilization
 from gpuanat.core.run.gpus import (
     Gpu,
     GpuChoice,
@@ -227,6 +228,10 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
     if steady is None:
         unavailable["steady_samples_per_second"] = steady_reason or "not measured on every rank"
     last_step = state.last_step
+    gpu_count = len(gpus.gpus) if gpus is not None and gpus.gpus else (config.ranks or 1)
+    speed = utilization(config, steady, state.gpu_name, gpu_count)
+    if speed.mfu is None:
+        unavailable["mfu"] = speed.reason or "not measured"
     result: dict[str, Any] = {
         "run_id": run_id,
         "name": name,
@@ -240,6 +245,11 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         # every sample is seq-len tokens of the random dataset: the unit of causal LMs
         "tokens_per_second": done.samples_per_second * config.seq_len if done and done.samples_per_second else None,
         "steady_tokens_per_second": steady * config.seq_len if steady is not None else None,
+        # model FLOPs (6 × matmul weights + attention a token) at the steady rate, against the GPUs' dense peak
+        "flops_per_sample": speed.flops_per_sample,
+        "achieved_tflops": speed.achieved_tflops,
+        "peak_tflops": speed.peak_tflops,
+        "mfu": speed.mfu,
         "logits_bytes": state.probe_bands.logits_bytes if state.probe_bands else None,
         "warmup_steps": done.warmup_steps if done else None,
         "steps": done.steps if done else (last_step.step if last_step else 0),

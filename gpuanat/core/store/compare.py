@@ -18,6 +18,7 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("train_runtime_s", "time s"),
     ("samples_per_second", "samples/s"),
     ("steady_samples_per_second", "steady samples/s"),
+    ("achieved_tflops", "TFLOP/s"),
     ("peak_allocated_bytes", "peak allocated"),
     ("device_memory_used_bytes", "GPU memory used"),
     ("weights_bytes", "weights"),

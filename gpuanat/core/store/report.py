@@ -102,6 +102,8 @@ HISTORY_COLUMNS = (
     Column("steady_samples_per_second", "steady/s", numeric=True, keep=5),
     Column("peak_allocated", "peak alloc", numeric=True, keep=2),
     Column("gpu_memory_mb", "GPU mem MiB", numeric=True, keep=1),
+    Column("achieved_tflops", "TFLOP/s", numeric=True, keep=7),
+    Column("mfu", "MFU", numeric=True, keep=8),
     Column("prediction_error_delta", "pred err", numeric=True, keep=9),
 )
 """At 80 columns: id, name, status, samples/s, GPU memory, peak allocated (and techniques, cut short)."""
@@ -125,6 +127,8 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
             "steady_samples_per_second": result.get("steady_samples_per_second"),
             "peak_allocated": result.get("peak_allocated_bytes"),
             "gpu_memory_mb": result.get("device_memory_used_bytes"),
+            "achieved_tflops": result.get("achieved_tflops"),
+            "mfu": result.get("mfu"),
             "prediction_error_delta": result.get("prediction_error_percent"),
         })
     return rows
@@ -196,6 +200,10 @@ def display_value(key: str, value: Any) -> str:
         return format_mb(value)
     if key == "peak_allocated":
         return format_bytes(value)
+    if key == "achieved_tflops":
+        return f"{value:.1f}" if value >= 1 else f"{value:.3f}"
+    if key == "mfu":
+        return f"{100 * value:.1f}%"
     if key in ("time_s", "samples_per_second", "steady_samples_per_second"):
         return format_number(value)
     return str(value)

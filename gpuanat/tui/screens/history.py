@@ -18,12 +18,14 @@ from gpuanat.core.store.report import HISTORY_COLUMNS, display_value, history_ro
 
 SELECTED_MARK = "✓"
 SCREEN_COLUMN_ORDER = ("id", "when", "name", "status", "techniques", "time_s", "samples_per_second",
-                       "steady_samples_per_second", "peak_allocated", "gpu_memory_mb", "prediction_error_delta",
+                       "steady_samples_per_second", "achieved_tflops", "mfu", "peak_allocated", "gpu_memory_mb",
+                       "prediction_error_delta",
                        "model", "device")
 """The metrics come before the long model and device names so that 120 columns show them."""
 SCREEN_COLUMNS = tuple(next(c for c in HISTORY_COLUMNS if c.key == key) for key in SCREEN_COLUMN_ORDER)
-SORT_KEYS = ("id", "time_s", "samples_per_second", "steady_samples_per_second", "peak_allocated", "gpu_memory_mb",
-             "prediction_error_delta", "status", "name", "model", "techniques", "device")
+SORT_KEYS = ("id", "time_s", "samples_per_second", "steady_samples_per_second", "achieved_tflops", "mfu",
+             "peak_allocated", "gpu_memory_mb", "prediction_error_delta", "status", "name", "model", "techniques",
+             "device")
 """The columns `<` and `>` step through; `id` (the order the runs were made in) first."""
 FILTERED_KEYS = ("name", "status", "model", "techniques", "device")
 
