@@ -26,19 +26,24 @@ from gpuanat.tui.watch_app import WatchApp
 COLUMNS, ROWS = 120, 40
 
 
+async def run_until_mid_run(app: GpuAnatApp, pilot, mid_run_s: float) -> None:
+    """Press r once the capabilities are known, and wait `mid_run_s` past the run's first step (or its end)."""
+    while app.capabilities is None:
+        await pilot.pause(0.2)
+    await pilot.press("r")
+    while app.live is None or app.live.last_step is None:
+        await pilot.pause(0.2)
+    started = time.monotonic()
+    while time.monotonic() - started < mid_run_s and app.live is not None:
+        await pilot.pause(0.25)
+
+
 async def take_live_lanes(out_dir: Path, config: RunConfig, mid_run_s: float, filename: str) -> None:
     """The dashboard during a live run on several GPUs: one lane per GPU once every rank has measured a step."""
     db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
     app = GpuAnatApp(config, db_path=db_path)
     async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
-        while app.capabilities is None:
-            await pilot.pause(0.2)
-        await pilot.press("r")
-        while app.live is None or app.live.last_step is None:
-            await pilot.pause(0.2)
-        started = time.monotonic()
-        while time.monotonic() - started < mid_run_s and app.live is not None:
-            await pilot.pause(0.25)
+        await run_until_mid_run(app, pilot, mid_run_s)
         app.save_screenshot(filename=filename, path=str(out_dir))
         await pilot.press("q")
 
@@ -47,14 +52,7 @@ async def take(out_dir: Path, first: RunConfig, second_keys: list[str], mid_run_
     db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
     app = GpuAnatApp(first, db_path=db_path)
     async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
-        while app.capabilities is None:
-            await pilot.pause(0.2)
-        await pilot.press("r")
-        while app.live is None or app.live.last_step is None:
-            await pilot.pause(0.2)
-        started = time.monotonic()
-        while time.monotonic() - started < mid_run_s and app.live is not None:
-            await pilot.pause(0.25)
+        await run_until_mid_run(app, pilot, mid_run_s)
         app.save_screenshot(filename="dashboard.svg", path=str(out_dir))
         while app.live is not None:
             await pilot.pause(0.5)

@@ -417,6 +417,15 @@ def workload_for_device(config: RunConfig, untouched: Collection[str]) -> tuple[
     return sized, f"training the {sized.preset} preset, seq {sized.seq_len}, {sized.samples} samples"
 
 
+def _cuda_and_package(cuda: bool, version: str | None, error: str | None, package: str) -> str:
+    """What a CUDA-only technique that needs a package lacks here, as "a CUDA GPU and bitsandbytes (…)"; empty if
+    nothing. `package` ends with the open parenthesis of its install hint, closed here with the import error."""
+    missing = [] if cuda else ["a CUDA GPU"]
+    if version is None:
+        missing.append(package + (f"; {error})" if error else ")"))
+    return " and ".join(missing)
+
+
 def machine_unsupported_reasons(config: RunConfig, capabilities: Capabilities) -> list[tuple[str, str]]:
     """Every (flag, reason) why this machine cannot run `config`, in the order of the flags; empty when it can."""
     reasons: list[tuple[str, str]] = []
@@ -442,20 +451,15 @@ def machine_unsupported_reasons(config: RunConfig, capabilities: Capabilities) -
         detail = f": {capabilities.peft_error}" if capabilities.peft_error else ""
         reasons.append(("--lora", f"LoRA needs PEFT (pip install 'gpuanat[llm]'){detail}"))
     if config.load_in_4bit:
-        missing = [] if cuda else ["a CUDA GPU"]
-        if capabilities.bitsandbytes_version is None:
-            missing.append("bitsandbytes (pip install 'gpuanat[bnb]'"
-                           + (f"; {capabilities.bitsandbytes_error})" if capabilities.bitsandbytes_error else ")"))
+        missing = _cuda_and_package(cuda, capabilities.bitsandbytes_version, capabilities.bitsandbytes_error,
+                                    "bitsandbytes (pip install 'gpuanat[bnb]'")
         if missing:
-            reasons.append(("--load-in-4bit", f"QLoRA's 4-bit base (bitsandbytes NF4) needs {' and '.join(missing)}"))
+            reasons.append(("--load-in-4bit", f"QLoRA's 4-bit base (bitsandbytes NF4) needs {missing}"))
     if config.liger:
-        missing = [] if cuda else ["a CUDA GPU"]
-        if capabilities.liger_version is None:
-            missing.append("liger-kernel (pip install 'gpuanat[llm]'"
-                           + (f"; {capabilities.liger_error})" if capabilities.liger_error else ")"))
+        missing = _cuda_and_package(cuda, capabilities.liger_version, capabilities.liger_error,
+                                    "liger-kernel (pip install 'gpuanat[llm]'")
         if missing:
-            reasons.append(("--liger", f"Liger's fused linear cross-entropy (Triton kernels) needs "
-                                       f"{' and '.join(missing)}"))
+            reasons.append(("--liger", f"Liger's fused linear cross-entropy (Triton kernels) needs {missing}"))
     if config.distributed.startswith("zero") and capabilities.deepspeed_version is None:
         detail = f": {capabilities.deepspeed_error}" if capabilities.deepspeed_error else ""
         reasons.append(("--distributed", f"{config.distributed} needs DeepSpeed (pip install deepspeed; README: "

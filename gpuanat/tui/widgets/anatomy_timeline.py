@@ -23,7 +23,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from gpuanat.core.store.report import format_bytes
-from gpuanat.tui.widgets.memory_bar import band_component_class
+from gpuanat.tui.widgets.memory_bar import BAND_COLOURS_CSS, band_component_class
 
 TIMELINE_BANDS = ("cuda_context_bytes", "weights_bytes", "optimizer_state_bytes", "activations_bytes",
                   "gradients_bytes", "temporaries_and_cache_bytes")
@@ -93,17 +93,10 @@ class AnatomyTimeline(Widget):
 
     DEFAULT_CSS = """
     AnatomyTimeline {
-        height: 1fr;
-        & > .memory-bar--cuda-context { color: $secondary; }
-        & > .memory-bar--weights { color: $primary; }
-        & > .memory-bar--gradients { color: $success; }
-        & > .memory-bar--optimizer-state { color: $warning; }
-        & > .memory-bar--activations { color: $error; }
-        & > .memory-bar--temporaries-and-cache { color: $error-lighten-2; }
+        height: 1fr;""" + BAND_COLOURS_CSS + """
         & > .anatomy-timeline--title { color: $text; text-style: bold; }
         & > .anatomy-timeline--axis { color: $text-muted; }
         & > .anatomy-timeline--empty { color: $text-muted; text-style: italic; }
-        &:ansi > .memory-bar--temporaries-and-cache { color: ansi_magenta; }
         &:ansi > .anatomy-timeline--axis { color: ansi_bright_black; }
         &:ansi > .anatomy-timeline--empty { color: ansi_bright_black; }
     }

@@ -59,6 +59,17 @@ PREDICTED_WIDTH = 12
 LOGITS_SHOWN_FROM_BYTES = 1 << 20
 
 
+BAND_COLOURS_CSS = """
+        & > .memory-bar--cuda-context { color: $secondary; }
+        & > .memory-bar--weights { color: $primary; }
+        & > .memory-bar--gradients { color: $success; }
+        & > .memory-bar--optimizer-state { color: $warning; }
+        & > .memory-bar--activations { color: $error; }
+        & > .memory-bar--temporaries-and-cache { color: $error-lighten-2; }
+        &:ansi > .memory-bar--temporaries-and-cache { color: ansi_magenta; }"""
+"""The bands' colours (the theme's), shared by every widget that draws bands: the bar and the anatomy timeline."""
+
+
 def band_component_class(band: str) -> str:
     """The component class of a band: weights_bytes -> memory-bar--weights."""
     return "memory-bar--" + band.removesuffix("_bytes").replace("_", "-")
@@ -103,13 +114,7 @@ class MemoryBar(Widget):
     DEFAULT_CSS = """
     MemoryBar {
         height: auto;
-        & > .memory-bar--other-processes { color: $text-muted; }
-        & > .memory-bar--cuda-context { color: $secondary; }
-        & > .memory-bar--weights { color: $primary; }
-        & > .memory-bar--gradients { color: $success; }
-        & > .memory-bar--optimizer-state { color: $warning; }
-        & > .memory-bar--activations { color: $error; }
-        & > .memory-bar--temporaries-and-cache { color: $error-lighten-2; }
+        & > .memory-bar--other-processes { color: $text-muted; }""" + BAND_COLOURS_CSS + """
         & > .memory-bar--free { color: $text-disabled; }
         & > .memory-bar--label { color: $text-muted; }
         & > .memory-bar--header { color: $text-muted; text-style: bold; }
@@ -120,7 +125,6 @@ class MemoryBar(Widget):
         & > .memory-bar--logits { color: $error-darken-2; }
         &:ansi > .memory-bar--other-processes { color: ansi_bright_black; }
         &:ansi > .memory-bar--logits { color: ansi_red; }
-        &:ansi > .memory-bar--temporaries-and-cache { color: ansi_magenta; }
         &:ansi > .memory-bar--free { color: ansi_bright_black; }
         &:ansi > .memory-bar--label { color: ansi_bright_black; }
         &:ansi > .memory-bar--header { color: ansi_bright_black; }
