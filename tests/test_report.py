@@ -44,3 +44,17 @@ def test_sizes_print_in_the_largest_unit_that_is_at_least_one():
     assert [format_bytes(value) for value in (None, 512 * 1024**2, 80 * 1024**3, 1023 * 1024**3, 1024**4,
                                               114 * 1024**4)] == [
         "—", "512 MiB", "80.00 GiB", "1023.00 GiB", "1.00 TiB", "114.00 TiB"]
+
+
+def test_the_history_names_a_run_only_with_what_says_something():
+    """Issue #17: every unnamed run from the dashboard read `launched` in the name column. A name given (a sweep
+    experiment, a script) shows; a watched session says so; a plain run has no name ("—")."""
+    from gpuanat.core.store.history import RunRow
+    from gpuanat.core.store.report import display_value, history_rows
+
+    def row(run_id: int, kind: str, name: str | None) -> RunRow:
+        return RunRow(id=run_id, kind=kind, name=name, status="ok", created_at=1_795_294_194.0, finished_at=None,
+                      config={"preset": "tiny", "device": "cpu"}, environment={}, result={}, log_path=None)
+
+    rows = history_rows([row(1, "launched", None), row(2, "launched", "bf16"), row(3, "watched", None)])
+    assert [display_value("name", entry["name"]) for entry in rows] == ["—", "bf16", "watched"]

@@ -117,7 +117,8 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
         rows.append({
             "id": run.id,
             "when": datetime.fromtimestamp(run.created_at).strftime("%Y-%m-%d %H:%M"),
-            "name": run.name or run.kind,
+            # a name given, else what the run was when that says something ("watched"); a plain run has none
+            "name": run.name or (None if run.kind == "launched" else run.kind),
             "status": run.status,
             "model": config.get("model") or config.get("preset") or _script_name(config),
             "techniques": _techniques(run.kind, config),
