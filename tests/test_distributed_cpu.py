@@ -162,3 +162,19 @@ def test_the_accelerate_engine_trains_the_docs_loop_with_the_same_probe(db_path,
     assert result["steps"] == 32 // (4 * 2 * ranks)  # batch 4, accumulation 2, split over the ranks
     assert result["train_loss"] is not None and result["samples_per_second"] > 0
     _assert_none_left(marker, timeout_s=10)
+
+
+def test_of_two_ranks_that_ended_without_a_word_the_first_to_end_is_the_cause():
+    """CI caught the race: torchrun ended rank 0 before it could report its collective's failure, so both ranks
+    ended silently and the run blamed rank 0, the lower. The launcher now reports them in the order their
+    connections closed, and the run takes the earlier of two errors of one kind."""
+    from gpuanat.core.run.protocol import Error
+    from gpuanat.core.run.session import _first_cause, _RunState
+
+    killed, stopped_after = _RunState(), _RunState()
+    killed.observe(Error(kind="exited", message="rank 1 (pid 11) ended without finishing"))
+    stopped_after.observe(Error(kind="exited", message="rank 0 (pid 10) ended without finishing after rank 1 did"))
+    assert _first_cause([stopped_after, killed]).message.startswith("rank 1")  # rank order: 0, 1
+    out_of_memory = _RunState()
+    out_of_memory.observe(Error(kind="oom", message="rank 0: CUDA out of memory"))
+    assert _first_cause([out_of_memory, killed]).kind == "oom"  # the kind decides first

@@ -59,6 +59,9 @@ class _Forwarder:
         """Rank -> pid, from its header."""
         self.threads: list[threading.Thread] = []
         self.parent_gone = False
+        self.ended_silently: list[int] = []
+        """Ranks whose connection closed before they said how they ended, in the order they closed: the first is
+        the one that died (killed, a crash in native code); torchrun then ends the others."""
 
     def send(self, event: Any) -> None:
         with self._lock:
@@ -100,6 +103,9 @@ class _Forwarder:
                         self.finished[rank] = "error"
                     self.send(Ranked(rank, event))
                 if not chunk:
+                    if rank not in self.finished:
+                        with self._lock:
+                            self.ended_silently.append(rank)
                     return
 
 
@@ -153,14 +159,18 @@ def main(argv: list[str] | None = None) -> int:
         for thread in list(forwarder.threads):
             thread.join(RANKS_GONE_GRACE_S)
         listener.close()
-    missing = [rank for rank in range(args.nproc) if rank not in forwarder.finished]
+    ended = forwarder.ended_silently
+    # the rank that ended first is the cause, so it is reported first (the parent takes the first of equal kinds)
+    missing = sorted((rank for rank in range(args.nproc) if rank not in forwarder.finished),
+                     key=lambda rank: ended.index(rank) if rank in ended else len(ended) + rank)
     if missing and not stop_requested.is_set():
-        for rank in missing:
+        for position, rank in enumerate(missing):
             pid = forwarder.connected.get(rank)
             never = "" if pid is not None else " (it never connected)"
+            after = f" after rank {missing[0]} did" if position else ""
             forwarder.send(Ranked(rank, Error(kind="exited", message=(
-                f"rank {rank}{f' (pid {pid})' if pid else ''} ended without finishing{never}; torchrun exited "
-                f"with code {returncode} — see the log"))))
+                f"rank {rank}{f' (pid {pid})' if pid else ''} ended without finishing{never}{after}; torchrun "
+                f"exited with code {returncode} — see the log"))))
     if stop_requested.is_set():
         return EXIT_STOPPED
     return returncode if returncode >= 0 else 128 - returncode

@@ -8,6 +8,7 @@ and returns the run's result — the JSON contract of `gpuanat run --json`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import queue
@@ -64,6 +65,8 @@ class _RunState:
     log_error: str | None = None
     gpu_index: int | None = None
     """NVML index of the GPU this rank trains on; None when unknown (no NVML): the first GPU NVML lists."""
+    error_order: int | None = None
+    """When its error came, among every rank's: of two errors of one kind, the earlier is the cause."""
 
     def observe(self, event: Event) -> None:
         """Keep what `event` says about the run (or rank)."""
@@ -81,6 +84,7 @@ class _RunState:
                 self.probe_bands = event.bands
         elif isinstance(event, Error):
             self.error = event
+            self.error_order = next(_ERROR_ARRIVALS)
 
     def observe_sample(self, sample: Sample, pid: int) -> None:
         gpus = [gpu for gpu in sample.gpus if self.gpu_index is None or gpu.index == self.gpu_index]
@@ -195,17 +199,20 @@ def _rank_result(rank: int, config: RunConfig, state: _RunState, nvml: NvmlStatu
     }
 
 
+_ERROR_ARRIVALS = itertools.count()
 ERROR_CAUSE_ORDER = ("oom", "exited", "config", "exception")
 """Which rank's error the run reports: running out of memory, then a rank that died without a word (killed), whose
 death made the others fail in their collectives; then the lowest rank's."""
 
 
-def _first_cause(errors: list[Error | None]) -> Error | None:
-    """The error that best explains a run's end, of its ranks' errors (rank order)."""
-    present = [error for error in errors if error is not None]
-    ranked = sorted(present, key=lambda error: (ERROR_CAUSE_ORDER.index(error.kind)
-                                                if error.kind in ERROR_CAUSE_ORDER else len(ERROR_CAUSE_ORDER)))
-    return ranked[0] if ranked else None
+def _first_cause(states: list[_RunState]) -> Error | None:
+    """The error that best explains a run's end, of its ranks' errors: by kind (ERROR_CAUSE_ORDER), then the one
+    that came first (of two ranks that ended without a word, the launcher reports the first to end first)."""
+    present = [state for state in states if state.error is not None]
+    ranked = sorted(present, key=lambda state: (
+        ERROR_CAUSE_ORDER.index(state.error.kind) if state.error and state.error.kind in ERROR_CAUSE_ORDER
+        else len(ERROR_CAUSE_ORDER), state.error_order or 0))
+    return ranked[0].error if ranked else None
 
 
 def _sum_or_none(values: list[float | None]) -> float | None:
@@ -280,7 +287,7 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
     result["prediction_error_percent"] = (
         percent_delta(predicted["peak_allocated_bytes"], memory["peak_allocated_bytes"]) if predicted is not None
         else None)
-    rank_error = _first_cause([ranks[rank].error for rank in sorted(ranks)])
+    rank_error = _first_cause([ranks[rank] for rank in sorted(ranks)])
     if rank_error is not None:
         failed_rank = next(rank for rank in sorted(ranks) if ranks[rank].error is rank_error)
         prefix = f"rank {failed_rank}: " if failed_rank and not rank_error.message.startswith("rank ") else ""
