@@ -49,18 +49,90 @@ class ChildExited:
     returncode: int | None
 
 
-def probe_capabilities() -> Capabilities:
-    """Ask a subprocess what this machine can train with (keeps torch and CUDA out of this process).
+CAPABILITIES_CACHE_S = 24 * 3600
+"""How long a probe's answer is reused for an unchanged environment (`capabilities_key`)."""
+CAPABILITIES_PACKAGES = ("torch", "bitsandbytes", "peft", "liger_kernel", "deepspeed", "triton", "transformers")
+NO_CAPABILITIES_CACHE_ENV = "GPUANAT_NO_CAPABILITIES_CACHE"
 
-    Raises RuntimeError with the probe's last error line when the training environment is broken.
+
+def capabilities_key(environ: Mapping[str, str] | None = None) -> str:
+    """What the probe's answer depends on, hashed: this Python, where each package it reports on is installed and
+    when that file last changed (a package installed, removed or upgraded changes it), the variables that choose
+    packages and GPUs, the NVIDIA driver's version, and the GPU device files. Locating a package does not import
+    it."""
+    import hashlib
+    import importlib.util
+
+    environ = os.environ if environ is None else environ
+    parts = [sys.executable, sys.version, *(f"{name}={environ.get(name, '')}" for name in (
+        "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"))]
+    for package in CAPABILITIES_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
+        origin = spec.origin if spec is not None else None
+        stamp = os.stat(origin).st_mtime_ns if origin and os.path.exists(origin) else None
+        parts.append(f"{package}={origin}@{stamp}")
+    with contextlib.suppress(OSError):
+        parts.append(Path("/proc/driver/nvidia/version").read_text())
+    with contextlib.suppress(OSError):
+        parts.append(",".join(sorted(name for name in os.listdir("/dev")
+                                     if name.startswith("nvidia") and name[6:].isdigit())))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def capabilities_cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpuanat" / "capabilities.json"
+
+
+def _cached_capabilities(key: str, path: Path, now_s: float) -> Capabilities | None:
+    try:
+        cached = json.loads(path.read_text())
+        if cached["key"] == key and 0 <= now_s - float(cached["probed_at"]) < CAPABILITIES_CACHE_S:
+            return Capabilities.from_json(cached["capabilities"])
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or not ours: probe again
+        pass
+    return None
+
+
+def _remember_capabilities(key: str, path: Path, capabilities: Capabilities, now_s: float) -> None:
+    """Written whole or not at all (a temporary file renamed), readable by its owner only; a cache that cannot be
+    written is no error."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump({"key": key, "probed_at": now_s, "capabilities": capabilities.to_json()}, handle)
+        os.replace(partial, path)
+
+
+def probe_capabilities(use_cache: bool = True) -> Capabilities:
+    """Ask a subprocess what this machine can train with (keeps torch and CUDA out of this process). The answer is
+    reused for a day while the environment it depends on (`capabilities_key`) is unchanged: the subprocess imports
+    torch and initialises CUDA, seconds that every run would otherwise wait before its child starts. Set
+    GPUANAT_NO_CAPABILITIES_CACHE=1 to probe every time.
+
+    Raises RuntimeError with the probe's last error line when the training environment is broken (never cached).
     """
+    use_cache = use_cache and not os.environ.get(NO_CAPABILITIES_CACHE_ENV)
+    key, path, now_s = (capabilities_key(), capabilities_cache_path(), time.time()) if use_cache else ("", None, 0.0)
+    if path is not None:
+        cached = _cached_capabilities(key, path, now_s)
+        if cached is not None:
+            return cached
     completed = subprocess.run([sys.executable, "-m", "gpuanat.worker.capabilities"], capture_output=True,
                                text=True, check=False, stdin=subprocess.DEVNULL)
     if completed.returncode != 0:
         last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"cannot start the training environment (python -m gpuanat.worker.capabilities): "
                            f"{last_line}")
-    return Capabilities.from_json(json.loads(completed.stdout))
+    capabilities = Capabilities.from_json(json.loads(completed.stdout))
+    if path is not None:
+        _remember_capabilities(key, path, capabilities, now_s)
+    return capabilities
 
 
 def worker_command(config_json: str, events_fd: int, ranks: int = 1) -> list[str]:
