@@ -102,16 +102,11 @@ async def take_dashboard_replay(out_dir: Path, size: tuple[int, int], filename: 
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from test_app_snapshots import h100_environment, make_app, replay_run
+    from test_app_snapshots import h100_run_app, replayed
 
-    meta, _, _ = h100_environment()
-    db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
-    app = make_app(db_path, RunConfig.from_json(meta["config"]))
+    app = h100_run_app(Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite")
     async with app.run_test(size=size) as pilot:
-        while app.capabilities is None:
-            await pilot.pause()
-        replay_run(app, until_elapsed_s=3.0)
-        await pilot.pause(0.5)
+        await replayed(app, pilot)
         app.save_screenshot(filename=filename, path=str(out_dir))
 
 

@@ -101,17 +101,22 @@ def replay_run(app: GpuAnatApp, until_elapsed_s: float) -> None:
         app.paint()
 
 
-def test_dashboard_during_the_h100_run(snap_compare, tmp_path):
+def h100_run_app(db_path: Path) -> GpuAnatApp:
     meta, _, _ = h100_environment()
-    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    return make_app(db_path, RunConfig.from_json(meta["config"]))
 
-    async def run_before(pilot) -> None:
-        while app.capabilities is None:
-            await pilot.pause()
-        replay_run(app, until_elapsed_s=3.0)
+
+async def replayed(app: GpuAnatApp, pilot) -> None:
+    """The dashboard once its capabilities are known, 3 s into the recorded H100 run."""
+    while app.capabilities is None:
         await pilot.pause()
+    replay_run(app, until_elapsed_s=3.0)
+    await pilot.pause()
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+def test_dashboard_during_the_h100_run(snap_compare, tmp_path):
+    app = h100_run_app(tmp_path / "h.sqlite")
+    assert snap_compare(app, terminal_size=SIZE, run_before=lambda pilot: replayed(app, pilot))
 
 
 def test_history_pane(snap_compare, tmp_path):
@@ -129,15 +134,11 @@ def test_compare_view(snap_compare, tmp_path):
 
 def test_dashboard_fits_80x24_in_ansi_colours(snap_compare, tmp_path):
     """An SSH session's default terminal: the compact layout, under the terminal's own 16/256 colours."""
-    meta, _, _ = h100_environment()
-    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    app = h100_run_app(tmp_path / "h.sqlite")
 
     async def run_before(pilot) -> None:
         app.theme = "ansi-dark"
-        while app.capabilities is None:
-            await pilot.pause()
-        replay_run(app, until_elapsed_s=3.0)
-        await pilot.pause()
+        await replayed(app, pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
@@ -145,13 +146,10 @@ def test_dashboard_fits_80x24_in_ansi_colours(snap_compare, tmp_path):
 def test_the_anatomy_over_time_of_the_h100_run(snap_compare, tmp_path):
     """`v`: the bands of the recorded H100 run over its steps, each at its peak and its end — the activations rise
     and fall every step, the optimizer state appears after step 1 (issue #17)."""
-    meta, _, _ = h100_environment()
-    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]))
+    app = h100_run_app(tmp_path / "h.sqlite")
 
     async def run_before(pilot) -> None:
-        while app.capabilities is None:
-            await pilot.pause()
-        replay_run(app, until_elapsed_s=3.0)
+        await replayed(app, pilot)
         await pilot.press("v")
         await pilot.pause()
         timeline = app.query_one(AnatomyTimeline)

@@ -245,6 +245,8 @@ class GpuAnatApp(DashboardActions):
                        "host_cpu": TimeSeries(reduce="mean")}
         self._run_thread: threading.Thread | None = None
         self._predicted_logits_bytes: int | None = None
+        self._predicted_trainable_bytes: int | None = None
+        """The configured run's adapters (fp32), computed when the configuration changes, not at each paint."""
         self._stop_dialog: ConfirmScreen | None = None
         """The "Stop run N?" question while it is open."""
         if keymap:
@@ -626,9 +628,12 @@ class GpuAnatApp(DashboardActions):
                                              several_gpus=self._gpu_count() > 1)
         compact = self.compact
         self._predicted_logits_bytes = estimate.logits_bytes if estimate is not None and not compact else None
+        self._predicted_trainable_bytes = (
+            4 * lora_shapes(PRESETS[self.config.preset], self.config).params
+            if self.config.lora and self.config.model is None and not compact else None)
         now, peak, _ = self.query_one(MemoryBar).logits
         self._show_logits(now, peak)
-        self._show_trainable(self.query_one(MemoryBar).trainable[0])  # what was measured stays; the prediction
+        self._show_trainable(self.query_one(MemoryBar).trainable[0])  # what was measured stays
         if estimate is None or compact:
             self.query_one(MemoryBar).update_predicted(None)
         else:
@@ -647,10 +652,7 @@ class GpuAnatApp(DashboardActions):
     def _show_trainable(self, measured: int | None) -> None:
         """The weights that train, where the rest is frozen (`trainable_weights_bytes`), and the configured run's
         adapters as predicted."""
-        predicted = None
-        if self.config.lora and self.config.model is None and not self.compact:
-            predicted = 4 * lora_shapes(PRESETS[self.config.preset], self.config).params
-        self.query_one(MemoryBar).update_trainable(measured, predicted)
+        self.query_one(MemoryBar).update_trainable(measured, self._predicted_trainable_bytes)
 
     def _show_idle_bands(self, sample: Sample) -> None:
         gpu = sample.gpus[0]

@@ -11,6 +11,7 @@ under checkpointing is not counted (that is the hardware's FLOPs, not the model'
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from gpuanat.core.memory.predict import lora_shapes, parameter_shapes
@@ -31,8 +32,10 @@ DENSE_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 """(a substring of the NVML name, dense TFLOP/s by math mode); the first match wins, so the specific names first."""
 
 
+@functools.lru_cache(maxsize=256)
 def flops_per_sample(config: RunConfig) -> int | None:
-    """Model FLOPs of training one sample (forward and backward); None for a --model checkpoint or a script."""
+    """Model FLOPs of training one sample (forward and backward); None for a --model checkpoint or a script.
+    Remembered per configuration: the dashboard asks at every step of a run."""
     if config.model is not None or config.preset not in PRESETS:
         return None
     preset = PRESETS[config.preset]
