@@ -33,9 +33,10 @@ HERE = Path(__file__).resolve().parent
 
 def plain_run(config: dict) -> dict:
     """The plain Trainer under the same allocator settings as `gpuanat run` gives its child."""
-    started_s = time.monotonic()
     env = child_environment(RunConfig.from_json(config), os.environ)
-    completed = subprocess.run([sys.executable, str(HERE / "plain_trainer.py"), "--config", json.dumps(config)],
+    started_s = time.monotonic()
+    completed = subprocess.run([sys.executable, str(HERE / "plain_trainer.py"), "--config", json.dumps(config),
+                                "--requested-monotonic-s", repr(started_s)],
                                capture_output=True, text=True, check=False, env=env)
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
@@ -85,6 +86,12 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
             / statistics.median(r["samples_per_second"] for r in plain),
             "plain_wall_s": [r["wall_s"] for r in plain],
             "gpuanat_wall_s": [r["wall_s"] for r in monitored],
+            # start-up: from the benchmark starting the process to the first step's end (gpuanat: from its CLI
+            # process's start, 10 ms after), and where that time went, part by part (gpuanat.core.run.startup)
+            "plain_time_to_first_step_s": [r.get("time_to_first_step_s") for r in plain],
+            "gpuanat_time_to_first_step_s": [r.get("time_to_first_step_s") for r in monitored],
+            "plain_wall_breakdown_s": [r.get("wall_breakdown_s") for r in plain],
+            "gpuanat_wall_breakdown_s": [r.get("wall_breakdown_s") for r in monitored],
             "gpuanat_achieved_tflops": [r.get("achieved_tflops") for r in monitored],
             "gpuanat_mfu": [r.get("mfu") for r in monitored],
             "plain_steady_samples_per_second": plain_steady,
@@ -97,7 +104,9 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
         out.write_text(json.dumps(rows, indent=2))
         print(f"{name:<32} HF samples/s ratio of medians {row['samples_ratio_of_medians']:.4f}  "
               f"steady ratio of medians {row['steady_ratio_of_medians']:.4f}  "
-              f"plain {plain_steady}  gpuanat {monitored_steady}", flush=True)
+              f"plain {plain_steady}  gpuanat {monitored_steady}  wall medians: plain "
+              f"{statistics.median(row['plain_wall_s']):.1f} s, gpuanat "
+              f"{statistics.median(row['gpuanat_wall_s']):.1f} s", flush=True)
 
 
 def main() -> None:

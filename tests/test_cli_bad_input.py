@@ -147,6 +147,21 @@ def test_a_model_that_cannot_be_had_is_refused_before_torch(model, offline, word
     assert elapsed_s < REFUSED_WITHIN_S
 
 
+@pytest.mark.parametrize(("args", "flag", "words"), [
+    (["--precision", "fp16"], "--precision", "fp16 needs a CUDA GPU"),
+    (["--tf32"], "--tf32", "tf32 needs a CUDA GPU"),
+    (["--expandable-segments"], "--expandable-segments", "an option of the CUDA allocator"),
+    (["--optim", "adamw_bnb_8bit"], "--optim", "needs a CUDA GPU"),
+])
+def test_a_cuda_technique_on_device_cpu_is_refused_before_torch(args, flag, words, db_path, tmp_path):
+    # --device cpu says all the machine needs to know: no capability probe (which imports torch), cached or not
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("import os\nos._exit(97)\n")
+    env = {"PYTHONPATH": str(tmp_path), "GPUANAT_NO_CAPABILITIES_CACHE": "1"}
+    completed = run_cli(["run", "--preset", "tiny", "--device", "cpu", *args], db_path, timeout_s=60, extra_env=env)
+    assert_refused(completed, flag, words, db_path)
+
+
 def test_a_hub_name_not_cached_online_says_it_will_download(db_path):
     # --device cuda stops it at the capability probe here (no CUDA): it gets as far as saying what it would fetch.
     completed = run_cli(["run", "--model", "some-org/not-cached", "--device", "cuda"], db_path, timeout_s=60)

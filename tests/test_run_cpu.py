@@ -168,6 +168,19 @@ def test_the_probe_reports_its_own_time(results):
         100 * in_steps_s / (result["train_runtime_s"] - result["probe_time_s"]))
 
 
+def test_the_wall_time_is_broken_down_from_the_request_to_the_result(results):
+    from gpuanat.core.run.startup import FIRST_STEP_PARTS, WALL_PARTS
+
+    result = results["adamw_bs8"]
+    breakdown = result["wall_breakdown_s"]
+    assert list(breakdown) == [part for part, _ in WALL_PARTS]  # every part reached, in order
+    assert all(seconds >= 0 for seconds in breakdown.values())
+    assert breakdown["imports"] > breakdown["child start"]  # torch and transformers: the bulk of a start
+    assert result["time_to_first_step_s"] == pytest.approx(sum(breakdown[part] for part in FIRST_STEP_PARTS))
+    # 8 steps: the first step's end to the last's is 7 of them, inside the Trainer's own runtime
+    assert 0 < breakdown["training"] < result["train_runtime_s"]
+
+
 def test_steps_are_recorded_with_the_run(results, history_db):
     from gpuanat.core.measure.sampler import probe_nvml
     from gpuanat.core.store.history import HistoryStore
@@ -214,6 +227,8 @@ def test_human_summary_reads_like_the_docs(history_db):
     assert any(line.strip().startswith("weights") and "MiB" in line for line in lines)
     assert "Steady samples/second: — (too few steps" in completed.stdout
     assert any(line.startswith("gpuanat's probe: ") and "% of the training time" in line for line in lines)
+    (startup,) = [line for line in lines if line.startswith("Start-up: ")]
+    assert " s to the first step (gpuanat " in startup and "imports " in startup, startup
 
 
 def test_model_flag_loads_local_weights_and_refuses_a_missing_model(tmp_path, db_path):

@@ -17,6 +17,7 @@ from gpuanat.core.run.config import (
     check_hub_model,
     distributed_for_ranks,
     expandable_segments_enabled,
+    machine_unsupported_reason,
     validate_values,
     workload_for_device,
 )
@@ -107,7 +108,7 @@ class ProgressView:
 
 def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *, label: str,
                   name: str | None = None, trace_path: Path | None = None,
-                  memory_snapshot: Path | None = None) -> dict[str, Any]:
+                  memory_snapshot: Path | None = None, requested_monotonic_s: float | None = None) -> dict[str, Any]:
     from gpuanat.core.run.config import MEMORY_SNAPSHOT_VARIABLE
     from gpuanat.core.run.session import execute_run
 
@@ -116,7 +117,8 @@ def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *
     try:
         with signals.polled() as stop_requested:
             result = execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name,
-                                 on_event=view, trace_path=trace_path, env=env, stop_requested=stop_requested)
+                                 on_event=view, trace_path=trace_path, env=env, stop_requested=stop_requested,
+                                 requested_monotonic_s=requested_monotonic_s)
     except ConfigError as error:  # the GPUs asked for cannot be had: nothing was started or recorded
         view.close()
         fail_usage(str(error))
@@ -142,6 +144,7 @@ def exit_code_for(status: str, signals: StopSignals) -> int:
 def print_summary(result: dict[str, Any]) -> None:
     """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements."""
     from gpuanat.core.measure.anatomy import BAND_NAMES
+    from gpuanat.core.run.startup import startup_line
     from gpuanat.core.store.report import format_bytes, format_mb, format_number
 
     config = RunConfig.from_json({key: value for key, value in result["config"].items() if value is not None})
@@ -177,6 +180,9 @@ def print_summary(result: dict[str, Any]) -> None:
     if result.get("probe_cost_percent") is not None:
         print(f"gpuanat's probe: {result['probe_cost_percent']:.2f}% of the training time "
               f"({format_number(result['probe_time_s'])} s in its callbacks)")
+    started = startup_line(result.get("wall_breakdown_s") or {}, result.get("time_to_first_step_s"))
+    if started is not None:
+        print(f"Start-up: {started}")
     print("Memory bands:")
     for band in BAND_NAMES:
         value = result["bands"].get(band)
@@ -241,6 +247,14 @@ def check_values(args: argparse.Namespace) -> None:
     before the capability probe, which imports torch (seconds): a bad value is answered at once. Says in one
     line when --model will be downloaded."""
     config = validated_config(args, cuda_available=True)  # the device is the probe's to settle
+    if getattr(args, "device", None) == "cpu":  # no probe needed to know that a CUDA-only technique cannot run
+        installed = "not yet probed"  # what the CPU run needs of the packages, the probe tells after this
+        cpu_only = Capabilities(torch_version=installed, cuda_available=False, bitsandbytes_version=installed,
+                                peft_version=installed, liger_version=installed, deepspeed_version=installed,
+                                reason="--device cpu")
+        unsupported = machine_unsupported_reason(config.replace(device="cpu"), cpu_only)
+        if unsupported is not None:
+            fail_usage(f"{unsupported[0]}: {unsupported[1]}")
     if config.model is not None:
         try:
             note = check_hub_model(config.model)

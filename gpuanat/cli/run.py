@@ -21,6 +21,7 @@ from gpuanat.cli.common import (
     warn_if_not_saved,
 )
 from gpuanat.core.run.config import machine_unsupported_reason
+from gpuanat.core.run.startup import process_started_monotonic_s
 from gpuanat.core.run.techniques import TECHNIQUES
 
 
@@ -71,7 +72,8 @@ def command_run(args: argparse.Namespace) -> int:
                    f"{config.device}")
     with open_store(args) as store:
         result = run_recorded(config, store, args.stop_signals, label="run", trace_path=args.trace_out,
-                               memory_snapshot=args.memory_snapshot)
+                               memory_snapshot=args.memory_snapshot,
+                               requested_monotonic_s=process_started_monotonic_s())
     if args.json:
         print(json.dumps(result))
     else:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 
 def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arguments: Any,
-                          logging_steps: int) -> dict[str, Any]:
-    """Train `model` on `dataset` as the docs' Accelerate loop does; returns Trainer-like metrics."""
+                          logging_steps: int, on_ready: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Train `model` on `dataset` as the docs' Accelerate loop does; returns Trainer-like metrics. `on_ready` is
+    called once model, optimizer and loader are prepared, before the first step."""
     import torch
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
@@ -42,6 +44,7 @@ def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arg
     if config.compile:
         model = torch.compile(model)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    on_ready()
     steps_per_epoch = max(1, math.ceil(len(loader) / config.grad_accum))
     total_steps = config.max_steps if config.max_steps is not None else steps_per_epoch * config.epochs
     epochs = math.ceil(total_steps / steps_per_epoch)

@@ -357,6 +357,15 @@ def record_memory_history(path: str | None) -> Any:
     return dump
 
 
+def milestone_emitter(emit: Any) -> Any:
+    """A function that reports a start-up or end milestone (protocol.MILESTONES) as reached now."""
+    import time
+
+    from gpuanat.core.run.protocol import Milestone
+
+    return lambda name: emit(Milestone(name=name, monotonic_s=time.monotonic()))
+
+
 def train(config: Any, emit: Any) -> int:
     import torch
     from transformers import Trainer, TrainingArguments
@@ -365,11 +374,14 @@ def train(config: Any, emit: Any) -> int:
     from gpuanat.core.run.protocol import Done, Error, Hello
     from gpuanat.worker.probe import AnatomyCallback
 
+    reached = milestone_emitter(emit)
+    reached("imported")
     if config.device == "cuda":
         torch.cuda.set_device(training_device(config))  # before anything touches CUDA: one context, on our GPU
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else platform.processor() or None
     emit(Hello(pid=os.getpid(), versions=_versions(), device=config.device, device_name=device_name,
                config=config.to_json(), allocator_conf=os.environ.get(ALLOCATOR_CONF_VARIABLE)))
+    reached("cuda ready")
     dump_memory_snapshot = record_memory_history(os.environ.get(MEMORY_SNAPSHOT_VARIABLE))
     probe = AnatomyCallback(emit)
     trainer = None
@@ -383,18 +395,23 @@ def train(config: Any, emit: Any) -> int:
             except (OSError, ValueError) as error:
                 emit(Error(kind="config", flag="--model", message=f"cannot load model {config.model!r}: {error}"))
                 return EXIT_CONFIG
+            reached("model built")
             dataset = build_dataset(config, model.config.vocab_size, causal_lm=is_causal_lm(model.config))
+            reached("dataset built")
             arguments = TrainingArguments(**training_arguments_kwargs(config, output_dir),
                                           **distributed_arguments(config, model))
             if config.engine == "accelerate":
                 from gpuanat.worker.accelerate_loop import train_with_accelerate
 
-                metrics = train_with_accelerate(config, model, dataset, probe, arguments, LOGGING_STEPS)
+                metrics = train_with_accelerate(config, model, dataset, probe, arguments, LOGGING_STEPS,
+                                                on_ready=lambda: reached("trainer ready"))
                 global_step = metrics["global_step"]
             else:
                 trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=[probe])
+                reached("trainer ready")
                 output = trainer.train()
                 metrics, global_step = output.metrics, output.global_step
+            reached("trained")
         except torch.OutOfMemoryError as error:
             dump_memory_snapshot()  # before the trainer's memory is freed (the frames unwound have freed theirs)
             # The model itself may not fit (no step yet), or a step ran out of memory.
@@ -454,7 +471,7 @@ def connect_rank_socket(path: str) -> int:
     return fd
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started_monotonic_s: float | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuanat.worker", description=__doc__)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--events-fd", type=int, help="the pipe gpuanat reads events from")
@@ -463,13 +480,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from gpuanat.core.run.config import RunConfig
-    from gpuanat.core.run.protocol import Error
+    from gpuanat.core.run.protocol import Error, Milestone
     from gpuanat.worker.events import EventWriter, ParentGone
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     writer = EventWriter(args.events_fd if args.rank_socket is None else connect_rank_socket(args.rank_socket))
     config = RunConfig.from_json(json.loads(args.config))
     try:
+        if started_monotonic_s is not None:
+            writer.emit(Milestone(name="started", monotonic_s=started_monotonic_s))
         return train(config, writer.emit)
     except ParentGone:
         return EXIT_STOPPED

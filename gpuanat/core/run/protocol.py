@@ -162,6 +162,22 @@ class Error:
 
 
 @dataclass(frozen=True)
+class Milestone:
+    """The training process reached a point of its start-up or end (`MILESTONES`), at `monotonic_s`
+    (time.monotonic(): Linux shares this clock between processes, so the parent lines it up with its own)."""
+
+    name: str
+    monotonic_s: float
+    type: str = "milestone"
+
+
+MILESTONES = ("started", "imported", "cuda ready", "model built", "dataset built", "trainer ready", "trained")
+"""What a training process reports, in order: its first line ran; torch and transformers imported; its GPU chosen and
+CUDA initialised (on a GPU); the model built; the dataset built; the Trainer (or Accelerate loop) constructed;
+training returned. The first step's end is the first `Step`'s `monotonic_s`."""
+
+
+@dataclass(frozen=True)
 class Malformed:
     """A line that could not be decoded; kept so the parent can report it."""
 
@@ -180,8 +196,8 @@ class Ranked:
     type: str = "rank"
 
 
-Event = Hello | ModelInfo | Step | Done | Error
-EVENT_TYPES: dict[str, type] = {cls.type: cls for cls in (Hello, ModelInfo, Step, Done, Error)}  # type: ignore[attr-defined]
+Event = Hello | ModelInfo | Step | Done | Error | Milestone
+EVENT_TYPES: dict[str, type] = {cls.type: cls for cls in (Hello, ModelInfo, Step, Done, Error, Milestone)}  # type: ignore[attr-defined]
 
 
 def _finite_or_none(value: Any) -> Any:

@@ -31,8 +31,20 @@ from gpuanat.core.run.gpus import (
     gpus_for_run,
     read_gpus,
 )
-from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Ranked, Step
+from gpuanat.core.run.protocol import (
+    Done,
+    Error,
+    Event,
+    Hello,
+    Malformed,
+    Milestone,
+    ModelInfo,
+    ProbeBands,
+    Ranked,
+    Step,
+)
 from gpuanat.core.run.runner import ChildExited, ChildProcess, worker_command
+from gpuanat.core.run.startup import REQUESTED, time_to_first_step_s, wall_breakdown
 from gpuanat.core.store.compare import percent_delta
 from gpuanat.core.store.history import HistoryStore, write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
@@ -67,6 +79,9 @@ class _RunState:
     """NVML index of the GPU this rank trains on; None when unknown (no NVML): the first GPU NVML lists."""
     error_order: int | None = None
     """When its error came, among every rank's: of two errors of one kind, the earlier is the cause."""
+    milestones: dict[str, float] = field(default_factory=dict)
+    """Milestone name → time.monotonic() when the training process reached it; "first step" and "last step" from
+    the steps' own times."""
 
     def observe(self, event: Event) -> None:
         """Keep what `event` says about the run (or rank)."""
@@ -78,6 +93,11 @@ class _RunState:
             self.last_step = event
             if event.bands is not None:
                 self.probe_bands = event.bands
+            if event.monotonic_s is not None:
+                self.milestones.setdefault("first step", event.monotonic_s)
+                self.milestones["last step"] = event.monotonic_s
+        elif isinstance(event, Milestone):
+            self.milestones.setdefault(event.name, event.monotonic_s)
         elif isinstance(event, Done):
             self.done = event
             if event.bands is not None:
@@ -221,7 +241,7 @@ def _sum_or_none(values: list[float | None]) -> float | None:
 
 def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlStatus, log_path: Path,
                  name: str | None = None, ranks: Mapping[int, _RunState] | None = None,
-                 gpus: GpuChoice | None = None) -> dict[str, Any]:
+                 gpus: GpuChoice | None = None, parent_points: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The run's result as the JSON contract of `gpuanat run --json`. The top level is rank 0's (its memory, its
     bands); samples and steady samples/s are the whole run's (every rank's summed); `ranks` has one entry per rank."""
     ranks = {0: state, **(ranks or {})}
@@ -297,6 +317,10 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         result["error"] = {"kind": "exception", "flag": None, "step": last_step.step + 1 if last_step else None,
                            "message": f"the training process exited with code {state.exit_code} "
                                       f"without finishing; last lines of its log:\n{_log_tail(log_path)}"}
+    # where the wall time went: rank 0's training process's points and the parent's
+    points = {**state.milestones, **(parent_points or {}), "recorded": time.monotonic()}
+    result["wall_breakdown_s"] = wall_breakdown(points)
+    result["time_to_first_step_s"] = time_to_first_step_s(points)
     return result
 
 
@@ -314,6 +338,7 @@ def execute_run(
     stop_requested: threading.Event | None = None,
     on_start: Callable[[int, int, Path, tuple[int, ...]], None] | None = None,
     gpu_reader: Callable[[], list[Gpu]] = read_gpus,
+    requested_monotonic_s: float | None = None,
 ) -> dict[str, Any]:
     """Train `config` in a child process, record it, return its result.
 
@@ -326,8 +351,10 @@ def execute_run(
     event, on the calling thread; `on_start` gets (run id, child pid, log path, the NVML indices of the GPUs of
     ranks 0, 1, …) once the child runs.
     A history that is busy or full does not stop the run (see gpuanat.core.store.recording); when its last
-    writes could not be saved, the result's `history_error` says so.
+    writes could not be saved, the result's `history_error` says so. `requested_monotonic_s` is when the user asked
+    for the run (time.monotonic(); default: now), where the result's `wall_breakdown_s` begins.
     """
+    parent_points = {REQUESTED: time.monotonic() if requested_monotonic_s is None else requested_monotonic_s}
     base_environment = os.environ if env is None else env
     choice = gpus_for_run(config, base_environment, gpu_reader() if config.device == "cuda" else [])
     environment = {**child_environment(config, base_environment),
@@ -403,6 +430,7 @@ def execute_run(
                 return
             handle(event)
 
+    parent_points["spawned"] = time.monotonic()
     child.start()
     assert child.pid is not None
     sampler.track(child.pid)
@@ -419,10 +447,12 @@ def execute_run(
         child.kill_group()
         sampler.stop()
         flush()
+    parent_points["exited"] = time.monotonic()
     state.log_error = child.log_error
     for rank in range(rank_count):  # a rank that never said anything is still one of the run's
         ranks.setdefault(rank, _RunState(gpu_index=gpu_of(rank)))
-    result = build_result(run_id, config, state, nvml, log_path, name=name, ranks=ranks, gpus=choice)
+    result = build_result(run_id, config, state, nvml, log_path, name=name, ranks=ranks, gpus=choice,
+                          parent_points=parent_points)
     result["history_error"] = pending.finish(lambda history: history.update_result(run_id, result,
                                                                                    status=result["status"]))
     return result
