@@ -10,7 +10,7 @@ Two modes, each writing one JSON document with both measurements and the ratios 
     python benchmarks/overhead.py --sweep-json sweep.json --out overhead.json
     python benchmarks/overhead.py --interleave vanilla --interleave bf16 --repeats 3 --out interleaved.json
     python benchmarks/overhead.py --interleave as-is --base '{"precision": "bf16", "batch_size": 32, "samples": 2048}' \
-        --repeats 3 --out bs32.json     # the base config itself (issue #18's GPU-bound case)
+        --repeats 4 --warmup-runs 1 --out bs32.json     # the base config itself (issue #18's GPU-bound case)
 
 Each run's HF samples/s, steady samples/s and wall time (process start to result) are kept.
 """
@@ -58,7 +58,7 @@ def gpuanat_run(config: dict, db: Path) -> dict:
     return {**json.loads(lines[-1]), "wall_s": time.monotonic() - started_s}
 
 
-def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
+def interleaved(names: list[str], repeats: int, out: Path, base: dict, warmup_runs: int = 0) -> None:
     from gpuanat.core.run.config import RunConfig
     from gpuanat.core.store.sweep import EXPERIMENTS
 
@@ -68,6 +68,9 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
     if "as-is" in names:
         chosen.append(("as-is", RunConfig.from_json(base).to_json()))
     for name, config in chosen:
+        # Runs not counted, one of each first: the machine's first runs read torch and the model code from disk and
+        # build CUDA's kernel caches, which every later run (of either kind) finds ready.
+        warmups = [{"plain": plain_run(config), "gpuanat": gpuanat_run(config, db)} for _ in range(warmup_runs)]
         plain, monitored = [], []
         for round_index in range(repeats):
             order = ("plain", "gpuanat") if round_index % 2 == 0 else ("gpuanat", "plain")
@@ -97,6 +100,7 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict) -> None:
             "plain_steady_samples_per_second": plain_steady,
             "gpuanat_steady_samples_per_second": monitored_steady,
             "steady_ratio_of_medians": statistics.median(monitored_steady) / statistics.median(plain_steady),
+            "warmup_runs_not_counted": warmups,
             "plain_peak_allocated_bytes": [r["peak_allocated_bytes"] for r in plain],
             "gpuanat_peak_allocated_bytes": [r["peak_allocated_bytes"] for r in monitored],
         }
@@ -114,12 +118,14 @@ def main() -> None:
     parser.add_argument("--sweep-json", type=Path)
     parser.add_argument("--interleave", action="append", default=[], metavar="NAME")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup-runs", type=int, default=0,
+                        help="runs of each, not counted, before the alternated ones (cold disk and kernel caches)")
     parser.add_argument("--base", type=json.loads, default={"device": "cuda"},
                         help="RunConfig fields the experiments start from, as JSON (default: bert-large on cuda)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.interleave:
-        interleaved(args.interleave, args.repeats, args.out, args.base)
+        interleaved(args.interleave, args.repeats, args.out, args.base, args.warmup_runs)
         return
     if args.sweep_json is None:
         parser.error("give --sweep-json or --interleave")
