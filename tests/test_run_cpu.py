@@ -181,6 +181,29 @@ def test_the_wall_time_is_broken_down_from_the_request_to_the_result(results):
     assert 0 < breakdown["training"] < result["train_runtime_s"]
 
 
+def test_each_steady_step_is_timed_by_phase_on_the_host(results, history_db):
+    from gpuanat.core.run.protocol import STEP_PHASES
+    from gpuanat.core.store.history import HistoryStore
+
+    result = results["adamw_bs8"]
+    breakdown = result["step_time_breakdown"]
+    assert breakdown["steps"] == result["steps"] - result["warmup_steps"]
+    assert list(breakdown["share"]) == list(STEP_PHASES)
+    assert sum(breakdown["share"].values()) == pytest.approx(1.0)
+    # a CPU step is forward and backward above all; the batch is a slice of a tensor in memory
+    assert breakdown["share"]["forward"] + breakdown["share"]["backward"] > 0.5
+    assert breakdown["share"]["data"] < 0.2
+    assert breakdown["gpu_caught_up_share"] is None and breakdown["gpu_busy_percent"] is None  # no GPU
+    with HistoryStore(history_db) as store:
+        steps = store.steps(result["run_id"])
+    # every step's phases add up to its wall time, give or take the probe's own bookkeeping between the stamps
+    for step in steps[1:]:
+        assert sum(step["phases_s"].values()) == pytest.approx(step["step_time_s"], rel=0.05, abs=0.002)
+    steady = steps[result["warmup_steps"]:]
+    assert breakdown["step_s"] == pytest.approx(sum(step["step_time_s"] for step in steady) / len(steady), rel=0.05)
+    assert result["diagnosis"] == []  # nothing to say of a CPU run that waits for nothing
+
+
 def test_steps_are_recorded_with_the_run(results, history_db):
     from gpuanat.core.measure.sampler import probe_nvml
     from gpuanat.core.store.history import HistoryStore

@@ -144,6 +144,7 @@ def exit_code_for(status: str, signals: StopSignals) -> int:
 def print_summary(result: dict[str, Any]) -> None:
     """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements."""
     from gpuanat.core.measure.anatomy import BAND_NAMES
+    from gpuanat.core.run.diagnose import breakdown_line
     from gpuanat.core.run.startup import startup_line
     from gpuanat.core.store.report import format_bytes, format_mb, format_number
 
@@ -180,6 +181,13 @@ def print_summary(result: dict[str, Any]) -> None:
     if result.get("probe_cost_percent") is not None:
         print(f"gpuanat's probe: {result['probe_cost_percent']:.2f}% of the training time "
               f"({format_number(result['probe_time_s'])} s in its callbacks)")
+    step_time = breakdown_line(result.get("step_time_breakdown"))
+    if step_time is not None:
+        caught_up = result["step_time_breakdown"].get("gpu_caught_up_share")
+        print(f"Step time: {step_time}" + (f"; the GPU had caught up at {100 * caught_up:.0f}% of the steps"
+                                           if caught_up is not None else ""))
+    for finding in result.get("diagnosis") or []:
+        print(f"Diagnosis: {finding['bottleneck']} — {finding['evidence']}. Try: {finding['fix']}")
     started = startup_line(result.get("wall_breakdown_s") or {}, result.get("time_to_first_step_s"))
     if started is not None:
         print(f"Start-up: {started}")

@@ -39,7 +39,7 @@ from transformers import TrainerCallback
 
 from gpuanat.core.measure.publish import Publisher, PublishRefused, publication_dirs
 from gpuanat.core.measure.sampler import nvml_memory_info, nvml_processes
-from gpuanat.core.run.protocol import Done, Event, Hello, ModelInfo, ProbeBands, Step
+from gpuanat.core.run.protocol import STEP_PHASES, Done, Event, Hello, ModelInfo, ProbeBands, Step
 from gpuanat.worker.events import ParentGone
 
 FIRST_MEASURED_STEPS = 3
@@ -327,6 +327,54 @@ def _training_config(args: Any, model: Any, device: torch.device, total_steps: i
     }
 
 
+class StepPhases:
+    """Times each step's phases on the host (`STEP_PHASES`) with `perf_counter` stamps at the callbacks and forward
+    hooks, and asks a CUDA event recorded at the previous step's end, without waiting, whether the GPU had caught up
+    when the step's first forward began. No synchronisation: the host's time is where it waited."""
+
+    def __init__(self, cuda: bool) -> None:
+        self._cuda = cuda
+        self._mark_s = time.perf_counter()
+        self._phase = "data"
+        self._phases_s = dict.fromkeys(STEP_PHASES, 0.0)
+        self._caught_up: bool | None = None
+        self._forward_seen = False
+        self._step_end_event: Any = None
+
+    def _enter(self, phase: str) -> None:
+        now_s = time.perf_counter()
+        self._phases_s[self._phase] += now_s - self._mark_s
+        self._mark_s, self._phase = now_s, phase
+
+    def forward_begins(self) -> None:
+        if not self._forward_seen and self._step_end_event is not None:
+            self._caught_up = bool(self._step_end_event.query())
+        self._forward_seen = True
+        self._enter("forward")
+
+    def forward_ends(self) -> None:
+        self._enter("backward")
+
+    def optimizer_begins(self) -> None:
+        self._enter("optimizer")
+
+    def loss_read(self) -> None:
+        """The Trainer read the loss to log it, after the step's end: the wait for the GPU (the next step's)."""
+        if self._phase == "data":
+            self._enter("gpu wait")
+            self._enter("data")
+
+    def step_ends(self) -> tuple[dict[str, float], bool | None]:
+        """This step's phases and whether the GPU had caught up; the next step's data wait begins."""
+        self._enter("data")
+        phases, caught_up = self._phases_s, self._caught_up
+        self._phases_s, self._caught_up, self._forward_seen = dict.fromkeys(STEP_PHASES, 0.0), None, False
+        if self._cuda:
+            self._step_end_event = torch.cuda.Event()
+            self._step_end_event.record()
+        return phases, caught_up
+
+
 class AnatomyCallback(TrainerCallback):
     """Measures weights, gradients, optimizer state, activations and throughput of a Trainer run.
 
@@ -427,6 +475,10 @@ class AnatomyCallback(TrainerCallback):
         ]
         self._train_start_s = time.perf_counter()
         self._last_step_end_s = self._train_start_s
+        self._step_phases = StepPhases(self._cuda)
+        self._steady_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
+        self._steady_steps = 0
+        self._steady_caught_up_steps = 0
         return control
 
     # --- forward hooks -----------------------------------------------------------------------
@@ -434,6 +486,7 @@ class AnatomyCallback(TrainerCallback):
     def _before_forward(self, module, args, kwargs):  # type: ignore[no-untyped-def]
         if not module.training:
             return None
+        self._step_phases.forward_begins()
         batch = _batch_tensors(args, kwargs)
         if batch:
             self._samples += int(batch[0].shape[0]) if batch[0].dim() else 1
@@ -463,6 +516,8 @@ class AnatomyCallback(TrainerCallback):
 
     @_never_raises
     def _after_forward(self, module, args, kwargs, output):  # type: ignore[no-untyped-def]
+        if module.training:
+            self._step_phases.forward_ends()
         if not (module.training and self._measuring):
             return None
         gradients_now = self._gradients_bytes_now()
@@ -546,12 +601,14 @@ class AnatomyCallback(TrainerCallback):
 
     @_never_raises
     def on_pre_optimizer_step(self, args, state, control, **kwargs):  # type: ignore[override]
+        self._step_phases.optimizer_begins()
         if self._measuring:
             self._gradients_bytes = max(self._gradients_bytes, self._gradients_bytes_now())
         return control
 
     @_never_raises
     def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[override]
+        self._step_phases.loss_read()
         if logs:
             if "loss" in logs:
                 self._loss = float(logs["loss"])
@@ -563,6 +620,12 @@ class AnatomyCallback(TrainerCallback):
     @_never_raises
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[override]
         step = state.global_step
+        phases, caught_up = self._step_phases.step_ends()
+        if self.warmup_steps < step:  # the steady window's steps, as the steady samples/s counts them
+            self._steady_steps += 1
+            self._steady_caught_up_steps += bool(caught_up)
+            for phase, seconds in phases.items():
+                self._steady_phases_s[phase] += seconds
         boundary = step == self.warmup_steps or step == state.max_steps
         if boundary and self._cuda:
             self._synchronize()
@@ -616,6 +679,8 @@ class AnatomyCallback(TrainerCallback):
             monotonic_s=time.monotonic(),
             nvml_device_used_bytes=nvml_device_used,
             nvml_process_used_bytes=nvml_process_used,
+            phases_s={phase: round(seconds, 6) for phase, seconds in phases.items()},
+            gpu_caught_up=caught_up,
         )
         self._last_step_end_s = now_s
         self._emit_safely(self.last_step)
@@ -642,6 +707,7 @@ class AnatomyCallback(TrainerCallback):
                 train_loss=self.summary.get("train_loss"), peak_allocated_bytes=self.peak_allocated_bytes,
                 peak_reserved_bytes=self.peak_reserved_bytes, bands=self.last_bands,
                 probe_time_s=self.probe_time_s, probe_time_by_part_s=dict(self.probe_time_by_part_s),
+                **self.steady_phases(),
             ))
         if self._nvml is not None:
             self._nvml.close()
@@ -665,6 +731,14 @@ class AnatomyCallback(TrainerCallback):
         else:
             result["steady_samples_per_second"] = (end[1] - start[1]) / (end[0] - start[0])
         return result
+
+    def steady_phases(self) -> dict[str, Any]:
+        """The steady steps' phases summed, their count and how many found the GPU caught up (`Done`'s fields)."""
+        steps = getattr(self, "_steady_steps", 0)
+        if not steps:
+            return {"steady_phases_s": None, "steady_steps": 0, "steady_gpu_caught_up_steps": None}
+        return {"steady_phases_s": dict(self._steady_phases_s), "steady_steps": steps,
+                "steady_gpu_caught_up_steps": self._steady_caught_up_steps if self._cuda else None}
 
     @property
     def samples(self) -> int:

@@ -451,8 +451,19 @@ def train(config: Any, emit: Any) -> int:
         bands=probe.last_bands,
         probe_time_s=probe.probe_time_s,
         probe_time_by_part_s=dict(probe.probe_time_by_part_s),
+        **probe.steady_phases(),
+        compile_stats=compile_stats() if config.compile else None,
     ))
     return EXIT_OK
+
+
+def compile_stats() -> dict[str, int]:
+    """TorchDynamo's counters: the unique graphs it compiled and the graph breaks it met (each break splits a graph;
+    graphs beyond breaks + 1 are recompilations: new shapes, guards that failed)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
 def connect_rank_socket(path: str) -> int:

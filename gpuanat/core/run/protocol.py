@@ -118,7 +118,19 @@ class Step:
     nvml_process_used_bytes: int | None = None
     """NVML's memory of this process on that device, read with `nvml_device_used_bytes`; None when NVML
     does not list the process under its own PID (another PID namespace)."""
+    phases_s: dict[str, float] | None = None
+    """This step's wall time on the training loop's thread, by phase (`STEP_PHASES`), timed on the host with no
+    synchronisation: where the host spent it, which is where it waited when the GPU was behind."""
+    gpu_caught_up: bool | None = None
+    """Whether the GPU had finished the previous step's work when this step's first forward began (a CUDA event
+    queried, never waited for): True means the GPU stood idle waiting for the host; None on the CPU."""
     type: str = "step"
+
+
+STEP_PHASES = ("data", "forward", "backward", "optimizer", "gpu wait")
+"""A step's phases on the host: waiting for the next batch (the DataLoader and the copy to the device, from the last
+step's end to the first forward); the forward passes; the backward passes (and gradient clipping); the optimizer step
+(and zero_grad); and the wait for the GPU when the Trainer reads the loss to log it (every 10 steps)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,14 @@ class Done:
     probe_time_by_part_s: dict[str, float] | None = None
     """That time split into "setup" (once per run), "measured steps", "other steps" and "synchronize" (the
     waits of the two CUDA synchronisations bracketing the steady-state window: queued GPU work finishing)."""
+    steady_phases_s: dict[str, float] | None = None
+    """The steady steps' `Step.phases_s`, summed (the same steps as the steady samples/s)."""
+    steady_steps: int | None = None
+    """How many steps those are."""
+    steady_gpu_caught_up_steps: int | None = None
+    """Of those, the steps whose `gpu_caught_up` was True (None on the CPU)."""
+    compile_stats: dict[str, int] | None = None
+    """With torch.compile: TorchDynamo's counters at the end, "graphs" (unique graphs compiled) and "graph_breaks"."""
     type: str = "done"
 
 

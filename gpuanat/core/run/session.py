@@ -23,6 +23,7 @@ from gpuanat.core.measure.anatomy import assemble_bands
 from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.run.config import RunConfig, child_environment
+from gpuanat.core.run.diagnose import diagnose, step_time_breakdown
 from gpuanat.core.run.flops import utilization
 from gpuanat.core.run.gpus import (
     Gpu,
@@ -79,6 +80,10 @@ class _RunState:
     """NVML index of the GPU this rank trains on; None when unknown (no NVML): the first GPU NVML lists."""
     error_order: int | None = None
     """When its error came, among every rank's: of two errors of one kind, the earlier is the cause."""
+    step_ends_s: dict[int, float] = field(default_factory=dict)
+    """Step number → time.monotonic() when it ended: where the steady window lies on the sampler's clock."""
+    gpu_busy: list[tuple[float, float]] = field(default_factory=list)
+    """(sampler time, NVML utilization %) of this rank's GPU, every sample."""
     milestones: dict[str, float] = field(default_factory=dict)
     """Milestone name → time.monotonic() when the training process reached it; "first step" and "last step" from
     the steps' own times."""
@@ -94,6 +99,7 @@ class _RunState:
             if event.bands is not None:
                 self.probe_bands = event.bands
             if event.monotonic_s is not None:
+                self.step_ends_s[event.step] = event.monotonic_s
                 self.milestones.setdefault("first step", event.monotonic_s)
                 self.milestones["last step"] = event.monotonic_s
         elif isinstance(event, Milestone):
@@ -112,6 +118,8 @@ class _RunState:
             return
         gpu = gpus[0]
         self.gpu_name = gpu.name
+        if gpu.gpu_util_percent is not None:
+            self.gpu_busy.append((sample.t_s, gpu.gpu_util_percent))
         self.device_total_bytes = gpu.total_bytes
         if gpu.used_bytes is not None:
             self.peak_device_used_bytes = max(self.peak_device_used_bytes or 0, gpu.used_bytes)
@@ -317,6 +325,13 @@ def build_result(run_id: int, config: RunConfig, state: _RunState, nvml: NvmlSta
         result["error"] = {"kind": "exception", "flag": None, "step": last_step.step + 1 if last_step else None,
                            "message": f"the training process exited with code {state.exit_code} "
                                       f"without finishing; last lines of its log:\n{_log_tail(log_path)}"}
+    # where each steady step's time went, and what to change
+    result["step_time_breakdown"] = step_time_breakdown(
+        done.steady_phases_s if done else None, done.steady_steps if done else None,
+        done.steady_gpu_caught_up_steps if done else None, state.step_ends_s, state.gpu_busy,
+        done.warmup_steps if done else None)
+    result["compile_stats"] = done.compile_stats if done else None
+    result["diagnosis"] = [finding.to_json() for finding in diagnose(result)]
     # where the wall time went: rank 0's training process's points and the parent's
     points = {**state.milestones, **(parent_points or {}), "recorded": time.monotonic()}
     result["wall_breakdown_s"] = wall_breakdown(points)
@@ -374,8 +389,6 @@ def execute_run(
     config_json = json.dumps(config.to_json())
     child = ChildProcess(lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path, env=environment)
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
-    source, nvml = sampler_factory()
-    sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
 
     def flush() -> None:
         while not samples.empty():
@@ -433,6 +446,12 @@ def execute_run(
     parent_points["spawned"] = time.monotonic()
     child.start()
     assert child.pid is not None
+    try:  # NVML opens while the child imports torch (a tenth of a second or more, not waited for first)
+        source, nvml = sampler_factory()
+        sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
+    except BaseException:
+        child.kill_group()
+        raise
     sampler.track(child.pid)
     sampler.start()
     if on_start is not None:

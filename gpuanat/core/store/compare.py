@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuanat.core.run.protocol import STEP_PHASES
+
 
 def percent_delta(value: float | None, baseline: float | None) -> float | None:
     """(value - baseline) / baseline in percent; None when either is missing or the baseline is 0."""
@@ -19,6 +21,8 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("samples_per_second", "samples/s"),
     ("steady_samples_per_second", "steady samples/s"),
     ("achieved_tflops", "TFLOP/s"),
+    ("step_s", "step time"),
+    *((f"step_{phase}_s", f"  {phase}") for phase in STEP_PHASES),
     ("peak_allocated_bytes", "peak allocated"),
     ("device_memory_used_bytes", "GPU memory used"),
     ("weights_bytes", "weights"),
@@ -27,6 +31,19 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("activations_bytes", "activations"),
 )
 BAND_METRICS = {"weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes"}
+STEP_TIME_METRICS = {"step_s": None, **{f"step_{phase}_s": phase for phase in STEP_PHASES}}
+"""The steady step's mean time and its phases (the result's `step_time_breakdown`)."""
+
+
+def metric_value(result: dict[str, Any], key: str) -> float | None:
+    """A compared metric's value in a run's result."""
+    if key in BAND_METRICS:
+        return (result.get("bands") or {}).get(key)
+    if key in STEP_TIME_METRICS:
+        breakdown = result.get("step_time_breakdown") or {}
+        phase = STEP_TIME_METRICS[key]
+        return breakdown.get("step_s") if phase is None else (breakdown.get("per_step_s") or {}).get(phase)
+    return result.get(key)
 
 
 @dataclass(frozen=True)
@@ -55,8 +72,7 @@ def compare_runs(
                       if len({repr(config.get(field)) for config in configs}) > 1)
     metrics = []
     for key, label in COMPARED_METRICS:
-        values = tuple((result.get("bands") or {}).get(key) if key in BAND_METRICS else result.get(key)
-                       for result in results)
+        values = tuple(metric_value(result, key) for result in results)
         deltas = (None, *(percent_delta(value, values[0]) for value in values[1:]))
         metrics.append(MetricRow(key, label, values, deltas))
     return Comparison(tuple(run_ids), differing, tuple(metrics))

@@ -105,6 +105,7 @@ HISTORY_COLUMNS = (
     Column("achieved_tflops", "TFLOP/s", numeric=True, keep=7),
     Column("mfu", "MFU", numeric=True, keep=8),
     Column("prediction_error_delta", "pred err", numeric=True, keep=9),
+    Column("bottleneck", "bottleneck", keep=10),
 )
 """At 80 columns: id, name, status, samples/s, GPU memory, peak allocated (and techniques, cut short)."""
 
@@ -131,6 +132,7 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
             "achieved_tflops": result.get("achieved_tflops"),
             "mfu": result.get("mfu"),
             "prediction_error_delta": result.get("prediction_error_percent"),
+            "bottleneck": next((finding.get("bottleneck") for finding in result.get("diagnosis") or []), None),
         })
     return rows
 

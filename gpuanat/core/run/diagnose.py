@@ -1,0 +1,169 @@
+"""Where each step's time goes, and what to change: the bottleneck of a run and the fix to try.
+
+The training process times each step's phases on the host with no synchronisation (`protocol.STEP_PHASES`) and asks,
+without waiting, whether the GPU had finished the previous step when the next one began (`Step.gpu_caught_up`); the
+parent adds NVML's utilization over the same steady steps. `diagnose` turns that, the memory and the configuration
+into findings, each with the measured evidence and the fix to try. The rules and the runs that set their thresholds:
+docs/diagnosis.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpuanat.core.run.protocol import STEP_PHASES
+
+INPUT_BOUND_DATA_SHARE = 0.15
+"""The data wait's share of the step above which a run is input-bound: the GPU waits for the DataLoader."""
+HOST_BOUND_CAUGHT_UP_SHARE = 0.5
+"""A run is host-bound when the GPU had caught up (stood idle, waiting for the host) at more than this share of its
+steady steps; a GPU-bound run's host is steps ahead and the GPU never catches up."""
+OPTIMIZER_HEAVY_SHARE = 0.3
+"""The optimizer step's share of a host-bound step above which the fix names the optimizer first."""
+MEMORY_BOUND_SHARE = 0.9
+"""Reserved memory's share of the GPU above which the run is close to the limit."""
+SCALING_EFFICIENCY_FLOOR = 0.8
+"""Several GPUs: per-GPU samples/s below this share of the same run on one GPU is communication-bound."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    bottleneck: str
+    """"input-bound", "host-bound", "gpu-bound", "memory-bound", "communication-bound", "compile"."""
+    evidence: str
+    """What was measured that says so."""
+    fix: str
+    """What to try."""
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def step_time_breakdown(phases_s: Mapping[str, float] | None, steps: int | None, caught_up_steps: int | None,
+                        step_ends_s: Mapping[int, float], gpu_busy: Sequence[tuple[float, float]],
+                        warmup_steps: int | None) -> dict[str, Any] | None:
+    """The result's `step_time_breakdown`: the steady steps' mean seconds a step by phase and each phase's share, the
+    share of steps at which the GPU had caught up, and NVML's mean utilization over the same steps (between the end of
+    the warm-up step and the last step's end on the shared monotonic clock). None without steady steps."""
+    if not phases_s or not steps:
+        return None
+    total_s = sum(phases_s.values())
+    window = (step_ends_s.get(warmup_steps or 0), max(step_ends_s.values(), default=None))
+    busy = ([percent for t_s, percent in gpu_busy if window[0] <= t_s <= window[1]]
+            if window[0] is not None and window[1] is not None else [])
+    return {
+        "steps": steps,
+        "step_s": total_s / steps,
+        "per_step_s": {phase: phases_s.get(phase, 0.0) / steps for phase in STEP_PHASES},
+        "share": {phase: (phases_s.get(phase, 0.0) / total_s if total_s > 0 else 0.0) for phase in STEP_PHASES},
+        "gpu_caught_up_share": None if caught_up_steps is None else caught_up_steps / steps,
+        "gpu_busy_percent": sum(busy) / len(busy) if busy else None,
+    }
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:.0f}%"
+
+
+def diagnose(result: Mapping[str, Any], *, one_gpu_samples_per_second: float | None = None,
+             eager_samples_per_second: float | None = None) -> list[Finding]:
+    """The findings for a run's result (its config, memory and `step_time_breakdown`), the main bottleneck first.
+    `one_gpu_samples_per_second`: the same run on one GPU (several GPUs' scaling); `eager_samples_per_second`: the same
+    run without torch.compile. Both from the history when it has them."""
+    findings: list[Finding] = []
+    config = result.get("config") or {}
+    breakdown = result.get("step_time_breakdown")
+    if breakdown:
+        findings.extend(_time_findings(config, breakdown, result))
+    total = result.get("device_memory_total_bytes")
+    reserved = result.get("peak_reserved_bytes")
+    if result.get("status") == "oom":
+        findings.insert(0, Finding("memory-bound", "the run ran out of GPU memory",
+                                   "--grad-checkpointing, --optim adamw_bnb_8bit, a smaller --batch-size with "
+                                   "--grad-accum to keep the effective batch, --expandable-segments"))
+    elif total and reserved and reserved / total >= MEMORY_BOUND_SHARE:
+        findings.append(Finding("memory-bound", f"reserved memory peaked at {_percent(reserved / total)} of the GPU",
+                                "little room left: --grad-checkpointing or --optim adamw_bnb_8bit frees memory; "
+                                "--expandable-segments cuts the allocator's fragmentation"))
+    samples_per_second = result.get("steady_samples_per_second")
+    ranks = len(result.get("ranks") or []) or 1
+    if ranks > 1 and samples_per_second and one_gpu_samples_per_second:
+        efficiency = samples_per_second / ranks / one_gpu_samples_per_second
+        if efficiency < SCALING_EFFICIENCY_FLOOR:
+            findings.insert(0, Finding(
+                "communication-bound",
+                f"{ranks} GPUs trained {samples_per_second:.1f} samples/s, {_percent(efficiency)} of {ranks} × the "
+                f"{one_gpu_samples_per_second:.1f}/s of one GPU",
+                "a larger --batch-size or --grad-accum (fewer gradient exchanges a sample); FSDP/ZeRO only when "
+                "memory needs them"))
+    compile_stats = result.get("compile_stats")
+    if config.get("compile"):
+        findings.extend(_compile_findings(compile_stats, samples_per_second, eager_samples_per_second))
+    return findings
+
+
+def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any],
+                   result: Mapping[str, Any]) -> list[Finding]:
+    share = breakdown["share"]
+    caught_up = breakdown.get("gpu_caught_up_share")
+    busy = breakdown.get("gpu_busy_percent")
+    busy_text = f", NVML busy {busy:.0f}%" if busy is not None else ""
+    if share["data"] >= INPUT_BOUND_DATA_SHARE:
+        workers = config.get("workers") or 0
+        return [Finding("input-bound", f"waiting for the next batch took {_percent(share['data'])} of each step"
+                        + busy_text,
+                        f"--workers {max(2, 2 * workers)}" + ("" if config.get("pin_memory") else " --pin-memory")
+                        + ": the DataLoader prepares batches in parallel with the step")]
+    if caught_up is None:  # the CPU: no GPU to wait for
+        return []
+    if caught_up > HOST_BOUND_CAUGHT_UP_SHARE:
+        evidence = (f"the GPU had finished its work before the host began the next step at {_percent(caught_up)} of "
+                    f"the steps{busy_text}")
+        if share["optimizer"] >= OPTIMIZER_HEAVY_SHARE:
+            return [Finding("host-bound", evidence + f"; the optimizer step took {_percent(share['optimizer'])}",
+                            "a fused optimizer (--optim adamw_torch_fused launches a few kernels, not a few per "
+                            "tensor), then a larger --batch-size")]
+        return [Finding("host-bound", evidence,
+                        "a larger --batch-size (more work a kernel launch); torch.compile or CUDA graphs launch "
+                        "fewer kernels")]
+    mfu = result.get("mfu")
+    mfu_text = f"; MFU {_percent(mfu)}" if mfu is not None else ""
+    fix = ("bf16 (--precision bf16) or --tf32 uses the tensor cores" if config.get("precision") == "fp32"
+           and not config.get("tf32") else
+           "the GPU is busy: fused kernels (Liger for decoders) or less work a sample (--seq-len)")
+    return [Finding("gpu-bound", f"the host stayed ahead of the GPU at {_percent(1 - caught_up)} of the steps"
+                    + busy_text + mfu_text, fix)]
+
+
+def _compile_findings(stats: Mapping[str, int] | None, compiled_rate: float | None,
+                      eager_rate: float | None) -> list[Finding]:
+    findings = []
+    if stats:
+        graphs, breaks = stats.get("graphs", 0), stats.get("graph_breaks", 0)
+        recompiles = max(0, graphs - breaks - 1)
+        if breaks or recompiles:
+            findings.append(Finding("compile", f"torch.compile met {breaks} graph break(s) and compiled {graphs} "
+                                    f"graph(s) ({recompiles} recompilation(s))",
+                                    "each break runs eagerly between graphs: TORCH_LOGS=graph_breaks names them"))
+    if compiled_rate and eager_rate and compiled_rate < eager_rate:
+        findings.append(Finding("compile", f"compiled it trained {compiled_rate:.1f} samples/s, eager "
+                                f"{eager_rate:.1f}/s", "leave --compile off for this configuration"))
+    return findings
+
+
+def diagnosis_line(findings: Sequence[Finding]) -> str | None:
+    """"host-bound — the GPU had finished …; try: a larger --batch-size …" for the first finding; None if none."""
+    if not findings:
+        return None
+    first = findings[0]
+    return f"{first.bottleneck} — {first.evidence}; try: {first.fix}"
+
+
+def breakdown_line(breakdown: Mapping[str, Any] | None) -> str | None:
+    """"data 1%, forward 30%, backward 52%, optimizer 15%, gpu wait 2% of 84.1 ms a step" for the summary."""
+    if not breakdown:
+        return None
+    parts = ", ".join(f"{phase} {_percent(breakdown['share'][phase])}" for phase in STEP_PHASES)
+    return f"{parts} of {1000 * breakdown['step_s']:.1f} ms a step"
