@@ -99,3 +99,21 @@ def test_the_summary_lines_and_compare_rows_of_a_recorded_run():
     rows = {row.key: row for row in comparison.metrics}
     assert rows["step_optimizer_s"].values[1] == pytest.approx(run["step_time_breakdown"]["per_step_s"]["optimizer"])
     assert rows["step_optimizer_s"].deltas_percent[1] > 500  # Adafactor's step against fused AdamW's
+
+
+def test_the_same_training_eager_or_on_one_gpu_is_found_in_earlier_runs():
+    from gpuanat.core.run.diagnose import reference_rates
+
+    run = RUNS["bf16 batch 32"]
+    config = run["config"]
+    compiled = {**config, "compile": True}
+    earlier = [
+        ({**config, "samples": 4096}, "ok", {"steady_samples_per_second": 250.0}),  # eager, longer: same rate
+        ({**config, "batch_size": 64}, "ok", {"steady_samples_per_second": 290.0}),  # another batch: not it
+        (config, "ok", {"steady_samples_per_second": 240.0}),  # an older eager run: the newest counts
+    ]
+    assert reference_rates(compiled, earlier) == {"one_gpu_samples_per_second": None, "eager_samples_per_second": 250.0}
+    assert reference_rates(compiled, [(config, "oom", {"steady_samples_per_second": 1.0})])[
+        "eager_samples_per_second"] is None
+    on_two = {**config, "gpus": "2", "distributed": "ddp"}
+    assert reference_rates(on_two, earlier)["one_gpu_samples_per_second"] == 250.0

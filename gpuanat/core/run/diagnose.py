@@ -70,6 +70,29 @@ def step_time_breakdown(phases_s: Mapping[str, float] | None, steps: int | None,
     }
 
 
+RATE_INDEPENDENT_FIELDS = {"samples", "epochs", "max_steps", "seed"}
+"""Config fields that change how long a run trains, not how fast."""
+ONE_GPU_FIELDS = {"gpus": None, "distributed": "none", "nproc": 1}
+
+
+def reference_rates(config: Mapping[str, Any], runs: Sequence[tuple[Mapping[str, Any], str, Mapping[str, Any]]]
+                    ) -> dict[str, float | None]:
+    """From earlier runs (config, status, result), newest first: the steady samples/s of the same training on one GPU
+    (`one_gpu_samples_per_second`) and without torch.compile (`eager_samples_per_second`), for `diagnose`."""
+
+    def same(other: Mapping[str, Any], changed: Mapping[str, Any]) -> bool:
+        keys = (set(config) | set(other)) - RATE_INDEPENDENT_FIELDS
+        return all(other.get(key) == changed.get(key, config.get(key)) for key in keys)
+
+    def newest(changed: Mapping[str, Any]) -> float | None:
+        return next((result.get("steady_samples_per_second") for other, status, result in runs
+                     if status == "ok" and result.get("steady_samples_per_second") and same(other, changed)), None)
+
+    several = (config.get("gpus") not in (None, "1")) or (config.get("nproc") or 1) > 1
+    return {"one_gpu_samples_per_second": newest(ONE_GPU_FIELDS) if several else None,
+            "eager_samples_per_second": newest({"compile": False}) if config.get("compile") else None}
+
+
 def _percent(share: float) -> str:
     return f"{100 * share:.0f}%"
 

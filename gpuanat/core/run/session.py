@@ -7,11 +7,13 @@ and returns the run's result — the JSON contract of `gpuanat run --json`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import os
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,7 +25,7 @@ from gpuanat.core.measure.anatomy import assemble_bands
 from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.run.config import RunConfig, child_environment
-from gpuanat.core.run.diagnose import diagnose, step_time_breakdown
+from gpuanat.core.run.diagnose import diagnose, reference_rates, step_time_breakdown
 from gpuanat.core.run.flops import utilization
 from gpuanat.core.run.gpus import (
     Gpu,
@@ -47,11 +49,13 @@ from gpuanat.core.run.protocol import (
 from gpuanat.core.run.runner import ChildExited, ChildProcess, worker_command
 from gpuanat.core.run.startup import REQUESTED, time_to_first_step_s, wall_breakdown
 from gpuanat.core.store.compare import percent_delta
-from gpuanat.core.store.history import HistoryStore, write_with_backoff
+from gpuanat.core.store.history import HistoryError, HistoryStore, write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
 
 SAMPLE_INTERVAL_S = 0.25
 HISTORY_FLUSH_INTERVAL_S = 1.0
+HISTORY_REFERENCE_RUNS = 500
+"""The latest runs searched for the same training eager or on one GPU (the diagnosis's compile and scaling rules)."""
 EVENT_POLL_INTERVAL_S = 0.2
 LOG_TAIL_LINES = 20
 
@@ -472,6 +476,13 @@ def execute_run(
         ranks.setdefault(rank, _RunState(gpu_index=gpu_of(rank)))
     result = build_result(run_id, config, state, nvml, log_path, name=name, ranks=ranks, gpus=choice,
                           parent_points=parent_points)
+    # The same training eager, or on one GPU, from the history (the compile and scaling findings); a busy history
+    # only costs those findings.
+    with contextlib.suppress(sqlite3.Error, HistoryError):
+        earlier = [(row.config, row.status, row.result) for row in reversed(store.runs(limit=HISTORY_REFERENCE_RUNS))
+                   if row.id != run_id]
+        result["diagnosis"] = [finding.to_json()
+                               for finding in diagnose(result, **reference_rates(result["config"], earlier))]
     result["history_error"] = pending.finish(lambda history: history.update_result(run_id, result,
                                                                                    status=result["status"]))
     return result
