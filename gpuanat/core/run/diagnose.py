@@ -93,6 +93,25 @@ def reference_rates(config: Mapping[str, Any], runs: Sequence[tuple[Mapping[str,
             "eager_samples_per_second": newest({"compile": False}) if config.get("compile") else None}
 
 
+LIVE_WINDOW_STEPS = 20
+"""The dashboard's live breakdown and diagnosis: over this many latest steps (after the first, which warms up)."""
+
+
+def recent_breakdown(steps: Sequence[Any], gpu_busy: Sequence[tuple[float, float]],
+                     window_steps: int = LIVE_WINDOW_STEPS) -> dict[str, Any] | None:
+    """`step_time_breakdown` of the latest `window_steps` steps (`protocol.Step`s with their phases), with NVML's
+    utilization since the step before them ended: the dashboard's live strip. None before two steps have ended."""
+    timed = [step for step in steps if step.phases_s is not None and step.step > 1][-window_steps:]
+    if not timed:
+        return None
+    phases = {phase: sum(step.phases_s.get(phase, 0.0) for step in timed) for phase in STEP_PHASES}
+    caught_up = [step.gpu_caught_up for step in timed if step.gpu_caught_up is not None]
+    ends = {step.step: step.monotonic_s for step in steps if step.monotonic_s is not None}
+    first = timed[0].step - 1
+    return step_time_breakdown(phases, len(timed), sum(caught_up) if caught_up else None, ends, gpu_busy,
+                               first if first in ends else None)
+
+
 def _percent(share: float) -> str:
     return f"{100 * share:.0f}%"
 
