@@ -252,8 +252,9 @@ def command_tune(args: argparse.Namespace) -> int:
     why = {"converged": "no move helped", "budget": "the next trial would overrun the budget",
            "interrupted": "interrupted", "failed": "a trial failed (see its log)",
            "nothing fits": "the prediction says no start fits the memory"}[outcome.stop_reason]
-    print(f"tune: {why}: {len(outcome.trials)} trials in {_minutes(outcome.elapsed_s)}, {len(outcome.pruned)} "
-          "candidates not tried by prediction", file=sys.stderr)
+    count = len(outcome.trials)
+    print(f"tune: {why}: {count} trial{'' if count == 1 else 's'} in {_minutes(outcome.elapsed_s)}, "
+          f"{len(outcome.pruned)} not tried by prediction", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     elif summary["front"]:
