@@ -364,7 +364,7 @@ class _Search:
         None (and the refusal noted) when it cannot fit."""
         if self.predictor.fits(candidate):
             return candidate
-        self._prune(candidate, dimension)
+        self.note_pruned(candidate, dimension)
         if "batch" not in self.space.dimensions:
             return None
         smaller = [rung for rung in self.ladder(candidate) if rung < candidate.batch_size]
@@ -374,7 +374,7 @@ class _Search:
                 return stepped
         return None
 
-    def _prune(self, candidate: RunConfig, dimension: str) -> None:
+    def note_pruned(self, candidate: RunConfig, dimension: str) -> None:
         if candidate in self.pruned:
             return
         largest = self.predictor.largest_fitting(candidate)
@@ -400,7 +400,7 @@ class _Search:
                 if self.predictor.fits(candidate):
                     candidates.append(candidate)
                 else:
-                    self._prune(candidate, dimension)
+                    self.note_pruned(candidate, dimension)
         elif dimension == "precision":
             for precision in (self.space.half_precision, "fp32"):
                 if precision != center.precision:
@@ -604,11 +604,11 @@ def _start(search: _Search, result: TuneResult, attempt: Callable[[RunConfig, st
             larger = [rung for rung in search.ladder(config) if fitted is None or rung > fitted.batch_size]
             refused = search.with_batch(config, larger[0]) if larger else None
             if refused is not None and not search.predictor.fits(refused):
-                search._prune(refused, "start")  # where the prediction bounds the start
+                search.note_pruned(refused, "start")  # where the prediction bounds the start
         else:
             fitted = config if search.predictor.fits(config) else None
             if fitted is None:
-                search._prune(config, "start")
+                search.note_pruned(config, "start")
         report_pruned()
         if fitted is None:
             if result.stop_reason == "converged":
