@@ -1,5 +1,5 @@
-"""The `gpuanat` command: the live dashboard, and headless subcommands (run, sweep, predict, fit, history,
-watch), one module each.
+"""The `gpuanat` command: the live dashboard, and headless subcommands (run, sweep, predict, fit, tune,
+history, watch), one module each.
 
 Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped (128 + the
 signal's number when SIGTERM or SIGHUP stopped it: 143, 129). A history that cannot be used (HistoryError) is
@@ -20,6 +20,7 @@ from gpuanat.cli.parser import build_parser
 from gpuanat.cli.predict import command_predict
 from gpuanat.cli.run import command_run
 from gpuanat.cli.sweep import command_sweep
+from gpuanat.cli.tune import command_tune
 from gpuanat.cli.watch import command_watch
 from gpuanat.core.run.stop_signals import StopSignals
 from gpuanat.core.store.history import HistoryError
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if script_args and args.command != "run":
         parser.error("arguments after -- are only for `gpuanat run --script SCRIPT.py -- ARGS`")
     handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "fit": command_fit,
-                "history": command_history, "watch": command_watch, None: command_dashboard}
+                "tune": command_tune, "history": command_history, "watch": command_watch, None: command_dashboard}
     # The dashboards handle stop signals on their event loop; the headless commands here.
     args.stop_signals = StopSignals() if args.command is None else StopSignals().install()
     try:
