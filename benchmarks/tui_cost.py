@@ -7,15 +7,32 @@ through it, and reads everything it writes. Targets (issue #3): ≤ 5% of one co
 first sample on screen within 1 s of start.
 
     python benchmarks/tui_cost.py --out benchmarks/results/tui_cost_cpu.json -- --preset tiny --device cpu
+
+Two more modes measure a fixed window (`--window-s`) of processes that only paint, CPU of one core over the
+whole process tree (psutil) and bytes written to the terminal:
+
+- `--replay watch|dashboard`: the real apps fed at real time by NVML traces recorded on a GPU
+  (benchmarks/tui_replay.py), on any machine;
+- `--side-by-side`: on a GPU machine, the monitors of issue #18 on one training process, one after the other for
+  the same window: nvitop at 0.25 s and at its default 2 s, `gpuanat watch PID` at 0.25 s, `gpuanat watch --json
+  PID`, and nvidia-smi dmon. Give `--pid` of a training, or let it start `benchmarks/plain_trainer.py`
+  (bert-large, bf16, batch 32) and stop it at the end. A monitor that is not installed is noted and skipped.
+
+    python benchmarks/tui_cost.py --replay watch --out benchmarks/results/cpu/tui_cost_watch_replay.json
+    python benchmarks/tui_cost.py --side-by-side --out benchmarks/results/h100/tui_cost_side_by_side.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import platform
+import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -24,6 +41,7 @@ import termios
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -84,14 +102,159 @@ class Terminal:
             return sum(len(data) for t, data in self.chunks if start_s <= t < end_s)
 
 
+def tree_cpu_seconds(process: psutil.Process) -> float:
+    """User + system CPU seconds of `process` and its live children (a monitor may fork helpers)."""
+    total = 0.0
+    for one in [process, *process.children(recursive=True)]:
+        try:
+            times = one.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def measure_window(command: list[str], *, columns: int, rows: int, env: dict[str, str], settle_s: float,
+                   window_s: float) -> dict[str, Any]:
+    """Run `command` in a `columns`×`rows` pseudo-terminal; after `settle_s`, its CPU (% of one core, process tree)
+    and the bytes it wrote to the terminal per second over `window_s`; then end it (SIGINT, then SIGTERM, SIGKILL)."""
+    terminal = Terminal(command, columns, rows, env)
+    process = psutil.Process(terminal.process.pid)
+    result: dict[str, Any] = {"command": command}
+    time.sleep(settle_s)
+    if terminal.process.poll() is not None:
+        tail = b"".join(data for _, data in terminal.chunks)[-600:]
+        result["error"] = f"ended before the window (exit {terminal.process.returncode}): " + tail.decode(
+            "utf-8", "replace")
+        return result
+    cpu_start, wall_start = tree_cpu_seconds(process), time.perf_counter()
+    time.sleep(window_s)
+    cpu_end, wall_end = tree_cpu_seconds(process), time.perf_counter()
+    alive = terminal.process.poll() is None
+    result.update(window_s=round(wall_end - wall_start, 3),
+                  cpu_percent_of_one_core=round(100.0 * (cpu_end - cpu_start) / (wall_end - wall_start), 3),
+                  terminal_bytes_per_s=round(terminal.bytes_between(wall_start, wall_end) / (wall_end - wall_start), 1))
+    if not alive:
+        result["error"] = f"ended during the window (exit {terminal.process.returncode})"
+    for sig, wait_s in ((signal.SIGINT, 5), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        if terminal.process.poll() is not None:
+            break
+        try:
+            os.killpg(terminal.process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            terminal.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    return result
+
+
+def pty_env(scratch: Path) -> dict[str, str]:
+    return {**os.environ, "TERM": "xterm-256color", "COLORTERM": "truecolor", "GPUANAT_DB": str(scratch / "h.sqlite")}
+
+
+def replay(args: argparse.Namespace) -> dict[str, Any]:
+    """The real app of `args.replay` fed by a recorded trace at real time (benchmarks/tui_replay.py)."""
+    script = Path(__file__).resolve().parent / "tui_replay.py"
+    env = pty_env(Path(tempfile.mkdtemp(prefix="gpuanat-tui-cost-")))
+    measured = measure_window([sys.executable, str(script), args.replay, "--interval", str(args.interval)],
+                              columns=args.columns, rows=args.rows, env=env, settle_s=args.settle_s,
+                              window_s=args.window_s)
+    return {"mode": f"replay {args.replay}", "interval_s": args.interval, **measured}
+
+
+PLAIN_TRAINING = '{"precision": "bf16", "batch_size": 32, "samples": 100000}'
+"""bert-large for much longer than the measurements take."""
+
+
+def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
+    """Each monitor of issue #18 on one training process, one after the other, each for `args.window_s`."""
+    scratch = Path(tempfile.mkdtemp(prefix="gpuanat-tui-cost-"))
+    env = pty_env(scratch)
+    trainer = None
+    pid = args.pid
+    result: dict[str, Any] = {"mode": "side by side", "interval_s": args.interval}
+    if pid is None:
+        log = (scratch / "trainer.log").open("w")
+        trainer_command = [sys.executable, str(Path(__file__).resolve().parent / "plain_trainer.py"),
+                           "--config", args.trainer_config]
+        trainer = subprocess.Popen(trainer_command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        pid = trainer.pid
+        result["trainer"] = {"command": trainer_command, "log": str(scratch / "trainer.log")}
+        time.sleep(args.trainer_warmup_s)  # model built, training under way
+    result["pid"] = pid
+    nvitop = ([sys.executable, "-m", "nvitop"] if importlib.util.find_spec("nvitop") is not None
+              else [shutil.which("nvitop")] if shutil.which("nvitop") else None)
+    gpuanat = [sys.executable, "-m", "gpuanat"]
+    monitors: list[tuple[str, list[str] | None, str]] = [
+        ("nvitop --interval 0.25", nvitop and [*nvitop, "--interval", str(args.interval)],
+         "nvitop is not installed (pip install --no-index --find-links .whl nvitop)"),
+        ("nvitop (default interval, 2 s)", nvitop, "nvitop is not installed"),
+        (f"gpuanat watch PID --interval {args.interval}",
+         [*gpuanat, "watch", str(pid), "--interval", str(args.interval)], ""),
+        (f"gpuanat watch --json PID --interval {args.interval}",
+         [*gpuanat, "watch", "--json", str(pid), "--interval", str(args.interval)], ""),
+        ("nvidia-smi dmon", shutil.which("nvidia-smi") and ["nvidia-smi", "dmon"], "nvidia-smi is not on PATH"),
+    ]
+    rows: list[dict[str, Any]] = []
+    try:
+        for name, command, missing in monitors:
+            if trainer is not None and trainer.poll() is not None:
+                rows.append({"monitor": name, "skipped": f"the training ended (exit {trainer.returncode})"})
+                continue
+            if not psutil.pid_exists(pid):
+                rows.append({"monitor": name, "skipped": f"PID {pid} is gone"})
+                continue
+            if command is None:
+                print(f"tui_cost: {name}: skipped, {missing}", file=sys.stderr)
+                rows.append({"monitor": name, "skipped": missing})
+                continue
+            measured = measure_window(command, columns=args.columns, rows=args.rows, env=env,
+                                      settle_s=args.settle_s, window_s=args.window_s)
+            print(f"tui_cost: {name}: {measured.get('cpu_percent_of_one_core')}% of one core, "
+                  f"{measured.get('terminal_bytes_per_s')} B/s {measured.get('error', '')}", file=sys.stderr)
+            rows.append({"monitor": name, **measured})
+    finally:
+        if trainer is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(trainer.pid, signal.SIGTERM)
+            try:
+                trainer.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(trainer.pid, signal.SIGKILL)
+    result["monitors"] = rows
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--columns", type=int, default=120)
     parser.add_argument("--rows", type=int, default=40)
     parser.add_argument("--stream-s", type=float, default=20.0, help="how long to measure while the run streams")
+    parser.add_argument("--replay", choices=("watch", "dashboard"),
+                        help="measure the app fed by a recorded trace (no GPU needed) instead of a real run")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="measure nvitop, gpuanat watch, watch --json and nvidia-smi dmon on one training")
+    parser.add_argument("--pid", type=int, help="--side-by-side: the training to watch (default: start one)")
+    parser.add_argument("--trainer-config", default=PLAIN_TRAINING,
+                        help="--side-by-side without --pid: the RunConfig JSON of benchmarks/plain_trainer.py")
+    parser.add_argument("--trainer-warmup-s", type=float, default=60.0,
+                        help="--side-by-side without --pid: wait this long for the training to start")
+    parser.add_argument("--interval", type=float, default=0.25, help="sampling interval of the monitors, seconds")
+    parser.add_argument("--window-s", type=float, default=30.0, help="measured window of each monitor")
+    parser.add_argument("--settle-s", type=float, default=5.0, help="wait before each window (start-up)")
     parser.add_argument("gpuanat_flags", nargs="*", help="technique flags for the run (after --)")
     args = parser.parse_args()
+    if args.replay or args.side_by_side:
+        result = replay(args) if args.replay else side_by_side(args)
+        result.update(columns=args.columns, rows=args.rows, machine=platform.node(),
+                      python=platform.python_version(), cpu_count=os.cpu_count())
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return
 
     scratch = Path(tempfile.mkdtemp(prefix="gpuanat-tui-cost-"))
     env = {**os.environ, "TERM": "xterm-256color", "COLORTERM": "truecolor", "GPUANAT_DB": str(scratch / "h.sqlite")}

@@ -101,3 +101,47 @@ async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tm
     assert (run.kind, run.status) == ("watched", "exited")
     assert samples and run.result["peak_rss_bytes"] >= 64 * 1024 * 1024
     assert not psutil.pid_exists(child.pid) or psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+
+
+
+@pytest.mark.asyncio
+async def test_samples_that_leave_the_picture_as_it_was_repaint_nothing(tmp_path, monkeypatch):
+    """Issue #18: over SSH every repainted cell costs bytes. The H100 recording replayed, then its last reading
+    delivered again (same values, same time): every series grows, nothing on screen changes, so no widget is
+    repainted, whole or in part."""
+    import dataclasses
+
+    from textual.widget import Widget
+
+    from gpuanat.tui.widgets.cached_rows import CachedRows
+
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+    async with app.run_test(size=(120, 40)) as pilot:
+        replay(app, until_elapsed_s=3.0)
+        await pilot.pause()
+        widgets = list(app.query(CachedRows))
+        assert {type(widget).__name__ for widget in widgets} >= {"LineChart", "MemoryBar", "ProcessPanel",
+                                                                 "StatusLine"}
+        last = app._sampler.sample_once()
+        app._on_sample(last)
+        app.paint()
+        await pilot.pause()
+        whole_refreshes = []
+        refresh = Widget.refresh
+
+        def counted(widget, *regions, **flags):
+            if isinstance(widget, CachedRows) and not regions:
+                whole_refreshes.append(widget.id)
+            return refresh(widget, *regions, **flags)
+
+        monkeypatch.setattr(Widget, "refresh", counted)
+        for widget in widgets:
+            widget.repainted_cells = 0
+        versions = {name: series.version for name, series in app.series.items()}
+        for _ in range(3):
+            app._on_sample(dataclasses.replace(last))
+            app.paint()
+            await pilot.pause()
+        assert app.series["device_used"].version == versions["device_used"] + 3
+        assert whole_refreshes == []
+        assert {widget.id: widget.repainted_cells for widget in widgets if widget.repainted_cells} == {}

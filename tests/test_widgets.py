@@ -11,7 +11,7 @@ from textual.app import App, ComposeResult
 from gpuanat.core.measure.anatomy import BAND_NAMES
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.series import Reduce, TimeSeries
-from gpuanat.tui.widgets.line_chart import BRAILLE_BLANK, LineChart, format_duration
+from gpuanat.tui.widgets.line_chart import BRAILLE_BLANK, LineChart, axis_span_s, format_duration
 from gpuanat.tui.widgets.memory_bar import BAND_GLYPHS, BAND_LABELS, MemoryBar, band_component_class, split_cells
 
 GIB = 1024**3
@@ -135,6 +135,11 @@ def is_dot(cell: str) -> bool:
     return BRAILLE_BLANK < ord(cell) <= BRAILLE_BLANK + 0xFF
 
 
+def last_drawn(chart: LineChart, y: int):
+    """The last segment of row `y` that is not blank."""
+    return [segment for segment in chart.render_line(y) if segment.text.strip()][-1]
+
+
 def bytes_label(value: float) -> str:
     return format_bytes(int(value))
 
@@ -153,11 +158,14 @@ def test_line_chart_rows_axis_and_top():
         assert rows[0].startswith(" GPU memory") and "this run 8.00 GiB" in rows[0]
         assert rows[1].startswith(" 8.00 GiB┤")  # formatted max on the top plot row
         assert rows[8].startswith("    0 MiB┤")
-        assert rows[9].strip().startswith("└ 0s") and rows[9].rstrip().endswith("1m00s")
-        # A line, in braille: the ramp's last (highest) point is a dot in the top row's last column, its first
+        # 60 s of samples: the axis spans the next step of its ladder, so that new samples fill it column by column
+        assert rows[9].strip().startswith("└ 0s") and rows[9].rstrip().endswith(format_duration(axis_span_s(60.0)))
+        assert format_duration(axis_span_s(60.0)) == "1m02s"
+        # A line, in braille: the ramp's last (highest) point is a dot in the top row's last drawn column, its first
         # a dot in the bottom row's first column; the rows between hold the rising line, one cell high each.
         plot = rows[1:9]
-        assert is_dot(plot[0][-1]) and not is_dot(plot[-1][-1])
+        last = len(plot[0].rstrip()) - 1
+        assert last >= 75 and is_dot(plot[0][last]) and not is_dot(plot[-1][last])
         assert is_dot(plot[-1][10]) and not is_dot(plot[0][10])
         assert all(sum(is_dot(cell) for cell in row[10:]) >= 1 for row in plot)
         # Cached: an unchanged chart hands back the very same strips.
@@ -183,9 +191,10 @@ def test_line_chart_fixed_y_max_and_two_layered_series():
         # 8 rows of 4 dots for 16 GiB, 31 steps: device used (12 GiB) is a flat line at dot 23 from the bottom, 8
         # from the top, in row 2; this run (6 GiB) at dot 12, 19 from the top, in row 4 — two lines, each in its
         # own colour, neither hiding the other.
-        line_rows = [index for index, row in enumerate(plot) if is_dot(row[-1])]
+        last = max(len(row.rstrip()) for row in plot) - 1
+        line_rows = [index for index, row in enumerate(plot) if is_dot(row[last])]
         assert line_rows == [2, 4]
-        colours = {y: list(chart.render_line(y + 1))[-1].style.color for y in line_rows}
+        colours = {y: last_drawn(chart, y + 1).style.color for y in line_rows}
         assert colours == {2: chart.get_component_rich_style("line-chart--series-0").color,
                            4: chart.get_component_rich_style("line-chart--series-1").color}
     run_app(ChartApp(chart), check)
@@ -223,11 +232,11 @@ def test_line_chart_follows_a_theme_change():
     async def check(pilot) -> None:
         chart.set_series("device used", ramp(30))
         await pilot.pause()
-        line_row = next(y for y in range(1, 9) if is_dot(chart.render_line(y).text[-1]))
-        before = list(chart.render_line(line_row))[-1].style.color
+        line_row = next(y for y in range(1, 9) if is_dot(chart.render_line(y).text.rstrip()[-1]))
+        before = last_drawn(chart, line_row).style.color
         pilot.app.theme = "ansi-dark"
         await pilot.pause()
-        after = list(chart.render_line(line_row))[-1].style.color
+        after = last_drawn(chart, line_row).style.color
         assert after != before
         assert after == chart.get_component_rich_style("line-chart--series-0").color
 

@@ -9,11 +9,14 @@ as scattered dots. Series are lines, not areas, so one never hides another (the 
 two share a cell, the cell takes the colour of the later series.
 
 Cheap to repaint: rows are computed once per (size, data version, settings) and served from a cache;
-`refresh_data()` repaints only when a series' version changed. Colours come from COMPONENT_CLASSES.
+`refresh_data()` rebuilds them only when a series' version changed, and repaints only the cells that changed
+(`CachedRows`): a new sample that leaves the picture as it was sends nothing to the terminal. Colours come from
+COMPONENT_CLASSES.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
@@ -21,9 +24,9 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.reactive import reactive
 from textual.strip import Strip
-from textual.widget import Widget
 
 from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.cached_rows import CachedRows
 
 LEGEND_SWATCH = "█"
 BRAILLE_BLANK = 0x2800
@@ -32,6 +35,18 @@ BRAILLE_DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
 """The bit of the dot at [row from the top, 0-3][column, 0-1] of a braille cell."""
 SERIES_STYLE_COUNT = 4
 """Series i is drawn with component class `line-chart--series-{i % SERIES_STYLE_COUNT}`."""
+AXIS_STEP = 1.125
+"""The time axis spans the next of 1 s × AXIS_STEP**n at or above the samples' span: while the samples fill it,
+each column keeps its time span, so a new sample changes only the cells of the column it lands in, instead of
+stretching every column (a repaint of the whole plot, over SSH, at every sample). The samples fill 89-100% of it."""
+
+
+def axis_span_s(span_s: float) -> float:
+    """The span of the time axis for samples spanning `span_s` (one function of it, so charts that share a window
+    share an axis)."""
+    if span_s <= 1.0:
+        return 1.0 if span_s > 0 else 0.0  # one instant: bucket() shows its value across
+    return AXIS_STEP ** math.ceil(math.log(span_s) / math.log(AXIS_STEP) - 1e-9)
 
 
 def format_duration(seconds: float) -> str:
@@ -72,7 +87,7 @@ def line_cells(columns_by_series: Mapping[int, list[float | None]], top: float, 
     return cells
 
 
-class LineChart(Widget):
+class LineChart(CachedRows):
     """Named `TimeSeries` on one shared time axis, first sample to last, with a y-axis from 0 to the max."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -100,12 +115,13 @@ class LineChart(Widget):
     }
     """
 
-    title: reactive[str] = reactive("")
-    y_max: reactive[float | None] = reactive(None)
+    # Not repainted whole when set: the watchers below repaint the cells that change.
+    title: reactive[str] = reactive("", repaint=False)
+    y_max: reactive[float | None] = reactive(None, repaint=False)
     """Fixed top of the y-axis (e.g. device total memory); None scales to the highest value shown."""
-    window: reactive[tuple[float, float] | None] = reactive(None)
+    window: reactive[tuple[float, float] | None] = reactive(None, repaint=False)
     """The time span shown, shared by the charts of one dashboard (one time axis); None spans this chart's data."""
-    paused: reactive[bool] = reactive(False)
+    paused: reactive[bool] = reactive(False, repaint=False)
     """Freeze the display on the data it showed when paused; new samples keep arriving underneath."""
 
     def __init__(
@@ -127,9 +143,7 @@ class LineChart(Widget):
         self.empty_message = empty_message
         self._series: dict[str, TimeSeries] = {}
         self._frozen: dict[str, TimeSeries] | None = None
-        self._rows: list[Strip] = []
-        self._rows_key: tuple[object, ...] | None = None
-        self._base_style = Style()
+        self._formatter_version = 0
 
     @property
     def formatter(self) -> Callable[[float], str]:
@@ -139,8 +153,8 @@ class LineChart(Widget):
     @formatter.setter
     def formatter(self, formatter: Callable[[float], str]) -> None:
         self._formatter = formatter
-        self._rows_key = None
-        self.refresh()
+        self._formatter_version += 1
+        self.repaint_changes()
 
     def set_series(self, name: str, series: TimeSeries) -> None:
         """Show `series` under `name` (added after the others, or replacing the one of that name)."""
@@ -148,34 +162,35 @@ class LineChart(Widget):
         self.refresh_data()
 
     def refresh_data(self) -> None:
-        """Repaint if any shown series changed since the last paint; call it at the app's paint tick."""
-        if self.paused:
-            return
-        if self._rows_key is None or self._rows_key[-1] != self._data_key(self._series):
-            self.refresh()
+        """Repaint what changed on screen if any shown series changed since the last paint; call it at the app's
+        paint tick."""
+        if not self.paused:
+            self.repaint_changes()
 
     def watch_paused(self, paused: bool) -> None:
         self._frozen = {name: series.copy() for name, series in self._series.items()} if paused else None
+        self.repaint_changes()
 
-    def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self._rows_key = None  # the theme changed: colours baked into cached rows are stale
+    def watch_title(self) -> None:
+        self.repaint_changes()
+
+    def watch_y_max(self) -> None:
+        self.repaint_changes()
+
+    def watch_window(self) -> None:
+        self.repaint_changes()
 
     @staticmethod
     def _data_key(series: Mapping[str, TimeSeries]) -> tuple[tuple[str, int, int], ...]:
         return tuple((name, id(one), one.version) for name, one in series.items())
 
-    def render_line(self, y: int) -> Strip:
-        width, height = self.size
+    def rows_key(self) -> tuple[object, ...]:
         shown = self._frozen if self._frozen is not None else self._series
-        key = (width, height, self.title, self.y_max, self.window, self.paused, self._data_key(shown))
-        if key != self._rows_key:
-            self._base_style = self.rich_style  # walks the ancestors: once per build, not per row
-            self._rows = self._build_rows(width, height, shown)
-            self._rows_key = key
-        if y < len(self._rows):
-            return self._rows[y]
-        return Strip.blank(width, self.rich_style)
+        return (self.title, self.y_max, self.window, self.paused, self.empty_message, self._formatter_version,
+                self._data_key(shown))
+
+    def build_rows(self, width: int, height: int) -> list[Strip]:
+        return self._build_rows(width, height, self._frozen if self._frozen is not None else self._series)
 
     def _style(self, component: str) -> Style:
         return self.get_component_rich_style(component)
@@ -203,6 +218,7 @@ class LineChart(Widget):
         t_end_s = max(series.last_t_s for series in with_data.values() if series.last_t_s is not None)
         if self.window is not None:
             t_start_s, t_end_s = min(self.window[0], t_start_s), max(self.window[1], t_end_s)
+        t_end_s = t_start_s + axis_span_s(t_end_s - t_start_s)
         raw_max = max(series.max for series in with_data.values() if series.max is not None)
         label_candidates = [raw_max, 0.0] if self.y_max is None else [self.y_max, 0.0]
         label_width = min(max(len(self.formatter(value)) for value in label_candidates) + 1, max(1, width // 3))

@@ -7,7 +7,8 @@ predicted compare by length. The legend has one row per band: swatch, name, curr
 and for a band that could not be measured "—" with the reason, dimmed (the full reasons are in the tooltip).
 A watched process that does not publish its anatomy shows its whole GPU memory as one more segment,
 "watched process (not broken down)", between the tensor bands and free.
-Drawn with the Line API from rows cached per (width, data version, theme).
+Drawn with the Line API from rows cached per (size, data version, theme); a new measurement repaints only the cells
+it changes (`CachedRows`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.geometry import Size
 from textual.strip import Strip
-from textual.widget import Widget
 
 from gpuanat.core.measure.anatomy import BAND_NAMES
 from gpuanat.core.store.report import format_bytes
+from gpuanat.tui.widgets.cached_rows import CachedRows
 
 BAND_LABELS: dict[str, str] = {
     "other_processes_bytes": "other processes",
@@ -97,7 +98,7 @@ def split_cells(values: Sequence[int], scale: int, width: int) -> list[int]:
     return cells
 
 
-class MemoryBar(Widget):
+class MemoryBar(CachedRows):
     """Measured (and optionally predicted) memory bands as stacked bars with a legend."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -150,9 +151,6 @@ class MemoryBar(Widget):
         self._unattributed_bytes: int | None = None
         self._has_reading = False
         self._version = 0
-        self._rows: list[Strip] = []
-        self._rows_key: tuple[int, int] | None = None
-        self._base_style = Style()
         self._legend = True
         self._logits: tuple[int | None, int | None, int | None] = (None, None, None)
         """(now, peak, predicted) bytes of a causal LM's logits, shown under the activations they are part of."""
@@ -242,11 +240,7 @@ class MemoryBar(Widget):
 
     def _changed(self, layout: bool) -> None:
         self._version += 1
-        self.refresh(layout=layout)
-
-    def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self._rows_key = None  # the theme changed: colours baked into cached rows are stale
+        self.repaint_changes(layout=layout)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         bars = 2 if self._predicted is not None else 1
@@ -255,16 +249,11 @@ class MemoryBar(Widget):
         return (bars + 1 + len(BAND_NAMES) + (self._unattributed_bytes is not None) + self._shows_logits()
                 + self._shows_trainable() + 1)
 
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        key = (width, self._version)
-        if key != self._rows_key:
-            self._base_style = self.rich_style  # walks the ancestors: once per build, not per row
-            self._rows = self._build_rows(width)
-            self._rows_key = key
-        if y < len(self._rows):
-            return self._rows[y]
-        return Strip.blank(width, self.rich_style)
+    def rows_key(self) -> int:
+        return self._version
+
+    def build_rows(self, width: int, height: int) -> list[Strip]:
+        return self._build_rows(width)
 
     def _style(self, component: str) -> Style:
         return self.get_component_rich_style(component)

@@ -3,13 +3,15 @@ per process), the device's other processes, and what NVML's PIDs mean here (PID 
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from rich.text import Text
-from textual.widget import Widget
+from textual.strip import Strip
 
 from gpuanat.core.measure.watch import NOT_PUBLISHED
 from gpuanat.core.store.report import format_bytes
+from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_rows
 
 MAX_TREE_ROWS = 12
 MAX_OTHER_ROWS = 6
@@ -36,8 +38,9 @@ def _tree_order(processes: list[dict[str, Any]], root_pid: int) -> list[tuple[in
     return ordered
 
 
-class ProcessPanel(Widget):
-    """Shows the latest watch record; the app calls `show` at its paint tick."""
+class ProcessPanel(CachedRows):
+    """Shows the latest watch record; the app calls `show` at its paint tick, and the cells that changed (a CPU
+    figure, an RSS) are repainted."""
 
     COMPONENT_CLASSES = {
         "process-panel--heading",
@@ -63,11 +66,21 @@ class ProcessPanel(Widget):
         self.border_title = "watched process"
         self._command = ""
         self._record: dict[str, Any] | None = None
+        self._version = 0
 
     def show(self, record: dict[str, Any] | None, command: str) -> None:
         if (record, command) != (self._record, self._command):
             self._record, self._command = record, command
-            self.refresh(layout=True)
+            self._version += 1
+            width = self.size.width
+            resized = not width or text_height(self, self.render(), width) != self.size.height
+            self.repaint_changes(layout=resized)
+
+    def rows_key(self) -> Hashable:
+        return self._version
+
+    def build_rows(self, width: int, height: int) -> list[Strip]:
+        return text_rows(self, self.render(), width, height)
 
     def render(self) -> Text:
         heading = self.get_component_rich_style("process-panel--heading")

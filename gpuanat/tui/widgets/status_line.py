@@ -3,10 +3,13 @@ cost; a banner when NVML is unavailable."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from rich.text import Text
-from textual.widget import Widget
+from textual.strip import Strip
 
 from gpuanat.core.measure.sampler import NvmlStatus
+from gpuanat.tui.widgets.cached_rows import CachedRows, text_rows
 
 
 def gpu_names_text(names: tuple[str, ...]) -> str:
@@ -18,7 +21,7 @@ def gpu_names_text(names: tuple[str, ...]) -> str:
     return ", ".join(names)
 
 
-class StatusLine(Widget):
+class StatusLine(CachedRows):
     COMPONENT_CLASSES = {"status-line--banner", "status-line--muted", "status-line--run"}
     DEFAULT_CSS = """
     StatusLine { height: 1; background: $panel; color: $text; padding: 0 1; }
@@ -36,7 +39,13 @@ class StatusLine(Widget):
     def show(self, *, nvml: NvmlStatus | None, run_state: str, sampler_cpu_percent: float | None) -> None:
         if (nvml, run_state, sampler_cpu_percent) != (self._nvml, self._run_state, self._sampler_cpu_percent):
             self._nvml, self._run_state, self._sampler_cpu_percent = nvml, run_state, sampler_cpu_percent
-            self.refresh()
+            self.repaint_changes()  # a step counter or a figure: a few cells
+
+    def rows_key(self) -> Hashable:
+        return self._nvml, self._run_state, self._sampler_cpu_percent
+
+    def build_rows(self, width: int, height: int) -> list[Strip]:
+        return text_rows(self, self.render(), width, height)
 
     def render(self) -> Text:
         # The run's progress first: at 80 columns it is what must show; the GPU and driver may be cut.
