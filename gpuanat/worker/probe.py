@@ -346,6 +346,12 @@ class StepPhases:
         self._phases_s[self._phase] += now_s - self._mark_s
         self._mark_s, self._phase = now_s, phase
 
+    def step_begins(self) -> None:
+        """The Trainer has the step's batches: what follows is the step's work. Under torch.compile the forward hooks
+        cannot time (a clock read breaks the graph), so "forward" then holds the forward and the backward."""
+        if self._phase == "data":
+            self._enter("forward")
+
     def forward_begins(self) -> None:
         if not self._forward_seen and self._step_end_event is not None:
             self._caught_up = bool(self._step_end_event.query())
@@ -486,7 +492,8 @@ class AnatomyCallback(TrainerCallback):
     def _before_forward(self, module, args, kwargs):  # type: ignore[no-untyped-def]
         if not module.training:
             return None
-        self._step_phases.forward_begins()
+        if not torch.compiler.is_compiling():  # a clock read would break torch.compile's graph
+            self._step_phases.forward_begins()
         batch = _batch_tensors(args, kwargs)
         if batch:
             self._samples += int(batch[0].shape[0]) if batch[0].dim() else 1
@@ -516,7 +523,7 @@ class AnatomyCallback(TrainerCallback):
 
     @_never_raises
     def _after_forward(self, module, args, kwargs, output):  # type: ignore[no-untyped-def]
-        if module.training:
+        if module.training and not torch.compiler.is_compiling():
             self._step_phases.forward_ends()
         if not (module.training and self._measuring):
             return None
@@ -584,6 +591,7 @@ class AnatomyCallback(TrainerCallback):
     # --- step callbacks ----------------------------------------------------------------------
     @_never_raises
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[override]
+        self._step_phases.step_begins()
         step = state.global_step + 1
         self._measuring = step <= FIRST_MEASURED_STEPS or step % self.exact_every_steps == 0
         if self._measuring:
