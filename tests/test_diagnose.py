@@ -117,3 +117,38 @@ def test_the_same_training_eager_or_on_one_gpu_is_found_in_earlier_runs():
         "eager_samples_per_second"] is None
     on_two = {**config, "gpus": "2", "distributed": "ddp"}
     assert reference_rates(on_two, earlier)["one_gpu_samples_per_second"] == 250.0
+
+
+def recorded_steps_and_busy(tmp_path, name: str):
+    """A recorded H100 run's steps (decoded by the real protocol code) and its GPU's NVML utilization, from the
+    history that benchmarks/diagnosis_check.sh kept."""
+    import tarfile
+
+    from gpuanat.core.run.protocol import decode
+    from gpuanat.core.store.history import HistoryStore
+
+    with tarfile.open(RESULTS / "history.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    with HistoryStore(tmp_path / "history.sqlite", read_only=True) as store:
+        run = next(row for row in store.runs() if row.name == name)
+        steps = [decode(json.dumps({**record, "type": "step", "v": 1})) for record in store.steps(run.id)]
+        busy = [(sample["t_s"], sample["gpus"][0]["gpu_util_percent"]) for sample in store.samples(run.id)
+                if sample["gpus"] and sample["gpus"][0]["gpu_util_percent"] is not None]
+    return steps, busy
+
+
+@pytest.mark.parametrize("name", ["vanilla", "fp16", "adafactor"])
+def test_the_live_window_of_the_last_steps_reads_like_the_whole_run(tmp_path, name):
+    from gpuanat.core.run.diagnose import LIVE_WINDOW_STEPS, recent_breakdown
+
+    steps, busy = recorded_steps_and_busy(tmp_path, name)
+    assert len(steps) == 64 and all(step.phases_s is not None for step in steps)
+    final = RUNS[name]["step_time_breakdown"]
+    live = recent_breakdown(steps, busy)
+    assert live["steps"] == LIVE_WINDOW_STEPS
+    for phase, share in final["share"].items():
+        assert live["share"][phase] == pytest.approx(share, abs=0.05), phase
+    assert live["gpu_busy_percent"] == pytest.approx(final["gpu_busy_percent"], abs=8)
+    live_findings = diagnose({"config": RUNS[name]["config"], "step_time_breakdown": live})
+    assert [f.bottleneck for f in live_findings] == [VERDICTS[name]]
+    assert recent_breakdown(steps[:1], busy) is None  # the first step warms up: nothing to show yet

@@ -184,6 +184,41 @@ async def test_f_on_a_cpu_run_is_refused_with_the_reason(db_path):
             assert store.runs() == []
 
 
+@pytest.mark.asyncio
+async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_set(db_path):
+    from gpuanat.tui.widgets.step_strip import StepStrip
+
+    app = make_app(db_path, TINY.replace(samples=64))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        strip = app.query_one(StepStrip)
+        assert "show here once a run has stepped" in str(strip.render())
+        result = await run_to_completion(app, pilot)
+        assert result["status"] == "ok"
+        shown = str(strip.render())
+        step_ms = round(1000 * result["step_time_breakdown"]["step_s"])
+        assert shown.startswith(f"step {step_ms} ms ") and "fwd" in shown and "bwd" in shown, shown
+        # T: a real search of short runs from the current set; s stops it and the best found so far becomes current
+        await pilot.press("T")
+        await wait_for(pilot, lambda: any(n.message.startswith("tune 1: ") for n in app._notifications),
+                       what="the first tune trial")
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the stop question")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.live is None, what="the search to stop")
+        finished = [n.message for n in app._notifications if n.message.startswith("tune: ")]
+        assert finished and "It is the current set now" in finished[-1], finished
+    with HistoryStore(db_path, read_only=True) as store:
+        trials = [run for run in store.runs() if (run.name or "").startswith("tune ")]
+    ok = [run for run in trials if run.status == "ok"]
+    assert ok and ok[0].name.startswith("tune 1: ")  # the strong start trained
+    best = max(ok, key=lambda run: run.result.get("steady_samples_per_second") or run.result["samples_per_second"])
+    lasting = ("samples", "epochs", "max_steps")
+    assert {key: value for key, value in app.config.to_json().items() if key not in lasting} == {
+        key: value for key, value in best.config.items() if key not in lasting}
+    assert app.config.samples == 64  # the workload's length stays the user's, not the trial's
+
+
 EVERY_FIELD = frozenset(technique.field for technique in TECHNIQUES)
 NO_CUDA = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="a CPU-only build")
 WITH_CUDA = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_device_name="NVIDIA H100",

@@ -42,12 +42,14 @@ from gpuanat.core.run.config import (
     validate_values,
     workload_for_device,
 )
+from gpuanat.core.run.diagnose import LIVE_WINDOW_STEPS, diagnose, recent_breakdown
 from gpuanat.core.run.flops import utilization
 from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.protocol import Event, Hello, ModelInfo, ProbeBands, Ranked, Step
 from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import execute_run
 from gpuanat.core.run.techniques import changed_config, next_distributed, next_gpu_count
+from gpuanat.core.run.tune import DEFAULT_TRIAL_STEPS, run_command, run_tune, search_space
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, DashboardActions
@@ -59,9 +61,14 @@ from gpuanat.tui.widgets.line_chart import LineChart, format_duration
 from gpuanat.tui.widgets.log_pane import LogPane
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 from gpuanat.tui.widgets.status_line import StatusLine
+from gpuanat.tui.widgets.step_strip import StepStrip
 from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
 
 PAINT_INTERVAL_S = 0.25
+TUNE_BUDGET_S = 15 * 60.0
+"""`T`'s search: as `gpuanat tune`'s default budget."""
+GPU_BUSY_SAMPLES_KEPT = 2400
+"""NVML utilization samples a run keeps for the step strip: 10 minutes at 4 Hz."""
 SAMPLE_INTERVAL_S = 0.25
 FIT_TRIAL_STEPS = 3
 FIT_MAX_BATCH = 1024
@@ -115,6 +122,18 @@ class FitFinished(Message):
         self.largest_batch_size, self.failure = largest_batch_size, failure
 
 
+class TuneTrialDone(Message):
+    def __init__(self, name: str, status: str, samples_per_second: float | None, left_s: float) -> None:
+        super().__init__()
+        self.name, self.status, self.samples_per_second, self.left_s = name, status, samples_per_second, left_s
+
+
+class TuneFinished(Message):
+    def __init__(self, best: RunConfig | None, summary: str | None, failure: str | None) -> None:
+        super().__init__()
+        self.best, self.summary, self.failure = best, summary, failure
+
+
 class CapabilitiesFound(Message):
     def __init__(self, capabilities: Capabilities | None, failure: str | None) -> None:
         super().__init__()
@@ -146,6 +165,12 @@ class LiveRun:
     """The latest measured bands of each rank but rank 0 (whose are `probe_bands`)."""
     clock_offset_s: float | None = None
     """For steps without `monotonic_s`: the sampler's time at the run's elapsed 0 s, from its first step."""
+    timed_steps: collections.deque[Step] = field(
+        default_factory=lambda: collections.deque(maxlen=LIVE_WINDOW_STEPS + 2))
+    """Rank 0's latest steps, for the step strip's breakdown."""
+    gpu_busy: collections.deque[tuple[float, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=GPU_BUSY_SAMPLES_KEPT))
+    """(sampler time, NVML utilization %) of rank 0's GPU, the last 10 minutes at 4 Hz."""
 
 
 def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str:
@@ -188,6 +213,7 @@ class GpuAnatApp(DashboardActions):
         Binding("x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments",
                 show=False),
         Binding("f", "fit", "Fit batch", id="fit"),
+        Binding("T", "tune", "Tune: the fastest set that fits (short real runs)", id="tune", show=False),
         Binding("E", "toggle_technique('engine')", "Engine", id="engine", show=False),
         Binding("L", "toggle_technique('lora')", "LoRA", id="lora", show=False),
         Binding("4", "toggle_technique('load_in_4bit')", "4-bit base (QLoRA)", id="load_in_4bit", show=False),
@@ -265,6 +291,7 @@ class GpuAnatApp(DashboardActions):
                                 empty_message="a run's samples/s show here")
                 yield AnatomyTimeline(id="timeline")
         yield MemoryBar(id="memory")
+        yield StepStrip(id="steps")
         yield GpuLanes(id="lanes")
         yield LogPane(id="log")
         yield Footer()
@@ -380,6 +407,29 @@ class GpuAnatApp(DashboardActions):
             failure = f"the trial at batch {fit.failure['config']['batch_size']} ended {fit.failure['status']}"
         self.post_message(FitFinished(fit.largest_batch_size, failure))
 
+    def _tune(self, live: LiveRun, gpu_total: int | None, capabilities: Capabilities) -> None:
+        try:
+            space = search_space(live.config, capabilities, set(), gpu_memory_bytes=gpu_total)
+            with HistoryStore(self.db_path) as store:
+                outcome = run_tune(
+                    live.config, space, store=store, log_dir=self.db_path.parent / "logs",
+                    trial_steps=DEFAULT_TRIAL_STEPS, budget_s=TUNE_BUDGET_S, stop=live.stop_requested,
+                    on_trial=lambda trial, progress: self._post(TuneTrialDone(
+                        trial.name, trial.status, trial.samples_per_second, progress.estimated_left_s)),
+                    on_event=self._incoming_events.append, env=self._run_env, stop_requested=live.stop_requested,
+                    on_start=lambda run_id, pid, log, gpus: self._post(RunStarted(run_id, pid, log, gpus)),
+                )
+        except Exception as error:  # the dashboard must survive any failure of a search
+            self.post_message(TuneFinished(None, None, f"{type(error).__name__}: {error}"))
+            return
+        best = outcome.best
+        if best is None:
+            self.post_message(TuneFinished(None, None, f"no trial trained ({outcome.stop_reason})"))
+            return
+        summary = (f"{len(outcome.trials)} trials, {len(outcome.front)} on the front; best {best.name} at "
+                   f"{best.samples_per_second or 0:.1f} samples/s: {run_command(best.config)}")
+        self.post_message(TuneFinished(best.config, summary, None))
+
     # --- messages ---------------------------------------------------------------------------------
     def on_capabilities_found(self, message: CapabilitiesFound) -> None:
         self.capabilities = message.capabilities
@@ -405,6 +455,7 @@ class GpuAnatApp(DashboardActions):
         self.live.last_step = self.live.probe_bands = None  # a fit starts one run per trial
         self.live.rank_pids, self.live.rank_steps, self.live.rank_probe_bands = {}, {}, {}
         self.live.recent_steps.clear()
+        self.live.timed_steps.clear()
         self.series["throughput"].clear()
         self.query_one("#throughput-chart", LineChart).title = self._throughput_title(None, None)
         self.query_one(AnatomyTimeline).clear()
@@ -431,6 +482,29 @@ class GpuAnatApp(DashboardActions):
             if message.result.get("history_error"):
                 self.notify(message.result["history_error"], severity="warning", timeout=15)
             self._show_result_bands(message.result)
+            findings = message.result.get("diagnosis") or []
+            self.query_one(StepStrip).show(message.result.get("step_time_breakdown"), findings[0] if findings else None)
+        self._show_techniques()
+        if self._quit_after_run:
+            self.exit()
+
+    def on_tune_trial_done(self, message: TuneTrialDone) -> None:
+        if self.live is not None and self.live.pid is not None and self._sampler is not None:
+            self._sampler.untrack(self.live.pid)
+        rate = f", {message.samples_per_second:.1f} samples/s" if message.samples_per_second else ""
+        self.notify(f"{message.name}: {message.status}{rate} · about {format_duration(message.left_s)} left",
+                    timeout=6)
+
+    def on_tune_finished(self, message: TuneFinished) -> None:
+        self.paint()
+        self.live = None
+        if message.best is None:
+            self.notify(f"tune: {message.failure}", severity="warning", timeout=10)
+        else:
+            base = self.config
+            self._change_config(message.best.replace(samples=base.samples, epochs=base.epochs,
+                                                     max_steps=base.max_steps))
+            self.notify(f"tune: {message.summary}. It is the current set now (r runs it).", timeout=15)
         self._show_techniques()
         if self._quit_after_run:
             self.exit()
@@ -475,9 +549,17 @@ class GpuAnatApp(DashboardActions):
                     chart.refresh_data()
             if self.live is not None:
                 self._show_live_bands()
+                if events:
+                    self._show_step_strip(self.live)
             self.query_one(LogPane).poll()
             self.query_one(StatusLine).show(nvml=self.nvml, run_state=self._run_state(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())
+
+    def _show_step_strip(self, live: LiveRun) -> None:
+        """The latest steps' time by phase and what bounds them, live."""
+        breakdown = recent_breakdown(live.timed_steps, live.gpu_busy)
+        findings = diagnose({"config": live.config.to_json(), "step_time_breakdown": breakdown}) if breakdown else []
+        self.query_one(StepStrip).show(breakdown, findings[0].to_json() if findings else None)
 
     def _throughput_title(self, live: LiveRun | None, rank_rate: float | None) -> str:
         """The throughput chart's title, with the model FLOPs the run achieves at that rate and its MFU."""
@@ -541,6 +623,8 @@ class GpuAnatApp(DashboardActions):
                 self.series["device_used"].append(sample.t_s, gpu.used_bytes)
             if gpu.gpu_util_percent is not None:
                 self.series["gpu_util"].append(sample.t_s, gpu.gpu_util_percent)
+                if self.live is not None:
+                    self.live.gpu_busy.append((sample.t_s, gpu.gpu_util_percent))
             if self.live is not None and self.live.pid is not None:
                 pids = [self.live.pid, *self.live.rank_pids.values()]  # the run's processes on the GPU shown
                 run_used = dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes(pids)
@@ -568,6 +652,7 @@ class GpuAnatApp(DashboardActions):
             live.model = event
         elif isinstance(event, Step):
             live.last_step = event
+            live.timed_steps.append(event)
             if event.bands is not None:
                 live.probe_bands = event.bands
             self._add_anatomy_points(live, event)
@@ -790,6 +875,23 @@ class GpuAnatApp(DashboardActions):
             self.series[name].clear()
         self._run_thread = threading.Thread(target=self._fit, args=(self.live, gpu_total), name="gpuanat-fit",
                                             daemon=True)
+        self._run_thread.start()
+
+    def action_tune(self) -> None:
+        if not self._can_start():
+            return
+        if self.capabilities is None:
+            self.notify("tune waits for the capability probe (a few seconds after start); press T again then.",
+                        severity="warning")
+            return
+        gpu_total = self._gpu_total_bytes() if self.config.device == "cuda" else None
+        self.live = LiveRun(config=self.config, stop_requested=threading.Event())
+        for name in ("run_used", "throughput", "host_rss", "host_cpu"):
+            self.series[name].clear()
+        self.notify(f"tune: short real runs of {DEFAULT_TRIAL_STEPS} steps, at most "
+                    f"{format_duration(TUNE_BUDGET_S)}; s stops and keeps the best found so far", timeout=6)
+        self._run_thread = threading.Thread(target=self._tune, args=(self.live, gpu_total, self.capabilities),
+                                            name="gpuanat-tune", daemon=True)
         self._run_thread.start()
 
     def action_stop(self) -> None:
