@@ -158,7 +158,8 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     """The real app of `args.replay` fed by a recorded trace at real time (benchmarks/tui_replay.py)."""
     script = Path(__file__).resolve().parent / "tui_replay.py"
     env = pty_env(Path(tempfile.mkdtemp(prefix="gpuanat-tui-cost-")))
-    measured = measure_window([sys.executable, str(script), args.replay, "--interval", str(args.interval)],
+    profile = ["--profile", str(args.profile.resolve())] if args.profile else []
+    measured = measure_window([sys.executable, str(script), args.replay, "--interval", str(args.interval), *profile],
                               columns=args.columns, rows=args.rows, env=env, settle_s=args.settle_s,
                               window_s=args.window_s)
     return {"mode": f"replay {args.replay}", "interval_s": args.interval, **measured}
@@ -235,6 +236,8 @@ def main() -> None:
     parser.add_argument("--stream-s", type=float, default=20.0, help="how long to measure while the run streams")
     parser.add_argument("--replay", choices=("watch", "dashboard"),
                         help="measure the app fed by a recorded trace (no GPU needed) instead of a real run")
+    parser.add_argument("--profile", type=Path,
+                        help="--replay: write the terminal bytes per widget per second here (tui_replay.py --profile)")
     parser.add_argument("--side-by-side", action="store_true",
                         help="measure nvitop, gpuanat watch, watch --json and nvidia-smi dmon on one training")
     parser.add_argument("--pid", type=int, help="--side-by-side: the training to watch (default: start one)")

@@ -9,11 +9,17 @@ The apps, the sampler thread, the watch session and the paint tick are the real 
 recording (the sampler stamps each replayed sample with the clock, as a live source's) and the step events come
 from a thread at the times they were recorded, as the run's thread delivers them. `benchmarks/tui_cost.py --replay`
 runs this in a pseudo-terminal and measures it.
+
+`--profile OUT.json` also counts the bytes of Textual's partial updates (escape sequences included) by the widget at
+the start of each updated span and writes them, per
+second of the run, when the app ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import collections
 import dataclasses
 import json
 import tempfile
@@ -21,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from gpuanat.core.measure.sampler import Sample
@@ -54,7 +60,38 @@ class LoopedSource:
         pass
 
 
-def run_watch(interval_s: float) -> None:
+def profile_widgets(app: Any, out: Path) -> None:
+    """Count the terminal bytes of each widget's updated spans while `app` runs; write them to `out` at its end."""
+    from rich.console import Console
+    from textual._compositor import ChopsUpdate
+
+    bytes_by_widget: collections.Counter[str] = collections.Counter()
+    started_s = time.monotonic()
+    original = ChopsUpdate.render_segments
+
+    def render_segments(update: ChopsUpdate, console: Console) -> str:
+        compositor = app.screen._compositor
+        for y, x1, x2 in update.spans:  # each span alone, as the installed method sends it
+            try:
+                widget, _ = compositor.get_widget_at(x1, y)
+                name = f"{type(widget).__name__}#{widget.id}" if widget.id else type(widget).__name__
+            except Exception:
+                name = "?"
+            alone = ChopsUpdate(update.chops, [(y, x1, x2)], update.chop_ends)
+            bytes_by_widget[name] += len(original(alone, console).encode())
+        return original(update, console)
+
+    ChopsUpdate.render_segments = render_segments  # type: ignore[method-assign]
+
+    def write() -> None:
+        elapsed_s = time.monotonic() - started_s
+        out.write_text(json.dumps({"elapsed_s": round(elapsed_s, 1), "bytes_per_s": {
+            name: round(count / elapsed_s, 1) for name, count in bytes_by_widget.most_common()}}, indent=2))
+
+    atexit.register(write)
+
+
+def run_watch(interval_s: float, profile: Path | None) -> None:
     from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
     from gpuanat.core.measure.sampler import NvmlStatus
     from gpuanat.core.measure.watch import WatchSession, WatchTarget
@@ -75,10 +112,12 @@ def run_watch(interval_s: float) -> None:
 
     app = WatchApp(target, db_path=proc_root / "h.sqlite", sampler_factory=lambda: (source, nvml),
                    session_factory=session, interval_s=interval_s, paint_interval_s=interval_s)
+    if profile is not None:
+        profile_widgets(app, profile)
     app.run()
 
 
-def run_dashboard(interval_s: float) -> None:
+def run_dashboard(interval_s: float, profile: Path | None) -> None:
     from gpuanat.core.measure.sampler import NvmlStatus
     from gpuanat.core.run.config import Capabilities, RunConfig
     from gpuanat.core.run.protocol import ModelInfo, Step, decode
@@ -116,6 +155,8 @@ def run_dashboard(interval_s: float) -> None:
                     elapsed_s=elapsed_s, monotonic_s=time.monotonic()))
 
     threading.Thread(target=feed_steps, name="replay-steps", daemon=True).start()
+    if profile is not None:
+        profile_widgets(app, profile)
     app.run()
 
 
@@ -123,8 +164,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("app", choices=("watch", "dashboard"))
     parser.add_argument("--interval", type=float, default=0.25, help="sample and paint interval, seconds")
+    parser.add_argument("--profile", type=Path, help="write the terminal bytes per widget per second here at exit")
     args = parser.parse_args()
-    (run_watch if args.app == "watch" else run_dashboard)(args.interval)
+    (run_watch if args.app == "watch" else run_dashboard)(args.interval, args.profile)
 
 
 if __name__ == "__main__":

@@ -226,6 +226,55 @@ def test_line_chart_pause_freezes_the_display():
     run_app(ChartApp(chart), check)
 
 
+def test_line_chart_redraws_its_plot_at_most_at_the_chart_rate():
+    """Issue #18: fed at each 0.25 s paint, a chart redraws its plot at most once per CHART_REPAINT_INTERVAL_S (the
+    legend's value follows every paint), and at once when the samples not drawn yet span more than one column."""
+    from gpuanat.tui.widgets.line_chart import CHART_REPAINT_INTERVAL_S
+
+    chart = LineChart("GPU utilization", formatter=lambda value: f"{value:.0f}%")
+    util = ramp(400)
+
+    async def check(pilot) -> None:
+        chart.set_series("util", util)
+        chart.refresh_data(now_s=0.0)
+        await pilot.pause()
+        builds, plot = chart.plot_builds, chart_rows(chart)[1:]
+        for paint in range(1, 4):  # three paints within the second, each with a new sample
+            util.append(399 + paint * 0.25, 1000.0 + paint)
+            chart.refresh_data(now_s=paint * 0.25)
+            await pilot.pause()
+            assert chart.plot_builds == builds and chart_rows(chart)[1:] == plot
+            assert f"{1000 + paint}%" in chart_rows(chart)[0]
+        chart.refresh_data(now_s=CHART_REPAINT_INTERVAL_S)
+        await pilot.pause()
+        assert chart.plot_builds == builds + 1 and chart_rows(chart)[1:] != plot
+        builds = chart.plot_builds
+        util.append(460.0, 5.0)  # 60 s later: many columns on
+        chart.refresh_data(now_s=CHART_REPAINT_INTERVAL_S + 0.25)
+        await pilot.pause()
+        assert chart.plot_builds == builds + 1
+
+    run_app(ChartApp(chart), check)
+
+
+def test_partial_updates_send_the_changed_span_only():
+    """A span at the end of a widget's line segment is sent from its first cell, not the segment's (issue #18)."""
+    from rich.console import Console
+    from rich.segment import Segment
+    from textual._compositor import ChopsUpdate
+    from textual.strip import Strip
+
+    from gpuanat.tui.widgets.partial_update import render_segments
+
+    console = Console(color_system="truecolor", force_terminal=True)
+    strip = Strip([Segment("legend 12%", None), Segment("全", None)])
+    update = ChopsUpdate([{0: strip}], [(0, 7, 10)], [[12]])
+    sent = render_segments(update, console)
+    assert sent.startswith("\x1b[1;8H") and "12%" in sent and "legend" not in sent and "全" not in sent
+    inside_wide = ChopsUpdate([{0: strip}], [(0, 11, 12)], [[12]])  # a cut inside a wide glyph: from its segment
+    assert render_segments(inside_wide, console) == "\x1b[1;11H全"
+
+
 def test_line_chart_follows_a_theme_change():
     chart = LineChart("GPU memory", formatter=bytes_label)
 

@@ -542,11 +542,11 @@ class GpuAnatApp(DashboardActions):
         for event in events:
             self._add_event(event)
         with self.batch_update():
-            if samples or events:
-                window = self._charts_window()
-                for chart in self.query(LineChart):
+            window, now_s = self._charts_window() if samples or events else None, self._clock()
+            for chart in self.query(LineChart):  # also without new samples: a plot lagging by its rate catches up
+                if samples or events:
                     chart.window = window
-                    chart.refresh_data()
+                chart.refresh_data(now_s)
             if self.live is not None:
                 self._show_live_bands()
                 if events:

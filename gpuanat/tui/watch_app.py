@@ -183,9 +183,9 @@ class WatchApp(DashboardActions):
         for record in records:
             self._add_record(record)
         with self.batch_update():
-            if records:
-                for chart in self.query(LineChart):
-                    chart.refresh_data()
+            now_s = self._clock()
+            for chart in self.query(LineChart):  # also without new samples: a plot lagging by its rate catches up
+                chart.refresh_data(now_s)
             self.query_one(ProcessPanel).show(self.last_record, self.target.command or self.target.name)
             self.query_one(StatusLine).show(nvml=self.nvml, run_state=self._state_text(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())

@@ -4,7 +4,8 @@ Over SSH every repainted cell costs bytes: Textual sends a refreshed widget's wh
 full colour escape, whether it changed or not. The dashboards' hot widgets (charts, memory bar, status line, the
 watched process) change a few cells per sample — a legend value, the newest column, a step counter — so
 `repaint_changes()` rebuilds the rows, compares them with those on screen, and refreshes only the span of each row
-from its first to its last changed cell: a refresh that changes nothing on screen sends nothing (issue #18).
+from its first to its last changed cell: a refresh that changes nothing on screen sends nothing (issue #18). With
+`partial_update`, Textual sends just that span.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.visual import Visual, visualize
 from textual.widget import Widget
+
+from gpuanat.tui.widgets.partial_update import send_changed_spans_only
+
+send_changed_spans_only()  # a changed span is sent from its first cell, not from the start of its line segment
 
 Cell = tuple[str, Style | None]
 

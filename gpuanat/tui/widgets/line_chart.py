@@ -10,8 +10,9 @@ two share a cell, the cell takes the colour of the later series.
 
 Cheap to repaint: rows are computed once per (size, data version, settings) and served from a cache;
 `refresh_data()` rebuilds them only when a series' version changed, and repaints only the cells that changed
-(`CachedRows`): a new sample that leaves the picture as it was sends nothing to the terminal. Colours come from
-COMPONENT_CLASSES.
+(`CachedRows`): a new sample that leaves the picture as it was sends nothing to the terminal. Given the paint's
+time, it redraws the plot at most once per `CHART_REPAINT_INTERVAL_S` (the legend's latest values follow every
+paint): over SSH the plot is most of what a dashboard sends. Colours come from COMPONENT_CLASSES.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ AXIS_STEP = 1.125
 """The time axis spans the next of 1 s × AXIS_STEP**n at or above the samples' span: while the samples fill it,
 each column keeps its time span, so a new sample changes only the cells of the column it lands in, instead of
 stretching every column (a repaint of the whole plot, over SSH, at every sample). The samples fill 89-100% of it."""
+CHART_REPAINT_INTERVAL_S = 1.0
+"""The plot (and x-axis) of a chart fed at each paint is redrawn at most this often: the samples keep arriving at the
+sampling rate into the series, the legend's latest values show each paint, and the plot catches up within this time,
+or as soon as the samples not drawn yet span more than one column. Four times fewer plot repaints at 0.25 s sampling
+(issue #18: ≤ 5 KiB/s to the terminal over SSH)."""
 
 
 def axis_span_s(span_s: float) -> float:
@@ -144,6 +150,15 @@ class LineChart(CachedRows):
         self._series: dict[str, TimeSeries] = {}
         self._frozen: dict[str, TimeSeries] | None = None
         self._formatter_version = 0
+        self._plot_inputs: tuple[object, ...] | None = None
+        """(window, data versions) the plot is drawn from, set when `refresh_data` finds a redraw due: new samples
+        and a new window leave the plot as it is until then. None: draw from the data as it is now."""
+        self._plot_drawn_s: float | None = None
+        """The paint time (`refresh_data`'s `now_s`) the plot was last drawn at."""
+        self._plot_cache: tuple[tuple[object, ...], list[Strip], float, float] | None = None
+        """(what they depend on, the plot and x-axis rows, the newest sample's time, the time span of one column)."""
+        self.plot_builds = 0
+        """How many times the plot rows were built (tests check the chart rate)."""
 
     @property
     def formatter(self) -> Callable[[float], str]:
@@ -161,11 +176,28 @@ class LineChart(CachedRows):
         self._series[name] = series
         self.refresh_data()
 
-    def refresh_data(self) -> None:
+    def refresh_data(self, now_s: float | None = None) -> None:
         """Repaint what changed on screen if any shown series changed since the last paint; call it at the app's
-        paint tick."""
-        if not self.paused:
-            self.repaint_changes()
+        paint tick with the paint's time `now_s` (the app's clock) to redraw the plot at most once per
+        `CHART_REPAINT_INTERVAL_S`, or without it to redraw it now."""
+        if self.paused:
+            return
+        if now_s is None or self._plot_due(now_s):
+            self._plot_inputs = (self.window, self._data_key(self._series))
+            self._plot_drawn_s = now_s
+        self.repaint_changes()
+
+    def _plot_due(self, now_s: float) -> bool:
+        """Whether the plot is to be redrawn at a paint at `now_s`: never drawn, drawn `CHART_REPAINT_INTERVAL_S`
+        ago, or the samples not drawn yet span more than one column."""
+        if self._plot_cache is None or self._plot_drawn_s is None:
+            return True
+        if now_s - self._plot_drawn_s >= CHART_REPAINT_INTERVAL_S:
+            return True
+        _, _, drawn_last_t_s, column_s = self._plot_cache
+        last_t_s = max((series.last_t_s for series in self._series.values() if series.last_t_s is not None),
+                       default=drawn_last_t_s)
+        return last_t_s - drawn_last_t_s > column_s
 
     def watch_paused(self, paused: bool) -> None:
         self._frozen = {name: series.copy() for name, series in self._series.items()} if paused else None
@@ -180,14 +212,25 @@ class LineChart(CachedRows):
     def watch_window(self) -> None:
         self.repaint_changes()
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._plot_cache = None  # the theme changed: colours baked into the plot rows are stale
+
     @staticmethod
     def _data_key(series: Mapping[str, TimeSeries]) -> tuple[tuple[str, int, int], ...]:
         return tuple((name, id(one), one.version) for name, one in series.items())
 
     def rows_key(self) -> tuple[object, ...]:
         shown = self._frozen if self._frozen is not None else self._series
-        return (self.title, self.y_max, self.window, self.paused, self.empty_message, self._formatter_version,
-                self._data_key(shown))
+        legend = tuple((name, series.last) for name, series in shown.items())
+        return (self.title, legend, self._plot_key(shown))
+
+    def _plot_key(self, shown: Mapping[str, TimeSeries]) -> tuple[object, ...]:
+        """What the plot and x-axis rows depend on besides the size: between redraws (`refresh_data`), the window
+        and data they were drawn from."""
+        inputs = self._plot_inputs if self._plot_inputs is not None and self._frozen is None else (
+            self.window, self._data_key(shown))
+        return (self.y_max, self.paused, self.empty_message, self._formatter_version, *inputs)
 
     def build_rows(self, width: int, height: int) -> list[Strip]:
         return self._build_rows(width, height, self._frozen if self._frozen is not None else self._series)
@@ -204,7 +247,20 @@ class LineChart(CachedRows):
     def _build_rows(self, width: int, height: int, shown: Mapping[str, TimeSeries]) -> list[Strip]:
         if width <= 0 or height <= 0:
             return []
-        rows = [self._title_row(width, shown)]
+        key = (width, height, *self._plot_key(shown))
+        if self._plot_cache is None or self._plot_cache[0] != key:
+            if self._frozen is None:  # kept until a redraw is due
+                self._plot_inputs = (self.window, self._data_key(shown))
+                key = (width, height, *self._plot_key(shown))
+            plot_rows, last_t_s, column_s = self._build_plot_rows(width, height, shown)
+            self._plot_cache = (key, plot_rows, last_t_s, column_s)
+            self.plot_builds += 1
+        return [self._title_row(width, shown), *self._plot_cache[1]]
+
+    def _build_plot_rows(self, width: int, height: int,
+                         shown: Mapping[str, TimeSeries]) -> tuple[list[Strip], float, float]:
+        """The rows below the title, the newest sample's time and the time span of one column."""
+        rows: list[Strip] = []
         plot_height = height - 2 if height >= 3 else height - 1
         with_data = {name: series for name, series in shown.items() if series}
         if not with_data:
@@ -212,10 +268,10 @@ class LineChart(CachedRows):
             message = self._finish([Segment(f" {self.empty_message}", self._style("line-chart--empty"))], width)
             message_row = max(1, height // 2)
             rows.extend(message if row == message_row else blank for row in range(1, height))
-            return rows
+            return rows, -math.inf, 0.0  # the first sample is drawn at once
 
         t_start_s = min(series.first_t_s for series in with_data.values() if series.first_t_s is not None)
-        t_end_s = max(series.last_t_s for series in with_data.values() if series.last_t_s is not None)
+        t_end_s = last_t_s = max(series.last_t_s for series in with_data.values() if series.last_t_s is not None)
         if self.window is not None:
             t_start_s, t_end_s = min(self.window[0], t_start_s), max(self.window[1], t_end_s)
         t_end_s = t_start_s + axis_span_s(t_end_s - t_start_s)
@@ -236,7 +292,7 @@ class LineChart(CachedRows):
         rows.extend(self._plot_rows(width, plot_height, label_width, plot_width, top, columns_by_series))
         if height >= 3:
             rows.append(self._x_axis_row(width, label_width, plot_width, t_end_s - t_start_s))
-        return rows
+        return rows, last_t_s, (t_end_s - t_start_s) / plot_width if plot_width > 0 else math.inf
 
     def _title_row(self, width: int, shown: Mapping[str, TimeSeries]) -> Strip:
         title_style = self._style("line-chart--title")
