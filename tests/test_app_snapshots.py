@@ -22,6 +22,7 @@ from gpuanat.core.run.protocol import ModelInfo, Step, decode
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp, LiveRun
 from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline
+from gpuanat.tui.widgets.line_chart import CHART_REPAINT_INTERVAL_S
 
 DATA = Path(__file__).resolve().parent / "data"
 TRACE = DATA / "nvml_trace_h100.jsonl"
@@ -56,10 +57,24 @@ def h100_environment() -> tuple[dict, Capabilities, NvmlStatus]:
     return trace_run, capabilities, nvml
 
 
+class ReplayClock:
+    """The app's clock, frozen while a recording is replayed, moved on by hand (`advance`)."""
+
+    def __init__(self, now_s: float) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
 def make_app(db_path: Path, config: RunConfig) -> GpuAnatApp:
     _, capabilities, nvml = h100_environment()
+    clock = ReplayClock(FROZEN_T_S)
     return GpuAnatApp(config, db_path=db_path, sampler_factory=lambda: (ReplaySource(TRACE), nvml),
-                      capabilities_probe=lambda: capabilities, clock=lambda: FROZEN_T_S,
+                      capabilities_probe=lambda: capabilities, clock=clock,
                       sample_interval_s=None, paint_interval_s=3600)
 
 
@@ -111,6 +126,9 @@ async def replayed(app: GpuAnatApp, pilot) -> None:
     while app.capabilities is None:
         await pilot.pause()
     replay_run(app, until_elapsed_s=3.0)
+    # the frozen clock moved on by a chart interval, as a second later: the charts draw the last samples too
+    app._clock.advance(CHART_REPAINT_INTERVAL_S)
+    app.paint()
     await pilot.pause()
 
 

@@ -73,6 +73,8 @@ def compare_runs(
     metrics = []
     for key, label in COMPARED_METRICS:
         values = tuple(metric_value(result, key) for result in results)
+        if key in STEP_TIME_METRICS and all(value is None for value in values):
+            continue  # runs recorded before steps were timed (or without steady steps): no rows of dashes
         deltas = (None, *(percent_delta(value, values[0]) for value in values[1:]))
         metrics.append(MetricRow(key, label, values, deltas))
     return Comparison(tuple(run_ids), differing, tuple(metrics))

@@ -1,5 +1,6 @@
-"""One line under the charts while a run trains: where its latest steps' time went, phase by phase, and the
-bottleneck with the fix to try (gpuanat.core.run.diagnose, over the last LIVE_WINDOW_STEPS steps)."""
+"""One line under the memory bar once a run has timed steps: where its latest steps' time went, phase by phase, and
+the bottleneck with the fix to try (gpuanat.core.run.diagnose, over the last LIVE_WINDOW_STEPS steps); after the run,
+the run's own. Hidden while there is none (before the first run, or steps from a probe that does not time them)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class StepStrip(CachedRows):
             tuple(round(BAR_CELLS * breakdown["share"][phase]) for phase in STEP_PHASES),
             None if breakdown.get("gpu_busy_percent") is None else round(breakdown["gpu_busy_percent"]),
             None if finding is None else (finding["bottleneck"], finding["fix"]))
+        self.display = breakdown is not None  # a line of its own only while there is something to show
         if shown != self._shown:  # rounded as shown: a step that moves no figure repaints nothing
             self._shown = shown
             self.repaint_changes()
@@ -55,7 +57,7 @@ class StepStrip(CachedRows):
     def render(self) -> Text:
         muted = self.get_component_rich_style("step-strip--muted")
         if self._shown == (None,) or not self._shown:
-            return Text("step time by phase and the bottleneck show here once a run has stepped", style=muted)
+            return Text("")
         step_ms, cells, busy, finding = self._shown
         text = Text(f"step {step_ms} ms ", style="bold")
         for phase, count in zip(STEP_PHASES, cells, strict=True):
