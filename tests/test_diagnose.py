@@ -152,3 +152,25 @@ def test_the_live_window_of_the_last_steps_reads_like_the_whole_run(tmp_path, na
     live_findings = diagnose({"config": RUNS[name]["config"], "step_time_breakdown": live})
     assert [f.bottleneck for f in live_findings] == [VERDICTS[name]]
     assert recent_breakdown(steps[:1], busy) is None  # the first step warms up: nothing to show yet
+
+
+def test_a_busy_gpu_is_gpu_bound_wherever_the_host_waits():
+    # bert-large bf16 tf32 batch 136 on the H100 through the Accelerate loop, which never synchronises a step: the
+    # host waited a third of each step in the data phase (its blocking copy of the batch sat behind the queued
+    # kernels) while a kernel ran 98% of the time (benchmarks/results/h100/tune/engines_bs136.jsonl)
+    runs = [json.loads(line) for line in (RESULTS.parent / "tune" / "engines_bs136.jsonl").read_text().splitlines()]
+    accelerate = next(run for run in runs if run["config"]["engine"] == "accelerate")
+    breakdown = accelerate["step_time_breakdown"]
+    assert breakdown["share"]["data"] > 0.3 and breakdown["gpu_busy_percent"] > 95
+    assert [finding.bottleneck for finding in diagnose(accelerate)] == ["gpu-bound", "memory-bound"]
+    # the same phases on a GPU that waited: input-bound
+    idle = {**accelerate, "step_time_breakdown": {**breakdown, "gpu_busy_percent": 40.0}}
+    assert diagnose(idle)[0].bottleneck == "input-bound"
+    assert diagnose(idle)[0].fix.startswith("--workers 2")
+
+
+def test_the_eleventh_experiment_is_host_bound():
+    (run,) = json.loads((RESULTS / "sweep11.json").read_text())
+    assert run["name"] == "accum + gc + fp16 + 8-bit adam" and run["status"] == "ok"
+    (finding,) = diagnose(run)
+    assert finding.bottleneck == "host-bound" and "without --grad-checkpointing" in finding.fix

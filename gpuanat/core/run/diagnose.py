@@ -19,8 +19,8 @@ from typing import Any
 from gpuanat.core.run.protocol import STEP_PHASES
 
 INPUT_BOUND_DATA_SHARE = 0.15
-"""The data wait's share of the step above which a run is input-bound: the GPU waits for the DataLoader (the H100
-runs of the docs' experiments waited 1-6% of a step for their in-memory batches)."""
+"""The data wait's share of the step above which a run whose GPU is not busy is input-bound: the GPU waits for the
+DataLoader (the H100 runs of the docs' experiments waited 1-6% of a step for their in-memory batches)."""
 HOST_BOUND_BUSY_PERCENT = 80.0
 """A GPU on which no kernel ran a fifth of the steady steps' time or more (NVML utilization below this) waits for the
 host: host-bound. On the H100 the GPU-bound runs read 87% (fp32, batch 4: 50% of FP32's peak) and 90% (bf16, batch
@@ -158,7 +158,9 @@ def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any],
     share = breakdown["share"]
     busy = breakdown.get("gpu_busy_percent")
     busy_text = f"; NVML: a kernel ran {busy:.0f}% of the time" if busy is not None else ""
-    if share["data"] >= INPUT_BOUND_DATA_SHARE:
+    # Input-bound only while the GPU waits: a host that waits in the data phase for a busy GPU (a blocking copy of
+    # the batch to the device, behind the queued kernels: the Accelerate loop at 98% busy) is not waiting for data.
+    if share["data"] >= INPUT_BOUND_DATA_SHARE and (busy is None or busy < HOST_BOUND_BUSY_PERCENT):
         workers = config.get("workers") or 0
         return [Finding("input-bound", f"waiting for the next batch took {_percent(share['data'])} of each step"
                         + busy_text,
