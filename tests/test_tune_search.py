@@ -180,7 +180,7 @@ def test_the_cpu_searches_what_it_can_run():
     cpu = Capabilities(torch_version="2.11", cuda_available=False, reason="no GPU")
     base = RunConfig(preset="tiny", device="cpu")
     space = search_space(base, cpu, set(), gpu_memory_bytes=None)
-    assert space.dimensions == ("batch", "precision", "attn", "workers", "compile")
+    assert space.dimensions == ("batch", "precision", "attn", "workers", "engine", "compile")
     assert space.half_precision == "bf16" and space.max_batch == 64
     older = Capabilities(torch_version="2.11", cuda_available=True, cuda_compute_capability=(7, 5),
                          bitsandbytes_version="0.45")

@@ -50,6 +50,7 @@ DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "workers": ("workers",),
     "expandable-segments": ("expandable_segments",),
     "liger": ("liger",),
+    "engine": ("engine",),
     "compile": ("compile",),
 }
 """The dimensions searched, in the order of the moves, and the RunConfig fields each one sets. torch.compile comes
@@ -135,6 +136,8 @@ def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[
         "workers": True,
         "expandable-segments": cuda,
         "liger": causal_lm and cuda and capabilities.liger_version is not None,
+        # the docs' Accelerate loop reads the loss only when it logs; Trainer synchronises once a step
+        "engine": base.distributed in ("none", "ddp"),
         "compile": True,
     }
     chosen = set(DIMENSIONS if only is None else only)
@@ -417,6 +420,8 @@ class _Search:
             candidates.append(self._checkpointing_move(center))
         elif dimension == "workers":
             candidates.extend(center.replace(workers=workers) for workers in WORKER_COUNTS if workers != center.workers)
+        elif dimension == "engine":
+            candidates.append(center.replace(engine="accelerate" if center.engine == "trainer" else "trainer"))
         elif dimension in ("expandable-segments", "liger", "compile"):
             name = DIMENSION_FIELDS[dimension][0]
             candidates.append(self._fitted(center.replace(**{name: not getattr(center, name)}), dimension))
