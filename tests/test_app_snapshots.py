@@ -27,13 +27,17 @@ from gpuanat.tui.widgets.line_chart import CHART_REPAINT_INTERVAL_S
 DATA = Path(__file__).resolve().parent / "data"
 TRACE = DATA / "nvml_trace_h100.jsonl"
 STEPS = DATA / "h100_trace_run_steps.jsonl"
+BS32_TRACE = DATA / "nvml_trace_h100_bs32.jsonl"
+BS32_STEPS = DATA / "h100_bs32_run_steps.jsonl"
+"""bert-large bf16 batch 32 on the H100, recorded by benchmarks/diagnosis_check.sh: steps with their phases."""
 SERIES = DATA / "h100_sweep_vanilla_fp16_series.json"
 """Step records and NVML samples of the sweep's vanilla and fp16 runs, as the H100 history held them."""
 SWEEP = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "h100" / "sweep.json"
 SIZE = (120, 40)
 FROZEN_T_S = 1_000.0
 
-pytestmark = pytest.mark.skipif(not all(path.exists() for path in (TRACE, STEPS, SWEEP, SERIES)),
+pytestmark = pytest.mark.skipif(not all(path.exists() for path in (TRACE, STEPS, SWEEP, SERIES, BS32_TRACE,
+                                                                   BS32_STEPS)),
                                 reason="H100 recordings not committed yet")
 
 
@@ -70,10 +74,10 @@ class ReplayClock:
         self.now_s += seconds
 
 
-def make_app(db_path: Path, config: RunConfig) -> GpuAnatApp:
+def make_app(db_path: Path, config: RunConfig, trace: Path = TRACE) -> GpuAnatApp:
     _, capabilities, nvml = h100_environment()
     clock = ReplayClock(FROZEN_T_S)
-    return GpuAnatApp(config, db_path=db_path, sampler_factory=lambda: (ReplaySource(TRACE), nvml),
+    return GpuAnatApp(config, db_path=db_path, sampler_factory=lambda: (ReplaySource(trace), nvml),
                       capabilities_probe=lambda: capabilities, clock=clock,
                       sample_interval_s=None, paint_interval_s=3600)
 
@@ -95,10 +99,10 @@ def fill_history(db_path: Path) -> None:
                 store.add_samples(run_id, recorded["samples"])
 
 
-def replay_run(app: GpuAnatApp, until_elapsed_s: float) -> None:
+def replay_run(app: GpuAnatApp, until_elapsed_s: float, steps_path: Path = STEPS) -> None:
     """The recorded run as the dashboard saw it `until_elapsed_s` into training: NVML samples and the
     probe's events up to then."""
-    meta, *lines = STEPS.read_text().splitlines()
+    meta, *lines = steps_path.read_text().splitlines()
     meta = json.loads(meta)
     samples = sum(1 for elapsed_s in meta["elapsed_at_sample"] if elapsed_s <= until_elapsed_s)
     app.live = LiveRun(config=RunConfig.from_json(meta["config"]), stop_requested=threading.Event(),
@@ -130,6 +134,29 @@ async def replayed(app: GpuAnatApp, pilot) -> None:
     app._clock.advance(CHART_REPAINT_INTERVAL_S)
     app.paint()
     await pilot.pause()
+
+
+def test_the_step_strip_during_the_h100_batch_32_run(snap_compare, tmp_path):
+    """Under the memory bar: the last 20 steps' time by phase, NVML's busy share and the bottleneck — the recorded
+    bert-large bf16 batch-32 run, 4 s into training: backward (with the Trainer's wait for the GPU) most of each step,
+    a kernel running nearly all the time: gpu-bound."""
+    from gpuanat.tui.widgets.step_strip import StepStrip
+
+    meta = json.loads(BS32_STEPS.read_text().splitlines()[0])
+    app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]), trace=BS32_TRACE)
+
+    async def replayed_bs32(pilot) -> None:
+        while app.capabilities is None:
+            await pilot.pause()
+        replay_run(app, until_elapsed_s=4.0, steps_path=BS32_STEPS)
+        app._clock.advance(CHART_REPAINT_INTERVAL_S)
+        app.paint()
+        await pilot.pause()
+        strip = str(app.query_one(StepStrip).render())
+        busy = int(strip.split("GPU busy ")[1].split("%")[0])
+        assert strip.startswith("step 12") and "gpu-bound" in strip and busy >= 80, strip
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=replayed_bs32)
 
 
 def test_dashboard_during_the_h100_run(snap_compare, tmp_path):
