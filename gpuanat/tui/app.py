@@ -49,7 +49,7 @@ from gpuanat.core.run.protocol import Event, Hello, ModelInfo, ProbeBands, Ranke
 from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import execute_run
 from gpuanat.core.run.techniques import changed_config, next_distributed, next_gpu_count
-from gpuanat.core.run.tune import DEFAULT_TRIAL_STEPS, run_command, run_tune, search_space
+from gpuanat.core.run.tune import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS, run_command, run_tune, search_space
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, DashboardActions
@@ -65,8 +65,6 @@ from gpuanat.tui.widgets.step_strip import StepStrip
 from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
 
 PAINT_INTERVAL_S = 0.25
-TUNE_BUDGET_S = 15 * 60.0
-"""`T`'s search: as `gpuanat tune`'s default budget."""
 GPU_BUSY_SAMPLES_KEPT = 2400
 """NVML utilization samples a run keeps for the step strip: 10 minutes at 4 Hz."""
 SAMPLE_INTERVAL_S = 0.25
@@ -413,7 +411,7 @@ class GpuAnatApp(DashboardActions):
             with HistoryStore(self.db_path) as store:
                 outcome = run_tune(
                     live.config, space, store=store, log_dir=self.db_path.parent / "logs",
-                    trial_steps=DEFAULT_TRIAL_STEPS, budget_s=TUNE_BUDGET_S, stop=live.stop_requested,
+                    trial_steps=DEFAULT_TRIAL_STEPS, budget_s=60 * DEFAULT_BUDGET_MINUTES, stop=live.stop_requested,
                     on_trial=lambda trial, progress: self._post(TuneTrialDone(
                         trial.name, trial.status, trial.samples_per_second, progress.estimated_left_s)),
                     on_event=self._incoming_events.append, env=self._run_env, stop_requested=live.stop_requested,
@@ -489,15 +487,13 @@ class GpuAnatApp(DashboardActions):
             self.exit()
 
     def on_tune_trial_done(self, message: TuneTrialDone) -> None:
-        if self.live is not None and self.live.pid is not None and self._sampler is not None:
-            self._sampler.untrack(self.live.pid)
+        self._untrack_trial()
         rate = f", {message.samples_per_second:.1f} samples/s" if message.samples_per_second else ""
         self.notify(f"{message.name}: {message.status}{rate} · about {format_duration(message.left_s)} left",
                     timeout=6)
 
     def on_tune_finished(self, message: TuneFinished) -> None:
-        self.paint()
-        self.live = None
+        self._end_search()
         if message.best is None:
             self.notify(f"tune: {message.failure}", severity="warning", timeout=10)
         else:
@@ -505,23 +501,34 @@ class GpuAnatApp(DashboardActions):
             self._change_config(message.best.replace(samples=base.samples, epochs=base.epochs,
                                                      max_steps=base.max_steps))
             self.notify(f"tune: {message.summary}. It is the current set now (r runs it).", timeout=15)
-        self._show_techniques()
-        if self._quit_after_run:
-            self.exit()
+        self._after_search()
 
     def on_fit_starting(self, message: FitStarting) -> None:
         source = {"replay": " (the prediction, replayed)", "model": " (the prediction)"}.get(message.method or "", "")
         self.notify(f"fit: trials of {FIT_TRIAL_STEPS} steps from batch {message.batch_size}{source}", timeout=4)
 
-    def on_fit_trial_done(self, message: FitTrialDone) -> None:
+    def _untrack_trial(self) -> None:
+        """A search's trial ended: its process is not the run's to sample any more (the next trial's comes)."""
         if self.live is not None and self.live.pid is not None and self._sampler is not None:
             self._sampler.untrack(self.live.pid)
+
+    def _end_search(self) -> None:
+        """Before a search's (fit's, tune's) outcome is shown: its last events painted, no run live."""
+        self.paint()
+        self.live = None
+
+    def _after_search(self) -> None:
+        self._show_techniques()
+        if self._quit_after_run:
+            self.exit()
+
+    def on_fit_trial_done(self, message: FitTrialDone) -> None:
+        self._untrack_trial()
         outcome = {"ok": "trains", "oom": "out of memory"}.get(message.status, message.status)
         self.notify(f"fit: batch {message.batch_size} {outcome}", timeout=4)
 
     def on_fit_finished(self, message: FitFinished) -> None:
-        self.paint()
-        self.live = None
+        self._end_search()
         if message.failure is not None or not message.largest_batch_size:
             self.notify(f"fit stopped: {message.failure or 'not even batch 1 trains'}", severity="warning",
                         timeout=8)
@@ -529,9 +536,7 @@ class GpuAnatApp(DashboardActions):
             self._change_config(self.config.replace(batch_size=message.largest_batch_size))
             self.notify(f"fit: the largest batch that trains is {message.largest_batch_size}; it is the batch "
                         "size now", timeout=8)
-        self._show_techniques()
-        if self._quit_after_run:
-            self.exit()
+        self._after_search()
 
     # --- the paint tick ----------------------------------------------------------------------------
     def paint(self) -> None:
@@ -869,13 +874,7 @@ class GpuAnatApp(DashboardActions):
         if cannot_fit is not None:
             self.notify(cannot_fit, severity="error", timeout=10)
             return
-        gpu_total = self._gpu_total_bytes() if self.config.device == "cuda" else None
-        self.live = LiveRun(config=self.config, stop_requested=threading.Event())
-        for name in ("run_used", "throughput", "host_rss", "host_cpu"):
-            self.series[name].clear()
-        self._run_thread = threading.Thread(target=self._fit, args=(self.live, gpu_total), name="gpuanat-fit",
-                                            daemon=True)
-        self._run_thread.start()
+        self._start_search(self._fit, "gpuanat-fit")
 
     def action_tune(self) -> None:
         if not self._can_start():
@@ -884,14 +883,19 @@ class GpuAnatApp(DashboardActions):
             self.notify("tune waits for the capability probe (a few seconds after start); press T again then.",
                         severity="warning")
             return
+        self.notify(f"tune: short real runs of {DEFAULT_TRIAL_STEPS} steps, at most "
+                    f"{format_duration(60 * DEFAULT_BUDGET_MINUTES)}; s stops and keeps the best found so far",
+                    timeout=6)
+        self._start_search(self._tune, "gpuanat-tune", self.capabilities)
+
+    def _start_search(self, search: Callable[..., None], thread_name: str, *args: Any) -> None:
+        """A search of real trial runs (fit, tune) on a thread of its own: `search(live, gpu_total, *args)`."""
         gpu_total = self._gpu_total_bytes() if self.config.device == "cuda" else None
         self.live = LiveRun(config=self.config, stop_requested=threading.Event())
         for name in ("run_used", "throughput", "host_rss", "host_cpu"):
             self.series[name].clear()
-        self.notify(f"tune: short real runs of {DEFAULT_TRIAL_STEPS} steps, at most "
-                    f"{format_duration(TUNE_BUDGET_S)}; s stops and keeps the best found so far", timeout=6)
-        self._run_thread = threading.Thread(target=self._tune, args=(self.live, gpu_total, self.capabilities),
-                                            name="gpuanat-tune", daemon=True)
+        self._run_thread = threading.Thread(target=search, args=(self.live, gpu_total, *args), name=thread_name,
+                                            daemon=True)
         self._run_thread.start()
 
     def action_stop(self) -> None:

@@ -12,6 +12,7 @@ at every step of every H100 run, batch 32 too): NVML's utilization is what tells
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -108,8 +109,12 @@ def recent_breakdown(steps: Sequence[Any], gpu_busy: Sequence[tuple[float, float
     caught_up = [step.gpu_caught_up for step in timed if step.gpu_caught_up is not None]
     ends = {step.step: step.monotonic_s for step in steps if step.monotonic_s is not None}
     first = timed[0].step - 1
-    return step_time_breakdown(phases, len(timed), sum(caught_up) if caught_up else None, ends, gpu_busy,
-                               first if first in ends else None)
+    start_s = ends.get(first)
+    # the dashboard keeps minutes of samples: at each step, only the window's are read (newest first, time-ordered)
+    recent = [] if start_s is None else list(itertools.takewhile(lambda sample: sample[0] >= start_s,
+                                                                  reversed(gpu_busy)))
+    return step_time_breakdown(phases, len(timed), sum(caught_up) if caught_up else None, ends, recent,
+                               first if start_s is not None else None)
 
 
 def _percent(share: float) -> str:
