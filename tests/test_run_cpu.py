@@ -25,6 +25,7 @@ RUNS = {
     "checkpointing_bs8": [*BASE, "--batch-size", "8", "--grad-checkpointing"],
     "sgd_accum": [*BASE, "--batch-size", "4", "--grad-accum", "2", "--optim", "sgd"],
     "adafactor_eager": [*BASE, "--batch-size", "8", "--optim", "adafactor", "--attn", "eager"],
+    "compiled_bs8": [*BASE, "--batch-size", "8", "--compile"],
 }
 
 
@@ -277,3 +278,15 @@ def test_model_flag_loads_local_weights_and_refuses_a_missing_model(tmp_path, db
                                            "writes it)"]
     too_long = run_cli([*common, "--model", str(checkpoint), "--seq-len", "256"], db_path)
     assert too_long.returncode == 2 and f"≤ 128, the position embeddings of {checkpoint}" in too_long.stderr
+
+
+def test_a_compiled_run_is_one_graph_with_the_probe_outside_it(results):
+    """The probe's forward hooks stay out of torch.compile's graph: traced, they broke it at their clock reads and
+    recompiled it at every step (a guard on the probe's sample count); the classifier's problem type, set before
+    the first forward, no longer fails a guard either. The hooks still run at every step, around the graph."""
+    result = results["compiled_bs8"]
+    assert result["status"] == "ok"
+    assert result["compile_stats"] == {"graphs": 1, "graph_breaks": 0}
+    assert result["samples"] == 64 and result["steps"] == 8
+    assert result["step_time_breakdown"]["share"]["forward"] > 0
+    assert not [finding for finding in result["diagnosis"] if finding["bottleneck"] == "compile"]

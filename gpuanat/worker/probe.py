@@ -475,9 +475,15 @@ class AnatomyCallback(TrainerCallback):
             allocated_now = allocator_bytes(self._device)[0]
             self._buffers_at_start_bytes = max(0, allocated_now - self._weights_bytes - self._gradients_bytes_now()
                                                - self._optimizer_state_bytes_now())
+        before_forward, after_forward = self._before_forward, self._after_forward
+        if self._compiled:
+            # Traced by Dynamo, the hooks would put the probe into the compiled graph: a guard on its counters
+            # (a recompilation at every step until Dynamo gives up) and graph breaks at its clock reads. Disabled,
+            # they run eagerly just outside the graph, and Dynamo counts no break for them.
+            before_forward, after_forward = torch.compiler.disable(before_forward), torch.compiler.disable(after_forward)
         self._hooks = [
-            model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
-            model.register_forward_hook(self._after_forward, with_kwargs=True),
+            model.register_forward_pre_hook(before_forward, with_kwargs=True),
+            model.register_forward_hook(after_forward, with_kwargs=True),
         ]
         self._train_start_s = time.perf_counter()
         self._last_step_end_s = self._train_start_s

@@ -109,6 +109,10 @@ def build_model(config: Any) -> Any:
             model = quantized_in_place(model, quantization, training_device(config))
     # Name the head, so that what reads the config later (labels, LoRA's task, Liger) knows which one it is
     model.config.architectures = [type(model).__name__]
+    if not is_causal_lm(model.config) and model.config.problem_type is None and model.config.num_labels > 1:
+        # What the classifier sets itself at its first forward for our integer labels: set before, it leaves
+        # torch.compile's graph valid (else the change fails a guard and bert-large compiles twice)
+        model.config.problem_type = "single_label_classification"
     if config.liger:
         with_liger_loss(model)
     if config.load_in_4bit:
