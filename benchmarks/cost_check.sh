@@ -3,7 +3,8 @@
 #   WHAT="bs32 bs64" benchmarks/cost_check.sh
 # bert-large, bf16, fused AdamW, 2048 samples: plain HF Trainer (benchmarks/plain_trainer.py) and `gpuanat run`
 # alternating ABBA (benchmarks/overhead.py), one run of each first not counted (cold disk and kernel caches), each
-# run's HF and steady samples/s, wall time and start-up breakdown. Writes $OUT/cost/overhead_<case>.json and the log.
+# run's HF and steady samples/s, wall time and start-up breakdown; PROBE_ARM=1 adds the plain Trainer with gpuanat's
+# probe as a third arm. Writes $OUT/cost/overhead_<case>.json and the log.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}/cost
 mkdir -p "$OUT"
@@ -14,6 +15,6 @@ for case in ${WHAT:-bs32 bs64}; do
   batch=${case#bs}
   timeout ${CASE_S:-400} python3 benchmarks/overhead.py --interleave as-is \
     --base "{\"precision\": \"bf16\", \"batch_size\": $batch, \"samples\": 2048}" \
-    --repeats ${REPEATS:-4} --warmup-runs ${WARMUP_RUNS:-1} --out "$OUT/overhead_${case}_bf16.json" 2>&1 \
+    --repeats ${REPEATS:-4} --warmup-runs ${WARMUP_RUNS:-1} ${PROBE_ARM:+--probe-arm} --out "$OUT/overhead_${case}_bf16.json" 2>&1 \
     | tee -a "$OUT/log.txt"
 done

@@ -31,12 +31,13 @@ from gpuanat.core.run.config import RunConfig, child_environment
 HERE = Path(__file__).resolve().parent
 
 
-def plain_run(config: dict) -> dict:
-    """The plain Trainer under the same allocator settings as `gpuanat run` gives its child."""
+def plain_run(config: dict, with_probe: bool = False) -> dict:
+    """The plain Trainer under the same allocator settings as `gpuanat run` gives its child; `with_probe`: with
+    gpuanat's probe as its callback too (no runner, no sampler: what the probe alone costs)."""
     env = child_environment(RunConfig.from_json(config), os.environ)
     started_s = time.monotonic()
     completed = subprocess.run([sys.executable, str(HERE / "plain_trainer.py"), "--config", json.dumps(config),
-                                "--requested-monotonic-s", repr(started_s)],
+                                "--requested-monotonic-s", repr(started_s), *(["--with-probe"] if with_probe else [])],
                                capture_output=True, text=True, check=False, env=env)
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
@@ -58,7 +59,8 @@ def gpuanat_run(config: dict, db: Path) -> dict:
     return {**json.loads(lines[-1]), "wall_s": time.monotonic() - started_s}
 
 
-def interleaved(names: list[str], repeats: int, out: Path, base: dict, warmup_runs: int = 0) -> None:
+def interleaved(names: list[str], repeats: int, out: Path, base: dict, warmup_runs: int = 0,
+                probe_arm: bool = False) -> None:
     from gpuanat.core.run.config import RunConfig
     from gpuanat.core.store.sweep import EXPERIMENTS
 
@@ -71,14 +73,16 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict, warmup_ru
         # Runs not counted, one of each first: the machine's first runs read torch and the model code from disk and
         # build CUDA's kernel caches, which every later run (of either kind) finds ready.
         warmups = [{"plain": plain_run(config), "gpuanat": gpuanat_run(config, db)} for _ in range(warmup_runs)]
-        plain, monitored = [], []
+        plain, monitored, probed = [], [], []
+        arms = ("plain", "gpuanat", "plain + probe") if probe_arm else ("plain", "gpuanat")
         for round_index in range(repeats):
-            order = ("plain", "gpuanat") if round_index % 2 == 0 else ("gpuanat", "plain")
-            for which in order:
+            for which in arms if round_index % 2 == 0 else reversed(arms):
                 if which == "plain":
                     plain.append(plain_run(config))
-                else:
+                elif which == "gpuanat":
                     monitored.append(gpuanat_run(config, db))
+                else:
+                    probed.append(plain_run(config, with_probe=True))
         plain_steady = [r["steady_samples_per_second"] for r in plain]
         monitored_steady = [r["steady_samples_per_second"] for r in monitored]
         row = {
@@ -104,13 +108,23 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict, warmup_ru
             "plain_peak_allocated_bytes": [r["peak_allocated_bytes"] for r in plain],
             "gpuanat_peak_allocated_bytes": [r["peak_allocated_bytes"] for r in monitored],
         }
+        if probed:  # the plain Trainer with the probe: the probe's own share of any gap
+            row.update({
+                "plain_probe_samples_per_second": [r["samples_per_second"] for r in probed],
+                "plain_probe_steady_samples_per_second": [r["steady_samples_per_second"] for r in probed],
+                "plain_probe_wall_breakdown_s": [r.get("wall_breakdown_s") for r in probed],
+                "plain_probe_samples_ratio_of_medians": statistics.median(r["samples_per_second"] for r in probed)
+                / statistics.median(r["samples_per_second"] for r in plain),
+            })
         rows.append(row)
         out.write_text(json.dumps(rows, indent=2))
         print(f"{name:<32} HF samples/s ratio of medians {row['samples_ratio_of_medians']:.4f}  "
               f"steady ratio of medians {row['steady_ratio_of_medians']:.4f}  "
               f"plain {plain_steady}  gpuanat {monitored_steady}  wall medians: plain "
               f"{statistics.median(row['plain_wall_s']):.1f} s, gpuanat "
-              f"{statistics.median(row['gpuanat_wall_s']):.1f} s", flush=True)
+              f"{statistics.median(row['gpuanat_wall_s']):.1f} s"
+              + (f"  plain + probe HF ratio {row['plain_probe_samples_ratio_of_medians']:.4f}" if probed else ""),
+              flush=True)
 
 
 def main() -> None:
@@ -120,12 +134,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup-runs", type=int, default=0,
                         help="runs of each, not counted, before the alternated ones (cold disk and kernel caches)")
+    parser.add_argument("--probe-arm", action="store_true",
+                        help="a third arm alternated with the two: the plain Trainer with gpuanat's probe")
     parser.add_argument("--base", type=json.loads, default={"device": "cuda"},
                         help="RunConfig fields the experiments start from, as JSON (default: bert-large on cuda)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.interleave:
-        interleaved(args.interleave, args.repeats, args.out, args.base, args.warmup_runs)
+        interleaved(args.interleave, args.repeats, args.out, args.base, args.warmup_runs, args.probe_arm)
         return
     if args.sweep_json is None:
         parser.error("give --sweep-json or --interleave")

@@ -62,6 +62,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     parser.add_argument("--requested-monotonic-s", type=float, help="when the caller started this script")
+    parser.add_argument("--with-probe", action="store_true",
+                        help="add gpuanat's probe (AnatomyCallback, its events dropped): the probe's cost alone")
     args = parser.parse_args()
     config = RunConfig.from_json(json.loads(args.config))
     points = {REQUESTED: args.requested_monotonic_s or process_started_monotonic_s() or STARTED_MONOTONIC_S,
@@ -71,9 +73,14 @@ def main() -> None:
     dataset = build_dataset(config, model.config.vocab_size)
     points["dataset built"] = time.monotonic()
     clock = SteadyClock()
+    callbacks: list[TrainerCallback] = [clock]
+    if args.with_probe:
+        from gpuanat.worker.probe import AnatomyCallback
+
+        callbacks.insert(0, AnatomyCallback(lambda event: None))
     with tempfile.TemporaryDirectory() as output_dir:
         trainer = Trainer(model=model, args=TrainingArguments(**training_arguments_kwargs(config, output_dir)),
-                          train_dataset=dataset, callbacks=[clock])
+                          train_dataset=dataset, callbacks=callbacks)
         points["trainer ready"] = time.monotonic()
         metrics = trainer.train().metrics
     points.update({"first step": clock.first_step_s, "last step": clock.last_step_s, "trained": time.monotonic()})
