@@ -206,7 +206,7 @@ class GpuAnatApp(DashboardActions):
         Binding("A", "step('grad_accum', -1)", "Accum-", id="accum_down", show=False),
         Binding("w", "toggle_technique('workers')", "Workers", id="workers", show=False),
         Binding("m", "toggle_technique('pin_memory')", "Pin memory", id="pin_memory", show=False),
-        Binding("c", "toggle_technique('compile')", "Compile", id="compile", show=False),
+        Binding("c", "toggle_technique('compile')", "Compile: off, regions, model", id="compile", show=False),
         Binding("e", "toggle_technique('attn')", "Attention", id="attn", show=False),
         Binding("x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments",
                 show=False),

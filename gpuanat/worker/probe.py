@@ -480,7 +480,8 @@ class AnatomyCallback(TrainerCallback):
             # Traced by Dynamo, the hooks would put the probe into the compiled graph: a guard on its counters
             # (a recompilation at every step until Dynamo gives up) and graph breaks at its clock reads. Disabled,
             # they run eagerly just outside the graph, and Dynamo counts no break for them.
-            before_forward, after_forward = torch.compiler.disable(before_forward), torch.compiler.disable(after_forward)
+            before_forward = torch.compiler.disable(before_forward)
+            after_forward = torch.compiler.disable(after_forward)
         self._hooks = [
             model.register_forward_pre_hook(before_forward, with_kwargs=True),
             model.register_forward_hook(after_forward, with_kwargs=True),

@@ -56,6 +56,10 @@ class RunConfig:
     """The HF Trainer default."""
     attn: str = "sdpa"
     compile: bool = False
+    compile_regions: bool = False
+    """torch.compile each repeated layer's blocks that hold no attention (a BERT layer's MLP, its output projections
+    with their residual and LayerNorm; the embeddings): their small kernels fused, attention left to SDPA's fused
+    kernel, which a whole compiled model loses with attention dropout."""
     expandable_segments: bool = False
     """CUDA caching allocator option (`PYTORCH_CUDA_ALLOC_CONF`): grow segments by mapping pages instead of
     allocating fixed blocks, so memory freed between tensors can be reused. Off, as in PyTorch."""
@@ -124,6 +128,8 @@ class RunConfig:
             parts.append(self.attn)
         if self.compile:
             parts.append("compile")
+        if self.compile_regions:
+            parts.append("compile-regions")
         if self.expandable_segments:
             parts.append("expseg")
         if self.workers:
@@ -324,6 +330,11 @@ def validate_values(config: RunConfig) -> None:
                                             f"a --model); {config.preset} is a {PRESETS[config.preset].family} "
                                             "classifier")
     _validate_liger(config)
+    if config.compile_regions and config.compile:
+        raise ConfigError("--compile-regions", "--compile already compiles the whole model: choose one")
+    if config.compile_regions and config.distributed in ("fsdp", "zero1", "zero2", "zero3"):
+        raise ConfigError("--compile-regions", f"compiled regions train on one GPU or with ddp here; not with "
+                                               f"{config.distributed}")
     if not config.lora_targets.strip() or any(not name.strip() for name in config.lora_targets.split(",")):
         raise ConfigError("--lora-targets", f"all-linear, or module names separated by commas (got "
                                             f"{config.lora_targets!r})")

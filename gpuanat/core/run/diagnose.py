@@ -91,7 +91,8 @@ def reference_rates(config: Mapping[str, Any], runs: Sequence[tuple[Mapping[str,
 
     several = (config.get("gpus") not in (None, "1")) or (config.get("nproc") or 1) > 1
     return {"one_gpu_samples_per_second": newest(ONE_GPU_FIELDS) if several else None,
-            "eager_samples_per_second": newest({"compile": False}) if config.get("compile") else None}
+            "eager_samples_per_second": (newest({"compile": False, "compile_regions": False})
+                                         if config.get("compile") or config.get("compile_regions") else None)}
 
 
 LIVE_WINDOW_STEPS = 20
@@ -153,8 +154,9 @@ def diagnose(result: Mapping[str, Any], *, one_gpu_samples_per_second: float | N
                 "a larger --batch-size or --grad-accum (fewer gradient exchanges a sample); FSDP/ZeRO only when "
                 "memory needs them"))
     compile_stats = result.get("compile_stats")
-    if config.get("compile"):
-        findings.extend(_compile_findings(compile_stats, samples_per_second, eager_samples_per_second))
+    if config.get("compile") or config.get("compile_regions"):
+        flag = "--compile" if config.get("compile") else "--compile-regions"
+        findings.extend(_compile_findings(compile_stats, samples_per_second, eager_samples_per_second, flag))
     return findings
 
 
@@ -196,18 +198,18 @@ def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any],
 
 
 def _compile_findings(stats: Mapping[str, int] | None, compiled_rate: float | None,
-                      eager_rate: float | None) -> list[Finding]:
+                      eager_rate: float | None, flag: str) -> list[Finding]:
     findings = []
     if stats:
         graphs, breaks = stats.get("graphs", 0), stats.get("graph_breaks", 0)
-        recompiles = max(0, graphs - breaks - 1)
+        recompiles = max(0, graphs - breaks - stats.get("frames", 1))
         if breaks or recompiles:
             findings.append(Finding("compile", f"torch.compile met {breaks} graph break(s) and compiled {graphs} "
                                     f"graph(s) ({recompiles} recompilation(s))",
                                     "each break runs eagerly between graphs: TORCH_LOGS=graph_breaks names them"))
     if compiled_rate and eager_rate and compiled_rate < eager_rate:
         findings.append(Finding("compile", f"compiled it trained {compiled_rate:.1f} samples/s, eager "
-                                f"{eager_rate:.1f}/s", "leave --compile off for this configuration"))
+                                f"{eager_rate:.1f}/s", f"leave {flag} off for this configuration"))
     return findings
 
 

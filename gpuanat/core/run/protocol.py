@@ -162,7 +162,9 @@ class Done:
     steady_gpu_caught_up_steps: int | None = None
     """Of those, the steps whose `gpu_caught_up` was True (None on the CPU)."""
     compile_stats: dict[str, int] | None = None
-    """With torch.compile: TorchDynamo's counters at the end, "graphs" (unique graphs compiled) and "graph_breaks"."""
+    """With torch.compile (--compile or --compile-regions): TorchDynamo's counters at the end, "graphs" (unique
+    graphs compiled) and "graph_breaks", and the "frames" gpuanat compiled (the model: 1; regions: one a kind of
+    module)."""
     type: str = "done"
 
 

@@ -56,6 +56,9 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("pin_memory", "--pin-memory", "bool", "DataLoader pin_memory (default on, as in Trainer)"),
     Technique("attn", "--attn", "choice", "attention implementation", choices=ATTENTION_IMPLEMENTATIONS),
     Technique("compile", "--compile", "bool", "torch.compile the model"),
+    Technique("compile_regions", "--compile-regions", "bool",
+              "torch.compile each layer's blocks outside attention (MLP, output projections with residual and "
+              "LayerNorm, embeddings); attention stays SDPA's fused kernel"),
     Technique("expandable_segments", "--expandable-segments", "bool",
               "CUDA allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF): less fragmentation, so a larger "
               "batch fits, and the largest one is predicted better"),
@@ -110,7 +113,8 @@ def _cycle(values: tuple[str, ...], current: str) -> str:
 
 
 def changed_config(config: Any, field: str, direction: int = 1) -> Any:
-    """`config` with one technique moved to its next value: bools flip, choices cycle, numbers step."""
+    """`config` with one technique moved to its next value: bools flip, choices cycle, numbers step; compile cycles
+    eager, regions compiled, model compiled."""
     if field == "batch_size":
         return config.replace(batch_size=_step_through(BATCH_SIZE_STEPS, config.batch_size, direction))
     if field == "grad_accum":
@@ -120,6 +124,10 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
         return config.replace(lora=lora, load_in_4bit=config.load_in_4bit and lora > 0)
     if field == "load_in_4bit":  # QLoRA needs adapters: turning it on without them adds the usual rank
         return config.replace(load_in_4bit=not config.load_in_4bit, lora=config.lora or QLORA_DEFAULT_RANK)
+    if field == "compile":  # off → the regions outside attention → the whole model → off
+        regions, whole = {(False, False): (True, False), (True, False): (False, True)}.get(
+            (config.compile_regions, config.compile), (False, False))
+        return config.replace(compile_regions=regions, compile=whole)
     if field == "workers":
         return config.replace(workers=WORKER_CHOICES[(WORKER_CHOICES.index(config.workers) + 1) % len(WORKER_CHOICES)]
                               if config.workers in WORKER_CHOICES else 0)

@@ -51,10 +51,11 @@ DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "expandable-segments": ("expandable_segments",),
     "liger": ("liger",),
     "engine": ("engine",),
-    "compile": ("compile",),
+    "compile": ("compile_regions", "compile"),
 }
 """The dimensions searched, in the order of the moves, and the RunConfig fields each one sets. torch.compile comes
-last: its trials are the longest (compilation), and through Trainer it was slower than eager on the H100."""
+last: its trials are the longest (compilation). Its values: eager, the regions outside attention compiled (faster
+than eager on the H100), the whole model compiled (slower there, with 1.7× the memory)."""
 DIMENSIONS = tuple(DIMENSION_FIELDS)
 NOISE_FRACTION = 0.02
 """A move is kept only if it is this much faster than the best so far: back-to-back runs of one configuration
@@ -83,8 +84,8 @@ MEMORY_SOURCES = (
     ("unmeasured", "none: neither measured nor predicted (a --model on the CPU)"),
 )
 """Where the front's memory comes from, in order of preference: the first that every ok trial has."""
-MEMORY_RELEVANT_FIELDS = ("precision", "grad_checkpointing", "optim", "attn", "compile", "expandable_segments",
-                          "liger")
+MEMORY_RELEVANT_FIELDS = ("precision", "grad_checkpointing", "optim", "attn", "compile", "compile_regions",
+                          "expandable_segments", "liger")
 """Techniques that change what a batch needs: a trial that ran out of memory rules out larger batches only for
 the same values of these."""
 
@@ -359,7 +360,7 @@ class _Search:
         config, searched = self.base, searched_fields(self.space)
         changes: dict[str, Any] = {"precision": self.space.half_precision, "tf32": self.space.tf32_available,
                                    "attn": "sdpa", "optim": "adamw_torch_fused", "grad_checkpointing": False,
-                                   "compile": False}
+                                   "compile": False, "compile_regions": False}
         return config.replace(**{name: value for name, value in changes.items() if name in searched})
 
     def _fitted(self, candidate: RunConfig, dimension: str) -> RunConfig | None:
@@ -422,7 +423,11 @@ class _Search:
             candidates.extend(center.replace(workers=workers) for workers in WORKER_COUNTS if workers != center.workers)
         elif dimension == "engine":
             candidates.append(center.replace(engine="accelerate" if center.engine == "trainer" else "trainer"))
-        elif dimension in ("expandable-segments", "liger", "compile"):
+        elif dimension == "compile":  # the other two of eager, regions compiled, the model compiled
+            for regions, whole in ((True, False), (False, True), (False, False)):
+                if (regions, whole) != (center.compile_regions, center.compile):
+                    candidates.append(self._fitted(center.replace(compile_regions=regions, compile=whole), dimension))
+        elif dimension in ("expandable-segments", "liger"):
             name = DIMENSION_FIELDS[dimension][0]
             candidates.append(self._fitted(center.replace(**{name: not getattr(center, name)}), dimension))
         return [candidate for candidate in dict.fromkeys(candidates) if candidate is not None and candidate != center]
@@ -523,13 +528,15 @@ def run_tune(base: RunConfig, space: SearchSpace, *, store: HistoryStore, log_di
                     on_pruned(pruned)
 
     def estimate_s(config: RunConfig) -> float | None:
-        done = [trial.wall_s for trial in result.trials if trial.config.compile == config.compile]
+        compiled = config.compile or config.compile_regions
+        done = [trial.wall_s for trial in result.trials
+                if (trial.config.compile, trial.config.compile_regions) == (config.compile, config.compile_regions)]
         if done:
             return sum(done) / len(done)
         if not result.trials:
             return None
         mean = sum(trial.wall_s for trial in result.trials) / len(result.trials)
-        return mean * (COMPILE_TIME_FACTOR if config.compile else 1.0)
+        return mean * (COMPILE_TIME_FACTOR if compiled else 1.0)
 
     def stopped() -> bool:
         if stop is not None and stop.is_set():

@@ -45,6 +45,11 @@ BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "opti
                   "--load-in-4bit": "load_in_4bit", "--liger": "liger"}
 
 
+def compile_mode(config: RunConfig) -> str:
+    """What the compile key shows: off, regions (the blocks outside attention compiled) or model (all of it)."""
+    return "model" if config.compile else "regions" if config.compile_regions else "off"
+
+
 def _value_text(field: str, value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -117,8 +122,9 @@ class TechniquesPanel(Widget):
                       + ((LORA_ROW, QLORA_ROW) if config.lora or config.load_in_4bit else ())
                       + ((LIGER_ROW,) if causal_lm or config.liger else ()))
         for field, key, label in ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
-            value = getattr(config, field)
-            style = changed_style if value != getattr(defaults, field) else ""
+            value, default = ((compile_mode(config), compile_mode(defaults)) if field == "compile"
+                              else (getattr(config, field), getattr(defaults, field)))
+            style = changed_style if value != default else ""
             if field in blocked_fields:
                 style = self.get_component_rich_style("techniques-panel--unavailable")
             table.add_row(Text(key, style=key_style), Text(label, style=muted),
