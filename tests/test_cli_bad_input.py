@@ -50,6 +50,7 @@ def assert_refused(completed, flag: str, words: str, db_path) -> None:
     (["run", "--workers", "-1"], "--workers", "≥ 0"),
     (["run", "--epochs", "0"], "--epochs", "≥ 1"),
     (["run", "--max-steps", "0"], "--max-steps", "≥ 1"),
+    (["run", "--compile", "--compile-regions"], "--compile-regions", "--compile already compiles the whole model"),
     (["run", "--precision", "fp16"], "--precision", "needs a CUDA GPU"),
     (["run", "--tf32"], "--tf32", "needs a CUDA GPU"),
     (["run", "--optim", "adamw_bnb_8bit"], "--optim", "needs a CUDA GPU"),

@@ -228,6 +228,14 @@ async def test_keys_4_and_K_choose_qlora_and_liger_and_the_cpu_marks_them_unavai
     assert changed_config(RunConfig(lora=8), "load_in_4bit").lora == 8  # a rank chosen stays
 
 
+def test_the_compile_key_cycles_eager_regions_whole_model():
+    modes = [RunConfig()]
+    for _ in range(3):
+        modes.append(changed_config(modes[-1], "compile"))
+    assert [(config.compile_regions, config.compile) for config in modes] == [
+        (False, False), (True, False), (False, True), (False, False)]
+
+
 # --- built by the real worker on the CPU ----------------------------------------------------------------------------
 
 def _installed(*modules: str) -> bool:

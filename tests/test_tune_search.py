@@ -19,6 +19,7 @@ from gpuanat.core.run.tune import (
     DIMENSIONS,
     NOISE_FRACTION,
     beats,
+    moves_in_order,
     pareto_front,
     run_flags,
     run_tune,
@@ -36,8 +37,9 @@ class FakeTrials:
     which run out of memory."""
 
     def __init__(self, oom=lambda config: False, stop_at: int | None = None, stop: threading.Event | None = None,
-                 speedup=lambda config: 1.0):
+                 speedup=lambda config: 1.0, bottleneck=lambda config: None):
         self.now_s = 0.0
+        self.bottleneck = bottleneck
         self.speedup = speedup
         self.configs: list[RunConfig] = []
         self.oom = oom
@@ -61,8 +63,10 @@ class FakeTrials:
         rate = {"bf16": 300.0, "fp16": 300.0, "fp32": 150.0}[config.precision] * (1.05 if config.tf32 else 1.0)
         rate *= min(1.0, config.batch_size / 64) ** 0.1 * (0.75 if config.grad_checkpointing else 1.0)
         rate *= (0.8 if config.attn == "eager" else 1.0) * (0.7 if config.compile else 1.0) * self.speedup(config)
+        bottleneck = self.bottleneck(config)
         return {"run_id": run_id, "status": "ok", "steady_samples_per_second": rate, "samples_per_second": rate * 0.9,
-                "peak_reserved_bytes": config.batch_size * 2**28}
+                "peak_reserved_bytes": config.batch_size * 2**28,
+                "diagnosis": [{"bottleneck": bottleneck, "evidence": "", "fix": ""}] if bottleneck else []}
 
 
 BERT_LARGE = RunConfig()
@@ -188,3 +192,22 @@ def test_the_cpu_searches_what_it_can_run():
     assert space.half_precision == "fp16" and "tf32" not in space.dimensions
     assert space.optimizers == ("adamw_torch_fused", "adamw_bnb_8bit")
     assert set(space.dimensions) == set(DIMENSIONS) - {"tf32", "liger"}
+
+
+def test_a_gpu_bound_run_tries_the_fused_kernels_first_regions_before_the_whole_model():
+    """The H100's bert-large at batch 128 is GPU-bound (98% busy): only less GPU work a sample helps, so the
+    round tries compile first (its regions, then the whole model) instead of last; regions are kept."""
+    trials = FakeTrials(bottleneck=lambda config: "gpu-bound",
+                        speedup=lambda config: 1.1 if config.compile_regions else 1.0)
+    _, result = tune(trials)
+    moves = [(trial.dimension, trial.config.compile_regions, trial.config.compile) for trial in result.trials[1:3]]
+    assert moves == [("compile", True, False), ("compile", False, True)]
+    assert result.best is not None and result.best.config.compile_regions
+    assert result.trials[1].index in result.kept
+
+
+def test_without_a_diagnosis_the_moves_keep_their_order():
+    assert moves_in_order(DIMENSIONS, {}) == list(DIMENSIONS)
+    host_bound = {"diagnosis": [{"bottleneck": "host-bound"}, {"bottleneck": "compile"}]}
+    assert moves_in_order(("batch", "precision", "engine", "compile"), host_bound) == [
+        "batch", "engine", "compile", "precision"]

@@ -27,7 +27,7 @@ import math
 import shlex
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -57,6 +57,14 @@ DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
 last: its trials are the longest (compilation). Its values: eager, the regions outside attention compiled (faster
 than eager on the H100), the whole model compiled (slower there, with 1.7× the memory)."""
 DIMENSIONS = tuple(DIMENSION_FIELDS)
+FIRST_MOVES_FOR: dict[str, tuple[str, ...]] = {
+    "gpu-bound": ("compile", "liger"),
+    "host-bound": ("batch", "engine", "compile"),
+    "input-bound": ("workers",),
+    "memory-bound": ("grad-checkpointing", "optim", "expandable-segments"),
+}
+"""The moves a round tries first, by the kept run's main bottleneck (`diagnose`): what its fix names. A GPU-bound
+run gains only from less GPU work a sample (fused kernels), which the default order reaches last."""
 NOISE_FRACTION = 0.02
 """A move is kept only if it is this much faster than the best so far: back-to-back runs of one configuration
 differ by about 1% (docs/cost.md)."""
@@ -579,7 +587,7 @@ def run_tune(base: RunConfig, space: SearchSpace, *, store: HistoryStore, log_di
             on_kept(center_trial, 0.0)
     while center_trial is not None and not stopped():
         moved = False
-        for dimension in space.dimensions:
+        for dimension in moves_in_order(space.dimensions, center_trial.result):
             candidates = search.alternatives(dimension, center_trial.config)
             report_pruned()
             trials = [attempt(candidate, dimension, center_trial.config) for candidate in candidates]
@@ -602,6 +610,15 @@ def run_tune(base: RunConfig, space: SearchSpace, *, store: HistoryStore, log_di
     report_pruned()
     result.elapsed_s = clock() - started_s
     return result
+
+
+def moves_in_order(dimensions: Sequence[str], center_result: Mapping[str, Any]) -> list[str]:
+    """`dimensions` with the moves that answer the kept run's main bottleneck first (FIRST_MOVES_FOR), the others
+    in their usual order."""
+    findings = center_result.get("diagnosis") or []
+    first = FIRST_MOVES_FOR.get(findings[0]["bottleneck"], ()) if findings else ()
+    return ([dimension for dimension in first if dimension in dimensions]
+            + [dimension for dimension in dimensions if dimension not in first])
 
 
 def _start(search: _Search, result: TuneResult, attempt: Callable[[RunConfig, str, RunConfig | None],
