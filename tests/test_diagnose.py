@@ -174,3 +174,35 @@ def test_the_eleventh_experiment_is_host_bound():
     assert run["name"] == "accum + gc + fp16 + 8-bit adam" and run["status"] == "ok"
     (finding,) = diagnose(run)
     assert finding.bottleneck == "host-bound" and "without --grad-checkpointing" in finding.fix
+
+
+COMPILE_SPEED = RESULTS.parent / "compile_speed"
+
+
+def compile_speed_runs(name: str) -> list[dict]:
+    return [json.loads(line) for line in (COMPILE_SPEED / name).read_text().splitlines()]
+
+
+def test_the_compiled_runs_on_the_h100_whole_model_slower_regions_not():
+    """benchmarks/compile_speed_check.sh: the whole compiled model at batch 64 is one graph with no break now, and
+    slower than the same run eager (the history's reference); compiled regions at 128 are four graphs, four frames,
+    no recompilation, and faster: no compile finding. Each diagnosed again here from its result and its eager twin."""
+    runs = compile_speed_runs("bs64_96_112.jsonl")
+    eager_64 = next(r for r in runs if r["config"]["batch_size"] == 64 and not r["config"]["compile"])
+    whole_64 = next(r for r in runs if r["config"]["batch_size"] == 64 and r["config"]["compile"])
+    assert whole_64["compile_stats"] == {"graphs": 1, "graph_breaks": 0}
+    assert [f["bottleneck"] for f in whole_64["diagnosis"]] == ["gpu-bound", "compile"]
+    (finding,) = [f for f in diagnose(whole_64, eager_samples_per_second=eager_64["steady_samples_per_second"])
+                  if f.bottleneck == "compile"]
+    assert finding.evidence == "compiled it trained 250.1 samples/s, eager 302.1/s"
+    assert finding.fix == "leave --compile off for this configuration"
+    regions = compile_speed_runs("regions_bs128.jsonl")
+    eager_128 = next(r for r in regions if r["config"]["engine"] == "accelerate" and not r["config"]["compile_regions"])
+    regions_128 = next(r for r in regions if r["config"]["engine"] == "accelerate" and r["config"]["compile_regions"])
+    assert regions_128["compile_stats"] == {"graphs": 4, "graph_breaks": 0, "frames": 4}
+    assert [f.bottleneck for f in diagnose(regions_128,
+                                           eager_samples_per_second=eager_128["steady_samples_per_second"])] == [
+        "gpu-bound"]
+    slower = {**regions_128, "steady_samples_per_second": 300.0}
+    assert [f.fix for f in diagnose(slower, eager_samples_per_second=eager_128["steady_samples_per_second"])
+            if f.bottleneck == "compile"] == ["leave --compile-regions off for this configuration"]
