@@ -75,14 +75,17 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict, warmup_ru
         warmups = [{"plain": plain_run(config), "gpuanat": gpuanat_run(config, db)} for _ in range(warmup_runs)]
         plain, monitored, probed = [], [], []
         arms = ("plain", "gpuanat", "plain + probe") if probe_arm else ("plain", "gpuanat")
+        runs_log = out.with_suffix(".runs.jsonl")  # each run as it ends: a run cut short keeps what it measured
         for round_index in range(repeats):
             for which in arms if round_index % 2 == 0 else reversed(arms):
                 if which == "plain":
-                    plain.append(plain_run(config))
+                    plain.append(run := plain_run(config))
                 elif which == "gpuanat":
-                    monitored.append(gpuanat_run(config, db))
+                    monitored.append(run := gpuanat_run(config, db))
                 else:
-                    probed.append(plain_run(config, with_probe=True))
+                    probed.append(run := plain_run(config, with_probe=True))
+                with runs_log.open("a") as file:
+                    file.write(json.dumps({"name": name, "round": round_index, "arm": which, **run}) + "\n")
         plain_steady = [r["steady_samples_per_second"] for r in plain]
         monitored_steady = [r["steady_samples_per_second"] for r in monitored]
         row = {
