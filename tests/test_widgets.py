@@ -275,6 +275,48 @@ def test_partial_updates_send_the_changed_span_only():
     assert render_segments(inside_wide, console) == "\x1b[1;11H全"
 
 
+def test_changed_span_is_the_first_to_the_last_changed_cell():
+    """The span a row repaints, found from its text and style runs, is the one a cell-by-cell comparison finds:
+    rows of random glyphs and styles (equal styles as distinct objects included), cut into random segments."""
+    import random
+
+    from rich.segment import Segment
+    from rich.style import Style
+    from textual.strip import Strip
+
+    from gpuanat.tui.widgets.cached_rows import changed_span
+
+    styles = [None, Style(color="red"), Style(color="red"), Style(bold=True), Style(color="blue")]
+    rng = random.Random(18)
+
+    def strip_of(cells: list[tuple[str, Style | None]]) -> Strip:
+        segments, x = [], 0
+        while x < len(cells):  # a segment: up to 4 cells of one style
+            end = x + 1
+            while end < min(len(cells), x + 4) and cells[end][1] is cells[x][1]:
+                end += 1
+            segments.append(Segment("".join(glyph for glyph, _ in cells[x:end]), cells[x][1]))
+            x = end
+        return Strip(segments)
+
+    def cell_by_cell(before: list, after: list) -> tuple[int, int] | None:
+        changed = [x for x, (was, now) in enumerate(zip(before, after, strict=True)) if was != now]
+        return (changed[0], changed[-1] + 1) if changed else None
+
+    spans = []
+    for _ in range(3000):
+        before = [(rng.choice("ab ⠁"), rng.choice(styles)) for _ in range(rng.randint(1, 14))]
+        after = list(before)
+        for _ in range(rng.randint(0, 3)):
+            after[rng.randrange(len(after))] = (rng.choice("ab ⠁"), rng.choice(styles))
+        span = changed_span(strip_of(before), strip_of(after))
+        assert span == cell_by_cell(before, after), (before, after)
+        spans.append(span)
+    assert None in spans and any(span and span[1] - span[0] > 1 for span in spans)
+    wide = Strip([Segment("全", None)])  # a glyph two cells wide: the row whole
+    assert changed_span(wide, Strip([Segment("字", None)])) == (0, 2)
+
+
 def test_line_chart_follows_a_theme_change():
     chart = LineChart("GPU memory", formatter=bytes_label)
 

@@ -236,7 +236,7 @@ class LineChart(CachedRows):
         return self._build_rows(width, height, self._frozen if self._frozen is not None else self._series)
 
     def _style(self, component: str) -> Style:
-        return self.get_component_rich_style(component)
+        return self.component_style(component)
 
     def _series_color_style(self, index: int) -> Style:
         return self._style(f"line-chart--series-{index % SERIES_STYLE_COUNT}")
