@@ -145,3 +145,37 @@ async def test_samples_that_leave_the_picture_as_it_was_repaint_nothing(tmp_path
         assert app.series["device_used"].version == versions["device_used"] + 3
         assert whole_refreshes == []
         assert {widget.id: widget.repainted_cells for widget in widgets if widget.repainted_cells} == {}
+
+
+@recorded
+@pytest.mark.asyncio
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_the_process_panel_renders_only_its_changed_lines_as_the_whole_text_would(tmp_path, monkeypatch, size):
+    """The panel makes rows of only the lines a sample changed, and takes the layout's height from its lines: at
+    every sample of the recording its rows and height are those of its whole text rendered afresh (at 80 columns the
+    command wraps)."""
+    from gpuanat.tui.widgets import cached_rows, process_panel
+
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+    async with app.run_test(size=size) as pilot:
+        replay(app, until_elapsed_s=1.0)
+        await pilot.pause()
+        panel = app.query_one(ProcessPanel)
+        rendered_lines = []
+        text_rows = process_panel.text_rows
+
+        def counted(widget, text, width, height):
+            rendered_lines.append(text.plain)
+            return text_rows(widget, text, width, height)
+
+        monkeypatch.setattr(process_panel, "text_rows", counted)
+        for _ in range(12):
+            rendered_lines.clear()
+            app.sample_now()
+            app.paint()
+            await pilot.pause()
+            text, width = panel.render(), panel.size.width
+            assert panel.size.height == cached_rows.text_height(panel, text, width)
+            whole = cached_rows.text_rows(panel, text, width, panel.size.height)
+            assert [panel.render_line(y) for y in range(panel.size.height)] == whole
+            assert len(rendered_lines) < len(text.plain.splitlines()) / 2, rendered_lines
