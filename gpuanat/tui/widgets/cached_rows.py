@@ -17,6 +17,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region, Size
 from textual.strip import Strip
+from textual.style import Style as TextualStyle
 from textual.visual import Visual, visualize
 from textual.widget import Widget
 
@@ -133,6 +134,14 @@ def text_rows(widget: Widget, text: Text, width: int, height: int | None) -> lis
     takes)."""
     return Visual.to_strips(widget, visualize(widget, text, markup=False), width, height, widget.visual_style,
                             pad=True)
+
+
+def text_line_row(widget: Widget, line: Text, width: int, y: int) -> Strip:
+    """Line `y` of a text, one that fits `width`, as `text_rows` makes it from the whole text: rendered alone, then
+    given its place (the offsets in its styles by which Textual maps the mouse to a text selection) and padded."""
+    style = widget.visual_style
+    (row,) = Visual.to_strips(widget, visualize(widget, line, markup=False), width, None, style) or [Strip([])]
+    return row.apply_offsets(0, y).extend_cell_length(width, (style + TextualStyle(reverse=False)).rich_style)
 
 
 def text_height(widget: Widget, text: Text, width: int) -> int:

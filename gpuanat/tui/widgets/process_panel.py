@@ -11,7 +11,7 @@ from textual.strip import Strip
 
 from gpuanat.core.measure.watch import NOT_PUBLISHED
 from gpuanat.core.store.report import format_bytes
-from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_rows
+from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_line_row, text_rows
 
 LineKey = tuple[int, str, tuple[Span, ...]]
 """A line of text as drawn: its place in the text, its characters and its styled spans."""
@@ -71,6 +71,8 @@ class ProcessPanel(CachedRows):
         self._version = 0
         self._text: Text | None = None
         """What `render` made of the record shown (None: not rendered since the styles changed)."""
+        self._text_lines: list[Text] = []
+        """`_text` line by line."""
         self._line_rows: dict[LineKey, list[Strip]] = {}
         """The rows of each line of `_text`, at `_line_rows_width`: a new record re-renders only its changed lines."""
         self._line_rows_width = 0
@@ -86,7 +88,7 @@ class ProcessPanel(CachedRows):
         text = self.render()
         if text == self._text:  # the same on screen (a figure that moved by less than it shows)
             return
-        self._text = text
+        self._text, self._text_lines = text, text.split("\n", allow_blank=True)
         self._version += 1
         width = self.size.width
         resized = not width or self._height(width) != self.size.height
@@ -105,7 +107,8 @@ class ProcessPanel(CachedRows):
             self._line_rows, self._line_heights, self._line_rows_width = {}, {}, width
         if self._text is None:
             self._text = self.render()
-        return self._text.split("\n", allow_blank=True)
+            self._text_lines = self._text.split("\n", allow_blank=True)
+        return self._text_lines
 
     def _height(self, width: int) -> int:
         """The rows the text takes at `width`, as Textual's layout counts them: each line wraps on its own, and one
@@ -129,9 +132,11 @@ class ProcessPanel(CachedRows):
         for y, line in enumerate(self._lines(width)):
             key = (y, line.plain, tuple(line.spans))
             strips = self._line_rows.get(key)
-            if strips is None:
-                # After y blank lines: the rows carry the line's place in the text (their styles' offsets, by which
-                # Textual maps the mouse to a selection), as in the whole text's rows.
+            if strips is None and line.cell_len <= width:
+                strips = [text_line_row(self, line, width, y)]
+            elif strips is None:
+                # Wrapped, after y blank lines: its rows carry its place in the text (the offsets in their styles by
+                # which Textual maps the mouse to a selection), as in the whole text's rows.
                 strips = text_rows(self, Text("\n" * y) + line, width, None)[y:]
             line_rows[key] = strips
             rows.extend(strips)
