@@ -69,28 +69,38 @@ def _default_format(value: float) -> str:
     return f"{value:.3g}"
 
 
+GLYPHS = (" ", *(chr(BRAILLE_BLANK + bits) for bits in range(1, 256)))
+"""The glyph of each braille cell by its dot bits; a cell without a dot is a space."""
+
+
 def line_cells(columns_by_series: Mapping[int, list[float | None]], top: float, rows: int,
-               columns: int) -> list[list[tuple[int, int | None]]]:
-    """The plot as braille cells, top row first: (dot bits, series drawn last there). Each series' values are one
-    per dot column (2 per cell column); each value is a dot at its height, joined to the previous value's."""
+               columns: int) -> tuple[list[list[int]], list[list[int | None]]]:
+    """The plot as braille cells, top row first: each cell's dot bits, and the series drawn last there. Each series'
+    values are one per dot column (2 per cell column); each value is a dot at its height, joined to the previous
+    value's."""
     dots_high = rows * 4
-    cells: list[list[tuple[int, int | None]]] = [[(0, None)] * columns for _ in range(rows)]
+    bits_rows = [[0] * columns for _ in range(rows)]
+    owner_rows: list[list[int | None]] = [[None] * columns for _ in range(rows)]
     scale = (dots_high - 1) / top if top > 0 else 0.0
+    top_dot = dots_high - 1
+    dot_bits = [(row_dots[0], row_dots[1]) for row_dots in BRAILLE_DOTS]
     for index, values in columns_by_series.items():
         previous: int | None = None
         for x, value in enumerate(values[: columns * 2]):
             if value is None:
                 previous = None
                 continue
-            height = min(dots_high - 1, max(0, round(value * scale)))
-            low, high = (height, height) if previous is None else (min(previous, height), max(previous, height))
-            for y in range(low, high + 1):
-                from_top = dots_high - 1 - y
-                row, column = from_top // 4, x // 2
-                bits, _ = cells[row][column]
-                cells[row][column] = (bits | BRAILLE_DOTS[from_top % 4][x % 2], index)
+            height = round(value * scale)
+            height = top_dot if height > top_dot else 0 if height < 0 else height
+            low, high = (height, height) if previous is None or previous == height else (
+                (previous, height) if previous < height else (height, previous))
+            column, side = x >> 1, x & 1
+            for from_top in range(top_dot - high, top_dot - low + 1):
+                row = from_top >> 2
+                bits_rows[row][column] |= dot_bits[from_top & 3][side]
+                owner_rows[row][column] = index
             previous = height
-    return cells
+    return bits_rows, owner_rows
 
 
 class LineChart(CachedRows):
@@ -326,7 +336,7 @@ class LineChart(CachedRows):
     ) -> list[Strip]:
         if plot_height <= 0:
             return []
-        cells = line_cells(columns_by_series, top, plot_height, plot_width)
+        bits_rows, owner_rows = line_cells(columns_by_series, top, plot_height, plot_width)
         base = self._base_style
         axis_style = self._style("line-chart--axis")
         series_styles = {index: base + Style(color=self._series_color_style(index).color)
@@ -334,25 +344,25 @@ class LineChart(CachedRows):
         top_label = self.formatter(top)
         zero_label = self.formatter(0.0)
         rows = []
-        for row, row_cells in enumerate(cells):
-            label, tick = ("", "│")
+        blank_label = f"{'':>{label_width}}│"
+        for row, (row_bits, row_owners) in enumerate(zip(bits_rows, owner_rows, strict=True)):
+            label = blank_label
             if row == 0:
-                label, tick = top_label, "┤"
+                label = f"{top_label[-label_width:]:>{label_width}}┤"
             elif row == plot_height - 1:
-                label, tick = zero_label, "┤"
-            segments = [Segment(f"{label[-label_width:]:>{label_width}}{tick}", axis_style)]
+                label = f"{zero_label[-label_width:]:>{label_width}}┤"
+            segments = [Segment(label, axis_style)]
+            glyphs = "".join([GLYPHS[bits] for bits in row_bits])
             # One segment per run of cells of one series (or none): usually a handful a row.
-            run_glyphs: list[str] = []
-            run_owner: int | None = None
-            for bits, owner in row_cells:
-                owner = owner if bits else None
-                if owner != run_owner and run_glyphs:
-                    segments.append(Segment("".join(run_glyphs), series_styles.get(run_owner, base)))
-                    run_glyphs = []
-                run_owner = owner
-                run_glyphs.append(chr(BRAILLE_BLANK + bits) if bits else " ")
-            if run_glyphs:
-                segments.append(Segment("".join(run_glyphs), series_styles.get(run_owner, base)))
+            start = 0
+            run_owner = row_owners[0] if row_bits and row_bits[0] else None
+            for column in range(1, len(row_bits)):
+                owner = row_owners[column] if row_bits[column] else None
+                if owner != run_owner:
+                    segments.append(Segment(glyphs[start:column], series_styles.get(run_owner, base)))
+                    start, run_owner = column, owner
+            if glyphs:
+                segments.append(Segment(glyphs[start:], series_styles.get(run_owner, base)))
             rows.append(self._finish(segments, width))
         return rows
 
