@@ -184,3 +184,37 @@ async def test_the_process_panel_renders_only_its_changed_lines_as_the_whole_tex
             assert len(rendered_lines) < len(text.plain.splitlines()) / 2, rendered_lines
             rendered_per_sample.append(len(rendered_lines))
         assert sum(rendered_per_sample) > 0
+
+
+@recorded
+@pytest.mark.asyncio
+async def test_an_update_renders_only_the_lines_it_sends_and_the_same_chops(tmp_path, monkeypatch):
+    """Of the widgets under a partial update, only the rows between their first and last line sent are rendered (not
+    every line under the update's bounding box); the chops sent are Textual's own."""
+    from textual.geometry import Region
+    from textual.widget import Widget
+
+    from gpuanat.tui.widgets import partial_update
+
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+    async with app.run_test(size=(120, 40)) as pilot:
+        replay(app, until_elapsed_s=3.0)
+        await pilot.pause()
+        compositor = app.screen._compositor
+        rendered_rows = []
+        render_lines = Widget.render_lines
+
+        def counted(widget, crop):
+            rendered_rows.append(crop.height)
+            return render_lines(widget, crop)
+
+        monkeypatch.setattr(Widget, "render_lines", counted)
+        sent = {1, 6, 30}.__contains__  # a chart's legend, the process tree, the memory bar
+        crop = Region(0, 1, 120, 30)
+        textual_chops = partial_update.TEXTUAL_RENDER_CHOPS(compositor, crop, sent)
+        textual_rows, rendered_rows[:] = sum(rendered_rows), []
+        chops = partial_update.render_chops(compositor, crop, sent)
+        assert [dict(line) for line in chops] == [dict(line) for line in textual_chops]
+        assert any(line for line in (chops[1], chops[6], chops[30])) and not any(chops[2].values())
+        assert sum(rendered_rows) < textual_rows / 2, (sum(rendered_rows), textual_rows)
+        assert partial_update.render_sent_lines_only() and type(compositor)._render_chops is partial_update.render_chops

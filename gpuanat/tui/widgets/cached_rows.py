@@ -21,9 +21,10 @@ from textual.style import Style as TextualStyle
 from textual.visual import Visual, visualize
 from textual.widget import Widget
 
-from gpuanat.tui.widgets.partial_update import send_changed_spans_only
+from gpuanat.tui.widgets.partial_update import render_sent_lines_only, send_changed_spans_only
 
 send_changed_spans_only()  # a changed span is sent from its first cell, not from the start of its line segment
+render_sent_lines_only()  # of the widgets under an update, only the lines that are sent are rendered
 
 StyleRuns = list[tuple[int, Style | None]]
 """A strip's styles: (end cell, style) per segment, left to right."""
