@@ -257,6 +257,38 @@ def test_line_chart_redraws_its_plot_at_most_at_the_chart_rate():
     run_app(ChartApp(chart), check)
 
 
+def test_line_chart_redraws_only_the_changed_columns_as_a_whole_redraw_would():
+    """On unchanged axes a new sample redraws only the cells from the first column whose values changed, and remakes
+    only the rows those change: at every sample the rows are those of the plot drawn from scratch (two series that
+    cross, a gap, a jump), and most rows are the same objects as before."""
+    import random
+
+    chart = LineChart("GPU utilization", y_max=100, formatter=lambda value: f"{value:.0f}%")
+    rng = random.Random(7)
+    device, process = TimeSeries(), TimeSeries()
+
+    async def check(pilot) -> None:
+        chart.window = (0.0, 60.0)  # one time axis throughout
+        chart.set_series("device", device)
+        chart.set_series("process", process)
+        kept = 0
+        for step in range(120):
+            t_s = step * 0.5
+            device.append(t_s, 50 + 40 * rng.random() if step % 30 < 25 else 100.0)
+            if not 40 <= step < 50:  # a gap in one series
+                process.append(t_s, min(100.0, max(0.0, device.last - 20 + 40 * rng.random())))
+            before = [chart.render_line(y) for y in range(chart.size.height)]
+            chart.refresh_data()
+            await pilot.pause()
+            drawn = [chart.render_line(y) for y in range(chart.size.height)]
+            kept += sum(row is old for row, old in zip(drawn[1:-1], before[1:-1], strict=True))
+            chart._drawn_cells = chart._plot_cache = chart._built_key = None  # from scratch
+            assert [chart.render_line(y) for y in range(chart.size.height)] == drawn, step
+        assert kept > 120 * (chart.size.height - 2) / 2
+
+    run_app(ChartApp(chart), check)
+
+
 def test_partial_updates_send_the_changed_span_only():
     """A span at the end of a widget's line segment is sent from its first cell, not the segment's (issue #18)."""
     from rich.console import Console
