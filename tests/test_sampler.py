@@ -317,6 +317,17 @@ def test_sampler_replays_a_trace_to_its_end_with_recorded_times(tmp_path):
 # --- the sample model ---
 
 
+def test_sample_json_is_written_as_the_recorded_traces_were():
+    """`to_json` runs at every sample (the watch keeps and records each one): the committed traces, written by it
+    before it stopped going through dataclasses.asdict, come out key for key and value for value."""
+    data = Path(__file__).resolve().parent / "data"
+    for name in ("nvml_trace_watch_h200.jsonl", "nvml_trace_h100.jsonl"):
+        lines = (data / name).read_text().splitlines()
+        assert lines
+        for line in lines:
+            assert json.dumps(Sample.from_json(json.loads(line)).to_json(), separators=(",", ":")) == line
+
+
 def test_sample_json_round_trips_exactly():
     sample = Sample(
         t_s=12345.678901234,

@@ -145,3 +145,76 @@ async def test_samples_that_leave_the_picture_as_it_was_repaint_nothing(tmp_path
         assert app.series["device_used"].version == versions["device_used"] + 3
         assert whole_refreshes == []
         assert {widget.id: widget.repainted_cells for widget in widgets if widget.repainted_cells} == {}
+
+
+@recorded
+@pytest.mark.asyncio
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_the_process_panel_renders_only_its_changed_lines_as_the_whole_text_would(tmp_path, monkeypatch, size):
+    """The panel makes rows of only the lines a sample changed, and takes the layout's height from its lines: at
+    every sample of the recording its rows and height are those of its whole text rendered afresh (at 80 columns the
+    command wraps)."""
+    from gpuanat.tui.widgets import cached_rows, process_panel
+
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+    async with app.run_test(size=size) as pilot:
+        replay(app, until_elapsed_s=1.0)
+        await pilot.pause()
+        panel = app.query_one(ProcessPanel)
+        rendered_lines = []
+
+        def counted(make_rows):
+            def make(widget, text, width, *place):
+                rendered_lines.append(text.plain)
+                return make_rows(widget, text, width, *place)
+            return make
+
+        monkeypatch.setattr(process_panel, "text_rows", counted(process_panel.text_rows))
+        monkeypatch.setattr(process_panel, "text_line_row", counted(process_panel.text_line_row))
+        rendered_per_sample = []
+        for _ in range(12):
+            rendered_lines.clear()
+            app.sample_now()
+            app.paint()
+            await pilot.pause()
+            text, width = panel.render(), panel.size.width
+            assert panel.size.height == cached_rows.text_height(panel, text, width)
+            whole = cached_rows.text_rows(panel, text, width, panel.size.height)
+            assert [panel.render_line(y) for y in range(panel.size.height)] == whole
+            assert len(rendered_lines) < len(text.plain.splitlines()) / 2, rendered_lines
+            rendered_per_sample.append(len(rendered_lines))
+        assert sum(rendered_per_sample) > 0
+
+
+@recorded
+@pytest.mark.asyncio
+async def test_an_update_renders_only_the_lines_it_sends_and_the_same_chops(tmp_path, monkeypatch):
+    """Of the widgets under a partial update, only the rows between their first and last line sent are rendered (not
+    every line under the update's bounding box); the chops sent are Textual's own."""
+    from textual.geometry import Region
+    from textual.widget import Widget
+
+    from gpuanat.tui.widgets import partial_update
+
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+    async with app.run_test(size=(120, 40)) as pilot:
+        replay(app, until_elapsed_s=3.0)
+        await pilot.pause()
+        compositor = app.screen._compositor
+        rendered_rows = []
+        render_lines = Widget.render_lines
+
+        def counted(widget, crop):
+            rendered_rows.append(crop.height)
+            return render_lines(widget, crop)
+
+        monkeypatch.setattr(Widget, "render_lines", counted)
+        sent = {1, 6, 30}.__contains__  # a chart's legend, the process tree, the memory bar
+        crop = Region(0, 1, 120, 30)
+        textual_chops = partial_update.TEXTUAL_RENDER_CHOPS(compositor, crop, sent)
+        textual_rows, rendered_rows[:] = sum(rendered_rows), []
+        chops = partial_update.render_chops(compositor, crop, sent)
+        assert [dict(line) for line in chops] == [dict(line) for line in textual_chops]
+        assert any(line for line in (chops[1], chops[6], chops[30])) and not any(chops[2].values())
+        assert sum(rendered_rows) < textual_rows / 2, (sum(rendered_rows), textual_rows)
+        assert partial_update.render_sent_lines_only() and type(compositor)._render_chops is partial_update.render_chops

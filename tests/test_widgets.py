@@ -257,6 +257,38 @@ def test_line_chart_redraws_its_plot_at_most_at_the_chart_rate():
     run_app(ChartApp(chart), check)
 
 
+def test_line_chart_redraws_only_the_changed_columns_as_a_whole_redraw_would():
+    """On unchanged axes a new sample redraws only the cells from the first column whose values changed, and remakes
+    only the rows those change: at every sample the rows are those of the plot drawn from scratch (two series that
+    cross, a gap, a jump), and most rows are the same objects as before."""
+    import random
+
+    chart = LineChart("GPU utilization", y_max=100, formatter=lambda value: f"{value:.0f}%")
+    rng = random.Random(7)
+    device, process = TimeSeries(), TimeSeries()
+
+    async def check(pilot) -> None:
+        chart.window = (0.0, 60.0)  # one time axis throughout
+        chart.set_series("device", device)
+        chart.set_series("process", process)
+        kept = 0
+        for step in range(120):
+            t_s = step * 0.5
+            device.append(t_s, 50 + 40 * rng.random() if step % 30 < 25 else 100.0)
+            if not 40 <= step < 50:  # a gap in one series
+                process.append(t_s, min(100.0, max(0.0, device.last - 20 + 40 * rng.random())))
+            before = [chart.render_line(y) for y in range(chart.size.height)]
+            chart.refresh_data()
+            await pilot.pause()
+            drawn = [chart.render_line(y) for y in range(chart.size.height)]
+            kept += sum(row is old for row, old in zip(drawn[1:-1], before[1:-1], strict=True))
+            chart._drawn_cells = chart._plot_cache = chart._built_key = None  # from scratch
+            assert [chart.render_line(y) for y in range(chart.size.height)] == drawn, step
+        assert kept > 120 * (chart.size.height - 2) / 2
+
+    run_app(ChartApp(chart), check)
+
+
 def test_partial_updates_send_the_changed_span_only():
     """A span at the end of a widget's line segment is sent from its first cell, not the segment's (issue #18)."""
     from rich.console import Console
@@ -273,6 +305,48 @@ def test_partial_updates_send_the_changed_span_only():
     assert sent.startswith("\x1b[1;8H") and "12%" in sent and "legend" not in sent and "全" not in sent
     inside_wide = ChopsUpdate([{0: strip}], [(0, 11, 12)], [[12]])  # a cut inside a wide glyph: from its segment
     assert render_segments(inside_wide, console) == "\x1b[1;11H全"
+
+
+def test_changed_span_is_the_first_to_the_last_changed_cell():
+    """The span a row repaints, found from its text and style runs, is the one a cell-by-cell comparison finds:
+    rows of random glyphs and styles (equal styles as distinct objects included), cut into random segments."""
+    import random
+
+    from rich.segment import Segment
+    from rich.style import Style
+    from textual.strip import Strip
+
+    from gpuanat.tui.widgets.cached_rows import changed_span
+
+    styles = [None, Style(color="red"), Style(color="red"), Style(bold=True), Style(color="blue")]
+    rng = random.Random(18)
+
+    def strip_of(cells: list[tuple[str, Style | None]]) -> Strip:
+        segments, x = [], 0
+        while x < len(cells):  # a segment: up to 4 cells of one style
+            end = x + 1
+            while end < min(len(cells), x + 4) and cells[end][1] is cells[x][1]:
+                end += 1
+            segments.append(Segment("".join(glyph for glyph, _ in cells[x:end]), cells[x][1]))
+            x = end
+        return Strip(segments)
+
+    def cell_by_cell(before: list, after: list) -> tuple[int, int] | None:
+        changed = [x for x, (was, now) in enumerate(zip(before, after, strict=True)) if was != now]
+        return (changed[0], changed[-1] + 1) if changed else None
+
+    spans = []
+    for _ in range(3000):
+        before = [(rng.choice("ab ⠁"), rng.choice(styles)) for _ in range(rng.randint(1, 14))]
+        after = list(before)
+        for _ in range(rng.randint(0, 3)):
+            after[rng.randrange(len(after))] = (rng.choice("ab ⠁"), rng.choice(styles))
+        span = changed_span(strip_of(before), strip_of(after))
+        assert span == cell_by_cell(before, after), (before, after)
+        spans.append(span)
+    assert None in spans and any(span and span[1] - span[0] > 1 for span in spans)
+    wide = Strip([Segment("全", None)])  # a glyph two cells wide: the row whole
+    assert changed_span(wide, Strip([Segment("字", None)])) == (0, 2)
 
 
 def test_line_chart_follows_a_theme_change():

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,18 @@ class GpuAnatApp(DashboardActions):
         yield LogPane(id="log")
         yield Footer()
 
+    @cached_property
+    def _log_pane(self) -> LogPane:
+        return self.query_one(LogPane)
+
+    @cached_property
+    def _step_strip(self) -> StepStrip:
+        return self.query_one(StepStrip)
+
+    @cached_property
+    def _anatomy_timeline(self) -> AnatomyTimeline:
+        return self.query_one(AnatomyTimeline)
+
     def on_mount(self) -> None:
         source, self.nvml = self._sampler_factory()
         if self.nvml.available:
@@ -321,7 +334,7 @@ class GpuAnatApp(DashboardActions):
         card has, not against its own maximum (where any run would look like a wall)."""
         chart = self.query_one("#memory-chart", LineChart)
         if gpu.total_bytes is not None and chart.y_max != gpu.total_bytes:
-            self.query_one(AnatomyTimeline).set_total(gpu.total_bytes)
+            self._anatomy_timeline.set_total(gpu.total_bytes)
             chart.y_max = gpu.total_bytes
             chart.title = f"GPU {gpu.index} memory used (of {format_bytes(gpu.total_bytes)})"
 
@@ -456,10 +469,10 @@ class GpuAnatApp(DashboardActions):
         self.live.timed_steps.clear()
         self.series["throughput"].clear()
         self.query_one("#throughput-chart", LineChart).title = self._throughput_title(None, None)
-        self.query_one(AnatomyTimeline).clear()
+        self._anatomy_timeline.clear()
         if self._sampler is not None:
             self._sampler.track(message.pid)
-        self.query_one(LogPane).follow(message.log_path)
+        self._log_pane.follow(message.log_path)
 
     def on_run_finished(self, message: RunFinished) -> None:
         if self._stop_dialog is not None and self._stop_dialog in self.screen_stack:
@@ -481,7 +494,7 @@ class GpuAnatApp(DashboardActions):
                 self.notify(message.result["history_error"], severity="warning", timeout=15)
             self._show_result_bands(message.result)
             findings = message.result.get("diagnosis") or []
-            self.query_one(StepStrip).show(message.result.get("step_time_breakdown"), findings[0] if findings else None)
+            self._step_strip.show(message.result.get("step_time_breakdown"), findings[0] if findings else None)
         self._show_techniques()
         if self._quit_after_run:
             self.exit()
@@ -548,7 +561,7 @@ class GpuAnatApp(DashboardActions):
             self._add_event(event)
         with self.batch_update():
             window, now_s = self._charts_window() if samples or events else None, self._clock()
-            for chart in self.query(LineChart):  # also without new samples: a plot lagging by its rate catches up
+            for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
                 if samples or events:
                     chart.window = window
                 chart.refresh_data(now_s)
@@ -556,15 +569,15 @@ class GpuAnatApp(DashboardActions):
                 self._show_live_bands()
                 if events:
                     self._show_step_strip(self.live)
-            self.query_one(LogPane).poll()
-            self.query_one(StatusLine).show(nvml=self.nvml, run_state=self._run_state(),
+            self._log_pane.poll()
+            self._status_line.show(nvml=self.nvml, run_state=self._run_state(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())
 
     def _show_step_strip(self, live: LiveRun) -> None:
         """The latest steps' time by phase and what bounds them, live."""
         breakdown = recent_breakdown(live.timed_steps, live.gpu_busy)
         findings = diagnose({"config": live.config.to_json(), "step_time_breakdown": breakdown}) if breakdown else []
-        self.query_one(StepStrip).show(breakdown, findings[0].to_json() if findings else None)
+        self._step_strip.show(breakdown, findings[0].to_json() if findings else None)
 
     def _throughput_title(self, live: LiveRun | None, rank_rate: float | None) -> str:
         """The throughput chart's title, with the model FLOPs the run achieves at that rate and its MFU."""
@@ -588,7 +601,7 @@ class GpuAnatApp(DashboardActions):
         before = (step.bands.optimizer_state_at_forward_end_bytes if step.bands is not None
                   and step.bands.optimizer_state_at_forward_end_bytes is not None else 0 if step.step <= 1 else known)
         context = (live.peak_bands or {}).get("cuda_context_bytes")
-        self.query_one(AnatomyTimeline).add_points(anatomy_points(
+        self._anatomy_timeline.add_points(anatomy_points(
             step.step, step.peak_allocated_bytes, step.allocated_bytes, step.reserved_bytes, live.model.weights_bytes,
             before, known, context))
 
@@ -721,14 +734,14 @@ class GpuAnatApp(DashboardActions):
         self._predicted_trainable_bytes = (
             4 * lora_shapes(PRESETS[self.config.preset], self.config).params
             if self.config.lora and self.config.model is None and not compact else None)
-        now, peak, _ = self.query_one(MemoryBar).logits
+        now, peak, _ = self._memory_bar.logits
         self._show_logits(now, peak)
-        self._show_trainable(self.query_one(MemoryBar).trainable[0])  # what was measured stays
+        self._show_trainable(self._memory_bar.trainable[0])  # what was measured stays
         if estimate is None or compact:
-            self.query_one(MemoryBar).update_predicted(None)
+            self._memory_bar.update_predicted(None)
         else:
             on_gpu = self.config.device == "cuda"  # the activation model is of CUDA memory; none on the CPU
-            self.query_one(MemoryBar).update_predicted(
+            self._memory_bar.update_predicted(
                 {"weights_bytes": estimate.weights_bytes, "optimizer_state_bytes": estimate.optimizer_state_bytes,
                  "activations_bytes": estimate.activations_bytes if on_gpu else None,
                  "gradients_bytes": estimate.gradients_at_peak_bytes,
@@ -737,18 +750,18 @@ class GpuAnatApp(DashboardActions):
 
     def _show_logits(self, now: int | None, peak: int | None) -> None:
         """The logits row under the activations: measured, and predicted for the configured run."""
-        self.query_one(MemoryBar).update_logits(now, peak, self._predicted_logits_bytes)
+        self._memory_bar.update_logits(now, peak, self._predicted_logits_bytes)
 
     def _show_trainable(self, measured: int | None) -> None:
         """The weights that train, where the rest is frozen (`trainable_weights_bytes`), and the configured run's
         adapters as predicted."""
-        self.query_one(MemoryBar).update_trainable(measured, self._predicted_trainable_bytes)
+        self._memory_bar.update_trainable(measured, self._predicted_trainable_bytes)
 
     def _show_idle_bands(self, sample: Sample) -> None:
         gpu = sample.gpus[0]
         self._show_lanes([])
         free = gpu.total_bytes - gpu.used_bytes if gpu.total_bytes is not None and gpu.used_bytes is not None else None
-        self.query_one(MemoryBar).update_bands({"other_processes_bytes": gpu.used_bytes, "free_bytes": free}, None,
+        self._memory_bar.update_bands({"other_processes_bytes": gpu.used_bytes, "free_bytes": free}, None,
                                                gpu.total_bytes, {})
 
     def _rank_bands(self, live: LiveRun, rank: int, sample: Sample | None,
@@ -789,7 +802,7 @@ class GpuAnatApp(DashboardActions):
         used = gpu.used_bytes if gpu else None
         if used is not None and (live.peak_bands is None or used >= (live.peak_bands.get("device_used_bytes") or 0)):
             live.peak_bands = {**values, "device_used_bytes": used}
-        self.query_one(MemoryBar).update_bands(values, live.peak_bands, gpu.total_bytes if gpu else None, unavailable)
+        self._memory_bar.update_bands(values, live.peak_bands, gpu.total_bytes if gpu else None, unavailable)
         logits = live.probe_bands.logits_bytes if live.probe_bands else None
         self._show_logits(logits, logits)
         self._show_trainable(trainable_weights_bytes(live.model.params, live.model.trainable_params)
@@ -798,7 +811,7 @@ class GpuAnatApp(DashboardActions):
     def _show_result_bands(self, result: dict[str, Any]) -> None:
         # The bar stacks the memory at the peak (end of forward): only accumulated gradients are alive then.
         at_peak = {**result["bands"], "gradients_bytes": result.get("gradients_at_forward_end_bytes")}
-        self.query_one(MemoryBar).update_bands(at_peak, at_peak, result.get("device_memory_total_bytes"),
+        self._memory_bar.update_bands(at_peak, at_peak, result.get("device_memory_total_bytes"),
                                                result["unavailable"])
         self._show_logits(result.get("logits_bytes"), result.get("logits_bytes"))
         self._show_trainable(trainable_weights_bytes(result.get("params"), result.get("trainable_params")))

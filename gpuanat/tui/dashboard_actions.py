@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from gpuanat.tui.screens.keys import CYCLING_ACTIONS, TECHNIQUE_ACTION, KeysScre
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
+from gpuanat.tui.widgets.status_line import StatusLine
 
 FIRST_BINDINGS = [
     Binding("question_mark", "help", "Help", id="help", key_display="?"),
@@ -64,6 +66,23 @@ class DashboardActions(App[None]):
     charts_paused: bool
     stop_signal: int | None = None
     """The stop signal (SIGINT, SIGTERM, SIGHUP) that ended the dashboard, if one did."""
+
+    # The dashboard's widgets are composed once: found once, not by a walk of the DOM at every paint tick.
+    @cached_property
+    def _charts(self) -> list[LineChart]:
+        return list(self.query(LineChart))
+
+    @cached_property
+    def _memory_bar(self) -> MemoryBar:
+        return self.query_one(MemoryBar)
+
+    @cached_property
+    def _gpu_lanes(self) -> GpuLanes:
+        return self.query_one(GpuLanes)
+
+    @cached_property
+    def _status_line(self) -> StatusLine:
+        return self.query_one(StatusLine)
 
     def _listen_for_stop_signals(self) -> None:
         """SIGTERM, SIGHUP (the SSH connection dropped) and a SIGINT sent from outside end the dashboard as
@@ -142,12 +161,12 @@ class DashboardActions(App[None]):
     def _show_lanes(self, lanes: list[Lane]) -> None:
         """One lane per GPU of a run on several; in the compact layout the memory bar then drops its legend, so that
         eight lanes fit at 80×24 (each lane says its GPU's memory, and the bar rank 0's)."""
-        self.query_one(GpuLanes).update_lanes(lanes)
+        self._gpu_lanes.update_lanes(lanes)
         self._fit_memory_legend()
 
     def _fit_memory_legend(self) -> None:
-        several = len(self.query_one(GpuLanes).lanes) > 1
-        self.query_one(MemoryBar).show_legend(not (several and self.compact))
+        several = len(self._gpu_lanes.lanes) > 1
+        self._memory_bar.show_legend(not (several and self.compact))
 
     def action_toggle_timeline(self) -> None:
         """The memory and utilization charts, or in their place the anatomy timeline: the bands over the last steps."""
@@ -158,7 +177,7 @@ class DashboardActions(App[None]):
 
     def action_pause(self) -> None:
         self.charts_paused = not self.charts_paused
-        for chart in self.query(LineChart):
+        for chart in self._charts:
             chart.paused = self.charts_paused
         self.notify("Charts paused (space resumes)." if self.charts_paused else "Charts live.", timeout=2)
 

@@ -14,6 +14,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,10 @@ class WatchApp(DashboardActions):
         yield GpuLanes(id="lanes")
         yield Footer()
 
+    @cached_property
+    def _process_panel(self) -> ProcessPanel:
+        return self.query_one(ProcessPanel)
+
     def on_mount(self) -> None:
         memory_chart = self.query_one("#memory-chart", LineChart)
         memory_chart.set_series("device used", self.series["device_used"])
@@ -184,10 +189,10 @@ class WatchApp(DashboardActions):
             self._add_record(record)
         with self.batch_update():
             now_s = self._clock()
-            for chart in self.query(LineChart):  # also without new samples: a plot lagging by its rate catches up
+            for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
                 chart.refresh_data(now_s)
-            self.query_one(ProcessPanel).show(self.last_record, self.target.command or self.target.name)
-            self.query_one(StatusLine).show(nvml=self.nvml, run_state=self._state_text(),
+            self._process_panel.show(self.last_record, self.target.command or self.target.name)
+            self._status_line.show(nvml=self.nvml, run_state=self._state_text(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())
 
     def _add_record(self, record: dict[str, Any]) -> None:
@@ -238,7 +243,7 @@ class WatchApp(DashboardActions):
         if used is not None and used >= self._peak_device_used_bytes:
             self._peak_device_used_bytes = used
             self._peak_bands = dict(bands)
-        self.query_one(MemoryBar).update_bands(bands, self._peak_bands, total, unavailable, unattributed)
+        self._memory_bar.update_bands(bands, self._peak_bands, total, unavailable, unattributed)
         self._show_lanes([  # every publishing rank of a distributed job, on its own GPU
             Lane(rank["gpu_index"], rank["rank"],
                  {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},

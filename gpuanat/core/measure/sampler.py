@@ -36,6 +36,12 @@ every process on the machine (milliseconds on a busy box), too much to do at 4 H
 workers and other descendants are picked up within this delay."""
 
 
+def _flat_fields(instance: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, in their order, as they are (those of the samples are numbers, strings, None
+    and tuples that the callers convert)."""
+    return {field.name: getattr(instance, field.name) for field in dataclasses.fields(instance)}
+
+
 @dataclass(frozen=True)
 class ProcessGpuMemory:
     """One compute process as NVML lists it on one GPU."""
@@ -82,12 +88,12 @@ class GpuSample:
     None when it was not read (the default) or this GPU does not report it."""
 
     def to_json(self) -> dict[str, Any]:
-        fields = dataclasses.asdict(self)
-        fields["processes"] = [dataclasses.asdict(process) for process in self.processes]
+        fields = _flat_fields(self)  # taken at every sample: not dataclasses.asdict, which deep-copies each field
+        fields["processes"] = [_flat_fields(process) for process in self.processes]
         if self.process_utilization is None:
             del fields["process_utilization"]  # traces recorded without it stay as they were
         else:
-            fields["process_utilization"] = [dataclasses.asdict(entry) for entry in self.process_utilization]
+            fields["process_utilization"] = [_flat_fields(entry) for entry in self.process_utilization]
         return fields
 
     @classmethod
@@ -123,7 +129,7 @@ class HostSample:
     def to_json(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"cpu_percent": self.cpu_percent, "rss_bytes": self.rss_bytes}
         if self.processes:
-            fields["processes"] = [dataclasses.asdict(process) for process in self.processes]
+            fields["processes"] = [_flat_fields(process) for process in self.processes]
         return fields
 
     @classmethod

@@ -364,11 +364,12 @@ class WatchSession:
         """One record from one sample (and the events that arrived since the previous one)."""
         with self._lock:
             record = self._record(sample)
-            self.samples.append(sample.to_json())
+            sample_json = sample.to_json()
+            self.samples.append(sample_json)
             self.last_record = record
             self._serve_save_request()
             if self._recorder is not None and not self._recorder.finished:
-                self._recorder.add(sample.to_json(), self._new_steps)
+                self._recorder.add(sample_json, self._new_steps)
         return record
 
     def _record(self, sample: Sample) -> dict[str, Any]:

@@ -69,28 +69,68 @@ def _default_format(value: float) -> str:
     return f"{value:.3g}"
 
 
+GLYPHS = (" ", *(chr(BRAILLE_BLANK + bits) for bits in range(1, 256)))
+"""The glyph of each braille cell by its dot bits; a cell without a dot is a space."""
+
+
 def line_cells(columns_by_series: Mapping[int, list[float | None]], top: float, rows: int,
-               columns: int) -> list[list[tuple[int, int | None]]]:
-    """The plot as braille cells, top row first: (dot bits, series drawn last there). Each series' values are one
-    per dot column (2 per cell column); each value is a dot at its height, joined to the previous value's."""
+               columns: int) -> tuple[list[list[int]], list[list[int | None]]]:
+    """The plot as braille cells, top row first: each cell's dot bits, and the series drawn last there. Each series'
+    values are one per dot column (2 per cell column); each value is a dot at its height, joined to the previous
+    value's."""
+    bits_rows = [[0] * columns for _ in range(rows)]
+    owner_rows: list[list[int | None]] = [[None] * columns for _ in range(rows)]
+    draw_cells(bits_rows, owner_rows, columns_by_series, top, 0)
+    return bits_rows, owner_rows
+
+
+def draw_cells(bits_rows: list[list[int]], owner_rows: list[list[int | None]],
+               columns_by_series: Mapping[int, list[float | None]], top: float, first_column: int) -> None:
+    """Draw the series into the cells from `first_column` on (blank there); the cells left of it depend only on the
+    values left of it."""
+    rows, columns = len(bits_rows), len(bits_rows[0]) if bits_rows else 0
     dots_high = rows * 4
-    cells: list[list[tuple[int, int | None]]] = [[(0, None)] * columns for _ in range(rows)]
     scale = (dots_high - 1) / top if top > 0 else 0.0
+    top_dot = dots_high - 1
+    dot_bits = [(row_dots[0], row_dots[1]) for row_dots in BRAILLE_DOTS]
+    first_x = first_column * 2
+
+    def height_of(value: float) -> int:
+        height = round(value * scale)
+        return top_dot if height > top_dot else 0 if height < 0 else height
+
     for index, values in columns_by_series.items():
-        previous: int | None = None
-        for x, value in enumerate(values[: columns * 2]):
+        before = values[first_x - 1] if 0 < first_x <= len(values) else None
+        previous: int | None = None if before is None else height_of(before)
+        for x in range(first_x, min(len(values), columns * 2)):
+            value = values[x]
             if value is None:
                 previous = None
                 continue
-            height = min(dots_high - 1, max(0, round(value * scale)))
-            low, high = (height, height) if previous is None else (min(previous, height), max(previous, height))
-            for y in range(low, high + 1):
-                from_top = dots_high - 1 - y
-                row, column = from_top // 4, x // 2
-                bits, _ = cells[row][column]
-                cells[row][column] = (bits | BRAILLE_DOTS[from_top % 4][x % 2], index)
+            height = height_of(value)
+            low, high = (height, height) if previous is None or previous == height else (
+                (previous, height) if previous < height else (height, previous))
+            column, side = x >> 1, x & 1
+            for from_top in range(top_dot - high, top_dot - low + 1):
+                row = from_top >> 2
+                bits_rows[row][column] |= dot_bits[from_top & 3][side]
+                owner_rows[row][column] = index
             previous = height
-    return cells
+
+
+def first_difference(before: list[float | None], after: list[float | None]) -> int:
+    """The first index where two lists of one length differ (their length where none does); bisected with slice
+    comparisons, which run in C."""
+    low, high = 0, len(after)
+    if before == after:
+        return high
+    while low < high:
+        middle = (low + high) // 2
+        if before[: middle + 1] == after[: middle + 1]:
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 class LineChart(CachedRows):
@@ -157,6 +197,10 @@ class LineChart(CachedRows):
         """The paint time (`refresh_data`'s `now_s`) the plot was last drawn at."""
         self._plot_cache: tuple[tuple[object, ...], list[Strip], float, float] | None = None
         """(what they depend on, the plot and x-axis rows, the newest sample's time, the time span of one column)."""
+        self._drawn_cells: tuple[tuple[object, ...], dict[int, list[float | None]], list[list[int]],
+                                 list[list[int | None]], list[Strip]] | None = None
+        """(axes, values per dot column, cell bits, cell owners, rows) of the plot drawn last: a plot drawn again on
+        the same axes draws only the columns whose values changed."""
         self.plot_builds = 0
         """How many times the plot rows were built (tests check the chart rate)."""
 
@@ -215,6 +259,7 @@ class LineChart(CachedRows):
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._plot_cache = None  # the theme changed: colours baked into the plot rows are stale
+        self._drawn_cells = None
 
     @staticmethod
     def _data_key(series: Mapping[str, TimeSeries]) -> tuple[tuple[str, int, int], ...]:
@@ -236,7 +281,7 @@ class LineChart(CachedRows):
         return self._build_rows(width, height, self._frozen if self._frozen is not None else self._series)
 
     def _style(self, component: str) -> Style:
-        return self.get_component_rich_style(component)
+        return self.component_style(component)
 
     def _series_color_style(self, index: int) -> Style:
         return self._style(f"line-chart--series-{index % SERIES_STYLE_COUNT}")
@@ -326,7 +371,38 @@ class LineChart(CachedRows):
     ) -> list[Strip]:
         if plot_height <= 0:
             return []
-        cells = line_cells(columns_by_series, top, plot_height, plot_width)
+        key = (width, plot_height, label_width, plot_width, top, tuple(columns_by_series), self._formatter_version)
+        drawn = self._drawn_cells if self._drawn_cells is not None and self._drawn_cells[0] == key else None
+        if drawn is None:
+            bits_rows, owner_rows = line_cells(columns_by_series, top, plot_height, plot_width)
+            rows = self._cell_rows(width, plot_height, label_width, top, columns_by_series, bits_rows, owner_rows)
+        else:
+            # The same axes: only the cells from the first column whose values changed on are drawn again (at each
+            # sample, the newest column or two), and only the rows those change are made again.
+            _, drawn_columns, drawn_bits, drawn_owners, drawn_rows = drawn
+            first_x = min((first_difference(drawn_columns[index], values)
+                           for index, values in columns_by_series.items()), default=plot_width * 2)
+            first_column = first_x // 2
+            if first_column >= plot_width:
+                return drawn_rows
+            bits_rows = [row[:first_column] + [0] * (plot_width - first_column) for row in drawn_bits]
+            owner_rows = [row[:first_column] + [None] * (plot_width - first_column) for row in drawn_owners]
+            draw_cells(bits_rows, owner_rows, columns_by_series, top, first_column)
+            changed = [bits_rows[row][first_column:] != drawn_bits[row][first_column:]
+                       or owner_rows[row][first_column:] != drawn_owners[row][first_column:]
+                       for row in range(plot_height)]
+            made = self._cell_rows(width, plot_height, label_width, top, columns_by_series, bits_rows, owner_rows,
+                                   changed)
+            rows = [new if row_changed else old
+                    for new, old, row_changed in zip(made, drawn_rows, changed, strict=True)]
+        self._drawn_cells = (key, columns_by_series, bits_rows, owner_rows, rows)
+        return rows
+
+    def _cell_rows(self, width: int, plot_height: int, label_width: int, top: float,
+                   columns_by_series: dict[int, list[float | None]], bits_rows: list[list[int]],
+                   owner_rows: list[list[int | None]], only: list[bool] | None = None) -> list[Strip]:
+        """The plot's rows from its cells, with the y-axis labels; `only`: make just the rows marked (the others are
+        left blank, to be replaced by the caller)."""
         base = self._base_style
         axis_style = self._style("line-chart--axis")
         series_styles = {index: base + Style(color=self._series_color_style(index).color)
@@ -334,25 +410,28 @@ class LineChart(CachedRows):
         top_label = self.formatter(top)
         zero_label = self.formatter(0.0)
         rows = []
-        for row, row_cells in enumerate(cells):
-            label, tick = ("", "│")
+        blank_label = f"{'':>{label_width}}│"
+        for row, (row_bits, row_owners) in enumerate(zip(bits_rows, owner_rows, strict=True)):
+            if only is not None and not only[row]:
+                rows.append(Strip([]))
+                continue
+            label = blank_label
             if row == 0:
-                label, tick = top_label, "┤"
+                label = f"{top_label[-label_width:]:>{label_width}}┤"
             elif row == plot_height - 1:
-                label, tick = zero_label, "┤"
-            segments = [Segment(f"{label[-label_width:]:>{label_width}}{tick}", axis_style)]
+                label = f"{zero_label[-label_width:]:>{label_width}}┤"
+            segments = [Segment(label, axis_style)]
+            glyphs = "".join([GLYPHS[bits] for bits in row_bits])
             # One segment per run of cells of one series (or none): usually a handful a row.
-            run_glyphs: list[str] = []
-            run_owner: int | None = None
-            for bits, owner in row_cells:
-                owner = owner if bits else None
-                if owner != run_owner and run_glyphs:
-                    segments.append(Segment("".join(run_glyphs), series_styles.get(run_owner, base)))
-                    run_glyphs = []
-                run_owner = owner
-                run_glyphs.append(chr(BRAILLE_BLANK + bits) if bits else " ")
-            if run_glyphs:
-                segments.append(Segment("".join(run_glyphs), series_styles.get(run_owner, base)))
+            start = 0
+            run_owner = row_owners[0] if row_bits and row_bits[0] else None
+            for column in range(1, len(row_bits)):
+                owner = row_owners[column] if row_bits[column] else None
+                if owner != run_owner:
+                    segments.append(Segment(glyphs[start:column], series_styles.get(run_owner, base)))
+                    start, run_owner = column, owner
+            if glyphs:
+                segments.append(Segment(glyphs[start:], series_styles.get(run_owner, base)))
             rows.append(self._finish(segments, width))
         return rows
 

@@ -256,7 +256,7 @@ class MemoryBar(CachedRows):
         return self._build_rows(width)
 
     def _style(self, component: str) -> Style:
-        return self.get_component_rich_style(component)
+        return self.component_style(component)
 
     def _finish(self, segments: list[Segment], width: int) -> Strip:
         return Strip(segments).adjust_cell_length(width, self._base_style)

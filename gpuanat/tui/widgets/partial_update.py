@@ -5,20 +5,34 @@ Textual 8.2.8 sends a refreshed region line by line in "chops", the pieces of a 
 legend value changing at the right of a chart's title row resends the whole title, and a new chart column the plot
 row left of it. Over SSH that was most of what the dashboards wrote (issue #18: 6.4 KB/s of `gpuanat watch`'s
 replay, 1.9 KB/s with this). `send_changed_spans_only()` makes a chop start at the span's first cell (or at the
-segment holding it, where the cut would split a wide glyph). Only for the Textual version whose method it replaces;
-any other sends as Textual does (more bytes, same picture).
+segment holding it, where the cut would split a wide glyph).
+
+Before sending, `Compositor._render_chops` renders every line of every widget that the bounding box of the update's
+regions touches, though only the lines holding a changed span are sent: a legend value at the top of the screen and
+one at the bottom had every widget between render all its lines, at every sample. `render_sent_lines_only()` makes
+it render, of each widget, only the rows from its first to its last line that is sent, and none of a widget that has
+no such line; the chops it returns are the same.
+
+Both only for the Textual version whose methods they replace; any other sends and renders as Textual does (more
+bytes and work, same picture).
 """
 
 from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping, Sequence
 
 import textual
 from rich.cells import cell_len
 from rich.console import Console
 from rich.control import Control
-from textual._compositor import ChopsUpdate
+from textual._compositor import ChopsUpdate, Compositor
+from textual.geometry import Region
 from textual.strip import Strip
 
 PATCHED_TEXTUAL_VERSION = "8.2.8"
+TEXTUAL_RENDER_CHOPS = Compositor._render_chops
+"""Textual's own, kept for the test that compares the two."""
 
 
 def _span_start(strip: Strip, x: int, x1: int) -> int:
@@ -58,4 +72,44 @@ def send_changed_spans_only() -> bool:
     if textual.__version__ != PATCHED_TEXTUAL_VERSION:
         return False
     ChopsUpdate.render_segments = render_segments  # type: ignore[method-assign]
+    return True
+
+
+def render_chops(self: Compositor, crop: Region,
+                 is_rendered_line: Callable[[int], bool]) -> Sequence[Mapping[int, Strip | None]]:
+    """`Compositor._render_chops` of Textual 8.2.8, rendering of each widget (front to back, the first render of a
+    cut wins) only the rows from its first to its last line that is sent."""
+    cuts = self.cuts
+    chops: list[dict[int, Strip | None]] = [dict.fromkeys(cut_set[:-1]) for cut_set in cuts]
+    sent_lines = [y for y in range(crop.y, crop.bottom) if is_rendered_line(y)]
+    crop_overlaps = crop.overlaps
+    for widget, (region, clip) in self.visible_widgets.items():
+        if not crop_overlaps(clip):
+            continue
+        render_region = region.intersection(clip)
+        x, y, width, height = render_region
+        first = bisect.bisect_left(sent_lines, y)
+        last = bisect.bisect_left(sent_lines, y + height)
+        if not width or first == last:
+            continue
+        top, bottom = sent_lines[first], sent_lines[last - 1] + 1
+        strips = widget.render_lines(Region(x - region.x, top - region.y, width, bottom - top))
+        first_cut, last_cut = render_region.column_span
+        for line_y, strip in zip(range(top, bottom), strips, strict=False):
+            if not is_rendered_line(line_y):
+                continue
+            chops_line = chops[line_y]
+            final_cuts = [cut for cut in cuts[line_y] if last_cut >= cut >= first_cut]
+            cut_strips = strip.divide([cut - x for cut in final_cuts[1:]])
+            for cut, cut_strip in zip(final_cuts, cut_strips, strict=False):
+                if chops_line.get(cut) is None:
+                    chops_line[cut] = cut_strip
+    return chops
+
+
+def render_sent_lines_only() -> bool:
+    """Install `render_chops` in Textual's `Compositor` (once); False where Textual is not the version it replaces."""
+    if textual.__version__ != PATCHED_TEXTUAL_VERSION:
+        return False
+    Compositor._render_chops = render_chops  # type: ignore[method-assign]
     return True

@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from rich.text import Text
+from rich.text import Span, Text
 from textual.strip import Strip
 
 from gpuanat.core.measure.watch import NOT_PUBLISHED
 from gpuanat.core.store.report import format_bytes
-from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_rows
+from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_line_row, text_rows
 
+LineKey = tuple[int, str, tuple[Span, ...]]
+"""A line of text as drawn: its place in the text, its characters and its styled spans."""
 MAX_TREE_ROWS = 12
 MAX_OTHER_ROWS = 6
 
@@ -67,26 +69,85 @@ class ProcessPanel(CachedRows):
         self._command = ""
         self._record: dict[str, Any] | None = None
         self._version = 0
+        self._text: Text | None = None
+        """What `render` made of the record shown (None: not rendered since the styles changed)."""
+        self._text_lines: list[Text] = []
+        """`_text` line by line."""
+        self._line_rows: dict[LineKey, list[Strip]] = {}
+        """The rows of each line of `_text`, at `_line_rows_width`: a new record re-renders only its changed lines."""
+        self._line_rows_width = 0
+        self._line_heights: dict[str, int] = {}
+        """The rows each line of `_text` takes at `_line_rows_width` (its wrapping depends on its characters)."""
 
     def show(self, record: dict[str, Any] | None, command: str) -> None:
-        if (record, command) != (self._record, self._command):
-            self._record, self._command = record, command
-            self._version += 1
-            width = self.size.width
-            resized = not width or text_height(self, self.render(), width) != self.size.height
-            self.repaint_changes(layout=resized)
+        """Show `record`: at each sample a figure or two of the tree change, so the text is rendered once, only its
+        changed lines are made into rows, and the layout is redone only when the panel's height changes."""
+        if (record, command) == (self._record, self._command):
+            return
+        self._record, self._command = record, command
+        text = self.render()
+        if text == self._text:  # the same on screen (a figure that moved by less than it shows)
+            return
+        self._text, self._text_lines = text, text.split("\n", allow_blank=True)
+        self._version += 1
+        width = self.size.width
+        resized = not width or self._height(width) != self.size.height
+        self.repaint_changes(layout=resized)
 
     def rows_key(self) -> Hashable:
         return self._version
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._text = None  # rendered in the old colours
+        self._line_rows = {}
+
+    def _lines(self, width: int) -> list[Text]:
+        if width != self._line_rows_width:
+            self._line_rows, self._line_heights, self._line_rows_width = {}, {}, width
+        if self._text is None:
+            self._text = self.render()
+            self._text_lines = self._text.split("\n", allow_blank=True)
+        return self._text_lines
+
+    def _height(self, width: int) -> int:
+        """The rows the text takes at `width`, as Textual's layout counts them: each line wraps on its own, and one
+        that fits takes one row."""
+        heights: dict[str, int] = {}
+        total = 0
+        for line in self._lines(width):
+            height = heights.get(line.plain) or self._line_heights.get(line.plain)
+            if height is None:
+                height = 1 if line.cell_len <= width else text_height(self, line, width)
+            heights[line.plain] = height
+            total += height
+        self._line_heights = heights
+        return total
+
     def build_rows(self, width: int, height: int) -> list[Strip]:
-        return text_rows(self, self.render(), width, height)
+        if self.text_selection is not None:  # a selection is drawn across lines: the text whole
+            return text_rows(self, self._text or self.render(), width, height)
+        rows: list[Strip] = []
+        line_rows: dict[LineKey, list[Strip]] = {}
+        for y, line in enumerate(self._lines(width)):
+            key = (y, line.plain, tuple(line.spans))
+            strips = self._line_rows.get(key)
+            if strips is None and line.cell_len <= width:
+                strips = [text_line_row(self, line, width, y)]
+            elif strips is None:
+                # Wrapped, after y blank lines: its rows carry its place in the text (the offsets in their styles by
+                # which Textual maps the mouse to a selection), as in the whole text's rows.
+                strips = text_rows(self, Text("\n" * y) + line, width, None)[y:]
+            line_rows[key] = strips
+            rows.extend(strips)
+        self._line_rows = line_rows
+        return rows[:height]
 
     def render(self) -> Text:
-        heading = self.get_component_rich_style("process-panel--heading")
-        muted = self.get_component_rich_style("process-panel--muted")
-        good = self.get_component_rich_style("process-panel--good")
-        warning = self.get_component_rich_style("process-panel--warning")
+        heading = self.component_style("process-panel--heading")
+        muted = self.component_style("process-panel--muted")
+        good = self.component_style("process-panel--good")
+        warning = self.component_style("process-panel--warning")
         text = Text(no_wrap=False, overflow="ellipsis")
         text.append(self._command or "…", style=muted)
         record = self._record

@@ -49,9 +49,9 @@ class StatusLine(CachedRows):
 
     def render(self) -> Text:
         # The run's progress first: at 80 columns it is what must show; the GPU and driver may be cut.
-        muted = self.get_component_rich_style("status-line--muted")
+        muted = self.component_style("status-line--muted")
         text = Text("gpuanat ", style="bold")
-        text.append(self._run_state, style=self.get_component_rich_style("status-line--run"))
+        text.append(self._run_state, style=self.component_style("status-line--run"))
         text.append(" · ", style=muted)
         nvml = self._nvml
         if nvml is None:
@@ -61,7 +61,7 @@ class StatusLine(CachedRows):
             text.append(f" · driver {nvml.driver_version}", style=muted)
         else:
             text.append(f" NVML unavailable: {nvml.reason} — host metrics only ",
-                        style=self.get_component_rich_style("status-line--banner"))
+                        style=self.component_style("status-line--banner"))
         if self._sampler_cpu_percent is not None:
             text.append(f" · sampler {self._sampler_cpu_percent:.1f}% CPU", style=muted)
         return text

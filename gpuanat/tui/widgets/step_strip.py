@@ -55,23 +55,23 @@ class StepStrip(CachedRows):
         return text_rows(self, self.render(), width, height)
 
     def render(self) -> Text:
-        muted = self.get_component_rich_style("step-strip--muted")
+        muted = self.component_style("step-strip--muted")
         if self._shown == (None,) or not self._shown:
             return Text("")
         step_ms, cells, busy, finding = self._shown
         text = Text(f"step {step_ms} ms ", style="bold")
         for phase, count in zip(STEP_PHASES, cells, strict=True):
-            text.append("█" * count, style=self.get_component_rich_style(f"step-strip--{phase.replace(' ', '-')}"))
+            text.append("█" * count, style=self.component_style(f"step-strip--{phase.replace(' ', '-')}"))
         text.append(" ")
         for phase, count in zip(STEP_PHASES, cells, strict=True):
             if count:
                 text.append(PHASE_LABELS[phase],
-                            style=self.get_component_rich_style(f"step-strip--{phase.replace(' ', '-')}"))
+                            style=self.component_style(f"step-strip--{phase.replace(' ', '-')}"))
                 text.append(" ")
         if busy is not None:
             text.append(f"· GPU busy {busy}% ", style=muted)
         if finding is not None:
             text.append("· ", style=muted)
-            text.append(finding[0], style=self.get_component_rich_style("step-strip--verdict"))
+            text.append(finding[0], style=self.component_style("step-strip--verdict"))
             text.append(f": {finding[1]}", style=muted)
         return text
