@@ -55,7 +55,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("workers", "--workers", "int", "DataLoader worker processes"),
     Technique("pin_memory", "--pin-memory", "bool", "DataLoader pin_memory (default on, as in Trainer)"),
     Technique("attn", "--attn", "choice", "attention implementation", choices=ATTENTION_IMPLEMENTATIONS),
-    Technique("compile", "--compile", "bool", "torch.compile the model"),
+    Technique("compile", "--compile", "bool", "torch.compile the whole model (HF Trainer's torch_compile)"),
     Technique("compile_regions", "--compile-regions", "bool",
               "torch.compile each layer's blocks outside attention (MLP, output projections with residual and "
               "LayerNorm, embeddings); attention stays SDPA's fused kernel"),
