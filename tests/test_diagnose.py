@@ -206,3 +206,16 @@ def test_the_compiled_runs_on_the_h100_whole_model_slower_regions_not():
     slower = {**regions_128, "steady_samples_per_second": 300.0}
     assert [f.fix for f in diagnose(slower, eager_samples_per_second=eager_128["steady_samples_per_second"])
             if f.bottleneck == "compile"] == ["leave --compile-regions off for this configuration"]
+
+
+def test_a_gpu_bound_run_is_told_the_next_thing_that_helped_on_the_h100():
+    """bf16 at batch 32 (gpu-bound, eager, Trainer): compiled regions first; with them, the Accelerate loop; with
+    both, fused kernels or less work — the order in which the H100's bert-large gained (docs/compile.md)."""
+    run = RUNS["bf16 batch 32"]
+
+    def fix(**config):
+        return diagnose({**run, "config": {**run["config"], **config}})[0].fix
+
+    assert fix().startswith("--compile-regions")
+    assert fix(compile_regions=True).startswith("--engine accelerate")
+    assert fix(compile_regions=True, engine="accelerate").startswith("the GPU is busy")

@@ -191,9 +191,14 @@ def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any],
         return [Finding("host-bound", evidence, fix)]
     mfu = result.get("mfu")
     mfu_text = f"; MFU {_percent(mfu)}" if mfu is not None else ""
-    fix = ("--precision bf16 or --tf32 computes on the tensor cores" if config.get("precision") == "fp32"
-           and not config.get("tf32") else
-           "the GPU is busy: fused kernels (Liger for decoders), or less work a sample (--seq-len)")
+    if config.get("precision") == "fp32" and not config.get("tf32"):
+        fix = "--precision bf16 or --tf32 computes on the tensor cores"
+    elif not (config.get("compile_regions") or config.get("compile")):
+        fix = "--compile-regions fuses the small kernels around attention (+8-10% on the H100's bert-large)"
+    elif config.get("engine", "trainer") == "trainer" and (config.get("distributed") or "none") in ("none", "ddp"):
+        fix = "--engine accelerate: a loop that does not synchronise every step as Trainer does"
+    else:
+        fix = "the GPU is busy: fused kernels (Liger for decoders), or less work a sample (--seq-len)"
     return [Finding("gpu-bound", f"a kernel ran {busy:.0f}% of the time" + mfu_text, fix)]
 
 
