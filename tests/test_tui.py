@@ -69,6 +69,22 @@ async def test_keys_change_the_config_the_child_receives(db_path):
 
 
 @pytest.mark.asyncio
+async def test_c_cycles_compile_off_regions_model_and_the_panel_says_which(db_path):
+    app = make_app(db_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        shown = []
+        for _ in range(3):
+            await pilot.press("c")
+            await pilot.pause()
+            console = Console(width=120, record=True, file=io.StringIO())
+            console.print(app.query_one(TechniquesPanel).render())
+            (line,) = [line for line in console.export_text().splitlines() if " compile " in f" {line} "]
+            shown.append((line.split()[-1], app.config.compile_regions, app.config.compile))
+    assert shown == [("regions", True, False), ("model", False, True), ("off", False, False)]
+
+
+@pytest.mark.asyncio
 async def test_without_cuda_the_dashboard_trains_on_the_cpu_with_the_default_allocator(db_path):
     """Started for CUDA with expandable segments (say from the user's PYTORCH_CUDA_ALLOC_CONF) on a machine
     without CUDA, the next run is a CPU run that can start."""
