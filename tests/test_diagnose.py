@@ -219,3 +219,18 @@ def test_a_gpu_bound_run_is_told_the_next_thing_that_helped_on_the_h100():
     assert fix().startswith("--compile-regions")
     assert fix(compile_regions=True).startswith("--engine accelerate")
     assert fix(compile_regions=True, engine="accelerate").startswith("the GPU is busy")
+
+
+def test_one_recompilation_a_frame_is_a_specialisation_more_is_a_failing_guard():
+    """LoRA on llama-tiny with compiled regions (the CPU here): the RMSNorm compiles twice, once for the first layer's
+    input without grad and once for the rest, 3 graphs for 2 frames: not a finding. A frame recompiled at every step
+    (the probe's traced hooks did that: a guard on its counter) is."""
+    run = RUNS["bf16 batch 32"]
+    regions = {**run, "config": {**run["config"], "compile_regions": True}}
+
+    def compile_findings(stats):
+        return [f for f in diagnose({**regions, "compile_stats": stats}) if f.bottleneck == "compile"]
+
+    assert compile_findings({"graphs": 3, "graph_breaks": 0, "frames": 2}) == []
+    (finding,) = compile_findings({"graphs": 10, "graph_breaks": 0, "frames": 2})
+    assert finding.evidence == "torch.compile met 0 graph break(s) and compiled 10 graph(s) (8 recompilation(s))"
