@@ -63,7 +63,10 @@ async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tm
     nvml = NvmlStatus(available=False, reason="no NVML in this test", driver_version=None, cuda_driver_version=None,
                       gpu_names=())
     try:
-        time.sleep(0.3)
+        started = time.monotonic()  # the child has its 64 MiB (a loaded machine starts Python slowly)
+        while psutil.Process(child.pid).memory_info().rss < 64 * 1024 * 1024:
+            assert time.monotonic() < started + 30, "the child never held its 64 MiB"
+            time.sleep(0.05)
         app = WatchApp(resolve_target(child.pid), db_path=db_path, interval_s=0.1, paint_interval_s=0.1,
                        sampler_factory=lambda: (HostOnlySource(per_process=True), nvml))
         async with app.run_test(size=(120, 40)) as pilot:
