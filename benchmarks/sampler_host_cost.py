@@ -12,6 +12,11 @@ this thread, CPU and wall:
 - `WatchSession.handle` of those samples (the record the dashboard paints, built on the sampler thread).
 
     python benchmarks/sampler_host_cost.py --out benchmarks/results/cpu/sampler_host_cost.json
+    python benchmarks/sampler_host_cost.py --nvml --out benchmarks/results/h100/sampler_cost.json   # a GPU machine
+
+`--nvml` (a machine with an NVIDIA driver) times each NVML reading the watch makes of GPU 0 apart — memory, utilization,
+power, the process list, temperature, per-process utilization — and a whole `NvmlSource.read`, and paces the reads
+through `NvmlSource` (what `gpuanat watch` reads) instead of the host alone.
 """
 
 from __future__ import annotations
@@ -57,10 +62,24 @@ def main() -> None:
     parser.add_argument("--children", type=int, default=4, help="workers under the watched process")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long to read at the watch's pace")
     parser.add_argument("--interval", type=float, default=0.25)
+    parser.add_argument("--nvml", action="store_true", help="time NVML's readings too (needs an NVIDIA driver)")
     args = parser.parse_args()
 
-    from gpuanat.core.measure.sampler import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource, NvmlStatus
+    from gpuanat.core.measure.sampler import (
+        DEFAULT_DESCENDANTS_REFRESH_S,
+        HostOnlySource,
+        NvmlSource,
+        NvmlStatus,
+        nvml_memory_info,
+        nvml_processes,
+        probe_nvml,
+    )
     from gpuanat.core.measure.watch import WatchSession, resolve_target
+
+    nvml = probe_nvml() if args.nvml else NvmlStatus(available=False, reason="not asked (--nvml)", driver_version=None,
+                                                     cuda_driver_version=None, gpu_names=())
+    if args.nvml and not nvml.available:
+        raise SystemExit(f"--nvml: {nvml.reason}")
 
     parent = subprocess.Popen([sys.executable, "-c", PARENT.format(child=CHILD, children=args.children)],
                               start_new_session=True)
@@ -76,12 +95,26 @@ def main() -> None:
         source.read(pids)  # the tree walked, every process met once (psutil's CPU% needs two readings)
         known_tree = timed(lambda: meter.measure(pids), 200)  # within the refresh interval: no walk
         walk = timed(lambda: meter._walk_tree(frozenset(pids)), 50)
+        nvml_readings = None
+        if args.nvml:
+            gpu_source = NvmlSource(per_process=True)
+            api = gpu_source._nvml
+            index, handle, _name = gpu_source._devices[0]
+            gpu_source.read(pids)
+            nvml_readings = {
+                "memory": timed(lambda: nvml_memory_info(api, handle), 200),
+                "utilization": timed(lambda: api.nvmlDeviceGetUtilizationRates(handle), 200),
+                "power": timed(lambda: api.nvmlDeviceGetPowerUsage(handle), 200),
+                "processes": timed(lambda: nvml_processes(api, handle), 200),
+                "temperature": timed(lambda: gpu_source._read_temperature_c(handle), 200),
+                "process utilization": timed(lambda: gpu_source._read_process_utilization(index, handle), 200),
+                "a whole read (every GPU and the host tree)": timed(lambda: gpu_source.read(pids), 100),
+            }
+            gpu_source.close()
 
-        nvml = NvmlStatus(available=False, reason="no NVML on this machine", driver_version=None,
-                          cuda_driver_version=None, gpu_names=())
         session = WatchSession(resolve_target(parent.pid), nvml)  # as the watch makes it: publications polled
         reads_cpu_ms, handle_cpu_ms = [], []
-        paced = HostOnlySource(per_process=True)
+        paced = NvmlSource(per_process=True) if args.nvml else HostOnlySource(per_process=True)
         next_s = time.monotonic()
         end_s = next_s + args.seconds
         while next_s < end_s:
@@ -94,6 +127,7 @@ def main() -> None:
             next_s += args.interval
             time.sleep(max(0.0, next_s - time.monotonic()))
         session.close()
+        paced.close()
         tree = len(sample.host.processes)
     finally:
         for process in psutil.Process(parent.pid).children(recursive=True):
@@ -113,6 +147,7 @@ def main() -> None:
         "processes_in_tree": tree, "processes_on_machine": len(psutil.pids()),
         "descendants_refresh_s": DEFAULT_DESCENDANTS_REFRESH_S, "interval_s": args.interval,
         "read_of_known_tree": known_tree, "tree_walk": walk, "at_the_watch_pace": paced_result,
+        "nvml_readings_of_gpu_0": nvml_readings, "paced_source": type(paced).__name__,
         "machine": platform.node(), "python": platform.python_version(), "psutil": psutil.__version__,
         "cpu_count": os.cpu_count(),
     }
