@@ -310,13 +310,13 @@ class GpuAnatApp(DashboardActions):
     def on_mount(self) -> None:
         source, self.nvml = self._sampler_factory()
         if self.nvml.available:
-            memory_chart = self.query_one("#memory-chart", LineChart)
+            memory_chart = self._charts_by_id["memory-chart"]
             memory_chart.set_series("device used", self.series["device_used"])
             memory_chart.set_series("this run", self.series["run_used"])
-            self.query_one("#util-chart", LineChart).set_series("GPU util", self.series["gpu_util"])
+            self._charts_by_id["util-chart"].set_series("GPU util", self.series["gpu_util"])
         else:
             self._chart_the_host()
-        self.query_one("#throughput-chart", LineChart).set_series("samples/s", self.series["throughput"])
+        self._charts_by_id["throughput-chart"].set_series("samples/s", self.series["throughput"])
         self._sampler = Sampler(source, interval_s=self._sample_interval_s or SAMPLE_INTERVAL_S,
                                 on_sample=self._incoming_samples.append, clock=self._clock)
         self._sampler_started_s = self._clock()
@@ -332,7 +332,7 @@ class GpuAnatApp(DashboardActions):
     def _scale_memory_chart(self, gpu: GpuSample) -> None:
         """The memory chart spans the GPU's whole memory, as the bar below does: a run's use reads against what the
         card has, not against its own maximum (where any run would look like a wall)."""
-        chart = self.query_one("#memory-chart", LineChart)
+        chart = self._charts_by_id["memory-chart"]
         if gpu.total_bytes is not None and chart.y_max != gpu.total_bytes:
             self._anatomy_timeline.set_total(gpu.total_bytes)
             chart.y_max = gpu.total_bytes
@@ -342,10 +342,10 @@ class GpuAnatApp(DashboardActions):
         """Without NVML the GPU charts would wait forever: chart what is measurable instead — the run's host memory
         (RSS) and CPU — and say once why."""
         assert self.nvml is not None
-        memory_chart = self.query_one("#memory-chart", LineChart)
+        memory_chart = self._charts_by_id["memory-chart"]
         memory_chart.title = "Host memory of the run (RSS)"
         memory_chart.set_series("run RSS", self.series["host_rss"])
-        util_chart = self.query_one("#util-chart", LineChart)
+        util_chart = self._charts_by_id["util-chart"]
         util_chart.title = "Host CPU of the run (% of one core)"
         util_chart.y_max = None  # several cores read over 100%
         util_chart.set_series("run CPU", self.series["host_cpu"])
@@ -468,7 +468,7 @@ class GpuAnatApp(DashboardActions):
         self.live.recent_steps.clear()
         self.live.timed_steps.clear()
         self.series["throughput"].clear()
-        self.query_one("#throughput-chart", LineChart).title = self._throughput_title(None, None)
+        self._charts_by_id["throughput-chart"].title = self._throughput_title(None, None)
         self._anatomy_timeline.clear()
         if self._sampler is not None:
             self._sampler.track(message.pid)
@@ -689,7 +689,7 @@ class GpuAnatApp(DashboardActions):
             if event.elapsed_s > first_elapsed_s and (throughput.last_t_s is None or t_s > throughput.last_t_s):
                 rate = (event.samples - first_samples) / (event.elapsed_s - first_elapsed_s)
                 throughput.append(t_s, rate)  # on the sampler's clock, as the other charts
-                self.query_one("#throughput-chart", LineChart).title = self._throughput_title(live, rate)
+                self._charts_by_id["throughput-chart"].title = self._throughput_title(live, rate)
 
     # --- what the widgets show ---------------------------------------------------------------------
     def _run_state(self) -> str:

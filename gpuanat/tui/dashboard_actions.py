@@ -73,6 +73,10 @@ class DashboardActions(App[None]):
         return list(self.query(LineChart))
 
     @cached_property
+    def _charts_by_id(self) -> dict[str, LineChart]:
+        return {chart.id: chart for chart in self._charts if chart.id is not None}
+
+    @cached_property
     def _memory_bar(self) -> MemoryBar:
         return self.query_one(MemoryBar)
 

@@ -127,12 +127,12 @@ class WatchApp(DashboardActions):
         return self.query_one(ProcessPanel)
 
     def on_mount(self) -> None:
-        memory_chart = self.query_one("#memory-chart", LineChart)
+        memory_chart = self._charts_by_id["memory-chart"]
         memory_chart.set_series("device used", self.series["device_used"])
         memory_chart.set_series("this process", self.series["process_used"])
-        self.query_one("#util-chart", LineChart).set_series("GPU util", self.series["gpu_util"])
-        self.query_one("#cpu-chart", LineChart).set_series("CPU", self.series["cpu"])
-        self.query_one("#throughput-chart", LineChart).set_series("samples/s", self.series["throughput"])
+        self._charts_by_id["util-chart"].set_series("GPU util", self.series["gpu_util"])
+        self._charts_by_id["cpu-chart"].set_series("CPU", self.series["cpu"])
+        self._charts_by_id["throughput-chart"].set_series("samples/s", self.series["throughput"])
         self._source, self.nvml = self._sampler_factory()
         self.session = self._session_factory(self.target, self.nvml)
         self._sampler = Sampler(self._source, interval_s=self._interval_s or SAMPLE_INTERVAL_S,
@@ -210,7 +210,7 @@ class WatchApp(DashboardActions):
             self.series["process_used"].append(t_s, record["gpu_memory_bytes"])
         if record["gpu_util_percent"] is not None:
             self.series["gpu_util"].append(t_s, record["gpu_util_percent"])
-            self.query_one("#util-chart", LineChart).title = UTIL_TITLES[record["gpu_util_scope"]]
+            self._charts_by_id["util-chart"].title = UTIL_TITLES[record["gpu_util_scope"]]
         if record["cpu_percent"] is not None:
             self.series["cpu"].append(t_s, record["cpu_percent"])
         throughput = self.series["throughput"]
