@@ -92,6 +92,19 @@ TECHNIQUES: tuple[Technique, ...] = (
 TECHNIQUES_BY_FIELD: dict[str, Technique] = {technique.field: technique for technique in TECHNIQUES}
 
 
+COMPILE_MODES = ("off", "regions", "model")
+"""What torch.compile covers: nothing, the layers' blocks outside attention (`compile_regions`), the whole model
+(`compile`); two RunConfig fields, at most one of them on."""
+
+
+def compile_mode(config: Any) -> str:
+    return "model" if config.compile else "regions" if config.compile_regions else "off"
+
+
+def with_compile_mode(config: Any, mode: str) -> Any:
+    return config.replace(compile_regions=mode == "regions", compile=mode == "model")
+
+
 WORKER_CHOICES = (0, 1, 2, 4, 8)
 BATCH_SIZE_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 GRAD_ACCUM_STEPS = (1, 2, 4, 8, 16, 32, 64)
@@ -125,9 +138,7 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
     if field == "load_in_4bit":  # QLoRA needs adapters: turning it on without them adds the usual rank
         return config.replace(load_in_4bit=not config.load_in_4bit, lora=config.lora or QLORA_DEFAULT_RANK)
     if field == "compile":  # off → the regions outside attention → the whole model → off
-        regions, whole = {(False, False): (True, False), (True, False): (False, True)}.get(
-            (config.compile_regions, config.compile), (False, False))
-        return config.replace(compile_regions=regions, compile=whole)
+        return with_compile_mode(config, _cycle(COMPILE_MODES, compile_mode(config)))
     if field == "workers":
         return config.replace(workers=WORKER_CHOICES[(WORKER_CHOICES.index(config.workers) + 1) % len(WORKER_CHOICES)]
                               if config.workers in WORKER_CHOICES else 0)

@@ -37,7 +37,7 @@ from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.session import execute_run
-from gpuanat.core.run.techniques import TECHNIQUES
+from gpuanat.core.run.techniques import TECHNIQUES, compile_mode, with_compile_mode
 from gpuanat.core.store.history import HistoryStore
 
 DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
@@ -436,9 +436,9 @@ class _Search:
         elif dimension == "engine":
             candidates.append(center.replace(engine="accelerate" if center.engine == "trainer" else "trainer"))
         elif dimension == "compile":  # the other two of eager, regions compiled, the model compiled
-            for regions, whole in ((True, False), (False, True), (False, False)):
-                if (regions, whole) != (center.compile_regions, center.compile):
-                    candidates.append(self._fitted(center.replace(compile_regions=regions, compile=whole), dimension))
+            for mode in ("regions", "model", "off"):
+                if mode != compile_mode(center):
+                    candidates.append(self._fitted(with_compile_mode(center, mode), dimension))
         elif dimension in ("expandable-segments", "liger"):
             name = DIMENSION_FIELDS[dimension][0]
             candidates.append(self._fitted(center.replace(**{name: not getattr(center, name)}), dimension))
@@ -540,9 +540,8 @@ def run_tune(base: RunConfig, space: SearchSpace, *, store: HistoryStore, log_di
                     on_pruned(pruned)
 
     def estimate_s(config: RunConfig) -> float | None:
-        compiled = config.compile or config.compile_regions
-        done = [trial.wall_s for trial in result.trials
-                if (trial.config.compile, trial.config.compile_regions) == (config.compile, config.compile_regions)]
+        compiled = compile_mode(config) != "off"
+        done = [trial.wall_s for trial in result.trials if compile_mode(trial.config) == compile_mode(config)]
         if done:
             return sum(done) / len(done)
         if not result.trials:

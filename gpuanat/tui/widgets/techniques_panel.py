@@ -11,6 +11,7 @@ from textual.widget import Widget
 from gpuanat.core.memory.predict import MemoryEstimate
 from gpuanat.core.run.config import Capabilities, RunConfig, machine_unsupported_reasons
 from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.run.techniques import compile_mode
 from gpuanat.core.store.report import format_bytes
 
 ROWS: tuple[tuple[str, str, str], ...] = (
@@ -43,11 +44,6 @@ SEVERAL_GPU_ROWS: tuple[tuple[str, str, str], ...] = (
 BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device",
                   "--expandable-segments": "expandable_segments", "--distributed": "distributed", "--lora": "lora",
                   "--load-in-4bit": "load_in_4bit", "--liger": "liger"}
-
-
-def compile_mode(config: RunConfig) -> str:
-    """What the compile key shows: off, regions (the blocks outside attention compiled) or model (all of it)."""
-    return "model" if config.compile else "regions" if config.compile_regions else "off"
 
 
 def _value_text(field: str, value: object) -> str:
