@@ -9,7 +9,8 @@ first sample on screen within 1 s of start.
     python benchmarks/tui_cost.py --out benchmarks/results/tui_cost_cpu.json -- --preset tiny --device cpu
 
 Two more modes measure a fixed window (`--window-s`) of processes that only paint, CPU of one core over the
-whole process tree (psutil) and bytes written to the terminal:
+whole process tree (psutil; and per thread of the monitor's process, by OS name: gpuanat names its sampler thread
+"gpuanat-sampler") and bytes written to the terminal:
 
 - `--replay watch|dashboard`: the real apps fed at real time by NVML traces recorded on a GPU
   (benchmarks/tui_replay.py), on any machine;
@@ -114,6 +115,30 @@ def tree_cpu_seconds(process: psutil.Process) -> float:
     return total
 
 
+def thread_cpu_seconds(process: psutil.Process) -> dict[int, tuple[str, float]]:
+    """Per thread of `process` (not its children): its OS name (the main thread's is "main") and CPU seconds."""
+    threads: dict[int, tuple[str, float]] = {}
+    with contextlib.suppress(psutil.Error):
+        for thread in process.threads():
+            try:
+                with open(f"/proc/{process.pid}/task/{thread.id}/comm", encoding="utf-8") as comm:
+                    name = comm.read().strip()
+            except OSError:
+                continue
+            threads[thread.id] = ("main" if thread.id == process.pid else name, thread.user_time + thread.system_time)
+    return threads
+
+
+def cpu_percent_by_thread(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                          window_s: float) -> dict[str, float]:
+    """% of one core each thread name used between two `thread_cpu_seconds` (threads of one name summed; a thread
+    that started in the window counts from zero)."""
+    by_name: dict[str, float] = {}
+    for tid, (name, cpu_s) in after.items():
+        by_name[name] = by_name.get(name, 0.0) + cpu_s - before.get(tid, (name, 0.0))[1]
+    return {name: round(100.0 * cpu_s / window_s, 3) for name, cpu_s in sorted(by_name.items())}
+
+
 def measure_window(command: list[str], *, columns: int, rows: int, env: dict[str, str], settle_s: float,
                    window_s: float) -> dict[str, Any]:
     """Run `command` in a `columns`×`rows` pseudo-terminal; after `settle_s`, its CPU (% of one core, process tree)
@@ -127,12 +152,15 @@ def measure_window(command: list[str], *, columns: int, rows: int, env: dict[str
         result["error"] = f"ended before the window (exit {terminal.process.returncode}): " + tail.decode(
             "utf-8", "replace")
         return result
+    threads_start = thread_cpu_seconds(process)
     cpu_start, wall_start = tree_cpu_seconds(process), time.perf_counter()
     time.sleep(window_s)
     cpu_end, wall_end = tree_cpu_seconds(process), time.perf_counter()
+    threads_end = thread_cpu_seconds(process)
     alive = terminal.process.poll() is None
     result.update(window_s=round(wall_end - wall_start, 3),
                   cpu_percent_of_one_core=round(100.0 * (cpu_end - cpu_start) / (wall_end - wall_start), 3),
+                  cpu_percent_by_thread=cpu_percent_by_thread(threads_start, threads_end, wall_end - wall_start),
                   terminal_bytes_per_s=round(terminal.bytes_between(wall_start, wall_end) / (wall_end - wall_start), 1))
     if not alive:
         result["error"] = f"ended during the window (exit {terminal.process.returncode})"

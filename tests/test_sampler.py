@@ -18,11 +18,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
+import pynvml
 import pytest
 
 from gpuanat.core.measure.sampler import (
+    PROCESS_UTILIZATION_REFRESH_S,
     GpuSample,
     HostOnlySource,
     HostSample,
@@ -36,6 +39,7 @@ from gpuanat.core.measure.sampler import (
 )
 
 H100_TRACE = Path(__file__).parent / "data" / "nvml_trace_h100.jsonl"
+WATCH_TRACE = Path(__file__).parent / "data" / "nvml_trace_watch_h200.jsonl"
 MIB = 1024 * 1024
 
 
@@ -202,9 +206,12 @@ def test_host_metrics_are_none_without_a_live_tracked_process():
 def test_sampler_thread_paces_reads_off_the_main_thread_and_costs_little():
     samples: list[Sample] = []
     callback_threads: set[threading.Thread] = set()
+    os_thread_names: set[str] = set()
 
     def on_sample(sample: Sample) -> None:
         callback_threads.add(threading.current_thread())
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", encoding="ascii") as comm:
+            os_thread_names.add(comm.read().strip())
         samples.append(sample)
 
     sampler = Sampler(HostOnlySource(), interval_s=0.05, on_sample=on_sample)
@@ -222,6 +229,7 @@ def test_sampler_thread_paces_reads_off_the_main_thread_and_costs_little():
     # 1.0 s at 0.05 s is 21 reads (one at start); a loaded CI box may lose a few ticks.
     assert 12 <= count_at_stop <= 22
     assert threading.main_thread() not in callback_threads
+    assert os_thread_names == {"gpuanat-sampler"}  # `top -H` and benchmarks/tui_cost.py tell its CPU apart
     timestamps = [sample.t_s for sample in samples]
     assert timestamps == sorted(timestamps)
     assert all(sample.host.rss_bytes for sample in samples)
@@ -410,6 +418,95 @@ def test_nvml_source_reads_every_gpu_consistently():
         if gpu.reserved_bytes is not None:
             assert gpu.used_bytes + gpu.reserved_bytes <= gpu.total_bytes
     assert sample.host.rss_bytes is not None
+
+
+class RecordedNvml:
+    """NVML's readings as an H200 gave them to `gpuanat watch` (tests/data/nvml_trace_watch_h200.jsonl), through
+    pynvml's names: `at` picks the recorded sample the readings return. No GPU here, so this stands in for the driver
+    under the real `NvmlSource`; it counts the per-process utilization reads and the timestamps they ask from."""
+
+    NVMLError = pynvml.NVMLError
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+
+    def __init__(self, trace: Path) -> None:
+        self.samples = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+        self.at = 0
+        self.process_utilization_asked_from_us: list[int] = []
+
+    def _gpu(self, handle: int) -> dict:
+        return self.samples[self.at]["gpus"][handle]
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.samples[0]["gpus"])
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return self._gpu(handle)["name"]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: object = None) -> SimpleNamespace:
+        gpu = self._gpu(handle)
+        return SimpleNamespace(used=gpu["used_bytes"], total=gpu["total_bytes"], reserved=gpu["reserved_bytes"])
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        gpu = self._gpu(handle)
+        return SimpleNamespace(gpu=gpu["gpu_util_percent"], memory=gpu["memory_util_percent"])
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        return round(self._gpu(handle)["power_w"] * 1000)
+
+    def nvmlDeviceGetTemperatureV(self, handle: int, sensor: int) -> float:
+        return self._gpu(handle)["temperature_c"]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=entry["pid"], usedGpuMemory=entry["used_bytes"])
+                for entry in self._gpu(handle)["processes"]]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, since_us: int) -> list[SimpleNamespace]:
+        self.process_utilization_asked_from_us.append(since_us)
+        return [SimpleNamespace(pid=entry["pid"], smUtil=entry["sm_util_percent"], memUtil=entry["memory_util_percent"],
+                                timeStamp=1_000_000 + 250_000 * self.at)
+                for entry in self._gpu(handle)["process_utilization"]]
+
+
+def test_per_process_gpu_utilization_is_read_once_a_second_and_carried_between():
+    nvml = RecordedNvml(WATCH_TRACE)
+    clock = itertools.count(step=0.25)
+    source = NvmlSource(per_process=True, nvml=nvml, clock=lambda: next(clock))
+    samples = []
+    for at in range(12):  # 3 s at the watch's 0.25 s
+        nvml.at = at
+        samples.append(source.read([os.getpid()]))
+    source.close()
+
+    assert PROCESS_UTILIZATION_REFRESH_S == 1.0
+    assert nvml.process_utilization_asked_from_us == [0, 1_000_000, 2_000_000]  # then from the newest seen
+    recorded_sm = [nvml.samples[at]["gpus"][0]["process_utilization"][0]["sm_util_percent"] for at in range(12)]
+    assert len(set(recorded_sm[:12:4])) > 1  # the recording changes between the reads the test compares
+    for at, sample in enumerate(samples):
+        (gpu,) = sample.gpus
+        assert gpu.gpu_util_percent == nvml.samples[at]["gpus"][0]["gpu_util_percent"]  # the rest at every sample
+        (entry,) = gpu.process_utilization
+        assert entry.pid == 453
+        assert entry.sm_util_percent == recorded_sm[at - at % 4]
+
+
+def test_per_process_gpu_utilization_is_not_read_unless_asked():
+    nvml = RecordedNvml(WATCH_TRACE)
+    source = NvmlSource(per_process=False, nvml=nvml)
+    sample = source.read([os.getpid()])
+    source.close()
+    assert nvml.process_utilization_asked_from_us == []
+    assert sample.gpus[0].process_utilization is None
+    assert sample.gpus[0].used_bytes == nvml.samples[0]["gpus"][0]["used_bytes"]
 
 
 # --- a trace recorded on an H100 ---

@@ -35,6 +35,12 @@ DEFAULT_DESCENDANTS_REFRESH_S = 1.0
 every process on the machine (milliseconds on a busy box), too much to do at 4 Hz; DataLoader
 workers and other descendants are picked up within this delay."""
 
+PROCESS_UTILIZATION_REFRESH_S = 1.0
+"""How often each process's GPU utilization is read. NVML's nvmlDeviceGetProcessUtilization cost 2.3 ms of CPU a
+call on the H100 (the memory, utilization, power, temperature and process list together 0.05 ms;
+benchmarks/results/h100/watch_cost/sampler_cost.json): read at every 0.25 s sample it was half the watch's sampling.
+Each read is NVML's mean since the previous one, and the samples between carry it."""
+
 
 def _flat_fields(instance: Any) -> dict[str, Any]:
     """A dataclass's fields by name, in their order, as they are (those of the samples are numbers, strings, None
@@ -392,16 +398,21 @@ class NvmlSource:
     The constructor initialises NVML and raises `pynvml.NVMLError` when that fails (`open_source`
     falls back to `HostOnlySource`). After that, an NVML error on any one reading makes that
     reading None; `read` itself does not raise. `per_process=True` lists each tracked process
-    (`HostSample.processes`) and reads per-process GPU utilization (`GpuSample.process_utilization`).
+    (`HostSample.processes`) and reads per-process GPU utilization (`GpuSample.process_utilization`)
+    once every `PROCESS_UTILIZATION_REFRESH_S`.
     """
 
     keeps_recorded_time: ClassVar[bool] = False
 
     def __init__(self, *, descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S,
-                 per_process: bool = False) -> None:
-        import pynvml
+                 per_process: bool = False, nvml: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`nvml` is the NVML binding (default: `pynvml`); `clock` paces the per-process utilization reads
+        (`PROCESS_UTILIZATION_REFRESH_S`) and stamps the samples."""
+        if nvml is None:
+            import pynvml as nvml
 
-        self._nvml = pynvml
+        pynvml = self._nvml = nvml
+        self._clock = clock
         pynvml.nvmlInit()
         self._closed = False
         try:
@@ -414,9 +425,16 @@ class NvmlSource:
         self._per_process = per_process
         self._utilization_seen_us = dict.fromkeys(range(len(handles)), 0)
         """Per GPU, the newest per-process utilization timestamp read so far (NVML's microseconds)."""
+        self._process_utilization: dict[int, tuple[ProcessUtilization, ...] | None] = {}
+        """Per GPU, the last per-process utilization read, carried by the samples until the next read."""
+        self._process_utilization_read_at_s = -math.inf
 
     def read(self, pids: Iterable[int]) -> Sample:
-        t_s = time.monotonic()
+        t_s = self._clock()
+        if self._per_process and t_s - self._process_utilization_read_at_s >= PROCESS_UTILIZATION_REFRESH_S:
+            self._process_utilization_read_at_s = t_s
+            self._process_utilization = {index: self._read_process_utilization(index, handle)
+                                         for index, handle, _name in self._devices}
         gpus = tuple(self._read_gpu(index, handle, name) for index, handle, name in self._devices)
         return Sample(t_s=t_s, gpus=gpus, host=self._host.measure(pids))
 
@@ -444,7 +462,7 @@ class NvmlSource:
                 )
                 for process in processes
             ),
-            process_utilization=self._read_process_utilization(index, handle) if self._per_process else None,
+            process_utilization=self._process_utilization.get(index),
         )
 
     def _read_process_utilization(self, index: int, handle: Any) -> tuple[ProcessUtilization, ...] | None:
@@ -567,6 +585,17 @@ class ReplayGpuSource:
         self._host.clear()
 
 
+SAMPLER_THREAD_NAME = "gpuanat-sampler"
+
+
+def name_native_thread(name: str) -> None:
+    """Give the calling thread `name` as the OS sees it too (Linux: `top -H`, /proc/PID/task/TID/comm), so its
+    CPU can be told apart from the interface's; at most 15 bytes are kept. Best effort: elsewhere, nothing."""
+    with contextlib.suppress(OSError), open(f"/proc/self/task/{threading.get_native_id()}/comm", "w",
+                                            encoding="ascii") as comm:
+        comm.write(name[:15])
+
+
 class Sampler:
     """Reads a source every `interval_s` on a background thread and passes each sample to `on_sample`.
 
@@ -633,7 +662,7 @@ class Sampler:
         if self.running:
             raise RuntimeError("sampler is already running")
         self._stop_requested.clear()
-        self._thread = threading.Thread(target=self._run, name="gpuanat-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=SAMPLER_THREAD_NAME, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -664,6 +693,7 @@ class Sampler:
         return self._last_error
 
     def _run(self) -> None:
+        name_native_thread(SAMPLER_THREAD_NAME)
         cpu_at_start_s = self._cpu_seconds
         thread_time_at_start_s = time.thread_time()
         next_read_s = time.monotonic()
