@@ -313,12 +313,15 @@ def main() -> None:
         result["error"] = "the run never reported a step"
     else:
         time.sleep(2)
+        threads_start = thread_cpu_seconds(tui)
         cpu_start, wall_start = tui.cpu_times(), time.perf_counter()
         time.sleep(args.stream_s)
         cpu_end, wall_end = tui.cpu_times(), time.perf_counter()
+        threads_end = thread_cpu_seconds(tui)
         cpu_s = (cpu_end.user + cpu_end.system) - (cpu_start.user + cpu_start.system)
         result["streaming_window_s"] = wall_end - wall_start
         result["tui_cpu_percent_of_one_core"] = 100.0 * cpu_s / (wall_end - wall_start)
+        result["tui_cpu_percent_by_thread"] = cpu_percent_by_thread(threads_start, threads_end, wall_end - wall_start)
         result["terminal_bytes_per_s"] = terminal.bytes_between(wall_start, wall_end) / (wall_end - wall_start)
     terminal.press("q")
     time.sleep(0.5)

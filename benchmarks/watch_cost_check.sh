@@ -5,7 +5,8 @@
 # timed apart (benchmarks/sampler_host_cost.py --nvml); then the monitors of the issue one after the other in a 120×40
 # pseudo-terminal (benchmarks/tui_cost.py --side-by-side: nvitop at 0.25 s and 2 s, `gpuanat watch`, `watch --json`,
 # nvidia-smi dmon), each monitor's CPU per thread (the watch's sampler thread is "gpuanat-sampler"); then the
-# recorded watch replayed on the same machine (no NVML, no live process tree: what is left is the interface's).
+# recorded watch replayed on the same machine (no NVML, no live process tree: what is left is the interface's); then,
+# the training stopped, the dashboard during its own run (bf16, batch 32), per thread too.
 # Writes $OUT/watch/*.json and the log.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}/watch
@@ -25,6 +26,8 @@ python3 benchmarks/tui_cost.py --side-by-side --pid "$trainer" --window-s "${WIN
   --out "$OUT/side_by_side.json" 2>&1 | grep "^tui_cost"
 python3 benchmarks/tui_cost.py --replay watch --window-s "${WINDOW_S:-20}" --out "$OUT/replay_watch.json" > /dev/null
 kill "$trainer"; wait "$trainer" 2> /dev/null
+python3 benchmarks/tui_cost.py --stream-s "${WINDOW_S:-20}" --out "$OUT/dashboard.json" \
+  -- --precision bf16 --batch-size 32 --samples 20000 > /dev/null
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -38,4 +41,7 @@ for monitor in json.loads((out / "side_by_side.json").read_text())["monitors"]:
 replay = json.loads((out / "replay_watch.json").read_text())
 print("replay watch", replay.get("cpu_percent_of_one_core"), replay.get("terminal_bytes_per_s"),
       replay.get("cpu_percent_by_thread"), replay.get("error", ""))
+dashboard = json.loads((out / "dashboard.json").read_text())
+print("dashboard during its run", dashboard.get("tui_cpu_percent_of_one_core"), dashboard.get("terminal_bytes_per_s"),
+      dashboard.get("tui_cpu_percent_by_thread"), dashboard.get("error", ""))
 PY

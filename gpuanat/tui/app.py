@@ -53,6 +53,7 @@ from gpuanat.core.run.techniques import changed_config, next_distributed, next_g
 from gpuanat.core.run.tune import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS, run_command, run_tune, search_space
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import format_bytes
+from gpuanat.core.thread_names import name_native_thread
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.series import TimeSeries
@@ -383,6 +384,7 @@ class GpuAnatApp(DashboardActions):
             self.post_message(CapabilitiesFound(None, str(error)))
 
     def _execute(self, live: LiveRun) -> None:
+        name_native_thread()
         try:
             with HistoryStore(self.db_path) as store:
                 result = execute_run(

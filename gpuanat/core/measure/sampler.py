@@ -30,6 +30,8 @@ from typing import Any, ClassVar, Protocol, TextIO
 
 import psutil
 
+from gpuanat.core.thread_names import name_native_thread
+
 DEFAULT_DESCENDANTS_REFRESH_S = 1.0
 """How often the process tree under the tracked pids is re-walked. Walking it reads /proc/*/stat for
 every process on the machine (milliseconds on a busy box), too much to do at 4 Hz; DataLoader
@@ -586,14 +588,6 @@ class ReplayGpuSource:
 
 
 SAMPLER_THREAD_NAME = "gpuanat-sampler"
-
-
-def name_native_thread(name: str) -> None:
-    """Give the calling thread `name` as the OS sees it too (Linux: `top -H`, /proc/PID/task/TID/comm), so its
-    CPU can be told apart from the interface's; at most 15 bytes are kept. Best effort: elsewhere, nothing."""
-    with contextlib.suppress(OSError), open(f"/proc/self/task/{threading.get_native_id()}/comm", "w",
-                                            encoding="ascii") as comm:
-        comm.write(name[:15])
 
 
 class Sampler:

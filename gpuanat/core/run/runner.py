@@ -33,6 +33,7 @@ import psutil
 
 from gpuanat.core.run.config import Capabilities
 from gpuanat.core.run.protocol import Event, EventLines, Malformed
+from gpuanat.core.thread_names import name_native_thread
 
 PIPE_READ_BYTES = 1 << 16
 LIFELINE_FD_ENV = "GPUANAT_LIFELINE_FD"
@@ -196,6 +197,7 @@ class ChildProcess:
 
     def _copy_output(self, read_fd: int) -> None:
         """Copy the child's output into the log file until the pipe closes, draining it whatever the file does."""
+        name_native_thread()
         log_fd: int | None = None
         try:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -221,6 +223,7 @@ class ChildProcess:
     def _read_events(self, read_fd: int) -> None:
         """Decode the pipe until it closes; whatever happens, end with ChildExited, so that the caller
         always learns that the child has gone."""
+        name_native_thread()
         lines = EventLines()
         try:
             while chunk := os.read(read_fd, PIPE_READ_BYTES):
