@@ -25,6 +25,8 @@ import pynvml
 import pytest
 
 from gpuanat.core.measure.sampler import (
+    DEFAULT_DESCENDANTS_REFRESH_S,
+    DESCENDANTS_REFRESH_MAX_S,
     PROCESS_UTILIZATION_REFRESH_S,
     GpuSample,
     HostOnlySource,
@@ -34,6 +36,7 @@ from gpuanat.core.measure.sampler import (
     ReplaySource,
     Sample,
     Sampler,
+    _HostProcessMeter,
     open_source,
     probe_nvml,
 )
@@ -192,6 +195,35 @@ def test_host_metrics_include_descendants_spawned_later(busy_child):
     assert after.rss_bytes is not None and after.rss_bytes < both.rss_bytes - 40 * MIB
 
 
+def test_a_tree_that_stays_the_same_is_walked_less_often_until_a_process_joins(busy_child):
+    """Walking the tree reads every process on the machine: an unchanged tree is walked after 1, 2, 4, 4… s; a new
+    descendant is still found, and brings the walks back to every second."""
+    now_s = 0.0
+    meter = _HostProcessMeter(DEFAULT_DESCENDANTS_REFRESH_S, per_process=True, clock=lambda: now_s)
+    walk = meter._walk_tree
+    walked_at_s: list[float] = []
+
+    def counted_walk(roots: frozenset[int]) -> dict[int, psutil.Process]:
+        walked_at_s.append(now_s)
+        return walk(roots)
+
+    meter._walk_tree = counted_walk
+    for tick in range(48):  # 12 s at the watch's 0.25 s
+        now_s = tick * 0.25
+        meter.measure([busy_child.pid])
+    assert walked_at_s == [0.0, 1.0, 3.0, 7.0, 11.0]
+    assert DESCENDANTS_REFRESH_MAX_S == 4.0
+
+    grandchild = _spawn_grandchild(busy_child)
+    seen_at_s = None
+    for tick in range(48, 80):
+        now_s = tick * 0.25
+        if grandchild in {process.pid for process in meter.measure([busy_child.pid]).processes} and seen_at_s is None:
+            seen_at_s = now_s
+    assert seen_at_s == 15.0  # the wait of 4 s after the walk at 11 s
+    assert walked_at_s[5:] == [15.0, 16.0, 18.0]  # changed: every second again, then doubling
+
+
 def test_host_metrics_are_none_without_a_live_tracked_process():
     source = HostOnlySource()
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -236,6 +268,33 @@ def test_sampler_thread_paces_reads_off_the_main_thread_and_costs_little():
     # ~20 reads of a few /proc files each: milliseconds, far from the second it ran.
     assert 0 < sampler.cpu_seconds < 0.25
     assert sampler.last_error is None
+
+
+def test_a_listener_gets_the_samples_until_removed_and_a_failing_one_stops_nobody():
+    taken: list[Sample] = []
+    listened: list[Sample] = []
+
+    def failing(sample: Sample) -> None:
+        raise RuntimeError("a consumer broke")
+
+    sampler = Sampler(HostOnlySource(), interval_s=0.05, on_sample=taken.append)
+    sampler.track(os.getpid())
+    sampler.add_listener(failing)
+    sampler.add_listener(listened.append)
+    sampler.start()
+    deadline = time.monotonic() + 10
+    while len(listened) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sampler.remove_listener(listened.append)
+    sampler.remove_listener(failing)
+    heard_before_removal = len(listened)
+    time.sleep(0.3)
+    sampler.stop()
+    assert heard_before_removal >= 5
+    assert len(listened) <= heard_before_removal + 1  # one sample may have been in hand at the removal
+    assert len(taken) >= len(listened) + 4  # the sampler's own consumer went on
+    assert listened == taken[:len(listened)]  # the same samples, in the same order
+    assert sampler.last_error == "RuntimeError: a consumer broke"
 
 
 def test_sampler_stamps_live_samples_with_its_clock():

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
+import statistics
+import threading
 import time
 
 import psutil
@@ -66,6 +69,34 @@ async def test_keys_change_the_config_the_child_receives(db_path):
             received["attn"]) == (True, "bf16", 8, "sgd", "eager")
     assert result["steps"] == 4  # 32 samples / batch 8
     assert result["bands"]["optimizer_state_bytes"] == 0  # SGD keeps no state
+
+
+@pytest.mark.asyncio
+async def test_a_run_from_the_dashboard_samples_through_the_dashboards_sampler(db_path):
+    """Issue #18: the dashboard's own run read NVML and the process tree twice at every tick (the dashboard's
+    sampler and the run's, at 0.25 s). The run now listens to the dashboard's: one source opened, the run's samples
+    in the history at the dashboard's pace (0.1 s here), and nothing left attached once it ends."""
+    sources_opened = []
+
+    def sampler_factory():
+        sources_opened.append(threading.current_thread().name)
+        return open_source(prefer_nvml=False)
+
+    app = GpuAnatApp(TINY, db_path=db_path, sampler_factory=sampler_factory, sample_interval_s=0.1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        result = await run_to_completion(app, pilot)
+        assert result["status"] == "ok", result.get("error")
+        assert app._sampler is not None and app._sampler.running
+        assert app._sampler._listeners == ()
+        assert app._sampler._pids == set()
+    assert sources_opened == [threading.main_thread().name]  # the dashboard's, at mount; none for the run
+    with HistoryStore(db_path) as store:
+        samples = store.samples(result["run_id"])
+    assert len(samples) >= 3
+    assert max(sample["host"]["rss_bytes"] or 0 for sample in samples) > 100 * 1024 * 1024  # the child, torch loaded
+    gaps_s = [later["t_s"] - earlier["t_s"] for earlier, later in itertools.pairwise(samples)]
+    assert statistics.median(gaps_s) < 0.2  # a sampler of the run's own would take one every 0.25 s
 
 
 @pytest.mark.asyncio

@@ -48,7 +48,7 @@ from gpuanat.core.run.flops import utilization
 from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.protocol import Event, Hello, ModelInfo, ProbeBands, Ranked, Step
 from gpuanat.core.run.runner import probe_capabilities
-from gpuanat.core.run.session import execute_run
+from gpuanat.core.run.session import SharedSampler, execute_run
 from gpuanat.core.run.techniques import changed_config, next_distributed, next_gpu_count
 from gpuanat.core.run.tune import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS, run_command, run_tune, search_space
 from gpuanat.core.store.history import HistoryStore
@@ -165,6 +165,8 @@ class LiveRun:
     """The latest measured bands of each rank but rank 0 (whose are `probe_bands`)."""
     clock_offset_s: float | None = None
     """For steps without `monotonic_s`: the sampler's time at the run's elapsed 0 s, from its first step."""
+    throughput_rate: float | None = None
+    """Rank 0's latest mean samples/s, for the throughput chart's title (set once a paint, not at every step)."""
     timed_steps: collections.deque[Step] = field(
         default_factory=lambda: collections.deque(maxlen=LIVE_WINDOW_STEPS + 2))
     """Rank 0's latest steps, for the step strip's breakdown."""
@@ -383,13 +385,21 @@ class GpuAnatApp(DashboardActions):
         except RuntimeError as error:
             self.post_message(CapabilitiesFound(None, str(error)))
 
+    def _run_options(self) -> dict[str, Any]:
+        """What every run the dashboard starts is given besides its config: the environment, and the dashboard's
+        sampler while it runs (the run listens to its samples instead of reading NVML and the process tree again)."""
+        sampler = self._sampler
+        shared = (SharedSampler(sampler, self.nvml) if sampler is not None and sampler.running
+                  and self.nvml is not None else None)
+        return {"env": self._run_env, "shared_sampler": shared}
+
     def _execute(self, live: LiveRun) -> None:
         name_native_thread()
         try:
             with HistoryStore(self.db_path) as store:
                 result = execute_run(
                     live.config, store=store, log_dir=self.db_path.parent / "logs",
-                    on_event=self._incoming_events.append, env=self._run_env,
+                    on_event=self._incoming_events.append, **self._run_options(),
                     stop_requested=live.stop_requested,
                     on_start=lambda run_id, pid, log, gpus: self._post(RunStarted(run_id, pid, log, gpus)),
                 )
@@ -409,7 +419,7 @@ class GpuAnatApp(DashboardActions):
                     live.config, store=store, log_dir=self.db_path.parent / "logs", start=start,
                     trial_steps=FIT_TRIAL_STEPS, max_batch=FIT_MAX_BATCH,
                     on_trial=lambda batch_size, result: self._post(FitTrialDone(batch_size, result["status"])),
-                    on_event=self._incoming_events.append, env=self._run_env, stop_requested=live.stop_requested,
+                    on_event=self._incoming_events.append, **self._run_options(), stop_requested=live.stop_requested,
                     on_start=lambda run_id, pid, log, gpus: self._post(RunStarted(run_id, pid, log, gpus)),
                 )
         except Exception as error:  # the dashboard must survive any failure of a run
@@ -429,7 +439,7 @@ class GpuAnatApp(DashboardActions):
                     trial_steps=DEFAULT_TRIAL_STEPS, budget_s=60 * DEFAULT_BUDGET_MINUTES, stop=live.stop_requested,
                     on_trial=lambda trial, progress: self._post(TuneTrialDone(
                         trial.name, trial.status, trial.samples_per_second, progress.estimated_left_s)),
-                    on_event=self._incoming_events.append, env=self._run_env, stop_requested=live.stop_requested,
+                    on_event=self._incoming_events.append, **self._run_options(), stop_requested=live.stop_requested,
                     on_start=lambda run_id, pid, log, gpus: self._post(RunStarted(run_id, pid, log, gpus)),
                 )
         except Exception as error:  # the dashboard must survive any failure of a search
@@ -469,6 +479,7 @@ class GpuAnatApp(DashboardActions):
         self.live.rank_pids, self.live.rank_steps, self.live.rank_probe_bands = {}, {}, {}
         self.live.recent_steps.clear()
         self.live.timed_steps.clear()
+        self.live.throughput_rate = None
         self.series["throughput"].clear()
         self._charts_by_id["throughput-chart"].title = self._throughput_title(None, None)
         self._anatomy_timeline.clear()
@@ -561,6 +572,8 @@ class GpuAnatApp(DashboardActions):
             self._add_sample(sample)
         for event in events:
             self._add_event(event)
+        if events and self.live is not None and self.live.throughput_rate is not None:
+            self._charts_by_id["throughput-chart"].title = self._throughput_title(self.live, self.live.throughput_rate)
         with self.batch_update():
             window, now_s = self._charts_window() if samples or events else None, self._clock()
             for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
@@ -691,7 +704,7 @@ class GpuAnatApp(DashboardActions):
             if event.elapsed_s > first_elapsed_s and (throughput.last_t_s is None or t_s > throughput.last_t_s):
                 rate = (event.samples - first_samples) / (event.elapsed_s - first_elapsed_s)
                 throughput.append(t_s, rate)  # on the sampler's clock, as the other charts
-                self._charts_by_id["throughput-chart"].title = self._throughput_title(live, rate)
+                live.throughput_rate = rate
 
     # --- what the widgets show ---------------------------------------------------------------------
     def _run_state(self) -> str:

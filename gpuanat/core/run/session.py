@@ -62,6 +62,16 @@ LOG_TAIL_LINES = 20
 SamplerFactory = Callable[[], tuple[Any, NvmlStatus]]
 
 
+@dataclass(frozen=True)
+class SharedSampler:
+    """A sampler already running, with the NVML status of its source: the dashboard's. A run given one tracks its
+    child on it and listens to its samples instead of starting a second sampler that would read NVML and the
+    process tree again at the same pace (the dashboard's own run read everything twice)."""
+
+    sampler: Sampler
+    nvml: NvmlStatus
+
+
 @dataclass
 class _RunState:
     """What the parent has learned about the run so far: about one rank (rank 0's is the run's own)."""
@@ -351,6 +361,7 @@ def execute_run(
     name: str | None = None,
     on_event: Callable[[Event], None] | None = None,
     sampler_factory: SamplerFactory = open_source,
+    shared_sampler: SharedSampler | None = None,
     env: Mapping[str, str] | None = None,
     trace_path: Path | None = None,
     stop_grace_s: float = 10.0,
@@ -371,8 +382,12 @@ def execute_run(
     ranks 0, 1, …) once the child runs.
     A history that is busy or full does not stop the run (see gpuanat.core.store.recording); when its last
     writes could not be saved, the result's `history_error` says so. `requested_monotonic_s` is when the user asked
-    for the run (time.monotonic(); default: now), where the result's `wall_breakdown_s` begins.
+    for the run (time.monotonic(); default: now), where the result's `wall_breakdown_s` begins. With a running
+    `shared_sampler` the run samples through it (`sampler_factory` unused); `trace_path` needs a sampler of the run's
+    own.
     """
+    if shared_sampler is not None and trace_path is not None:
+        raise ValueError("trace_path records the run's own sampler: it cannot be given with shared_sampler")
     parent_points = {REQUESTED: time.monotonic() if requested_monotonic_s is None else requested_monotonic_s}
     base_environment = os.environ if env is None else env
     choice = gpus_for_run(config, base_environment, gpu_reader() if config.device == "cuda" else [])
@@ -450,14 +465,18 @@ def execute_run(
     parent_points["spawned"] = time.monotonic()
     child.start()
     assert child.pid is not None
-    try:  # NVML opens while the child imports torch (a tenth of a second or more, not waited for first)
-        source, nvml = sampler_factory()
-        sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
-    except BaseException:
-        child.kill_group()
-        raise
+    if shared_sampler is not None:
+        sampler, nvml = shared_sampler.sampler, shared_sampler.nvml
+        sampler.add_listener(samples.put)
+    else:
+        try:  # NVML opens while the child imports torch (a tenth of a second or more, not waited for first)
+            source, nvml = sampler_factory()
+            sampler = Sampler(source, interval_s=SAMPLE_INTERVAL_S, on_sample=samples.put, trace_path=trace_path)
+        except BaseException:
+            child.kill_group()
+            raise
+        sampler.start()
     sampler.track(child.pid)
-    sampler.start()
     if on_start is not None:
         on_start(run_id, child.pid, log_path, tuple(gpu.index for gpu in choice.gpus) if choice else ())
     try:
@@ -468,7 +487,11 @@ def execute_run(
         pump(stop_when_idle=True)
     finally:
         child.kill_group()
-        sampler.stop()
+        if shared_sampler is not None:
+            sampler.untrack(child.pid)
+            sampler.remove_listener(samples.put)
+        else:
+            sampler.stop()
         flush()
     parent_points["exited"] = time.monotonic()
     state.log_error = child.log_error
