@@ -23,8 +23,19 @@ import psutil
 import pytest
 from conftest import REPO, cli_env, run_cli, start_cli, tiny_model_reference
 
+from gpuanat.core.measure import watch as watch_module
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
-from gpuanat.core.measure.sampler import HostOnlySource, NvmlStatus, ReplayGpuSource, ReplaySource, Sample, Sampler
+from gpuanat.core.measure.sampler import (
+    GpuSample,
+    HostOnlySource,
+    HostSample,
+    NvmlStatus,
+    ProcessGpuMemory,
+    ReplayGpuSource,
+    ReplaySource,
+    Sample,
+    Sampler,
+)
 from gpuanat.core.measure.watch import NOT_PUBLISHED, WatchError, WatchSession, WatchTarget, follow, resolve_target
 
 MIB = 1024 * 1024
@@ -86,6 +97,45 @@ def collect(session: WatchSession, source, *, interval_s: float, duration_s: flo
     sampler = Sampler(source, interval_s=interval_s, on_sample=lambda sample: None)
     follow(session, sampler, interval_s=interval_s, on_record=records.append, duration_s=duration_s)
     return records
+
+
+def test_the_other_processes_on_the_gpu_are_named_once_while_nvml_lists_them(spinner, monkeypatch):
+    """Each other process on the GPU was named through a new psutil.Process at every sample; its name is now read
+    when it appears and kept while NVML lists it, and read again when it comes back."""
+    child, _ = spinner
+    others = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    named_pids: list[int | None] = []
+    name_of = watch_module._process_name
+
+    def counted_name_of(pid: int | None) -> str | None:
+        named_pids.append(pid)
+        return name_of(pid)
+
+    monkeypatch.setattr(watch_module, "_process_name", counted_name_of)
+    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [],
+                           resolver=REPLAYED)
+
+    def on_the_gpu(pids: list[int]) -> Sample:
+        processes = tuple(ProcessGpuMemory(pid=pid, used_bytes=MIB) for pid in pids)
+        gpu = GpuSample(index=0, name="NVIDIA H100 80GB HBM3", used_bytes=4 * MIB, total_bytes=80 * 1024 * MIB,
+                        reserved_bytes=None, gpu_util_percent=50.0, memory_util_percent=10.0, power_w=None,
+                        temperature_c=None, processes=processes)
+        return Sample(t_s=time.monotonic(), gpus=(gpu,), host=HostSample(cpu_percent=None, rss_bytes=None))
+
+    try:
+        both = [other.pid for other in others]
+        records = [session.handle(on_the_gpu(both)) for _ in range(5)]
+        assert sorted(named_pids) == sorted(both)
+        for record in records:
+            assert [(entry["pid"], entry["name"]) for entry in record["other_gpu_processes"]] == [
+                (pid, psutil.Process(pid).name()) for pid in both]
+        session.handle(on_the_gpu(both[:1]))  # the second leaves the GPU
+        session.handle(on_the_gpu(both))  # and comes back: named again
+        assert named_pids.count(both[0]) == 1 and named_pids.count(both[1]) == 2
+    finally:
+        for other in others:
+            other.kill()
+            other.wait()
 
 
 # --- a plain process, host metrics against psutil -----------------------------------------------

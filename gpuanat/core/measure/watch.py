@@ -321,6 +321,8 @@ class WatchSession:
         self._recorder: _HistoryRecorder | None = None
         self._save_request: tuple[Path, str | None, Callable[[int | None, str | None], None] | None] | None = None
         self._new_steps: list[Step] = []
+        self._other_process_names: dict[int | None, str | None] = {}
+        """The names of the other processes on the GPUs, kept while NVML lists them (read once, not every sample)."""
 
     # --- inputs ----------------------------------------------------------------------------------
     def add_events(self, pid: int, events: Iterable[Event | Malformed]) -> None:
@@ -429,14 +431,19 @@ class WatchSession:
 
         memory_by_local_pid: dict[int, int] = collections.defaultdict(int)
         other_processes = []
+        named: dict[int | None, str | None] = {}
         for gpu in sample.gpus:
             for process in gpu.processes:
                 local_pid = mapping.local_by_nvml.get(process.pid)
                 if process.pid in tree_nvml_pids and local_pid is not None:
                     memory_by_local_pid[local_pid] += process.used_bytes or 0
                 else:
+                    if local_pid not in named:
+                        named[local_pid] = (self._other_process_names[local_pid]
+                                            if local_pid in self._other_process_names else _process_name(local_pid))
                     other_processes.append({"gpu": gpu.index, "pid": process.pid, "local_pid": local_pid,
-                                            "name": _process_name(local_pid), "used_bytes": process.used_bytes})
+                                            "name": named[local_pid], "used_bytes": process.used_bytes})
+        self._other_process_names = named  # one that leaves the GPU is forgotten: a PID used again is named again
         processes = [{"pid": p.pid, "parent_pid": p.parent_pid, "name": p.name, "cpu_percent": p.cpu_percent,
                       "rss_bytes": p.rss_bytes, "gpu_memory_bytes": memory_by_local_pid.get(p.pid)}
                      for p in host.processes]
