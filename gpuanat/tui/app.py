@@ -165,8 +165,6 @@ class LiveRun:
     """The latest measured bands of each rank but rank 0 (whose are `probe_bands`)."""
     clock_offset_s: float | None = None
     """For steps without `monotonic_s`: the sampler's time at the run's elapsed 0 s, from its first step."""
-    throughput_rate: float | None = None
-    """Rank 0's latest mean samples/s, for the throughput chart's title (set once a paint, not at every step)."""
     timed_steps: collections.deque[Step] = field(
         default_factory=lambda: collections.deque(maxlen=LIVE_WINDOW_STEPS + 2))
     """Rank 0's latest steps, for the step strip's breakdown."""
@@ -479,7 +477,6 @@ class GpuAnatApp(DashboardActions):
         self.live.rank_pids, self.live.rank_steps, self.live.rank_probe_bands = {}, {}, {}
         self.live.recent_steps.clear()
         self.live.timed_steps.clear()
-        self.live.throughput_rate = None
         self.series["throughput"].clear()
         self._charts_by_id["throughput-chart"].title = self._throughput_title(None, None)
         self._anatomy_timeline.clear()
@@ -572,8 +569,9 @@ class GpuAnatApp(DashboardActions):
             self._add_sample(sample)
         for event in events:
             self._add_event(event)
-        if events and self.live is not None and self.live.throughput_rate is not None:
-            self._charts_by_id["throughput-chart"].title = self._throughput_title(self.live, self.live.throughput_rate)
+        rate = self.series["throughput"].last  # the title once a paint, not at every step
+        if events and self.live is not None and rate is not None:
+            self._charts_by_id["throughput-chart"].title = self._throughput_title(self.live, rate)
         with self.batch_update():
             window, now_s = self._charts_window() if samples or events else None, self._clock()
             for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
@@ -704,7 +702,6 @@ class GpuAnatApp(DashboardActions):
             if event.elapsed_s > first_elapsed_s and (throughput.last_t_s is None or t_s > throughput.last_t_s):
                 rate = (event.samples - first_samples) / (event.elapsed_s - first_elapsed_s)
                 throughput.append(t_s, rate)  # on the sampler's clock, as the other charts
-                live.throughput_rate = rate
 
     # --- what the widgets show ---------------------------------------------------------------------
     def _run_state(self) -> str:

@@ -600,9 +600,6 @@ class ReplayGpuSource:
         self._host.clear()
 
 
-SAMPLER_THREAD_NAME = "gpuanat-sampler"
-
-
 class Sampler:
     """Reads a source every `interval_s` on a background thread and passes each sample to `on_sample`.
 
@@ -680,7 +677,7 @@ class Sampler:
         if self.running:
             raise RuntimeError("sampler is already running")
         self._stop_requested.clear()
-        self._thread = threading.Thread(target=self._run, name=SAMPLER_THREAD_NAME, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="gpuanat-sampler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -711,7 +708,7 @@ class Sampler:
         return self._last_error
 
     def _run(self) -> None:
-        name_native_thread(SAMPLER_THREAD_NAME)
+        name_native_thread()
         cpu_at_start_s = self._cpu_seconds
         thread_time_at_start_s = time.thread_time()
         next_read_s = time.monotonic()
