@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands
-from gpuanat.core.measure.sampler import Sample
+from gpuanat.core.measure.samples import Sample
 from gpuanat.core.run.protocol import ProbeBands
 from gpuanat.core.store.history import HistoryStore
 

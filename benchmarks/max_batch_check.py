@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.measure.sampler import probe_nvml
+from gpuanat.core.measure.nvml_source import probe_nvml
 from gpuanat.core.memory.predict import max_batch_size
 from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, RunConfig
 

@@ -1,6 +1,6 @@
 """What the live sampler's host side costs per read: psutil on a real process tree, without NVML.
 
-`gpuanat watch PID` reads, every 0.25 s, NVML (absent here) and, through `_HostProcessMeter`, the CPU and RSS of the
+`gpuanat watch PID` reads, every 0.25 s, NVML (absent here) and, through `HostProcessMeter`, the CPU and RSS of the
 watched process and each of its descendants (`per_process=True`: pid, parent, name of each too); the tree itself is
 walked again once a second (`DEFAULT_DESCENDANTS_REFRESH_S`), which reads /proc/*/stat of every process on the
 machine. This starts a tree like a training's (a parent and `--children` DataLoader-like workers), then times on
@@ -65,15 +65,9 @@ def main() -> None:
     parser.add_argument("--nvml", action="store_true", help="time NVML's readings too (needs an NVIDIA driver)")
     args = parser.parse_args()
 
-    from gpuanat.core.measure.sampler import (
-        DEFAULT_DESCENDANTS_REFRESH_S,
-        HostOnlySource,
-        NvmlSource,
-        NvmlStatus,
-        nvml_memory_info,
-        nvml_processes,
-        probe_nvml,
-    )
+    from gpuanat.core.measure.nvml_source import NvmlSource, nvml_memory_info, nvml_processes, probe_nvml
+    from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource
+    from gpuanat.core.measure.samples import NvmlStatus
     from gpuanat.core.measure.watch import WatchSession, resolve_target
 
     nvml = probe_nvml() if args.nvml else NvmlStatus(available=False, reason="not asked (--nvml)", driver_version=None,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from gpuanat.core.measure.sampler import Sample
+    from gpuanat.core.measure.samples import Sample
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -45,7 +45,7 @@ class LoopedSource:
     keeps_recorded_time: ClassVar[bool] = False
 
     def __init__(self, path: Path, first: int = 0) -> None:
-        from gpuanat.core.measure.sampler import ReplaySource
+        from gpuanat.core.measure.replay import ReplaySource
 
         replay = ReplaySource(path)
         self._samples = [replay.read([]) for _ in range(len(replay))][first:]
@@ -93,7 +93,7 @@ def profile_widgets(app: Any, out: Path) -> None:
 
 def run_watch(interval_s: float, profile: Path | None) -> None:
     from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
-    from gpuanat.core.measure.sampler import NvmlStatus
+    from gpuanat.core.measure.samples import NvmlStatus
     from gpuanat.core.measure.watch import WatchSession, WatchTarget
     from gpuanat.tui.watch_app import WatchApp
 
@@ -118,7 +118,7 @@ def run_watch(interval_s: float, profile: Path | None) -> None:
 
 
 def run_dashboard(interval_s: float, profile: Path | None) -> None:
-    from gpuanat.core.measure.sampler import NvmlStatus
+    from gpuanat.core.measure.samples import NvmlStatus
     from gpuanat.core.run.config import Capabilities, RunConfig
     from gpuanat.core.run.protocol import ModelInfo, Step, decode
     from gpuanat.tui.app import GpuAnatApp, LiveRun

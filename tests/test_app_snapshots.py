@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuanat.core.measure.sampler import NvmlStatus, ReplaySource
+from gpuanat.core.measure.replay import ReplaySource
+from gpuanat.core.measure.samples import NvmlStatus
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.protocol import ModelInfo, Step, decode
 from gpuanat.core.store.history import HistoryStore

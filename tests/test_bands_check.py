@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpuanat.core.measure.sampler import Sample
+from gpuanat.core.measure.samples import Sample
 from gpuanat.core.store.history import HistoryStore
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))

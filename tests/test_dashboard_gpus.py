@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuanat.core.measure.sampler import NvmlStatus, ReplaySource
+from gpuanat.core.measure.replay import ReplaySource
+from gpuanat.core.measure.samples import NvmlStatus
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.protocol import Hello, ProbeBands, Ranked, Step
 from gpuanat.tui.app import GpuAnatApp, LiveRun, RunFinished

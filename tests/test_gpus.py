@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from gpuanat.core.measure.sampler import Sample
+from gpuanat.core.measure.samples import Sample
 from gpuanat.core.run.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
 from gpuanat.core.run.gpus import (
     DEVICE_ORDER_VARIABLE,

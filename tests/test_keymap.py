@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli_env, run_cli
 
-from gpuanat.core.measure.sampler import open_source
+from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.watch import resolve_target
 from gpuanat.core.run.config import RunConfig
 from gpuanat.tui.app import GpuAnatApp

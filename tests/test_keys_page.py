@@ -78,7 +78,8 @@ def test_the_status_line_says_step_elapsed_and_eta_first():
 
 def cpu_app(tmp_path, config: RunConfig):
     """The dashboard on a CPU box: capabilities without CUDA or bitsandbytes, no NVML (the real host source)."""
-    from gpuanat.core.measure.sampler import HostOnlySource, NvmlStatus
+    from gpuanat.core.measure.process_tree import HostOnlySource
+    from gpuanat.core.measure.samples import NvmlStatus
     from gpuanat.core.run.config import Capabilities
     from gpuanat.tui.app import GpuAnatApp
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import run_cli
 from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config
 
-from gpuanat.core.measure.sampler import probe_nvml
+from gpuanat.core.measure.nvml_source import probe_nvml
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.predict import (
     CUDA_CONTEXT_BYTES,

@@ -207,7 +207,7 @@ def test_each_steady_step_is_timed_by_phase_on_the_host(results, history_db):
 
 
 def test_steps_are_recorded_with_the_run(results, history_db):
-    from gpuanat.core.measure.sampler import probe_nvml
+    from gpuanat.core.measure.nvml_source import probe_nvml
     from gpuanat.core.store.history import HistoryStore
 
     with HistoryStore(history_db) as store:

@@ -24,22 +24,16 @@ import psutil
 import pynvml
 import pytest
 
-from gpuanat.core.measure.sampler import (
+from gpuanat.core.measure.nvml_source import PROCESS_UTILIZATION_REFRESH_S, NvmlSource, open_source, probe_nvml
+from gpuanat.core.measure.process_tree import (
     DEFAULT_DESCENDANTS_REFRESH_S,
     DESCENDANTS_REFRESH_MAX_S,
-    PROCESS_UTILIZATION_REFRESH_S,
-    GpuSample,
     HostOnlySource,
-    HostSample,
-    NvmlSource,
-    ProcessGpuMemory,
-    ReplaySource,
-    Sample,
-    Sampler,
-    _HostProcessMeter,
-    open_source,
-    probe_nvml,
+    HostProcessMeter,
 )
+from gpuanat.core.measure.replay import ReplaySource
+from gpuanat.core.measure.sampler import Sampler
+from gpuanat.core.measure.samples import GpuSample, HostSample, ProcessGpuMemory, Sample
 
 H100_TRACE = Path(__file__).parent / "data" / "nvml_trace_h100.jsonl"
 WATCH_TRACE = Path(__file__).parent / "data" / "nvml_trace_watch_h200.jsonl"
@@ -199,7 +193,7 @@ def test_a_tree_that_stays_the_same_is_walked_less_often_until_a_process_joins(b
     """Walking the tree reads every process on the machine: an unchanged tree is walked after 1, 2, 4, 4… s; a new
     descendant is still found, and brings the walks back to every second."""
     now_s = 0.0
-    meter = _HostProcessMeter(DEFAULT_DESCENDANTS_REFRESH_S, per_process=True, clock=lambda: now_s)
+    meter = HostProcessMeter(DEFAULT_DESCENDANTS_REFRESH_S, per_process=True, clock=lambda: now_s)
     walk = meter._walk_tree
     walked_at_s: list[float] = []
 
@@ -450,7 +444,7 @@ def test_open_source_without_nvml_does_not_touch_it():
 
 def test_core_sampler_imports_without_torch_textual_or_pynvml():
     code = (
-        "import sys, gpuanat.core.measure.sampler\n"
+        "import sys, gpuanat.core.measure.sampler, gpuanat.core.measure.nvml_source, gpuanat.core.measure.replay\n"
         "print(sorted(m for m in ('torch', 'textual', 'pynvml') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from rich.console import Console
 
-from gpuanat.core.measure.sampler import open_source
+from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.techniques import TECHNIQUES
 from gpuanat.core.store.compare import percent_delta

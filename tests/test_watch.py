@@ -25,17 +25,10 @@ from conftest import REPO, cli_env, run_cli, start_cli, tiny_model_reference
 
 from gpuanat.core.measure import watch as watch_module
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
-from gpuanat.core.measure.sampler import (
-    GpuSample,
-    HostOnlySource,
-    HostSample,
-    NvmlStatus,
-    ProcessGpuMemory,
-    ReplayGpuSource,
-    ReplaySource,
-    Sample,
-    Sampler,
-)
+from gpuanat.core.measure.process_tree import HostOnlySource
+from gpuanat.core.measure.replay import ReplayGpuSource, ReplaySource
+from gpuanat.core.measure.sampler import Sampler
+from gpuanat.core.measure.samples import GpuSample, HostSample, NvmlStatus, ProcessGpuMemory, Sample
 from gpuanat.core.measure.watch import NOT_PUBLISHED, WatchError, WatchSession, WatchTarget, follow, resolve_target
 
 MIB = 1024 * 1024
@@ -564,7 +557,7 @@ def test_a_rank_is_placed_on_the_gpu_that_holds_most_of_its_memory():
     """A rank may hold a small context on another rank's GPU: nvidia-smi during the job (nvidia_smi_during.txt)
     listed rank 1 (PID 979) with 610 MiB on GPU 2 and 11736 MiB on GPU 3. It trains on GPU 3, not on the first GPU
     that lists it."""
-    from gpuanat.core.measure.sampler import GpuSample, ProcessGpuMemory
+    from gpuanat.core.measure.samples import GpuSample, ProcessGpuMemory
     from gpuanat.core.measure.watch import _gpu_of
 
     mib = 1 << 20

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
-from gpuanat.core.measure.sampler import HostProcess, NvmlStatus, ReplaySource, Sample
+from gpuanat.core.measure.replay import ReplaySource
+from gpuanat.core.measure.samples import HostProcess, NvmlStatus, Sample
 from gpuanat.core.measure.watch import WatchSession, WatchTarget
 from gpuanat.core.run.protocol import Hello, ModelInfo, Step, decode
 from gpuanat.tui.watch_app import WatchApp

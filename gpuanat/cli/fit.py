@@ -26,7 +26,7 @@ from gpuanat.core.store.history import HistoryStore
 
 
 def command_fit(args: argparse.Namespace) -> int:
-    from gpuanat.core.measure.sampler import probe_nvml
+    from gpuanat.core.measure.nvml_source import probe_nvml
     from gpuanat.core.memory.allocation_templates import largest_batch
     from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
     from gpuanat.core.memory.predict import parse_size

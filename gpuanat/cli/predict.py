@@ -10,7 +10,7 @@ from gpuanat.cli.common import EXIT_OK, fail_usage, validated_config
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    from gpuanat.core.measure.sampler import probe_nvml
+    from gpuanat.core.measure.nvml_source import probe_nvml
     from gpuanat.core.memory.allocation_templates import largest_batch, version_differences
     from gpuanat.core.memory.predict import (
         estimate_memory,

@@ -91,7 +91,7 @@ def _memory_limit(given: int | None, base: RunConfig, capabilities: Any) -> int 
         return given
     if base.device != "cuda":
         return None
-    from gpuanat.core.measure.sampler import probe_nvml
+    from gpuanat.core.measure.nvml_source import probe_nvml
 
     nvml = probe_nvml()
     if nvml.available and nvml.gpu_total_bytes:

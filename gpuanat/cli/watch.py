@@ -14,7 +14,8 @@ from gpuanat.core.store.history import HistoryStore, default_db_path
 
 
 def command_watch(args: argparse.Namespace) -> int:
-    from gpuanat.core.measure.sampler import Sampler, open_source
+    from gpuanat.core.measure.nvml_source import open_source
+    from gpuanat.core.measure.sampler import Sampler
     from gpuanat.core.measure.watch import WatchError, WatchSession, follow, resolve_target
 
     if args.interval <= 0:

@@ -25,7 +25,9 @@ from textual.notifications import SeverityLevel
 from textual.widgets import Footer
 
 from gpuanat.core.measure.anatomy import assemble_bands
-from gpuanat.core.measure.sampler import GpuSample, NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.measure.nvml_source import open_source
+from gpuanat.core.measure.sampler import Sampler
+from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
 from gpuanat.core.memory.predict import (

@@ -24,7 +24,9 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Footer
 
-from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.measure.nvml_source import open_source
+from gpuanat.core.measure.sampler import Sampler
+from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.measure.watch import WatchSession, WatchTarget
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, DashboardActions

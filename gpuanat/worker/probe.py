@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from gpuanat.core.measure.nvml_source import nvml_memory_info, nvml_processes
 from gpuanat.core.measure.publish import Publisher, PublishRefused, publication_dirs
-from gpuanat.core.measure.sampler import nvml_memory_info, nvml_processes
 from gpuanat.core.run.protocol import STEP_PHASES, Done, Event, Hello, ModelInfo, ProbeBands, Step
 from gpuanat.worker.events import ParentGone
 

@@ -33,7 +33,8 @@ import psutil
 from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.measure.publish import PUBLICATION_SUFFIX, PublicationReader, publication_dirs
-from gpuanat.core.measure.sampler import GpuSample, NvmlStatus, Sample, Sampler
+from gpuanat.core.measure.sampler import Sampler
+from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
 from gpuanat.core.store.history import HistoryStore, write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites

@@ -140,7 +140,7 @@ def choose_gpus(spec: str | None, gpus: Sequence[Gpu], environment: Mapping[str,
 
 def read_gpus() -> list[Gpu]:
     """Every GPU NVML lists, with its use now; empty when NVML is unavailable."""
-    from gpuanat.core.measure.sampler import nvml_memory_info, nvml_processes
+    from gpuanat.core.measure.nvml_source import nvml_memory_info, nvml_processes
 
     try:
         import pynvml

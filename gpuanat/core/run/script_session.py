@@ -19,7 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.measure.nvml_source import open_source
+from gpuanat.core.measure.sampler import Sampler
+from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.measure.watch import WatchError, WatchSession, WatchTarget, resolve_target
 from gpuanat.core.run.protocol import Event, Malformed
 from gpuanat.core.run.runner import ChildExited, ChildProcess

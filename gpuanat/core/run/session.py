@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands
-from gpuanat.core.measure.sampler import NvmlStatus, Sample, Sampler, open_source
+from gpuanat.core.measure.nvml_source import open_source
+from gpuanat.core.measure.sampler import Sampler
+from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.run.config import RunConfig, child_environment
 from gpuanat.core.run.diagnose import diagnose, reference_rates, step_time_breakdown

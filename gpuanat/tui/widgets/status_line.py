@@ -8,7 +8,7 @@ from collections.abc import Hashable
 from rich.text import Text
 from textual.strip import Strip
 
-from gpuanat.core.measure.sampler import NvmlStatus
+from gpuanat.core.measure.samples import NvmlStatus
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_rows
 
 

@@ -1,0 +1,250 @@
+"""The device through NVML: whether NVML works here, its readings, and the source that reads every GPU.
+
+pynvml is imported lazily, so this module loads without it. `probe_nvml()` says whether NVML works here and,
+when it does not, why, in words a user can act on; `NvmlSource` reads every GPU plus the host metrics of the
+tracked processes; `open_source()` picks it when NVML works, else `HostOnlySource`. `nvml_memory_info` and
+`nvml_processes` are the readings the probe worker and the GPU list share with `NvmlSource`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource, HostProcessMeter
+from gpuanat.core.measure.samples import (
+    GpuSample,
+    NvmlStatus,
+    ProcessGpuMemory,
+    ProcessUtilization,
+    Sample,
+    SampleSource,
+)
+
+PROCESS_UTILIZATION_REFRESH_S = 1.0
+"""How often each process's GPU utilization is read. NVML's nvmlDeviceGetProcessUtilization cost 2.3 ms of CPU a
+call on the H100 (the memory, utilization, power, temperature and process list together 0.05 ms;
+benchmarks/results/h100/watch_cost/sampler_cost.json): read at every 0.25 s sample it was half the watch's sampling.
+Each read is NVML's mean since the previous one, and the samples between carry it."""
+
+
+_NVML_REASONS = {
+    "NVMLError_LibraryNotFound": (
+        "NVML not found: no NVIDIA driver on this machine (libnvidia-ml.so.1 could not be loaded)"
+    ),
+    "NVMLError_DriverNotLoaded": (
+        "NVIDIA driver not loaded: the NVML library is installed but the kernel module is not running"
+    ),
+    "NVMLError_LibRmVersionMismatch": (
+        "driver/library version mismatch: the loaded NVIDIA kernel module and the NVML library differ,"
+        " usually after a driver upgrade without a reboot"
+    ),
+    "NVMLError_NotSupported": "NVML not supported by this driver or device",
+    "NVMLError_NoPermission": "no permission to use NVML: check access to /dev/nvidia*",
+    "NVMLError_GpuIsLost": "the GPU is lost (fell off the bus or stopped responding): check dmesg",
+    "NVMLError_FunctionNotFound": "the NVIDIA driver is too old for this pynvml: a function is missing",
+    "NVMLError_Uninitialized": "NVML could not be initialised",
+}
+
+
+def _nvml_reason(error: Exception) -> str:
+    return _NVML_REASONS.get(type(error).__name__, f"NVML error: {error}")
+
+
+def _unavailable(reason: str) -> NvmlStatus:
+    return NvmlStatus(available=False, reason=reason, driver_version=None, cuda_driver_version=None, gpu_names=())
+
+
+def probe_nvml() -> NvmlStatus:
+    """Initialise NVML, describe what it sees and shut it down again. Never raises."""
+    try:
+        import pynvml
+    except ImportError:
+        return _unavailable("pynvml is not installed (pip install nvidia-ml-py)")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        return _unavailable(_nvml_reason(error))
+    # Anything unexpected from a broken driver stack must still become a status, never a crash.
+    except Exception as error:
+        return _unavailable(f"NVML could not be initialised: {type(error).__name__}: {error}")
+    try:
+        driver_version = _nvml_or_none(pynvml, pynvml.nvmlSystemGetDriverVersion)
+        cuda_driver_version = _nvml_or_none(pynvml, pynvml.nvmlSystemGetCudaDriverVersion)
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(index) for index in range(pynvml.nvmlDeviceGetCount())]
+        gpu_names = tuple(_device_name(pynvml, handle, index) for index, handle in enumerate(handles))
+        gpu_total_bytes = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) for handle in handles)
+    except pynvml.NVMLError as error:
+        return _unavailable(_nvml_reason(error))
+    except Exception as error:
+        return _unavailable(f"NVML failed while listing GPUs: {type(error).__name__}: {error}")
+    finally:
+        _shutdown_nvml(pynvml)
+    return NvmlStatus(
+        available=bool(gpu_names),
+        reason=None if gpu_names else "NVML works but lists no NVIDIA GPU",
+        driver_version=driver_version,
+        cuda_driver_version=cuda_driver_version,
+        gpu_names=gpu_names,
+        gpu_total_bytes=gpu_total_bytes,
+    )
+
+
+def _shutdown_nvml(pynvml: Any) -> None:
+    # Shutting down a half-broken NVML has nothing left to release.
+    with contextlib.suppress(pynvml.NVMLError):
+        pynvml.nvmlShutdown()
+
+
+def _nvml_or_none(pynvml: Any, read: Callable[..., Any], *args: Any) -> Any:
+    """`read(*args)`, or None when NVML reports an error for this one reading."""
+    try:
+        return read(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+def nvml_memory_info(pynvml: Any, handle: Any) -> Any:
+    """The device's memory: NVML's v2 reading, which separates the driver's reserved memory, where the driver
+    gives it, else v1 (no `reserved`); None when NVML reports an error."""
+    memory = _nvml_or_none(pynvml, pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2)
+    return memory if memory is not None else _nvml_or_none(pynvml, pynvml.nvmlDeviceGetMemoryInfo, handle)
+
+
+def nvml_processes(pynvml: Any, handle: Any) -> list[Any]:
+    """The compute processes NVML lists on the device (pid, usedGpuMemory); empty when it reports an error."""
+    return _nvml_or_none(pynvml, pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
+
+
+def _device_name(pynvml: Any, handle: Any, index: int) -> str:
+    name = _nvml_or_none(pynvml, pynvml.nvmlDeviceGetName, handle)
+    return name if name is not None else f"GPU {index}"
+
+
+class NvmlSource:
+    """Every GPU through NVML, plus host metrics of the tracked processes.
+
+    The constructor initialises NVML and raises `pynvml.NVMLError` when that fails (`open_source`
+    falls back to `HostOnlySource`). After that, an NVML error on any one reading makes that
+    reading None; `read` itself does not raise. `per_process=True` lists each tracked process
+    (`HostSample.processes`) and reads per-process GPU utilization (`GpuSample.process_utilization`)
+    once every `PROCESS_UTILIZATION_REFRESH_S`.
+    """
+
+    keeps_recorded_time: ClassVar[bool] = False
+
+    def __init__(self, *, descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S,
+                 per_process: bool = False, nvml: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`nvml` is the NVML binding (default: `pynvml`); `clock` paces the per-process utilization reads
+        (`PROCESS_UTILIZATION_REFRESH_S`) and stamps the samples."""
+        if nvml is None:
+            import pynvml as nvml
+
+        pynvml = self._nvml = nvml
+        self._clock = clock
+        pynvml.nvmlInit()
+        self._closed = False
+        try:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except pynvml.NVMLError:
+            self.close()
+            raise
+        self._devices = [(index, handle, _device_name(pynvml, handle, index)) for index, handle in enumerate(handles)]
+        self._host = HostProcessMeter(descendants_refresh_s, per_process)
+        self._per_process = per_process
+        self._utilization_seen_us = dict.fromkeys(range(len(handles)), 0)
+        """Per GPU, the newest per-process utilization timestamp read so far (NVML's microseconds)."""
+        self._process_utilization: dict[int, tuple[ProcessUtilization, ...] | None] = {}
+        """Per GPU, the last per-process utilization read, carried by the samples until the next read."""
+        self._process_utilization_read_at_s = -math.inf
+
+    def read(self, pids: Iterable[int]) -> Sample:
+        t_s = self._clock()
+        if self._per_process and t_s - self._process_utilization_read_at_s >= PROCESS_UTILIZATION_REFRESH_S:
+            self._process_utilization_read_at_s = t_s
+            self._process_utilization = {index: self._read_process_utilization(index, handle)
+                                         for index, handle, _name in self._devices}
+        gpus = tuple(self._read_gpu(index, handle, name) for index, handle, name in self._devices)
+        return Sample(t_s=t_s, gpus=gpus, host=self._host.measure(pids))
+
+    def _read_gpu(self, index: int, handle: Any, name: str) -> GpuSample:
+        nvml = self._nvml
+        memory = nvml_memory_info(nvml, handle)
+        reserved_bytes = getattr(memory, "reserved", None)
+        utilization = _nvml_or_none(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
+        power_mw = _nvml_or_none(nvml, nvml.nvmlDeviceGetPowerUsage, handle)
+        processes = nvml_processes(nvml, handle)
+        return GpuSample(
+            index=index,
+            name=name,
+            used_bytes=int(memory.used) if memory is not None else None,
+            total_bytes=int(memory.total) if memory is not None else None,
+            reserved_bytes=int(reserved_bytes) if reserved_bytes is not None else None,
+            gpu_util_percent=float(utilization.gpu) if utilization is not None else None,
+            memory_util_percent=float(utilization.memory) if utilization is not None else None,
+            power_w=power_mw / 1000.0 if power_mw is not None else None,
+            temperature_c=self._read_temperature_c(handle),
+            processes=tuple(
+                ProcessGpuMemory(
+                    pid=int(process.pid),
+                    used_bytes=int(process.usedGpuMemory) if process.usedGpuMemory is not None else None,
+                )
+                for process in processes
+            ),
+            process_utilization=self._process_utilization.get(index),
+        )
+
+    def _read_process_utilization(self, index: int, handle: Any) -> tuple[ProcessUtilization, ...] | None:
+        """Each process's mean SM and memory utilization over NVML's samples since the previous read."""
+        nvml = self._nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._utilization_seen_us[index])
+        except nvml.NVMLError as error:
+            # NOT_FOUND: no process used the GPU since the previous read, which is a reading of zero.
+            return () if type(error).__name__ == "NVMLError_NotFound" else None
+        by_pid: dict[int, list[tuple[float, float]]] = {}
+        for sample in samples:
+            by_pid.setdefault(int(sample.pid), []).append((float(sample.smUtil), float(sample.memUtil)))
+            self._utilization_seen_us[index] = max(self._utilization_seen_us[index], int(sample.timeStamp))
+        return tuple(
+            ProcessUtilization(pid=pid, sm_util_percent=sum(sm for sm, _ in values) / len(values),
+                               memory_util_percent=sum(memory for _, memory in values) / len(values))
+            for pid, values in sorted(by_pid.items())
+        )
+
+    def _read_temperature_c(self, handle: Any) -> float | None:
+        nvml = self._nvml
+        # nvmlDeviceGetTemperatureV is the current call; older drivers and pynvml releases only
+        # have the deprecated nvmlDeviceGetTemperature.
+        temperature = None
+        if hasattr(nvml, "nvmlDeviceGetTemperatureV"):
+            temperature = _nvml_or_none(nvml, nvml.nvmlDeviceGetTemperatureV, handle, nvml.NVML_TEMPERATURE_GPU)
+        if temperature is None:
+            temperature = _nvml_or_none(nvml, nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
+        return float(temperature) if temperature is not None else None
+
+    def close(self) -> None:
+        """Shut NVML down; idempotent."""
+        if not self._closed:
+            self._closed = True
+            _shutdown_nvml(self._nvml)
+
+
+def open_source(prefer_nvml: bool = True, *, per_process: bool = False) -> tuple[SampleSource, NvmlStatus]:
+    """`NvmlSource` when NVML works here, else `HostOnlySource`; the status describes the source.
+
+    With `prefer_nvml=False` NVML is not touched at all (for machines where it hangs or misleads);
+    `per_process` is passed to the source (each tracked process, per-process GPU utilization).
+    """
+    if not prefer_nvml:
+        return HostOnlySource(per_process=per_process), _unavailable("NVML not used: turned off by the caller")
+    status = probe_nvml()
+    if not status.available:
+        return HostOnlySource(per_process=per_process), status
+    try:
+        return NvmlSource(per_process=per_process), status
+    except Exception as error:
+        return HostOnlySource(per_process=per_process), _unavailable(f"NVML failed to start: {_nvml_reason(error)}")
