@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuanat.core.measure.watch import resolve_target
+from gpuanat.core.measure.watch_target import resolve_target
 from gpuanat.core.run.config import RunConfig
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.watch_app import WatchApp

@@ -22,7 +22,8 @@ from typing import Any
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
-from gpuanat.core.measure.watch import WatchError, WatchSession, WatchTarget, resolve_target
+from gpuanat.core.measure.watch import WatchSession
+from gpuanat.core.measure.watch_target import WatchError, WatchTarget, resolve_target
 from gpuanat.core.run.protocol import Event, Malformed
 from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.store.history import HistoryStore, write_with_backoff

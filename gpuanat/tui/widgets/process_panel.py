@@ -9,7 +9,7 @@ from typing import Any
 from rich.text import Span, Text
 from textual.strip import Strip
 
-from gpuanat.core.measure.watch import NOT_PUBLISHED
+from gpuanat.core.measure.watch_publications import NOT_PUBLISHED
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_line_row, text_rows
 
