@@ -3,8 +3,8 @@
 `ObservedRun.observe_event` takes each event of the watched tree. Rank 0 (without ranks, the first process that
 publishes) speaks for the run: its hello, model, steps, done and error, the steps kept for the history and the
 recent ones that give the current samples/s. Every publishing process, each rank of a distributed job, also keeps
-its own `Publisher`: its bands, reserved memory and step. The run's peaks (GPU memory, RSS, CPU) are kept here
-too; the watch's records raise them as samples arrive.
+its own `Publisher`: its bands, reserved memory and step. The run's peaks are kept here too: reserved memory from
+its events; GPU memory, RSS and CPU, which the watch's records raise as samples arrive.
 
 Plain Python: no torch, no UI; nothing here reads a sample or writes the history.
 """

@@ -1,6 +1,6 @@
 """Writes of a run in progress that wait for the history to accept them: a busy or full history never ends a run.
 
-A run's recorder (`execute_run`, a watched or scripted run's `_HistoryRecorder`) queues its step records, samples
+A run's recorder (`execute_run`, a watched or scripted run's `HistoryRecorder`) queues its step records, samples
 and row updates here and flushes about once a second. A flush that the history refuses (`HistoryWriteError`:
 locked by another process, disk full, failing I/O) keeps everything queued, in order, for the next flush; the
 run goes on. The final write is retried with back-off until `FINAL_WRITE_DEADLINE_S`; if the history still
