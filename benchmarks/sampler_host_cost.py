@@ -68,8 +68,8 @@ def main() -> None:
     from gpuanat.core.measure.nvml_source import NvmlSource, nvml_memory_info, nvml_processes, probe_nvml
     from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource
     from gpuanat.core.measure.samples import NvmlStatus
-    from gpuanat.core.measure.watch import WatchSession
-    from gpuanat.core.measure.watch_target import resolve_target
+    from gpuanat.core.watch.session import WatchSession
+    from gpuanat.core.watch.target import resolve_target
 
     nvml = probe_nvml() if args.nvml else NvmlStatus(available=False, reason="not asked (--nvml)", driver_version=None,
                                                      cuda_driver_version=None, gpu_names=())

@@ -94,8 +94,8 @@ def profile_widgets(app: Any, out: Path) -> None:
 def run_watch(interval_s: float, profile: Path | None) -> None:
     from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
     from gpuanat.core.measure.samples import NvmlStatus
-    from gpuanat.core.measure.watch import WatchSession
-    from gpuanat.core.measure.watch_target import WatchTarget
+    from gpuanat.core.watch.session import WatchSession
+    from gpuanat.core.watch.target import WatchTarget
     from gpuanat.tui.watch_app import WatchApp
 
     source = LoopedSource(WATCH_TRACE)

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuanat.core.measure.watch_target import resolve_target
 from gpuanat.core.run.config import RunConfig
+from gpuanat.core.watch.target import resolve_target
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.watch_app import WatchApp
 

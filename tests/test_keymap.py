@@ -20,8 +20,8 @@ import pytest
 from conftest import REPO, cli_env, run_cli
 
 from gpuanat.core.measure.nvml_source import open_source
-from gpuanat.core.measure.watch_target import resolve_target
 from gpuanat.core.run.config import RunConfig
+from gpuanat.core.watch.target import resolve_target
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.keymap import KeymapError, gpuanat_apps, load_keymap
 from gpuanat.tui.watch_app import WatchApp

@@ -23,15 +23,15 @@ import psutil
 import pytest
 from conftest import REPO, cli_env, run_cli, start_cli, tiny_model_reference
 
-from gpuanat.core.measure import watch_records
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
 from gpuanat.core.measure.process_tree import HostOnlySource
 from gpuanat.core.measure.replay import ReplayGpuSource, ReplaySource
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import GpuSample, HostSample, NvmlStatus, ProcessGpuMemory, Sample
-from gpuanat.core.measure.watch import WatchSession, follow
-from gpuanat.core.measure.watch_publications import NOT_PUBLISHED
-from gpuanat.core.measure.watch_target import WatchError, WatchTarget, resolve_target
+from gpuanat.core.watch import records as watch_records
+from gpuanat.core.watch.publications import NOT_PUBLISHED
+from gpuanat.core.watch.session import WatchSession, follow
+from gpuanat.core.watch.target import WatchError, WatchTarget, resolve_target
 
 MIB = 1024 * 1024
 H100_TRACE = Path(__file__).parent / "data" / "nvml_trace_h100.jsonl"
@@ -560,7 +560,7 @@ def test_a_rank_is_placed_on_the_gpu_that_holds_most_of_its_memory():
     listed rank 1 (PID 979) with 610 MiB on GPU 2 and 11736 MiB on GPU 3. It trains on GPU 3, not on the first GPU
     that lists it."""
     from gpuanat.core.measure.samples import GpuSample, ProcessGpuMemory
-    from gpuanat.core.measure.watch_records import _gpu_of
+    from gpuanat.core.watch.records import _gpu_of
 
     mib = 1 << 20
 

@@ -16,8 +16,8 @@ from watch_replay import STEPS, TRACE, make_watch_app, replay
 
 from gpuanat.core.measure.process_tree import HostOnlySource
 from gpuanat.core.measure.samples import NvmlStatus
-from gpuanat.core.measure.watch_target import resolve_target
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.watch.target import resolve_target
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.watch_app import WatchApp
 from gpuanat.tui.widgets.memory_bar import MemoryBar

@@ -16,8 +16,8 @@ from gpuanat.core.store.history import HistoryStore, default_db_path
 def command_watch(args: argparse.Namespace) -> int:
     from gpuanat.core.measure.nvml_source import open_source
     from gpuanat.core.measure.sampler import Sampler
-    from gpuanat.core.measure.watch import WatchSession, follow
-    from gpuanat.core.measure.watch_target import WatchError, resolve_target
+    from gpuanat.core.watch.session import WatchSession, follow
+    from gpuanat.core.watch.target import WatchError, resolve_target
 
     if args.interval <= 0:
         fail_usage(f"--interval: must be a number of seconds > 0 (got {args.interval})")

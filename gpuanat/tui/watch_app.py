@@ -27,9 +27,9 @@ from textual.widgets import Footer
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
-from gpuanat.core.measure.watch import WatchSession
-from gpuanat.core.measure.watch_target import WatchTarget
 from gpuanat.core.store.report import format_bytes
+from gpuanat.core.watch.session import WatchSession
+from gpuanat.core.watch.target import WatchTarget
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, DashboardActions
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane

@@ -1,1 +1,2 @@
-"""Measuring: NVML and host sampling, the memory bands, watching any PID, probe publications, PID namespaces."""
+"""Measuring: NVML and host sampling, the memory bands, a run's state from its events, probe publications,
+PID namespaces."""

@@ -22,12 +22,12 @@ from typing import Any
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
-from gpuanat.core.measure.watch import WatchSession
-from gpuanat.core.measure.watch_target import WatchError, WatchTarget, resolve_target
 from gpuanat.core.run.protocol import Event, Malformed
 from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.store.history import HistoryStore, write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S
+from gpuanat.core.watch.session import WatchSession
+from gpuanat.core.watch.target import WatchError, WatchTarget, resolve_target
 
 SAMPLE_INTERVAL_S = 0.25
 EVENT_POLL_INTERVAL_S = 0.2

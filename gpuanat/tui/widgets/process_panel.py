@@ -9,8 +9,8 @@ from typing import Any
 from rich.text import Span, Text
 from textual.strip import Strip
 
-from gpuanat.core.measure.watch_publications import NOT_PUBLISHED
 from gpuanat.core.store.report import format_bytes
+from gpuanat.core.watch.publications import NOT_PUBLISHED
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_line_row, text_rows
 
 LineKey = tuple[int, str, tuple[Span, ...]]

@@ -24,8 +24,8 @@ from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands
 from gpuanat.core.measure.observed_run import ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
-from gpuanat.core.measure.watch_publications import NOT_PUBLISHED, Publications
-from gpuanat.core.measure.watch_target import WatchTarget
+from gpuanat.core.watch.publications import NOT_PUBLISHED, Publications
+from gpuanat.core.watch.target import WatchTarget
 
 
 def _gpu_of(gpus: Sequence[GpuSample], nvml_pids: set[int]) -> GpuSample | None:

@@ -30,12 +30,12 @@ from gpuanat.core.measure.observed_run import ObservedRun
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
-from gpuanat.core.measure.watch_history import HistoryRecorder
-from gpuanat.core.measure.watch_publications import Publications, default_publication_dirs
-from gpuanat.core.measure.watch_records import WatchRecords
-from gpuanat.core.measure.watch_target import WatchTarget
 from gpuanat.core.run.protocol import Event, Malformed, Step
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.watch.publications import Publications, default_publication_dirs
+from gpuanat.core.watch.recorder import HistoryRecorder
+from gpuanat.core.watch.records import WatchRecords
+from gpuanat.core.watch.target import WatchTarget
 
 KEPT_SAMPLES = 20_000
 """Samples kept for a save requested later (about 80 minutes at 4 Hz); older ones are dropped."""
