@@ -1,4 +1,4 @@
-"""The checks of a RunConfig: what cannot run is refused with the flag to fix, before anything starts.
+"""The checks of a RunConfig: a value that cannot run is refused with the flag to fix (`ConfigError`).
 
 Validation happens in two stages, both before anything starts:
 `validate_values` checks what can be judged from the values alone (and `check_hub_model` whether a --model
