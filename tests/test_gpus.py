@@ -13,7 +13,9 @@ import pytest
 from conftest import run_cli
 
 from gpuanat.core.measure.samples import Sample
-from gpuanat.core.run.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.run.config import Capabilities, RunConfig
+from gpuanat.core.run.errors import ConfigError
+from gpuanat.core.run.gpu_request import parse_gpus
 from gpuanat.core.run.gpus import (
     DEVICE_ORDER_VARIABLE,
     VISIBLE_DEVICES_VARIABLE,
@@ -21,9 +23,9 @@ from gpuanat.core.run.gpus import (
     child_gpu_environment,
     choose_gpus,
     gpus_for_run,
-    parse_gpus,
 )
 from gpuanat.core.run.session import _RunState
+from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
 
 TRACE = Path(__file__).parent / "data" / "h200x2_ddp_trace.jsonl"
 RANK_PIDS = {0: 1011, 1: 1012}

@@ -16,8 +16,10 @@ from conftest import last_json, run_cli
 from rich.console import Console
 
 from gpuanat.core.memory.predict import estimate_memory, lora_shapes, parameter_shapes, prediction_json
-from gpuanat.core.run.config import Capabilities, ConfigError, RunConfig, machine_unsupported_reason, validate_values
+from gpuanat.core.run.config import Capabilities, RunConfig
+from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
 
 LLAMA_TINY = ["--preset", "llama-tiny", "--device", "cpu", "--seq-len", "32", "--samples", "32", "--batch-size", "4"]
 

@@ -32,17 +32,13 @@ from gpuanat.core.memory.predict import (
     prediction_json,
     qlora_head_copy_bytes,
 )
-from gpuanat.core.run.config import (
-    Capabilities,
-    ConfigError,
-    RunConfig,
-    machine_unsupported_reasons,
-    validate_values,
-)
+from gpuanat.core.run.config import Capabilities, RunConfig
+from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.protocol import Done, ModelInfo, decode
 from gpuanat.core.run.runner import worker_command
 from gpuanat.core.run.techniques import changed_config
+from gpuanat.core.run.validation import machine_unsupported_reasons, validate_values
 
 GIB = 1024**3
 CPU_ONLY = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build")

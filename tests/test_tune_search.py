@@ -15,16 +15,10 @@ from gpuanat.cli.common import config_from_args
 from gpuanat.cli.parser import build_parser
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.tune import (
-    DIMENSIONS,
-    NOISE_FRACTION,
-    beats,
-    moves_in_order,
-    pareto_front,
-    run_flags,
-    run_tune,
-    search_space,
-)
+from gpuanat.core.run.tune.result import NOISE_FRACTION, beats, pareto_front
+from gpuanat.core.run.tune.runs import run_flags
+from gpuanat.core.run.tune.search import moves_in_order, run_tune
+from gpuanat.core.run.tune.space import DIMENSIONS, search_space
 
 H100 = Capabilities(torch_version="2.11", cuda_available=True, cuda_device_name="NVIDIA H100 80GB HBM3",
                     cuda_compute_capability=(9, 0), cuda_total_memory_bytes=81559 * 2**20, cuda_device_count=1)

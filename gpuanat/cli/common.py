@@ -12,18 +12,16 @@ from typing import Any, NoReturn
 
 from gpuanat.core.run.config import (
     Capabilities,
-    ConfigError,
     RunConfig,
-    check_hub_model,
     distributed_for_ranks,
     expandable_segments_enabled,
-    machine_unsupported_reason,
-    validate_values,
     workload_for_device,
 )
+from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.protocol import Error, Event, ModelInfo, Step
 from gpuanat.core.run.stop_signals import StopSignals
 from gpuanat.core.run.techniques import TECHNIQUES
+from gpuanat.core.run.validation import check_hub_model, machine_unsupported_reason, validate_values
 from gpuanat.core.store.history import HistoryStore, default_db_path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130

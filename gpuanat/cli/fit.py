@@ -21,7 +21,8 @@ from gpuanat.cli.common import (
     open_store,
     run_recorded,
 )
-from gpuanat.core.run.config import MAX_BATCH_SIZE, MAX_STEPS, RunConfig, machine_unsupported_reason
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 from gpuanat.core.store.history import HistoryStore
 
 

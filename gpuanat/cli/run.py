@@ -20,9 +20,9 @@ from gpuanat.cli.common import (
     run_recorded,
     warn_if_not_saved,
 )
-from gpuanat.core.run.config import machine_unsupported_reason
 from gpuanat.core.run.startup import process_started_monotonic_s
 from gpuanat.core.run.techniques import TECHNIQUES
+from gpuanat.core.run.validation import machine_unsupported_reason
 
 
 def command_run_script(args: argparse.Namespace) -> int:

@@ -22,8 +22,9 @@ from gpuanat.cli.common import (
     print_table,
     run_recorded,
 )
-from gpuanat.core.run.config import MAX_BATCH_SIZE, MAX_STEPS, RunConfig, machine_unsupported_reason
+from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
+from gpuanat.core.run.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 from gpuanat.core.store.history import HistoryStore
 
 MAX_BUDGET_MINUTES = 7 * 24 * 60.0
@@ -44,7 +45,7 @@ def _gib(value: int | None) -> str:
 
 
 def _parse_search(text: str | None) -> list[str] | None:
-    from gpuanat.core.run.tune import DIMENSIONS
+    from gpuanat.core.run.tune.space import DIMENSIONS
 
     if text is None:
         return None
@@ -101,7 +102,7 @@ def _memory_limit(given: int | None, base: RunConfig, capabilities: Any) -> int 
 
 def _trial_memory(trial: Any) -> tuple[int | None, str | None]:
     """A trial's memory from the first source it has (MEMORY_SOURCES order)."""
-    from gpuanat.core.run.tune import MEMORY_SOURCES
+    from gpuanat.core.run.tune.result import MEMORY_SOURCES
 
     for source, _ in MEMORY_SOURCES:
         value = trial.memory_bytes(source)
@@ -132,7 +133,8 @@ def trial_json(trial: Any, source: str | None, kept: list[int]) -> dict[str, Any
 
 def tune_json(outcome: Any, *, base: RunConfig, space: Any, budget_s: float, trial_steps: int,
               held: list[str]) -> dict[str, Any]:
-    from gpuanat.core.run.tune import MEMORY_SOURCES, run_command, run_flags
+    from gpuanat.core.run.tune.result import MEMORY_SOURCES
+    from gpuanat.core.run.tune.runs import run_command, run_flags
 
     source = outcome.memory_source
     best = outcome.best
@@ -181,11 +183,8 @@ def _print_front(summary: dict[str, Any]) -> None:
 
 
 def command_tune(args: argparse.Namespace) -> int:
-    from gpuanat.core.run.tune import (
-        DIMENSION_FIELDS,
-        run_tune,
-        search_space,
-    )
+    from gpuanat.core.run.tune.search import run_tune
+    from gpuanat.core.run.tune.space import DIMENSION_FIELDS, search_space
 
     _check_numbers(args)
     only = _parse_search(args.search)

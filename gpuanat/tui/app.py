@@ -37,22 +37,19 @@ from gpuanat.core.memory.predict import (
     lora_shapes,
     peak_reserved_bytes,
 )
-from gpuanat.core.run.config import (
-    Capabilities,
-    ConfigError,
-    RunConfig,
-    machine_unsupported_reason,
-    validate_values,
-    workload_for_device,
-)
+from gpuanat.core.run.config import Capabilities, RunConfig, workload_for_device
 from gpuanat.core.run.diagnose import LIVE_WINDOW_STEPS, diagnose, recent_breakdown
+from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.flops import utilization
 from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.protocol import Event, Hello, ModelInfo, ProbeBands, Ranked, Step
 from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import SharedSampler, execute_run
 from gpuanat.core.run.techniques import changed_config, next_distributed, next_gpu_count
-from gpuanat.core.run.tune import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS, run_command, run_tune, search_space
+from gpuanat.core.run.tune.runs import run_command
+from gpuanat.core.run.tune.search import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS, run_tune
+from gpuanat.core.run.tune.space import search_space
+from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import format_bytes
 from gpuanat.core.thread_names import name_native_thread

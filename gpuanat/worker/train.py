@@ -211,7 +211,7 @@ def with_liger_loss(model: Any) -> None:
     returns the loss and no logits."""
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
 
-    from gpuanat.core.run.config import ConfigError
+    from gpuanat.core.run.errors import ConfigError
 
     model_type = getattr(model.config, "model_type", None)
     if not is_causal_lm(model.config) or model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
@@ -374,7 +374,8 @@ def train(config: Any, emit: Any) -> int:
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE, ConfigError
+    from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE
+    from gpuanat.core.run.errors import ConfigError
     from gpuanat.core.run.protocol import Done, Error, Hello
     from gpuanat.worker.probe import AnatomyCallback
 

@@ -1,4 +1,5 @@
-"""Which GPUs a run trains on: `--gpus` read, checked against what NVML lists, and handed to the child.
+"""Which GPUs a run trains on: `--gpus` (as `gpu_request` reads it) checked against what NVML lists, and handed
+to the child.
 
 A run uses exactly the GPUs it was given — never one more — so the child's `CUDA_VISIBLE_DEVICES` names them, by
 NVML's index with `CUDA_DEVICE_ORDER=PCI_BUS_ID` (CUDA's own default order, fastest first, can differ from NVML's
@@ -16,14 +17,14 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuanat.core.run.config import ConfigError, RunConfig
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.errors import ConfigError
+from gpuanat.core.run.gpu_request import parse_gpus
 
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
 DEVICE_ORDER_VARIABLE = "CUDA_DEVICE_ORDER"
 PCI_BUS_ORDER = "PCI_BUS_ID"
 """NVML's order: with it, CUDA's device i is nvidia-smi's GPU i."""
-MAX_GPUS = 64
-"""More GPUs than any single host has; a run spans one host."""
 
 
 @dataclass(frozen=True)
@@ -53,39 +54,6 @@ class GpuChoice:
     def visible_devices(self) -> str:
         """The child's CUDA_VISIBLE_DEVICES, under `CUDA_DEVICE_ORDER=PCI_BUS_ID`: rank r trains on `gpus[r]`."""
         return ",".join(str(gpu.index) for gpu in self.gpus)
-
-
-def parse_gpus(spec: str) -> int | tuple[int, ...] | None:
-    """`--gpus` as a count (`2`), a list of NVML indices (`0,2`), or None for `all`. A single number is a count
-    (`--gpus 1` is one GPU, the first idle one); one particular GPU is a list of one, `--gpus 3,`."""
-    text = spec.strip().lower()
-    if text == "all":
-        return None
-    if "," in text:
-        parts = [part.strip() for part in text.split(",") if part.strip()]
-        if not parts or not all(part.isdigit() for part in parts):
-            raise ConfigError("--gpus", f"a list is NVML indices separated by commas, e.g. 0,2 (got {spec!r})")
-        indices = tuple(int(part) for part in parts)
-        if len(set(indices)) != len(indices):
-            raise ConfigError("--gpus", f"GPU {next(i for i in indices if indices.count(i) > 1)} is listed twice")
-        if len(indices) > MAX_GPUS:
-            raise ConfigError("--gpus", f"at most {MAX_GPUS} GPUs (got {len(indices)})")
-        return indices
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError("--gpus", f"must be a count (2), a list of GPU indices (0,2) or all (got {spec!r})")
-    if int(text) > MAX_GPUS:
-        raise ConfigError("--gpus", f"at most {MAX_GPUS} GPUs (got {int(text)})")
-    return int(text)
-
-
-def requested_count(spec: str | None) -> int | None:
-    """How many GPUs `spec` asks for; None for `all` (known once NVML is read). No spec is one GPU."""
-    if spec is None:
-        return 1
-    parsed = parse_gpus(spec)
-    if parsed is None:
-        return None
-    return parsed if isinstance(parsed, int) else len(parsed)
 
 
 def _visible_subset(gpus: Sequence[Gpu], visible: str | None) -> tuple[list[Gpu], str | None]:

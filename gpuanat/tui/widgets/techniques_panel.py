@@ -9,9 +9,10 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from gpuanat.core.memory.predict import MemoryEstimate
-from gpuanat.core.run.config import Capabilities, RunConfig, machine_unsupported_reasons
+from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.techniques import compile_mode
+from gpuanat.core.run.validation import machine_unsupported_reasons
 from gpuanat.core.store.report import format_bytes
 
 ROWS: tuple[tuple[str, str, str], ...] = (

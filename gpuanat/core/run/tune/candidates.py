@@ -1,0 +1,232 @@
+"""The candidates of one search: the batch ladder, the moves one step from the best, and what a failed trial
+rules out.
+
+Every candidate is checked against the memory prediction (`Predictor`) before it runs: one predicted not to fit
+the GPU's memory less `MEMORY_MARGIN_FRACTION` is refused without running (`Pruned`), and a move that changes the
+memory, say fp32 in place of bf16, first steps its batch down the ladder to the largest that fits. A trial that
+runs out of memory or fails marks its direction dead (`Search.mark_failed`): the same value of that technique is
+not tried again, and after an OOM no batch at least as large with the same memory-relevant techniques.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuanat.core.memory.allocation_templates import largest_batch
+from gpuanat.core.memory.predict import prediction_json
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.techniques import compile_mode, with_compile_mode
+from gpuanat.core.run.tune.result import Pruned, TuneTrial
+from gpuanat.core.run.tune.space import DIMENSION_FIELDS, MEMORY_MARGIN_FRACTION, SearchSpace, searched_fields
+
+WORKER_COUNTS = (0, 2)
+TOP_RUNG_MULTIPLE = 8
+"""Besides powers of two, the batch ladder's top rung is the largest batch predicted to fit, rounded down to a
+multiple of 8 (tensor-core friendly): bert-large bf16 on an 80 GiB GPU fits 140, above the 128 rung."""
+MEMORY_RELEVANT_FIELDS = ("precision", "grad_checkpointing", "optim", "attn", "compile", "compile_regions",
+                          "expandable_segments", "liger")
+"""Techniques that change what a batch needs: a trial that ran out of memory rules out larger batches only for
+the same values of these."""
+
+GIB = 1024**3
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << exponent for exponent in range(limit.bit_length()) if 1 << exponent <= limit]
+
+
+class Predictor:
+    """The memory prediction, asked the same questions many times: answers kept."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self._largest: dict[RunConfig, int] = {}
+
+    def largest_fitting(self, config: RunConfig) -> int | None:
+        """The largest batch predicted to fit with `config`'s other techniques (None: no limit known)."""
+        usable = self.space.usable_memory_bytes
+        if usable is None or config.model is not None:
+            return None
+        key = config.replace(batch_size=1)
+        if key not in self._largest:
+            self._largest[key] = largest_batch(key, usable).batch_size
+        return self._largest[key]
+
+    def fits(self, config: RunConfig) -> bool:
+        largest = self.largest_fitting(config)
+        return largest is None or config.batch_size <= largest
+
+    @staticmethod
+    def peak_device_bytes(config: RunConfig) -> int | None:
+        predicted = prediction_json(config)
+        return predicted["peak_device_bytes"] if predicted is not None else None
+
+
+class Search:
+    """The state of one search: what was tried, refused and ruled out."""
+
+    def __init__(self, base: RunConfig, space: SearchSpace, predictor: Predictor) -> None:
+        self.base = base
+        self.space = space
+        self.predictor = predictor
+        self.tried: dict[RunConfig, TuneTrial] = {}
+        self.pruned: dict[RunConfig, Pruned] = {}
+        self.dead: set[tuple[str, tuple[Any, ...]]] = set()
+        self.oom_batches: dict[tuple[Any, ...], int] = {}
+
+    # The batch ladder
+
+    def with_batch(self, config: RunConfig, batch_size: int) -> RunConfig:
+        if self.space.effective_batch is not None:
+            return config.replace(batch_size=batch_size, grad_accum=self.space.effective_batch // batch_size)
+        return config.replace(batch_size=batch_size)
+
+    def ladder(self, config: RunConfig) -> list[int]:
+        """Batches the search may try with `config`'s techniques, smallest first: powers of two (dividing the
+        effective batch when one is kept, and the effective batch itself), and the largest predicted to fit."""
+        effective = self.space.effective_batch
+        rungs = set(_powers_of_two(self.space.max_batch))
+        if effective is not None:
+            rungs = {rung for rung in rungs if effective % rung == 0} | {effective}
+        largest = self.predictor.largest_fitting(config)
+        if largest is not None and effective is None:
+            top = min(largest, self.space.max_batch) // TOP_RUNG_MULTIPLE * TOP_RUNG_MULTIPLE
+            if top > 0:
+                rungs.add(top)
+        return sorted(rung for rung in rungs if rung <= self.space.max_batch)
+
+    def largest_fitting_rung(self, config: RunConfig, powers_only: bool = False) -> RunConfig | None:
+        """`config` at the largest rung predicted to fit (only powers of two and the effective batch when
+        `powers_only`); None when none does."""
+        for rung in reversed(self.ladder(config)):
+            if powers_only and rung & (rung - 1) and rung != self.space.effective_batch:
+                continue
+            candidate = self.with_batch(config, rung)
+            if self.predictor.fits(candidate) and not self._batch_dead(candidate):
+                return candidate
+        return None
+
+    # Candidates
+
+    def start(self) -> RunConfig:
+        """The strong start, before its batch is chosen."""
+        config, searched = self.base, searched_fields(self.space)
+        changes: dict[str, Any] = {"precision": self.space.half_precision, "tf32": self.space.tf32_available,
+                                   "attn": "sdpa", "optim": "adamw_torch_fused", "grad_checkpointing": False,
+                                   "compile": False, "compile_regions": False}
+        return config.replace(**{name: value for name, value in changes.items() if name in searched})
+
+    def _fitted(self, candidate: RunConfig, dimension: str) -> RunConfig | None:
+        """`candidate`, or with its batch stepped down to the largest rung that fits when the batch is searched;
+        None (and the refusal noted) when it cannot fit."""
+        if self.predictor.fits(candidate):
+            return candidate
+        self.note_pruned(candidate, dimension)
+        if "batch" not in self.space.dimensions:
+            return None
+        smaller = [rung for rung in self.ladder(candidate) if rung < candidate.batch_size]
+        for rung in reversed(smaller):
+            stepped = self.with_batch(candidate, rung)
+            if self.predictor.fits(stepped):
+                return stepped
+        return None
+
+    def note_pruned(self, candidate: RunConfig, dimension: str) -> None:
+        if candidate in self.pruned:
+            return
+        largest = self.predictor.largest_fitting(candidate)
+        usable = self.space.usable_memory_bytes
+        total = self.space.gpu_memory_bytes
+        reason = (f"predicted not to fit {usable / GIB:.2f} GiB (the GPU's {total / GIB:.2f} GiB less a "
+                  f"{MEMORY_MARGIN_FRACTION:.0%} margin): the largest batch predicted to fit with these techniques is "
+                  f"{largest}" if usable is not None and total is not None else "")
+        self.pruned[candidate] = Pruned(candidate, dimension, reason, self.predictor.peak_device_bytes(candidate))
+
+    def alternatives(self, dimension: str, center: RunConfig) -> list[RunConfig]:
+        """The candidates of one move away from `center` along `dimension`, each fitted to the memory (those that
+        cannot fit are noted as pruned and left out)."""
+        candidates: list[RunConfig | None] = []
+        if dimension == "batch":
+            ladder = sorted(set(self.ladder(center)) | {center.batch_size})
+            position = ladder.index(center.batch_size)
+            for neighbour in (ladder[position - 1] if position > 0 else None,
+                              ladder[position + 1] if position + 1 < len(ladder) else None):
+                if neighbour is None:
+                    continue
+                candidate = self.with_batch(center, neighbour)
+                if self.predictor.fits(candidate):
+                    candidates.append(candidate)
+                else:
+                    self.note_pruned(candidate, dimension)
+        elif dimension == "precision":
+            for precision in (self.space.half_precision, "fp32"):
+                if precision != center.precision:
+                    candidates.append(self._fitted(center.replace(precision=precision), dimension))
+        elif dimension == "tf32":
+            candidates.append(center.replace(tf32=not center.tf32))
+        elif dimension == "attn":
+            candidates.append(self._fitted(center.replace(attn="eager" if center.attn == "sdpa" else "sdpa"),
+                                           dimension))
+        elif dimension == "optim":
+            candidates.extend(self._fitted(center.replace(optim=optim), dimension) for optim in self.space.optimizers
+                              if optim != center.optim)
+        elif dimension == "grad-checkpointing":
+            candidates.append(self._checkpointing_move(center))
+        elif dimension == "workers":
+            candidates.extend(center.replace(workers=workers) for workers in WORKER_COUNTS if workers != center.workers)
+        elif dimension == "engine":
+            candidates.append(center.replace(engine="accelerate" if center.engine == "trainer" else "trainer"))
+        elif dimension == "compile":  # the other two of eager, regions compiled, the model compiled
+            for mode in ("regions", "model", "off"):
+                if mode != compile_mode(center):
+                    candidates.append(self._fitted(with_compile_mode(center, mode), dimension))
+        elif dimension in ("expandable-segments", "liger"):
+            name = DIMENSION_FIELDS[dimension][0]
+            candidates.append(self._fitted(center.replace(**{name: not getattr(center, name)}), dimension))
+        return [candidate for candidate in dict.fromkeys(candidates) if candidate is not None and candidate != center]
+
+    def _checkpointing_move(self, center: RunConfig) -> RunConfig | None:
+        """Checkpointing trades speed for memory, so it is tried only where it lets a larger batch fit: on, at the
+        largest power of two that fits with it, when that is larger than the largest without it. Off again
+        (from a start the user gave it in) at the largest batch that fits."""
+        if center.grad_checkpointing:
+            return self._fitted(center.replace(grad_checkpointing=False), "grad-checkpointing")
+        if "batch" not in self.space.dimensions:
+            return self._fitted(center.replace(grad_checkpointing=True), "grad-checkpointing")
+        without = self.largest_fitting_rung(center, powers_only=True)
+        with_checkpointing = self.largest_fitting_rung(center.replace(grad_checkpointing=True), powers_only=True)
+        if with_checkpointing is None or (without is not None
+                                          and with_checkpointing.batch_size <= without.batch_size):
+            return None
+        return with_checkpointing
+
+    # What failed
+
+    @staticmethod
+    def _direction(dimension: str, config: RunConfig) -> tuple[str, tuple[Any, ...]]:
+        return dimension, tuple(getattr(config, name) for name in DIMENSION_FIELDS[dimension])
+
+    @staticmethod
+    def _memory_signature(config: RunConfig) -> tuple[Any, ...]:
+        return (*(getattr(config, name) for name in MEMORY_RELEVANT_FIELDS), config.grad_accum > 1)
+
+    def _batch_dead(self, config: RunConfig) -> bool:
+        limit = self.oom_batches.get(self._memory_signature(config))
+        return limit is not None and config.batch_size >= limit
+
+    def is_dead(self, dimension: str, config: RunConfig) -> bool:
+        return self._batch_dead(config) or (dimension not in ("start", "batch")
+                                            and self._direction(dimension, config) in self.dead)
+
+    def mark_failed(self, trial: TuneTrial) -> None:
+        if trial.status == "oom":
+            signature = self._memory_signature(trial.config)
+            self.oom_batches[signature] = min(self.oom_batches.get(signature, trial.config.batch_size),
+                                              trial.config.batch_size)
+        if trial.dimension not in ("start", "batch"):
+            self.dead.add(self._direction(trial.dimension, trial.config))
+
+    def untried(self, center: RunConfig) -> int:
+        """Candidates one move from `center` still to try: how many trials this round has left at least."""
+        return sum(1 for dimension in self.space.dimensions for candidate in self.alternatives(dimension, center)
+                   if candidate not in self.tried and not self.is_dead(dimension, candidate))

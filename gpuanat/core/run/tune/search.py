@@ -1,0 +1,197 @@
+"""The search itself (`run_tune`): a strong start, then greedy coordinate moves from the best so far, each trial
+a short real run, until no move helps, the budget would be exceeded, or the user stops it.
+
+No torch here: the runs happen in child processes (`execute_run`); tests inject `run_trial` and the clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.session import execute_run
+from gpuanat.core.run.techniques import compile_mode
+from gpuanat.core.run.tune.candidates import Predictor, Search
+from gpuanat.core.run.tune.result import NOISE_FRACTION, Pruned, TuneResult, TuneTrial, beats
+from gpuanat.core.run.tune.runs import trial_config, trial_name
+from gpuanat.core.run.tune.space import SearchSpace
+from gpuanat.core.store.history import HistoryStore
+
+FIRST_MOVES_FOR: dict[str, tuple[str, ...]] = {
+    "gpu-bound": ("compile", "engine", "liger"),
+    "host-bound": ("batch", "engine", "compile"),
+    "input-bound": ("workers",),
+    "memory-bound": ("grad-checkpointing", "optim", "expandable-segments"),
+}
+"""The moves a round tries first, by the kept run's main bottleneck (`diagnose`): what its fix names. A GPU-bound
+run gains from less GPU work a sample (fused kernels) and from a loop that leaves the GPU no gap: HF Trainer
+synchronises once a step, the Accelerate loop does not (bert-large bf16 batch 128 on the H100: 310 → 324 samples/s
+eager, 335 → 354 with compiled regions; benchmarks/results/h100/compile_speed/). The default order reaches both last:
+an 8.6-minute search there kept compiled regions, then ran out of budget before the engine
+(benchmarks/results/h100/tune3/)."""
+DEFAULT_TRIAL_STEPS = 20
+"""Optimizer steps per trial: the probe's first 2 are warm-up (10%, at least 2), 18 are timed."""
+DEFAULT_BUDGET_MINUTES = 15.0
+COMPILE_TIME_FACTOR = 2.0
+"""Before any compiled trial ran, one is expected to take this many times an eager trial (compilation)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the search stands after a trial."""
+
+    elapsed_s: float
+    budget_s: float
+    estimated_left_s: float
+    """The trials one move from the best still to try, at the mean trial's time, capped by the budget left: a
+    floor while moves keep helping (each kept move opens a new round)."""
+
+
+def run_tune(base: RunConfig, space: SearchSpace, *, store: HistoryStore, log_dir: Path, trial_steps: int,
+             budget_s: float, run_trial: Callable[..., dict[str, Any]] = execute_run,
+             on_trial: Callable[[TuneTrial, Progress], None] | None = None,
+             on_pruned: Callable[[Pruned], None] | None = None,
+             on_kept: Callable[[TuneTrial, float], None] | None = None,
+             stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
+             noise: float = NOISE_FRACTION, **run_options: Any) -> TuneResult:
+    """Search from `base` (the workload, and every technique the user fixed) within `space`, each trial a real run
+    of `trial_steps` steps through `run_trial` (`execute_run`'s signature), recorded in `store` as "tune N: …".
+    Stops when no move helps, when the next trial would not end within `budget_s` (estimated from the trials
+    done), or when `stop` is set — returning what was found so far each time. `on_kept` gets each trial moved
+    to and its gain over the best before it (a fraction; 0 for the start)."""
+    started_s = clock()
+    predictor = Predictor(space)
+    search = Search(base, space, predictor)
+    result = TuneResult()
+    reported_pruned: set[RunConfig] = set()
+
+    def report_pruned() -> None:
+        for config, pruned in search.pruned.items():
+            if config not in reported_pruned:
+                reported_pruned.add(config)
+                result.pruned.append(pruned)
+                if on_pruned is not None:
+                    on_pruned(pruned)
+
+    def estimate_s(config: RunConfig) -> float | None:
+        compiled = compile_mode(config) != "off"
+        done = [trial.wall_s for trial in result.trials if compile_mode(trial.config) == compile_mode(config)]
+        if done:
+            return sum(done) / len(done)
+        if not result.trials:
+            return None
+        mean = sum(trial.wall_s for trial in result.trials) / len(result.trials)
+        return mean * (COMPILE_TIME_FACTOR if compiled else 1.0)
+
+    def stopped() -> bool:
+        if stop is not None and stop.is_set():
+            result.stop_reason = "interrupted"
+            return True
+        return result.stop_reason in ("budget", "interrupted", "failed")
+
+    def attempt(config: RunConfig, dimension: str, center: RunConfig | None) -> TuneTrial | None:
+        """Run `config` unless it was tried, is ruled out, or would overrun the budget."""
+        if config in search.tried:
+            return search.tried[config]
+        if stopped() or search.is_dead(dimension, config):
+            return None
+        expected = estimate_s(config)
+        if expected is not None and clock() - started_s + expected > budget_s:
+            result.stop_reason = "budget"
+            return None
+        index = len(result.trials) + 1
+        name = trial_name(index, config)
+        began = clock()
+        run = run_trial(trial_config(config, trial_steps), store=store, log_dir=log_dir, name=name, **run_options)
+        trial = TuneTrial(index, name, dimension, config, run, clock() - began)
+        result.trials.append(trial)
+        search.tried[config] = trial
+        if trial.status == "stopped" or (stop is not None and stop.is_set()):
+            result.stop_reason = "interrupted"
+        elif not trial.ok:
+            search.mark_failed(trial)
+        if on_trial is not None:
+            elapsed = clock() - started_s
+            mean = sum(t.wall_s for t in result.trials) / len(result.trials)
+            following = search.untried(center or config) if result.stop_reason != "interrupted" else 0
+            on_trial(trial, Progress(elapsed, budget_s, max(0.0, min(budget_s - elapsed, following * mean))))
+        return trial
+
+    center_trial = _start(search, result, attempt, report_pruned)
+    if center_trial is not None:
+        result.kept.append(center_trial.index)
+        if on_kept is not None:
+            on_kept(center_trial, 0.0)
+    while center_trial is not None and not stopped():
+        moved = False
+        for dimension in moves_in_order(space.dimensions, center_trial.result):
+            candidates = search.alternatives(dimension, center_trial.config)
+            report_pruned()
+            trials = [attempt(candidate, dimension, center_trial.config) for candidate in candidates]
+            report_pruned()
+            ok = [trial for trial in trials if trial is not None and trial.ok]
+            if ok:
+                fastest = max(ok, key=lambda trial: trial.samples_per_second or 0.0)
+                best_rate = center_trial.samples_per_second or 0.0
+                if fastest is not center_trial and beats(fastest.samples_per_second or 0.0, best_rate, noise):
+                    gain = (fastest.samples_per_second or 0.0) / best_rate - 1.0 if best_rate else 0.0
+                    center_trial = fastest
+                    result.kept.append(fastest.index)
+                    moved = True
+                    if on_kept is not None:
+                        on_kept(fastest, gain)
+            if stopped():
+                break
+        if not moved:
+            break
+    report_pruned()
+    result.elapsed_s = clock() - started_s
+    return result
+
+
+def moves_in_order(dimensions: Sequence[str], center_result: Mapping[str, Any]) -> list[str]:
+    """`dimensions` with the moves that answer the kept run's main bottleneck first (FIRST_MOVES_FOR), the others
+    in their usual order."""
+    findings = center_result.get("diagnosis") or []
+    first = FIRST_MOVES_FOR.get(findings[0]["bottleneck"], ()) if findings else ()
+    return ([dimension for dimension in first if dimension in dimensions]
+            + [dimension for dimension in dimensions if dimension not in first])
+
+
+def _start(search: Search, result: TuneResult, attempt: Callable[[RunConfig, str, RunConfig | None],
+                                                                   TuneTrial | None],
+           report_pruned: Callable[[], None]) -> TuneTrial | None:
+    """Run the strong start; after an OOM, the next smaller batch on the ladder, until one trains. None (with the
+    reason in `result.stop_reason`) when none does."""
+    config = search.start()
+    while True:
+        if "batch" in search.space.dimensions:
+            fitted = search.largest_fitting_rung(config, powers_only=True)
+            larger = [rung for rung in search.ladder(config) if fitted is None or rung > fitted.batch_size]
+            refused = search.with_batch(config, larger[0]) if larger else None
+            if refused is not None and not search.predictor.fits(refused):
+                search.note_pruned(refused, "start")  # where the prediction bounds the start
+        else:
+            fitted = config if search.predictor.fits(config) else None
+            if fitted is None:
+                search.note_pruned(config, "start")
+        report_pruned()
+        if fitted is None:
+            if result.stop_reason == "converged":
+                result.stop_reason = "nothing fits"
+            return None
+        trial = attempt(fitted, "start", None)
+        if trial is None:
+            return None
+        if trial.ok:
+            return trial
+        if trial.status != "oom" or "batch" not in search.space.dimensions:
+            if result.stop_reason == "converged":
+                result.stop_reason = "failed"
+            return None
+        config = fitted

@@ -1,0 +1,103 @@
+"""No module of gpuanat imports another in a cycle: data flows one way, from low rooms to high ones.
+
+The import graph is read statically with `ast` from every module under gpuanat/, imports at the top and inside
+functions alike: a lazy import inside a function hides a cycle from Python at import time, not from this test.
+An import names the module it reads (`from gpuanat.core.run import config` is gpuanat.core.run.config; `from
+gpuanat.core.run.config import RunConfig` is gpuanat.core.run.config too); a package's `__init__` counts only
+where it is named itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Collection
+from pathlib import Path
+
+import gpuanat
+
+PACKAGE = Path(gpuanat.__file__).parent
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of gpuanat by its dotted name, found on disk, so a new one cannot be left out."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_modules(node: ast.Import | ast.ImportFrom, package: str, modules: Collection[str]) -> set[str]:
+    """The modules of gpuanat one import statement reads, relative imports resolved against `package`."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+            base = ".".join([*parent, base] if base else parent)
+        # `from a.b import c`: the module a.b.c where c is one, else a.b, which holds the name c
+        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+    found = set()
+    for name in names:
+        while name and name not in modules:  # outside gpuanat: nothing left
+            name = name.rpartition(".")[0]
+        if name:
+            found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of gpuanat and the modules of gpuanat it imports, anywhere in its code."""
+    modules = module_files()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = {imported for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                       if isinstance(node, ast.Import | ast.ImportFrom)
+                       for imported in imported_modules(node, package, modules)} - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm): each holds a cycle."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for imported in sorted(graph[module]):
+            if imported not in order:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], order[imported])
+        if low[module] == order[module]:
+            component = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return found
+
+
+def test_the_graph_holds_top_level_and_lazy_imports():
+    graph = import_graph()
+    assert "gpuanat.core.run.config" in graph["gpuanat.core.run.gpus"]  # at the top
+    assert "gpuanat.core.run.tune.search" in graph["gpuanat.cli.tune"]  # inside a function
+    assert "gpuanat.core.run.gpus" in graph["gpuanat.core.run.session"]
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_another_in_a_cycle():
+    assert cycles(import_graph()) == []
