@@ -169,12 +169,12 @@ def test_of_two_ranks_that_ended_without_a_word_the_first_to_end_is_the_cause():
     ended silently and the run blamed rank 0, the lower. The launcher now reports them in the order their
     connections closed, and the run takes the earlier of two errors of one kind."""
     from gpuanat.core.run.protocol import Error
-    from gpuanat.core.run.session import _first_cause, _RunState
+    from gpuanat.core.run.result import RankRecord, first_cause
 
-    killed, stopped_after = _RunState(), _RunState()
+    killed, stopped_after = RankRecord(), RankRecord()
     killed.observe(Error(kind="exited", message="rank 1 (pid 11) ended without finishing"))
     stopped_after.observe(Error(kind="exited", message="rank 0 (pid 10) ended without finishing after rank 1 did"))
-    assert _first_cause([stopped_after, killed]).message.startswith("rank 1")  # rank order: 0, 1
-    out_of_memory = _RunState()
+    assert first_cause([stopped_after, killed]).message.startswith("rank 1")  # rank order: 0, 1
+    out_of_memory = RankRecord()
     out_of_memory.observe(Error(kind="oom", message="rank 0: CUDA out of memory"))
-    assert _first_cause([out_of_memory, killed]).kind == "oom"  # the kind decides first
+    assert first_cause([out_of_memory, killed]).kind == "oom"  # the kind decides first

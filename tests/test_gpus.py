@@ -24,7 +24,7 @@ from gpuanat.core.run.gpus import (
     choose_gpus,
     gpus_for_run,
 )
-from gpuanat.core.run.session import _RunState
+from gpuanat.core.run.result import RankRecord
 from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
 
 TRACE = Path(__file__).parent / "data" / "h200x2_ddp_trace.jsonl"
@@ -105,7 +105,7 @@ def test_the_child_sees_exactly_its_gpus_in_nvml_order():
 
 
 def test_each_rank_reads_its_own_gpu_from_the_recorded_h200_trace():
-    ranks = {rank: _RunState(gpu_index=rank) for rank in RANK_PIDS}
+    ranks = {rank: RankRecord(gpu_index=rank) for rank in RANK_PIDS}
     for sample in _samples():
         for rank, state in ranks.items():
             state.observe_sample(sample, RANK_PIDS[rank])
@@ -118,7 +118,7 @@ def test_each_rank_reads_its_own_gpu_from_the_recorded_h200_trace():
         assert state.peak_process_used_bytes == process_peak
     # Each rank held ~15.6 GiB on its own GPU; summed over both GPUs (the old reading) it would be twice that.
     assert ranks[1].peak_process_used_bytes < 1.1 * ranks[0].peak_process_used_bytes
-    mixed = _RunState(gpu_index=0)
+    mixed = RankRecord(gpu_index=0)
     for sample in samples:
         mixed.observe_sample(sample, RANK_PIDS[1])  # rank 1's pid is never on GPU 0
     assert mixed.peak_process_used_bytes is None

@@ -1,10 +1,10 @@
 """What a watch has learned about the run it watches, from the probe events its processes publish.
 
-`ObservedRun.observe_event` takes each event of the watched tree. Rank 0 (without ranks, the first process that
-publishes) speaks for the run: its hello, model, steps, done and error, the steps kept for the history and the
-recent ones that give the current samples/s. Every publishing process, each rank of a distributed job, also keeps
-its own `Publisher`: its bands, reserved memory and step. The run's peaks are kept here too: reserved memory from
-its events; GPU memory, RSS and CPU, which the watch's records raise as samples arrive.
+`ObservedRun.observe_event` takes each event of the watched tree and hands it to the `Publisher` of the process that
+published it: with torchrun, one rank, whose `RankState` (`run_state`, the same reduction as a launched run's) keeps
+its hello, model, steps, bands, done and error. Rank 0 (without ranks, the first process that publishes) speaks for
+the run: its state is the run's, and its new steps are kept for the history. The run's peaks are kept here too:
+reserved memory from its events; GPU memory, RSS and CPU, which the watch's records raise as samples arrive.
 
 Plain Python: no torch, no UI; nothing here reads a sample or writes the history.
 """
@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from gpuanat.core.measure.run_state import RankState
 from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
 
 THROUGHPUT_WINDOW_S = 5.0
@@ -28,23 +29,26 @@ KEPT_STEPS = 20_000
 
 @dataclass
 class Publisher:
-    """What one publishing process of the tree has said: with torchrun, one rank."""
+    """One publishing process of the tree: with torchrun, one rank."""
 
     pid: int
     rank: int | None = None
     """From the process's RANK (torchrun, accelerate launch); None when unreadable or not set."""
-    probe_bands: ProbeBands | None = None
-    reserved_bytes: int | None = None
-    step: int | None = None
+    state: RankState = field(default_factory=RankState)
+    """What it has published."""
 
-    def observe(self, event: Event) -> None:
-        if isinstance(event, (Step, Done)) and event.bands is not None and (
-                self.probe_bands is None or event.bands.measured_at_step >= self.probe_bands.measured_at_step):
-            self.probe_bands = event.bands
-        if isinstance(event, Step):
-            self.step = event.step if self.step is None else max(self.step, event.step)
-            if event.reserved_bytes is not None:
-                self.reserved_bytes = event.reserved_bytes
+    @property
+    def probe_bands(self) -> ProbeBands | None:
+        return self.state.probe_bands
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        """torch's reserved memory at its latest step."""
+        return self.state.last_step.reserved_bytes if self.state.last_step else None
+
+    @property
+    def step(self) -> int | None:
+        return self.state.last_step.step if self.state.last_step else None
 
 
 def _rank_of(pid: int) -> int | None:
@@ -56,17 +60,12 @@ def _rank_of(pid: int) -> int | None:
 
 @dataclass
 class ObservedRun:
-    """What the watch has learned about the run: probe events of the publishing process, and peaks."""
+    """What the watch has learned about the run: the probe events of its publishing processes, and peaks."""
 
-    hello: Hello | None = None
-    model: ModelInfo | None = None
-    last_step: Step | None = None
-    probe_bands: ProbeBands | None = None
-    done: Done | None = None
-    error: Error | None = None
     malformed: int = 0
+    """Lines of the publications that were no event, every process's."""
     publisher_pid: int | None = None
-    peak_reserved_bytes: int | None = None
+    """The process that speaks for the run: rank 0, else the first that published."""
     peak_gpu_memory_bytes: int | None = None
     """The tree's GPU memory (NVML per-process, all GPUs) at its highest."""
     peak_device_used_bytes: int | None = None
@@ -74,66 +73,64 @@ class ObservedRun:
     gpu_name: str | None = None
     peak_rss_bytes: int | None = None
     peak_cpu_percent: float | None = None
-    recent_steps: collections.deque[tuple[float, int]] = field(
-        default_factory=lambda: collections.deque(maxlen=256))
-    """(elapsed s, samples) of the latest published steps, for the current samples/s."""
     steps: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=KEPT_STEPS))
+    """The run's new steps as records, for the history."""
     publishers: dict[int, Publisher] = field(default_factory=dict)
     """Every publishing process, by PID, in the order they first published: each rank of a distributed job."""
 
     def observe_event(self, pid: int, event: Event | Malformed) -> Step | None:
-        """Take one event; returns the step when it is a new one (for the history)."""
+        """Take one event; returns the step when it is a new one of the run (for the history)."""
         if isinstance(event, Malformed):
             self.malformed += 1
             return None
         if pid not in self.publishers:
             self.publishers[pid] = Publisher(pid, rank=_rank_of(pid))
-        self.publishers[pid].observe(event)
+        new_step = self.publishers[pid].state.observe(event)
         if self.publisher_pid is None or (self.publishers[pid].rank == 0
                                           and self.publishers[self.publisher_pid].rank != 0):
             self.publisher_pid = pid  # rank 0 speaks for the run; without ranks, the first publisher
-        if pid != self.publisher_pid:
+        if pid != self.publisher_pid or new_step is None:
             return None
-        if isinstance(event, Hello):
-            self.hello = event
-        elif isinstance(event, ModelInfo):
-            # A rewritten publication file starts over with the same ModelInfo; a new model means a new run.
-            if event != self.model or self.done is not None:
-                self.model, self.done, self.last_step = event, None, None
-                self.recent_steps.clear()
-        elif isinstance(event, Step):
-            if event.bands is not None and (self.probe_bands is None
-                                            or event.bands.measured_at_step >= self.probe_bands.measured_at_step):
-                self.probe_bands = event.bands
-            if event.reserved_bytes is not None:
-                self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, event.reserved_bytes)
-            if self.last_step is not None and event.step <= self.last_step.step:
-                return None
-            self.last_step = event
-            self.recent_steps.append((event.elapsed_s, event.samples))
-            record = dataclasses.asdict(event)
-            self.steps.append(record)
-            return event
-        elif isinstance(event, Done):
-            self.done = event
-            if event.bands is not None:
-                self.probe_bands = event.bands
-            if event.peak_reserved_bytes is not None:
-                self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, event.peak_reserved_bytes)
-        elif isinstance(event, Error):
-            self.error = event
-        return None
+        self.steps.append(dataclasses.asdict(new_step))
+        return new_step
+
+    @property
+    def _run(self) -> RankState:
+        """The state of the process that speaks for the run (an empty one before any publishes)."""
+        return self.publishers[self.publisher_pid].state if self.publisher_pid is not None else _NOTHING_PUBLISHED
+
+    @property
+    def hello(self) -> Hello | None:
+        return self._run.hello
+
+    @property
+    def model(self) -> ModelInfo | None:
+        return self._run.model
+
+    @property
+    def last_step(self) -> Step | None:
+        return self._run.last_step
+
+    @property
+    def probe_bands(self) -> ProbeBands | None:
+        return self._run.probe_bands
+
+    @property
+    def done(self) -> Done | None:
+        return self._run.done
+
+    @property
+    def error(self) -> Error | None:
+        return self._run.error
+
+    @property
+    def peak_reserved_bytes(self) -> int | None:
+        return self._run.peak_reserved_bytes
 
     def samples_per_second(self) -> float | None:
-        """Samples/s over the last `THROUGHPUT_WINDOW_S` seconds of published steps."""
-        if len(self.recent_steps) < 2:
-            return None
-        last_elapsed_s, last_samples = self.recent_steps[-1]
-        first_elapsed_s, first_samples = self.recent_steps[-2]
-        for elapsed_s, samples in reversed(self.recent_steps):
-            if last_elapsed_s - elapsed_s > THROUGHPUT_WINDOW_S:
-                break
-            first_elapsed_s, first_samples = elapsed_s, samples
-        if last_elapsed_s <= first_elapsed_s:
-            return None
-        return (last_samples - first_samples) / (last_elapsed_s - first_elapsed_s)
+        """Samples/s over the last `THROUGHPUT_WINDOW_S` seconds of the run's published steps."""
+        return self._run.samples_per_second(THROUGHPUT_WINDOW_S)
+
+
+_NOTHING_PUBLISHED = RankState()
+"""Read, never written: what a run that published nothing has said."""

@@ -23,6 +23,7 @@ from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.run.protocol import Event, Malformed
+from gpuanat.core.run.result import log_tail
 from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.store.history import HistoryStore, write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S
@@ -31,7 +32,6 @@ from gpuanat.core.watch.target import WatchError, WatchTarget, resolve_target
 
 SAMPLE_INTERVAL_S = 0.25
 EVENT_POLL_INTERVAL_S = 0.2
-LOG_TAIL_LINES = 20
 
 
 def script_command(script: Path, script_args: Sequence[str]) -> list[str]:
@@ -41,14 +41,6 @@ def script_command(script: Path, script_args: Sequence[str]) -> list[str]:
 
 NO_TRAINER = ("the script created no transformers Trainer, so gpuanat's probe measured no training; only its "
               "processes were measured from outside")
-
-
-def _log_tail(log_path: Path) -> str:
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:])
 
 
 def _target(pid: int, command: list[str]) -> WatchTarget:
@@ -143,7 +135,7 @@ def execute_script(
         status = "failed"
     if status == "failed" and error is None:
         error = {"kind": "exception", "flag": None, "step": None,
-                 "message": f"the script exited with code {exit_code}; last lines of its log:\n{_log_tail(log_path)}"}
+                 "message": f"the script exited with code {exit_code}; last lines of its log:\n{log_tail(log_path)}"}
     unavailable = dict(session.result(exited=True)["unavailable"])
     if observed.model is None:
         # Nothing trained under the probe: every training figure is missing for that one reason.

@@ -1,0 +1,105 @@
+"""What one training process has said about its run through its probe events: one rank's state.
+
+A run's probe events reach gpuanat two ways: on the pipe of a child it launched (the recorded run of
+`core/run/session.py`, and the dashboard's `LiveRun`), or in the publication file of a process it watches
+(`core/watch/`, through `ObservedRun`). All three reduce them here, one `RankState` per training process, so a
+launched and a watched run agree on what their latest step, their bands, their end and their error are.
+
+The rules hold for events in any order a publication can give them: the bands kept are the latest measured (a step
+carries bands measured at an earlier step); a step that is not past the last one is not a new step (a publication
+file read again); a different `ModelInfo`, or one after `Done`, starts a new run of the same process (a script that
+trains twice). What the samples say beside the events (peaks, the GPU's name, its busy share) belongs to the
+owner, which reads the samples its own way.
+
+Plain Python: no torch, no UI.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, Milestone, ModelInfo, ProbeBands, Step
+
+RECENT_STEPS_KEPT = 256
+"""Steps kept for the current samples/s: more than any throughput window holds at a step every few ms."""
+
+
+@dataclass
+class RankState:
+    """What one training process (one rank of a distributed run) has said so far."""
+
+    hello: Hello | None = None
+    model: ModelInfo | None = None
+    last_step: Step | None = None
+    """The furthest step so far."""
+    probe_bands: ProbeBands | None = None
+    """The latest measured bands: of the step that measured last, or of `Done`."""
+    done: Done | None = None
+    error: Error | None = None
+    malformed: list[str] = field(default_factory=list)
+    """Why each line that was no event was refused."""
+    peak_reserved_bytes: int | None = None
+    """torch's reserved memory at its highest, from the steps and `Done`."""
+    step_ends_s: dict[int, float] = field(default_factory=dict)
+    """Step number → time.monotonic() when it ended: where the steady window lies on the sampler's clock."""
+    milestones: dict[str, float] = field(default_factory=dict)
+    """Milestone name → time.monotonic() when the training process reached it; "first step" and "last step" from
+    the steps' own times."""
+    recent_steps: collections.deque[tuple[float, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_STEPS_KEPT))
+    """(elapsed s, samples) of the latest steps, for the current samples/s."""
+
+    def observe(self, event: Event | Malformed) -> Step | None:
+        """Keep what `event` says; returns the step when it is a new one (past the last)."""
+        if isinstance(event, Malformed):
+            self.malformed.append(event.reason)
+        elif isinstance(event, Hello):
+            self.hello = event
+        elif isinstance(event, ModelInfo):
+            if event != self.model or self.done is not None:  # a new model, or the same again after the end
+                self.model, self.done, self.last_step = event, None, None
+                self.recent_steps.clear()
+        elif isinstance(event, Step):
+            return self._observe_step(event)
+        elif isinstance(event, Milestone):
+            self.milestones.setdefault(event.name, event.monotonic_s)
+        elif isinstance(event, Done):
+            self.done = event
+            if event.bands is not None:
+                self.probe_bands = event.bands
+            if event.peak_reserved_bytes is not None:
+                self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, event.peak_reserved_bytes)
+        elif isinstance(event, Error):
+            self.error = event
+        return None
+
+    def _observe_step(self, step: Step) -> Step | None:
+        if step.bands is not None and (self.probe_bands is None
+                                       or step.bands.measured_at_step >= self.probe_bands.measured_at_step):
+            self.probe_bands = step.bands
+        if step.reserved_bytes is not None:
+            self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, step.reserved_bytes)
+        if self.last_step is not None and step.step <= self.last_step.step:
+            return None
+        self.last_step = step
+        self.recent_steps.append((step.elapsed_s, step.samples))
+        if step.monotonic_s is not None:
+            self.step_ends_s[step.step] = step.monotonic_s
+            self.milestones.setdefault("first step", step.monotonic_s)
+            self.milestones["last step"] = step.monotonic_s
+        return step
+
+    def samples_per_second(self, window_s: float) -> float | None:
+        """Samples/s over the steps of about the last `window_s` seconds of training; None before two steps."""
+        if len(self.recent_steps) < 2:
+            return None
+        last_elapsed_s, last_samples = self.recent_steps[-1]
+        first_elapsed_s, first_samples = self.recent_steps[-2]
+        for elapsed_s, samples in reversed(self.recent_steps):
+            if last_elapsed_s - elapsed_s > window_s:
+                break
+            first_elapsed_s, first_samples = elapsed_s, samples
+        if last_elapsed_s <= first_elapsed_s:
+            return None
+        return (last_samples - first_samples) / (last_elapsed_s - first_elapsed_s)

@@ -1,0 +1,287 @@
+"""A recorded run's result: its ranks' states at the end, turned into the JSON contract of `gpuanat run --json`.
+
+While a run goes on, `session.execute_run` hands each rank's events and samples to its `RankRecord`; when the run
+has ended, `build_result` reads them: the run's status (rank 0's, unless another rank failed), its memory and bands
+(rank 0's), samples and steady samples/s (every rank's summed), the error that best explains its end, the step
+time's breakdown and the diagnosis, where the wall time went, and the prediction beside the measurement.
+
+Plain Python: no torch, no UI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.measure.anatomy import assemble_bands
+from gpuanat.core.measure.run_state import RankState
+from gpuanat.core.measure.samples import NvmlStatus, Sample
+from gpuanat.core.memory.predict import prediction_json
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.diagnose import diagnose, step_time_breakdown
+from gpuanat.core.run.flops import utilization
+from gpuanat.core.run.gpus import GpuChoice
+from gpuanat.core.run.protocol import Done, Error, Event, Malformed, Step
+from gpuanat.core.run.startup import time_to_first_step_s, wall_breakdown
+from gpuanat.core.store.compare import percent_delta
+
+LOG_TAIL_LINES = 20
+"""Lines of the training process's log a failed run's error quotes."""
+_ERROR_ARRIVALS = itertools.count()
+
+
+@dataclass
+class RankRecord(RankState):
+    """One rank of a recorded run (rank 0's is the run's own): what its events said (`RankState`), what the
+    samples said of its GPU, and how its process ended."""
+
+    peak_device_used_bytes: int | None = None
+    peak_process_used_bytes: int | None = None
+    device_total_bytes: int | None = None
+    gpu_name: str | None = None
+    exit_code: int | None = None
+    stopped_by_user: bool = False
+    log_error: str | None = None
+    gpu_index: int | None = None
+    """NVML index of the GPU this rank trains on; None when unknown (no NVML): the first GPU NVML lists."""
+    error_order: int | None = None
+    """When its error came, among every rank's: of two errors of one kind, the earlier is the cause."""
+    gpu_busy: list[tuple[float, float]] = field(default_factory=list)
+    """(sampler time, NVML utilization %) of this rank's GPU, every sample."""
+
+    def observe(self, event: Event | Malformed) -> Step | None:
+        if isinstance(event, Error):
+            self.error_order = next(_ERROR_ARRIVALS)
+        return super().observe(event)
+
+    def observe_sample(self, sample: Sample, pid: int) -> None:
+        gpus = [gpu for gpu in sample.gpus if self.gpu_index is None or gpu.index == self.gpu_index]
+        if not gpus:
+            return
+        gpu = gpus[0]
+        self.gpu_name = gpu.name
+        if gpu.gpu_util_percent is not None:
+            self.gpu_busy.append((sample.t_s, gpu.gpu_util_percent))
+        self.device_total_bytes = gpu.total_bytes
+        if gpu.used_bytes is not None:
+            self.peak_device_used_bytes = max(self.peak_device_used_bytes or 0, gpu.used_bytes)
+        process_used = dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes([pid])
+        if process_used is not None:
+            self.peak_process_used_bytes = max(self.peak_process_used_bytes or 0, process_used)
+
+
+
+
+def _rank_status(state: RankRecord) -> str:
+    """How one rank ended, from its own events."""
+    if state.error is not None:
+        return "oom" if state.error.kind == "oom" else "failed"
+    if state.done is not None:
+        return "ok" if state.done.status == "ok" else "stopped"
+    return "stopped" if state.stopped_by_user else "failed"
+
+
+def _status(state: RankRecord, ranks: Mapping[int, RankRecord] | None = None) -> str:
+    """The run's status: rank 0's, unless another rank ran out of memory or failed — a rank killed mid-run fails
+    the run, though the ranks torchrun then stopped say "stopped"."""
+    others = [rank_state for rank, rank_state in (ranks or {}).items() if rank != 0]
+    errors = [rank_state.error for rank_state in (state, *others) if rank_state.error is not None]
+    if any(error.kind == "oom" for error in errors):
+        return "oom"
+    if state.stopped_by_user:
+        return "stopped"
+    if errors or any(_rank_status(rank_state) == "failed" for rank_state in others):
+        return "failed"
+    if state.done is not None and state.done.status == "stopped":
+        return "stopped"
+    if state.done is not None and state.done.status == "ok" and state.exit_code == 0:
+        return "ok"
+    return "failed"
+
+
+def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
+
+
+def _probe_cost_percent(done: Done | None) -> float | None:
+    """The probe's own work in the training steps as a share of the training time without the probe (HF's
+    train_runtime includes it). Not counted: its once-per-run setup, and the waits of its two CUDA
+    synchronisations, which are the GPU's queued work finishing."""
+    if done is None or done.probe_time_s is None or not done.train_runtime_s:
+        return None
+    parts = done.probe_time_by_part_s
+    in_steps_s = parts["measured steps"] + parts["other steps"] if parts else done.probe_time_s
+    without_probe_s = done.train_runtime_s - done.probe_time_s
+    return 100.0 * in_steps_s / without_probe_s if without_probe_s > 0 else None
+
+
+def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> dict[str, Any]:
+    """One rank's memory: peaks, NVML readings of its GPU and its bands, with why any is missing."""
+    done, error = state.done, state.error
+    unavailable: dict[str, str] = {}
+    no_gpu_reason = None
+    if config.device != "cuda":
+        no_gpu_reason = "CPU run: it uses no GPU memory"
+    elif not nvml.available:
+        no_gpu_reason = f"NVML unavailable: {nvml.reason}"
+    peak_allocated = (done.peak_allocated_bytes if done else None) or (error.peak_allocated_bytes if error else None)
+    peak_reserved = (done.peak_reserved_bytes if done else None) or (error.reserved_bytes if error else None)
+    if config.device != "cuda":
+        unavailable["peak_allocated_bytes"] = "CPU run: torch's CUDA allocator is not used"
+    device_used = state.peak_device_used_bytes if no_gpu_reason is None else None
+    if no_gpu_reason is not None:
+        unavailable["device_memory_used_bytes"] = no_gpu_reason
+    elif device_used is None:
+        unavailable["device_memory_used_bytes"] = "NVML gave no reading during the run"
+    bands = assemble_bands(
+        state.probe_bands, reserved_bytes=peak_reserved, device_used_bytes=device_used,
+        device_total_bytes=state.device_total_bytes, process_used_bytes=state.peak_process_used_bytes,
+        no_gpu_reason=no_gpu_reason,
+    )
+    return {
+        "peak_allocated_bytes": peak_allocated,
+        "peak_reserved_bytes": peak_reserved,
+        "device_memory_used_bytes": device_used,
+        "process_memory_used_bytes": state.peak_process_used_bytes if no_gpu_reason is None else None,
+        "device_memory_total_bytes": state.device_total_bytes if no_gpu_reason is None else None,
+        "bands": {key: value for key, value in bands.to_json().items() if key != "unavailable"},
+        "unavailable": {**unavailable, **bands.unavailable},
+    }
+
+
+def _rank_result(rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> dict[str, Any]:
+    """One entry of the result's `ranks`."""
+    done, last_step = state.done, state.last_step
+    return {
+        "rank": rank,
+        "pid": state.hello.pid if state.hello else None,
+        "gpu_index": state.gpu_index,
+        "status": _rank_status(state),
+        "samples": done.samples if done else (last_step.samples if last_step else 0),
+        "steady_samples_per_second": done.steady_samples_per_second if done else None,
+        "gradients_at_forward_end_bytes": (state.probe_bands.gradients_at_forward_end_bytes
+                                           if state.probe_bands else None),
+        "error": ({"kind": state.error.kind, "message": state.error.message, "step": state.error.step}
+                  if state.error else None),
+        **_memory(config, state, nvml),
+    }
+
+
+ERROR_CAUSE_ORDER = ("oom", "exited", "config", "exception")
+"""Which rank's error the run reports: running out of memory, then a rank that died without a word (killed), whose
+death made the others fail in their collectives; then the lowest rank's."""
+
+
+def first_cause(states: list[RankRecord]) -> Error | None:
+    """The error that best explains a run's end, of its ranks' errors: by kind (ERROR_CAUSE_ORDER), then the one
+    that came first (of two ranks that ended without a word, the launcher reports the first to end first)."""
+    present = [state for state in states if state.error is not None]
+    ranked = sorted(present, key=lambda state: (
+        ERROR_CAUSE_ORDER.index(state.error.kind) if state.error and state.error.kind in ERROR_CAUSE_ORDER
+        else len(ERROR_CAUSE_ORDER), state.error_order or 0))
+    return ranked[0].error if ranked else None
+
+
+def _sum_or_none(values: list[float | None]) -> float | None:
+    return None if not values or any(value is None for value in values) else sum(v for v in values if v is not None)
+
+
+def build_result(run_id: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus, log_path: Path,
+                 name: str | None = None, ranks: Mapping[int, RankRecord] | None = None,
+                 gpus: GpuChoice | None = None, parent_points: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The run's result as the JSON contract of `gpuanat run --json`. The top level is rank 0's (its memory, its
+    bands); samples and steady samples/s are the whole run's (every rank's summed); `ranks` has one entry per rank."""
+    ranks = {0: state, **(ranks or {})}
+    done = state.done
+    status = _status(state, ranks)
+    memory = _memory(config, state, nvml)
+    unavailable = dict(memory.pop("unavailable"))
+    steady_reason = done.steady_reason if done else f"run ended with status {status}"
+    rank_results = [_rank_result(rank, config, ranks[rank], nvml) for rank in sorted(ranks)]
+    steady = _sum_or_none([entry["steady_samples_per_second"] for entry in rank_results])
+    if steady is None:
+        unavailable["steady_samples_per_second"] = steady_reason or "not measured on every rank"
+    last_step = state.last_step
+    gpu_count = len(gpus.gpus) if gpus is not None and gpus.gpus else (config.ranks or 1)
+    speed = utilization(config, steady, state.gpu_name, gpu_count)
+    if speed.mfu is None:
+        unavailable["mfu"] = speed.reason or "not measured"
+    result: dict[str, Any] = {
+        "run_id": run_id,
+        "name": name,
+        "status": status,
+        "config": config.to_json(),
+        "params": state.model.params if state.model else None,
+        "trainable_params": state.model.trainable_params if state.model else None,
+        "train_runtime_s": done.train_runtime_s if done else None,
+        "samples_per_second": done.samples_per_second if done else None,
+        "steady_samples_per_second": steady,
+        # every sample is seq-len tokens of the random dataset: the unit of causal LMs
+        "tokens_per_second": done.samples_per_second * config.seq_len if done and done.samples_per_second else None,
+        "steady_tokens_per_second": steady * config.seq_len if steady is not None else None,
+        # model FLOPs (6 × matmul weights + attention a token) at the steady rate, against the GPUs' dense peak
+        "flops_per_sample": speed.flops_per_sample,
+        "achieved_tflops": speed.achieved_tflops,
+        "peak_tflops": speed.peak_tflops,
+        "mfu": speed.mfu,
+        "logits_bytes": state.probe_bands.logits_bytes if state.probe_bands else None,
+        "warmup_steps": done.warmup_steps if done else None,
+        "steps": done.steps if done else (last_step.step if last_step else 0),
+        "samples": sum(entry["samples"] for entry in rank_results),
+        "train_loss": done.train_loss if done else None,
+        "probe_time_s": done.probe_time_s if done else None,
+        "probe_time_by_part_s": done.probe_time_by_part_s if done else None,
+        "probe_cost_percent": _probe_cost_percent(done),
+        **memory,
+        "device": config.device,
+        "device_name": state.hello.device_name if state.hello else None,
+        "gpu_name": state.gpu_name,
+        "gpus": [gpu.to_json() for gpu in gpus.gpus] if gpus is not None else [],
+        "versions": state.hello.versions if state.hello else {},
+        "gradients_at_forward_end_bytes": (state.probe_bands.gradients_at_forward_end_bytes
+                                           if state.probe_bands else None),
+        "unavailable": unavailable,
+        "error": None,
+        "exit_code": state.exit_code,
+        "log_error": state.log_error,
+        "log_path": str(log_path),
+        "malformed_events": sum(len(rank_state.malformed) for rank_state in ranks.values()),
+        "ranks": rank_results,
+    }
+    predicted = prediction_json(config.replace(gpus=str(len(gpus.gpus))) if gpus is not None and config.ranks is None
+                                else config)
+    result["predicted"] = predicted
+    result["prediction_error_percent"] = (
+        percent_delta(predicted["peak_allocated_bytes"], memory["peak_allocated_bytes"]) if predicted is not None
+        else None)
+    rank_error = first_cause([ranks[rank] for rank in sorted(ranks)])
+    if rank_error is not None:
+        failed_rank = next(rank for rank in sorted(ranks) if ranks[rank].error is rank_error)
+        prefix = f"rank {failed_rank}: " if failed_rank and not rank_error.message.startswith("rank ") else ""
+        result["error"] = {"kind": rank_error.kind, "message": prefix + rank_error.message, "step": rank_error.step,
+                           "flag": rank_error.flag}
+    elif status == "failed":
+        result["error"] = {"kind": "exception", "flag": None, "step": last_step.step + 1 if last_step else None,
+                           "message": f"the training process exited with code {state.exit_code} "
+                                      f"without finishing; last lines of its log:\n{log_tail(log_path)}"}
+    # where each steady step's time went, and what to change
+    result["step_time_breakdown"] = step_time_breakdown(
+        done.steady_phases_s if done else None, done.steady_steps if done else None,
+        done.steady_gpu_caught_up_steps if done else None, state.step_ends_s, state.gpu_busy,
+        done.warmup_steps if done else None)
+    result["compile_stats"] = done.compile_stats if done else None
+    result["diagnosis"] = [finding.to_json() for finding in diagnose(result)]
+    # where the wall time went: rank 0's training process's points and the parent's
+    points = {**state.milestones, **(parent_points or {}), "recorded": time.monotonic()}
+    result["wall_breakdown_s"] = wall_breakdown(points)
+    result["time_to_first_step_s"] = time_to_first_step_s(points)
+    return result
