@@ -34,9 +34,9 @@ from gpuanat.core.memory.predict import (
     CUDA_CONTEXT_BYTES,
     cuda_context_bytes,
     estimate_memory,
-    lora_shapes,
     peak_reserved_bytes,
 )
+from gpuanat.core.memory.shapes import lora_shapes
 from gpuanat.core.run.config import (
     Capabilities,
     ConfigError,
