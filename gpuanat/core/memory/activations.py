@@ -20,43 +20,6 @@ CUBLAS_WORKSPACE_BYTES = 72_702_916
 allocated memory after a step minus weights and optimizer state, median of the fitted rows."""
 
 
-def _lm_head_input_element_bytes(config: RunConfig) -> int:
-    """Bytes per element of the hidden states the LM head reads: the final norm's output, 16-bit on LoRA's 16-bit
-    base, else fp32 (fp32 weights, also under autocast, which leaves norms alone; QLoRA's norms are fp32)."""
-    return 2 if config.lora and not config.load_in_4bit and is_mixed(config) else 4
-
-
-def liger_chunk_tokens(config: RunConfig, preset: ModelPreset) -> int:
-    """Tokens per chunk of Liger's fused linear cross-entropy (liger-kernel 0.8 `fused_linear_cross_entropy_forward`,
-    `chunk_mem_const` 1): the b·s tokens split so one chunk's logits are about as large as the hidden states,
-    ceil(V / h) chunks, the chunk rounded up to a power of two, at most b·s."""
-    tokens = config.batch_size * config.seq_len
-    chunks = -(-preset.vocab_size // preset.hidden_size)
-    return min(1 << max(0, (-(-tokens // chunks) - 1).bit_length()), tokens)
-
-
-def liger_kept_bytes(config: RunConfig, preset: ModelPreset) -> int:
-    """What Liger's fused linear cross-entropy keeps from the forward pass to the backward pass, in place of the
-    logits and the loss's log-probabilities: it computes the gradients in the forward pass and saves them — the
-    hidden states' (b·s·h, their dtype), and, where the LM head trains (no LoRA), the head's (V·h, fp32)."""
-    hidden = config.batch_size * config.seq_len * preset.hidden_size * _lm_head_input_element_bytes(config)
-    head = 0 if config.lora else 4 * preset.vocab_size * preset.hidden_size
-    return hidden + head
-
-
-def liger_transient_bytes(config: RunConfig, preset: ModelPreset) -> int:
-    """What Liger's fused loss allocates and frees again inside the forward pass, above what it keeps: the per-token
-    fp32 losses, one chunk's logits (16-bit under autocast, else fp32) and its hidden-state gradient (fp32 at most),
-    and with QLoRA under mixed precision the 16-bit cast of the fp32 LM head that each chunk's matmuls make."""
-    if not config.liger:
-        return 0
-    chunk = liger_chunk_tokens(config, preset)
-    logits_element = 2 if is_mixed(config) else 4
-    head_cast = 2 * preset.vocab_size * preset.hidden_size if config.load_in_4bit and is_mixed(config) else 0
-    return (4 * config.batch_size * config.seq_len + chunk * preset.vocab_size * logits_element
-            + chunk * preset.hidden_size * 4 + head_cast)
-
-
 def autocast_extra_bytes_per_token_hidden(preset: ModelPreset) -> int:
     """What autocast saves for backward beyond a model computing in 16 bits, per token and hidden unit and layer:
     it casts an fp32 activation anew for each linear that reads it (BERT's separate query, key and value: two 16-bit
@@ -165,3 +128,40 @@ def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
             recompute += gpt2_layer_bytes_per_token(config, preset) / h - c.activations_per_layer
         return int(b * (s * h * recompute + eager_scores) + c.recompute_constant_bytes)
     return int(b * s * h * c.backward_temporaries)
+
+
+def _lm_head_input_element_bytes(config: RunConfig) -> int:
+    """Bytes per element of the hidden states the LM head reads: the final norm's output, 16-bit on LoRA's 16-bit
+    base, else fp32 (fp32 weights, also under autocast, which leaves norms alone; QLoRA's norms are fp32)."""
+    return 2 if config.lora and not config.load_in_4bit and is_mixed(config) else 4
+
+
+def liger_chunk_tokens(config: RunConfig, preset: ModelPreset) -> int:
+    """Tokens per chunk of Liger's fused linear cross-entropy (liger-kernel 0.8 `fused_linear_cross_entropy_forward`,
+    `chunk_mem_const` 1): the b·s tokens split so one chunk's logits are about as large as the hidden states,
+    ceil(V / h) chunks, the chunk rounded up to a power of two, at most b·s."""
+    tokens = config.batch_size * config.seq_len
+    chunks = -(-preset.vocab_size // preset.hidden_size)
+    return min(1 << max(0, (-(-tokens // chunks) - 1).bit_length()), tokens)
+
+
+def liger_kept_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    """What Liger's fused linear cross-entropy keeps from the forward pass to the backward pass, in place of the
+    logits and the loss's log-probabilities: it computes the gradients in the forward pass and saves them — the
+    hidden states' (b·s·h, their dtype), and, where the LM head trains (no LoRA), the head's (V·h, fp32)."""
+    hidden = config.batch_size * config.seq_len * preset.hidden_size * _lm_head_input_element_bytes(config)
+    head = 0 if config.lora else 4 * preset.vocab_size * preset.hidden_size
+    return hidden + head
+
+
+def liger_transient_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    """What Liger's fused loss allocates and frees again inside the forward pass, above what it keeps: the per-token
+    fp32 losses, one chunk's logits (16-bit under autocast, else fp32) and its hidden-state gradient (fp32 at most),
+    and with QLoRA under mixed precision the 16-bit cast of the fp32 LM head that each chunk's matmuls make."""
+    if not config.liger:
+        return 0
+    chunk = liger_chunk_tokens(config, preset)
+    logits_element = 2 if is_mixed(config) else 4
+    head_cast = 2 * preset.vocab_size * preset.hidden_size if config.load_in_4bit and is_mixed(config) else 0
+    return (4 * config.batch_size * config.seq_len + chunk * preset.vocab_size * logits_element
+            + chunk * preset.hidden_size * 4 + head_cast)
