@@ -23,16 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.memory.predict import (
-    COEFFICIENTS,
-    CUDA_CONTEXT_BYTES,
-    DRIVER_RESERVED_BYTES,
-    estimate_memory,
-    half_weight_copies_bytes,
-    large_moment_bytes,
-    max_batch_size,
-    parameter_shapes,
-)
+from gpuanat.core.memory.optimizer import large_moment_bytes
+from gpuanat.core.memory.precision import COEFFICIENTS
+from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, DRIVER_RESERVED_BYTES, estimate_memory, max_batch_size
+from gpuanat.core.memory.shapes import parameter_shapes
+from gpuanat.core.memory.weights import half_weight_copies_bytes
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import PRESETS
 
@@ -224,7 +219,7 @@ def main() -> int:
             decimals = {"cache_fraction": 4, "moment_fragmentation": 3,
                         "recompute_constant_bytes": -3}.get(key, DECIMALS)
             if key in in_code[name] and round(value, decimals) != round(in_code[name][key], decimals):
-                mismatches.append(f"{name}.{key}: fitted {value:.4f}, predict.py has {in_code[name][key]}")
+                mismatches.append(f"{name}.{key}: fitted {value:.4f}, precision.py has {in_code[name][key]}")
     print(f"constants: {fitted['constants']}  (predict.py: context {CUDA_CONTEXT_BYTES}, "
           f"driver reserved {DRIVER_RESERVED_BYTES})")
     evaluation = evaluate(matrix)
@@ -242,7 +237,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"fitted": fitted, "in_code": in_code, "evaluation": evaluation}, indent=1))
     if mismatches:
-        print("predict.py differs from the fit:\n  " + "\n  ".join(mismatches), file=sys.stderr)
+        print("precision.py differs from the fit:\n  " + "\n  ".join(mismatches), file=sys.stderr)
         return 1
     return 0
 

@@ -15,7 +15,8 @@ import pytest
 from conftest import last_json, run_cli
 from rich.console import Console
 
-from gpuanat.core.memory.predict import estimate_memory, lora_shapes, parameter_shapes, prediction_json
+from gpuanat.core.memory.predict import estimate_memory, prediction_json
+from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.presets import PRESETS

@@ -17,9 +17,9 @@ from gpuanat.core.memory.predict import (
     estimate_memory,
     fits_in,
     max_batch_size,
-    parameter_shapes,
-    parse_size,
 )
+from gpuanat.core.memory.shapes import parameter_shapes
+from gpuanat.core.memory.sizes import parse_size
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import PRESETS
 

@@ -346,7 +346,7 @@ async def test_a_lora_run_shows_its_trainable_weights_and_its_logits_in_the_memo
     """llama-tiny with LoRA on the CPU, started from the dashboard: the weights row gains "of which trainable" (the
     fp32 adapters, measured from the run's counts and predicted from the adapter shapes, equal) and the logits
     (4 × 32 × 32,000 fp32) show as a band of their own."""
-    from gpuanat.core.memory.predict import lora_shapes
+    from gpuanat.core.memory.shapes import lora_shapes
     from gpuanat.core.run.presets import PRESETS
     from gpuanat.tui.widgets.memory_bar import MemoryBar
 

@@ -30,7 +30,7 @@ def command_fit(args: argparse.Namespace) -> int:
     from gpuanat.core.measure.nvml_source import probe_nvml
     from gpuanat.core.memory.allocation_templates import largest_batch
     from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
-    from gpuanat.core.memory.predict import parse_size
+    from gpuanat.core.memory.sizes import parse_size
 
     if not 1 <= args.trial_steps <= MAX_STEPS:
         fail_usage(f"--trial-steps: must be an integer ≥ 1 and ≤ {MAX_STEPS:,} (got {args.trial_steps})")

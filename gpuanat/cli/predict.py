@@ -16,9 +16,9 @@ def command_predict(args: argparse.Namespace) -> int:
         estimate_memory,
         fits_in,
         max_batch_caveat,
-        parse_size,
         prediction_json,
     )
+    from gpuanat.core.memory.sizes import parse_size
     from gpuanat.core.store.report import format_bytes
 
     config = validated_config(args, cuda_available=True)

@@ -76,7 +76,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 
 def _given_memory(args: argparse.Namespace) -> int | None:
-    from gpuanat.core.memory.predict import parse_size
+    from gpuanat.core.memory.sizes import parse_size
 
     if args.gpu_memory is None:
         return None

@@ -34,9 +34,9 @@ from gpuanat.core.memory.predict import (
     CUDA_CONTEXT_BYTES,
     cuda_context_bytes,
     estimate_memory,
-    lora_shapes,
     peak_reserved_bytes,
 )
+from gpuanat.core.memory.shapes import lora_shapes
 from gpuanat.core.run.config import Capabilities, RunConfig, workload_for_device
 from gpuanat.core.run.diagnose import LIVE_WINDOW_STEPS, diagnose, recent_breakdown
 from gpuanat.core.run.errors import ConfigError

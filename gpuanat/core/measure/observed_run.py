@@ -1,7 +1,7 @@
 """What a watch has learned about the run it watches, from the probe events its processes publish.
 
 `ObservedRun.observe_event` takes each event of the watched tree and hands it to the `Publisher` of the process that
-published it: with torchrun, one rank, whose `RankState` (`run_state`, the same reduction as a launched run's) keeps
+published it: with torchrun, one rank, whose `RankEvents` (`run_state`, the same reduction as a launched run's) keeps
 its hello, model, steps, bands, done and error. Rank 0 (without ranks, the first process that publishes) speaks for
 the run: its state is the run's, and its new steps are kept for the history. The run's peaks are kept here too:
 reserved memory from its events; GPU memory, RSS and CPU, which the watch's records raise as samples arrive.
@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from gpuanat.core.measure.run_state import RankState
+from gpuanat.core.measure.run_state import RankEvents
 from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
 
 THROUGHPUT_WINDOW_S = 5.0
@@ -34,7 +34,7 @@ class Publisher:
     pid: int
     rank: int | None = None
     """From the process's RANK (torchrun, accelerate launch); None when unreadable or not set."""
-    state: RankState = field(default_factory=RankState)
+    state: RankEvents = field(default_factory=RankEvents)
     """What it has published."""
 
     @property
@@ -95,7 +95,7 @@ class ObservedRun:
         return new_step
 
     @property
-    def _run(self) -> RankState:
+    def _run(self) -> RankEvents:
         """The state of the process that speaks for the run (an empty one before any publishes)."""
         return self.publishers[self.publisher_pid].state if self.publisher_pid is not None else _NOTHING_PUBLISHED
 
@@ -132,5 +132,5 @@ class ObservedRun:
         return self._run.samples_per_second(THROUGHPUT_WINDOW_S)
 
 
-_NOTHING_PUBLISHED = RankState()
+_NOTHING_PUBLISHED = RankEvents()
 """Read, never written: what a run that published nothing has said."""

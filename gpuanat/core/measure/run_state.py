@@ -1,8 +1,8 @@
-"""What one training process has said about its run through its probe events: one rank's state.
+"""What one training process has said about its run through its probe events: one rank's events, reduced.
 
 A run's probe events reach gpuanat two ways: on the pipe of a child it launched (the recorded run of
 `core/run/session.py`, and the dashboard's `LiveRun`), or in the publication file of a process it watches
-(`core/watch/`, through `ObservedRun`). All three reduce them here, one `RankState` per training process, so a
+(`core/watch/`, through `ObservedRun`). All three reduce them here, one `RankEvents` per training process, so a
 launched and a watched run agree on what their latest step, their bands, their end and their error are.
 
 The rules hold for events in any order a publication can give them: the bands kept are the latest measured (a step
@@ -26,7 +26,7 @@ RECENT_STEPS_KEPT = 256
 
 
 @dataclass
-class RankState:
+class RankEvents:
     """What one training process (one rank of a distributed run) has said so far."""
 
     hello: Hello | None = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from gpuanat.core.memory.predict import lora_shapes, parameter_shapes
+from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import PRESETS
 

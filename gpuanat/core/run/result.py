@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands
-from gpuanat.core.measure.run_state import RankState
+from gpuanat.core.measure.run_state import RankEvents
 from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.run.config import RunConfig
@@ -36,8 +36,8 @@ _ERROR_ARRIVALS = itertools.count()
 
 
 @dataclass
-class RankRecord(RankState):
-    """One rank of a recorded run (rank 0's is the run's own): what its events said (`RankState`), what the
+class RankRecord(RankEvents):
+    """One rank of a recorded run (rank 0's is the run's own): what its events said (`RankEvents`), what the
     samples said of its GPU, and how its process ended."""
 
     peak_device_used_bytes: int | None = None

@@ -1,0 +1,167 @@
+"""The activations kept from the forward pass to the backward pass, and the temporaries above them, per model
+family (no torch).
+
+The classifiers (BERT, GPT-2) from the coefficients fitted on bert-large (`precision`), GPT-2's blocks as autograd
+saves them; the decoders (Llama, Qwen2, Mistral) tensor by tensor as `benchmarks/saved_tensors.py` listed them on
+the H100, with their logits; Liger's fused loss, which keeps gradients in the logits' place; and the cuBLAS
+workspaces.
+"""
+
+from __future__ import annotations
+
+from gpuanat.core.memory.precision import coefficients, computes_in_16_bit, is_mixed
+from gpuanat.core.memory.shapes import ParameterShapes
+from gpuanat.core.memory.weights import half_weight_copies_bytes
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.presets import ModelPreset
+
+CUBLAS_WORKSPACE_BYTES = 72_702_916
+"""cuBLAS/cuBLASLt workspaces, allocated through torch's allocator at the first matmul and kept:
+allocated memory after a step minus weights and optimizer state, median of the fitted rows."""
+
+
+def autocast_extra_bytes_per_token_hidden(preset: ModelPreset) -> int:
+    """What autocast saves for backward beyond a model computing in 16 bits, per token and hidden unit and layer:
+    it casts an fp32 activation anew for each linear that reads it (BERT's separate query, key and value: two 16-bit
+    copies more than one; GPT-2's fused c_attn: none), and the LayerNorms (two a layer) run in fp32 on the fp32
+    residual stream, so their saved inputs take 4 bytes, not 2. BERT: 2 × 2 + 2 × 2 = 8 of the 42.29 fitted under
+    autocast, leaving 34.3 — which the 6.50 GiB measured with FSDP and ZeRO reproduce within 1%."""
+    extra_input_copies = 2 if preset.family == "bert" else 0
+    return 2 * extra_input_copies + 2 * 2
+
+
+BERT_LARGE_LAYERS = 24
+"""The layers of the model the BERT coefficients were fitted on."""
+
+
+def gpt2_layer_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
+    """What autograd keeps of one GPT-2 block per token, as `benchmarks/saved_tensors.py` listed it on the H100 (gpt2,
+    bf16 autocast: 69,184 B/token = 26h + 16i + 64): the two LayerNorms' fp32 inputs (autocast runs them in fp32:
+    8h), the 16-bit casts c_attn and c_fc read (4h), the attention's 16-bit q, k, v, output and c_attn's output (12h),
+    two dropout masks (2h), and GPT-2's tanh GELU, whose `pow` autocast runs in fp32: three fp32 intermediates (12i)
+    beside its 16-bit input and the 16-bit cast c_proj reads (4i) — the reason the BERT coefficients, which know
+    nothing of it, were 31-49% low for gpt2. In fp32 (not measured) the same tensors at 4 bytes: 42h + 20i."""
+    h, i = preset.hidden_size, preset.intermediate_size
+    statistics = 4 * preset.num_heads + 16  # SDPA's log-sum-exp, the LayerNorms' means and deviations
+    if is_mixed(config):
+        return 26 * h + 16 * i + statistics
+    return 42 * h + 20 * i + statistics
+
+
+def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:
+    s, b, h, a, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads, preset.num_layers
+    c = coefficients(config)
+    eager_scores = a * s * s * c.eager_per_score if config.attn == "eager" else 0.0
+    if config.grad_checkpointing:
+        # Each layer's input is kept (the residual stream: fp32 under autocast, 16-bit without), plus what is outside
+        # the layers; the fitted coefficient is bert-large's, 24 layers, so it is split: 4 bytes a layer, the rest once.
+        residual = 2 if computes_in_16_bit(config) else 4
+        per_sample = s * h * (layers * residual + c.checkpointed - BERT_LARGE_LAYERS * 4)
+    elif preset.family == "gpt2":
+        per_sample = layers * (s * gpt2_layer_bytes_per_token(config, preset) + eager_scores) + s * 7 * h
+    else:
+        per_token_hidden = c.activations_per_layer - (autocast_extra_bytes_per_token_hidden(preset)
+                                                      if computes_in_16_bit(config) else 0)
+        per_sample = layers * (s * h * per_token_hidden + eager_scores)
+    return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES
+
+
+def decoder_residual_element_bytes(config: RunConfig) -> int:
+    """Bytes per element of a decoder's residual stream: fp32 with fp32 weights (also under autocast, which leaves the
+    additions and the norms alone) and with QLoRA (`prepare_model_for_kbit_training` makes the embeddings and norms
+    fp32); 16-bit where the weights are (LoRA's base, FSDP2's and DeepSpeed's 16-bit compute)."""
+    if not is_mixed(config) or config.load_in_4bit:
+        return 4
+    return 2 if config.lora or computes_in_16_bit(config) else 4
+
+
+def decoder_layer_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
+    """What autograd keeps for backward of one decoder layer, per token — as `benchmarks/saved_tensors.py` listed it
+    tensor by tensor on the H100 for llama-3.2-1b and qwen2.5-0.5b (benchmarks/results/h100/llm/saved_tensors.json:
+    129,416 and 66,624 B/token under AMP with fp32 weights, 108,808 and 57,536 on a bf16 base; this formula gives
+    them within 0.3%). Each RMSNorm keeps its fp32 input and its fp32 normalized value (an fp32 stream: 8h bytes) or
+    an fp32 copy of its 16-bit input and its 16-bit normalized value (6h). SDPA keeps q, k, v (the KV heads, not
+    repeated) and its output in 16 bits, and an fp32 log-sum-exp per head; the SwiGLU keeps gate, up, activation and
+    product. The projections keep their input: autocast casts an fp32 input anew for each projection that reads it
+    (q, k, v: three 16-bit copies; gate, up: two); a 16-bit input is shared. In fp32 everything is 4 bytes."""
+    h, i = preset.hidden_size, preset.intermediate_size
+    q, kv = preset.num_heads * preset.head_dim, preset.kv_heads * preset.head_dim
+    log_sum_exp = 4 * preset.num_heads
+    if not is_mixed(config):
+        return 2 * 8 * h + 4 * h + 4 * h + 4 * (2 * q + 2 * kv) + log_sum_exp + 4 * 4 * i
+    attention, mlp = 2 * (2 * q + 2 * kv) + log_sum_exp, 2 * 4 * i
+    if decoder_residual_element_bytes(config) == 4:
+        return 2 * 8 * h + 3 * 2 * h + 2 * 2 * h + attention + mlp
+    return 2 * 6 * h + 2 * h + 2 * h + attention + mlp
+
+
+def decoder_activations_bytes(config: RunConfig, preset: ModelPreset) -> tuple[int, int]:
+    """(activations, of which logits) of a causal LM at the end of the forward pass, per `benchmarks/saved_tensors.py`
+    and the H100 matrix (docs/llm.md): every layer's saved tensors (`decoder_layer_bytes_per_token`) — with
+    checkpointing only each layer's input, in the residual stream's dtype — then the final norm (as a layer's), the LM
+    head's input (16 bits under mixed precision), the loss's fp32 log-probabilities and the logits the model returns
+    (batch × seq × vocab, fp32: accelerate converts a model's outputs to fp32 under mixed precision). Eager attention
+    adds its probabilities. Autocast's weight copies are `decoder_weight_casts_bytes`."""
+    s, b, h, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.num_layers
+    residual = decoder_residual_element_bytes(config)
+    if config.grad_checkpointing:
+        per_token = layers * residual * h
+    else:
+        per_token = layers * decoder_layer_bytes_per_token(config, preset)
+    final_norm = 8 * h if residual == 4 else 6 * h
+    head_input = 2 * h if is_mixed(config) else 0  # in fp32 the head reads the norm's output, kept already
+    per_token += final_norm + head_input
+    element = 2 if is_mixed(config) else 4
+    eager = 0 if config.grad_checkpointing or config.attn != "eager" else layers * preset.num_heads * s * s * element
+    logits = b * s * preset.vocab_size * 4
+    log_probabilities = b * s * preset.vocab_size * 4
+    return b * (s * per_token + eager) + logits + log_probabilities, logits
+
+
+def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    s, b, h, a = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads
+    c = coefficients(config)
+    if config.grad_checkpointing:
+        eager_scores = a * s * s * c.eager_recompute_per_score if config.attn == "eager" else 0.0  # one layer's
+        recompute = c.recompute_temporaries
+        if preset.family == "gpt2":  # one recomputed block: GPT-2's, not BERT's (fitted), with the same backward extra
+            recompute += gpt2_layer_bytes_per_token(config, preset) / h - c.activations_per_layer
+        return int(b * (s * h * recompute + eager_scores) + c.recompute_constant_bytes)
+    return int(b * s * h * c.backward_temporaries)
+
+
+def _lm_head_input_element_bytes(config: RunConfig) -> int:
+    """Bytes per element of the hidden states the LM head reads: the final norm's output, 16-bit on LoRA's 16-bit
+    base, else fp32 (fp32 weights, also under autocast, which leaves norms alone; QLoRA's norms are fp32)."""
+    return 2 if config.lora and not config.load_in_4bit and is_mixed(config) else 4
+
+
+def liger_chunk_tokens(config: RunConfig, preset: ModelPreset) -> int:
+    """Tokens per chunk of Liger's fused linear cross-entropy (liger-kernel 0.8 `fused_linear_cross_entropy_forward`,
+    `chunk_mem_const` 1): the b·s tokens split so one chunk's logits are about as large as the hidden states,
+    ceil(V / h) chunks, the chunk rounded up to a power of two, at most b·s."""
+    tokens = config.batch_size * config.seq_len
+    chunks = -(-preset.vocab_size // preset.hidden_size)
+    return min(1 << max(0, (-(-tokens // chunks) - 1).bit_length()), tokens)
+
+
+def liger_kept_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    """What Liger's fused linear cross-entropy keeps from the forward pass to the backward pass, in place of the
+    logits and the loss's log-probabilities: it computes the gradients in the forward pass and saves them — the
+    hidden states' (b·s·h, their dtype), and, where the LM head trains (no LoRA), the head's (V·h, fp32)."""
+    hidden = config.batch_size * config.seq_len * preset.hidden_size * _lm_head_input_element_bytes(config)
+    head = 0 if config.lora else 4 * preset.vocab_size * preset.hidden_size
+    return hidden + head
+
+
+def liger_transient_bytes(config: RunConfig, preset: ModelPreset) -> int:
+    """What Liger's fused loss allocates and frees again inside the forward pass, above what it keeps: the per-token
+    fp32 losses, one chunk's logits (16-bit under autocast, else fp32) and its hidden-state gradient (fp32 at most),
+    and with QLoRA under mixed precision the 16-bit cast of the fp32 LM head that each chunk's matmuls make."""
+    if not config.liger:
+        return 0
+    chunk = liger_chunk_tokens(config, preset)
+    logits_element = 2 if is_mixed(config) else 4
+    head_cast = 2 * preset.vocab_size * preset.hidden_size if config.load_in_4bit and is_mixed(config) else 0
+    return (4 * config.batch_size * config.seq_len + chunk * preset.vocab_size * logits_element
+            + chunk * preset.hidden_size * 4 + head_cast)

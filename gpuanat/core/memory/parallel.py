@@ -1,0 +1,106 @@
+"""What each rank holds of the model's state, by distributed technique (no torch): DDP replicates the weights,
+gradients and optimizer state and keeps its gradient buckets; FSDP2 shards them; DeepSpeed ZeRO-1/2/3 shards as
+the ZeRO paper accounts, with its buckets and ZeRO-3's gathered parameters; and each rank's communication context
+(NCCL's, DeepSpeed's) outside torch's allocator. A run on one GPU is the one-rank case: `rank_state` gives it its
+weights, gradients and optimizer state too, LoRA's and QLoRA's frozen bases included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuanat.core.memory.optimizer import optimizer_state_bytes
+from gpuanat.core.memory.precision import computes_in_16_bit, is_mixed
+from gpuanat.core.memory.shapes import ParameterShapes, lora_shapes
+from gpuanat.core.memory.sizes import MIB
+from gpuanat.core.memory.weights import half_weight_copies_bytes, qlora_base_bytes, qlora_head_copy_bytes
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.presets import PRESETS
+
+RANK_COMMUNICATION_CONTEXT_BYTES = {"ddp": 850 * MIB, "fsdp": 850 * MIB, "zero": 1330 * MIB}
+"""Per rank of a distributed run, on top of the CUDA context: NCCL's buffers and streams (and DeepSpeed's), outside
+torch's allocator. Measured on 2 H200s, bert-large bf16: 1.57 GiB of context per rank with DDP and 2.04 GiB with
+DeepSpeed ZeRO against 0.74 GiB alone (benchmarks/results/h200x2/multi/results.jsonl); FSDP taken as DDP."""
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What one rank holds of the model's state, by distributed technique."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    gradients_at_peak_bytes: int
+    optimizer_state_bytes: int
+    communication_buffers_bytes: int
+    half_weight_copies_bytes: int
+    """AMP's 16-bit copies of the matmul weights, which a model already in 16 bits (DeepSpeed) does not make."""
+    gathered_parameters_bytes: int = 0
+    """ZeRO-3: the parameters gathered in full and still alive as the forward pass ends (in the activations)."""
+
+
+def _shard(size: int, ranks: int) -> int:
+    return -(-size // ranks)
+
+
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's `reduce_bucket_size` default (gpuanat's config leaves it): the elements of one gradient bucket."""
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""DeepSpeed's `stage3_max_live_parameters` default: ZeRO-3 keeps up to this many parameters gathered."""
+
+
+def deepspeed_bucket_bytes(config: RunConfig) -> int:
+    """DeepSpeed's gradient buckets, whole whatever the model's size (`deepspeed/runtime/zero/stage_1_and_2.py`,
+    `setup_buckets`; `stage3.py`): ZeRO-1/2 allocate two of `reduce_bucket_size` elements as backward begins (with
+    `overlap_comm`, as gpuanat's config sets), ZeRO-3 one at start-up, in the model's dtype. On 2 and 4 H200s
+    (bert-large, bf16) the peak exceeded the bands by 2.00 GiB with ZeRO-1/2 (two buckets: 1.86) and by 1.05 GiB
+    with ZeRO-3 (one: 0.93)."""
+    buckets = 1 if config.distributed == "zero3" else 2
+    return buckets * DEEPSPEED_REDUCE_BUCKET_ELEMENTS * (2 if is_mixed(config) else 4)
+
+
+def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
+    """Weights, gradients and optimizer state on each rank (the ZeRO paper's accounting, as the H200s measured it):
+    DDP replicates them and keeps a bucket copy of the gradients; FSDP2 shards all three; DeepSpeed trains a
+    16-bit model (with bf16/fp16) whose fp32 master weights count as optimizer state, ZeRO-1/2 sharding the
+    optimizer state and keeping a partition of the reduced gradients for the step, ZeRO-3 everything."""
+    ranks = config.ranks or 1
+    params = shapes.params
+    weights, gradients = 4 * params + shapes.buffer_bytes, 4 * params
+    optimizer = optimizer_state_bytes(config, shapes)
+    accumulating = config.grad_accum > 1
+    half_copies = half_weight_copies_bytes(config, shapes)
+    if config.lora:  # a frozen base in the run's precision; only the fp32 adapters have gradients and state
+        preset = PRESETS[config.preset]
+        adapters = lora_shapes(preset, config)
+        if config.load_in_4bit:  # QLoRA: NF4 matrices, the rest fp32
+            weights = qlora_base_bytes(preset, shapes) + 4 * adapters.params
+            half_copies = qlora_head_copy_bytes(config, preset)
+        else:
+            # the cast to 16 bits takes the decoders' float buffers (rotary frequencies) along; BERT's are integers
+            buffers = shapes.buffer_bytes // 2 if is_mixed(config) and preset.objective == "causal-lm" else \
+                shapes.buffer_bytes
+            weights = (2 if is_mixed(config) else 4) * params + 4 * adapters.params + buffers
+            half_copies = 0
+        gradients, optimizer = 4 * adapters.params, optimizer_state_bytes(config, adapters)
+    if config.distributed == "fsdp":  # its gathered parameters are 16-bit already: no autocast copies
+        return RankState(_shard(weights, ranks), _shard(gradients, ranks),
+                         _shard(gradients, ranks) if accumulating else 0, _shard(optimizer, ranks), 0,
+                         0 if computes_in_16_bit(config) else half_copies)
+    if config.distributed.startswith("zero"):
+        sixteen_bit = is_mixed(config)
+        model_weights = (2 if sixteen_bit else 4) * params + shapes.buffer_bytes
+        model_gradients = (2 if sixteen_bit else 4) * params
+        state = _shard(optimizer + (4 * params if sixteen_bit else 0), ranks)
+        buckets = deepspeed_bucket_bytes(config)
+        if config.distributed == "zero3":  # a persistent flat buffer of gradient partitions
+            # Parameters reused within `stage3_max_reuse_distance` stay gathered: as the forward pass ends, all of
+            # them up to `stage3_max_live_parameters` (measured: the activations 0.63 GiB above ZeRO-1/2's)
+            gathered = min(params, DEEPSPEED_MAX_LIVE_PARAMETERS) * (2 if sixteen_bit else 4)
+            return RankState(_shard(model_weights, ranks), _shard(model_gradients, ranks),
+                             _shard(model_gradients, ranks), state, buckets, 0, gathered)
+        # As the ZeRO optimizer's step begins, ZeRO-1 and ZeRO-2 alike hold this rank's 16-bit partition of the
+        # reduced gradients (measured on 2 H200s: 0.31 GiB each for bert-large's 0.62), and free it in the step
+        partition = _shard(model_gradients, ranks)
+        return RankState(model_weights, partition, partition if accumulating else 0, state, buckets, 0)
+    buckets = gradients if config.distributed == "ddp" else 0
+    return RankState(weights, gradients, gradients if accumulating else 0, optimizer, buckets, half_copies)
