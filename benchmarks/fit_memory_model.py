@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.memory.optimizer import large_moment_bytes
-from gpuanat.core.memory.precision import COEFFICIENTS
+from gpuanat.core.memory.bands.optimizer import large_moment_bytes
+from gpuanat.core.memory.bands.precision import COEFFICIENTS
+from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
 from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, DRIVER_RESERVED_BYTES, estimate_memory, max_batch_size
 from gpuanat.core.memory.shapes import parameter_shapes
-from gpuanat.core.memory.weights import half_weight_copies_bytes
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import PRESETS
 

@@ -1,5 +1,5 @@
 """What autograd keeps for backward, tensor by tensor, in one layer of a model: the ground truth for the activation
-formulas of `gpuanat/core/memory/activations.py`.
+formulas of `gpuanat/core/memory/bands/activations.py`.
 
 One forward pass with labels, under the Trainer's autocast (bf16), inside `saved_tensors_hooks`: every tensor saved
 for backward is recorded once per storage, with the module that was running, its dtype and shape. Parameters and

@@ -20,10 +20,10 @@ import time
 import pytest
 from conftest import REPO, cli_env, last_json, run_cli
 
-from gpuanat.core.memory.activations import liger_chunk_tokens, liger_kept_bytes
+from gpuanat.core.memory.bands.activations import liger_chunk_tokens, liger_kept_bytes
+from gpuanat.core.memory.bands.weights import decoder_weight_casts_bytes, nf4_weight_bytes, qlora_head_copy_bytes
 from gpuanat.core.memory.predict import estimate_memory, max_batch_size, prediction_json
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
-from gpuanat.core.memory.weights import decoder_weight_casts_bytes, nf4_weight_bytes, qlora_head_copy_bytes
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.presets import PRESETS

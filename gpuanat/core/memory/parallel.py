@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuanat.core.memory.optimizer import optimizer_state_bytes
-from gpuanat.core.memory.precision import computes_in_16_bit, is_mixed
+from gpuanat.core.memory.bands.optimizer import optimizer_state_bytes
+from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed
+from gpuanat.core.memory.bands.weights import half_weight_copies_bytes, qlora_base_bytes, qlora_head_copy_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, lora_shapes
 from gpuanat.core.memory.sizes import MIB
-from gpuanat.core.memory.weights import half_weight_copies_bytes, qlora_base_bytes, qlora_head_copy_bytes
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import PRESETS
 

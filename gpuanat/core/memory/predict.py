@@ -1,7 +1,7 @@
 """Memory prediction before a run, from the model's shape and the techniques alone (no torch): the bands put
 together into one rank's estimate, its peak, whether it fits a GPU, and what no measurement has checked.
 
-The parameter shapes come from `shapes`; the bands from `weights`, `optimizer` and `activations`, exact where the
+The parameter shapes come from `shapes`; the bands from `bands/` (weights, optimizer, activations), exact where the
 sizes are fixed by the model (weights and gradients 4 B/param: torch AMP keeps fp32 weights) and measured on an
 H100 where they are not (`precision`); what each rank of a run on several GPUs holds of them from `parallel`.
 The peak is the largest of these moments: the end of the forward pass (activations alive, gradients
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from gpuanat.core.memory.activations import (
+from gpuanat.core.memory.bands.activations import (
     CUBLAS_WORKSPACE_BYTES,
     activations_bytes,
     decoder_activations_bytes,
@@ -27,17 +27,17 @@ from gpuanat.core.memory.activations import (
     liger_transient_bytes,
     temporaries_bytes,
 )
-from gpuanat.core.memory.optimizer import large_moment_bytes, optimizer_step_temporaries_bytes
-from gpuanat.core.memory.parallel import RANK_COMMUNICATION_CONTEXT_BYTES, rank_state
-from gpuanat.core.memory.precision import coefficients, is_mixed
-from gpuanat.core.memory.shapes import parameter_shapes
-from gpuanat.core.memory.sizes import MIB
-from gpuanat.core.memory.weights import (
+from gpuanat.core.memory.bands.optimizer import large_moment_bytes, optimizer_step_temporaries_bytes
+from gpuanat.core.memory.bands.precision import coefficients, is_mixed
+from gpuanat.core.memory.bands.weights import (
     autocast_cache_bytes,
     decoder_weight_casts_bytes,
     dequantized_weight_bytes,
     half_weight_copies_bytes,
 )
+from gpuanat.core.memory.parallel import RANK_COMMUNICATION_CONTEXT_BYTES, rank_state
+from gpuanat.core.memory.shapes import parameter_shapes
+from gpuanat.core.memory.sizes import MIB
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import PRESETS
 

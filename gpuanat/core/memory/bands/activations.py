@@ -9,9 +9,9 @@ workspaces.
 
 from __future__ import annotations
 
-from gpuanat.core.memory.precision import coefficients, computes_in_16_bit, is_mixed
+from gpuanat.core.memory.bands.precision import coefficients, computes_in_16_bit, is_mixed
+from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
 from gpuanat.core.memory.shapes import ParameterShapes
-from gpuanat.core.memory.weights import half_weight_copies_bytes
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import ModelPreset
 

@@ -10,7 +10,7 @@ makes of its fp32 LM head; and the weight bitsandbytes dequantizes for each matm
 
 from __future__ import annotations
 
-from gpuanat.core.memory.precision import computes_in_16_bit, is_mixed
+from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed
 from gpuanat.core.memory.shapes import ParameterShapes, quantized_matrices
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import ModelPreset
