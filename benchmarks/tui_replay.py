@@ -119,10 +119,11 @@ def run_watch(interval_s: float, profile: Path | None) -> None:
 
 
 def run_dashboard(interval_s: float, profile: Path | None) -> None:
+    from gpuanat.core.measure.live_run import LiveRun
     from gpuanat.core.measure.samples import NvmlStatus
     from gpuanat.core.run.config import Capabilities, RunConfig
     from gpuanat.core.run.protocol import ModelInfo, Step, decode
-    from gpuanat.tui.app import GpuAnatApp, LiveRun
+    from gpuanat.tui.app import GpuAnatApp
 
     meta_line, *step_lines = RUN_STEPS.read_text().splitlines()
     meta = json.loads(meta_line)

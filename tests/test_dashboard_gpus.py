@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.replay import ReplaySource
 from gpuanat.core.measure.samples import NvmlStatus
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.protocol import Hello, ProbeBands, Ranked, Step
-from gpuanat.tui.app import GpuAnatApp, LiveRun, RunFinished
+from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.messages import RunFinished
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 from gpuanat.tui.widgets.status_line import StatusLine

@@ -21,7 +21,6 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.widgets import Footer
 
 from gpuanat.core.measure.nvml_source import open_source
@@ -31,6 +30,7 @@ from gpuanat.core.store.report import format_bytes
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS, DashboardActions
+from gpuanat.tui.messages import WatchSaved
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
@@ -46,12 +46,6 @@ UTIL_TITLES = {"process": "GPU utilization (this process)", "device": "GPU utili
 
 def _bytes_label(value: float) -> str:
     return format_bytes(int(value))
-
-
-class WatchSaved(Message):
-    def __init__(self, run_id: int | None, failure: str | None) -> None:
-        super().__init__()
-        self.run_id, self.failure = run_id, failure
 
 
 class WatchApp(DashboardActions):

@@ -1,0 +1,175 @@
+"""The run in progress as the dashboard knows it: `LiveRun`, reduced from the runner's events and the sampler's samples.
+
+The dashboard's paint tick hands each event (`observe_event`) and sample (`observe_sample`) of the run it launched to
+its `LiveRun`, which keeps what they add up to — each rank's PID, latest step and measured bands, rank 0's recent
+steps for the throughput mean, the clock offset of steps without `monotonic_s`, the bands at the peak, NVML's busy
+share for the step strip — and returns what is new to draw. The app paints; nothing here knows a widget.
+
+Plain Python: no torch, no UI. Every method runs on the thread that paints.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuanat.core.measure.anatomy import assemble_bands
+from gpuanat.core.measure.samples import GpuSample, Sample
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.diagnose import LIVE_WINDOW_STEPS
+from gpuanat.core.run.protocol import Event, Hello, ModelInfo, ProbeBands, Ranked, Step
+
+GPU_BUSY_SAMPLES_KEPT = 2400
+"""NVML utilization samples a run keeps for the step strip: 10 minutes at 4 Hz."""
+THROUGHPUT_WINDOW_STEPS = 10
+"""The throughput chart plots the mean rate of this many steps."""
+
+
+@dataclass(frozen=True)
+class ObservedStep:
+    """A step of rank 0, as the throughput chart places it."""
+
+    step: Step
+    t_s: float
+    """When the step ended, on the sampler's clock (the other charts' time axis)."""
+    samples_per_second: float | None
+    """The mean rate of the last `THROUGHPUT_WINDOW_STEPS` steps; None at the first."""
+
+
+@dataclass
+class LiveRun:
+    """What the dashboard knows about the run in progress."""
+
+    config: RunConfig
+    stop_requested: threading.Event
+    run_id: int | None = None
+    pid: int | None = None
+    model: ModelInfo | None = None
+    last_step: Step | None = None
+    probe_bands: ProbeBands | None = None
+    peak_bands: dict[str, int | None] | None = None
+    """The bands at the highest device use seen so far."""
+    recent_steps: collections.deque[tuple[float, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=THROUGHPUT_WINDOW_STEPS + 1))
+    """(elapsed s, samples) of the last steps, for the throughput chart's mean."""
+    gpu_indices: tuple[int, ...] = ()
+    """NVML index of each rank's GPU (rank 0 first); empty on the CPU or without NVML."""
+    rank_pids: dict[int, int] = field(default_factory=dict)
+    rank_steps: dict[int, Step] = field(default_factory=dict)
+    """The latest step of each rank but rank 0 (whose is `last_step`)."""
+    rank_probe_bands: dict[int, ProbeBands] = field(default_factory=dict)
+    """The latest measured bands of each rank but rank 0 (whose are `probe_bands`)."""
+    clock_offset_s: float | None = None
+    """For steps without `monotonic_s`: the sampler's time at the run's elapsed 0 s, from its first step."""
+    timed_steps: collections.deque[Step] = field(
+        default_factory=lambda: collections.deque(maxlen=LIVE_WINDOW_STEPS + 2))
+    """Rank 0's latest steps, for the step strip's breakdown."""
+    gpu_busy: collections.deque[tuple[float, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=GPU_BUSY_SAMPLES_KEPT))
+    """(sampler time, NVML utilization %) of rank 0's GPU, the last 10 minutes at 4 Hz."""
+
+    def observe_start(self, run_id: int, pid: int, gpu_indices: tuple[int, ...]) -> None:
+        """The run's training process started: its ranks, steps and bands start afresh (a fit starts one run per
+        trial)."""
+        self.run_id, self.pid, self.gpu_indices = run_id, pid, gpu_indices
+        self.last_step = self.probe_bands = None
+        self.rank_pids, self.rank_steps, self.rank_probe_bands = {}, {}, {}
+        self.recent_steps.clear()
+        self.timed_steps.clear()
+
+    def observe_event(self, event: Event | Ranked, now_s: Callable[[], float]) -> ObservedStep | None:
+        """Take one event of the run (another rank's in its `Ranked` envelope). Returns rank 0's step when the event
+        is one; `now_s` tells the sampler's time, asked for only to place a first step without `monotonic_s`."""
+        rank = 0
+        if isinstance(event, Ranked):
+            rank, event = event.rank, event.event
+        if isinstance(event, Hello):
+            self.rank_pids[rank] = event.pid
+        if rank != 0:
+            if isinstance(event, Step):
+                self.rank_steps[rank] = event
+                if event.bands is not None:
+                    self.rank_probe_bands[rank] = event.bands
+            return None
+        if isinstance(event, ModelInfo):
+            self.model = event
+        elif isinstance(event, Step):
+            self.last_step = event
+            self.timed_steps.append(event)
+            if event.bands is not None:
+                self.probe_bands = event.bands
+            # The mean rate of the last steps, as the steady rate is a mean: a single step's rate jumps with the
+            # loss logging and the DataLoader, and would read against the "steady" figure the run ends with.
+            self.recent_steps.append((event.elapsed_s, event.samples))
+            first_elapsed_s, first_samples = self.recent_steps[0]
+            if event.monotonic_s is not None:  # the worker's time.monotonic(): the sampler's clock (Linux)
+                t_s = event.monotonic_s
+            else:  # a step without it (older recordings): placed by the latest sample when the first step came
+                if self.clock_offset_s is None:
+                    self.clock_offset_s = now_s() - event.elapsed_s
+                t_s = self.clock_offset_s + event.elapsed_s
+            rate = ((event.samples - first_samples) / (event.elapsed_s - first_elapsed_s)
+                    if event.elapsed_s > first_elapsed_s else None)
+            return ObservedStep(event, t_s, rate)
+        return None
+
+    def observe_sample(self, sample: Sample, gpu: GpuSample | None) -> int | None:
+        """Take one sample, `gpu` being its reading of the GPU the dashboard shows (rank 0's). Returns the GPU memory
+        the run's processes use there (None: not known)."""
+        if gpu is None:
+            return None
+        if gpu.gpu_util_percent is not None:
+            self.gpu_busy.append((sample.t_s, gpu.gpu_util_percent))
+        if self.pid is None:
+            return None
+        pids = [self.pid, *self.rank_pids.values()]  # the run's processes on the GPU shown
+        return dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes(pids)
+
+    def rank_bands(self, rank: int, sample: Sample | None,
+                   gpu_index: int | None) -> tuple[GpuSample | None, dict[str, Any], dict[str, str]]:
+        """One rank's bands now, at the peak's accounting (gradients: those alive at the end of forward), from its
+        own events and NVML's reading of its GPU and its PID; with why a band is missing."""
+        gpu = gpu_of(sample, gpu_index)
+        probe, step = ((self.probe_bands, self.last_step) if rank == 0
+                       else (self.rank_probe_bands.get(rank), self.rank_steps.get(rank)))
+        pid = self.rank_pids.get(rank, self.pid if rank == 0 else None)
+        no_gpu = None if gpu is not None and self.config.device == "cuda" else "CPU run: no GPU memory"
+        bands = assemble_bands(
+            probe,
+            reserved_bytes=step.reserved_bytes if step else None,
+            device_used_bytes=gpu.used_bytes if gpu else None,
+            device_total_bytes=gpu.total_bytes if gpu else None,
+            process_used_bytes=(dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes([pid])
+                                if sample is not None and gpu is not None and pid else None),
+            no_gpu_reason=no_gpu,
+        )
+        values = bands.to_json()
+        unavailable = values.pop("unavailable")
+        if probe is not None:
+            values["gradients_bytes"] = probe.gradients_at_forward_end_bytes
+        return gpu, values, unavailable
+
+    def observe_peak(self, bands: dict[str, Any], device_used_bytes: int | None) -> None:
+        """Keep rank 0's `bands` as the peak's when the device uses as much memory as it ever did in this run."""
+        if device_used_bytes is not None and (
+                self.peak_bands is None or device_used_bytes >= (self.peak_bands.get("device_used_bytes") or 0)):
+            self.peak_bands = {**bands, "device_used_bytes": device_used_bytes}
+
+
+def gpu_of(sample: Sample | None, index: int | None) -> GpuSample | None:
+    """GPU `index` of `sample` (None: the first NVML lists)."""
+    if sample is None or not sample.gpus:
+        return None
+    return next((gpu for gpu in sample.gpus if index is None or gpu.index == index), None)
+
+
+def trainable_weights_bytes(params: int | None, trainable_params: int | None) -> int | None:
+    """The bytes of the weights that train where the rest is frozen: LoRA's and QLoRA's adapters, which PEFT keeps
+    in fp32; None for full fine-tuning (all of them train) or without counts."""
+    if not params or trainable_params is None or trainable_params >= params:
+        return None
+    return 4 * trainable_params

@@ -1,0 +1,98 @@
+"""What the launching dashboard's memory bar and GPU lanes show, painted on the event loop.
+
+Beside the configured run's predicted bands (`show_predicted`), the bar shows the measured ones: of the run in
+progress (`show_live`, from its `LiveRun`; a lane per rank), else of the last run (`show_result`), else the GPU as it
+is before any run (`show_idle`). The app calls these at its paint tick and when the configuration changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpuanat.core.measure.live_run import LiveRun, trainable_weights_bytes
+from gpuanat.core.measure.samples import GpuSample, Sample
+from gpuanat.core.memory.predict import MemoryEstimate
+from gpuanat.core.memory.shapes import lora_shapes
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.presets import PRESETS
+from gpuanat.tui.widgets.gpu_lanes import Lane
+from gpuanat.tui.widgets.memory_bar import MemoryBar
+
+
+class MemoryView:
+    """The memory bar, and the lanes through `show_lanes` (which fits the bar's legend to them)."""
+
+    def __init__(self, memory_bar: MemoryBar, show_lanes: Callable[[list[Lane]], None]) -> None:
+        self._memory_bar = memory_bar
+        self._show_lanes = show_lanes
+        self._predicted_logits_bytes: int | None = None
+        self._predicted_trainable_bytes: int | None = None
+        """The configured run's adapters (fp32), computed when the configuration changes, not at each paint."""
+
+    def show_predicted(self, config: RunConfig, estimate: MemoryEstimate | None, context: int,
+                       gpu_total_bytes: int | None, compact: bool) -> None:
+        """The configured run's predicted bands (none in the compact layout), with `context` bytes of CUDA context."""
+        self._predicted_logits_bytes = estimate.logits_bytes if estimate is not None and not compact else None
+        self._predicted_trainable_bytes = (
+            4 * lora_shapes(PRESETS[config.preset], config).params
+            if config.lora and config.model is None and not compact else None)
+        now, peak, _ = self._memory_bar.logits
+        self._show_logits(now, peak)
+        self._show_trainable(self._memory_bar.trainable[0])  # what was measured stays
+        if estimate is None or compact:
+            self._memory_bar.update_predicted(None)
+        else:
+            on_gpu = config.device == "cuda"  # the activation model is of CUDA memory; none on the CPU
+            self._memory_bar.update_predicted(
+                {"weights_bytes": estimate.weights_bytes, "optimizer_state_bytes": estimate.optimizer_state_bytes,
+                 "activations_bytes": estimate.activations_bytes if on_gpu else None,
+                 "gradients_bytes": estimate.gradients_at_peak_bytes,
+                 "cuda_context_bytes": context if config.device == "cuda" else None},
+                gpu_total_bytes)
+
+    def _show_logits(self, now: int | None, peak: int | None) -> None:
+        """The logits row under the activations: measured, and predicted for the configured run."""
+        self._memory_bar.update_logits(now, peak, self._predicted_logits_bytes)
+
+    def _show_trainable(self, measured: int | None) -> None:
+        """The weights that train, where the rest is frozen (`trainable_weights_bytes`), and the configured run's
+        adapters as predicted."""
+        self._memory_bar.update_trainable(measured, self._predicted_trainable_bytes)
+
+    def show_idle(self, sample: Sample) -> None:
+        gpu = sample.gpus[0]
+        self._show_lanes([])
+        free = gpu.total_bytes - gpu.used_bytes if gpu.total_bytes is not None and gpu.used_bytes is not None else None
+        self._memory_bar.update_bands({"other_processes_bytes": gpu.used_bytes, "free_bytes": free}, None,
+                                      gpu.total_bytes, {})
+
+    def show_live(self, live: LiveRun, sample: Sample | None, gpu_index: int | None) -> None:
+        """The run in progress: rank 0's bands on GPU `gpu_index` of `sample`, now and at the peak; a lane per rank."""
+        gpu, values, unavailable = live.rank_bands(0, sample, gpu_index)
+        lanes = []
+        for rank, index in enumerate(live.gpu_indices):
+            rank_gpu, rank_values, _ = live.rank_bands(rank, sample, index)
+            reading = rank_gpu or GpuSample(index, "", None, None, None, None, None, None, None, ())
+            lanes.append(Lane(index, rank, rank_values, reading.used_bytes, reading.total_bytes,
+                              reading.gpu_util_percent))
+        self._show_lanes(lanes)
+        live.observe_peak(values, gpu.used_bytes if gpu else None)
+        self._memory_bar.update_bands(values, live.peak_bands, gpu.total_bytes if gpu else None, unavailable)
+        logits = live.probe_bands.logits_bytes if live.probe_bands else None
+        self._show_logits(logits, logits)
+        self._show_trainable(trainable_weights_bytes(live.model.params, live.model.trainable_params)
+                             if live.model else None)
+
+    def show_result(self, result: dict[str, Any]) -> None:
+        # The bar stacks the memory at the peak (end of forward): only accumulated gradients are alive then.
+        at_peak = {**result["bands"], "gradients_bytes": result.get("gradients_at_forward_end_bytes")}
+        self._memory_bar.update_bands(at_peak, at_peak, result.get("device_memory_total_bytes"),
+                                      result["unavailable"])
+        self._show_logits(result.get("logits_bytes"), result.get("logits_bytes"))
+        self._show_trainable(trainable_weights_bytes(result.get("params"), result.get("trainable_params")))
+        self._show_lanes([
+            Lane(rank["gpu_index"], rank["rank"],
+                 {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},
+                 rank.get("device_memory_used_bytes"), rank.get("device_memory_total_bytes"), None)
+            for rank in result.get("ranks") or [] if rank.get("gpu_index") is not None])

@@ -1,0 +1,93 @@
+"""What the dashboards' threads tell the event loop: one small message per thing that happened.
+
+A run's thread, a search's (fit, tune), the capability probe and the watch's save work off the event loop; they
+never touch a widget. Each posts one of these to the app, whose handler paints what it says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from textual.message import Message
+
+from gpuanat.core.run.config import Capabilities, RunConfig
+
+
+@dataclass
+class RunStarted(Message):
+    """A run's training process started (a search starts one per trial)."""
+
+    run_id: int
+    pid: int
+    log_path: Path
+    gpu_indices: tuple[int, ...] = ()
+    """NVML index of each rank's GPU (rank 0 first); empty on the CPU or without NVML."""
+
+
+@dataclass
+class RunFinished(Message):
+    """A run ended: its recorded result, or None with why it could not be recorded."""
+
+    result: dict[str, Any] | None
+    failure: str | None = None
+
+
+@dataclass
+class FitStarting(Message):
+    """The fit's first trial batch: the predicted largest batch (`method`), or the current batch without one."""
+
+    batch_size: int
+    method: str | None
+
+
+@dataclass
+class FitTrialDone(Message):
+    """One trial of the fit ended with `status` ("ok", "oom", ...)."""
+
+    batch_size: int
+    status: str
+
+
+@dataclass
+class FitFinished(Message):
+    """The fit ended: the largest batch that trains, or why it stopped."""
+
+    largest_batch_size: int | None
+    failure: str | None
+
+
+@dataclass
+class TuneTrialDone(Message):
+    """One trial of the tune ended; about `left_s` of the search's budget is left."""
+
+    name: str
+    status: str
+    samples_per_second: float | None
+    left_s: float
+
+
+@dataclass
+class TuneFinished(Message):
+    """The tune ended: its best set with a summary of the search, or why none trained."""
+
+    best: RunConfig | None
+    summary: str | None
+    failure: str | None
+
+
+@dataclass
+class CapabilitiesFound(Message):
+    """The capability probe answered: what this machine can train, or why it could not tell."""
+
+    capabilities: Capabilities | None
+    failure: str | None
+
+
+@dataclass
+class WatchSaved(Message):
+    """The watch began recording into the history as run `run_id`, or could not (`failure`)."""
+
+    run_id: int | None
+    failure: str | None

@@ -1,0 +1,101 @@
+"""The launching dashboard's keys for its run: r runs the configured run, s stops it, q quits (stopping it first).
+
+A start is refused with one line while a run (or search) is in progress or the configuration cannot train here;
+otherwise the run gets a fresh `LiveRun` and the `RunControl` runs it on its thread. Stopping and quitting ask first,
+then set the run's `stop_requested`; the run's thread records what ran, and the app paints its end (`RunFinished`).
+
+A mixin, as `DashboardActions` is, because Textual calls a key's action by its name on the App (`action_run`), and
+the stop signals call `stop_and_quit` and `finish_recording`, hooks of `DashboardActions`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from gpuanat.core.measure.live_run import LiveRun
+from gpuanat.core.run.config import Capabilities, RunConfig
+from gpuanat.core.run.errors import ConfigError
+from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
+from gpuanat.tui.dashboard_actions import DashboardActions
+from gpuanat.tui.run_control import RunControl
+from gpuanat.tui.screens.confirm import ConfirmScreen
+from gpuanat.tui.series import TimeSeries
+
+
+class RunActions(DashboardActions):
+    """Mixed into the App that has the attributes below and a `paint()`."""
+
+    config: RunConfig
+    capabilities: Capabilities | None
+    live: LiveRun | None
+    series: dict[str, TimeSeries]
+    _run_control: RunControl
+    _quit_after_run: bool
+    _stop_dialog: ConfirmScreen | None
+    """The "Stop run N?" question while it is open."""
+
+    def action_run(self) -> None:
+        if not self._can_start():
+            return
+        self.live = LiveRun(config=self.config, stop_requested=threading.Event())
+        for name in ("run_used", "throughput", "host_rss", "host_cpu"):
+            self.series[name].clear()
+        self._run_control.start_run(self.live)
+        self.paint()
+
+    def _can_start(self) -> bool:
+        """Whether a run (or fit) may start now; says why not."""
+        if self.live is not None:
+            self.notify("A run is in progress; stop it with s first.", severity="warning")
+            return False
+        try:
+            validate_values(self.config)
+        except ConfigError as error:
+            self.notify(str(error), severity="error")
+            return False
+        if self.capabilities is not None:
+            unsupported = machine_unsupported_reason(self.config, self.capabilities)
+            if unsupported is not None:
+                self.notify(f"{unsupported[0]}: {unsupported[1]}", severity="error")
+                return False
+        return True
+
+    def action_stop(self) -> None:
+        if self.live is None:
+            self.notify("No run in progress.")
+            return
+        live = self.live
+
+        def answered(stop: bool | None) -> None:
+            self._stop_dialog = None
+            if stop:
+                live.stop_requested.set()
+
+        self._stop_dialog = ConfirmScreen(f"Stop run {live.run_id or ''} ({live.config.techniques_summary()})?")
+        self.push_screen(self._stop_dialog, answered)
+
+    def finish_recording(self, timeout_s: float) -> None:
+        self._run_control.join(timeout_s)
+
+    def stop_and_quit(self) -> None:
+        if self.live is None:
+            self.exit()
+            return
+        self._quit_after_run = True
+        self.live.stop_requested.set()
+
+    async def action_quit(self) -> None:
+        if self.live is None:
+            self.exit()
+            return
+        live = self.live
+
+        def answered(quit_now: bool | None) -> None:
+            if quit_now:
+                if self.live is None:  # the run ended while the question was open
+                    self.exit()
+                    return
+                self._quit_after_run = True
+                live.stop_requested.set()
+
+        self.push_screen(ConfirmScreen("A run is in progress. Stop it and quit?"), answered)

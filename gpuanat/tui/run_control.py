@@ -1,0 +1,87 @@
+"""The dashboard's runs off the event loop: the thread that runs and records one, and the capability probe's.
+
+A run trains in a child process that a thread of the dashboard starts, waits for and records; a search (`searches`:
+fit, tune) runs its trials on that thread the same way. The threads never touch a widget: they append the run's
+events to the app's inbox (`on_event`), which the paint tick drains, and post messages (`gpuanat.tui.messages`)
+that the app's handlers paint. A run stops when its `LiveRun.stop_requested` is set.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from textual.message import Message
+
+from gpuanat.core.measure.live_run import LiveRun
+from gpuanat.core.run.config import Capabilities
+from gpuanat.core.run.protocol import Event
+from gpuanat.core.run.session import SharedSampler, execute_run
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.thread_names import name_native_thread
+from gpuanat.tui.messages import CapabilitiesFound, RunFinished, RunStarted
+
+
+class RunControl:
+    """The thread of the dashboard's run or search (one at a time), and what every run it starts is given."""
+
+    def __init__(self, db_path: Path, *, post: Callable[[Message], None], on_event: Callable[[Event], None],
+                 run_env: dict[str, str] | None, shared_sampler: Callable[[], SharedSampler | None]) -> None:
+        """`post` hands a message to the app (from any thread), `on_event` a run's event to its inbox;
+        `shared_sampler` is the dashboard's sampler while it runs, asked for when a run starts."""
+        self.db_path = db_path
+        self.post = post
+        self.on_event = on_event
+        self._run_env = run_env
+        self._shared_sampler = shared_sampler
+        self._thread: threading.Thread | None = None
+
+    def probe_capabilities(self, probe: Callable[[], Capabilities]) -> None:
+        """What the machine can train, asked on a thread of its own; the answer comes as `CapabilitiesFound`."""
+        threading.Thread(target=self._probe_capabilities, args=(probe,), name="gpuanat-capabilities",
+                         daemon=True).start()
+
+    def _probe_capabilities(self, probe: Callable[[], Capabilities]) -> None:
+        try:
+            self.post(CapabilitiesFound(probe(), None))
+        except RuntimeError as error:
+            self.post(CapabilitiesFound(None, str(error)))
+
+    def start_run(self, live: LiveRun) -> None:
+        """Run and record `live.config` on a thread of its own; its end comes as `RunFinished`."""
+        self._start(self._execute, "gpuanat-run", live)
+
+    def start_search(self, search: Callable[..., None], thread_name: str, live: LiveRun, *args: Any) -> None:
+        """A search of real trial runs (fit, tune) on a thread of its own: `search(self, live, *args)`."""
+        self._start(search, thread_name, self, live, *args)
+
+    def _start(self, work: Callable[..., None], thread_name: str, *args: Any) -> None:
+        self._thread = threading.Thread(target=work, args=args, name=thread_name, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        """Block until the run or search in progress has been recorded, at most `timeout_s`."""
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def run_options(self) -> dict[str, Any]:
+        """What every run the dashboard starts is given besides its config: the environment, and the dashboard's
+        sampler while it runs (the run listens to its samples instead of reading NVML and the process tree again)."""
+        return {"env": self._run_env, "shared_sampler": self._shared_sampler()}
+
+    def _execute(self, live: LiveRun) -> None:
+        name_native_thread()
+        try:
+            with HistoryStore(self.db_path) as store:
+                result = execute_run(
+                    live.config, store=store, log_dir=self.db_path.parent / "logs",
+                    on_event=self.on_event, **self.run_options(),
+                    stop_requested=live.stop_requested,
+                    on_start=lambda run_id, pid, log, gpus: self.post(RunStarted(run_id, pid, log, gpus)),
+                )
+        except Exception as error:  # the dashboard must survive any failure of a run
+            self.post(RunFinished(None, f"{type(error).__name__}: {error}"))
+        else:
+            self.post(RunFinished(result))
