@@ -1,8 +1,9 @@
 """The run in progress as the dashboard knows it: `LiveRun`, reduced from the runner's events and the sampler's samples.
 
 The dashboard's paint tick hands each event (`observe_event`) and sample (`observe_sample`) of the run it launched to
-its `LiveRun`, which keeps what they add up to — each rank's PID, latest step and measured bands, rank 0's recent
-steps for the throughput mean, the clock offset of steps without `monotonic_s`, the bands at the peak, NVML's busy
+its `LiveRun`, which keeps what they add up to — what each rank said (its PID, latest step and measured bands, in a
+`RankEvents` per rank: the same reduction as a recorded run's and a watched one's), the throughput mean of rank 0's
+latest steps, the clock offset of steps without `monotonic_s`, the bands at the peak, NVML's busy
 share for the step strip — and returns what is new to draw. The app paints; nothing here knows a widget.
 
 Plain Python: no torch, no UI. Every method runs on the thread that paints.
@@ -12,16 +13,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands
+from gpuanat.core.measure.run_state import RankEvents
 from gpuanat.core.measure.samples import GpuSample, Sample
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.diagnose import LIVE_WINDOW_STEPS
-from gpuanat.core.run.protocol import Event, Hello, ModelInfo, ProbeBands, Ranked, Step
+from gpuanat.core.run.protocol import Event, ModelInfo, ProbeBands, Ranked, Step
 
 GPU_BUSY_SAMPLES_KEPT = 2400
 """NVML utilization samples a run keeps for the step strip: 10 minutes at 4 Hz."""
@@ -48,21 +51,13 @@ class LiveRun:
     stop_requested: threading.Event
     run_id: int | None = None
     pid: int | None = None
-    model: ModelInfo | None = None
-    last_step: Step | None = None
-    probe_bands: ProbeBands | None = None
+    ranks: dict[int, RankEvents] = field(default_factory=dict)
+    """What each rank has said (rank 0's is the run's own): the same reduction as the recorded run's and the
+    watch's."""
     peak_bands: dict[str, int | None] | None = None
     """The bands at the highest device use seen so far."""
-    recent_steps: collections.deque[tuple[float, int]] = field(
-        default_factory=lambda: collections.deque(maxlen=THROUGHPUT_WINDOW_STEPS + 1))
-    """(elapsed s, samples) of the last steps, for the throughput chart's mean."""
     gpu_indices: tuple[int, ...] = ()
     """NVML index of each rank's GPU (rank 0 first); empty on the CPU or without NVML."""
-    rank_pids: dict[int, int] = field(default_factory=dict)
-    rank_steps: dict[int, Step] = field(default_factory=dict)
-    """The latest step of each rank but rank 0 (whose is `last_step`)."""
-    rank_probe_bands: dict[int, ProbeBands] = field(default_factory=dict)
-    """The latest measured bands of each rank but rank 0 (whose are `probe_bands`)."""
     clock_offset_s: float | None = None
     """For steps without `monotonic_s`: the sampler's time at the run's elapsed 0 s, from its first step."""
     timed_steps: collections.deque[Step] = field(
@@ -72,50 +67,58 @@ class LiveRun:
         default_factory=lambda: collections.deque(maxlen=GPU_BUSY_SAMPLES_KEPT))
     """(sampler time, NVML utilization %) of rank 0's GPU, the last 10 minutes at 4 Hz."""
 
+    def rank(self, rank: int) -> RankEvents:
+        """What `rank` has said so far (nothing yet: an empty state)."""
+        return self.ranks.get(rank, _NOTHING_SAID)
+
+    @property
+    def model(self) -> ModelInfo | None:
+        return self.rank(0).model
+
+    @property
+    def last_step(self) -> Step | None:
+        return self.rank(0).last_step
+
+    @property
+    def probe_bands(self) -> ProbeBands | None:
+        return self.rank(0).probe_bands
+
+    @property
+    def rank_pids(self) -> dict[int, int]:
+        """The PID of each rank that said hello."""
+        return {rank: state.hello.pid for rank, state in self.ranks.items() if state.hello is not None}
+
     def observe_start(self, run_id: int, pid: int, gpu_indices: tuple[int, ...]) -> None:
         """The run's training process started: its ranks, steps and bands start afresh (a fit starts one run per
         trial)."""
         self.run_id, self.pid, self.gpu_indices = run_id, pid, gpu_indices
-        self.last_step = self.probe_bands = None
-        self.rank_pids, self.rank_steps, self.rank_probe_bands = {}, {}, {}
-        self.recent_steps.clear()
+        self.ranks = {}
         self.timed_steps.clear()
 
     def observe_event(self, event: Event | Ranked, now_s: Callable[[], float]) -> ObservedStep | None:
         """Take one event of the run (another rank's in its `Ranked` envelope). Returns rank 0's step when the event
-        is one; `now_s` tells the sampler's time, asked for only to place a first step without `monotonic_s`."""
+        is a new one; `now_s` tells the sampler's time, asked for only to place a first step without `monotonic_s`."""
         rank = 0
         if isinstance(event, Ranked):
             rank, event = event.rank, event.event
-        if isinstance(event, Hello):
-            self.rank_pids[rank] = event.pid
-        if rank != 0:
-            if isinstance(event, Step):
-                self.rank_steps[rank] = event
-                if event.bands is not None:
-                    self.rank_probe_bands[rank] = event.bands
+        state = self.ranks.setdefault(rank, RankEvents())
+        step = state.observe(event)
+        if rank != 0 or step is None:
             return None
-        if isinstance(event, ModelInfo):
-            self.model = event
-        elif isinstance(event, Step):
-            self.last_step = event
-            self.timed_steps.append(event)
-            if event.bands is not None:
-                self.probe_bands = event.bands
-            # The mean rate of the last steps, as the steady rate is a mean: a single step's rate jumps with the
-            # loss logging and the DataLoader, and would read against the "steady" figure the run ends with.
-            self.recent_steps.append((event.elapsed_s, event.samples))
-            first_elapsed_s, first_samples = self.recent_steps[0]
-            if event.monotonic_s is not None:  # the worker's time.monotonic(): the sampler's clock (Linux)
-                t_s = event.monotonic_s
-            else:  # a step without it (older recordings): placed by the latest sample when the first step came
-                if self.clock_offset_s is None:
-                    self.clock_offset_s = now_s() - event.elapsed_s
-                t_s = self.clock_offset_s + event.elapsed_s
-            rate = ((event.samples - first_samples) / (event.elapsed_s - first_elapsed_s)
-                    if event.elapsed_s > first_elapsed_s else None)
-            return ObservedStep(event, t_s, rate)
-        return None
+        self.timed_steps.append(step)
+        # The mean rate of the last steps, as the steady rate is a mean: a single step's rate jumps with the
+        # loss logging and the DataLoader, and would read against the "steady" figure the run ends with.
+        window = list(itertools.islice(reversed(state.recent_steps), THROUGHPUT_WINDOW_STEPS + 1))
+        first_elapsed_s, first_samples = window[-1]
+        if step.monotonic_s is not None:  # the worker's time.monotonic(): the sampler's clock (Linux)
+            t_s = step.monotonic_s
+        else:  # a step without it (older recordings): placed by the latest sample when the first step came
+            if self.clock_offset_s is None:
+                self.clock_offset_s = now_s() - step.elapsed_s
+            t_s = self.clock_offset_s + step.elapsed_s
+        rate = ((step.samples - first_samples) / (step.elapsed_s - first_elapsed_s)
+                if step.elapsed_s > first_elapsed_s else None)
+        return ObservedStep(step, t_s, rate)
 
     def observe_sample(self, sample: Sample, gpu: GpuSample | None) -> int | None:
         """Take one sample, `gpu` being its reading of the GPU the dashboard shows (rank 0's). Returns the GPU memory
@@ -134,8 +137,7 @@ class LiveRun:
         """One rank's bands now, at the peak's accounting (gradients: those alive at the end of forward), from its
         own events and NVML's reading of its GPU and its PID; with why a band is missing."""
         gpu = gpu_of(sample, gpu_index)
-        probe, step = ((self.probe_bands, self.last_step) if rank == 0
-                       else (self.rank_probe_bands.get(rank), self.rank_steps.get(rank)))
+        probe, step = self.rank(rank).probe_bands, self.rank(rank).last_step
         pid = self.rank_pids.get(rank, self.pid if rank == 0 else None)
         no_gpu = None if gpu is not None and self.config.device == "cuda" else "CPU run: no GPU memory"
         bands = assemble_bands(
@@ -173,3 +175,7 @@ def trainable_weights_bytes(params: int | None, trainable_params: int | None) ->
     if not params or trainable_params is None or trainable_params >= params:
         return None
     return 4 * trainable_params
+
+
+_NOTHING_SAID = RankEvents()
+"""Read, never written: what a rank that has said nothing yet has said."""
