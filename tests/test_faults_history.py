@@ -23,13 +23,9 @@ import psutil
 import pytest
 from conftest import fill_file_system, mount, run_cli, small_tmpfs
 
-from gpuanat.core.store.history import (
-    WRITE_BUSY_TIMEOUT_S,
-    HistoryError,
-    HistoryStore,
-    HistoryWriteError,
-    write_with_backoff,
-)
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_errors import HistoryError, HistoryWriteError, write_with_backoff
+from gpuanat.core.store.history_file import WRITE_BUSY_TIMEOUT_S
 
 HOLD_LOCK = """
 import sqlite3, sys, time

@@ -19,16 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuanat.core.store.history import (
-    APPLICATION_ID,
-    SCHEMA_VERSION,
-    HistoryError,
-    HistoryStore,
-    HistoryWriteError,
-    default_db_path,
-    result_from_steps,
-    write_with_backoff,
-)
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_errors import HistoryError, HistoryWriteError, write_with_backoff
+from gpuanat.core.store.history_file import default_db_path
+from gpuanat.core.store.history_schema import APPLICATION_ID, SCHEMA_VERSION
+from gpuanat.core.store.interrupted import result_from_steps
 
 RECORDED_V1 = Path(__file__).parent / "data" / "h100_history_tf32.sqlite"
 """A history written by gpuanat before schema version 2 (no application_id, user_version 1), on an H100."""

@@ -23,7 +23,7 @@ from gpuanat.cli.sweep import command_sweep
 from gpuanat.cli.tune import command_tune
 from gpuanat.cli.watch import command_watch
 from gpuanat.core.run.stop_signals import StopSignals
-from gpuanat.core.store.history import HistoryError
+from gpuanat.core.store.history_errors import HistoryError
 
 
 def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -22,7 +22,8 @@ from gpuanat.core.run.protocol import Error, Event, ModelInfo, Step
 from gpuanat.core.run.stop_signals import StopSignals
 from gpuanat.core.run.techniques import TECHNIQUES
 from gpuanat.core.run.validation import check_hub_model, machine_unsupported_reason, validate_values
-from gpuanat.core.store.history import HistoryStore, default_db_path
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_file import default_db_path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
 TABLE_WIDTH_NOT_A_TERMINAL = 10_000

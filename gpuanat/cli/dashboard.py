@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gpuanat.cli.common import EXIT_OK, check_values, config_from_args, fail_usage, untouched_fields, user_keymap
-from gpuanat.core.store.history import default_db_path
+from gpuanat.core.store.history_file import default_db_path
 
 
 def command_dashboard(args: argparse.Namespace) -> int:

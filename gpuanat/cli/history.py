@@ -7,7 +7,7 @@ import json
 import sys
 
 from gpuanat.cli.common import EXIT_OK, fail_usage, open_store, print_table
-from gpuanat.core.store.history import default_db_path
+from gpuanat.core.store.history_file import default_db_path
 
 
 def command_history(args: argparse.Namespace) -> int:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.cli.common import EXIT_OK, EXIT_STOPPED, fail_usage, user_keymap, warn_if_not_saved
-from gpuanat.core.store.history import HistoryStore, default_db_path
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_file import default_db_path
 
 
 def command_watch(args: argparse.Namespace) -> int:

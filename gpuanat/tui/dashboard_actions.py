@@ -21,7 +21,8 @@ from textual.screen import Screen
 
 from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
-from gpuanat.core.store.history import HistoryError, HistoryStore
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_errors import HistoryError
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.keys import CYCLING_ACTIONS, TECHNIQUE_ACTION, KeysScreen, key_rows

@@ -48,7 +48,7 @@ from gpuanat.core.run.protocol import (
     Step,
     encode,
 )
-from gpuanat.core.store.history import pid_alive
+from gpuanat.core.store.interrupted import pid_alive
 
 PLAIN_STEP_INTERVAL_S = 0.25
 """A step without measured bands is written only this long after the previous step written (4 per second)."""

@@ -25,7 +25,8 @@ from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.run.protocol import Event, Malformed
 from gpuanat.core.run.result import log_tail
 from gpuanat.core.run.runner import ChildExited, ChildProcess
-from gpuanat.core.store.history import HistoryStore, write_with_backoff
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_errors import write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchError, WatchTarget, resolve_target

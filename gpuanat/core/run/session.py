@@ -41,7 +41,8 @@ from gpuanat.core.run.protocol import (
 from gpuanat.core.run.result import RankRecord, build_result
 from gpuanat.core.run.runner import ChildExited, ChildProcess, worker_command
 from gpuanat.core.run.startup import REQUESTED
-from gpuanat.core.store.history import HistoryError, HistoryStore, write_with_backoff
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
 
 SAMPLE_INTERVAL_S = 0.25

@@ -14,7 +14,8 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpuanat.core.store.history import HistoryStore, HistoryWriteError, write_with_backoff
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_errors import HistoryWriteError, write_with_backoff
 
 FINAL_WRITE_DEADLINE_ENV = "GPUANAT_FINAL_WRITE_DEADLINE_S"
 FINAL_WRITE_DEADLINE_S = float(os.environ.get(FINAL_WRITE_DEADLINE_ENV) or 30.0)

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuanat.core.run.protocol import Step
-from gpuanat.core.store.history import HistoryStore, write_with_backoff
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_errors import write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
 from gpuanat.core.watch.records import WatchRecords
 

@@ -1,0 +1,62 @@
+"""The history's tables: the schema of version SCHEMA_VERSION, the upgrade from version 1, what a version-1 file
+holds exactly (an earlier gpuanat's, which carries no application_id), and the columns a runs row is read with.
+
+Plain Python: no torch, no UI.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 2
+"""PRAGMA user_version. 1: the first schema (its files carry no application_id); 2: runs also keep their
+recorder's start time and the time of their last recorded write, to finalise runs whose recorder is gone."""
+APPLICATION_ID = int.from_bytes(b"GANT", "big")
+"""PRAGMA application_id of every history gpuanat creates (0x47414E54, ASCII 'GANT')."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    name TEXT,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    config_json TEXT NOT NULL,
+    environment_json TEXT,
+    result_json TEXT,
+    log_path TEXT,
+    recorder_pid INTEGER,
+    recorder_started_at REAL,
+    last_recorded_at REAL
+);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    step INTEGER NOT NULL,
+    elapsed_s REAL NOT NULL,
+    record_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS steps_by_run ON steps(run_id, step);
+CREATE TABLE IF NOT EXISTS samples (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    t_s REAL NOT NULL,
+    sample_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samples_by_run ON samples(run_id, t_s);
+"""
+"""Schema version 2. `recorder_started_at`: the recorder's process start time (Unix time, psutil);
+`last_recorded_at`: Unix time of the last write of steps or samples, the end of a run whose recorder died."""
+
+MIGRATION_FROM_1 = (
+    "ALTER TABLE runs ADD COLUMN recorder_started_at REAL",
+    "ALTER TABLE runs ADD COLUMN last_recorded_at REAL",
+)
+V1_TABLES = {
+    "runs": ("id", "kind", "name", "status", "created_at", "finished_at", "config_json", "environment_json",
+             "result_json", "log_path", "recorder_pid"),
+    "steps": ("run_id", "step", "elapsed_s", "record_json"),
+    "samples": ("run_id", "t_s", "sample_json"),
+}
+"""The tables of a version-1 history, which carries no application_id: a file must have exactly these."""
+V1_INDEXES = {"steps_by_run", "samples_by_run"}
+RUN_COLUMNS = ("id, kind, name, status, created_at, finished_at, config_json, environment_json, result_json,"
+                " log_path, recorder_pid, recorder_started_at, last_recorded_at")
+"""The columns of a runs row as `HistoryStore._row`, `_gone` and `finalise_interrupted` read it (by name)."""
