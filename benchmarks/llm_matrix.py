@@ -803,7 +803,7 @@ def measure(case: Case, context: Context) -> dict[str, Any]:
     from transformers.trainer_callback import PrinterCallback
 
     from gpuanat.core.run.protocol import ModelInfo, Step
-    from gpuanat.worker.probe import AnatomyCallback
+    from gpuanat.worker.probe.hf import AnatomyCallback
 
     device = context.device
     record: dict[str, Any] = {"key": case.key, "config": case.to_json(), "status": None}

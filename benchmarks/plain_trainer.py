@@ -75,7 +75,7 @@ def main() -> None:
     clock = SteadyClock()
     callbacks: list[TrainerCallback] = [clock]
     if args.with_probe:
-        from gpuanat.worker.probe import AnatomyCallback
+        from gpuanat.worker.probe.hf import AnatomyCallback
 
         callbacks.insert(0, AnatomyCallback(lambda event: None))
     with tempfile.TemporaryDirectory() as output_dir:

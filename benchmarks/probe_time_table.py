@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpuanat.worker.probe import FIRST_MEASURED_STEPS
+from gpuanat.worker.probe.core import FIRST_MEASURED_STEPS
 
 EXACT_EVERY_STEPS = 50
 """AnatomyCallback's default: a long run measures one step in 50 exactly."""

@@ -27,8 +27,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from gpuanat.core.measure.publish import Publisher
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.protocol import ProbeBands, Step
-from gpuanat.worker import probe
-from gpuanat.worker.probe import AnatomyCallback
+from gpuanat.worker.probe import sink
+from gpuanat.worker.probe.hf import AnatomyCallback
 from gpuanat.worker.train import build_dataset, build_model, training_arguments_kwargs
 
 SKIPPED_STEPS = 5
@@ -90,7 +90,7 @@ def main() -> None:
                 per_step = (clock.end_s - clock.start_s) / (args.steps - SKIPPED_STEPS)
                 seconds_per_step[arm].append(per_step)
                 print(f"round {round_index} {arm:<9} {per_step * 1000:.3f} ms/step", flush=True)
-    published_file = probe.published_path()
+    published_file = sink.published_path()
     medians = {arm: statistics.median(values) for arm, values in seconds_per_step.items()}
     # Within a round the arms ran back to back (ABCCBA), so their ratio cancels slow drifts of the machine.
     per_round = len(ARMS_PER_ROUND) // 3

@@ -34,8 +34,8 @@ PUBLISHER = textwrap.dedent(
     print(os.getpid(), flush=True)
     sys.stdin.readline()
     from gpuanat.core.run.protocol import Hello
-    from gpuanat.worker.probe import _publish, published_path
-    _publish(Hello(pid=os.getpid(), versions={}, device="cpu", device_name=None, config={}))
+    from gpuanat.worker.probe.sink import publish, published_path
+    publish(Hello(pid=os.getpid(), versions={}, device="cpu", device_name=None, config={}))
     print(published_path(), flush=True)
     sys.stdin.readline()
     """

@@ -21,9 +21,10 @@ import traceback
 from typing import Any
 
 from gpuanat.core.run.protocol import Error, Event
-from gpuanat.worker import probe
 from gpuanat.worker.events import EventWriter, ParentGone
 from gpuanat.worker.lifeline import hold_lifeline
+from gpuanat.worker.probe import sink
+from gpuanat.worker.probe.hf import AnatomyCallback
 
 EXIT_USAGE = 2
 
@@ -37,18 +38,18 @@ def attach_probe_to_every_trainer() -> None:
     @functools.wraps(original_init)
     def init_with_probe(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        if not any(isinstance(callback, probe.AnatomyCallback) for callback in self.callback_handler.callbacks):
-            self.add_callback(probe.AnatomyCallback())
+        if not any(isinstance(callback, AnatomyCallback) for callback in self.callback_handler.callbacks):
+            self.add_callback(AnatomyCallback())
 
     Trainer.__init__ = init_with_probe  # type: ignore[method-assign]
 
 
 def _emitter() -> Any:
-    fd = os.environ.pop(probe.EVENTS_FD_ENV, None)
+    fd = os.environ.pop(sink.EVENTS_FD_ENV, None)
     if fd is None or not fd.isdigit():
         return None
     writer = EventWriter(int(fd))
-    probe.install_default_emit(writer.emit)
+    sink.install_default_emit(writer.emit)
     return writer.emit
 
 

@@ -377,7 +377,7 @@ def train(config: Any, emit: Any) -> int:
     from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE
     from gpuanat.core.run.errors import ConfigError
     from gpuanat.core.run.protocol import Done, Error, Hello
-    from gpuanat.worker.probe import AnatomyCallback
+    from gpuanat.worker.probe.hf import AnatomyCallback
 
     reached = milestone_emitter(emit)
     reached("imported")

@@ -1,0 +1,66 @@
+"""Where each step's time goes on the host, phase by phase (`STEP_PHASES`): stamps the probe takes at the training
+loop's step boundaries and in the model's forward hooks, with no synchronisation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from gpuanat.core.run.protocol import STEP_PHASES
+
+
+class StepPhases:
+    """Times each step's phases on the host (`STEP_PHASES`) with `perf_counter` stamps at the callbacks and forward
+    hooks, and asks a CUDA event recorded at the previous step's end, without waiting, whether the GPU had caught up
+    when the step's first forward began. No synchronisation: the host's time is where it waited."""
+
+    def __init__(self, cuda: bool) -> None:
+        self._cuda = cuda
+        self._mark_s = time.perf_counter()
+        self._phase = "data"
+        self._phases_s = dict.fromkeys(STEP_PHASES, 0.0)
+        self._caught_up: bool | None = None
+        self._forward_seen = False
+        self._step_end_event: Any = None
+
+    def _enter(self, phase: str) -> None:
+        now_s = time.perf_counter()
+        self._phases_s[self._phase] += now_s - self._mark_s
+        self._mark_s, self._phase = now_s, phase
+
+    def step_begins(self) -> None:
+        """The Trainer has the step's batches: what follows is the step's work. Under torch.compile the forward hooks
+        cannot time (a clock read breaks the graph), so "forward" then holds the forward and the backward."""
+        if self._phase == "data":
+            self._enter("forward")
+
+    def forward_begins(self) -> None:
+        if not self._forward_seen and self._step_end_event is not None:
+            self._caught_up = bool(self._step_end_event.query())
+        self._forward_seen = True
+        self._enter("forward")
+
+    def forward_ends(self) -> None:
+        self._enter("backward")
+
+    def optimizer_begins(self) -> None:
+        self._enter("optimizer")
+
+    def loss_read(self) -> None:
+        """The Trainer read the loss to log it, after the step's end: the wait for the GPU (the next step's)."""
+        if self._phase == "data":
+            self._enter("gpu wait")
+            self._enter("data")
+
+    def step_ends(self) -> tuple[dict[str, float], bool | None]:
+        """This step's phases and whether the GPU had caught up; the next step's data wait begins."""
+        self._enter("data")
+        phases, caught_up = self._phases_s, self._caught_up
+        self._phases_s, self._caught_up, self._forward_seen = dict.fromkeys(STEP_PHASES, 0.0), None, False
+        if self._cuda:
+            self._step_end_event = torch.cuda.Event()
+            self._step_end_event.record()
+        return phases, caught_up
