@@ -32,7 +32,7 @@ def train(variant: str, batch_size: int, seq_len: int, warmup_steps: int, steps:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from gpuanat.core.run.config import RunConfig
-    from gpuanat.worker.train import build_model
+    from gpuanat.worker.model import build_model
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

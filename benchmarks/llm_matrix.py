@@ -601,7 +601,7 @@ def _lora_config(case: Case) -> Any:
 
 
 def _model_config(case: Case) -> Any:
-    from gpuanat.worker.train import preset_model_config
+    from gpuanat.worker.model import preset_model_config
 
     config = preset_model_config(PRESETS[case.preset])
     if case.objective == "classification":

@@ -41,8 +41,9 @@ from transformers import Trainer, TrainingArguments
 
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.protocol import Step
+from gpuanat.worker.model import build_model
 from gpuanat.worker.probe.hf import AnatomyCallback
-from gpuanat.worker.train import build_dataset, build_model, training_arguments_kwargs
+from gpuanat.worker.train import build_dataset, training_arguments_kwargs
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PRECISIONS = ("fp32", "fp16", "bf16")

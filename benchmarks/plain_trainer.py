@@ -31,7 +31,8 @@ from gpuanat.core.run.startup import (  # noqa: E402
     time_to_first_step_s,
     wall_breakdown,
 )
-from gpuanat.worker.train import build_dataset, build_model, training_arguments_kwargs  # noqa: E402
+from gpuanat.worker.model import build_model  # noqa: E402
+from gpuanat.worker.train import build_dataset, training_arguments_kwargs  # noqa: E402
 
 IMPORTED_MONOTONIC_S = time.monotonic()
 

@@ -25,8 +25,9 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from gpuanat.core.run.config import RunConfig
 from gpuanat.worker.events import EventWriter
+from gpuanat.worker.model import build_model
 from gpuanat.worker.probe.hf import AnatomyCallback
-from gpuanat.worker.train import build_dataset, build_model, training_arguments_kwargs
+from gpuanat.worker.train import build_dataset, training_arguments_kwargs
 
 SKIPPED_STEPS = 5
 

@@ -27,9 +27,10 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from gpuanat.core.measure.publish import Publisher
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.protocol import ProbeBands, Step
+from gpuanat.worker.model import build_model
 from gpuanat.worker.probe import sink
 from gpuanat.worker.probe.hf import AnatomyCallback
-from gpuanat.worker.train import build_dataset, build_model, training_arguments_kwargs
+from gpuanat.worker.train import build_dataset, training_arguments_kwargs
 
 SKIPPED_STEPS = 5
 ARMS_PER_ROUND = ("plain", "probe", "published", "published", "probe", "plain")

@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from gpuanat.core.run.presets import PRESETS
-from gpuanat.worker.train import preset_model_config
+from gpuanat.worker.model import preset_model_config
 
 DEVICE = "cuda"
 

@@ -58,7 +58,7 @@ def test_a_causal_lm_trains_and_its_exact_bands_are_what_predict_says(db_path, e
 
 
 def test_a_bare_config_json_trains_with_random_weights_and_the_head_its_architecture_needs(tmp_path, db_path):
-    from gpuanat.worker.train import preset_model_config
+    from gpuanat.worker.model import preset_model_config
 
     llama = tmp_path / "llama" / "config.json"
     llama.parent.mkdir()

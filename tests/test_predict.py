@@ -242,7 +242,7 @@ def test_decoder_parameter_shapes_match_the_real_model(name):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gpuanat.worker.train import preset_model_config
+    from gpuanat.worker.model import preset_model_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(preset_model_config(PRESETS[name]))
