@@ -91,8 +91,9 @@ def test_a_request_no_segment_has_room_for_runs_out_of_memory_after_free_segment
 
 
 def test_a_reservation_must_leave_the_driver_a_page():
-    """On the H100 a reservation that would have left 0.19 MiB free was refused (benchmarks/cuda_malloc_headroom.py,
-    and batch 819 of fp32 + checkpointing); a cudaMalloc leaving 2.19 MiB was granted."""
+    """On the H100 a reservation that would have left 0.19 MiB free was refused
+    (benchmarks/archive/cuda_malloc_headroom.py, and batch 819 of fp32 + checkpointing); a cudaMalloc leaving
+    2.19 MiB was granted."""
     capacity = 100 * MIB + 192 * 1024
     assert replay([-1], [98 * MIB], capacity).fits
     short = replay([-1], [100 * MIB], capacity)

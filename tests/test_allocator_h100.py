@@ -65,7 +65,7 @@ def test_each_recorded_run_replayed_reserves_the_same_segments_and_peaks_where_i
 
 @pytest.mark.parametrize("allocator", ["default", "expandable"])
 def test_the_replay_grants_the_largest_request_the_h100_granted_on_a_filled_device(allocator):
-    """benchmarks/cuda_malloc_headroom.py filled the H100 with segments of one size, then asked for the largest
+    """benchmarks/archive/cuda_malloc_headroom.py filled the H100 with segments of one size, then asked for the largest
     request of whole 2 MiB pages it still granted: a request leaving 0.19 MiB free was refused every time. The
     replay, on a device of what was free + reserved, grants the same largest request in all 5 cases."""
     measured = json.loads((RESULTS / "allocator" / "headroom" / f"{allocator}.json").read_text())

@@ -4,7 +4,7 @@ Starts the real `gpuanat` in a detached tmux session of the given size, waits fo
 (the optimizer key) with `tmux send-keys` and polls `tmux capture-pane` until the panel shows the optimizer that key
 selects; the time between is one reading (tmux's own relay and a poll of at most `POLL_S` included). Quits with `q`.
 
-    python benchmarks/keypress_tmux.py --size 80x24 --presses 20 --out benchmarks/results/cpu/keypress_tmux.json
+    python benchmarks/archive/keypress_tmux.py --size 80x24 --presses 20 --out benchmarks/results/cpu/keypress_tmux.json
 """
 
 from __future__ import annotations

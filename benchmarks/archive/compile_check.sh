@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # torch.compile through HF Trainer against eager, one GPU (issue #19's compile rule), one call of the device tool:
-#   benchmarks/compile_check.sh
+#   benchmarks/archive/compile_check.sh    (from the repository root; archived: benchmarks/README.md)
 # bert-large bf16 batch 32, 1024 samples: eager, then compiled, in one history (so the compiled run's diagnosis
 # finds the eager one). Writes $OUT/compile/runs.jsonl and the log.
 set -uo pipefail

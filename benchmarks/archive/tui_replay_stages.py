@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.environ.get("BENCH", str(Path(__file__).resolve().parent)))
+sys.path.insert(0, os.environ.get("BENCH", str(Path(__file__).resolve().parent.parent)))
 
 import tui_replay
 from textual.screen import Screen

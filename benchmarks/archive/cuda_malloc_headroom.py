@@ -6,7 +6,7 @@ Each tensor of 10 MiB or more that finds no cached block is one cudaMalloc of it
 segments (one size), then the largest request of whole 2 MiB pages that succeeds is found, from all that is free
 downwards in 2 MiB steps.
 
-    python benchmarks/cuda_malloc_headroom.py [--json FILE]
+    python benchmarks/archive/cuda_malloc_headroom.py [--json FILE]
 
 With PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the same asks map 20 MiB pages instead; `left_bytes` is then
 what was free less the request, not what the mapping left.
