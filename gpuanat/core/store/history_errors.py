@@ -20,11 +20,10 @@ EXIT_BAD_FILE = 2
 """HistoryError.exit_code when the user must fix the path or the file."""
 EXIT_FAULT = 1
 """HistoryError.exit_code of a fault: busy, full, I/O."""
-
-
 PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG,
-                errno.EROFS}
+               errno.EROFS}
 """OS errors the user fixes by choosing another path (exit code 2)."""
+
 
 class HistoryError(Exception):
     """The history cannot be used: one line that says what to do. `exit_code` is EXIT_BAD_FILE (2) when the user
