@@ -4,6 +4,7 @@ history, watch), one module each.
 Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped (128 + the
 signal's number when SIGTERM or SIGHUP stopped it: 143, 129). A history that cannot be used (HistoryError) is
 reported in one line by `main`: 2 when its path or file must be fixed, 1 for a fault (busy, full, I/O).
+Whatever a command prints is made printable on its way out (`gpuanat.cli.output`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gpuanat.cli.common import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 from gpuanat.cli.dashboard import command_dashboard
 from gpuanat.cli.fit import command_fit
 from gpuanat.cli.history import command_history
+from gpuanat.cli.output import printable_output
 from gpuanat.cli.parser import build_parser
 from gpuanat.cli.predict import command_predict
 from gpuanat.cli.run import command_run
@@ -35,6 +37,11 @@ def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with printable_output():  # nothing from outside reaches the terminal raw, whatever a command prints
+        return _run_command(argv)
+
+
+def _run_command(argv: list[str] | None) -> int:
     parser = build_parser()
     own_args, script_args = split_script_args(list(sys.argv[1:] if argv is None else argv))
     try:

@@ -221,7 +221,9 @@ def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
 
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
+    from gpuanat.cli.output import unguarded
     from gpuanat.core.store.report import display_value, fit_columns
 
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else TABLE_WIDTH_NOT_A_TERMINAL
@@ -231,8 +233,9 @@ def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
         table.add_column(column.title, justify="right" if column.numeric else "left", no_wrap=column.key != "reason",
                          max_width=cut_widths.get(column.key), overflow="ellipsis")
     for row in rows:
-        table.add_row(*(display_value(column.key, row.get(column.key)) for column in shown))
-    Console(width=width).print(table)
+        # Text, not markup: a name reads as given, brackets and all; display_value made it printable.
+        table.add_row(*(Text(display_value(column.key, row.get(column.key))) for column in shown))
+    Console(file=unguarded(sys.stdout), width=width).print(table)  # the cells are printable; Rich adds styles
     dropped = [column.title for column in columns if column not in shown]
     if dropped:
         print(f"({len(dropped)} more columns at a wider terminal: {', '.join(dropped)}; all of them with "

@@ -17,8 +17,10 @@ from typing import Any
 from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
+from gpuanat.core.printable import printable
 from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.core.store.history import HistoryStore
@@ -88,6 +90,13 @@ class DashboardActions(App[None]):
     @cached_property
     def _status_line(self) -> StatusLine:
         return self.query_one(StatusLine)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Every notification as plain text: it quotes names, paths and children's errors, which are data (their
+        controls escaped, their brackets shown), and gpuanat's own words keep their brackets too."""
+        super().notify(printable(message, keep="\n"), title=printable(title), severity=severity, timeout=timeout,
+                       markup=False)
 
     def _listen_for_stop_signals(self) -> None:
         """SIGTERM, SIGHUP (the SSH connection dropped) and a SIGINT sent from outside end the dashboard as

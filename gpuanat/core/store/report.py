@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gpuanat.core.printable import printable
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.store.compare import percent_delta
 from gpuanat.core.store.history import RunRow
@@ -194,7 +195,8 @@ def sweep_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def display_value(key: str, value: Any) -> str:
-    """How a raw row value reads in a table."""
+    """How a raw row value reads in a table: figures formatted, text from outside (names, models, reasons) made
+    printable."""
     if value is None:
         return "" if key.endswith("delta") or key == "reason" else "—"
     if key.endswith("delta"):
@@ -209,7 +211,7 @@ def display_value(key: str, value: Any) -> str:
         return f"{100 * value:.1f}%"
     if key in ("time_s", "samples_per_second", "steady_samples_per_second"):
         return format_number(value)
-    return str(value)
+    return printable(value)
 
 
 def render_markdown(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
@@ -226,8 +228,13 @@ def render_csv(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str
     writer = csv.writer(buffer)
     writer.writerow([column.key for column in columns])
     for row in rows:
-        writer.writerow(["" if row.get(column.key) is None else row.get(column.key) for column in columns])
+        writer.writerow(["" if row.get(column.key) is None else _csv_value(row.get(column.key)) for column in columns])
     return buffer.getvalue()
+
+
+def _csv_value(value: Any) -> Any:
+    """Figures as they are (a spreadsheet reads them whole); text made printable."""
+    return printable(value) if isinstance(value, str) else value
 
 
 def render_json(rows: Sequence[dict[str, Any]]) -> str:

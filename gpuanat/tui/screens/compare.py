@@ -13,6 +13,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
+from gpuanat.core.printable import printable
 from gpuanat.core.store.compare import BAND_METRICS, STEP_TIME_METRICS, compare_runs
 from gpuanat.core.store.history import RunRow
 from gpuanat.core.store.report import format_bytes, format_delta
@@ -91,9 +92,10 @@ class CompareScreen(Screen[None]):
         techniques.add_column("differs")
         for run in self._runs:
             techniques.add_column(f"run {run.id}")
-        techniques.add_row("status", *(run.status for run in self._runs))
+        # Text, not markup: a value may be a model path or a script's argument, shown as given.
+        techniques.add_row("status", *(Text(printable(run.status)) for run in self._runs))
         for field, values in self.comparison.differing:
-            techniques.add_row(field, *(technique_text(value) for value in values))
+            techniques.add_row(field, *(Text(printable(technique_text(value))) for value in values))
         if not self.comparison.differing:
             techniques.add_row("(same techniques)", *("" for _ in self._runs))
         metrics = self.query_one("#compare-metrics", DataTable)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label
+
+from gpuanat.core.printable import printable
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -26,8 +29,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self._question)
-            yield Label("[b]y[/b] yes · [b]n[/b] no")
+            yield Label(Text(printable(self._question)))  # Text, not markup: it may name a model path
+            yield Label(Text.assemble(("y", "bold"), " yes · ", ("n", "bold"), " no"))
 
     def action_answer(self, answer: bool) -> None:
         self.dismiss(answer)

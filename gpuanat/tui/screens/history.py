@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
+from gpuanat.core.printable import printable
 from gpuanat.core.store.history import RunRow
 from gpuanat.core.store.report import HISTORY_COLUMNS, display_value, history_rows
 
@@ -107,8 +109,9 @@ class HistoryScreen(Screen[list[int]]):
             table.add_column(column.title + mark, key=column.key)
         rows = self._shown_rows()
         for row in rows:
+            # Text, not markup: names and models read as given (display_value made them printable).
             table.add_row(SELECTED_MARK if row["id"] in self.selected else "",
-                          *(display_value(column.key, row.get(column.key)) for column in SCREEN_COLUMNS),
+                          *(Text(display_value(column.key, row.get(column.key))) for column in SCREEN_COLUMNS),
                           key=str(row["id"]))
         ids = [row["id"] for row in rows]
         if ids:
@@ -116,9 +119,9 @@ class HistoryScreen(Screen[list[int]]):
         shown = f"{len(rows)} of {len(self._rows)} runs" if self.filter_text else f"{len(rows)} runs"
         order = "" if self.sort_key == "id" and not self.descending else \
             f" · sorted by {next(c.title for c in SCREEN_COLUMNS if c.key == self.sort_key)}"
-        where = f" · filter “{self.filter_text}”" if self.filter_text else ""
-        self.query_one("#history-hint", Label).update(
-            f"History — {shown}{order}{where} · space selects, enter compares (the first selected is the baseline)")
+        where = f" · filter “{printable(self.filter_text)}”" if self.filter_text else ""
+        self.query_one("#history-hint", Label).update(Text(
+            f"History — {shown}{order}{where} · space selects, enter compares (the first selected is the baseline)"))
 
     def action_sort_by(self, step: int) -> None:
         self.sort_key = SORT_KEYS[(SORT_KEYS.index(self.sort_key) + step) % len(SORT_KEYS)]

@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from gpuanat.core.printable import printable
 from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
 
 TECHNIQUE_ACTION = re.compile(r"^(?:toggle_technique|step)\('(\w+)'")
@@ -81,8 +82,8 @@ class KeysScreen(ModalScreen[None]):
             if not rows:
                 continue
             page.add_row("", Text(group, style="bold underline"))
-            for keys, what in rows:
-                page.add_row(keys, what)
+            for keys, what in rows:  # Text, not markup: "pip install 'gpuanat[llm]'" keeps its brackets
+                page.add_row(Text(printable(keys)), Text(printable(what)))
         page.add_row("", Text("? esc or q closes this page · keys can be remapped: docs/dashboard.md", style="dim"))
         return page
 

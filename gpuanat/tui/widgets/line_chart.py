@@ -26,6 +26,7 @@ from rich.style import Style
 from textual.reactive import reactive
 from textual.strip import Strip
 
+from gpuanat.core.printable import printable
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.cached_rows import CachedRows
 
@@ -342,12 +343,12 @@ class LineChart(CachedRows):
     def _title_row(self, width: int, shown: Mapping[str, TimeSeries]) -> Strip:
         title_style = self._style("line-chart--title")
         axis_style = self._style("line-chart--axis")
-        segments = [Segment(f" {self.title}", title_style)]
+        segments = [Segment(f" {printable(self.title)}", title_style)]
         if self.paused:
             segments.append(Segment("  ⏸ paused", self._style("line-chart--paused")))
         used = sum(len(segment.text) for segment in segments)
         legend = [
-            (index, name, "—" if series.last is None else self.formatter(series.last))
+            (index, printable(name), "—" if series.last is None else self.formatter(series.last))
             for index, (name, series) in enumerate(shown.items())
         ]
         # Narrow charts (side by side) keep the series names and drop the latest values first.

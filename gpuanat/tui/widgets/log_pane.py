@@ -1,4 +1,5 @@
-"""The child's stdout/stderr, read from its log file: ANSI colours kept, tqdm's carriage returns folded."""
+"""The child's stdout/stderr, read from its log file: ANSI colours kept (every other escape shown as text),
+tqdm's carriage returns folded."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import BinaryIO
 
 from rich.text import Text
 from textual.widgets import RichLog
+
+from gpuanat.core.printable import printable, printable_keeping_colours
 
 
 def complete_lines(chunk: str) -> tuple[list[str], str]:
@@ -37,7 +40,7 @@ class LogPane(RichLog):
         self._close()
         self._path, self._partial = path, ""
         self._decoder.reset()
-        self.border_title = f"Log · {path.name}"
+        self.border_title = Text(f"Log · {printable(path.name)}")  # Text, not markup
 
     def _close(self) -> None:
         if self._file is not None:
@@ -62,4 +65,5 @@ class LogPane(RichLog):
         # The incremental decoder keeps a UTF-8 character split across two reads whole.
         lines, self._partial = complete_lines(self._partial + self._decoder.decode(data))
         for line in lines:
-            self.write(Text.from_ansi(line))
+            # Colours become styles; any other escape a child (or its user's input) wrote is shown, not sent.
+            self.write(Text.from_ansi(printable_keeping_colours(line)))

@@ -22,6 +22,7 @@ from textual.geometry import Size
 from textual.strip import Strip
 
 from gpuanat.core.measure.anatomy import BAND_NAMES
+from gpuanat.core.printable import printable
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.widgets.cached_rows import CachedRows
 
@@ -341,7 +342,7 @@ class MemoryBar(CachedRows):
         value_style = self._style("memory-bar--value")
         now, peak = self._current[band], self._peak[band]
         predicted = self._predicted.get(band) if self._predicted is not None else None
-        reason = self._unavailable.get(band) if now is None else None
+        reason = printable(self._unavailable.get(band) or "") if now is None else None
         segments = [
             Segment(BAND_GLYPHS[band] * 2, self._style(band_component_class(band))),
             Segment(f" {BAND_LABELS[band]:<{NAME_WIDTH}}", value_style),

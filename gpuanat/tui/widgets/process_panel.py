@@ -9,6 +9,7 @@ from typing import Any
 from rich.text import Span, Text
 from textual.strip import Strip
 
+from gpuanat.core.printable import printable
 from gpuanat.core.store.report import format_bytes
 from gpuanat.core.watch.publications import NOT_PUBLISHED
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_line_row, text_rows
@@ -149,7 +150,7 @@ class ProcessPanel(CachedRows):
         good = self.component_style("process-panel--good")
         warning = self.component_style("process-panel--warning")
         text = Text(no_wrap=False, overflow="ellipsis")
-        text.append(self._command or "…", style=muted)
+        text.append(printable(self._command or "…"), style=muted)
         record = self._record
         if record is None:
             text.append("\nwaiting for the first sample…", style=muted)
@@ -162,21 +163,21 @@ class ProcessPanel(CachedRows):
         elif record["publication_reason"] == NOT_PUBLISHED:
             text.append("anatomy not published (no AnatomyCallback)\n", style=muted)
         else:
-            text.append(f"{record['publication_reason']}\n", style=muted)
+            text.append(f"{printable(record['publication_reason'])}\n", style=muted)
         scope = record.get("gpu_util_scope")
         if scope is not None:
             text.append("GPU util: " + ("per process" if scope == "process" else "whole device") + "\n", style=muted)
         text.append(f"\n{'PID':>7} {'process':<11}{'CPU%':>5}{'RSS':>9}{'GPU':>9}\n", style=heading)
         rows = _tree_order(record.get("processes") or [], record["pid"])
         for depth, process in rows[:MAX_TREE_ROWS]:
-            name = ("  " * min(depth, 3) + process["name"])[:11]
+            name = ("  " * min(depth, 3) + printable(process["name"]))[:11]
             gpu = process.get("gpu_memory_bytes")
             text.append(f"{process['pid']:>7} {name:<11}{process['cpu_percent']:>5.0f}"
                         f"{format_bytes(process['rss_bytes']):>9}{format_bytes(gpu) if gpu else '':>9}\n")
         if len(rows) > MAX_TREE_ROWS:
             text.append(f"  … {len(rows) - MAX_TREE_ROWS} more\n", style=muted)
         if record.get("gpu_memory_reason"):
-            text.append(f"GPU memory: {record['gpu_memory_reason']}\n", style=muted)
+            text.append(f"GPU memory: {printable(record['gpu_memory_reason'])}\n", style=muted)
         others = record.get("other_gpu_processes") or []
         text.append("\nother processes on the GPU", style=heading)
         if not record.get("gpus"):  # no NVML reading: whether there are any is unknown, not "none"
@@ -186,13 +187,13 @@ class ProcessPanel(CachedRows):
         else:
             text.append("\n")
             for other in others[:MAX_OTHER_ROWS]:
-                name = other.get("name") or ("not visible here" if other.get("local_pid") is None else "?")
+                name = printable(other.get("name") or ("not visible here" if other.get("local_pid") is None else "?"))
                 text.append(f"{other['pid']:>7} {name[:12]:<12} GPU {other['gpu']} "
                             f"{format_bytes(other['used_bytes']):>9}\n")
             if len(others) > MAX_OTHER_ROWS:
                 text.append(f"  … {len(others) - MAX_OTHER_ROWS} more\n", style=muted)
         namespace = record.get("pid_namespace")
         if namespace:
-            text.append(f"\n{namespace['note']}\n", style=warning)
+            text.append(f"\n{printable(namespace['note'])}\n", style=warning)
         text.rstrip()
         return text

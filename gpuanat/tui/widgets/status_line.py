@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.strip import Strip
 
 from gpuanat.core.measure.samples import NvmlStatus
+from gpuanat.core.printable import printable
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_rows
 
 
@@ -51,16 +52,16 @@ class StatusLine(CachedRows):
         # The run's progress first: at 80 columns it is what must show; the GPU and driver may be cut.
         muted = self.component_style("status-line--muted")
         text = Text("gpuanat ", style="bold")
-        text.append(self._run_state, style=self.component_style("status-line--run"))
+        text.append(printable(self._run_state), style=self.component_style("status-line--run"))
         text.append(" · ", style=muted)
         nvml = self._nvml
         if nvml is None:
             text.append("probing NVML…", style=muted)
         elif nvml.available:
-            text.append(gpu_names_text(nvml.gpu_names))
-            text.append(f" · driver {nvml.driver_version}", style=muted)
+            text.append(printable(gpu_names_text(nvml.gpu_names)))
+            text.append(f" · driver {printable(nvml.driver_version)}", style=muted)
         else:
-            text.append(f" NVML unavailable: {nvml.reason} — host metrics only ",
+            text.append(f" NVML unavailable: {printable(nvml.reason)} — host metrics only ",
                         style=self.component_style("status-line--banner"))
         if self._sampler_cpu_percent is not None:
             text.append(f" · sampler {self._sampler_cpu_percent:.1f}% CPU", style=muted)

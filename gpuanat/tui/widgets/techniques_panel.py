@@ -9,6 +9,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from gpuanat.core.memory.predict import MemoryEstimate
+from gpuanat.core.printable import printable
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.techniques import compile_mode
@@ -100,7 +101,9 @@ class TechniquesPanel(Widget):
         self._gpu_total_bytes, self._device_peak_bytes = gpu_total_bytes, device_peak_bytes
         self._several_gpus = several_gpus or config.ranks != 1
         reasons = machine_unsupported_reasons(config, capabilities) if capabilities else []
-        self.tooltip = "\n".join(f"{flag}: {reason}" for flag, reason in reasons) or None
+        # Text, not markup: a reason names packages such as gpuanat[llm].
+        tooltip = "\n".join(f"{flag}: {reason}" for flag, reason in reasons)
+        self.tooltip = Text(printable(tooltip, keep="\n")) if tooltip else None
         self.refresh(layout=True)
 
     def render(self) -> Table:
@@ -129,11 +132,11 @@ class TechniquesPanel(Widget):
         lines = Table.grid()
         lines.add_row(table)
         if not self.compact:
-            lines.add_row(Text(f"{config.model or config.preset} on {config.device}, seq {config.seq_len}, "
+            lines.add_row(Text(f"{printable(config.model or config.preset)} on {config.device}, seq {config.seq_len}, "
                                f"{config.samples} samples", style=muted, overflow="ellipsis", no_wrap=True))
         if unsupported:
             more = f" (+{len(unsupported) - 1} more, in red above; all in the tooltip)" if len(unsupported) > 1 else ""
-            lines.add_row(Text(f"unavailable: {unsupported[0][1]}{more}",
+            lines.add_row(Text(f"unavailable: {printable(unsupported[0][1])}{more}",
                                style=self.get_component_rich_style("techniques-panel--unavailable")))
         elif self._capabilities is None:
             lines.add_row(Text("checking what this machine can run…", style=muted))
