@@ -11,6 +11,7 @@ import shtab
 
 from gpuanat import __version__
 from gpuanat.cli.common import EXIT_USAGE
+from gpuanat.core.printable import printable
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.techniques import TECHNIQUES
 
@@ -25,6 +26,17 @@ class OneLineParser(argparse.ArgumentParser):
         command = self.prog.removeprefix("gpuanat").strip()
         self.exit(EXIT_USAGE, f"gpuanat: error: {command + ': ' if command else ''}{message}\n")
 
+
+
+def run_name(text: str) -> str:
+    """A run's name as given, control characters and all (shown escaped); one that is not UTF-8 is refused, since
+    the history keeps names as text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"the name {printable(text)!s} is not UTF-8 text, which the history keeps "
+                                         "names as; give it in UTF-8") from None
+    return text
 
 def _with_default(technique: Any) -> str:
     """The technique's help, ending with its default where the help does not say it already."""
@@ -200,9 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "the process exits (with a final record that says so) or after --duration")
     watch.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     watch.add_argument("--interval", type=float, default=0.25, metavar="S", help="seconds between samples (0.25)")
-    watch.add_argument("--save", nargs="?", const="", default=None, metavar="NAME",
+    watch.add_argument("--save", nargs="?", const="", default=None, metavar="NAME", type=run_name,
                        help="record the watched session in the history as a run of kind `watched` (optionally "
-                            "named), to compare it with launched runs")
+                            "named), to compare it with launched runs; the name is kept as given and shown with "
+                            "any control characters escaped")
     watch.add_argument("--trace-out", type=Path, default=None,
                        help="also write every NVML/host sample as JSON lines to this file")
     add_common(watch)

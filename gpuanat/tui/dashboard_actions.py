@@ -17,6 +17,7 @@ from typing import Any
 from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.markup import escape as escape_markup
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
@@ -235,5 +236,6 @@ class DashboardActions(App[None]):
         yield from super().get_system_commands(screen)
         for binding in self.BINDINGS:
             if isinstance(binding, Binding) and binding.description:
+                # The palette parses help as markup: escaped, "pip install 'gpuanat[llm]'" keeps its brackets.
                 yield SystemCommand(f"{binding.description} ({binding.key_display or binding.key})",
-                                    _palette_help(binding), lambda b=binding: self.run_action(b.action))
+                                    escape_markup(_palette_help(binding)), lambda b=binding: self.run_action(b.action))
