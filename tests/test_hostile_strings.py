@@ -165,7 +165,8 @@ def test_help_and_a_hostile_history_path_print_nothing_raw(tmp_path):
         completed = run_cli(args, db, timeout_s=60)
         assert completed.returncode == 0, completed.stderr
         assert not raw_in_text(completed.stdout) and not raw_in_text(completed.stderr), args
-    assert "db\\x1b]2;PWNED\\x07[bold]B[@click=app.quit]Q" in completed.stdout  # "No runs recorded yet … (history: PATH)"
+    # "No runs recorded yet … (history: PATH)"
+    assert "db\\x1b]2;PWNED\\x07[bold]B[@click=app.quit]Q" in completed.stdout
 
 
 def test_a_run_name_that_is_not_utf8_is_refused_in_one_line(tmp_path):
@@ -179,9 +180,10 @@ def test_a_run_name_that_is_not_utf8_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "h.sqlite").exists()
 
 
-def test_watch_json_keeps_a_hostile_process_exact_and_history_shows_it_escaped(tmp_path):
+@pytest.mark.parametrize("process_name", [TITLE, "bad\udcff\udcfe\u202e"], ids=["escapes", "not_utf8"])
+def test_watch_json_keeps_a_hostile_process_exact_and_history_shows_it_escaped(tmp_path, process_name):
     db = tmp_path / "h.sqlite"
-    with hostile_process() as child:
+    with hostile_process(process_name) as child:
         watcher = subprocess.Popen([sys.executable, "-m", "gpuanat", "watch", str(child.pid), "--json",
                                     "--interval", "0.1", "--save", EVIL_NAME], cwd=REPO, env=cli_env(db),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -197,10 +199,21 @@ def test_watch_json_keeps_a_hostile_process_exact_and_history_shows_it_escaped(t
         finally:
             os.killpg(child.pid, 9)
         _, stderr = watcher.communicate(timeout=60)
-    assert [process["name"] for process in record["processes"]] == [TITLE]  # the exact bytes, as given
+    assert [process["name"] for process in record["processes"]] == [process_name]  # the exact bytes, as given
     assert not raw_in_text(stderr)
     completed = run_cli(["history", "--format", "md"], db, timeout_s=60)
     assert not raw_in_text(completed.stdout)
     assert printable(EVIL_NAME) in completed.stdout and "exited" in completed.stdout
     (run,) = json.loads(run_cli(["history", "--format", "json"], db, timeout_s=60).stdout)
     assert run["name"] == EVIL_NAME  # stored as given
+
+
+def test_a_keymap_naming_a_hostile_key_is_refused_in_one_escaped_line(tmp_path):
+    config = tmp_path / "config" / "gpuanat" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('[keymap]\nrun = "\\u001b]0;PWNED\\u0007[bold]B[/]"\n')  # TOML's escapes: ESC and BEL
+    completed = run_cli([], tmp_path / "h.sqlite", timeout_s=120,
+                        extra_env={"XDG_CONFIG_HOME": str(tmp_path / "config")})
+    assert completed.returncode == 2 and completed.stdout == ""
+    (line,) = completed.stderr.splitlines()
+    assert not raw_in_text(line) and "\\x1b]0;PWNED\\x07[bold]B[/]" in line
