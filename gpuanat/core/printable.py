@@ -53,12 +53,13 @@ def printable(text: object, *, keep: str = "") -> str:
 
 def printable_keeping_colours(line: str) -> str:
     """A log line for a view that turns colour sequences into styles: `printable` everywhere but in its SGR
-    sequences (the only escapes kept; cursor moves, titles, clipboard writes, hyperlinks are escaped)."""
+    sequences (the only escapes kept; cursor moves, titles, clipboard writes, hyperlinks are escaped) and its tabs
+    (the view expands them, as a terminal would)."""
     parts: list[str] = []
     shown_from = 0
     for match in SGR.finditer(line):
-        parts.append(printable(line[shown_from:match.start()]))
+        parts.append(printable(line[shown_from:match.start()], keep="\t"))
         parts.append(match.group())
         shown_from = match.end()
-    parts.append(printable(line[shown_from:]))
+    parts.append(printable(line[shown_from:], keep="\t"))
     return "".join(parts)

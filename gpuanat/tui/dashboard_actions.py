@@ -95,7 +95,8 @@ class DashboardActions(App[None]):
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
         """Every notification as plain text: it quotes names, paths and children's errors, which are data (their
-        controls escaped, their brackets shown), and gpuanat's own words keep their brackets too."""
+        controls escaped, their brackets shown), and gpuanat's own words keep their brackets too. `markup` is
+        Textual's signature, and ignored."""
         super().notify(printable(message, keep="\n"), title=printable(title), severity=severity, timeout=timeout,
                        markup=False)
 
