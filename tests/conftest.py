@@ -53,6 +53,28 @@ def run_cli(
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
+def cli_in_terminal(args: list[str], db: Path | None, columns: int, lines: int = 40,
+                    term: str = "xterm") -> tuple[int, str, str]:
+    """`gpuanat ARGS` with stdout on a real terminal `columns` wide: its exit code, every byte the terminal got
+    (decoded; the line discipline's \\r\\n read as \\n) and stderr."""
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {**cli_env(db), "COLUMNS": str(columns), "LINES": str(lines), "TERM": term}
+    process = subprocess.Popen([sys.executable, "-m", "gpuanat", *args], cwd=REPO, env=env, stdout=follower,
+                               stderr=subprocess.PIPE)
+    os.close(follower)
+    output = bytearray()
+    try:
+        while chunk := os.read(leader, 65536):
+            output += chunk
+    except OSError:  # the terminal closes when the process has gone
+        pass
+    _, stderr = process.communicate(timeout=60)
+    os.close(leader)
+    return process.returncode, output.decode("utf-8").replace("\r\n", "\n"), stderr.decode("utf-8")
+
+
 def tiny_model_reference() -> dict[str, int]:
     """Exact sizes of the model tests/scripts/tiny_trainer.py builds, counted here independently."""
     from transformers import BertConfig, BertForSequenceClassification

@@ -3,14 +3,12 @@ that fits the terminal, and a pipe reader that stops early. The real `gpuanat` i
 
 from __future__ import annotations
 
-import os
-import pty
 import re
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, cli_env, run_cli
+from conftest import REPO, cli_env, cli_in_terminal, run_cli
 
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import HISTORY_COLUMNS, fit_columns
@@ -38,21 +36,8 @@ def history_db(tmp_path):
 
 def _in_terminal(args: list[str], db, columns: int) -> tuple[int, str]:
     """Run `gpuanat ARGS` with stdout on a real terminal `columns` wide; its exit code and what it printed."""
-    leader, follower = pty.openpty()
-    env = {**cli_env(db), "COLUMNS": str(columns), "LINES": "40", "TERM": "xterm"}
-    process = subprocess.Popen([sys.executable, "-m", "gpuanat", *args], cwd=REPO, env=env, stdout=follower,
-                               stderr=subprocess.PIPE, text=True)
-    os.close(follower)
-    output = bytearray()
-    try:
-        while chunk := os.read(leader, 65536):
-            output += chunk
-    except OSError:  # the terminal closes when the process has gone
-        pass
-    _, stderr = process.communicate(timeout=60)
-    os.close(leader)
-    text = re.sub(r"\x1b\[[0-9;]*m", "", output.decode()).replace("\r", "")
-    return process.returncode, text + stderr
+    returncode, output, stderr = cli_in_terminal(args, db, columns)
+    return returncode, re.sub(r"\x1b\[[0-9;]*m", "", output).replace("\r", "") + stderr
 
 
 @pytest.mark.parametrize("columns", [80, 100, 160])

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO, cli_env, run_cli
+from conftest import REPO, cli_env, cli_in_terminal, run_cli
 from hostile import (
     ALL_PAYLOADS,
     CONTROL_PAYLOADS,
@@ -81,29 +80,10 @@ def hostile_history(tmp_path):
     return db, names
 
 
-def _in_terminal(args: list[str], db, columns: int = 200) -> tuple[int, str, str]:
-    """`gpuanat ARGS` with stdout on a real terminal: its exit code, what the terminal got, and stderr."""
-    leader, follower = pty.openpty()
-    env = {**cli_env(db), "COLUMNS": str(columns), "LINES": "50", "TERM": "xterm-256color"}
-    process = subprocess.Popen([sys.executable, "-m", "gpuanat", *args], cwd=REPO, env=env, stdout=follower,
-                               stderr=subprocess.PIPE)
-    os.close(follower)
-    output = bytearray()
-    try:
-        while chunk := os.read(leader, 65536):
-            output += chunk
-    except OSError:  # the terminal closes when the process has gone
-        pass
-    _, stderr = process.communicate(timeout=60)
-    os.close(leader)
-    # the terminal's line discipline ends each line with \r\n
-    return process.returncode, output.decode("utf-8").replace("\r\n", "\n"), stderr.decode("utf-8")
-
-
 @pytest.mark.parametrize("columns", [80, 200])
 def test_the_history_table_in_a_terminal_shows_every_name_escaped(hostile_history, columns):
     db, _ = hostile_history
-    returncode, terminal, stderr = _in_terminal(["history"], db, columns)
+    returncode, terminal, stderr = cli_in_terminal(["history"], db, columns, lines=50, term="xterm-256color")
     assert returncode == 0, stderr
     assert not raw_in_terminal_output(terminal), raw_in_terminal_output(terminal)
     assert not raw_in_text(stderr)
