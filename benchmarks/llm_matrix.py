@@ -44,6 +44,11 @@ Sets:
             later calls), then loaded 4-bit with from_pretrained.
   liger     llama-3.2-1b and qwen2.5-0.5b, full (AMP bf16) and LoRA, without and with Liger (fused linear
             cross-entropy, RMSNorm, SwiGLU, RoPE), seq {1024, 2048} x batch {2, 4}.
+  unseen    models of families gpuanat has never measured, read from their config.json under benchmarks/configs/
+            (issue #29's held-out ground truth; their sizes are the published checkpoints'): decoders x {AMP bf16
+            fp32 weights, + checkpointing, bf16 weights, LoRA r16 on a bf16 base, LoRA r16 + checkpointing} x seq
+            1024 x batch {1, 4}; encoders as 2-label classifiers x {AMP bf16, + checkpointing, bf16 weights} x seq
+            512 x batch 16. Predictions: where gpuanat cannot yet read the config, the record says so.
   smoke     tiny configurations of every code path (llama-tiny full/LoRA/QLoRA-style, tiny BERT, gpt2 both heads)
             for a CPU run (no 4-bit quantization there: the QLoRA path saves, reloads, prepares and adapts unquantized).
 """
@@ -280,6 +285,28 @@ def liger_set(device: str) -> list[Case]:
             for preset in DECODERS for lora in (0, LORA_RANK) for liger in (False, True)]
 
 
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+"""config.json files of published models, as a user brings them (`unseen` set; no weights, no download)."""
+UNSEEN_DECODERS = ("smollm2-360m", "opt-350m", "pythia-410m", "bloom-560m", "qwen3-0.6b", "gemma-3-1b",
+                   "granite-3.1-1b-a400m", "olmo-2-1b", "stablelm-2-1.6b", "phi-2")
+UNSEEN_ENCODERS = ("distilbert-base", "electra-base", "roberta-base", "modernbert-base", "deberta-v3-base")
+UNSEEN_DECODER_TECHNIQUES: tuple[dict[str, Any], ...] = (
+    {}, {"grad_checkpointing": True}, {"weights": "bf16"}, {"lora": LORA_RANK},
+    {"lora": LORA_RANK, "grad_checkpointing": True},
+)
+UNSEEN_ENCODER_TECHNIQUES: tuple[dict[str, Any], ...] = ({}, {"grad_checkpointing": True}, {"weights": "bf16"})
+UNSEEN_ATTENTION = {"bloom-560m": "eager", "deberta-v3-base": "eager"}
+"""Models transformers gives no SDPA attention (it refuses `attn_implementation="sdpa"` for them)."""
+
+
+def unseen_set(device: str) -> list[Case]:
+    cases = [_lm(model, 1024, batch, **techniques, attn=UNSEEN_ATTENTION.get(model, "sdpa")) for batch in (1, 4)
+             for model in UNSEEN_DECODERS for techniques in UNSEEN_DECODER_TECHNIQUES]
+    cases += [Case(model, "classification", 512, 16, **techniques, attn=UNSEEN_ATTENTION.get(model, "sdpa"))
+              for model in UNSEEN_ENCODERS for techniques in UNSEEN_ENCODER_TECHNIQUES]
+    return cases
+
+
 def smoke_set(device: str) -> list[Case]:
     size = {"seq_len": 64, "batch_size": 2}
     cases = [
@@ -301,8 +328,9 @@ def smoke_set(device: str) -> list[Case]:
     return cases
 
 
-CONFIG_SETS: dict[str, Callable[[str], list[Case]]] = {"decoders": decoders_set, "small": small_set, "qlora": qlora_set,
-                                                   "liger": liger_set, "smoke": smoke_set}
+CONFIG_SETS: dict[str, Callable[[str], list[Case]]] = {
+    "unseen": unseen_set, "decoders": decoders_set, "small": small_set, "qlora": qlora_set, "liger": liger_set,
+    "smoke": smoke_set}
 
 
 # --- prediction (no torch) -----------------------------------------------------------------------------------------
@@ -353,6 +381,8 @@ def run_config_for(case: Case, steps: int) -> tuple[RunConfig, list[str]]:
 def predict(case: Case, steps: int, measured_bytes: int | None,
             measured_bands: dict[str, Any] | None = None) -> dict[str, Any]:
     """`gpuanat predict`'s estimate and its error against the measured peak (and bands, where measured)."""
+    if case.preset not in PRESETS:
+        return {"error": f"not a preset: {case.preset}'s config.json is not read by this gpuanat's predictor"}
     try:
         from gpuanat.core.memory.predict import estimate_memory, peak_reserved_bytes
 
@@ -603,7 +633,12 @@ def _lora_config(case: Case) -> Any:
 def _model_config(case: Case) -> Any:
     from gpuanat.worker.model import preset_model_config
 
-    config = preset_model_config(PRESETS[case.preset])
+    if case.preset in PRESETS:
+        config = preset_model_config(PRESETS[case.preset])
+    else:  # a published model's config.json (the unseen set)
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(CONFIGS_DIR / case.preset)
     if case.objective == "classification":
         config.num_labels = 2
     return config
@@ -1097,7 +1132,7 @@ def main() -> int:
         return repredict(args)
     if args.list:
         for case in selected_cases(args):
-            _, caveats = run_config_for(case, args.steps)
+            caveats = run_config_for(case, args.steps)[1] if case.preset in PRESETS else ["config.json"]
             print(case.key + (f"   [{'; '.join(caveats)}]" if caveats else ""))
         return 0
     if args.out is None:
