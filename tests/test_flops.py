@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import last_json, run_cli
 
@@ -66,3 +68,94 @@ def test_a_cpu_run_reports_its_achieved_flops_and_why_no_mfu(db_path):
     assert result["mfu"] is None and result["unavailable"]["mfu"] == "no peak known for a CPU"
     human = run_cli(["history", "--format", "csv"], db_path).stdout
     assert "achieved_tflops" in human.splitlines()[0] or "TFLOP/s" in human.splitlines()[0]
+
+
+# --- any model: the FLOPs the probe counts in the model itself (issue #29) -----------------------------------------
+
+def _meta_model(model_config, causal: bool, lora: int = 0):
+    """The model on the meta device (shapes, no memory), with LoRA as gpuanat adds it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from gpuanat.worker.model import with_lora
+
+    head = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+    with torch.device("meta"):
+        model = head.from_config(model_config)
+    if not causal:
+        model.config.num_labels = 2
+    return with_lora(model, RunConfig(lora=lora)) if lora else model
+
+
+def _counted(model, seq_len: int) -> int | None:
+    from gpuanat.core.run.flops import flops_per_sample_of_model
+    from gpuanat.core.run.protocol import ModelInfo
+    from gpuanat.worker.probe.model_flops import model_flops
+
+    info = ModelInfo(params=0, trainable_params=0, weights_bytes=0, dtype="float32", total_steps=1,
+                     **model_flops(model))
+    return flops_per_sample_of_model(info, seq_len)
+
+
+@pytest.mark.parametrize(("preset", "lora"), [
+    *((preset, 0) for preset in ("bert-base", "gpt2", "tiny", "llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b")),
+    # LoRA on the decoders (on a classifier the formula estimates its adapters: PEFT also trains a copy of the head)
+    *((preset, 16) for preset in ("llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b")),
+])
+def test_counted_in_the_model_a_preset_s_flops_are_its_formula_s(preset, lora):
+    """Two counts that share nothing: the preset's formula from its dimensions, and the probe's walk of the model
+    transformers builds (its linear layers, its config's attention)."""
+    from gpuanat.core.run.presets import PRESETS
+    from gpuanat.worker.model import preset_model_config
+
+    config = RunConfig(preset=preset, seq_len=256, lora=lora)
+    causal = PRESETS[preset].objective == "causal-lm"
+    assert _counted(_meta_model(preset_model_config(PRESETS[preset]), causal, lora), 256) == flops_per_sample(config)
+
+
+CONFIGS = Path(__file__).resolve().parent.parent / "benchmarks" / "configs"
+
+
+def test_a_sliding_window_model_counts_its_windowed_layers_at_their_window():
+    from transformers import AutoConfig
+
+    gemma = AutoConfig.from_pretrained(CONFIGS / "gemma-3-1b")
+    sliding = gemma.layer_types.count("sliding_attention")
+    assert 0 < sliding < gemma.num_hidden_layers and gemma.sliding_window == 512
+    h, i, width, kv, vocab, seq = 1152, 6912, 4 * 256, 256, 262_144, 2048
+    matmul = 26 * (h * width + 2 * h * kv + width * h + 3 * h * i) + vocab * h  # tied head
+    attention = (26 - sliding) * width * seq + sliding * width * 512
+    assert _counted(_meta_model(gemma, causal=True), seq) == (6 * matmul + 3 * 2 * 2 * attention) * seq
+
+
+def test_a_mixture_of_experts_counts_the_experts_a_token_visits():
+    from transformers import AutoConfig
+
+    granite = AutoConfig.from_pretrained(CONFIGS / "granite-3.1-1b-a400m")
+    h, q, kv, experts, visited, i, vocab, seq = 1024, 1024, 512, 32, 8, 512, 49_155, 1024
+    per_layer = h * q + 2 * h * kv + q * h + h * experts + visited * (h * 2 * i + i * h)  # router, visited experts
+    matmul = 24 * per_layer + vocab * h
+    assert _counted(_meta_model(granite, causal=True), seq) == (6 * matmul + 3 * 2 * 2 * 24 * q * seq) * seq
+
+
+def test_a_run_of_a_config_json_reports_its_flops_and_a_short_run_says_why_it_has_none(db_path, tmp_path):
+    from transformers import LlamaConfig
+
+    model_dir = tmp_path / "tiny-llama"
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=512, max_position_embeddings=64,
+                tie_word_embeddings=False).save_pretrained(model_dir)
+    args = ["run", "--model", str(model_dir / "config.json"), "--device", "cpu", "--seq-len", "32", "--batch-size", "4",
+            "--json"]
+    completed = run_cli([*args, "--samples", "96"], db_path, extra_env={"HF_HUB_OFFLINE": "1"})
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = last_json(completed.stdout)
+    h, i, q, kv, vocab, seq = 64, 128, 64, 32, 512, 32
+    matmul = 2 * (h * q + 2 * h * kv + q * h + 3 * h * i) + vocab * h  # the untied LM head
+    assert result["flops_per_sample"] == (6 * matmul + 3 * 2 * 2 * 2 * q * seq) * seq
+    assert result["achieved_tflops"] == pytest.approx(
+        result["flops_per_sample"] * result["steady_samples_per_second"] / 1e12)
+    short = last_json(run_cli([*args, "--samples", "8"], db_path, extra_env={"HF_HUB_OFFLINE": "1"}).stdout)
+    assert short["achieved_tflops"] is None and short["flops_per_sample"] == result["flops_per_sample"]
+    assert short["unavailable"]["achieved_tflops"].startswith("no steady samples/s: ")
+    assert short["unavailable"]["achieved_tflops"] == short["unavailable"]["mfu"]

@@ -360,7 +360,8 @@ class GpuAnatApp(SearchActions):
             return title
         gpu = gpu_of(self._latest_sample, self._shown_gpu_index())
         ranks = max(1, len(live.gpu_indices))
-        speed = utilization(live.config, rank_rate * ranks, gpu.name if gpu else None, ranks)
+        model = next((rank.model for rank in live.ranks.values() if rank.model is not None), None)
+        speed = utilization(live.config, rank_rate * ranks, gpu.name if gpu else None, ranks, model=model)
         if speed.achieved_tflops is None:
             return title
         achieved = (f"{speed.achieved_tflops:.1f} TFLOP/s" if speed.achieved_tflops >= 1

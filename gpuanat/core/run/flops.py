@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.run.protocol import ModelInfo
 
 DENSE_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     # NVIDIA's datasheets, dense (the sparsity figures halved): 16-bit tensor cores, TF32 tensor cores, FP32.
@@ -56,6 +57,16 @@ def flops_per_sample(config: RunConfig) -> int | None:
     return per_token * config.seq_len
 
 
+def flops_per_sample_of_model(model: ModelInfo | None, seq_len: int | None) -> int | None:
+    """Model FLOPs of training one sample of `seq_len` tokens, from what the probe counted in the model itself
+    (any model: a --model config or checkpoint, a script's); None where it counted nothing."""
+    if model is None or model.matmul_flops_per_token is None or model.attention_width is None or not seq_len:
+        return None
+    positions = seq_len * model.attention_width + sum(
+        min(seq_len, int(window)) * width for window, width in (model.windowed_attention_width or {}).items())
+    return (model.matmul_flops_per_token + 3 * 2 * 2 * positions) * seq_len
+
+
 def math_mode(config: RunConfig) -> str:
     """Which of the GPU's peaks the run's matmuls can reach: 16-bit tensor cores, TF32, or plain FP32."""
     if config.precision in ("fp16", "bf16") or config.load_in_4bit:
@@ -86,13 +97,18 @@ class Utilization:
 
 
 def utilization(config: RunConfig, samples_per_second: float | None, gpu_name: str | None,
-                gpu_count: int) -> Utilization:
-    """The run's achieved TFLOP/s (every rank's samples) and MFU against the peak of its `gpu_count` GPUs."""
-    flops = flops_per_sample(config)
+                gpu_count: int, model: ModelInfo | None = None, seq_len: int | None = None,
+                no_rate_reason: str | None = None) -> Utilization:
+    """The run's achieved TFLOP/s (every rank's samples) and MFU against the peak of its `gpu_count` GPUs. A preset's
+    FLOPs come from its shape; any other model's from what the probe counted in it (`model`), at `seq_len` tokens a
+    sample (the config's by default). `no_rate_reason`: why there is no rate, where there is none."""
+    flops = flops_per_sample(config) or flops_per_sample_of_model(model, seq_len or config.seq_len)
     if flops is None:
-        return Utilization(None, None, None, None, "the FLOPs of a --model checkpoint or a script are not known")
+        return Utilization(None, None, None, None,
+                           "the model's FLOPs are not known: its probe has not reported its shape" if model is None
+                           else "the model's FLOPs could not be counted from its layers and config")
     if samples_per_second is None:
-        return Utilization(flops, None, None, None, "no samples/s measured")
+        return Utilization(flops, None, None, None, no_rate_reason or "no samples/s measured")
     achieved = flops * samples_per_second / 1e12
     if config.device != "cuda":
         return Utilization(flops, achieved, None, None, "no peak known for a CPU")

@@ -88,6 +88,16 @@ class ModelInfo:
     """Unique parameter and buffer storages, as loaded (before any training step)."""
     dtype: str
     total_steps: int
+    matmul_flops_per_token: int | None = None
+    """Model FLOPs of the matmul weights a token costs in training: 6 a trained weight, 4 a frozen one (forward and
+    the input's gradient), counted from the model's linear layers (a mixture of experts' expert weights scaled by
+    the experts a token visits); the embeddings' lookups and a classifier's one-token head left out."""
+    attention_width: int | None = None
+    """Σ over the layers attending to every earlier position of heads × head_dim: QKᵀ and AV cost
+    3 × 2 × 2 × width FLOPs a token and position in training."""
+    windowed_attention_width: dict[str, int] | None = None
+    """The same for sliding-window layers, by window length (as text, a JSON key): they attend to at most that many
+    positions."""
     type: str = "model"
 
 

@@ -212,9 +212,12 @@ def build_result(run_id: int, config: RunConfig, state: RankRecord, nvml: NvmlSt
         unavailable["steady_samples_per_second"] = steady_reason or "not measured on every rank"
     last_step = state.last_step
     gpu_count = len(gpus.gpus) if gpus is not None and gpus.gpus else (config.ranks or 1)
-    speed = utilization(config, steady, state.gpu_name, gpu_count)
+    speed = utilization(config, steady, state.gpu_name, gpu_count, model=state.model,
+                        no_rate_reason=f"no steady samples/s: {unavailable.get('steady_samples_per_second')}")
     if speed.mfu is None:
         unavailable["mfu"] = speed.reason or "not measured"
+    if speed.achieved_tflops is None:
+        unavailable["achieved_tflops"] = speed.reason or "not measured"
     result: dict[str, Any] = {
         "run_id": run_id,
         "name": name,

@@ -40,6 +40,7 @@ from gpuanat.core.run.protocol import STEP_PHASES, Done, Event, Hello, ModelInfo
 from gpuanat.worker.events import ParentGone
 from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
+from gpuanat.worker.probe.model_flops import model_flops
 from gpuanat.worker.probe.sink import default_emit, warn
 from gpuanat.worker.probe.tensors import (
     DEEPSPEED_MASTER_WEIGHTS,
@@ -146,6 +147,7 @@ class Probe:
             weights_bytes=self._weights_bytes,
             dtype=str(first_parameter.dtype).removeprefix("torch."),
             total_steps=total_steps,
+            **model_flops(model),
         ))
         self._samples = 0
         self._tokens = 0
