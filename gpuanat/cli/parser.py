@@ -55,6 +55,8 @@ def add_technique_flags(parser: argparse.ArgumentParser) -> None:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif technique.kind == "int":
             kwargs.update(type=int, metavar="N")
+        elif technique.kind == "float":
+            kwargs.update(type=float, metavar="P")
         elif technique.kind == "choice":
             kwargs.update(choices=technique.choices)
         group.add_argument(technique.flag, **kwargs)

@@ -110,13 +110,13 @@ def build_model(config: Any) -> Any:
 
 
 def lora_config(model: Any, config: Any) -> Any:
-    """PEFT's LoRA config of rank `config.lora` (alpha 2R, no dropout) on `config.lora_targets`."""
+    """PEFT's LoRA config of rank `config.lora` (alpha 2R, dropout `config.lora_dropout`) on `config.lora_targets`."""
     from peft import LoraConfig, TaskType
 
     targets = config.lora_targets if config.lora_targets == "all-linear" else config.lora_targets.split(",")
     task = TaskType.CAUSAL_LM if is_causal_lm(model.config) else TaskType.SEQ_CLS
-    return LoraConfig(r=config.lora, lora_alpha=2 * config.lora, lora_dropout=0.0, target_modules=targets,
-                      task_type=task)
+    return LoraConfig(r=config.lora, lora_alpha=2 * config.lora, lora_dropout=config.lora_dropout,
+                      target_modules=targets, task_type=task)
 
 
 def with_lora(model: Any, config: Any) -> Any:

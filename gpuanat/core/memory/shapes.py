@@ -103,6 +103,18 @@ def lora_shapes(preset: ModelPreset, config: RunConfig) -> ParameterShapes:
                            vectors=(), embedding_params=0, embedding_tensors=0, buffer_bytes=0)
 
 
+def lora_adapted_inputs_per_layer(preset: ModelPreset, config: RunConfig) -> int:
+    """Σ in_features of the projections LoRA adapts in one layer: decoders exactly, the classifiers over their
+    layers' matrices, as `lora_shapes` estimates them."""
+    if preset.objective == "causal-lm":
+        wanted = (set(DECODER_LINEAR_NAMES) if config.lora_targets == "all-linear"
+                  else {name.strip() for name in config.lora_targets.split(",")})
+        return sum(inputs for name, (_, inputs) in zip(DECODER_LINEAR_NAMES, decoder_linear_shapes(preset),
+                                                       strict=True) if name in wanted)
+    full = parameter_shapes(preset)
+    return sum(inputs for _, inputs in full.matrices[full.embedding_tensors:]) // preset.num_layers
+
+
 def quantized_matrices(preset: ModelPreset) -> list[tuple[int, int]]:
     """The matrices QLoRA holds in 4 bits: every linear layer of a decoder's layers. Transformers keeps the output
     embeddings (the LM head, tied or not) and the input embeddings, which are no linear layers, out."""

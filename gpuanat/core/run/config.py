@@ -53,6 +53,9 @@ class RunConfig:
     lora: int = 0
     """LoRA rank; 0 trains every weight."""
     lora_targets: str = "all-linear"
+    lora_dropout: float = 0.0
+    """PEFT's dropout on the adapters' input (0.05-0.1 is usual): each adapted layer keeps its mask, a byte an input
+    element, until backward."""
     load_in_4bit: bool = False
     """QLoRA: the frozen base's linear layers held in bitsandbytes NF4 (double quantization, 16-bit compute), the
     LM head and the other parameters in fp32 as PEFT's `prepare_model_for_kbit_training` leaves them; needs `lora`."""
@@ -114,7 +117,8 @@ class RunConfig:
             parts.append(f"workers{self.workers}")
         if self.lora:
             parts.append(("qlora" if self.load_in_4bit else "lora") + str(self.lora)
-                         + (f"[{self.lora_targets}]" if self.lora_targets != "all-linear" else ""))
+                         + (f"[{self.lora_targets}]" if self.lora_targets != "all-linear" else "")
+                         + (f" dropout{self.lora_dropout:g}" if self.lora_dropout else ""))
         if self.liger:
             parts.append("liger")
         if self.engine != "trainer":

@@ -30,7 +30,7 @@ class Technique:
     """RunConfig field name."""
     flag: str
     kind: str
-    """"int", "bool", "choice" or "str": how the CLI parses it."""
+    """"int", "float", "bool", "choice" or "str": how the CLI parses it."""
     help: str
     choices: tuple[str, ...] = ()
 
@@ -74,6 +74,9 @@ TECHNIQUES: tuple[Technique, ...] = (
               "LoRA adapters of this rank on a frozen base held in the run's 16-bit precision (PEFT; 0: off)"),
     Technique("lora_targets", "--lora-targets", "str",
               "modules the LoRA adapters wrap: all-linear, or names separated by commas (q_proj,v_proj)"),
+    Technique("lora_dropout", "--lora-dropout", "float",
+              "dropout on the LoRA adapters' input (PEFT's lora_dropout; 0.05-0.1 is usual): its masks, a byte an "
+              "input element of every adapted layer, stay until backward"),
     Technique("load_in_4bit", "--load-in-4bit", "bool",
               "QLoRA: hold the frozen base's linear layers in 4 bits (bitsandbytes NF4, double quantization) under "
               "the --lora adapters, prepared with PEFT's prepare_model_for_kbit_training (CUDA, needs bitsandbytes)"),

@@ -164,6 +164,10 @@ def validate_values(config: RunConfig) -> None:
                                                              "full weights")
     if config.lora and config.distributed in ("fsdp", "zero1", "zero2", "zero3"):
         raise ConfigError("--lora", f"LoRA trains on one GPU or with ddp here; not with {config.distributed}")
+    if not 0.0 <= config.lora_dropout < 1.0:
+        raise ConfigError("--lora-dropout", f"a probability in [0, 1) (got {config.lora_dropout})")
+    if config.lora_dropout and not config.lora:
+        raise ConfigError("--lora-dropout", "drops the LoRA adapters' input: add --lora R (e.g. --lora 16)")
     if config.load_in_4bit and not config.lora:
         raise ConfigError("--load-in-4bit", "QLoRA trains LoRA adapters on a frozen 4-bit base, and a 4-bit weight "
                                             "cannot train itself: add --lora R (e.g. --lora 16)")
