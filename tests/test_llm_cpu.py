@@ -30,8 +30,9 @@ def _config(result: dict) -> RunConfig:
 
 
 @pytest.mark.parametrize("extra", [[], ["--lora", "8"], ["--lora", "4", "--lora-targets", "q_proj,v_proj",
-                                                          "--precision", "bf16"]],
-                         ids=["full", "lora", "lora-qv-bf16"])
+                                                          "--precision", "bf16"],
+                                   ["--weights-dtype", "bf16", "--precision", "bf16"]],
+                         ids=["full", "lora", "lora-qv-bf16", "bf16-weights"])
 def test_a_causal_lm_trains_and_its_exact_bands_are_what_predict_says(db_path, extra):
     completed = run_cli(["run", *LLAMA_TINY, *extra, "--json"], db_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -180,3 +181,29 @@ def test_lora_dropout_is_a_probability_on_lora_adapters():
         assert words in str(raised.value)
     with pytest.raises(ConfigError, match="add --lora R"):
         validate_values(RunConfig(preset="llama-tiny", lora_dropout=0.05))
+
+
+def test_a_classifier_held_in_bf16_has_the_bands_predict_says(db_path):
+    """--weights-dtype bf16 on the BERT-shaped tiny preset: weights, gradients and AdamW's moments at 2 bytes a
+    parameter, counted by the probe from the real tensors, equal to predict's."""
+    completed = run_cli(["run", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "32",
+                         "--batch-size", "4", "--weights-dtype", "bf16", "--precision", "bf16", "--json"], db_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    predicted = estimate_memory(_config(result))
+    assert result["status"] == "ok" and result["config"]["weights_dtype"] == "bf16"
+    for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
+        assert result["bands"][band] == getattr(predicted, band), band
+    fp32 = estimate_memory(_config(result).replace(weights_dtype="fp32"))
+    assert predicted.gradients_bytes * 2 == fp32.gradients_bytes
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"weights_dtype": "bf16"}, "give --precision bf16 too"),
+    ({"weights_dtype": "bf16", "precision": "bf16", "lora": 8}, "held in 16 bits already"),
+    ({"weights_dtype": "fp16", "precision": "bf16"}, "use bf16"),
+])
+def test_a_weights_dtype_that_cannot_train_is_refused_with_its_reason(changes, words):
+    with pytest.raises(ConfigError, match="--weights-dtype") as raised:
+        validate_values(RunConfig(preset="llama-tiny", **changes))
+    assert words in str(raised.value)

@@ -259,6 +259,8 @@ LLM_MATRIX = Path(__file__).resolve().parent.parent / "benchmarks" / "results" /
 
 NO_LORA_DROPOUT_THEN = "RunConfig has no LoRA dropout: predicted without it"
 """The caveat benchmarks/llm_matrix.py wrote before RunConfig had `lora_dropout`."""
+NO_WEIGHTS_DTYPE_THEN = "RunConfig has no weights dtype: predicted with fp32 weights, not bf16"
+"""The caveat it wrote before RunConfig had `weights_dtype`."""
 
 
 def test_lora_dropout_adds_its_masks_a_byte_an_adapted_input_element():
@@ -279,9 +281,10 @@ def test_peaks_against_the_h100_matrix_of_plain_trainer_runs():
     llama-3.2-1b and qwen2.5-0.5b full, with 8-bit Adam, checkpointing and LoRA at seq 512-2048, and llama-3.1-8b
     QLoRA. The decoder and GPT-2 formulas were derived from what autograd saved (benchmarks/saved_tensors.py) and
     checked on these runs, so this is their record, not a held-out test. Left out: configurations gpuanat cannot
-    express (a pure-bf16 model, a paged optimizer, GPT-2 as a language model) and the Liger set, which applied all of
-    Liger's kernels where `--liger` applies its fused loss alone. LoRA dropout (--lora-dropout since issue #29; the
-    records were predicted before it existed and say so) is in, with the rate the run used."""
+    express (a paged optimizer, GPT-2 as a language model) and the Liger set, which applied all of
+    Liger's kernels where `--liger` applies its fused loss alone. LoRA dropout and a model held in bf16
+    (--lora-dropout and --weights-dtype since issue #29; the records were predicted before they existed and say so)
+    are in, as the runs used them."""
     errors = []
     for path in sorted(LLM_MATRIX.glob("*.json")):
         if path.name in ("saved_tensors.json", "liger.json"):
@@ -291,13 +294,15 @@ def test_peaks_against_the_h100_matrix_of_plain_trainer_runs():
             run_config, caveats = predicted.get("run_config"), predicted.get("caveats") or []
             if caveats == [NO_LORA_DROPOUT_THEN]:
                 run_config, caveats = {**run_config, "lora_dropout": record["config"]["lora_dropout"]}, []
+            if caveats == [NO_WEIGHTS_DTYPE_THEN]:
+                run_config, caveats = {**run_config, "weights_dtype": record["config"]["weights"]}, []
             if record["status"] != "ok" or caveats or record["config"].get("liger"):
                 continue
             config = RunConfig.from_json(run_config)
             peak = record["max_memory_allocated_bytes"]
             errors.append((record["key"], (estimate_memory(config).peak_allocated_bytes - peak) / peak))
-    assert len(errors) >= 87
-    assert sum("dropout" in key for key, _ in errors) == 2
+    assert len(errors) >= 91
+    assert sum("dropout" in key for key, _ in errors) == 2 and sum("weights-bf16" in key for key, _ in errors) == 4
     assert {key.split()[0] for key, _ in errors} == {"bert-base", "gpt2", "llama-3.2-1b", "qwen2.5-0.5b",
                                                      "llama-3.1-8b"}
     assert [(key, f"{error:+.1%}") for key, error in errors if abs(error) > 0.10] == []

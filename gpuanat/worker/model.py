@@ -57,11 +57,11 @@ def training_device(config: Any) -> str:
 
 
 def build_model(config: Any) -> Any:
-    """The model for `config`: from_pretrained for a --model directory or Hub name; random weights from a --model
-    config.json or from the preset. Decoders get a causal-LM head, the rest a 2-label classification head (the HF
-    docs' workload). With LoRA the base is held in the run's 16-bit precision, as PEFT users load it; with QLoRA
-    its linear layers are quantized to NF4 and PEFT prepares it for k-bit training. With Liger the causal LM's loss
-    is Liger Kernel's fused linear cross-entropy."""
+    """The model for `config`, held in `config.weights_dtype`: from_pretrained for a --model directory or Hub name;
+    random weights from a --model config.json or from the preset. Decoders get a causal-LM head, the rest a 2-label
+    classification head (the HF docs' workload). With LoRA the base is held in the run's 16-bit precision, as PEFT
+    users load it; with QLoRA its linear layers are quantized to NF4 and PEFT prepares it for k-bit training. With
+    Liger the causal LM's loss is Liger Kernel's fused linear cross-entropy."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -76,8 +76,9 @@ def build_model(config: Any) -> Any:
             model = head.from_pretrained(config.model, attn_implementation=config.attn,
                                          quantization_config=quantization, dtype=quantization.bnb_4bit_compute_dtype,
                                          device_map={"": training_device(config)})
-        else:
-            model = head.from_pretrained(config.model, attn_implementation=config.attn)
+        else:  # in the dtype --weights-dtype asks for, not the checkpoint's (transformers 5 loads that by default)
+            model = head.from_pretrained(config.model, attn_implementation=config.attn,
+                                         dtype=torch.bfloat16 if config.weights_dtype == "bf16" else torch.float32)
     else:
         model_config = (AutoConfig.from_pretrained(config.model) if config.model is not None
                         else preset_model_config(PRESETS[config.preset]))
@@ -85,7 +86,8 @@ def build_model(config: Any) -> Any:
         causal = (PRESETS[config.preset].objective == "causal-lm" if config.model is None
                   else is_causal_lm(model_config))
         head = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
-        sixteen_bit = {} if quantization is None else {"dtype": quantization.bnb_4bit_compute_dtype}
+        sixteen_bit = ({"dtype": quantization.bnb_4bit_compute_dtype} if quantization is not None
+                       else {"dtype": torch.bfloat16} if config.weights_dtype == "bf16" else {})
         # Initialising on the target device is much faster than on the CPU and gives the same model.
         with torch.device(training_device(config)):
             model = head.from_config(model_config, attn_implementation=config.attn, **sixteen_bit)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuanat.core.memory.bands.optimizer import optimizer_state_bytes
-from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed
+from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed, parameter_element_bytes
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes, qlora_base_bytes, qlora_head_copy_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, lora_shapes
 from gpuanat.core.memory.sizes import MIB
@@ -65,7 +65,8 @@ def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
     optimizer state and keeping a partition of the reduced gradients for the step, ZeRO-3 everything."""
     ranks = config.ranks or 1
     params = shapes.params
-    weights, gradients = 4 * params + shapes.buffer_bytes, 4 * params
+    element = parameter_element_bytes(config)
+    weights, gradients = element * params + shapes.buffer_bytes, element * params
     optimizer = optimizer_state_bytes(config, shapes)
     accumulating = config.grad_accum > 1
     half_copies = half_weight_copies_bytes(config, shapes)

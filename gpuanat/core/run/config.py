@@ -50,6 +50,10 @@ class RunConfig:
     nproc: int = 1
     """Ranks on the CPU; on CUDA every chosen GPU is a rank."""
     engine: str = "trainer"
+    weights_dtype: str = "fp32"
+    """The dtype the trained model is held in: fp32 (master weights; with --precision bf16/fp16 autocast computes
+    in 16 bits, the HF docs' setting) or bf16 (the model itself in bf16, as `from_pretrained` loads a bf16
+    checkpoint, its gradients and AdamW's states too, as TRL and plain loops train it; needs --precision bf16)."""
     lora: int = 0
     """LoRA rank; 0 trains every weight."""
     lora_targets: str = "all-linear"

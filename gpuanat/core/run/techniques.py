@@ -35,6 +35,10 @@ class Technique:
     choices: tuple[str, ...] = ()
 
 
+WEIGHTS_DTYPES = ("fp32", "bf16", "fp16")
+"""`--weights-dtype`'s values; fp16 is named to be refused with its reason (`validation`)."""
+
+
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("preset", "--preset", "choice", "model shape, built with random weights (no download)",
               choices=tuple(PRESETS)),
@@ -70,6 +74,11 @@ TECHNIQUES: tuple[Technique, ...] = (
               "deepspeed); launched with torchrun (default: none on one rank, ddp on several)",
               choices=DISTRIBUTED),
     Technique("nproc", "--nproc", "int", "ranks on the CPU (one process each, gloo); on GPUs --gpus decides"),
+    Technique("weights_dtype", "--weights-dtype", "choice",
+              "the dtype the model is held in: fp32 (master weights under autocast, the HF docs' setting) or bf16 "
+              "(the model, its gradients and optimizer state in bf16, as from_pretrained loads bf16 checkpoints "
+              "and TRL trains them; with --precision bf16); fp16 is refused",
+              choices=WEIGHTS_DTYPES),
     Technique("lora", "--lora", "int",
               "LoRA adapters of this rank on a frozen base held in the run's 16-bit precision (PEFT; 0: off)"),
     Technique("lora_targets", "--lora-targets", "str",
@@ -142,6 +151,10 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
         return config.replace(load_in_4bit=not config.load_in_4bit, lora=config.lora or QLORA_DEFAULT_RANK)
     if field == "compile":  # off → the regions outside attention → the whole model → off
         return with_compile_mode(config, _cycle(COMPILE_MODES, compile_mode(config)))
+    if field == "weights_dtype":  # fp32 ↔ bf16; bf16 weights compute in bf16, so the precision follows
+        if config.weights_dtype != "fp32":
+            return config.replace(weights_dtype="fp32")
+        return config.replace(weights_dtype="bf16", precision="bf16", lora=0, load_in_4bit=False)
     if field == "workers":
         return config.replace(workers=WORKER_CHOICES[(WORKER_CHOICES.index(config.workers) + 1) % len(WORKER_CHOICES)]
                               if config.workers in WORKER_CHOICES else 0)

@@ -25,6 +25,7 @@ from gpuanat.core.run.techniques import (
     ENGINES,
     OPTIMIZERS,
     PRECISIONS,
+    WEIGHTS_DTYPES,
 )
 
 # Upper bounds: no run on one device needs more, and a value beyond one is a typo (an extra zero or three) that
@@ -164,6 +165,18 @@ def validate_values(config: RunConfig) -> None:
                                                              "full weights")
     if config.lora and config.distributed in ("fsdp", "zero1", "zero2", "zero3"):
         raise ConfigError("--lora", f"LoRA trains on one GPU or with ddp here; not with {config.distributed}")
+    _require_choice("--weights-dtype", config.weights_dtype, WEIGHTS_DTYPES)
+    if config.weights_dtype == "fp16":
+        raise ConfigError("--weights-dtype", "fp16 weights do not train here: HF Trainer's fp16 gradient scaler "
+                                             "refuses fp16 gradients, and without one they underflow; use bf16")
+    if config.weights_dtype == "bf16":
+        if config.precision != "bf16":
+            raise ConfigError("--weights-dtype", "a bf16 model computes in bf16: give --precision bf16 too")
+        if config.lora or config.load_in_4bit:
+            raise ConfigError("--weights-dtype", "LoRA's frozen base is held in 16 bits already; leave it fp32")
+        if config.distributed in ("fsdp", "zero1", "zero2", "zero3"):
+            raise ConfigError("--weights-dtype", f"bf16 weights train on one GPU or with ddp here; not with "
+                                                 f"{config.distributed}")
     if not 0.0 <= config.lora_dropout < 1.0:
         raise ConfigError("--lora-dropout", f"a probability in [0, 1) (got {config.lora_dropout})")
     if config.lora_dropout and not config.lora:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from gpuanat.core.memory.bands.precision import parameter_element_bytes
 from gpuanat.core.memory.shapes import ParameterShapes
 from gpuanat.core.run.config import RunConfig
 
@@ -30,9 +31,10 @@ class StateTensor(NamedTuple):
 def optimizer_state_tensors(config: RunConfig, shapes: ParameterShapes) -> list[StateTensor]:
     """Every tensor of optimizer state on the GPU once the first step has run."""
     sizes = [rows * cols for rows, cols in shapes.matrices] + list(shapes.vectors)
+    element = 4 if config.lora else parameter_element_bytes(config)  # LoRA's adapters are fp32; else as the model
     if config.optim in ("adamw_torch", "adamw_torch_fused"):
         steps = [StateTensor(4, False)] * shapes.tensors if config.optim == "adamw_torch_fused" else []  # else on CPU
-        return [StateTensor(4 * size, True) for size in sizes for _moment in range(2)] + steps
+        return [StateTensor(element * size, True) for size in sizes for _moment in range(2)] + steps
     if config.optim == "adamw_bnb_8bit":
         tensors = [StateTensor(BNB_QUANTILE_MAPS_BYTES, False)]
         for index, size in enumerate(sizes):
@@ -43,8 +45,8 @@ def optimizer_state_tensors(config: RunConfig, shapes: ParameterShapes) -> list[
                 tensors += [StateTensor(size, False), StateTensor(size, False), absmax, absmax]
         return tensors
     if config.optim == "adafactor":
-        factors = [StateTensor(4 * length, False) for shape in shapes.matrices for length in shape]
-        return (factors + [StateTensor(4 * size, True) for size in shapes.vectors]
+        factors = [StateTensor(element * length, False) for shape in shapes.matrices for length in shape]
+        return (factors + [StateTensor(element * size, True) for size in shapes.vectors]
                 + [StateTensor(4, False)] * shapes.tensors)
     return []
 

@@ -77,7 +77,14 @@ def coefficients(config: RunConfig) -> PrecisionCoefficients:
 
 
 def computes_in_16_bit(config: RunConfig) -> bool:
-    """Whether the model computes with 16-bit weights and no autocast: FSDP2's mixed-precision policy casts the
-    gathered parameters, DeepSpeed casts the model. Measured on 2 and 4 H200s (bert-large, bf16): the activations
-    of FSDP and ZeRO-1/2 are 6.50 GiB where one GPU under autocast holds 8.00 (its weight copies left out)."""
-    return is_mixed(config) and (config.distributed == "fsdp" or config.distributed.startswith("zero"))
+    """Whether the model computes with 16-bit weights, autocast casting none: FSDP2's mixed-precision policy casts
+    the gathered parameters, DeepSpeed casts the model, `--weights-dtype bf16` holds it so. Measured on 2 and 4
+    H200s (bert-large, bf16): the activations of FSDP and ZeRO-1/2 are 6.50 GiB where one GPU under autocast holds
+    8.00 (its weight copies left out)."""
+    return is_mixed(config) and (config.distributed == "fsdp" or config.distributed.startswith("zero")
+                                 or config.weights_dtype != "fp32")
+
+
+def parameter_element_bytes(config: RunConfig) -> int:
+    """Bytes of a trained parameter (and of its gradient, and of an AdamW moment): 2 for a model held in bf16."""
+    return 2 if config.weights_dtype != "fp32" else 4

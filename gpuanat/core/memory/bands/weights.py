@@ -66,8 +66,8 @@ def dequantized_weight_bytes(config: RunConfig, preset: ModelPreset) -> int:
 def half_weight_copies_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     """AMP casts each matmul weight to 16 bits once per forward and keeps the copy for backward
     (autocast's cache); with checkpointing backward recomputes them per layer (`autocast_cache_bytes`)."""
-    if not is_mixed(config) or config.grad_checkpointing or config.lora:  # a LoRA base is 16-bit already
-        return 0
+    if not is_mixed(config) or config.grad_checkpointing or config.lora or config.weights_dtype != "fp32":
+        return 0  # a LoRA base or a bf16 model is 16-bit already
     return 2 * _matmul_params(shapes)
 
 
@@ -78,7 +78,7 @@ def autocast_cache_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     before the end-of-forward hooks run. So the copies are not in the probe's activations, and backward
     (which recomputes each layer, casting again) does not hold them. Without checkpointing they are kept for
     backward anyway (`half_weight_copies_bytes`)."""
-    if not is_mixed(config) or not config.grad_checkpointing or config.lora:
+    if not is_mixed(config) or not config.grad_checkpointing or config.lora or config.weights_dtype != "fp32":
         return 0
     return 2 * _matmul_params(shapes)
 
