@@ -206,3 +206,20 @@ async def test_the_history_opens_on_the_newest_run_in_view_at_80x24(tmp_path):
         assert table.cursor_row == newest and newest > 0
         visible_rows = table.scrollable_content_region.height - 1  # the header row
         assert table.scroll_offset.y <= newest < table.scroll_offset.y + visible_rows
+
+
+@pytest.mark.asyncio
+async def test_w_holds_the_model_in_bf16_and_back(tmp_path):
+    """`W` (--weights-dtype): fp32 → bf16, the precision following (a bf16 model computes in bf16), LoRA off; the
+    panel shows the row while it is not the default, and the prediction halves the weights' bytes."""
+    app = cpu_app(tmp_path, RunConfig(device="cpu", preset="llama-tiny", lora=8))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until_probed(app, pilot)
+        assert "W weights" not in panel_text(app)
+        await pilot.press("W")
+        await pilot.pause()
+        assert (app.config.weights_dtype, app.config.precision, app.config.lora) == ("bf16", "bf16", 0)
+        assert "W weights       bf16" in panel_text(app)
+        await pilot.press("W")
+        await pilot.pause()
+        assert app.config.weights_dtype == "fp32" and "W weights" not in panel_text(app)

@@ -105,6 +105,8 @@ class RunConfig:
             parts.append("gc")
         if self.precision != "fp32":
             parts.append(self.precision)
+        if self.weights_dtype != RunConfig.weights_dtype:
+            parts.append(f"{self.weights_dtype}-weights")
         if self.tf32:
             parts.append("tf32")
         if self.optim != RunConfig.optim:

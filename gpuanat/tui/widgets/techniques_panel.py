@@ -32,6 +32,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 )
 ENGINE_ROW = ("engine", "E", "engine")
 """Shown once the engine is not the default Trainer."""
+WEIGHTS_ROW = ("weights_dtype", "W", "weights")
+"""Shown once the model is held in bf16."""
 LORA_ROW = ("lora", "L", "LoRA rank")
 """Shown once LoRA is on."""
 QLORA_ROW = ("load_in_4bit", "4", "4-bit base")
@@ -118,7 +120,8 @@ class TechniquesPanel(Widget):
         unsupported = machine_unsupported_reasons(config, self._capabilities) if self._capabilities else []
         blocked_fields = {BLOCKING_FLAGS.get(flag) for flag, _ in unsupported}
         causal_lm = config.model is None and PRESETS[config.preset].objective == "causal-lm"
-        extra_rows = (((ENGINE_ROW,) if config.engine != defaults.engine else ())
+        extra_rows = (((WEIGHTS_ROW,) if config.weights_dtype != defaults.weights_dtype else ())
+                      + ((ENGINE_ROW,) if config.engine != defaults.engine else ())
                       + ((LORA_ROW, QLORA_ROW) if config.lora or config.load_in_4bit else ())
                       + ((LIGER_ROW,) if causal_lm or config.liger else ()))
         for field, key, label in ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
