@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from gpuanat.core.measure.run_state import RankEvents
-from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, ModelInfo, ProbeBands, Step
+from gpuanat.core.run.protocol import Event, Malformed, ProbeBands, Step
 
 THROUGHPUT_WINDOW_S = 5.0
 """Samples/s in a record is the rate over the published steps of about this many seconds of training."""
@@ -95,41 +95,10 @@ class ObservedRun:
         return new_step
 
     @property
-    def _run(self) -> RankEvents:
-        """The state of the process that speaks for the run (an empty one before any publishes)."""
+    def run(self) -> RankEvents:
+        """The state of the process that speaks for the run (an empty one before any publishes): its hello, model,
+        steps, bands, done, error and reserved peak."""
         return self.publishers[self.publisher_pid].state if self.publisher_pid is not None else _NOTHING_PUBLISHED
-
-    @property
-    def hello(self) -> Hello | None:
-        return self._run.hello
-
-    @property
-    def model(self) -> ModelInfo | None:
-        return self._run.model
-
-    @property
-    def last_step(self) -> Step | None:
-        return self._run.last_step
-
-    @property
-    def probe_bands(self) -> ProbeBands | None:
-        return self._run.probe_bands
-
-    @property
-    def done(self) -> Done | None:
-        return self._run.done
-
-    @property
-    def error(self) -> Error | None:
-        return self._run.error
-
-    @property
-    def peak_reserved_bytes(self) -> int | None:
-        return self._run.peak_reserved_bytes
-
-    def samples_per_second(self) -> float | None:
-        """Samples/s over the last `THROUGHPUT_WINDOW_S` seconds of the run's published steps."""
-        return self._run.samples_per_second(THROUGHPUT_WINDOW_S)
 
 
 _NOTHING_PUBLISHED = RankEvents()

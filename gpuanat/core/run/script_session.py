@@ -121,16 +121,16 @@ def execute_script(
         handle_samples()
         source.close()
     session.final_record(exit_code=exit_code)
-    observed = session.observed
+    published = session.observed.run  # what the script's trainer published
     error = None
-    if observed.error is not None:
-        error = {"kind": observed.error.kind, "message": observed.error.message, "step": observed.error.step,
+    if published.error is not None:
+        error = {"kind": published.error.kind, "message": published.error.message, "step": published.error.step,
                  "flag": None}
-    if observed.error is not None and observed.error.kind == "oom":
+    if published.error is not None and published.error.kind == "oom":
         status = "oom"
     elif stopped:
         status = "stopped"
-    elif exit_code == 0 and (observed.done is not None or observed.model is None):
+    elif exit_code == 0 and (published.done is not None or published.model is None):
         status = "ok"
     else:
         status = "failed"
@@ -138,11 +138,11 @@ def execute_script(
         error = {"kind": "exception", "flag": None, "step": None,
                  "message": f"the script exited with code {exit_code}; last lines of its log:\n{log_tail(log_path)}"}
     unavailable = dict(session.result(exited=True)["unavailable"])
-    if observed.model is None:
+    if published.model is None:
         # Nothing trained under the probe: every training figure is missing for that one reason.
         unavailable = {key: reason for key, reason in unavailable.items() if key.startswith(("device_", "bands"))}
         unavailable["training"] = unavailable["bands"] = NO_TRAINER
-    elif observed.done is None:
+    elif published.done is None:
         unavailable["steady_samples_per_second"] = f"the script ended ({status}) before training finished"
     result = session.finish_saving(exited=True, status=status, exit_code=exit_code, log_path=str(log_path),
                                    error=error, name=name, unavailable=unavailable)

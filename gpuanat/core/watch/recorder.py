@@ -54,7 +54,7 @@ class HistoryRecorder:
 
     def _environment(self) -> dict[str, Any]:
         records = self._records
-        hello = records.observed.hello
+        hello = records.observed.run.hello
         nvml_pids = sorted(records.mapping.nvml_pids_of([records.target.pid, *records.observed_pids()]))
         return {"pid": nvml_pids[0] if len(nvml_pids) == 1 else records.target.pid, "nvml_pids": nvml_pids,
                 "watched_pid": records.target.pid, "command": records.target.command,

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands
-from gpuanat.core.measure.observed_run import ObservedRun
+from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.watch.publications import NOT_PUBLISHED, Publications
@@ -89,6 +89,7 @@ class WatchRecords:
         self.mapping = mapping = self._resolver.resolve(nvml_pids_listed, tree_pids)
         tree_nvml_pids = mapping.nvml_pids_of(tree_pids)
         observed = self.observed
+        run = observed.run  # the state of the process that speaks for the run
 
         gpus: list[dict[str, Any]] = []
         gpu_memory_bytes: int | None = 0
@@ -169,12 +170,12 @@ class WatchRecords:
         published = observed.publisher_pid is not None
         bands = bands_unavailable = None
         if published:
-            memory = self._bands(main_gpu, main_process_bytes, observed.last_step.reserved_bytes
-                                 if observed.last_step else None, main_gpu.used_bytes if main_gpu else None)
+            memory = self._bands(main_gpu, main_process_bytes, run.last_step.reserved_bytes
+                                 if run.last_step else None, main_gpu.used_bytes if main_gpu else None)
             bands_unavailable = memory.unavailable
             bands = {key: value for key, value in memory.to_json().items() if key != "unavailable"}
-        last_step = observed.last_step
-        done = observed.done
+        last_step = run.last_step
+        done = run.done
         record: dict[str, Any] = {
             "pid": self.target.pid,
             "t": round(sample.t_s - self.started_s, 3),
@@ -196,18 +197,18 @@ class WatchRecords:
             "publisher_pid": observed.publisher_pid,
             "publication_reason": None if published else self._publication_reason(),
             "step": last_step.step if last_step else None,
-            "total_steps": observed.model.total_steps if observed.model else None,
+            "total_steps": run.model.total_steps if run.model else None,
             "samples": last_step.samples if last_step else None,
             "loss": last_step.loss if last_step else None,
-            "samples_per_second": observed.samples_per_second(),
+            "samples_per_second": run.samples_per_second(THROUGHPUT_WINDOW_S),
             "steady_samples_per_second": done.steady_samples_per_second if done else None,
-            "params": observed.model.params if observed.model else None,
+            "params": run.model.params if run.model else None,
             "training_done": done is not None,
             "bands": bands,
             "bands_unavailable": bands_unavailable,
-            "gradients_at_forward_end_bytes": (observed.probe_bands.gradients_at_forward_end_bytes
-                                               if observed.probe_bands else None),
-            "bands_measured_at_step": observed.probe_bands.measured_at_step if observed.probe_bands else None,
+            "gradients_at_forward_end_bytes": (run.probe_bands.gradients_at_forward_end_bytes
+                                               if run.probe_bands else None),
+            "bands_measured_at_step": run.probe_bands.measured_at_step if run.probe_bands else None,
             "malformed_events": observed.malformed,
             "ranks": self._ranks(sample, mapping),
         }
@@ -222,7 +223,7 @@ class WatchRecords:
             nvml_pids = mapping.nvml_pids_of([publisher.pid])
             gpu = _gpu_of(sample.gpus, nvml_pids)
             used = _gpu_used_by(gpu, nvml_pids)[0] if gpu is not None else None
-            hello = self.observed.hello
+            hello = self.observed.run.hello
             no_gpu = ("CPU run: it uses no GPU memory" if hello is not None and hello.device != "cuda"
                       else None if gpu is not None else "NVML lists no GPU memory of this process")
             memory = assemble_bands(publisher.probe_bands, reserved_bytes=publisher.reserved_bytes,
@@ -267,13 +268,13 @@ class WatchRecords:
 
     def _bands(self, gpu: GpuSample | None, process_used_bytes: int | None, reserved_bytes: int | None,
                device_used_bytes: int | None) -> MemoryBands:
-        hello = self.observed.hello
+        hello = self.observed.run.hello
         no_gpu_reason = None
         if hello is not None and hello.device != "cuda":
             no_gpu_reason = "CPU run: it uses no GPU memory"
         elif gpu is None:
             no_gpu_reason = f"no GPU readings: {self.nvml.reason or 'NVML unavailable'}"
-        return assemble_bands(self.observed.probe_bands, reserved_bytes=reserved_bytes,
+        return assemble_bands(self.observed.run.probe_bands, reserved_bytes=reserved_bytes,
                               device_used_bytes=device_used_bytes,
                               device_total_bytes=gpu.total_bytes if gpu else None,
                               process_used_bytes=process_used_bytes, no_gpu_reason=no_gpu_reason)
@@ -281,16 +282,17 @@ class WatchRecords:
     def final_record(self, *, exit_code: int | None) -> dict[str, Any]:
         """The record that ends the watch because the process exited."""
         observed = self.observed
+        run = observed.run  # the state of the process that speaks for the run
         return {
             "pid": self.target.pid,
             "t": round(self._clock() - self.started_s, 3),
             "exited": True,
             "exit_code": exit_code,
-            "training_done": observed.done is not None,
-            "steps": observed.last_step.step if observed.last_step else None,
+            "training_done": run.done is not None,
+            "steps": run.last_step.step if run.last_step else None,
             "peak_gpu_memory_bytes": observed.peak_gpu_memory_bytes,
             "peak_rss_bytes": observed.peak_rss_bytes,
-            "steady_samples_per_second": observed.done.steady_samples_per_second if observed.done else None,
+            "steady_samples_per_second": run.done.steady_samples_per_second if run.done else None,
             "malformed_events": observed.malformed,
         }
 
@@ -301,24 +303,25 @@ class WatchRecords:
 
     def config(self) -> dict[str, Any]:
         """What the run is, for the history: the techniques the probe reported, else the command."""
-        config: dict[str, Any] = dict(self.observed.hello.config) if self.observed.hello else {}
+        config: dict[str, Any] = dict(self.observed.run.hello.config) if self.observed.run.hello else {}
         config.update(self._description)
         return config
 
     def result(self, *, exited: bool, run_id: int | None, name: str | None) -> dict[str, Any]:
         """The watched run's result in the terms of `gpuanat run --json`, so history and compare read it; `run_id`
         and `name` are its history run's, None when it is not saved."""
-        observed, done, last_step = self.observed, self.observed.done, self.observed.last_step
+        observed, run = self.observed, self.observed.run
+        done, last_step = run.done, run.last_step
         status = "ok" if done is not None and done.status == "ok" else "exited" if exited else "detached"
         unavailable: dict[str, str] = {}
         bands: dict[str, Any] = {}
         if observed.publisher_pid is not None:
             gpu_total = observed.device_total_bytes
             memory = assemble_bands(
-                observed.probe_bands, reserved_bytes=(done.peak_reserved_bytes if done else None)
-                or observed.peak_reserved_bytes, device_used_bytes=observed.peak_device_used_bytes,
+                run.probe_bands, reserved_bytes=(done.peak_reserved_bytes if done else None)
+                or run.peak_reserved_bytes, device_used_bytes=observed.peak_device_used_bytes,
                 device_total_bytes=gpu_total, process_used_bytes=observed.peak_gpu_memory_bytes,
-                no_gpu_reason=("CPU run: it uses no GPU memory" if observed.hello and observed.hello.device != "cuda"
+                no_gpu_reason=("CPU run: it uses no GPU memory" if run.hello and run.hello.device != "cuda"
                                else None if observed.gpu_name else "no GPU readings"))
             bands = {key: value for key, value in memory.to_json().items() if key != "unavailable"}
             unavailable.update(memory.unavailable)
@@ -332,14 +335,14 @@ class WatchRecords:
                 (done.steady_reason if done else None) or "the run had not finished training when the watch ended")
         if observed.peak_gpu_memory_bytes is None:
             unavailable["device_memory_used_bytes"] = (self.last_record or {}).get("gpu_memory_reason") or "no GPU"
-        hello = observed.hello
+        hello = run.hello
         return {
             "run_id": run_id,
             "name": name,
             "kind": self.kind,
             "status": status,
             "config": self.config(),
-            "params": observed.model.params if observed.model else None,
+            "params": run.model.params if run.model else None,
             "train_runtime_s": train_runtime_s,
             "samples_per_second": samples_per_second,
             "steady_samples_per_second": done.steady_samples_per_second if done else None,
@@ -348,7 +351,7 @@ class WatchRecords:
             "samples": done.samples if done else (last_step.samples if last_step else 0),
             "train_loss": done.train_loss if done else None,
             "peak_allocated_bytes": done.peak_allocated_bytes if done else None,
-            "peak_reserved_bytes": (done.peak_reserved_bytes if done else None) or observed.peak_reserved_bytes,
+            "peak_reserved_bytes": (done.peak_reserved_bytes if done else None) or run.peak_reserved_bytes,
             "device_memory_used_bytes": observed.peak_device_used_bytes,
             "process_memory_used_bytes": observed.peak_gpu_memory_bytes,
             "device_memory_total_bytes": observed.device_total_bytes,
@@ -359,14 +362,14 @@ class WatchRecords:
             "gpu_name": observed.gpu_name,
             "versions": hello.versions if hello else {},
             "bands": bands,
-            "gradients_at_forward_end_bytes": (observed.probe_bands.gradients_at_forward_end_bytes
-                                               if observed.probe_bands else None),
+            "gradients_at_forward_end_bytes": (run.probe_bands.gradients_at_forward_end_bytes
+                                               if run.probe_bands else None),
             "unavailable": unavailable,
             "published": observed.publisher_pid is not None,
             "watched_s": round(self._clock() - self.started_s, 3),
             "pid_namespace_note": self.mapping.note,
-            "error": ({"kind": observed.error.kind, "message": observed.error.message, "step": observed.error.step,
-                       "flag": observed.error.flag} if observed.error else None),
+            "error": ({"kind": run.error.kind, "message": run.error.message, "step": run.error.step,
+                       "flag": run.error.flag} if run.error else None),
             "log_path": None,
             "malformed_events": observed.malformed,
             "ranks": (self.last_record or {}).get("ranks", []),
