@@ -85,34 +85,33 @@ DECODER_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 """The module names of `decoder_linear_shapes`, in its order (Llama, Qwen2, Mistral)."""
 
 
-def lora_shapes(preset: ModelPreset, config: RunConfig) -> ParameterShapes:
-    """The LoRA adapters' parameters: A (rank × in) and B (out × rank) on each targeted linear layer. For decoders
-    exactly as PEFT adds them ("all-linear": every projection but the LM head); for the classifiers an estimate
-    over their non-embedding matrices (PEFT also trains a copy of their head)."""
-    rank = config.lora
+def _adapted_layer_linears(preset: ModelPreset, config: RunConfig) -> list[tuple[int, int]]:
+    """(out, in) of the linear layers LoRA adapts in one layer: for decoders exactly as PEFT picks them
+    ("all-linear": every projection but the LM head), for the classifiers an estimate, their non-embedding matrices
+    spread over the layers (PEFT also trains a copy of their head)."""
     if preset.objective == "causal-lm":
         wanted = (set(DECODER_LINEAR_NAMES) if config.lora_targets == "all-linear"
                   else {name.strip() for name in config.lora_targets.split(",")})
-        targeted = [shape for name, shape in zip(DECODER_LINEAR_NAMES, decoder_linear_shapes(preset), strict=True)
-                    if name in wanted] * preset.num_layers
-    else:
-        full = parameter_shapes(preset)
-        targeted = list(full.matrices[full.embedding_tensors:])
+        return [shape for name, shape in zip(DECODER_LINEAR_NAMES, decoder_linear_shapes(preset), strict=True)
+                if name in wanted]
+    full = parameter_shapes(preset)
+    return list(full.matrices[full.embedding_tensors:])
+
+
+def lora_shapes(preset: ModelPreset, config: RunConfig) -> ParameterShapes:
+    """The LoRA adapters' parameters: A (rank × in) and B (out × rank) on each adapted linear layer."""
+    rank = config.lora
+    targeted = (_adapted_layer_linears(preset, config) * preset.num_layers if preset.objective == "causal-lm"
+                else _adapted_layer_linears(preset, config))
     matrices = [shape for out, inp in targeted for shape in ((rank, inp), (out, rank))]
     return ParameterShapes(params=sum(r * c for r, c in matrices), tensors=len(matrices), matrices=tuple(matrices),
                            vectors=(), embedding_params=0, embedding_tensors=0, buffer_bytes=0)
 
 
 def lora_adapted_inputs_per_layer(preset: ModelPreset, config: RunConfig) -> int:
-    """Σ in_features of the projections LoRA adapts in one layer: decoders exactly, the classifiers over their
-    layers' matrices, as `lora_shapes` estimates them."""
-    if preset.objective == "causal-lm":
-        wanted = (set(DECODER_LINEAR_NAMES) if config.lora_targets == "all-linear"
-                  else {name.strip() for name in config.lora_targets.split(",")})
-        return sum(inputs for name, (_, inputs) in zip(DECODER_LINEAR_NAMES, decoder_linear_shapes(preset),
-                                                       strict=True) if name in wanted)
-    full = parameter_shapes(preset)
-    return sum(inputs for _, inputs in full.matrices[full.embedding_tensors:]) // preset.num_layers
+    """Σ in_features of the projections LoRA adapts in one layer (the classifiers' estimate: per layer on average)."""
+    inputs = sum(inp for _, inp in _adapted_layer_linears(preset, config))
+    return inputs if preset.objective == "causal-lm" else inputs // preset.num_layers
 
 
 def quantized_matrices(preset: ModelPreset) -> list[tuple[int, int]]:

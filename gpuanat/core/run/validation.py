@@ -28,6 +28,9 @@ from gpuanat.core.run.techniques import (
     WEIGHTS_DTYPES,
 )
 
+SHARDED = ("fsdp", "zero1", "zero2", "zero3")
+"""The distributed techniques that shard the model's state, which some techniques do not train under here."""
+
 # Upper bounds: no run on one device needs more, and a value beyond one is a typo (an extra zero or three) that
 # would otherwise start a run that fails late or never ends. Generous on purpose: each is far past real use.
 MAX_BATCH_SIZE = 65_536
@@ -163,7 +166,7 @@ def validate_values(config: RunConfig) -> None:
     _validate_ranks(config)
     _require_between("--lora", config.lora, 0, MAX_LORA_RANK, "adapters past the hidden size train no less than the "
                                                              "full weights")
-    if config.lora and config.distributed in ("fsdp", "zero1", "zero2", "zero3"):
+    if config.lora and config.distributed in SHARDED:
         raise ConfigError("--lora", f"LoRA trains on one GPU or with ddp here; not with {config.distributed}")
     _require_choice("--weights-dtype", config.weights_dtype, WEIGHTS_DTYPES)
     if config.weights_dtype == "fp16":
@@ -174,7 +177,7 @@ def validate_values(config: RunConfig) -> None:
             raise ConfigError("--weights-dtype", "a bf16 model computes in bf16: give --precision bf16 too")
         if config.lora or config.load_in_4bit:
             raise ConfigError("--weights-dtype", "LoRA's frozen base is held in 16 bits already; leave it fp32")
-        if config.distributed in ("fsdp", "zero1", "zero2", "zero3"):
+        if config.distributed in SHARDED:
             raise ConfigError("--weights-dtype", f"bf16 weights train on one GPU or with ddp here; not with "
                                                  f"{config.distributed}")
     if not 0.0 <= config.lora_dropout < 1.0:
@@ -191,7 +194,7 @@ def validate_values(config: RunConfig) -> None:
     _validate_liger(config)
     if config.compile_regions and config.compile:
         raise ConfigError("--compile-regions", "--compile already compiles the whole model: choose one")
-    if config.compile_regions and config.distributed in ("fsdp", "zero1", "zero2", "zero3"):
+    if config.compile_regions and config.distributed in SHARDED:
         raise ConfigError("--compile-regions", f"compiled regions train on one GPU or with ddp here; not with "
                                                f"{config.distributed}")
     if not config.lora_targets.strip() or any(not name.strip() for name in config.lora_targets.split(",")):
