@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from gpuanat.core.memory.bands.optimizer import optimizer_state_bytes
 from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed, parameter_element_bytes
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes, qlora_base_bytes, qlora_head_copy_bytes
+from gpuanat.core.memory.model_config import architecture_of
 from gpuanat.core.memory.shapes import ParameterShapes, lora_shapes
 from gpuanat.core.memory.sizes import MIB
 from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import PRESETS
 
 RANK_COMMUNICATION_CONTEXT_BYTES = {"ddp": 850 * MIB, "fsdp": 850 * MIB, "zero": 1330 * MIB}
 """Per rank of a distributed run, on top of the CUDA context: NCCL's buffers and streams (and DeepSpeed's), outside
@@ -71,7 +71,7 @@ def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
     accumulating = config.grad_accum > 1
     half_copies = half_weight_copies_bytes(config, shapes)
     if config.lora:  # a frozen base in the run's precision; only the fp32 adapters have gradients and state
-        preset = PRESETS[config.preset]
+        preset = architecture_of(config)
         adapters = lora_shapes(preset, config)
         if config.load_in_4bit:  # QLoRA: NF4 matrices, the rest fp32
             weights = qlora_base_bytes(preset, shapes) + 4 * adapters.params

@@ -35,11 +35,11 @@ from gpuanat.core.memory.bands.weights import (
     dequantized_weight_bytes,
     half_weight_copies_bytes,
 )
+from gpuanat.core.memory.model_config import UnreadableModel, architecture_of
 from gpuanat.core.memory.parallel import RANK_COMMUNICATION_CONTEXT_BYTES, rank_state
 from gpuanat.core.memory.shapes import parameter_shapes
 from gpuanat.core.memory.sizes import MIB
 from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import PRESETS
 
 CUDA_CONTEXT_BYTES = 760 * MIB
 """Per-process CUDA context, kernels and library handles outside torch's allocator: 742-758 MiB on the
@@ -91,7 +91,7 @@ class MemoryEstimate:
 
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
     """One rank's memory (the whole run's on one GPU)."""
-    preset = PRESETS[config.preset]
+    preset = architecture_of(config)
     shapes = parameter_shapes(preset)
     held = rank_state(config, shapes)
     weights, gradients, optimizer = held.weights_bytes, held.gradients_bytes, held.optimizer_state_bytes
@@ -142,9 +142,9 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
 
 
 def prediction_json(config: RunConfig) -> dict[str, int] | None:
-    """The estimate as stored with a run and printed by `gpuanat predict`; None for a --model checkpoint,
-    whose shape this model does not read yet."""
-    if config.model is not None:
+    """The estimate as stored with a run and printed by `gpuanat predict`; None for a --model whose config cannot be
+    read or described (`unreadable_model_reason` says why)."""
+    if unreadable_model_reason(config) is not None:
         return None
     estimate = estimate_memory(config)
     return {
@@ -166,18 +166,35 @@ def prediction_json(config: RunConfig) -> dict[str, int] | None:
     }
 
 
+def unreadable_model_reason(config: RunConfig) -> str | None:
+    """Why the run's --model cannot be predicted (its config not found, or an architecture the model does not
+    describe); None where it can (every preset)."""
+    try:
+        architecture_of(config)
+    except UnreadableModel as error:
+        return str(error)
+    return None
+
+
 MEASURED_DECODER_FAMILIES = ("llama", "qwen2")
 """Decoder families the H100 matrix measured (docs/llm.md): llama-3.2-1b, llama-3.1-8b (QLoRA), qwen2.5-0.5b."""
+CHECKED_MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "opt", "gpt_neox", "gemma3_text", "granitemoe", "olmo2", "bert",
+                          "distilbert")
+"""Families whose configs (--model) were checked against plain Trainer runs on the H100 (docs/any-model.md)."""
 
 
 def prediction_caveat(config: RunConfig) -> str | None:
     """Why not to trust a prediction: what no measurement has checked; None where measurements held it (BERT on the
-    H100: docs/memory-model.md; bert-base, gpt2 and the decoders of the H100 matrix: docs/llm.md)."""
-    preset = PRESETS[config.preset]
-    notes = []
-    if preset.objective == "causal-lm":
-        if preset.family not in MEASURED_DECODER_FAMILIES:
-            notes.append(f"no {preset.family} decoder was measured (its layers are Llama's, so the model applies)")
+    H100: docs/memory-model.md; bert-base, gpt2 and the decoders of the H100 matrix: docs/llm.md; the config.json
+    models of docs/any-model.md)."""
+    arch = architecture_of(config)
+    notes = list(arch.assumed)
+    if config.model is not None and not arch.assumed and arch.family not in CHECKED_MODEL_FAMILIES:
+        notes.append(f"no {arch.family} model was measured (its layers are read from the config and the family's "
+                     "code)")
+    if arch.objective == "causal-lm":
+        if config.model is None and arch.family not in MEASURED_DECODER_FAMILIES:
+            notes.append(f"no {arch.family} decoder was measured (its layers are Llama's, so the model applies)")
         if not is_mixed(config):
             notes.append("decoders were measured in bf16 only")
         if config.attn == "eager":

@@ -1,21 +1,27 @@
-"""What a model is, for the bytes model: the one place where a model's architecture is turned into parameter shapes
-and the per-layer sizes the bands use (no torch).
+"""What a model is, for the bytes model: the one place where a model's architecture (`Architecture`, read from a
+config.json or a preset the same way) is turned into parameter shapes and the per-layer sizes the bands use (no torch).
 
-From a preset's dimensions (`ModelPreset`): every parameter tensor of the model as gpuanat trains it (a 2-label
-classifier, or a decoder's causal LM), which of them are the embeddings, its buffers; one decoder layer's linear
-projections and their module names; the LoRA adapters PEFT adds to them; and the matrices QLoRA holds in 4 bits.
-The bands (`weights`, `optimizer`, `activations`, `parallel`) read a model only through these and the preset's
-dimensions, so a model that is no preset (a Hugging Face config.json) is taught to the bytes model here.
+Every parameter tensor of the model as gpuanat trains it (a 2-label classifier, or a decoder's causal LM), which of
+them are the embeddings, its buffers; one layer's linear projections and their module names; the LoRA adapters PEFT
+adds to them; and the matrices QLoRA holds in 4 bits. The bands (`weights`, `optimizer`, `activations`, `parallel`)
+read a model only through these and the architecture's dimensions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuanat.core.memory.architecture import Architecture
+from gpuanat.core.memory.model_config import preset_architecture
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import ModelPreset
 
 NUM_LABELS = 2
+
+
+def as_architecture(model: Architecture | ModelPreset) -> Architecture:
+    """A preset is read as the config transformers would write for it."""
+    return model if isinstance(model, Architecture) else preset_architecture(model)
 
 
 @dataclass(frozen=True)
@@ -23,7 +29,7 @@ class ParameterShapes:
     params: int
     tensors: int
     matrices: tuple[tuple[int, int], ...]
-    """Every 2-D parameter's shape."""
+    """Every 2-D parameter's shape (a mixture of experts' 3-D weights as (experts × rows, columns))."""
     vectors: tuple[int, ...]
     """Every 1-D parameter's length."""
     embedding_params: int
@@ -32,89 +38,221 @@ class ParameterShapes:
     buffer_bytes: int
 
 
-def decoder_linear_shapes(preset: ModelPreset) -> list[tuple[int, int]]:
-    """(out, in) of one decoder layer's linear projections: q, k, v, o, then the SwiGLU MLP's gate, up and down."""
-    h, i = preset.hidden_size, preset.intermediate_size
-    q, kv = preset.num_heads * preset.head_dim, preset.kv_heads * preset.head_dim
-    return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+MODULE_NAMES: dict[str, dict[str, str]] = {
+    "phi": {"o": "dense"},
+    "phi3": {"qkv": "qkv_proj", "gate_up": "gate_up_proj"},
+    "gpt_neox": {"qkv": "query_key_value", "o": "dense", "fc1": "dense_h_to_4h", "fc2": "dense_4h_to_h"},
+    "bloom": {"qkv": "query_key_value", "o": "dense", "fc1": "dense_h_to_4h", "fc2": "dense_4h_to_h"},
+    "opt": {"o": "out_proj"},
+    "starcoder2": {"fc1": "c_fc", "fc2": "c_proj"},
+    "gpt2": {"qkv": "c_attn", "o": "c_proj", "fc1": "c_fc", "fc2": "c_proj"},
+}
+"""Module names of a layer's projections where a family does not use Llama's (q_proj … down_proj, fc1, fc2)."""
+_DEFAULT_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_proj", "gate": "gate_proj",
+                  "up": "up_proj", "gate_up": "gate_up_proj", "down": "down_proj", "fc1": "fc1", "fc2": "fc2"}
 
 
-def parameter_shapes(preset: ModelPreset) -> ParameterShapes:
-    """The parameter tensors of the preset's model: a 2-label classifier, or a decoder's causal LM."""
-    h, i, v, p = preset.hidden_size, preset.intermediate_size, preset.vocab_size, preset.max_positions
-    matrices: list[tuple[int, int]] = []
+def _named(arch: Architecture, roles: list[tuple[str, tuple[int, int]]]) -> list[tuple[str, tuple[int, int]]]:
+    names = {**_DEFAULT_NAMES, **MODULE_NAMES.get(arch.family, {})}
+    return [(names[role], shape) for role, shape in roles]
+
+
+def attention_linears(arch: Architecture) -> list[tuple[str, tuple[int, int]]]:
+    """(module name, (out, in)) of one layer's attention projections: q, k, v (or one fused), then the output."""
+    h, q, kv = arch.hidden_size, arch.query_width, arch.kv_width
+    qkv = [("qkv", (q + 2 * kv, h))] if arch.fused_qkv else [("q", (q, h)), ("k", (kv, h)), ("v", (kv, h))]
+    return _named(arch, [*qkv, ("o", (h, q))])
+
+
+def gated_mlp_linears(arch: Architecture, width: int, fused: bool = False) -> list[tuple[str, tuple[int, int]]]:
+    h = arch.hidden_size
+    up = [("gate_up", (2 * width, h))] if fused else [("gate", (width, h)), ("up", (width, h))]
+    return _named(arch, [*up, ("down", (h, width))])
+
+
+def mlp_linears(arch: Architecture) -> list[tuple[str, tuple[int, int]]]:
+    """(module name, (out, in)) of a dense layer's MLP: gate and up (or one fused) and down, or fc1 and fc2."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    if arch.gated_mlp:
+        return gated_mlp_linears(arch, i, arch.fused_gate_up)
+    return _named(arch, [("fc1", (i, h)), ("fc2", (h, i))])
+
+
+def layer_linears(arch: Architecture, moe: bool = False) -> list[tuple[str, tuple[int, int]]]:
+    """The linear layers (nn.Linear) of one layer, which LoRA's "all-linear" adapts and QLoRA quantizes: a mixture of
+    experts' layer has its attention's and its shared expert's (the experts are 3-D weights, the router neither)."""
+    if not moe:
+        return attention_linears(arch) + mlp_linears(arch)
+    shared = (gated_mlp_linears(arch, arch.shared_expert_intermediate_size)
+              if arch.shared_expert_intermediate_size else [])
+    return attention_linears(arch) + shared
+
+
+def model_linears(arch: Architecture) -> list[tuple[int, int]]:
+    """Linear layers outside the layers but the LM head: OPT's projections into and out of a narrower embedding."""
+    if arch.embedding_size and arch.objective == "causal-lm":
+        return [(arch.hidden_size, arch.embedding_size), (arch.embedding_size, arch.hidden_size)]
+    return []
+
+
+def expert_params(arch: Architecture) -> int:
+    """The parameters of a mixture of experts' expert weights (3-D, used by transformers' grouped matmul)."""
+    return arch.moe_layers * arch.experts * 3 * arch.expert_intermediate_size * arch.hidden_size
+
+
+def decoder_linear_shapes(model: Architecture | ModelPreset) -> list[tuple[int, int]]:
+    """(out, in) of one dense decoder layer's linear projections, in `layer_linears`' order."""
+    return [shape for _, shape in layer_linears(as_architecture(model))]
+
+
+def _norm_vectors(arch: Architecture, width: int, count: int, kind: str | None = None) -> list[int]:
+    kind = kind or arch.norm
+    per_norm = {"layer": [width, width], "layer_no_bias": []}.get(kind, [width])
+    return per_norm * count
+
+
+def _layer_vectors(arch: Architecture, moe: bool) -> list[int]:
+    h, q, kv = arch.hidden_size, arch.query_width, arch.kv_width
+    vectors = _norm_vectors(arch, h, arch.pre_norms + arch.post_norms + (2 if arch.post_layer_norm else 0))
+    if arch.qk_norm == "head":
+        vectors += [arch.head_dim, arch.head_dim]
+    elif arch.qk_norm == "full":
+        vectors += [q, kv]
+    if arch.attention_bias:
+        vectors += [q + 2 * kv] if arch.fused_qkv else [q, kv, kv]
+    if arch.output_bias:
+        vectors += [h]
+    if arch.mlp_bias and not moe:
+        if arch.gated_mlp:
+            i = arch.intermediate_size
+            vectors += [2 * i, h] if arch.fused_gate_up else [i, i, h]
+        else:
+            vectors += [arch.intermediate_size, h]
+    if moe and arch.router_bias:
+        vectors += [arch.experts]
+    return vectors
+
+
+def _decoder_shapes(arch: Architecture) -> tuple[list[tuple[int, int]], list[int], int, int]:
+    h, v = arch.hidden_size, arch.vocab_size
+    embeddings = [(v, arch.embedding_width)]
+    if arch.positions == "learned":
+        embeddings.append((arch.position_embedding_rows, h))
+    matrices: list[tuple[int, int]] = [*embeddings, *model_linears(arch)]
+    vectors: list[int] = _norm_vectors(arch, h, 1) if arch.embedding_norm else []
+    for index in range(arch.num_layers):
+        moe = index >= arch.dense_layers
+        matrices += [shape for _, shape in layer_linears(arch, moe)]
+        if moe:
+            e, width = arch.experts, arch.expert_intermediate_size
+            matrices += [(arch.experts, h), (e * 2 * width, h), (e * h, width)]  # router, experts' gate-up, down
+            if arch.shared_expert_gate:
+                matrices += [(1, h)]
+        vectors += _layer_vectors(arch, moe)
+    if arch.final_norm:
+        vectors += _norm_vectors(arch, h, 1)
+    if not arch.tie_word_embeddings:
+        matrices += [(v, arch.embedding_width)]  # LM head
+    if arch.lm_head_bias:
+        vectors += [v]
+    rotary = arch.rotary_dim or arch.head_dim
+    buffer_bytes = 2 * (rotary // 2) * 4 * arch.rotary_buffers if arch.positions == "rotary" else 0
+    return matrices, vectors, len(embeddings), buffer_bytes
+
+
+def _encoder_shapes(arch: Architecture) -> tuple[list[tuple[int, int]], list[int], int, int]:
+    """A BERT-style encoder with its 2-label head (BERT's pooler and classifier, RoBERTa's and ELECTRA's dense and
+    out_proj, DistilBERT's pre_classifier and classifier: the same shapes)."""
+    h, i, e = arch.hidden_size, arch.intermediate_size, arch.embedding_width
+    embeddings = [(arch.vocab_size, e), (arch.position_embedding_rows, e)]
+    if arch.token_types:
+        embeddings.append((arch.token_types, e))
+    matrices: list[tuple[int, int]] = list(embeddings)
+    vectors = [e, e]  # embedding LayerNorm
+    if arch.embedding_size:
+        matrices.append((h, e))  # ELECTRA's embeddings_project
+        vectors.append(h)
+    for _ in range(arch.num_layers):
+        matrices += [(h, h)] * 4 + [(i, h), (h, i)]
+        vectors += [h] * 4 + [i, h] + [h, h] * 2
+    matrices += [(h, h), (NUM_LABELS, h)]
+    vectors += [h, NUM_LABELS]
+    # position_ids (and token_type_ids): int64 buffers of max_positions entries
+    buffer_bytes = (2 if arch.token_types else 1) * arch.position_embedding_rows * 8
+    return matrices, vectors, len(embeddings), buffer_bytes
+
+
+def _gpt2_classifier_shapes(arch: Architecture) -> tuple[list[tuple[int, int]], list[int], int, int]:
+    h, i, v, p = arch.hidden_size, arch.intermediate_size, arch.vocab_size, arch.max_positions
+    embeddings = [(v, h), (p, h)]
+    matrices = list(embeddings)
     vectors: list[int] = []
-    if preset.objective == "causal-lm":
-        embeddings = [(v, h)]
-        matrices += embeddings
-        q, kv = preset.num_heads * preset.head_dim, preset.kv_heads * preset.head_dim
-        for _ in range(preset.num_layers):
-            matrices += decoder_linear_shapes(preset)
-            vectors += [h, h] + ([q, kv, kv] if preset.attention_bias else [])  # RMSNorms, q/k/v biases
-        vectors += [h]  # final RMSNorm
-        if not preset.tie_word_embeddings:
-            matrices += [(v, h)]  # LM head
-        buffer_bytes = 2 * (preset.head_dim // 2) * 4  # rotary inv_freq and original_inv_freq, fp32
-    elif preset.family == "bert":
-        embeddings = [(v, h), (p, h), (2, h)]
-        matrices += embeddings
-        vectors += [h, h]  # embedding LayerNorm
-        for _ in range(preset.num_layers):
-            matrices += [(h, h)] * 4 + [(i, h), (h, i)]
-            vectors += [h] * 4 + [i, h] + [h, h] * 2
-        matrices += [(h, h), (NUM_LABELS, h)]  # pooler, classifier
-        vectors += [h, NUM_LABELS]
-        buffer_bytes = 2 * p * 8  # position_ids and token_type_ids: int64 buffers of max_positions entries
+    for _ in range(arch.num_layers):
+        matrices += [(h, 3 * h), (h, h), (h, i), (i, h)]
+        vectors += [h, h, 3 * h, h, h, h, i, h]
+    vectors += [h, h]  # final LayerNorm
+    matrices += [(NUM_LABELS, h)]  # score head, no bias
+    return matrices, vectors, len(embeddings), 0
+
+
+def parameter_shapes(model: Architecture | ModelPreset) -> ParameterShapes:
+    """The parameter tensors of the model: a 2-label classifier, or a decoder's causal LM."""
+    arch = as_architecture(model)
+    if arch.objective == "causal-lm":
+        matrices, vectors, embedding_tensors, buffer_bytes = _decoder_shapes(arch)
+    elif arch.family == "gpt2":
+        matrices, vectors, embedding_tensors, buffer_bytes = _gpt2_classifier_shapes(arch)
     else:
-        embeddings = [(v, h), (p, h)]
-        matrices += embeddings
-        for _ in range(preset.num_layers):
-            matrices += [(h, 3 * h), (h, h), (h, i), (i, h)]
-            vectors += [h, h, 3 * h, h, h, h, i, h]
-        vectors += [h, h]  # final LayerNorm
-        matrices += [(NUM_LABELS, h)]  # score head, no bias
-        buffer_bytes = 0
+        matrices, vectors, embedding_tensors, buffer_bytes = _encoder_shapes(arch)
     params = sum(rows * cols for rows, cols in matrices) + sum(vectors)
     return ParameterShapes(params=params, tensors=len(matrices) + len(vectors), matrices=tuple(matrices),
-                           vectors=tuple(vectors), embedding_params=sum(r * c for r, c in embeddings),
-                           embedding_tensors=len(embeddings),
-                           buffer_bytes=buffer_bytes)
+                           vectors=tuple(vectors),
+                           embedding_params=sum(r * c for r, c in matrices[:embedding_tensors]),
+                           embedding_tensors=embedding_tensors, buffer_bytes=buffer_bytes)
 
 
-DECODER_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The module names of `decoder_linear_shapes`, in its order (Llama, Qwen2, Mistral)."""
-
-
-def _adapted_layer_linears(preset: ModelPreset, config: RunConfig) -> list[tuple[int, int]]:
+def _adapted_layer_linears(arch: Architecture, config: RunConfig, moe: bool = False) -> list[tuple[int, int]]:
     """(out, in) of the linear layers LoRA adapts in one layer: for decoders exactly as PEFT picks them
-    ("all-linear": every projection but the LM head), for the classifiers an estimate, their non-embedding matrices
-    spread over the layers (PEFT also trains a copy of their head)."""
-    if preset.objective == "causal-lm":
-        wanted = (set(DECODER_LINEAR_NAMES) if config.lora_targets == "all-linear"
-                  else {name.strip() for name in config.lora_targets.split(",")})
-        return [shape for name, shape in zip(DECODER_LINEAR_NAMES, decoder_linear_shapes(preset), strict=True)
-                if name in wanted]
-    full = parameter_shapes(preset)
+    ("all-linear": every projection but the LM head; else those named), for the classifiers an estimate, their
+    non-embedding matrices spread over the layers (PEFT also trains a copy of their head)."""
+    if arch.objective == "causal-lm":
+        linears = layer_linears(arch, moe)
+        if config.lora_targets == "all-linear":
+            return [shape for _, shape in linears]
+        wanted = {name.strip() for name in config.lora_targets.split(",")}
+        return [shape for name, shape in linears if name in wanted]
+    full = parameter_shapes(arch)
     return list(full.matrices[full.embedding_tensors:])
 
 
-def lora_shapes(preset: ModelPreset, config: RunConfig) -> ParameterShapes:
+def _adapted_linears(arch: Architecture, config: RunConfig) -> list[tuple[int, int]]:
+    """Every linear layer LoRA adapts in the model."""
+    if arch.objective != "causal-lm":
+        return _adapted_layer_linears(arch, config)
+    adapted = (_adapted_layer_linears(arch, config) * arch.dense_layers
+               + _adapted_layer_linears(arch, config, moe=True) * arch.moe_layers)
+    return adapted + (model_linears(arch) if config.lora_targets == "all-linear" else [])
+
+
+def lora_shapes(model: Architecture | ModelPreset, config: RunConfig) -> ParameterShapes:
     """The LoRA adapters' parameters: A (rank × in) and B (out × rank) on each adapted linear layer."""
     rank = config.lora
-    targeted = (_adapted_layer_linears(preset, config) * preset.num_layers if preset.objective == "causal-lm"
-                else _adapted_layer_linears(preset, config))
-    matrices = [shape for out, inp in targeted for shape in ((rank, inp), (out, rank))]
+    matrices = [shape for out, inp in _adapted_linears(as_architecture(model), config)
+                for shape in ((rank, inp), (out, rank))]
     return ParameterShapes(params=sum(r * c for r, c in matrices), tensors=len(matrices), matrices=tuple(matrices),
                            vectors=(), embedding_params=0, embedding_tensors=0, buffer_bytes=0)
 
 
-def lora_adapted_inputs_per_layer(preset: ModelPreset, config: RunConfig) -> int:
+def lora_adapted_inputs_per_layer(model: Architecture | ModelPreset, config: RunConfig) -> int:
     """Σ in_features of the projections LoRA adapts in one layer (the classifiers' estimate: per layer on average)."""
-    inputs = sum(inp for _, inp in _adapted_layer_linears(preset, config))
-    return inputs if preset.objective == "causal-lm" else inputs // preset.num_layers
+    arch = as_architecture(model)
+    inputs = sum(inp for _, inp in _adapted_layer_linears(arch, config))
+    return inputs if arch.objective == "causal-lm" else inputs // arch.num_layers
 
 
-def quantized_matrices(preset: ModelPreset) -> list[tuple[int, int]]:
-    """The matrices QLoRA holds in 4 bits: every linear layer of a decoder's layers. Transformers keeps the output
-    embeddings (the LM head, tied or not) and the input embeddings, which are no linear layers, out."""
-    return decoder_linear_shapes(preset) * preset.num_layers
+def quantized_matrices(model: Architecture | ModelPreset) -> list[tuple[int, int]]:
+    """The matrices QLoRA holds in 4 bits: every linear layer of a decoder. Transformers keeps the output embeddings
+    (the LM head, tied or not) and the input embeddings, which are no linear layers, out."""
+    arch = as_architecture(model)
+    return (decoder_linear_shapes(arch) * arch.dense_layers
+            + [shape for _, shape in layer_linears(arch, moe=True)] * arch.moe_layers + model_linears(arch))

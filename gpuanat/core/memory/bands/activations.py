@@ -9,9 +9,17 @@ workspaces.
 
 from __future__ import annotations
 
+from gpuanat.core.memory.architecture import Architecture
+from gpuanat.core.memory.bands.decoder_layers import (
+    autocast_on,
+    eager_scores_bytes,
+    layer_bytes_per_token,
+    outside_layers_bytes_per_token,
+    residual_element_bytes,
+)
 from gpuanat.core.memory.bands.precision import coefficients, computes_in_16_bit, is_mixed
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
-from gpuanat.core.memory.shapes import ParameterShapes, lora_adapted_inputs_per_layer
+from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, lora_adapted_inputs_per_layer
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import ModelPreset
 
@@ -26,8 +34,16 @@ def autocast_extra_bytes_per_token_hidden(preset: ModelPreset) -> int:
     copies more than one; GPT-2's fused c_attn: none), and the LayerNorms (two a layer) run in fp32 on the fp32
     residual stream, so their saved inputs take 4 bytes, not 2. BERT: 2 × 2 + 2 × 2 = 8 of the 42.29 fitted under
     autocast, leaving 34.3 — which the 6.50 GiB measured with FSDP and ZeRO reproduce within 1%."""
-    extra_input_copies = 2 if preset.family == "bert" else 0
+    extra_input_copies = 0 if as_architecture(preset).fused_qkv else 2
     return 2 * extra_input_copies + 2 * 2
+
+
+def sixteen_bit_without_autocast(config: RunConfig) -> bool:
+    """A classifier computing in 16 bits with autocast off (FSDP2, DeepSpeed). With bf16 weights HF Trainer still runs
+    autocast, whose fp32 LayerNorms and per-linear casts then keep what they keep for fp32 weights: on the H100,
+    roberta-base and distilbert-base with bf16 weights kept the activations of fp32 weights under autocast, less the
+    weights' copies (docs/any-model.md)."""
+    return computes_in_16_bit(config) and not autocast_on(config)
 
 
 BERT_LARGE_LAYERS = 24
@@ -55,13 +71,13 @@ def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterS
     if config.grad_checkpointing:
         # Each layer's input is kept (the residual stream: fp32 under autocast, 16-bit without), plus what is outside
         # the layers; the fitted coefficient is bert-large's, 24 layers, so it is split: 4 bytes a layer, the rest once.
-        residual = 2 if computes_in_16_bit(config) else 4
+        residual = 2 if sixteen_bit_without_autocast(config) else 4
         per_sample = s * h * (layers * residual + c.checkpointed - BERT_LARGE_LAYERS * 4)
     elif preset.family == "gpt2":
         per_sample = layers * (s * gpt2_layer_bytes_per_token(config, preset) + eager_scores) + s * 7 * h
     else:
         per_token_hidden = c.activations_per_layer - (autocast_extra_bytes_per_token_hidden(preset)
-                                                      if computes_in_16_bit(config) else 0)
+                                                      if sixteen_bit_without_autocast(config) else 0)
         per_sample = layers * (s * h * per_token_hidden + eager_scores)
     per_sample += s * lora_dropout_bytes_per_token(config, preset) * (1 if config.grad_checkpointing else layers)
     return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES
@@ -78,57 +94,29 @@ def lora_dropout_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
     return lora_adapted_inputs_per_layer(preset, config) * (1 if is_mixed(config) else 1 + 4)
 
 
-def decoder_residual_element_bytes(config: RunConfig) -> int:
-    """Bytes per element of a decoder's residual stream: fp32 with fp32 weights (also under autocast, which leaves the
-    additions and the norms alone) and with QLoRA (`prepare_model_for_kbit_training` makes the embeddings and norms
-    fp32); 16-bit where the weights are (LoRA's base, FSDP2's and DeepSpeed's 16-bit compute)."""
-    if not is_mixed(config) or config.load_in_4bit:
-        return 4
-    return 2 if config.lora or computes_in_16_bit(config) else 4
-
-
-def decoder_layer_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
-    """What autograd keeps for backward of one decoder layer, per token — as `benchmarks/saved_tensors.py` listed it
-    tensor by tensor on the H100 for llama-3.2-1b and qwen2.5-0.5b (benchmarks/results/h100/llm/saved_tensors.json:
-    129,416 and 66,624 B/token under AMP with fp32 weights, 108,808 and 57,536 on a bf16 base; this formula gives
-    them within 0.3%). Each RMSNorm keeps its fp32 input and its fp32 normalized value (an fp32 stream: 8h bytes) or
-    an fp32 copy of its 16-bit input and its 16-bit normalized value (6h). SDPA keeps q, k, v (the KV heads, not
-    repeated) and its output in 16 bits, and an fp32 log-sum-exp per head; the SwiGLU keeps gate, up, activation and
-    product. The projections keep their input: autocast casts an fp32 input anew for each projection that reads it
-    (q, k, v: three 16-bit copies; gate, up: two); a 16-bit input is shared. In fp32 everything is 4 bytes."""
-    h, i = preset.hidden_size, preset.intermediate_size
-    q, kv = preset.num_heads * preset.head_dim, preset.kv_heads * preset.head_dim
-    log_sum_exp = 4 * preset.num_heads
-    if not is_mixed(config):
-        return 2 * 8 * h + 4 * h + 4 * h + 4 * (2 * q + 2 * kv) + log_sum_exp + 4 * 4 * i
-    attention, mlp = 2 * (2 * q + 2 * kv) + log_sum_exp, 2 * 4 * i
-    if decoder_residual_element_bytes(config) == 4:
-        return 2 * 8 * h + 3 * 2 * h + 2 * 2 * h + attention + mlp
-    return 2 * 6 * h + 2 * h + 2 * h + attention + mlp
-
-
-def decoder_activations_bytes(config: RunConfig, preset: ModelPreset) -> tuple[int, int]:
+def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPreset) -> tuple[int, int]:
     """(activations, of which logits) of a causal LM at the end of the forward pass, per `benchmarks/saved_tensors.py`
-    and the H100 matrix (docs/llm.md): every layer's saved tensors (`decoder_layer_bytes_per_token`) — with
-    checkpointing only each layer's input, in the residual stream's dtype — then the final norm (as a layer's), the LM
-    head's input (16 bits under mixed precision), the loss's fp32 log-probabilities and the logits the model returns
-    (batch × seq × vocab, fp32: accelerate converts a model's outputs to fp32 under mixed precision). Eager attention
-    adds its probabilities. Autocast's weight copies are `decoder_weight_casts_bytes`."""
-    s, b, h, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.num_layers
-    residual = decoder_residual_element_bytes(config)
-    masks = lora_dropout_bytes_per_token(config, preset)
+    and the H100 matrix (docs/llm.md): every layer's saved tensors (`decoder_layers.layer_bytes_per_token`) — with
+    checkpointing only each layer's input, in the residual stream's dtype — then what the embeddings' side, the final
+    norm and the LM head's input keep, the loss's fp32 log-probabilities and the logits the model returns
+    (batch × seq × vocab, fp32: accelerate converts a model's outputs to fp32 under mixed precision), with Gemma's
+    soft-capping its tanh. Eager attention adds its probabilities, a sliding window its boolean mask (one for all
+    layers). Autocast's weight copies are `decoder_weight_casts_bytes`."""
+    arch = as_architecture(model)
+    s, b, h, layers = config.seq_len, config.batch_size, arch.hidden_size, arch.num_layers
+    masks = lora_dropout_bytes_per_token(config, arch)
     if config.grad_checkpointing:  # LoRA dropout's masks: the recomputed layer's (not measured)
-        per_token = layers * residual * h + masks
+        per_token = layers * residual_element_bytes(config) * h + masks
     else:
-        per_token = layers * (decoder_layer_bytes_per_token(config, preset) + masks)
-    final_norm = 8 * h if residual == 4 else 6 * h
-    head_input = 2 * h if is_mixed(config) else 0  # in fp32 the head reads the norm's output, kept already
-    per_token += final_norm + head_input
-    element = 2 if is_mixed(config) else 4
-    eager = 0 if config.grad_checkpointing or config.attn != "eager" else layers * preset.num_heads * s * s * element
-    logits = b * s * preset.vocab_size * 4
-    log_probabilities = b * s * preset.vocab_size * 4
-    return b * (s * per_token + eager) + logits + log_probabilities, logits
+        per_token = (arch.dense_layers * layer_bytes_per_token(config, arch)
+                     + arch.moe_layers * layer_bytes_per_token(config, arch, moe=True) + layers * masks)
+    per_token += outside_layers_bytes_per_token(config, arch)
+    eager = 0 if config.grad_checkpointing else layers * arch.num_heads * s * s * eager_scores_bytes(config, arch)
+    sliding_mask = s * s if arch.sliding_window_layers and not config.grad_checkpointing else 0
+    logits = b * s * arch.vocab_size * 4
+    log_probabilities = b * s * arch.vocab_size * 4
+    softcapping = b * s * arch.vocab_size * (2 if is_mixed(config) else 4) if arch.final_logit_softcapping else 0
+    return b * (s * per_token + eager + sliding_mask) + logits + log_probabilities + softcapping, logits
 
 
 def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:

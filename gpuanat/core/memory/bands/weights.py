@@ -11,7 +11,7 @@ makes of its fp32 LM head; and the weight bitsandbytes dequantizes for each matm
 from __future__ import annotations
 
 from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed
-from gpuanat.core.memory.shapes import ParameterShapes, quantized_matrices
+from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, expert_params, quantized_matrices
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import ModelPreset
 
@@ -95,7 +95,9 @@ def decoder_weight_casts_bytes(config: RunConfig, preset: ModelPreset, shapes: P
     Measured: 2,357 MiB on llama-3.2-1b, all 1.24 B parameters' worth; 0.49 GiB with checkpointing."""
     if not is_mixed(config) or config.liger or computes_in_16_bit(config) or (config.lora and not config.load_in_4bit):
         return 0
-    head = 2 * preset.vocab_size * preset.hidden_size
+    arch = as_architecture(preset)
+    head = 2 * arch.vocab_size * arch.embedding_width
     if config.grad_checkpointing or config.load_in_4bit:
         return head
-    return 2 * _matmul_params(shapes) + (head if preset.tie_word_embeddings else 0)
+    # a mixture of experts' weights are not cast: transformers' grouped matmul is no autocast operation
+    return 2 * (_matmul_params(shapes) - expert_params(arch)) + (head if arch.tie_word_embeddings else 0)

@@ -1,0 +1,121 @@
+"""What a model is, for the bytes model: one general description of a transformer, read from a Hugging Face
+config.json (`model_config`) or from a preset's dimensions, the same way (no torch).
+
+Every band reads a model through this: its dimensions, how a layer is built (which norms, where, of what kind; fused
+or separate projections; a gated or plain MLP and its activation; q/k norms; biases; a parallel or sequential
+residual; experts), and what its forward pass does that keeps memory (dropout, logit soft-capping, sliding-window
+masks). Nothing in it is fitted: each field is a fact of the architecture, as transformers implements it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+NORM_KINDS = ("rms", "rms_fp32", "layer", "layer_no_bias")
+"""How a norm computes, which decides what it keeps for backward:
+rms — Llama's RMSNorm: normalizes in fp32, casts back to the input's dtype, then multiplies by its weight;
+rms_fp32 — multiplies by its weight in fp32, then casts (Gemma's (1 + w), OLMo-2's);
+layer — torch's LayerNorm (autocast runs it in fp32), with a bias; layer_no_bias — without (OLMo's has no weight)."""
+
+ACTIVATION_KINDS = ("saves_input", "saves_output", "tanh_composed", "sigmoid_composed")
+"""What an MLP's activation keeps for backward: its input (SiLU, exact GELU, torch's tanh GELU, BLOOM's GELU
+function); its output (ReLU); the intermediates of GELU's tanh formula written out in Python (`gelu_new`:
+x³ in fp32 under autocast, its tanh, x/2 and 1 + tanh); x and sigmoid(1.702x) (`quick_gelu`)."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    """A preset's name, or the model as the user gave it (a config.json, a directory, a Hub name)."""
+    family: str
+    """transformers' `model_type` (a preset's family: "bert", "gpt2", "llama", "qwen2", "mistral")."""
+    objective: str
+    """"causal-lm" (a decoder's LM head and loss) or "classification" (a 2-label head, as in the HF docs)."""
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    """The dense MLP's width (of a MoE model's dense layers, if any; each expert's is `expert_intermediate_size`)."""
+    vocab_size: int
+    max_positions: int
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    """Biases on the query, key and value projections."""
+    output_bias: bool = False
+    """A bias on the attention's output projection."""
+    mlp_bias: bool = False
+    gated_mlp: bool = True
+    """gate, up and down (SwiGLU, GeGLU); else a plain two-layer MLP (fc1, activation, fc2)."""
+    activation: str = "saves_input"
+    """One of `ACTIVATION_KINDS`."""
+    fused_qkv: bool = False
+    """One projection makes q, k and v (GPT-NeoX, Phi-3, BLOOM): v stays a view of its output."""
+    fused_gate_up: bool = False
+    norm: str = "rms"
+    """One of `NORM_KINDS`."""
+    pre_norms: int = 2
+    """Norms a layer applies to its input: 2 (before attention, before the MLP), 1 (one shared by both: Phi), 0."""
+    post_norms: int = 0
+    """Norms applied to the attention's and the MLP's outputs before the residual addition (Gemma-2/3, OLMo-2)."""
+    post_layer_norm: bool = False
+    """The norms come after the residual additions (OPT-350m, BERT): each norm reads the sum."""
+    parallel_residual: bool = False
+    """Attention and MLP read the same input and are added to it together (GPT-NeoX, Phi, GPT-J)."""
+    qk_norm: str = "none"
+    """"none", "head" (a norm over each head's query and key), or "full" (over the whole query and key widths)."""
+    qk_norm_kind: str = "rms"
+    final_norm: bool = True
+    lm_head_bias: bool = False
+    positions: str = "rotary"
+    """"rotary", "learned" (a position embedding table of `max_positions` rows) or "alibi"."""
+    position_embedding_rows: int = 0
+    """Rows of a learned position table (OPT adds 2 to max_positions)."""
+    token_types: int = 0
+    """BERT's token type embeddings (0: none)."""
+    embedding_size: int = 0
+    """The embeddings' width where it differs from hidden_size (OPT-350m's 512, projected in and out); 0: the same."""
+    embedding_norm: bool = False
+    """A LayerNorm on the embeddings (BLOOM, BERT)."""
+    rotary_buffers: int = 1
+    """Rotary embedding modules holding fp32 frequency buffers (Gemma-3 has a local and a global one)."""
+    rotary_dim: int = 0
+    """Dimensions of each head that are rotated (partial rotary); 0: all of them."""
+    sliding_window_layers: int = 0
+    sliding_window: int = 0
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    moe_layers: int = 0
+    """Layers whose MLP is the experts (the others are dense)."""
+    router_bias: bool = False
+    residual_dropout: float = 0.0
+    """Dropout on the attention's and the MLP's outputs in training (a 1-byte mask each)."""
+    embedding_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    final_logit_softcapping: float = 0.0
+    assumed: tuple[str, ...] = ()
+    """What the reader assumed because the config did not say (an unknown model_type): the prediction's caveat."""
+
+    @property
+    def dense_layers(self) -> int:
+        return self.num_layers - self.moe_layers
+
+    @property
+    def query_width(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
+
+    def replace(self, **changes: object) -> Architecture:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

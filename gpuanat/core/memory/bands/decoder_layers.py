@@ -1,0 +1,229 @@
+"""What autograd keeps for backward of one decoder layer, per token, for any layer an `Architecture` describes (no
+torch): the tensors each operation saves, as torch and transformers implement them, in the dtypes the run's
+precision gives them. Derived on Llama and Qwen2 from `benchmarks/saved_tensors.py`'s tensor-by-tensor listing on the
+H100 (benchmarks/results/h100/llm/saved_tensors.json) and generalized operation by operation; nothing is fitted.
+
+The rules, each an implementation fact:
+- A norm keeps an fp32 view of its input (the input itself when it is fp32; a copy when 16-bit) and, for Llama's
+  RMSNorm, its normalized value in the input's dtype (which its weight multiplies), for Gemma's and OLMo-2's the fp32
+  normalized value; torch's LayerNorm keeps its input and per-token statistics (autocast runs it in fp32).
+- A linear layer keeps its input. Under autocast an fp32 input is cast anew for each linear that reads it (a 16-bit
+  copy each); a 16-bit input is shared. A fused q/k/v projection is read once, and its v stays a view of its output,
+  keeping the whole output alive.
+- SDPA keeps q and k after rotary (new tensors), v, its output (which the output projection reads) and an fp32
+  log-sum-exp per head; eager attention keeps the fp32 probabilities and their 16-bit cast, with the keys and values
+  repeated to every head.
+- A gated MLP keeps gate and up (or the fused output they view), the activation's output and the product; a plain MLP
+  fc1's output and the activation's; an activation written out in Python (`gelu_new`) its intermediates, fp32 under
+  autocast where `pow` runs in fp32. A mixture of experts keeps, for each of the token's experts, its input, the
+  expert MLP's tensors and its output (which the routing weight multiplies), and the router's fp32 probabilities.
+- Dropout keeps a 1-byte mask.
+"""
+
+from __future__ import annotations
+
+from gpuanat.core.memory.architecture import Architecture
+from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed
+from gpuanat.core.memory.shapes import attention_linears, layer_linears, mlp_linears, model_linears
+from gpuanat.core.run.config import RunConfig
+
+NORM_STATISTICS_BYTES = 8
+"""LayerNorm's per-token mean and reciprocal deviation, fp32."""
+
+
+def residual_element_bytes(config: RunConfig) -> int:
+    """Bytes per element of a decoder's residual stream: fp32 with fp32 weights (also under autocast, which leaves the
+    additions and the norms alone) and with QLoRA (`prepare_model_for_kbit_training` makes the embeddings and norms
+    fp32); 16-bit where the weights are (LoRA's base, FSDP2's and DeepSpeed's 16-bit compute, bf16 weights)."""
+    if not is_mixed(config) or config.load_in_4bit:
+        return 4
+    return 2 if config.lora or computes_in_16_bit(config) else 4
+
+
+def autocast_on(config: RunConfig) -> bool:
+    """Whether autocast runs the forward pass: mixed precision, unless FSDP2 or DeepSpeed compute in 16 bits."""
+    return is_mixed(config) and not (config.distributed == "fsdp" or config.distributed.startswith("zero"))
+
+
+class _Layer:
+    """One layer's saved bytes per token, added up operation by operation."""
+
+    def __init__(self, config: RunConfig, arch: Architecture) -> None:
+        self.arch = arch
+        self.autocast = autocast_on(config)
+        self.stream = residual_element_bytes(config)
+        self.compute = 2 if is_mixed(config) else 4
+        self.weight = self.stream  # norms' weights: fp32 with an fp32 stream, else 16-bit
+        self.frozen = bool(config.lora)
+        """A LoRA or QLoRA base: its weights need no gradient, so nothing is kept to compute one."""
+        self.adapted = adapted_module_names(arch, config)
+        self.saved = 0
+
+    def norm(self, kind: str, width: int, input_bytes: int, input_kept: bool = False) -> int:
+        """Add a norm's saved tensors; returns its output's element bytes. `input_kept`: another norm of the same fp32
+        input keeps it already. A frozen weight's multiplication keeps nothing (its gradient is not computed)."""
+        if kind in ("layer", "layer_no_bias"):  # torch's kernel keeps its input and statistics, frozen or not
+            fp32_input = self.autocast or input_bytes == 4
+            self.saved += NORM_STATISTICS_BYTES
+            kept_input = 4 if fp32_input else input_bytes
+            if not (input_kept and (input_bytes == 4 or not self.autocast)):
+                self.saved += kept_input * width
+            return 4 if self.autocast else input_bytes
+        if not (input_kept and input_bytes == 4):
+            self.saved += 4 * width  # the fp32 input (or its fp32 copy)
+        if kind == "rms_fp32":
+            self.saved += 0 if self.frozen else 4 * width
+            return input_bytes
+        self.saved += 0 if self.frozen else input_bytes * width  # the normalized value the weight multiplies
+        return max(self.weight, input_bytes)
+
+    def read_by_linears(self, element_bytes: int, width: int, names: list[str], kept_elsewhere: bool = False) -> None:
+        """The input the linear layers `names` keep. Training: a 16-bit copy each of an fp32 input under autocast,
+        else the input, shared. On a frozen base only LoRA's adapters keep it, each its own 16-bit copy under mixed
+        precision (PEFT casts the input to the adapter's fp32, autocast casts it back); `kept_elsewhere`: another
+        operation keeps the input itself."""
+        if self.frozen:
+            adapted = sum(1 for name in names if name in self.adapted)
+            if self.compute == 2:
+                self.saved += 2 * width * adapted
+            elif adapted and not kept_elsewhere:
+                self.saved += element_bytes * width
+        elif self.autocast and element_bytes == 4:
+            self.saved += 2 * width * len(names)
+        elif not kept_elsewhere:
+            self.saved += element_bytes * width
+
+    def attention(self, config: RunConfig, output_projection: str) -> None:
+        arch, c = self.arch, self.compute
+        q, kv = arch.query_width, arch.kv_width
+        if arch.qk_norm != "none":
+            self.norm(arch.qk_norm_kind, q + kv, c)
+        eager = config.attn == "eager"
+        if arch.fused_qkv:  # v (and without rotary q and k) view the fused output, which stays alive
+            qkv = q + 2 * kv + (q + kv if arch.positions == "rotary" else 0)
+        elif eager and kv != q:
+            qkv = 3 * q  # eager attention's keys and values repeated to every head (copies)
+        else:
+            qkv = q + 2 * kv  # q and k (after rotary, new tensors) and v
+        self.saved += c * (qkv + q) + (0 if eager else 4 * arch.num_heads)  # + the output; SDPA's log-sum-exp
+        self.read_by_linears(c, q, [output_projection], kept_elsewhere=True)
+
+    def mlp(self, names: list[str]) -> None:
+        """A gated or plain MLP's own tensors and its output projection's input (`names`: its linear layers)."""
+        arch, c = self.arch, self.compute
+        width, kind, down = arch.intermediate_size, arch.activation, names[-1]
+        if arch.gated_mlp:  # gate (the activation's input), the activation and up (the product's)
+            self.saved += c * width * (2 if kind == "saves_output" else 3)
+            self.read_by_linears(c, width, [down])
+            return
+        if kind == "tanh_composed":
+            # x³'s fp32 input, tanh, 1 + tanh (fp32 under autocast, where pow runs in fp32) and x / 2; the output is
+            # fp32 then
+            self.saved += (3 * 4 + c if self.autocast else 4 * c) * width
+            self.read_by_linears(4 if self.autocast else c, width, [down])
+        elif kind == "sigmoid_composed":
+            self.saved += 2 * c * width
+            self.read_by_linears(c, width, [down])
+        elif kind == "saves_output":
+            self.saved += c * width
+            self.read_by_linears(c, width, [down], kept_elsewhere=True)
+        else:
+            self.saved += c * width
+            self.read_by_linears(c, width, [down])
+
+    def experts(self) -> None:
+        """A mixture of experts past the router's input: per token and expert it visits, the gathered input, gate-up,
+        the activation, the product and the expert's output (which the routing weight multiplies) — in fp32 under
+        autocast with fp32 weights (transformers' grouped matmul is no autocast operation), without the input and the
+        product on a frozen base — and the router's fp32 probabilities."""
+        arch = self.arch
+        h, width = arch.hidden_size, arch.expert_intermediate_size
+        element = 4 if self.autocast and self.stream == 4 and not self.frozen else self.compute
+        per_expert = element * (3 * width + h) + (0 if self.frozen else element * (width + h))
+        self.saved += arch.experts_per_token * per_expert + 4 * arch.experts
+        if arch.shared_expert_intermediate_size:
+            self.saved += 3 * self.compute * arch.shared_expert_intermediate_size
+            self.read_by_linears(self.compute, arch.shared_expert_intermediate_size, ["down_proj"])
+            if arch.shared_expert_gate:
+                self.saved += self.compute * h + self.compute  # the shared expert's output and its sigmoid gate
+
+
+def adapted_module_names(arch: Architecture, config: RunConfig) -> set[str]:
+    """The names of a layer's linear layers LoRA adapts."""
+    if not config.lora:
+        return set()
+    names = {name for name, _ in layer_linears(arch)} | {name for name, _ in layer_linears(arch, moe=True)}
+    if config.lora_targets == "all-linear":
+        return names | ({"project_in", "project_out"} if model_linears(arch) else set())
+    return names & {name.strip() for name in config.lora_targets.split(",")}
+
+
+def layer_bytes_per_token(config: RunConfig, arch: Architecture, moe: bool = False) -> int:
+    """Bytes one decoder layer keeps for backward, per token (see the module's docstring)."""
+    layer = _Layer(config, arch)
+    h = arch.hidden_size
+    stream, compute = layer.stream, layer.compute
+    attention = [name for name, _ in attention_linears(arch)]
+    readers_of_attention_input, output_projection = attention[:-1], attention[-1]
+    if moe:
+        mlp = [name for name, _ in layer_linears(arch, moe=True)][len(attention):]
+        mlp_inputs = [*mlp[:-1], "router"]
+    else:
+        mlp = [name for name, _ in mlp_linears(arch)]
+        mlp_inputs = mlp[:-1]
+    if arch.post_layer_norm:  # OPT-350m: the norms read the sums; the stream is their output (fp32 under autocast)
+        stream = 4 if layer.autocast else stream
+        layer.read_by_linears(stream, h, readers_of_attention_input)
+        out = layer.norm(arch.norm, h, max(stream, compute))
+        layer.read_by_linears(out, h, mlp_inputs)
+        layer.norm(arch.norm, h, max(out, compute))
+    elif arch.pre_norms == 1:  # one norm, read by both blocks
+        out = layer.norm(arch.norm, h, stream)
+        layer.read_by_linears(out, h, readers_of_attention_input + mlp_inputs)
+    elif arch.pre_norms == 2:
+        out = layer.norm(arch.norm, h, stream)
+        layer.read_by_linears(out, h, readers_of_attention_input)
+        out = layer.norm(arch.norm, h, stream, input_kept=arch.parallel_residual)
+        layer.read_by_linears(out, h, mlp_inputs)
+    else:  # OLMo-2: the blocks read the stream
+        layer.read_by_linears(stream, h, readers_of_attention_input)
+        layer.read_by_linears(stream, h, mlp_inputs)
+    layer.attention(config, output_projection)
+    if moe:
+        layer.experts()
+    else:
+        layer.mlp(mlp)
+    for _ in range(arch.post_norms):
+        layer.norm(arch.norm, h, compute)
+    if arch.residual_dropout:
+        layer.saved += h * (1 if arch.family == "stablelm" else 2)  # dropout masks
+    return layer.saved
+
+
+def eager_scores_bytes(config: RunConfig, arch: Architecture) -> int:
+    """Eager attention's probabilities per score and layer: fp32 from the softmax and the 16-bit cast the matmul with
+    v keeps (fp32: the one tensor); with attention dropout its mask and its output in place of the cast."""
+    if config.attn != "eager":
+        return 0
+    if is_mixed(config):
+        return 4 + (1 + 2 if arch.attention_dropout else 2)
+    return 4 + (1 + 4 if arch.attention_dropout else 0)
+
+
+def outside_layers_bytes_per_token(config: RunConfig, arch: Architecture) -> int:
+    """What the embeddings' side and the final norm and LM head's input keep, per token."""
+    layer = _Layer(config, arch)
+    h, e = arch.hidden_size, arch.embedding_width
+    if arch.embedding_dropout:
+        layer.saved += e
+    if arch.embedding_norm:
+        layer.norm(arch.norm, e, layer.stream)
+    if arch.embedding_size:  # OPT: project_in reads the embeddings, project_out the last layer's output
+        layer.read_by_linears(layer.stream, e, ["project_in"])
+        out = layer.norm(arch.norm, h, layer.stream) if arch.final_norm else layer.stream
+        layer.read_by_linears(4 if layer.autocast else out, h, ["project_out"])
+        layer.read_by_linears(layer.compute, e, ["lm_head"])  # project_out's output, read by the LM head
+        return layer.saved
+    out = layer.norm(arch.norm, h, layer.stream) if arch.final_norm else layer.stream
+    layer.read_by_linears(out, h, ["lm_head"])  # the LM head's input (on a frozen base: kept by nothing)
+    return layer.saved

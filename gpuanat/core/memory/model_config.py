@@ -1,0 +1,335 @@
+"""Reading a model's Hugging Face config (a config.json, a model directory, or a cached Hub name, offline) into the
+bytes model's one general `Architecture` — and a preset's dimensions the same way, as the config transformers would
+write for it (no torch, no transformers).
+
+The config's own fields give the dimensions (under each family's key names) and what varies within a family
+(biases, parallel residual, q/k norms, partial rotary, dropout, sliding layers, experts). What a config does not
+say because the family's code fixes it — which norm, where, fused projections, a gated MLP — is `FAMILY_LAYOUTS`,
+read from transformers' modeling code, one line a family. A model_type not there is read as a Llama-style decoder
+(or a BERT-style encoder) with the assumptions named in `Architecture.assumed`; a config that lacks the dimensions,
+or an architecture this model cannot describe (DeBERTa's disentangled attention, ModernBERT), is refused with why.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gpuanat.core.memory.architecture import Architecture
+from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.presets import PRESETS, ModelPreset
+
+
+class UnreadableModel(Exception):
+    """The model's config cannot be found or described; the message says why and what to do."""
+
+
+LLAMA_LAYOUT: dict[str, Any] = {}
+"""A Llama decoder layer: RMSNorm before attention and before the MLP, separate q/k/v/o, a gated SiLU MLP, rotary."""
+LAYER_NORM_PLAIN_MLP: dict[str, Any] = {"norm": "layer", "gated_mlp": False, "attention_bias": True,
+                                        "output_bias": True, "mlp_bias": True}
+
+FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
+    # Llama's layer, as is
+    **dict.fromkeys(("llama", "mistral", "ministral", "granite", "smollm3", "exaone4", "helium", "arcee",
+                     "seed_oss", "glm", "hunyuan_v1_dense", "ernie4_5"), LLAMA_LAYOUT),
+    "qwen2": {"attention_bias": True},
+    "qwen3": {"qk_norm": "head"},
+    "mixtral": {"moe": True},
+    "granitemoe": {"moe": True},
+    "olmoe": {"moe": True, "qk_norm": "full"},
+    "qwen2_moe": {"moe": True, "attention_bias": True, "shared_expert_gate": True},
+    "qwen3_moe": {"moe": True, "qk_norm": "head"},
+    "phi3": {"fused_qkv": True, "fused_gate_up": True},
+    "gemma": {"norm": "rms_fp32", "tie_default": True},
+    "gemma2": {"norm": "rms_fp32", "post_norms": 2, "tie_default": True},
+    "gemma3_text": {"norm": "rms_fp32", "post_norms": 2, "qk_norm": "head", "qk_norm_kind": "rms_fp32",
+                    "rotary_buffers": 2, "tie_default": True},
+    "olmo": {"norm": "layer_no_bias"},
+    "olmo2": {"norm": "rms_fp32", "pre_norms": 0, "post_norms": 2, "qk_norm": "full", "qk_norm_kind": "rms_fp32"},
+    "phi": {**LAYER_NORM_PLAIN_MLP, "pre_norms": 1, "parallel_residual": True, "lm_head_bias": True,
+            "residual_dropout_key": "resid_pdrop", "embedding_dropout_key": "embd_pdrop"},
+    "stablelm": {"norm": "layer", "residual_dropout_key": "hidden_dropout", "mlp_dropout_only": True},
+    "gpt_neox": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "parallel_residual": True,
+                 "residual_dropout_key": "hidden_dropout"},
+    "bloom": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "positions": "alibi", "embedding_norm": True,
+              "residual_dropout_key": "hidden_dropout", "tie_default": True},
+    "opt": {**LAYER_NORM_PLAIN_MLP, "positions": "learned", "position_offset": 2, "residual_dropout_key": "dropout",
+            "tie_default": True},
+    "starcoder2": {**LAYER_NORM_PLAIN_MLP, "residual_dropout_key": "residual_dropout",
+                   "embedding_dropout_key": "embedding_dropout"},
+    "gpt2": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "positions": "learned", "residual_dropout_key": "resid_pdrop",
+             "embedding_dropout_key": "embd_pdrop", "tie_default": True},
+}
+"""What each decoder family's modeling code fixes and its config does not say (transformers 5)."""
+
+ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert")
+"""BERT-style encoders (post-norm LayerNorm layers, learned positions), trained as 2-label classifiers."""
+REFUSED_FAMILIES = {
+    "deberta": "DeBERTa's disentangled attention", "deberta-v2": "DeBERTa's disentangled attention",
+    "modernbert": "ModernBERT's unpadded, alternating attention", "t5": "an encoder-decoder",
+    "bart": "an encoder-decoder", "mamba": "a state-space model, not attention layers",
+    "mamba2": "a state-space model", "jamba": "a hybrid of attention and Mamba layers",
+    "deepseek_v2": "DeepSeek's latent attention (MLA)", "deepseek_v3": "DeepSeek's latent attention (MLA)",
+}
+"""Families whose layers this model does not describe, and why."""
+
+ACTIVATIONS = {
+    "silu": "saves_input", "swish": "saves_input", "gelu": "saves_input", "gelu_pytorch_tanh": "saves_input",
+    "gelu_python": "saves_input", "gelu_accurate": "tanh_composed", "relu": "saves_output",
+    "gelu_new": "tanh_composed", "gelu_fast": "tanh_composed", "quick_gelu": "sigmoid_composed",
+    "bloom_gelu": "saves_input",
+}
+"""transformers' ACT2FN names by what they keep for backward (`architecture.ACTIVATION_KINDS`)."""
+
+_ALIASES = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "num_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim"),
+    "max_positions": ("max_position_embeddings", "n_positions", "seq_length"),
+    "activation": ("hidden_act", "hidden_activation", "activation_function"),
+    "experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "experts_per_token": ("num_experts_per_tok", "num_experts_per_token", "moe_topk"),
+}
+
+
+def _first(data: dict[str, Any], field: str) -> Any:
+    for key in _ALIASES[field]:
+        if data.get(key) is not None:
+            return data[key]
+    return None
+
+
+def _positive_int(data: dict[str, Any], field: str, name: str) -> int:
+    value = _first(data, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        keys = " or ".join(_ALIASES[field])
+        what = field.replace("_", " ")
+        raise UnreadableModel(f"{name}: the config has no {keys} (a positive integer), so its {what} is unknown")
+    return value
+
+
+def is_causal_lm_config(data: dict[str, Any]) -> bool:
+    """Trained as a causal LM: its `architectures` say so, else a family that is no encoder."""
+    architectures = data.get("architectures") or []
+    if architectures:
+        return any(str(name).endswith("ForCausalLM") for name in architectures)
+    return data.get("model_type") not in ENCODER_FAMILIES
+
+
+def _rotary_dim(data: dict[str, Any], head_dim: int) -> int:
+    rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    fraction = data.get("partial_rotary_factor", data.get("rotary_pct", rope.get("partial_rotary_factor")))
+    return int(head_dim * fraction) if isinstance(fraction, (int, float)) and fraction < 1 else 0
+
+
+def _dropout(data: dict[str, Any], key: str | None) -> float:
+    value = data.get(key) if key else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def read_architecture(data: dict[str, Any], name: str) -> Architecture:
+    """The general description of the model a config dict describes (see the module's docstring)."""
+    if not isinstance(data, dict):
+        raise UnreadableModel(f"{name}: a config is a JSON object, as transformers writes config.json")
+    family = data.get("model_type")
+    if not isinstance(family, str) or not family:
+        raise UnreadableModel(f"{name}: the config has no model_type, so its architecture is unknown")
+    if family in REFUSED_FAMILIES:
+        raise UnreadableModel(f"{name}: {family} is {REFUSED_FAMILIES[family]}, which gpuanat's memory model does not "
+                              "describe; `gpuanat run --model` still trains and measures it")
+    if isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
+        raise UnreadableModel(f"{name}: a multimodal config ({family}); give the text model's config "
+                              "(its text_config as a config.json)")
+    if not is_causal_lm_config(data) or family in ENCODER_FAMILIES:
+        return _read_encoder(data, name, family)
+    return _read_decoder(data, name, family)
+
+
+def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
+    layout = FAMILY_LAYOUTS.get(family)
+    assumed: tuple[str, ...] = ()
+    if layout is None:
+        layout = LLAMA_LAYOUT
+        assumed = (f"{family} is no family gpuanat knows: read as a Llama layer (RMSNorm before attention and "
+                   "MLP, separate q/k/v projections, a gated MLP, rotary positions)",)
+        if data.get("auto_map"):
+            assumed += ("the model runs custom code, which gpuanat cannot read",)
+    h = _positive_int(data, "hidden_size", name)
+    layers = _positive_int(data, "num_layers", name)
+    heads = _positive_int(data, "num_heads", name)
+    kv_heads = _first(data, "kv_heads") or (1 if data.get("multi_query") else heads)
+    head_dim = data.get("head_dim") or h // heads
+    intermediate = _first(data, "intermediate_size") or 4 * h
+    vocab = data.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 1:
+        raise UnreadableModel(f"{name}: the config has no vocab_size")
+    activation_name = str(_first(data, "activation") or ("bloom_gelu" if family == "bloom" else "silu"))
+    activation = ACTIVATIONS.get(activation_name)
+    if activation is None:
+        activation = "saves_input"
+        assumed += (f"its activation {activation_name!r} keeps only its input for backward",)
+    experts = int(_first(data, "experts") or 0) if layout.get("moe") else 0
+    moe_layers = 0
+    expert_intermediate = shared_intermediate = 0
+    if experts:
+        expert_intermediate = int(data.get("moe_intermediate_size") or intermediate)
+        step = int(data.get("decoder_sparse_step") or 1)
+        dense_only = set(data.get("mlp_only_layers") or [])
+        moe_layers = sum(1 for index in range(layers) if (index + 1) % step == 0 and index not in dense_only)
+        shared_intermediate = int(data.get("shared_expert_intermediate_size") or 0)
+    layer_types = data.get("layer_types") or []
+    sliding_layers = sum(1 for kind in layer_types if kind == "sliding_attention")
+    parallel = bool(data.get("use_parallel_residual", layout.get("parallel_residual", False)))
+    post_norm = family == "opt" and data.get("do_layer_norm_before") is False
+    pre_norms = 0 if post_norm else layout.get("pre_norms", 1 if parallel and family == "stablelm" else 2)
+    projection = data.get("word_embed_proj_dim") if family == "opt" else None
+    attention_bias = bool(data.get("attention_bias", data.get("use_qkv_bias", layout.get("attention_bias", False))))
+    if family in ("phi", "gpt_neox", "bloom", "opt", "gpt2"):
+        attention_bias = True
+    qk_norm = "full" if data.get("qk_layernorm") and family == "stablelm" else layout.get("qk_norm", "none")
+    if family == "phi" and data.get("qk_layernorm"):
+        qk_norm = "head"
+    mlp_bias = bool(data.get("mlp_bias", data.get("use_bias", layout.get("mlp_bias", False))))
+    return Architecture(
+        name=name, family=family, objective="causal-lm", hidden_size=h, num_layers=layers, num_heads=heads,
+        kv_heads=int(kv_heads), head_dim=int(head_dim), intermediate_size=int(intermediate), vocab_size=vocab,
+        max_positions=int(_first(data, "max_positions") or 0),
+        tie_word_embeddings=bool(data.get("tie_word_embeddings", layout.get("tie_default", False))),
+        attention_bias=attention_bias,
+        output_bias=bool(layout.get("output_bias", False) or (family == "starcoder2" and mlp_bias)
+                         or data.get("attention_out_bias", False)),
+        mlp_bias=mlp_bias, gated_mlp=layout.get("gated_mlp", True), activation=activation,
+        fused_qkv=layout.get("fused_qkv", False), fused_gate_up=layout.get("fused_gate_up", False),
+        norm=layout.get("norm", "rms"), pre_norms=pre_norms, post_norms=layout.get("post_norms", 0),
+        post_layer_norm=post_norm, parallel_residual=parallel, qk_norm=qk_norm,
+        qk_norm_kind=layout.get("qk_norm_kind", "layer" if family in ("stablelm", "phi") else "rms"),
+        final_norm=not post_norm, lm_head_bias=layout.get("lm_head_bias", False),
+        positions=layout.get("positions", "rotary"),
+        position_embedding_rows=(int(_first(data, "max_positions") or 0) + layout.get("position_offset", 0)
+                                 if layout.get("positions") == "learned" else 0),
+        embedding_size=int(projection) if projection and projection != h else 0,
+        embedding_norm=layout.get("embedding_norm", False), rotary_buffers=layout.get("rotary_buffers", 1),
+        rotary_dim=_rotary_dim(data, int(head_dim)), sliding_window_layers=sliding_layers,
+        sliding_window=int(data.get("sliding_window") or 0), experts=experts,
+        experts_per_token=int(_first(data, "experts_per_token") or 0) if experts else 0,
+        expert_intermediate_size=expert_intermediate, shared_expert_intermediate_size=shared_intermediate,
+        shared_expert_gate=bool(layout.get("shared_expert_gate")) and shared_intermediate > 0,
+        moe_layers=moe_layers, residual_dropout=_dropout(data, layout.get("residual_dropout_key")),
+        embedding_dropout=_dropout(data, layout.get("embedding_dropout_key")),
+        attention_dropout=_dropout(data, "attention_dropout"),
+        final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0), assumed=assumed,
+    )
+
+
+def _read_encoder(data: dict[str, Any], name: str, family: str) -> Architecture:
+    assumed: tuple[str, ...] = ()
+    if family not in ENCODER_FAMILIES:
+        assumed = (f"{family} is no family gpuanat knows: read as a BERT encoder (post-norm LayerNorm layers, "
+                   "learned positions) trained as a classifier",)
+    h = _positive_int(data, "hidden_size", name)
+    heads = _positive_int(data, "num_heads", name)
+    intermediate = _first(data, "intermediate_size") or 4 * h
+    vocab = data.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 1:
+        raise UnreadableModel(f"{name}: the config has no vocab_size")
+    embedding_size = int(data.get("embedding_size") or h)
+    return Architecture(
+        name=name, family="bert" if family in ENCODER_FAMILIES and family != "distilbert" else family,
+        objective="classification", hidden_size=h, num_layers=_positive_int(data, "num_layers", name),
+        num_heads=heads, kv_heads=heads, head_dim=h // heads, intermediate_size=int(intermediate), vocab_size=vocab,
+        max_positions=int(_first(data, "max_positions") or 512), norm="layer", gated_mlp=False,
+        activation=ACTIVATIONS.get(str(_first(data, "activation") or "gelu"), "saves_input"), attention_bias=True,
+        output_bias=True, mlp_bias=True, post_layer_norm=True, pre_norms=0, positions="learned",
+        position_embedding_rows=int(_first(data, "max_positions") or 512),
+        token_types=int(data.get("type_vocab_size", 0 if family == "distilbert" else 2) or 0),
+        embedding_size=embedding_size if embedding_size != h else 0, embedding_norm=True, assumed=assumed,
+    )
+
+
+def preset_config(preset: ModelPreset) -> dict[str, Any]:
+    """The config.json transformers would write for a preset's model (the worker builds the same one)."""
+    if preset.family == "bert":
+        return {"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+                "hidden_size": preset.hidden_size, "num_hidden_layers": preset.num_layers,
+                "num_attention_heads": preset.num_heads, "intermediate_size": preset.intermediate_size,
+                "vocab_size": preset.vocab_size, "max_position_embeddings": preset.max_positions,
+                "type_vocab_size": 2, "hidden_act": "gelu"}
+    if preset.family == "gpt2":
+        return {"model_type": "gpt2", "architectures": ["GPT2ForSequenceClassification"], "n_embd": preset.hidden_size,
+                "n_layer": preset.num_layers, "n_head": preset.num_heads, "n_inner": preset.intermediate_size,
+                "vocab_size": preset.vocab_size, "n_positions": preset.max_positions,
+                "activation_function": "gelu_new"}
+    return {"model_type": preset.family, "architectures": [f"{preset.family.title()}ForCausalLM"],
+            "hidden_size": preset.hidden_size, "num_hidden_layers": preset.num_layers,
+            "num_attention_heads": preset.num_heads, "num_key_value_heads": preset.kv_heads,
+            "intermediate_size": preset.intermediate_size, "vocab_size": preset.vocab_size,
+            "max_position_embeddings": preset.max_positions, "tie_word_embeddings": preset.tie_word_embeddings,
+            "hidden_act": "silu"}
+
+
+@functools.cache
+def preset_architecture(preset: ModelPreset) -> Architecture:
+    if preset.family == "gpt2":  # a classifier: its own path in the bands (GPT-2's blocks as measured)
+        data = preset_config(preset)
+        return Architecture(name=preset.name, family="gpt2", objective="classification",
+                            hidden_size=preset.hidden_size, num_layers=preset.num_layers, num_heads=preset.num_heads,
+                            kv_heads=preset.num_heads, head_dim=preset.head_dim,
+                            intermediate_size=preset.intermediate_size, vocab_size=preset.vocab_size,
+                            max_positions=data["n_positions"], norm="layer", gated_mlp=False,
+                            activation="tanh_composed", fused_qkv=True, attention_bias=True, output_bias=True,
+                            mlp_bias=True, positions="learned", position_embedding_rows=preset.max_positions)
+    return read_architecture(preset_config(preset), preset.name).replace(name=preset.name)
+
+
+def config_path(model: str) -> Path:
+    """The config.json of a --model: the file itself, a directory's, or a Hub name's in the local cache."""
+    path = Path(model).expanduser()
+    if model.endswith(".json"):
+        return path
+    if path.is_dir():
+        return path / "config.json"
+    from huggingface_hub import try_to_load_from_cache  # comes with transformers; imports no torch
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except HFValidationError:
+        cached = None
+    if not isinstance(cached, str):
+        raise UnreadableModel(f"{model}: not in the local Hugging Face cache (predictions read it offline); "
+                              f"`huggingface-cli download {model} config.json`, or give a config.json")
+    return Path(cached)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_file(path: str, modified_ns: int) -> Architecture:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise UnreadableModel(f"{path}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise UnreadableModel(f"{path} is not JSON: {error}") from None
+    return read_architecture(data, path)
+
+
+def model_architecture(model: str) -> Architecture:
+    """The architecture of a --model (a config.json, a model directory or a cached Hub name)."""
+    path = config_path(model)
+    try:
+        modified_ns = os.stat(path).st_mtime_ns
+    except OSError as error:
+        raise UnreadableModel(f"{model}: no config.json at {path} ({error.strerror})") from None
+    return _read_file(str(path), modified_ns).replace(name=model)
+
+
+def architecture_of(config: RunConfig) -> Architecture:
+    """The model a run trains: its --model's config, else its preset's. Raises UnreadableModel."""
+    if config.model is not None:
+        return model_architecture(config.model)
+    return preset_architecture(PRESETS[config.preset])
