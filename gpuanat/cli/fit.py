@@ -30,6 +30,7 @@ def command_fit(args: argparse.Namespace) -> int:
     from gpuanat.core.measure.nvml_source import probe_nvml
     from gpuanat.core.memory.allocation_templates import largest_batch
     from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
+    from gpuanat.core.memory.predict import unreadable_model_reason
     from gpuanat.core.memory.sizes import parse_size
 
     if not 1 <= args.trial_steps <= MAX_STEPS:
@@ -57,8 +58,8 @@ def command_fit(args: argparse.Namespace) -> int:
     if gpu_memory is None:
         nvml = probe_nvml()
         gpu_memory = nvml.gpu_total_bytes[0] if nvml.available and nvml.gpu_total_bytes else None
-    predicted = (largest_batch(base, gpu_memory).batch_size if gpu_memory is not None and base.model is None
-                 else None)
+    predicted = (largest_batch(base, gpu_memory).batch_size
+                 if gpu_memory is not None and unreadable_model_reason(base) is None else None)
     start = predicted or base.batch_size
     print(f"fit: starting from batch {start}" + (" (the prediction)" if predicted else "") +
           f", {args.trial_steps} steps per trial, up to batch {args.max_batch}", file=sys.stderr)

@@ -17,13 +17,15 @@ def command_predict(args: argparse.Namespace) -> int:
         fits_in,
         max_batch_caveat,
         prediction_json,
+        unreadable_model_reason,
     )
     from gpuanat.core.memory.sizes import parse_size
     from gpuanat.core.store.report import format_bytes
 
     config = validated_config(args, cuda_available=True)
-    if config.model is not None:
-        fail_usage("--model: predict works from the presets' shapes; use --preset")
+    unreadable = unreadable_model_reason(config)
+    if unreadable is not None:
+        fail_usage(f"--model: {unreadable}")
     if config.ranks is None:  # --gpus all: as many as NVML lists
         from gpuanat.core.run.gpus import read_gpus
 
@@ -60,7 +62,7 @@ def command_predict(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return EXIT_OK
     each = f", each of {prediction['ranks']} ranks" if prediction["ranks"] > 1 else ""
-    print(f"Prediction for {config.preset} {config.techniques_summary()}, seq {config.seq_len}{each}:")
+    print(f"Prediction for {config.model or config.preset} {config.techniques_summary()}, seq {config.seq_len}{each}:")
     for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
                 "cuda_context_bytes", "peak_allocated_bytes", "peak_device_bytes"):
         print(f"  {key.removesuffix('_bytes').replace('_', ' '):<22} {format_bytes(result[key]):>11}")

@@ -29,6 +29,7 @@ from gpuanat.core.measure.live_run import THROUGHPUT_WINDOW_STEPS, LiveRun, gpu_
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
+from gpuanat.core.memory.model_config import UnreadableModel
 from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, cuda_context_bytes, estimate_memory, peak_reserved_bytes
 from gpuanat.core.run.config import Capabilities, RunConfig, workload_for_device
 from gpuanat.core.run.diagnose import diagnose, recent_breakdown
@@ -460,7 +461,7 @@ class GpuAnatApp(SearchActions):
         try:
             validate_values(self.config)
             estimate = estimate_memory(self.config)
-        except ConfigError:
+        except (ConfigError, UnreadableModel):  # a --model this model cannot describe: no predicted column
             estimate = None
         context = CUDA_CONTEXT_BYTES if estimate is None else cuda_context_bytes(estimate)  # until measured here
         last_config = RunConfig.from_json(self.last_result["config"]) if self.last_result else None

@@ -12,10 +12,10 @@ from typing import Any
 
 from gpuanat.core.measure.live_run import LiveRun, trainable_weights_bytes
 from gpuanat.core.measure.samples import GpuSample, Sample
+from gpuanat.core.memory.model_config import architecture_of
 from gpuanat.core.memory.predict import MemoryEstimate
 from gpuanat.core.memory.shapes import lora_shapes
 from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import PRESETS
 from gpuanat.tui.widgets.gpu_lanes import Lane
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 
@@ -35,8 +35,8 @@ class MemoryView:
         """The configured run's predicted bands (none in the compact layout), with `context` bytes of CUDA context."""
         self._predicted_logits_bytes = estimate.logits_bytes if estimate is not None and not compact else None
         self._predicted_trainable_bytes = (
-            4 * lora_shapes(PRESETS[config.preset], config).params
-            if config.lora and config.model is None and not compact else None)
+            4 * lora_shapes(architecture_of(config), config).params
+            if config.lora and estimate is not None and not compact else None)
         now, peak, _ = self._memory_bar.logits
         self._show_logits(now, peak)
         self._show_trainable(self._memory_bar.trainable[0])  # what was measured stays

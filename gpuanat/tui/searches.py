@@ -20,6 +20,7 @@ from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
+from gpuanat.core.memory.predict import unreadable_model_reason
 from gpuanat.core.run.config import Capabilities
 from gpuanat.core.run.tune.runs import run_command
 from gpuanat.core.run.tune.search import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS, run_tune
@@ -38,7 +39,8 @@ FIT_MAX_BATCH = 1024
 def fit_search(control: RunControl, live: LiveRun, gpu_total: int | None) -> None:
     """The largest batch that trains, from the predicted largest batch on a GPU of `gpu_total` bytes."""
     try:
-        predicted = (largest_batch(live.config, gpu_total) if gpu_total and live.config.model is None
+        predicted = (largest_batch(live.config, gpu_total)
+                     if gpu_total and unreadable_model_reason(live.config) is None
                      else None)  # a replay takes a second: not on the UI thread
         start = predicted.batch_size if predicted and predicted.batch_size else live.config.batch_size
         control.post(FitStarting(start, predicted.method if predicted and predicted.batch_size else None))

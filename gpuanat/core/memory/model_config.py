@@ -303,7 +303,7 @@ def config_path(model: str) -> Path:
         cached = None
     if not isinstance(cached, str):
         raise UnreadableModel(f"{model}: not in the local Hugging Face cache (predictions read it offline); "
-                              f"`huggingface-cli download {model} config.json`, or give a config.json")
+                              f"`hf download {model} config.json`, or give a config.json")
     return Path(cached)
 
 
@@ -333,3 +333,11 @@ def architecture_of(config: RunConfig) -> Architecture:
     if config.model is not None:
         return model_architecture(config.model)
     return preset_architecture(PRESETS[config.preset])
+
+
+def trains_causal_lm(config: RunConfig) -> bool:
+    """Whether the run trains a causal LM (False where its --model cannot be read)."""
+    try:
+        return architecture_of(config).objective == "causal-lm"
+    except UnreadableModel:
+        return False

@@ -8,10 +8,10 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from gpuanat.core.memory.model_config import trains_causal_lm
 from gpuanat.core.memory.predict import MemoryEstimate
 from gpuanat.core.printable import printable
 from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.presets import PRESETS
 from gpuanat.core.run.techniques import compile_mode
 from gpuanat.core.run.validation import machine_unsupported_reasons
 from gpuanat.core.store.report import format_bytes
@@ -119,7 +119,7 @@ class TechniquesPanel(Widget):
         config, defaults = self._config, RunConfig()
         unsupported = machine_unsupported_reasons(config, self._capabilities) if self._capabilities else []
         blocked_fields = {BLOCKING_FLAGS.get(flag) for flag, _ in unsupported}
-        causal_lm = config.model is None and PRESETS[config.preset].objective == "causal-lm"
+        causal_lm = trains_causal_lm(config)
         extra_rows = (((WEIGHTS_ROW,) if config.weights_dtype != defaults.weights_dtype else ())
                       + ((ENGINE_ROW,) if config.engine != defaults.engine else ())
                       + ((LORA_ROW, QLORA_ROW) if config.lora or config.load_in_4bit else ())

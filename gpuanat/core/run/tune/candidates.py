@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuanat.core.memory.allocation_templates import largest_batch
-from gpuanat.core.memory.predict import prediction_json
+from gpuanat.core.memory.predict import prediction_json, unreadable_model_reason
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.techniques import compile_mode, with_compile_mode
 from gpuanat.core.run.tune.result import Pruned, TuneTrial
@@ -45,7 +45,7 @@ class Predictor:
     def largest_fitting(self, config: RunConfig) -> int | None:
         """The largest batch predicted to fit with `config`'s other techniques (None: no limit known)."""
         usable = self.space.usable_memory_bytes
-        if usable is None or config.model is not None:
+        if usable is None or unreadable_model_reason(config) is not None:
             return None
         key = config.replace(batch_size=1)
         if key not in self._largest:
