@@ -55,7 +55,7 @@ FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
     "stablelm": {"norm": "layer", "residual_dropout_key": "hidden_dropout", "mlp_dropout_only": True},
     "gpt_neox": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "parallel_residual": True,
                  "residual_dropout_key": "hidden_dropout"},
-    "bloom": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "positions": "alibi", "embedding_norm": True,
+    "bloom": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "positions": "alibi", "embedding_norm": True, "mlp_ratio": 4,
               "residual_dropout_key": "hidden_dropout", "tie_default": True},
     "opt": {**LAYER_NORM_PLAIN_MLP, "positions": "learned", "position_offset": 2, "residual_dropout_key": "dropout",
             "tie_default": True},
@@ -165,7 +165,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     heads = _positive_int(data, "num_heads", name)
     kv_heads = _first(data, "kv_heads") or (1 if data.get("multi_query") else heads)
     head_dim = data.get("head_dim") or h // heads
-    intermediate = _first(data, "intermediate_size") or 4 * h
+    intermediate = layout["mlp_ratio"] * h if "mlp_ratio" in layout else _first(data, "intermediate_size") or 4 * h
     vocab = data.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise UnreadableModel(f"{name}: the config has no vocab_size")

@@ -192,6 +192,8 @@ def prediction_caveat(config: RunConfig) -> str | None:
     if config.model is not None and not arch.assumed and arch.family not in CHECKED_MODEL_FAMILIES:
         notes.append(f"no {arch.family} model was measured (its layers are read from the config and the family's "
                      "code)")
+    if arch.experts and config.lora and arch.family != "granitemoe":
+        notes.append("PEFT adapts some families' experts and router (Mixtral's), which the adapters here leave out")
     if arch.objective == "causal-lm":
         if config.model is None and arch.family not in MEASURED_DECODER_FAMILIES:
             notes.append(f"no {arch.family} decoder was measured (its layers are Llama's, so the model applies)")

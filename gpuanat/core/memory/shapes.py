@@ -85,6 +85,8 @@ def layer_linears(arch: Architecture, moe: bool = False) -> list[tuple[str, tupl
         return attention_linears(arch) + mlp_linears(arch)
     shared = (gated_mlp_linears(arch, arch.shared_expert_intermediate_size)
               if arch.shared_expert_intermediate_size else [])
+    if arch.shared_expert_gate:
+        shared.append(("shared_expert_gate", (1, arch.hidden_size)))
     return attention_linears(arch) + shared
 
 
@@ -146,8 +148,6 @@ def _decoder_shapes(arch: Architecture) -> tuple[list[tuple[int, int]], list[int
         if moe:
             e, width = arch.experts, arch.expert_intermediate_size
             matrices += [(arch.experts, h), (e * 2 * width, h), (e * h, width)]  # router, experts' gate-up, down
-            if arch.shared_expert_gate:
-                matrices += [(1, h)]
         vectors += _layer_vectors(arch, moe)
     if arch.final_norm:
         vectors += _norm_vectors(arch, h, 1)

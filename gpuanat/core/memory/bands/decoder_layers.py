@@ -29,6 +29,8 @@ from gpuanat.core.run.config import RunConfig
 
 NORM_STATISTICS_BYTES = 8
 """LayerNorm's per-token mean and reciprocal deviation, fp32."""
+RMS_STATISTICS_BYTES = 4
+"""An RMSNorm's reciprocal root mean square, fp32, per normalized vector."""
 
 
 def residual_element_bytes(config: RunConfig) -> int:
@@ -57,11 +59,13 @@ class _Layer:
         self.frozen = bool(config.lora)
         """A LoRA or QLoRA base: its weights need no gradient, so nothing is kept to compute one."""
         self.adapted = adapted_module_names(arch, config)
+        self.lora_rank = config.lora
         self.saved = 0
 
-    def norm(self, kind: str, width: int, input_bytes: int, input_kept: bool = False) -> int:
-        """Add a norm's saved tensors; returns its output's element bytes. `input_kept`: another norm of the same fp32
-        input keeps it already. A frozen weight's multiplication keeps nothing (its gradient is not computed)."""
+    def norm(self, kind: str, width: int, input_bytes: int, input_kept: bool = False, vectors: int = 1) -> int:
+        """Add a norm's saved tensors, per token; returns its output's element bytes. `input_kept`: another norm of
+        the same fp32 input keeps it already; `vectors`: how many vectors of a token it normalizes (q/k norms: one a
+        head). A frozen weight's multiplication keeps nothing (its gradient is not computed)."""
         if kind in ("layer", "layer_no_bias"):  # torch's kernel keeps its input and statistics, frozen or not
             fp32_input = self.autocast or input_bytes == 4
             self.saved += NORM_STATISTICS_BYTES
@@ -69,6 +73,7 @@ class _Layer:
             if not (input_kept and (input_bytes == 4 or not self.autocast)):
                 self.saved += kept_input * width
             return 4 if self.autocast else input_bytes
+        self.saved += RMS_STATISTICS_BYTES * vectors
         if not (input_kept and input_bytes == 4):
             self.saved += 4 * width  # the fp32 input (or its fp32 copy)
         if kind == "rms_fp32":
@@ -84,6 +89,7 @@ class _Layer:
         operation keeps the input itself."""
         if self.frozen:
             adapted = sum(1 for name in names if name in self.adapted)
+            self.saved += adapted * self.lora_rank * self.compute  # lora_A's output, which lora_B keeps
             if self.compute == 2:
                 self.saved += 2 * width * adapted
             elif adapted and not kept_elsewhere:
@@ -97,13 +103,14 @@ class _Layer:
         arch, c = self.arch, self.compute
         q, kv = arch.query_width, arch.kv_width
         if arch.qk_norm != "none":
-            self.norm(arch.qk_norm_kind, q + kv, c)
-        eager = config.attn == "eager"
-        if arch.fused_qkv:  # v (and without rotary q and k) view the fused output, which stays alive
-            qkv = q + 2 * kv + (q + kv if arch.positions == "rotary" else 0)
-        elif eager and kv != q:
+            self.norm(arch.qk_norm_kind, q + kv, c, vectors=arch.num_heads + arch.kv_heads if arch.qk_norm == "head"
+                      else 2)
+        eager, rotary = config.attn == "eager", arch.positions == "rotary"
+        if eager and kv != q:
             qkv = 3 * q  # eager attention's keys and values repeated to every head (copies)
-        else:
+        elif arch.fused_qkv and not (eager and rotary):
+            qkv = q + 2 * kv + (q + kv if rotary else 0)  # SDPA's v (and without rotary q and k) view the fused output
+        else:  # (eager attention's matmul copies a strided v)
             qkv = q + 2 * kv  # q and k (after rotary, new tensors) and v
         self.saved += c * (qkv + q) + (0 if eager else 4 * arch.num_heads)  # + the output; SDPA's log-sum-exp
         self.read_by_linears(c, q, [output_projection], kept_elsewhere=True)
