@@ -79,6 +79,8 @@ class Architecture:
     """The embeddings' width where it differs from hidden_size (OPT-350m's 512, projected in and out); 0: the same."""
     embedding_norm: bool = False
     """A LayerNorm on the embeddings (BLOOM, BERT)."""
+    scaled_embedding: bool = False
+    """Gemma's embeddings multiply by √hidden, an fp32 scalar buffer."""
     rotary_buffers: int = 1
     """Rotary embedding modules holding fp32 frequency buffers (Gemma-3 has a local and a global one)."""
     rotary_dim: int = 0

@@ -157,6 +157,7 @@ def _decoder_shapes(arch: Architecture) -> tuple[list[tuple[int, int]], list[int
         vectors += [v]
     rotary = arch.rotary_dim or arch.head_dim
     buffer_bytes = 2 * (rotary // 2) * 4 * arch.rotary_buffers if arch.positions == "rotary" else 0
+    buffer_bytes += 4 if arch.scaled_embedding else 0
     return matrices, vectors, len(embeddings), buffer_bytes
 
 
