@@ -9,8 +9,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, last_json, run_cli
+
 from gpuanat.core.memory.bands.decoder_layers import eager_scores_bytes, layer_bytes_per_token
 from gpuanat.core.memory.model_config import UnreadableModel, model_architecture, read_architecture
 from gpuanat.core.memory.predict import estimate_memory
