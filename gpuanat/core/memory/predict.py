@@ -179,7 +179,7 @@ def unreadable_model_reason(config: RunConfig) -> str | None:
 MEASURED_DECODER_FAMILIES = ("llama", "qwen2")
 """Decoder families the H100 matrix measured (docs/llm.md): llama-3.2-1b, llama-3.1-8b (QLoRA), qwen2.5-0.5b."""
 CHECKED_MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "opt", "gpt_neox", "gemma3_text", "granitemoe", "olmo2", "bert",
-                          "distilbert")
+                          "distilbert", "phi", "stablelm", "bloom")
 """Families whose configs (--model) were checked against plain Trainer runs on the H100 (docs/any-model.md)."""
 
 
