@@ -53,6 +53,9 @@ TINY_CONFIGS = {
     "electra-projected": {"model_type": "electra", "embedding_size": 32, **TINY},
 }
 ENCODERS = ("bert", "roberta", "distilbert", "electra-projected")
+NOT_LAYER_CHECKED = (*ENCODERS, "mixtral", "qwen2-moe-shared-expert")
+"""Encoders (their activations are the bert-large coefficients, docs/memory-model.md); Mixtral (PEFT adapts its
+experts: a caveat); the tiny Qwen2-MoE (its CPU forward fails in transformers 5.24 at this size)."""
 PUBLISHED = REPO / "benchmarks" / "configs"
 
 
@@ -130,8 +133,7 @@ the model counts."""
 
 
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
-@pytest.mark.parametrize("name", [name for name in TINY_CONFIGS if name not in ENCODERS + ("mixtral",
-                                                                                           "qwen2-moe-shared-expert")])
+@pytest.mark.parametrize("name", [name for name in TINY_CONFIGS if name not in NOT_LAYER_CHECKED])
 def test_one_layer_keeps_for_backward_what_the_derivation_says(name, lora):
     """fp32 on the CPU with eager attention (SDPA's CPU kernels keep other tensors than CUDA's): the derivation's
     operation-by-operation rules, to the byte, for every layer structure."""
