@@ -151,7 +151,7 @@ def test_one_layer_keeps_for_backward_what_the_derivation_says(name, lora):
                        device="cpu")
     derived = (layer_bytes_per_token(config, architecture, moe=architecture.moe_layers > 0)
                + architecture.num_heads * seq * eager_scores_bytes(config, architecture))
-    masks = 2 if architecture.residual_dropout else 0
+    masks = architecture.residual_dropout_sites if architecture.residual_dropout else 0
     derived += masks * architecture.hidden_size * CPU_DROPOUT_MASK_EXTRA_BYTES
     if name.startswith("gemma3"):
         # Per forward pass, not per token, so left out of the model (at a real size, a few KiB): the global rotary

@@ -9,7 +9,6 @@ masks). Nothing in it is fitted: each field is a fact of the architecture, as tr
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 NORM_KINDS = ("rms", "rms_fp32", "layer", "layer_no_bias")
@@ -26,8 +25,6 @@ x³ in fp32 under autocast, its tanh, x/2 and 1 + tanh); x and sigmoid(1.702x) (
 
 @dataclass(frozen=True)
 class Architecture:
-    name: str
-    """A preset's name, or the model as the user gave it (a config.json, a directory, a Hub name)."""
     family: str
     """transformers' `model_type` (a preset's family: "bert", "gpt2", "llama", "qwen2", "mistral")."""
     objective: str
@@ -97,6 +94,8 @@ class Architecture:
     router_bias: bool = False
     residual_dropout: float = 0.0
     """Dropout on the attention's and the MLP's outputs in training (a 1-byte mask each)."""
+    residual_dropout_sites: int = 2
+    """Where that dropout applies in a layer: after attention and after the MLP, or the MLP only (StableLM)."""
     embedding_dropout: float = 0.0
     attention_dropout: float = 0.0
     final_logit_softcapping: float = 0.0
@@ -118,6 +117,3 @@ class Architecture:
     @property
     def embedding_width(self) -> int:
         return self.embedding_size or self.hidden_size
-
-    def replace(self, **changes: object) -> Architecture:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

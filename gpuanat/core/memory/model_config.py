@@ -52,7 +52,7 @@ FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
     "olmo2": {"norm": "rms_fp32", "pre_norms": 0, "post_norms": 2, "qk_norm": "full", "qk_norm_kind": "rms_fp32"},
     "phi": {**LAYER_NORM_PLAIN_MLP, "pre_norms": 1, "parallel_residual": True, "lm_head_bias": True,
             "residual_dropout_key": "resid_pdrop", "embedding_dropout_key": "embd_pdrop"},
-    "stablelm": {"norm": "layer", "residual_dropout_key": "hidden_dropout", "mlp_dropout_only": True},
+    "stablelm": {"norm": "layer", "residual_dropout_key": "hidden_dropout", "residual_dropout_sites": 1},
     "gpt_neox": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "parallel_residual": True,
                  "residual_dropout_key": "hidden_dropout"},
     "bloom": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "positions": "alibi", "embedding_norm": True, "mlp_ratio": 4,
@@ -190,20 +190,17 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     pre_norms = 0 if post_norm else layout.get("pre_norms", 1 if parallel and family == "stablelm" else 2)
     projection = data.get("word_embed_proj_dim") if family == "opt" else None
     attention_bias = bool(data.get("attention_bias", data.get("use_qkv_bias", layout.get("attention_bias", False))))
-    if family in ("phi", "gpt_neox", "bloom", "opt", "gpt2"):
-        attention_bias = True
     qk_norm = "full" if data.get("qk_layernorm") and family == "stablelm" else layout.get("qk_norm", "none")
     if family == "phi" and data.get("qk_layernorm"):
         qk_norm = "head"
     mlp_bias = bool(data.get("mlp_bias", data.get("use_bias", layout.get("mlp_bias", False))))
     return Architecture(
-        name=name, family=family, objective="causal-lm", hidden_size=h, num_layers=layers, num_heads=heads,
+        family=family, objective="causal-lm", hidden_size=h, num_layers=layers, num_heads=heads,
         kv_heads=int(kv_heads), head_dim=int(head_dim), intermediate_size=int(intermediate), vocab_size=vocab,
         max_positions=int(_first(data, "max_positions") or 0),
         tie_word_embeddings=bool(data.get("tie_word_embeddings", layout.get("tie_default", False))),
         attention_bias=attention_bias,
-        output_bias=bool(layout.get("output_bias", False) or (family == "starcoder2" and mlp_bias)
-                         or data.get("attention_out_bias", False)),
+        output_bias=layout.get("output_bias", False),
         mlp_bias=mlp_bias, gated_mlp=layout.get("gated_mlp", True), activation=activation,
         fused_qkv=layout.get("fused_qkv", False), fused_gate_up=layout.get("fused_gate_up", False),
         norm=layout.get("norm", "rms"), pre_norms=pre_norms, post_norms=layout.get("post_norms", 0),
@@ -222,6 +219,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         expert_intermediate_size=expert_intermediate, shared_expert_intermediate_size=shared_intermediate,
         shared_expert_gate=bool(layout.get("shared_expert_gate")) and shared_intermediate > 0,
         moe_layers=moe_layers, residual_dropout=_dropout(data, layout.get("residual_dropout_key")),
+        residual_dropout_sites=layout.get("residual_dropout_sites", 2),
         embedding_dropout=_dropout(data, layout.get("embedding_dropout_key")),
         attention_dropout=_dropout(data, "attention_dropout"),
         final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0), assumed=assumed,
@@ -241,7 +239,7 @@ def _read_encoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         raise UnreadableModel(f"{name}: the config has no vocab_size")
     embedding_size = int(data.get("embedding_size") or h)
     return Architecture(
-        name=name, family="bert" if family in ENCODER_FAMILIES and family != "distilbert" else family,
+        family="bert" if family in ENCODER_FAMILIES and family != "distilbert" else family,
         objective="classification", hidden_size=h, num_layers=_positive_int(data, "num_layers", name),
         num_heads=heads, kv_heads=heads, head_dim=h // heads, intermediate_size=int(intermediate), vocab_size=vocab,
         max_positions=int(_first(data, "max_positions") or 512), norm="layer", gated_mlp=False,
@@ -277,15 +275,14 @@ def preset_config(preset: ModelPreset) -> dict[str, Any]:
 @functools.cache
 def preset_architecture(preset: ModelPreset) -> Architecture:
     if preset.family == "gpt2":  # a classifier: its own path in the bands (GPT-2's blocks as measured)
-        data = preset_config(preset)
-        return Architecture(name=preset.name, family="gpt2", objective="classification",
+        return Architecture(family="gpt2", objective="classification",
                             hidden_size=preset.hidden_size, num_layers=preset.num_layers, num_heads=preset.num_heads,
                             kv_heads=preset.num_heads, head_dim=preset.head_dim,
                             intermediate_size=preset.intermediate_size, vocab_size=preset.vocab_size,
-                            max_positions=data["n_positions"], norm="layer", gated_mlp=False,
+                            max_positions=preset.max_positions, norm="layer", gated_mlp=False,
                             activation="tanh_composed", fused_qkv=True, attention_bias=True, output_bias=True,
                             mlp_bias=True, positions="learned", position_embedding_rows=preset.max_positions)
-    return read_architecture(preset_config(preset), preset.name).replace(name=preset.name)
+    return read_architecture(preset_config(preset), preset.name)
 
 
 def config_path(model: str) -> Path:
@@ -326,7 +323,7 @@ def model_architecture(model: str) -> Architecture:
         modified_ns = os.stat(path).st_mtime_ns
     except OSError as error:
         raise UnreadableModel(f"{model}: no config.json at {path} ({error.strerror})") from None
-    return _read_file(str(path), modified_ns).replace(name=model)
+    return _read_file(str(path), modified_ns)
 
 
 def architecture_of(config: RunConfig) -> Architecture:

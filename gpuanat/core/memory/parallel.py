@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuanat.core.memory.architecture import Architecture
 from gpuanat.core.memory.bands.optimizer import optimizer_state_bytes
 from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed, parameter_element_bytes
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes, qlora_base_bytes, qlora_head_copy_bytes
-from gpuanat.core.memory.model_config import architecture_of
 from gpuanat.core.memory.shapes import ParameterShapes, lora_shapes
 from gpuanat.core.memory.sizes import MIB
 from gpuanat.core.run.config import RunConfig
@@ -58,7 +58,7 @@ def deepspeed_bucket_bytes(config: RunConfig) -> int:
     return buckets * DEEPSPEED_REDUCE_BUCKET_ELEMENTS * (2 if is_mixed(config) else 4)
 
 
-def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
+def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -> RankState:
     """Weights, gradients and optimizer state on each rank (the ZeRO paper's accounting, as the H200s measured it):
     DDP replicates them and keeps a bucket copy of the gradients; FSDP2 shards all three; DeepSpeed trains a
     16-bit model (with bf16/fp16) whose fp32 master weights count as optimizer state, ZeRO-1/2 sharding the
@@ -71,14 +71,13 @@ def rank_state(config: RunConfig, shapes: ParameterShapes) -> RankState:
     accumulating = config.grad_accum > 1
     half_copies = half_weight_copies_bytes(config, shapes)
     if config.lora:  # a frozen base in the run's precision; only the fp32 adapters have gradients and state
-        preset = architecture_of(config)
-        adapters = lora_shapes(preset, config)
+        adapters = lora_shapes(arch, config)
         if config.load_in_4bit:  # QLoRA: NF4 matrices, the rest fp32
-            weights = qlora_base_bytes(preset, shapes) + 4 * adapters.params
-            half_copies = qlora_head_copy_bytes(config, preset)
+            weights = qlora_base_bytes(arch, shapes) + 4 * adapters.params
+            half_copies = qlora_head_copy_bytes(config, arch)
         else:
             # the cast to 16 bits takes the decoders' float buffers (rotary frequencies) along; BERT's are integers
-            buffers = shapes.buffer_bytes // 2 if is_mixed(config) and preset.objective == "causal-lm" else \
+            buffers = shapes.buffer_bytes // 2 if is_mixed(config) and arch.objective == "causal-lm" else \
                 shapes.buffer_bytes
             weights = (2 if is_mixed(config) else 4) * params + 4 * adapters.params + buffers
             half_copies = 0

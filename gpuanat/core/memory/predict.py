@@ -91,30 +91,30 @@ class MemoryEstimate:
 
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
     """One rank's memory (the whole run's on one GPU)."""
-    preset = architecture_of(config)
-    shapes = parameter_shapes(preset)
-    held = rank_state(config, shapes)
+    arch = architecture_of(config)
+    shapes = parameter_shapes(arch)
+    held = rank_state(config, arch, shapes)
     weights, gradients, optimizer = held.weights_bytes, held.gradients_bytes, held.optimizer_state_bytes
     logits = 0
-    if preset.objective == "causal-lm" and config.liger:
+    if arch.objective == "causal-lm" and config.liger:
         # Liger's fused loss holds no vocabulary-sized tensor: the decoder's activations as for a vocabulary of 0,
         # and the gradients the fused loss keeps for backward in their place
-        activations = (decoder_activations_bytes(config, dataclasses.replace(preset, vocab_size=0))[0]
-                       + liger_kept_bytes(config, preset) + held.half_weight_copies_bytes + CUBLAS_WORKSPACE_BYTES)
-    elif preset.objective == "causal-lm":
-        activations, logits = decoder_activations_bytes(config, preset)
-        activations += decoder_weight_casts_bytes(config, preset, shapes) + CUBLAS_WORKSPACE_BYTES
+        activations = (decoder_activations_bytes(config, dataclasses.replace(arch, vocab_size=0))[0]
+                       + liger_kept_bytes(config, arch) + held.half_weight_copies_bytes + CUBLAS_WORKSPACE_BYTES)
+    elif arch.objective == "causal-lm":
+        activations, logits = decoder_activations_bytes(config, arch)
+        activations += decoder_weight_casts_bytes(config, arch, shapes) + CUBLAS_WORKSPACE_BYTES
     else:
-        activations = (activations_bytes(config, preset, shapes) - half_weight_copies_bytes(config, shapes)
+        activations = (activations_bytes(config, arch, shapes) - half_weight_copies_bytes(config, shapes)
                        + held.half_weight_copies_bytes)
     activations += held.gathered_parameters_bytes
     # Liger's chunks come and go in the forward pass, before backward's temporaries; QLoRA's dequantized weight
     # exists beside those
     # A causal LM's backward begins with the gradient of the logits, fp32, beside everything the forward kept: on the
     # H100 the peak was that far above the bands at the end of the forward pass (e.g. 3.98 GiB for 3.91 GiB of logits)
-    backward_temporaries = logits if preset.objective == "causal-lm" else temporaries_bytes(config, preset)
-    temporaries = (max(backward_temporaries + dequantized_weight_bytes(config, preset),
-                       liger_transient_bytes(config, preset)) + held.communication_buffers_bytes)
+    backward_temporaries = logits if arch.objective == "causal-lm" else temporaries_bytes(config, arch)
+    temporaries = (max(backward_temporaries + dequantized_weight_bytes(config, arch),
+                       liger_transient_bytes(config, arch)) + held.communication_buffers_bytes)
     gradients_at_peak = held.gradients_at_peak_bytes
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
     # Late in backward with checkpointing, the kept inputs are mostly freed, but nearly all gradients exist while
@@ -146,7 +146,7 @@ def prediction_json(config: RunConfig) -> dict[str, int] | None:
     read or described (`unreadable_model_reason` says why)."""
     if unreadable_model_reason(config) is not None:
         return None
-    estimate = estimate_memory(config)
+    estimate, caveat = estimate_memory(config), prediction_caveat(config)
     return {
         "weights_bytes": estimate.weights_bytes,
         "gradients_bytes": estimate.gradients_bytes,
@@ -161,8 +161,8 @@ def prediction_json(config: RunConfig) -> dict[str, int] | None:
         "peak_device_bytes": peak_device_bytes(estimate),
         "ranks": estimate.ranks,
         "logits_bytes": estimate.logits_bytes,
-        "confidence": "checked" if prediction_caveat(config) is None else "unchecked",
-        "caveat": prediction_caveat(config),
+        "confidence": "checked" if caveat is None else "unchecked",
+        "caveat": caveat,
     }
 
 

@@ -90,21 +90,27 @@ def layer_linears(arch: Architecture, moe: bool = False) -> list[tuple[str, tupl
     return attention_linears(arch) + shared
 
 
-def model_linears(arch: Architecture) -> list[tuple[int, int]]:
+def model_linears(arch: Architecture) -> list[tuple[str, tuple[int, int]]]:
     """Linear layers outside the layers but the LM head: OPT's projections into and out of a narrower embedding."""
     if arch.embedding_size and arch.objective == "causal-lm":
-        return [(arch.hidden_size, arch.embedding_size), (arch.embedding_size, arch.hidden_size)]
+        return [("project_in", (arch.hidden_size, arch.embedding_size)),
+                ("project_out", (arch.embedding_size, arch.hidden_size))]
     return []
+
+
+def lora_target_names(arch: Architecture, config: RunConfig) -> set[str]:
+    """The module names of the linear layers LoRA adapts, as PEFT picks them: "all-linear", every one but the LM head
+    (a mixture of experts' 3-D expert weights and its router are no linear layers here); else those named."""
+    names = {name for moe in (False, True) for name, _ in layer_linears(arch, moe)}
+    names |= {name for name, _ in model_linears(arch)}
+    if config.lora_targets == "all-linear":
+        return names
+    return names & {name.strip() for name in config.lora_targets.split(",")}
 
 
 def expert_params(arch: Architecture) -> int:
     """The parameters of a mixture of experts' expert weights (3-D, used by transformers' grouped matmul)."""
     return arch.moe_layers * arch.experts * 3 * arch.expert_intermediate_size * arch.hidden_size
-
-
-def decoder_linear_shapes(model: Architecture | ModelPreset) -> list[tuple[int, int]]:
-    """(out, in) of one dense decoder layer's linear projections, in `layer_linears`' order."""
-    return [shape for _, shape in layer_linears(as_architecture(model))]
 
 
 def _norm_vectors(arch: Architecture, width: int, count: int, kind: str | None = None) -> list[int]:
@@ -140,7 +146,7 @@ def _decoder_shapes(arch: Architecture) -> tuple[list[tuple[int, int]], list[int
     embeddings = [(v, arch.embedding_width)]
     if arch.positions == "learned":
         embeddings.append((arch.position_embedding_rows, h))
-    matrices: list[tuple[int, int]] = [*embeddings, *model_linears(arch)]
+    matrices: list[tuple[int, int]] = [*embeddings, *(shape for _, shape in model_linears(arch))]
     vectors: list[int] = _norm_vectors(arch, h, 1) if arch.embedding_norm else []
     for index in range(arch.num_layers):
         moe = index >= arch.dense_layers
@@ -217,11 +223,8 @@ def _adapted_layer_linears(arch: Architecture, config: RunConfig, moe: bool = Fa
     ("all-linear": every projection but the LM head; else those named), for the classifiers an estimate, their
     non-embedding matrices spread over the layers (PEFT also trains a copy of their head)."""
     if arch.objective == "causal-lm":
-        linears = layer_linears(arch, moe)
-        if config.lora_targets == "all-linear":
-            return [shape for _, shape in linears]
-        wanted = {name.strip() for name in config.lora_targets.split(",")}
-        return [shape for name, shape in linears if name in wanted]
+        adapted = lora_target_names(arch, config)
+        return [shape for name, shape in layer_linears(arch, moe) if name in adapted]
     full = parameter_shapes(arch)
     return list(full.matrices[full.embedding_tensors:])
 
@@ -232,7 +235,8 @@ def _adapted_linears(arch: Architecture, config: RunConfig) -> list[tuple[int, i
         return _adapted_layer_linears(arch, config)
     adapted = (_adapted_layer_linears(arch, config) * arch.dense_layers
                + _adapted_layer_linears(arch, config, moe=True) * arch.moe_layers)
-    return adapted + (model_linears(arch) if config.lora_targets == "all-linear" else [])
+    targets = lora_target_names(arch, config)
+    return adapted + [shape for name, shape in model_linears(arch) if name in targets]
 
 
 def lora_shapes(model: Architecture | ModelPreset, config: RunConfig) -> ParameterShapes:
@@ -255,5 +259,6 @@ def quantized_matrices(model: Architecture | ModelPreset) -> list[tuple[int, int
     """The matrices QLoRA holds in 4 bits: every linear layer of a decoder. Transformers keeps the output embeddings
     (the LM head, tied or not) and the input embeddings, which are no linear layers, out."""
     arch = as_architecture(model)
-    return (decoder_linear_shapes(arch) * arch.dense_layers
-            + [shape for _, shape in layer_linears(arch, moe=True)] * arch.moe_layers + model_linears(arch))
+    return ([shape for _, shape in layer_linears(arch)] * arch.dense_layers
+            + [shape for _, shape in layer_linears(arch, moe=True)] * arch.moe_layers
+            + [shape for _, shape in model_linears(arch)])

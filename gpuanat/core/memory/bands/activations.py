@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from gpuanat.core.memory.architecture import Architecture
 from gpuanat.core.memory.bands.decoder_layers import (
-    autocast_on,
     eager_scores_bytes,
     layer_bytes_per_token,
     outside_layers_bytes_per_token,
     residual_element_bytes,
 )
-from gpuanat.core.memory.bands.precision import coefficients, computes_in_16_bit, is_mixed
+from gpuanat.core.memory.bands.precision import coefficients, is_mixed, sharded_in_16_bit
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, lora_adapted_inputs_per_layer
 from gpuanat.core.run.config import RunConfig
@@ -36,14 +35,6 @@ def autocast_extra_bytes_per_token_hidden(preset: ModelPreset) -> int:
     autocast, leaving 34.3 — which the 6.50 GiB measured with FSDP and ZeRO reproduce within 1%."""
     extra_input_copies = 0 if as_architecture(preset).fused_qkv else 2
     return 2 * extra_input_copies + 2 * 2
-
-
-def sixteen_bit_without_autocast(config: RunConfig) -> bool:
-    """A classifier computing in 16 bits with autocast off (FSDP2, DeepSpeed). With bf16 weights HF Trainer still runs
-    autocast, whose fp32 LayerNorms and per-linear casts then keep what they keep for fp32 weights: on the H100,
-    roberta-base and distilbert-base with bf16 weights kept the activations of fp32 weights under autocast, less the
-    weights' copies (docs/any-model.md)."""
-    return computes_in_16_bit(config) and not autocast_on(config)
 
 
 BERT_LARGE_LAYERS = 24
@@ -69,15 +60,17 @@ def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterS
     c = coefficients(config)
     eager_scores = a * s * s * c.eager_per_score if config.attn == "eager" else 0.0
     if config.grad_checkpointing:
-        # Each layer's input is kept (the residual stream: fp32 under autocast, 16-bit without), plus what is outside
+        # Each layer's input is kept (the residual stream: fp32 under autocast, 16-bit without; with bf16 weights HF
+        # Trainer still runs autocast, whose fp32 LayerNorms and per-linear casts keep what they keep for fp32 weights:
+        # roberta-base and distilbert-base on the H100, docs/any-model.md), plus what is outside
         # the layers; the fitted coefficient is bert-large's, 24 layers, so it is split: 4 bytes a layer, the rest once.
-        residual = 2 if sixteen_bit_without_autocast(config) else 4
+        residual = 2 if sharded_in_16_bit(config) else 4
         per_sample = s * h * (layers * residual + c.checkpointed - BERT_LARGE_LAYERS * 4)
     elif preset.family == "gpt2":
         per_sample = layers * (s * gpt2_layer_bytes_per_token(config, preset) + eager_scores) + s * 7 * h
     else:
         per_token_hidden = c.activations_per_layer - (autocast_extra_bytes_per_token_hidden(preset)
-                                                      if sixteen_bit_without_autocast(config) else 0)
+                                                      if sharded_in_16_bit(config) else 0)
         per_sample = layers * (s * h * per_token_hidden + eager_scores)
     per_sample += s * lora_dropout_bytes_per_token(config, preset) * (1 if config.grad_checkpointing else layers)
     return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES

@@ -23,8 +23,8 @@ The rules, each an implementation fact:
 from __future__ import annotations
 
 from gpuanat.core.memory.architecture import Architecture
-from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed
-from gpuanat.core.memory.shapes import attention_linears, layer_linears, mlp_linears, model_linears
+from gpuanat.core.memory.bands.precision import autocast_on, computes_in_16_bit, is_mixed
+from gpuanat.core.memory.shapes import attention_linears, gated_mlp_linears, lora_target_names, mlp_linears
 from gpuanat.core.run.config import RunConfig
 
 NORM_STATISTICS_BYTES = 8
@@ -42,11 +42,6 @@ def residual_element_bytes(config: RunConfig) -> int:
     return 2 if config.lora or computes_in_16_bit(config) else 4
 
 
-def autocast_on(config: RunConfig) -> bool:
-    """Whether autocast runs the forward pass: mixed precision, unless FSDP2 or DeepSpeed compute in 16 bits."""
-    return is_mixed(config) and not (config.distributed == "fsdp" or config.distributed.startswith("zero"))
-
-
 class _Layer:
     """One layer's saved bytes per token, added up operation by operation."""
 
@@ -55,10 +50,9 @@ class _Layer:
         self.autocast = autocast_on(config)
         self.stream = residual_element_bytes(config)
         self.compute = 2 if is_mixed(config) else 4
-        self.weight = self.stream  # norms' weights: fp32 with an fp32 stream, else 16-bit
         self.frozen = bool(config.lora)
         """A LoRA or QLoRA base: its weights need no gradient, so nothing is kept to compute one."""
-        self.adapted = adapted_module_names(arch, config)
+        self.adapted = lora_target_names(arch, config) if config.lora else set()
         self.lora_rank = config.lora
         self.saved = 0
 
@@ -80,7 +74,7 @@ class _Layer:
             self.saved += 0 if self.frozen else 4 * width
             return input_bytes
         self.saved += 0 if self.frozen else input_bytes * width  # the normalized value the weight multiplies
-        return max(self.weight, input_bytes)
+        return max(self.stream, input_bytes)  # the weight's dtype is the stream's: fp32 with fp32 weights
 
     def read_by_linears(self, element_bytes: int, width: int, names: list[str], kept_elsewhere: bool = False) -> None:
         """The input the linear layers `names` keep. Training: a 16-bit copy each of an fp32 input under autocast,
@@ -138,7 +132,7 @@ class _Layer:
             self.saved += c * width
             self.read_by_linears(c, width, [down])
 
-    def experts(self) -> None:
+    def experts(self, shared_down: list[str]) -> None:
         """A mixture of experts past the router's input: per token and expert it visits, the gathered input, gate-up,
         the activation, the product and the expert's output (which the routing weight multiplies) — in fp32 under
         autocast with fp32 weights (transformers' grouped matmul is no autocast operation), without the input and the
@@ -150,19 +144,9 @@ class _Layer:
         self.saved += arch.experts_per_token * per_expert + 4 * arch.experts
         if arch.shared_expert_intermediate_size:
             self.saved += 3 * self.compute * arch.shared_expert_intermediate_size
-            self.read_by_linears(self.compute, arch.shared_expert_intermediate_size, ["down_proj"])
+            self.read_by_linears(self.compute, arch.shared_expert_intermediate_size, shared_down)
             if arch.shared_expert_gate:
                 self.saved += self.compute * h + self.compute  # the shared expert's output and its sigmoid gate
-
-
-def adapted_module_names(arch: Architecture, config: RunConfig) -> set[str]:
-    """The names of a layer's linear layers LoRA adapts."""
-    if not config.lora:
-        return set()
-    names = {name for name, _ in layer_linears(arch)} | {name for name, _ in layer_linears(arch, moe=True)}
-    if config.lora_targets == "all-linear":
-        return names | ({"project_in", "project_out"} if model_linears(arch) else set())
-    return names & {name.strip() for name in config.lora_targets.split(",")}
 
 
 def layer_bytes_per_token(config: RunConfig, arch: Architecture, moe: bool = False) -> int:
@@ -172,9 +156,10 @@ def layer_bytes_per_token(config: RunConfig, arch: Architecture, moe: bool = Fal
     stream, compute = layer.stream, layer.compute
     attention = [name for name, _ in attention_linears(arch)]
     readers_of_attention_input, output_projection = attention[:-1], attention[-1]
-    if moe:
-        mlp = [name for name, _ in layer_linears(arch, moe=True)][len(attention):]
-        mlp_inputs = [*mlp[:-1], "router"]
+    if moe:  # the router, the shared expert's gate and up and its sigmoid gate read the MLP's input
+        mlp = ([name for name, _ in gated_mlp_linears(arch, arch.shared_expert_intermediate_size)]
+               if arch.shared_expert_intermediate_size else [])
+        mlp_inputs = [*mlp[:-1], *(["shared_expert_gate"] if arch.shared_expert_gate else []), "router"]
     else:
         mlp = [name for name, _ in mlp_linears(arch)]
         mlp_inputs = mlp[:-1]
@@ -197,13 +182,13 @@ def layer_bytes_per_token(config: RunConfig, arch: Architecture, moe: bool = Fal
         layer.read_by_linears(stream, h, mlp_inputs)
     layer.attention(config, output_projection)
     if moe:
-        layer.experts()
+        layer.experts(mlp[-1:])
     else:
         layer.mlp(mlp)
     for _ in range(arch.post_norms):
         layer.norm(arch.norm, h, compute)
     if arch.residual_dropout:
-        layer.saved += h * (1 if arch.family == "stablelm" else 2)  # dropout masks
+        layer.saved += h * arch.residual_dropout_sites  # dropout masks
     return layer.saved
 
 

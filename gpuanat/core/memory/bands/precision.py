@@ -76,13 +76,23 @@ def coefficients(config: RunConfig) -> PrecisionCoefficients:
     return COEFFICIENTS[(is_mixed(config), config.grad_checkpointing)]
 
 
+def sharded_in_16_bit(config: RunConfig) -> bool:
+    """Whether FSDP2 or DeepSpeed compute in 16 bits, with autocast off: FSDP2's mixed-precision policy casts the
+    gathered parameters, DeepSpeed casts the model. Measured on 2 and 4 H200s (bert-large, bf16): the activations of
+    FSDP and ZeRO-1/2 are 6.50 GiB where one GPU under autocast holds 8.00 (its weight copies left out)."""
+    return is_mixed(config) and (config.distributed == "fsdp" or config.distributed.startswith("zero"))
+
+
 def computes_in_16_bit(config: RunConfig) -> bool:
-    """Whether the model computes with 16-bit weights, autocast casting none: FSDP2's mixed-precision policy casts
-    the gathered parameters, DeepSpeed casts the model, `--weights-dtype bf16` holds it so. Measured on 2 and 4
-    H200s (bert-large, bf16): the activations of FSDP and ZeRO-1/2 are 6.50 GiB where one GPU under autocast holds
-    8.00 (its weight copies left out)."""
-    return is_mixed(config) and (config.distributed == "fsdp" or config.distributed.startswith("zero")
-                                 or config.weights_dtype != "fp32")
+    """Whether the model computes with 16-bit weights, autocast casting none: sharded in 16 bits, or held in bf16
+    (`--weights-dtype bf16`)."""
+    return sharded_in_16_bit(config) or (is_mixed(config) and config.weights_dtype != "fp32")
+
+
+def autocast_on(config: RunConfig) -> bool:
+    """Whether autocast runs the forward pass: mixed precision, unless FSDP2 or DeepSpeed compute in 16 bits (HF
+    Trainer runs it with bf16 weights too)."""
+    return is_mixed(config) and not sharded_in_16_bit(config)
 
 
 def parameter_element_bytes(config: RunConfig) -> int:
