@@ -44,6 +44,9 @@ Sets:
             later calls), then loaded 4-bit with from_pretrained.
   liger     llama-3.2-1b and qwen2.5-0.5b, full (AMP bf16) and LoRA, without and with Liger (fused linear
             cross-entropy, RMSNorm, SwiGLU, RoPE), seq {1024, 2048} x batch {2, 4}.
+  liger-unseen  qwen3-0.6b, gemma-3-1b, olmo-2-1b, smollm2-360m (config.json) x {AMP bf16, bf16 weights, LoRA r16}
+            x {no Liger, Liger's layer kernels only, all of Liger's kernels}, seq 1024 x batch 4: the check of the
+            layer kernels' model on families whose Liger runs were never measured.
   unseen    models of families gpuanat has never measured, read from their config.json under benchmarks/configs/
             (issue #29's held-out ground truth; their sizes are the published checkpoints'): decoders x {AMP bf16
             fp32 weights, + checkpointing, bf16 weights, LoRA r16 on a bf16 base, LoRA r16 + checkpointing} x seq
@@ -95,8 +98,9 @@ TOKEN_ID_LOW, TOKEN_ID_HIGH = 100, 30000
 """The HF docs' dummy data: random token ids in [100, 30000)."""
 QLORA_FIELDS: dict[str, Any] = {"load_in_4bit": True, "qlora": True}
 """RunConfig fields that may say "4-bit NF4 base" (being added): whichever exist are set for QLoRA records."""
-LIGER_FIELDS: dict[str, Any] = {"liger": True, "liger_kernel": True, "use_liger_kernel": True}
-"""RunConfig fields that may say "Liger kernels": whichever exist are set for Liger records."""
+LIGER_FIELDS: dict[str, Any] = {"liger": True, "liger_layers": True, "liger_kernel": True, "use_liger_kernel": True}
+"""RunConfig fields that may say "Liger kernels": whichever exist are set for Liger records (`liger`, the fused loss,
+as the record's `liger_loss` says)."""
 FATAL_CUDA_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
                      "CUDA error: an illegal", "misaligned address")
 """Errors after which the CUDA context is unusable: the set stops."""
@@ -127,6 +131,9 @@ class Case:
     lora_targets: str = "all-linear"
     qlora: bool = False
     liger: bool = False
+    """Liger Kernel as HF Trainer's use_liger_kernel applies it: RoPE, RMSNorm, SwiGLU/GeGLU and (with `liger_loss`)
+    the fused linear cross-entropy."""
+    liger_loss: bool = True
     attn: str = "sdpa"
 
     @property
@@ -152,7 +159,7 @@ class Case:
         if self.lora and self.lora_targets != "all-linear":
             parts.append(self.lora_targets)
         if self.liger:
-            parts.append("liger")
+            parts.append("liger" if self.liger_loss else "liger-layers")
         if self.attn != "sdpa":
             parts.append(self.attn)
         return " ".join(parts)
@@ -285,6 +292,18 @@ def liger_set(device: str) -> list[Case]:
             for preset in DECODERS for lora in (0, LORA_RANK) for liger in (False, True)]
 
 
+LIGER_UNSEEN = ("qwen3-0.6b", "gemma-3-1b", "olmo-2-1b", "smollm2-360m")
+"""Families Liger patches whose Liger runs were never measured before its layer kernels were modelled: the check."""
+
+
+def liger_unseen_set(device: str) -> list[Case]:
+    """Liger's layer kernels on models read from config.json (`unseen` configs): full fine-tuning under autocast,
+    bf16 weights and LoRA on a bf16 base, each without Liger, with its layer kernels only and with all of them."""
+    variants = ({"liger": False}, {"liger": True, "liger_loss": False}, {"liger": True})
+    return [_lm(model, 1024, 4, **techniques, **variant) for model in LIGER_UNSEEN
+            for techniques in ({}, {"weights": "bf16"}, {"lora": LORA_RANK}) for variant in variants]
+
+
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 """config.json files of published models, as a user brings them (`unseen` set; no weights, no download)."""
 UNSEEN_DECODERS = ("smollm2-360m", "opt-350m", "pythia-410m", "bloom-560m", "qwen3-0.6b", "gemma-3-1b",
@@ -332,6 +351,7 @@ def smoke_set(device: str) -> list[Case]:
 
 CONFIG_SETS: dict[str, Callable[[str], list[Case]]] = {
     "unseen": unseen_set, "decoders": decoders_set, "small": small_set, "qlora": qlora_set, "liger": liger_set,
+    "liger-unseen": liger_unseen_set,
     "smoke": smoke_set}
 
 
@@ -364,6 +384,8 @@ def run_config_for(case: Case, steps: int) -> tuple[RunConfig, list[str]]:
             caveats.append("RunConfig has no 4-bit field: predicted as LoRA on a bf16 base")
     if case.liger:
         known = {name: value for name, value in LIGER_FIELDS.items() if name in fields}
+        if "liger" in known:
+            known["liger"] = case.liger_loss
         values.update(known)
         if not known:
             caveats.append("RunConfig has no Liger field: predicted without Liger")
@@ -586,25 +608,27 @@ def parameter_counts(model: Any) -> dict[str, Any]:
             "weights_bytes": sum(by_dtype.values())}
 
 
-def _modeling_module(preset: str) -> Any:
-    family = PRESETS[preset].family
+def _modeling_module(case: Case) -> Any:
+    """transformers' modeling module of the case's family (a preset's, or the model_type its config.json names)."""
+    if case.preset in PRESETS:
+        family = PRESETS[case.preset].family
+    else:
+        family = json.loads((CONFIGS_DIR / case.preset / "config.json").read_text())["model_type"]
+    family = family.removesuffix("_text")  # gemma3_text lives in models.gemma3
     return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
 
 
 @contextlib.contextmanager
 def liger_patched(case: Case) -> Iterator[dict[str, Any] | None]:
-    """Within: Liger's kernels patched into the model family's transformers module, as a user does before building
-    the model (`apply_liger_kernel_to_llama()` / `_qwen2()`: RoPE, RMSNorm, SwiGLU, fused linear cross-entropy).
-    Liger patches module globals and class methods for the whole process; they are put back on the way out, so
-    the configurations after this one train without Liger."""
+    """Within: Liger's kernels as a user's Trainer applies them (`TrainingArguments(use_liger_kernel=True)`, which
+    `training_arguments` sets: `_apply_liger_kernel_to_instance` on the built model, RoPE, RMSNorm, SwiGLU/GeGLU and,
+    unless the case says not, the fused linear cross-entropy). Liger also patches the family's module globals and
+    classes for the whole process; they are put back on the way out, so the configurations after this one train
+    without Liger."""
     if not case.liger:
         yield None
         return
-    from liger_kernel import transformers as liger
-
-    family = PRESETS[case.preset].family
-    apply = {"llama": liger.apply_liger_kernel_to_llama, "qwen2": liger.apply_liger_kernel_to_qwen2}[family]
-    module = _modeling_module(case.preset)
+    module = _modeling_module(case)
     import torch.nn.functional
 
     saved_globals = dict(vars(module))
@@ -612,9 +636,8 @@ def liger_patched(case: Case) -> Iterator[dict[str, Any] | None]:
                if isinstance(value, type) and value.__module__ == module.__name__]
     saved_methods = {cls: cls.__dict__.get("forward") for cls in classes}
     saved_cross_entropy = torch.nn.functional.cross_entropy
-    apply(fused_linear_cross_entropy=True)
     try:
-        yield {"applied": apply.__name__, "fused_linear_cross_entropy": True}
+        yield {"applied": "TrainingArguments(use_liger_kernel=True)", "fused_linear_cross_entropy": case.liger_loss}
     finally:
         for name in [name for name in vars(module) if name not in saved_globals]:
             delattr(module, name)
@@ -788,7 +811,7 @@ def _modules_of(model: Any) -> dict[str, str]:
     for name, module in model.named_modules():
         for part in ("mlp", "input_layernorm"):
             if name.endswith(f"layers.0.{part}"):
-                names[part] = type(module).__name__
+                names[part] = module._get_name()  # Liger's instance patch renames what it replaces
     forward = getattr(model, "forward", None)
     names["forward"] = getattr(getattr(forward, "__func__", forward), "__module__", "?")
     return names
@@ -805,6 +828,8 @@ def training_arguments(case: Case, context: Context, output_dir: str) -> Any:
         max_steps=context.steps, report_to="none", save_strategy="no", eval_strategy="no",
         logging_strategy="steps", logging_steps=1000, dataloader_pin_memory=True, seed=42, log_level="error",
         disable_tqdm=True, use_cpu=not _cuda(context.device), **{checkpointing_key: case.grad_checkpointing},
+        use_liger_kernel=case.liger,
+        liger_kernel_config=None if case.liger_loss else {"fused_linear_cross_entropy": False},
     ), checkpointing_key
 
 
@@ -885,6 +910,7 @@ def measure(case: Case, context: Context) -> dict[str, Any]:
             output = trainer.train()
             record["train_s"] = time.perf_counter() - train_started_s
             record["train_loss"] = output.training_loss
+            record["modules_trained"] = _modules_of(inner)  # after the Trainer applied Liger, if asked
             record["checkpointing"]["enabled"] = bool(getattr(inner, "is_gradient_checkpointing", False))
         record["status"] = "ok"
     except Exception as error:

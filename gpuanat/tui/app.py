@@ -110,6 +110,7 @@ class GpuAnatApp(SearchActions):
         Binding("L", "toggle_technique('lora')", "LoRA", id="lora", show=False),
         Binding("4", "toggle_technique('load_in_4bit')", "4-bit base (QLoRA)", id="load_in_4bit", show=False),
         Binding("K", "toggle_technique('liger')", "Liger loss", id="liger", show=False),
+        Binding("Y", "toggle_technique('liger_layers')", "Liger layer kernels", id="liger_layers", show=False),
         Binding("M", "toggle_technique('preset')", "Model", id="preset", show=False),
         Binding("G", "cycle_gpus", "GPUs", id="gpus", show=False),
         Binding("D", "cycle_distributed", "Distributed", id="distributed", show=False),

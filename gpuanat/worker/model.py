@@ -99,8 +99,8 @@ def build_model(config: Any) -> Any:
         # What the classifier sets itself at its first forward for our integer labels: set before, it leaves
         # torch.compile's graph valid (else the change fails a guard and bert-large compiles twice)
         model.config.problem_type = "single_label_classification"
-    if config.liger:
-        with_liger_loss(model)
+    if config.liger or config.liger_layers:
+        with_liger_kernels(model, config)
     if config.load_in_4bit:
         model = with_qlora(model, config)
         if config.device == "cuda":  # the 16-bit model that was quantized is gone: neither its peak nor the blocks
@@ -185,25 +185,30 @@ def with_qlora(model: Any, config: Any) -> Any:
     return get_peft_model(model, lora_config(model, config))
 
 
-LIGER_KERNELS = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rope": False, "rms_norm": False,
-                 "swiglu": False, "geglu": False, "layer_norm": False}
-"""Only the fused linear cross-entropy, so that a run with --liger differs from one without in the loss alone (the
-LM head's matmul and the cross-entropy computed in chunks, the logits never whole); the other kernels stay off."""
+def liger_kernels(config: Any) -> dict[str, bool]:
+    """The keyword arguments of Liger's `apply_liger_kernel_to_<family>` for `config`: the fused linear cross-entropy
+    for --liger, RMSNorm, SwiGLU/GeGLU and RoPE for --liger-layers, so that each differs from a run without it in
+    its own kernels alone (Liger keeps the arguments its family's function takes)."""
+    layers = bool(config.liger_layers)
+    return {"fused_linear_cross_entropy": bool(config.liger), "cross_entropy": False, "rope": layers,
+            "rms_norm": layers, "swiglu": layers, "geglu": layers, "layer_norm": False}
 
 
-def with_liger_loss(model: Any) -> None:
-    """Patch `model` (a causal LM, before PEFT wraps it) with Liger Kernel's fused linear cross-entropy, as HF
-    Trainer's `use_liger_kernel` does (`_apply_liger_kernel_to_instance`): its forward, in training with labels,
-    returns the loss and no logits."""
+def with_liger_kernels(model: Any, config: Any) -> None:
+    """Patch `model` (a causal LM, before PEFT wraps it) with Liger Kernel's kernels as HF Trainer's
+    `use_liger_kernel` does (`_apply_liger_kernel_to_instance`, on the built model): with --liger its forward, in
+    training with labels, returns the loss and no logits; with --liger-layers its norms, MLPs and rotary embedding
+    run Liger's Triton kernels."""
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
 
     from gpuanat.core.run.errors import ConfigError
 
+    flag = "--liger" if config.liger else "--liger-layers"
     model_type = getattr(model.config, "model_type", None)
     if not is_causal_lm(model.config) or model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
-        raise ConfigError("--liger", f"Liger Kernel has no fused loss for this model ({model_type}, "
-                                     f"{type(model).__name__}): it patches causal LMs of the types it knows")
-    _apply_liger_kernel_to_instance(model=model, **LIGER_KERNELS)
+        raise ConfigError(flag, f"Liger Kernel has no kernels for this model ({model_type}, "
+                                f"{type(model).__name__}): it patches causal LMs of the types it knows")
+    _apply_liger_kernel_to_instance(model=model, **liger_kernels(config))
 
 
 def _holds_attention(module: Any) -> bool:

@@ -203,8 +203,11 @@ def prediction_caveat(config: RunConfig) -> str | None:
             notes.append("eager attention was not measured on a decoder")
         if config.load_in_4bit and not config.grad_checkpointing:
             notes.append("QLoRA was measured with checkpointing only (its fp32 residual stream is modelled)")
-        if config.liger:
-            notes.append("Liger's fused loss was checked on one run (llama-3.2-1b, full: 4.5% low)")
+        if config.liger or config.liger_layers:
+            notes.append("Liger was checked with liger-kernel 0.8.5 on six families, one GPU, without checkpointing "
+                         "(with its fused loss and LoRA: 1-4% low)")
+        if config.liger_layers and arch.experts:
+            notes.append("Liger's kernels in a mixture of experts' experts are not modelled (counted as without)")
         if config.distributed != "none":
             notes.append("decoders were not measured on several GPUs")
     elif config.lora:

@@ -66,6 +66,9 @@ class RunConfig:
     liger: bool = False
     """Liger Kernel's fused linear cross-entropy: a causal LM's loss computed from the hidden states in chunks,
     without the logits."""
+    liger_layers: bool = False
+    """Liger Kernel's kernels inside a causal LM's layers: RMSNorm, SwiGLU/GeGLU and RoPE (with `liger`: what HF
+    Trainer's `use_liger_kernel` applies)."""
     seq_len: int = 512
     samples: int = 512
     epochs: int = 1
@@ -127,6 +130,8 @@ class RunConfig:
                          + (f" dropout{self.lora_dropout:g}" if self.lora_dropout else ""))
         if self.liger:
             parts.append("liger")
+        if self.liger_layers:
+            parts.append("liger-layers")
         if self.engine != "trainer":
             parts.append(self.engine)
         if self.distributed != "none":

@@ -92,6 +92,9 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("liger", "--liger", "bool",
               "compute a causal LM's loss with Liger Kernel's fused linear cross-entropy, in chunks, so the logits "
               "are never held whole (CUDA, needs liger-kernel: pip install 'gpuanat[llm]')"),
+    Technique("liger_layers", "--liger-layers", "bool",
+              "Liger Kernel's RMSNorm, SwiGLU/GeGLU and RoPE kernels in a causal LM's layers (with --liger: what HF "
+              "Trainer's use_liger_kernel applies; CUDA, needs liger-kernel)"),
     Technique("engine", "--engine", "choice",
               "the training loop: HF Trainer, or the docs' custom loop with Accelerate (with none or ddp)",
               choices=ENGINES),

@@ -218,9 +218,12 @@ def validate_values(config: RunConfig) -> None:
 def _validate_liger(config: RunConfig) -> None:
     """--liger replaces a causal LM's loss, which reads the LM head's weight whole: a classifier has none to fuse
     (a --model's head is known once the worker builds it), and a weight sharded over ranks is not whole."""
+    preset = PRESETS[config.preset]
+    if config.liger_layers and config.model is None and preset.objective != "causal-lm":
+        raise ConfigError("--liger-layers", f"Liger's layer kernels patch causal LMs; {config.preset} is a "
+                                            f"{preset.family} classifier (choose a llama, qwen2 or mistral preset)")
     if not config.liger:
         return
-    preset = PRESETS[config.preset]
     if config.model is None and preset.objective != "causal-lm":
         raise ConfigError("--liger", f"Liger's fused linear cross-entropy replaces a causal LM's loss; {config.preset} "
                                      f"is a {preset.family} classifier (choose a llama, qwen2 or mistral preset)")
@@ -295,11 +298,13 @@ def machine_unsupported_reasons(config: RunConfig, capabilities: Capabilities) -
                                     "bitsandbytes (pip install 'gpuanat[bnb]'")
         if missing:
             reasons.append(("--load-in-4bit", f"QLoRA's 4-bit base (bitsandbytes NF4) needs {missing}"))
-    if config.liger:
+    if config.liger or config.liger_layers:
         missing = _cuda_and_package(cuda, capabilities.liger_version, capabilities.liger_error,
                                     "liger-kernel (pip install 'gpuanat[llm]'")
-        if missing:
-            reasons.append(("--liger", f"Liger's fused linear cross-entropy (Triton kernels) needs {missing}"))
+        for flag, what, on in (("--liger", "fused linear cross-entropy", config.liger),
+                               ("--liger-layers", "layer kernels", config.liger_layers)):
+            if missing and on:
+                reasons.append((flag, f"Liger's {what} (Triton kernels) needs {missing}"))
     if config.distributed.startswith("zero") and capabilities.deepspeed_version is None:
         detail = f": {capabilities.deepspeed_error}" if capabilities.deepspeed_error else ""
         reasons.append(("--distributed", f"{config.distributed} needs DeepSpeed (pip install deepspeed; README: "

@@ -38,8 +38,8 @@ LORA_ROW = ("lora", "L", "LoRA rank")
 """Shown once LoRA is on."""
 QLORA_ROW = ("load_in_4bit", "4", "4-bit base")
 """Shown once LoRA is on: QLoRA's NF4 base under the adapters."""
-LIGER_ROW = ("liger", "K", "Liger loss")
-"""Shown for a causal LM (its loss is what Liger fuses), and once on."""
+LIGER_ROWS = (("liger", "K", "Liger loss"), ("liger_layers", "Y", "Liger layers"))
+"""Shown for a causal LM (its loss and layers are what Liger's kernels replace), and once on."""
 SEVERAL_GPU_ROWS: tuple[tuple[str, str, str], ...] = (
     ("gpus", "G", "GPUs"),
     ("distributed", "D", "distributed"),
@@ -47,7 +47,8 @@ SEVERAL_GPU_ROWS: tuple[tuple[str, str, str], ...] = (
 """Shown where NVML lists several GPUs, or a run was asked for more than one."""
 BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device",
                   "--expandable-segments": "expandable_segments", "--distributed": "distributed", "--lora": "lora",
-                  "--load-in-4bit": "load_in_4bit", "--liger": "liger"}
+                  "--load-in-4bit": "load_in_4bit", "--liger": "liger",
+                  "--liger-layers": "liger_layers"}
 
 
 def _value_text(field: str, value: object) -> str:
@@ -123,7 +124,7 @@ class TechniquesPanel(Widget):
         extra_rows = (((WEIGHTS_ROW,) if config.weights_dtype != defaults.weights_dtype else ())
                       + ((ENGINE_ROW,) if config.engine != defaults.engine else ())
                       + ((LORA_ROW, QLORA_ROW) if config.lora or config.load_in_4bit else ())
-                      + ((LIGER_ROW,) if causal_lm or config.liger else ()))
+                      + (LIGER_ROWS if causal_lm or config.liger or config.liger_layers else ()))
         for field, key, label in ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
             value, default = ((compile_mode(config), compile_mode(defaults)) if field == "compile"
                               else (getattr(config, field), getattr(defaults, field)))

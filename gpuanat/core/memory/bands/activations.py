@@ -16,7 +16,7 @@ from gpuanat.core.memory.bands.decoder_layers import (
     outside_layers_bytes_per_token,
     residual_element_bytes,
 )
-from gpuanat.core.memory.bands.precision import coefficients, is_mixed, sharded_in_16_bit
+from gpuanat.core.memory.bands.precision import coefficients, is_mixed, parameter_element_bytes, sharded_in_16_bit
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, lora_adapted_inputs_per_layer
 from gpuanat.core.run.config import RunConfig
@@ -142,20 +142,25 @@ def liger_chunk_tokens(config: RunConfig, preset: ModelPreset) -> int:
 def liger_kept_bytes(config: RunConfig, preset: ModelPreset) -> int:
     """What Liger's fused linear cross-entropy keeps from the forward pass to the backward pass, in place of the
     logits and the loss's log-probabilities: it computes the gradients in the forward pass and saves them — the
-    hidden states' (b·s·h, their dtype), and, where the LM head trains (no LoRA), the head's (V·h, fp32)."""
+    hidden states' (b·s·h, their dtype), and, where the LM head trains (no LoRA), the head's (V·h, in the head's
+    dtype: `zeros_like(weight)`, bf16 for a model held in bf16)."""
     hidden = config.batch_size * config.seq_len * preset.hidden_size * _lm_head_input_element_bytes(config)
-    head = 0 if config.lora else 4 * preset.vocab_size * preset.hidden_size
+    head = 0 if config.lora else parameter_element_bytes(config) * preset.vocab_size * preset.hidden_size
     return hidden + head
 
 
 def liger_transient_bytes(config: RunConfig, preset: ModelPreset) -> int:
     """What Liger's fused loss allocates and frees again inside the forward pass, above what it keeps: the per-token
     fp32 losses, one chunk's logits (16-bit under autocast, else fp32) and its hidden-state gradient (fp32 at most),
-    and with QLoRA under mixed precision the 16-bit cast of the fp32 LM head that each chunk's matmuls make."""
+    and, where the LM head is fp32 under autocast, the 16-bit casts of the head that a chunk's matmuls make: one at a
+    time for QLoRA's frozen fp32 head; two for a trained fp32 head (fp32 weights), whose memory snapshot on the H100
+    shows both alive at the peak, the logits matmul's and the hidden-state gradient's (liger-kernel 0.8.5)."""
     if not config.liger:
         return 0
     chunk = liger_chunk_tokens(config, preset)
     logits_element = 2 if is_mixed(config) else 4
-    head_cast = 2 * preset.vocab_size * preset.hidden_size if config.load_in_4bit and is_mixed(config) else 0
+    trained_fp32_head = not config.lora and parameter_element_bytes(config) == 4
+    head_casts = 2 if trained_fp32_head else 1 if config.load_in_4bit else 0
+    head_cast = head_casts * 2 * preset.vocab_size * preset.hidden_size if is_mixed(config) else 0
     return (4 * config.batch_size * config.seq_len + chunk * preset.vocab_size * logits_element
             + chunk * preset.hidden_size * 4 + head_cast)

@@ -18,6 +18,11 @@ The rules, each an implementation fact:
   autocast where `pow` runs in fp32. A mixture of experts keeps, for each of the token's experts, its input, the
   expert MLP's tensors and its output (which the routing weight multiplies), and the router's fp32 probabilities.
 - Dropout keeps a 1-byte mask.
+- Liger Kernel's layer kernels (`--liger-layers`), each an autograd Function over Triton kernels, which autocast
+  leaves alone: its RMSNorm keeps its input as it is, in the input's dtype, and an fp32 reciprocal root mean square a
+  row, frozen or not, and returns the input's dtype; its SwiGLU/GeGLU keeps gate and up and recomputes the activation
+  in backward; its RoPE rotates q and k in place (what SDPA keeps is unchanged). It patches the layers' and the final
+  norm, and the q/k norms only where its patch names them (`LIGER_PATCHED_QK_NORMS`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ NORM_STATISTICS_BYTES = 8
 """LayerNorm's per-token mean and reciprocal deviation, fp32."""
 RMS_STATISTICS_BYTES = 4
 """An RMSNorm's reciprocal root mean square, fp32, per normalized vector."""
+LIGER_PATCHED_QK_NORMS = frozenset({"gemma3", "gemma3_text", "gemma4_text", "qwen3", "qwen3_moe", "qwen3_next",
+                                    "qwen3_5", "qwen3_5_moe", "exaone4"})
+"""The families whose q/k norms Liger's patch of a built model replaces (liger-kernel 0.8.5, monkey_patch: for the
+others it patches the norm's class, which a built model's q/k norms no longer read)."""
 
 
 def residual_element_bytes(config: RunConfig) -> int:
@@ -54,12 +63,20 @@ class _Layer:
         """A LoRA or QLoRA base: its weights need no gradient, so nothing is kept to compute one."""
         self.adapted = lora_target_names(arch, config) if config.lora else set()
         self.lora_rank = config.lora
+        self.liger = config.liger_layers and arch.objective == "causal-lm"
         self.saved = 0
 
-    def norm(self, kind: str, width: int, input_bytes: int, input_kept: bool = False, vectors: int = 1) -> int:
+    def liger_norm(self, width: int, input_bytes: int, input_kept: bool, vectors: int) -> int:
+        """Liger's RMSNorm: the input itself (unless already kept) and the fp32 statistics; its output in the
+        input's dtype."""
+        self.saved += RMS_STATISTICS_BYTES * vectors + (0 if input_kept else input_bytes * width)
+        return input_bytes
+
+    def norm(self, kind: str, width: int, input_bytes: int, input_kept: bool = False, vectors: int = 1,
+             qk: bool = False) -> int:
         """Add a norm's saved tensors, per token; returns its output's element bytes. `input_kept`: another norm of
         the same fp32 input keeps it already; `vectors`: how many vectors of a token it normalizes (q/k norms: one a
-        head). A frozen weight's multiplication keeps nothing (its gradient is not computed)."""
+        head); `qk`: a q/k norm. A frozen weight's multiplication keeps nothing (its gradient is not computed)."""
         if kind in ("layer", "layer_no_bias"):  # torch's kernel keeps its input and statistics, frozen or not
             fp32_input = self.autocast or input_bytes == 4
             self.saved += NORM_STATISTICS_BYTES
@@ -67,6 +84,8 @@ class _Layer:
             if not (input_kept and (input_bytes == 4 or not self.autocast)):
                 self.saved += kept_input * width
             return 4 if self.autocast else input_bytes
+        if self.liger and (not qk or self.arch.family in LIGER_PATCHED_QK_NORMS):
+            return self.liger_norm(width, input_bytes, input_kept, vectors)
         self.saved += RMS_STATISTICS_BYTES * vectors
         if not (input_kept and input_bytes == 4):
             self.saved += 4 * width  # the fp32 input (or its fp32 copy)
@@ -98,7 +117,7 @@ class _Layer:
         q, kv = arch.query_width, arch.kv_width
         if arch.qk_norm != "none":
             self.norm(arch.qk_norm_kind, q + kv, c, vectors=arch.num_heads + arch.kv_heads if arch.qk_norm == "head"
-                      else 2)
+                      else 2, qk=True)
         eager, rotary = config.attn == "eager", arch.positions == "rotary"
         if eager and kv != q:
             qkv = 3 * q  # eager attention's keys and values repeated to every head (copies)
@@ -113,8 +132,8 @@ class _Layer:
         """A gated or plain MLP's own tensors and its output projection's input (`names`: its linear layers)."""
         arch, c = self.arch, self.compute
         width, kind, down = arch.intermediate_size, arch.activation, names[-1]
-        if arch.gated_mlp:  # gate (the activation's input), the activation and up (the product's)
-            self.saved += c * width * (2 if kind == "saves_output" else 3)
+        if arch.gated_mlp:  # gate (the activation's input), the activation and up (the product's); Liger: gate, up
+            self.saved += c * width * (2 if kind == "saves_output" or self.liger else 3)
             self.read_by_linears(c, width, [down])
             return
         if kind == "tanh_composed":

@@ -24,7 +24,7 @@ TOP_RUNG_MULTIPLE = 8
 """Besides powers of two, the batch ladder's top rung is the largest batch predicted to fit, rounded down to a
 multiple of 8 (tensor-core friendly): bert-large bf16 on an 80 GiB GPU fits 140, above the 128 rung."""
 MEMORY_RELEVANT_FIELDS = ("precision", "grad_checkpointing", "optim", "attn", "compile", "compile_regions",
-                          "expandable_segments", "liger")
+                          "expandable_segments", "liger", "liger_layers")
 """Techniques that change what a batch needs: a trial that ran out of memory rules out larger batches only for
 the same values of these."""
 
@@ -180,9 +180,10 @@ class Search:
             for mode in ("regions", "model", "off"):
                 if mode != compile_mode(center):
                     candidates.append(self._fitted(with_compile_mode(center, mode), dimension))
-        elif dimension in ("expandable-segments", "liger"):
-            name = DIMENSION_FIELDS[dimension][0]
-            candidates.append(self._fitted(center.replace(**{name: not getattr(center, name)}), dimension))
+        elif dimension in ("expandable-segments", "liger"):  # each field of the dimension flipped together
+            names = DIMENSION_FIELDS[dimension]
+            on = not any(getattr(center, name) for name in names)
+            candidates.append(self._fitted(center.replace(**dict.fromkeys(names, on)), dimension))
         return [candidate for candidate in dict.fromkeys(candidates) if candidate is not None and candidate != center]
 
     def _checkpointing_move(self, center: RunConfig) -> RunConfig | None:

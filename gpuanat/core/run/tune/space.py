@@ -22,11 +22,12 @@ DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "grad-checkpointing": ("grad_checkpointing",),
     "workers": ("workers",),
     "expandable-segments": ("expandable_segments",),
-    "liger": ("liger",),
+    "liger": ("liger", "liger_layers"),
     "engine": ("engine",),
     "compile": ("compile_regions", "compile"),
 }
-"""The dimensions searched, in the order of the moves, and the RunConfig fields each one sets. torch.compile comes
+"""The dimensions searched, in the order of the moves, and the RunConfig fields each one sets (Liger: all its
+kernels or none, as HF Trainer's use_liger_kernel). torch.compile comes
 last: its trials are the longest (compilation). Its values: eager, the regions outside attention compiled (faster
 than eager on the H100), the whole model compiled (slower there, with 1.7× the memory)."""
 DIMENSIONS = tuple(DIMENSION_FIELDS)
