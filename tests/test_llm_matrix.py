@@ -54,23 +54,24 @@ def test_the_smoke_set_trains_every_configuration_on_the_cpu(tmp_path):
     assert "lm s64" in completed.stdout and "statuses: ok" in completed.stdout
 
 
-def test_liger_patches_are_put_back_after_the_configuration(monkeypatch):
+def test_liger_patches_are_put_back_after_the_configuration(tmp_path):
+    """Liger's apply function (run by the Trainer inside the block) rebinds the family's module globals and class
+    methods for the whole process: what it writes there, as it does, is undone on the way out."""
     from transformers.models.llama import modeling_llama
 
     original_mlp, original_forward = modeling_llama.LlamaMLP, modeling_llama.LlamaForCausalLM.__dict__["forward"]
-
-    def apply(fused_linear_cross_entropy: bool = False) -> None:
-        assert fused_linear_cross_entropy
+    with llm_matrix.liger_patched(llm_matrix.Case("llama-tiny", "causal-lm", 64, 2, liger=True)) as info:
+        assert info == {"applied": "TrainingArguments(use_liger_kernel=True)", "fused_linear_cross_entropy": True}
         modeling_llama.LlamaMLP = type("LigerSwiGLUMLP", (original_mlp,), {})
         modeling_llama.LlamaForCausalLM.forward = lambda self, *args, **kwargs: None
         modeling_llama.liger_added_global = True
-
-    liger = types.ModuleType("liger_kernel")
-    liger.transformers = types.SimpleNamespace(apply_liger_kernel_to_llama=apply, apply_liger_kernel_to_qwen2=apply)
-    monkeypatch.setitem(sys.modules, "liger_kernel", liger)
-    with llm_matrix.liger_patched(llm_matrix.Case("llama-tiny", "causal-lm", 64, 2, liger=True)) as info:
-        assert info["fused_linear_cross_entropy"]
-        assert modeling_llama.LlamaMLP.__name__ == "LigerSwiGLUMLP"
     assert modeling_llama.LlamaMLP is original_mlp
     assert modeling_llama.LlamaForCausalLM.__dict__["forward"] is original_forward
     assert not hasattr(modeling_llama, "liger_added_global")
+    with llm_matrix.liger_patched(llm_matrix.Case("qwen3-0.6b", "causal-lm", 64, 2, liger=True,
+                                                  liger_loss=False)) as info:  # a config.json's family
+        assert not info["fused_linear_cross_entropy"]
+        arguments, _ = llm_matrix.training_arguments(
+            llm_matrix.Case("qwen3-0.6b", "causal-lm", 64, 2, liger=True, liger_loss=False),
+            llm_matrix.Context(device="cpu", steps=1, probe=False, qlora=None), str(tmp_path))
+        assert arguments.use_liger_kernel and arguments.liger_kernel_config == {"fused_linear_cross_entropy": False}
