@@ -217,7 +217,8 @@ def validate_values(config: RunConfig) -> None:
 
 def _validate_liger(config: RunConfig) -> None:
     """--liger replaces a causal LM's loss, which reads the LM head's weight whole: a classifier has none to fuse
-    (a --model's head is known once the worker builds it), and a weight sharded over ranks is not whole."""
+    (a --model's head is known once the worker builds it), and a weight sharded over ranks is not whole.
+    --liger-layers patches a causal LM's layers: a classifier preset has none Liger knows."""
     preset = PRESETS[config.preset]
     if config.liger_layers and config.model is None and preset.objective != "causal-lm":
         raise ConfigError("--liger-layers", f"Liger's layer kernels patch causal LMs; {config.preset} is a "
