@@ -19,6 +19,14 @@ the window's start. Then:
   outside torch's allocator, context growth), or the readings are too far apart in time.
 
     python benchmarks/bands_check.py HISTORY.sqlite --out bands_check.json
+
+The results and records users read get the same check, one moment each (`stack_problems`): every band of a
+`run --json` result, each of its ranks, and each `watch --json` record must be >= 0, and the used bands must sum to
+the device used beside them within 1%; the gradients' own maximum after backward (`gradients_after_backward_bytes`)
+is of another moment and must not be in the stack (the gradients band is what is alive at the end of forward, never
+more than that maximum).
+
+    python benchmarks/bands_check.py --results RESULT.json RECORDS.jsonl ... --out bands_results.json
 """
 
 from __future__ import annotations
@@ -30,12 +38,18 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.measure.anatomy import assemble_bands
+from gpuanat.core.measure.anatomy import (
+    STACK_TOLERANCE_PERCENT as TOLERANCE_PERCENT,
+)
+from gpuanat.core.measure.anatomy import (
+    assemble_bands,
+    bands_of_one_moment,
+    stack_problems,
+    stack_sum_error_percent,
+)
 from gpuanat.core.measure.samples import Sample
 from gpuanat.core.run.protocol import ProbeBands
 from gpuanat.core.store.history import HistoryStore
-
-TOLERANCE_PERCENT = 1.0
 
 
 def _read_by_child(step: dict[str, Any]) -> bool:
@@ -118,11 +132,49 @@ def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | No
     }
 
 
+def _json_entries(path: Path) -> list[dict[str, Any]]:
+    """The results and records in a file: one JSON document (a result, or a list of them) or JSON lines."""
+    text = path.read_text()
+    try:
+        loaded = json.loads(text)
+        documents = loaded if isinstance(loaded, list) else [loaded]
+    except ValueError:
+        documents = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [bands_of_one_moment(document) for document in documents
+            if isinstance(document, dict) and document.get("bands")]
+
+
+def check_results(paths: list[Path]) -> dict[str, Any]:
+    """Every result and record with bands in `paths`: the ones that add up, and why the others do not."""
+    checked, problems, errors = 0, [], []
+    for path in paths:
+        for index, entry in enumerate(_json_entries(path)):
+            checked += 1
+            problems.extend(stack_problems(entry, f"{path.name}[{index}]"))
+            error = stack_sum_error_percent(entry)
+            if error is not None:
+                errors.append(error)
+    return {"checked": checked, "with_device_used": len(errors),
+            "max_abs_error_percent": max(map(abs, errors)) if errors else None, "problems": problems}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("db", type=Path)
+    parser.add_argument("db", type=Path, nargs="?")
+    parser.add_argument("--results", type=Path, nargs="+", default=[],
+                        help="JSON results (run --json) and JSON-lines records (watch --json) to check instead")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.results:
+        report = check_results(args.results)
+        print(f"{report['checked']} results and records with bands; {report['with_device_used']} beside a device "
+              f"reading, max |sum - used| {report['max_abs_error_percent']}%; {len(report['problems'])} problems")
+        for problem in report["problems"]:
+            print(f"  {problem}")
+        args.out.write_text(json.dumps(report, indent=1))
+        raise SystemExit(1 if report["problems"] else 0)
+    if args.db is None:
+        parser.error("give a history database, or --results FILE ...")
     report = []
     with HistoryStore(args.db, read_only=True) as store:
         for run in reversed(store.runs()):

@@ -22,6 +22,14 @@ TINY_CPU = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples
 """A tiny BERT on the CPU: a few seconds of real training after the imports."""
 
 
+def state_bytes(entry: dict) -> dict[str, int | None]:
+    """Weights, gradients and optimizer state of a result, record or rank entry, as counted against a reference: the
+    gradients by their size after backward (the bands hold those alive at the end of forward)."""
+    return {"weights_bytes": entry["bands"]["weights_bytes"],
+            "gradients_bytes": entry["gradients_after_backward_bytes"],
+            "optimizer_state_bytes": entry["bands"]["optimizer_state_bytes"]}
+
+
 def cli_env(db: Path | None, fault: str | None = None, offline_hub: bool = False,
             extra_env: dict[str, str] | None = None) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPUANAT_")} | (extra_env or {})

@@ -44,7 +44,9 @@ store = HistoryStore(sys.argv[1])
 run_id = store.create_run({"batch_size": 4, "preset": "tiny"})
 store.add_steps(run_id, [
     {"step": 1, "elapsed_s": 1.5, "samples": 4, "loss": 2.5, "peak_allocated_bytes": 1000, "reserved_bytes": 2048,
-     "bands": {"weights_bytes": 64}},
+     "bands": {"weights_bytes": 64, "gradients_bytes": 64, "optimizer_state_bytes": 128, "activations_bytes": 32,
+               "activations_method": "allocator", "batch_bytes": 16, "measured_at_step": 1,
+               "gradients_at_forward_end_bytes": 0, "optimizer_state_at_forward_end_bytes": 0}},
     {"step": 2, "elapsed_s": 2.0, "samples": 8, "loss": 2.25, "peak_allocated_bytes": 1500, "reserved_bytes": 4096},
     {"step": 3, "elapsed_s": 4.0, "samples": 12, "peak_allocated_bytes": 1200, "reserved_bytes": 4096},
 ])
@@ -379,7 +381,12 @@ def test_a_recorder_killed_with_sigkill_has_its_run_finalised_by_the_next_writab
     assert result == {
         "run_id": run_id, "status": "interrupted", "config": {"batch_size": 4, "preset": "tiny"},
         "steps": 3, "samples": 12, "train_runtime_s": 4.0, "samples_per_second": 3.0, "train_loss": 2.25,
-        "peak_allocated_bytes": 1500, "peak_reserved_bytes": 4096, "bands": {"weights_bytes": 64},
+        "peak_allocated_bytes": 1500, "peak_reserved_bytes": 4096,
+        # step 1's probe bands as one moment's, the end of its forward pass: no gradients nor optimizer state yet
+        "bands": {"other_processes_bytes": None, "cuda_context_bytes": None, "weights_bytes": 64, "gradients_bytes": 0,
+                  "optimizer_state_bytes": 0, "activations_bytes": 32, "temporaries_and_cache_bytes": None,
+                  "free_bytes": None},
+        "gradients_after_backward_bytes": 64,
         "error": {"kind": "interrupted",
                   "message": f"the recorder (PID {recorder.pid}) stopped before the run finished; this result was "
                              "rebuilt from its 3 recorded steps"},

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))

@@ -302,7 +302,8 @@ def test_liger_layer_kernels_keep_the_norms_input_alone_and_not_the_activation()
     LoRA base the normalized value was not kept: Liger's norm keeps the bf16 input where HF's kept an fp32 copy."""
     h, intermediate, layers, tokens = 2048, 8192, 16, 4 * 1024
     plain = RunConfig(preset="llama-3.2-1b", seq_len=1024, batch_size=4, precision="bf16")
-    saved = estimate_memory(plain).activations_bytes - estimate_memory(plain.replace(liger_layers=True)).activations_bytes
+    liger = plain.replace(liger_layers=True)
+    saved = estimate_memory(plain).activations_bytes - estimate_memory(liger).activations_bytes
     assert saved == (layers * (2 * 4 * h + 2 * intermediate) + 4 * h) * tokens
     lora = plain.replace(lora=16)
     saved = estimate_memory(lora).activations_bytes - estimate_memory(lora.replace(liger_layers=True)).activations_bytes

@@ -16,6 +16,7 @@ import pytest
 from conftest import last_json, run_cli, start_cli
 from transformers import AutoModelForSequenceClassification, BertConfig
 
+from gpuanat.core.measure.anatomy import stack_problems
 from gpuanat.core.run.presets import PRESETS
 
 BASE = ["--preset", "tiny", "--device", "cpu", "--seq-len", "64", "--samples", "64"]
@@ -86,17 +87,18 @@ def test_json_contract(results):
     # The prediction made from the preset's shape is recorded with the run; on the CPU there is no
     # allocator peak to compare it with.
     assert result["predicted"]["weights_bytes"] == result["bands"]["weights_bytes"]
-    assert result["predicted"]["gradients_bytes"] == result["bands"]["gradients_bytes"]
+    assert result["predicted"]["gradients_bytes"] == result["gradients_after_backward_bytes"]
     assert result["predicted"]["optimizer_state_bytes"] == result["bands"]["optimizer_state_bytes"]
     assert result["prediction_error_percent"] is None
 
 
 def test_exact_bytes_for_fp32_adamw(results):
     counts = tiny_model_counts()
-    bands = results["adamw_bs8"]["bands"]
-    assert results["adamw_bs8"]["params"] == counts["params"]
+    result = results["adamw_bs8"]
+    bands = result["bands"]
+    assert result["params"] == counts["params"]
     assert bands["weights_bytes"] == 4 * counts["params"] + counts["buffer_bytes"]
-    assert bands["gradients_bytes"] == 4 * counts["params"]
+    assert result["gradients_after_backward_bytes"] == 4 * counts["params"]
     # AdamW keeps exp_avg and exp_avg_sq (fp32: 8 B/param) and one fp32 step counter per parameter tensor.
     assert bands["optimizer_state_bytes"] == 8 * counts["params"] + 4 * counts["parameter_tensors"]
 
@@ -104,7 +106,7 @@ def test_exact_bytes_for_fp32_adamw(results):
 def test_sgd_has_no_optimizer_state_and_adafactor_factors_its_state(results):
     counts = tiny_model_counts()
     assert results["sgd_accum"]["bands"]["optimizer_state_bytes"] == 0
-    assert results["sgd_accum"]["bands"]["gradients_bytes"] == 4 * counts["params"]
+    assert results["sgd_accum"]["gradients_after_backward_bytes"] == 4 * counts["params"]
     # Adafactor: a 2-D weight keeps a row and a column factor, a 1-D one its full second moment; plus a step.
     expected = 0
     for shape in counts["matrices_elements"]:
@@ -134,9 +136,20 @@ def test_accumulation_counts_micro_batches(results):
 
 def test_gradients_are_alive_at_the_end_of_forward_only_when_accumulating(results):
     counts = tiny_model_counts()
-    # the second micro-batch's forward ends with the first one's gradients still held
-    assert results["sgd_accum"]["gradients_at_forward_end_bytes"] == 4 * counts["params"]
-    assert results["adamw_bs8"]["gradients_at_forward_end_bytes"] == 0
+    # the bands are one moment's, the end of forward: the second micro-batch's forward ends with the first one's
+    # gradients still held; without accumulation none are alive then, and their size after backward is beside
+    assert results["sgd_accum"]["bands"]["gradients_bytes"] == 4 * counts["params"]
+    assert results["adamw_bs8"]["bands"]["gradients_bytes"] == 0
+    assert results["adamw_bs8"]["gradients_after_backward_bytes"] == 4 * counts["params"]
+    assert "gradients_at_forward_end_bytes" not in results["adamw_bs8"]
+
+
+def test_every_result_s_bands_are_one_moment_s(results):
+    for name, result in results.items():
+        assert stack_problems(result) == [], name
+        for rank in result["ranks"]:
+            assert rank["bands"] == result["bands"] and rank["gradients_after_backward_bytes"] == result[
+                "gradients_after_backward_bytes"]
 
 
 def test_history_lists_every_run_in_each_format(results, history_db):

@@ -23,6 +23,7 @@ import psutil
 import pytest
 from conftest import REPO, cli_env, run_cli, start_cli, tiny_model_reference
 
+from gpuanat.core.measure.anatomy import stack_problems
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
 from gpuanat.core.measure.process_tree import HostOnlySource
 from gpuanat.core.measure.replay import ReplayGpuSource, ReplaySource
@@ -374,8 +375,9 @@ def test_watching_a_real_trainer_run_that_publishes(tmp_path):
             assert bands["weights_bytes"] is None
             assert record["bands_unavailable"]["weights_bytes"] == "the probe has not measured a step yet"
             continue
-        assert {key: bands[key] for key in ("weights_bytes", "gradients_bytes")} == {
-            key: reference[key] for key in ("weights_bytes", "gradients_bytes")}
+        assert record["gradients_after_backward_bytes"] == reference["gradients_bytes"]
+        assert bands["weights_bytes"] == reference["weights_bytes"] and bands["gradients_bytes"] == 0
+        assert stack_problems(record) == []
         # The bands are memory at the end of the measured step's forward pass (the peak). The optimizer state
         # is created by the first optimizer step, after the first forward pass: a watcher that reads the
         # publication before step 2 was published sees step 1's bands, without it.
@@ -554,8 +556,10 @@ def test_watching_a_torchrun_job_shows_every_ranks_anatomy(tmp_path):
         assert record["publisher_pid"] == record["ranks"][0]["pid"]  # rank 0 speaks for the run
         for rank in record["ranks"]:
             assert rank["bands"]["weights_bytes"] == reference["weights_bytes"]  # DDP: the whole model on each
-            assert rank["bands"]["gradients_bytes"] == reference["gradients_bytes"]
+            assert rank["gradients_after_backward_bytes"] == reference["gradients_bytes"]
+            assert rank["bands"]["gradients_bytes"] == 0  # at the end of forward, without accumulation
             assert "CPU run" in rank["bands_unavailable"]["free_bytes"]
+        assert stack_problems(record) == []
 
 
 # --- a torchrun job on 4 H200s (benchmarks/multi_gpu_live.sh, benchmarks/results/h200x4/live/) ---

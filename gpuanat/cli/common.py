@@ -196,6 +196,9 @@ def print_summary(result: dict[str, Any]) -> None:
         label = band.removesuffix("_bytes").replace("_", " ")
         reason = result["unavailable"].get(band)
         print(f"  {label:<22} {format_bytes(value):>11}" + (f"  ({reason})" if value is None and reason else ""))
+    if result.get("gradients_after_backward_bytes"):
+        print(f"  (at the end of the forward pass; after backward the gradients take "
+              f"{format_bytes(result['gradients_after_backward_bytes'])})")
     print(f"Log: {result['log_path']}")
 
 

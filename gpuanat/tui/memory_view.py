@@ -85,14 +85,12 @@ class MemoryView:
                              if live.model else None)
 
     def show_result(self, result: dict[str, Any]) -> None:
-        # The bar stacks the memory at the peak (end of forward): only accumulated gradients are alive then.
-        at_peak = {**result["bands"], "gradients_bytes": result.get("gradients_at_forward_end_bytes")}
-        self._memory_bar.update_bands(at_peak, at_peak, result.get("device_memory_total_bytes"),
-                                      result["unavailable"])
+        # The bands are one moment's, the end of forward (only accumulated gradients are alive then).
+        bands = result["bands"]
+        self._memory_bar.update_bands(bands, bands, result.get("device_memory_total_bytes"), result["unavailable"])
         self._show_logits(result.get("logits_bytes"), result.get("logits_bytes"))
         self._show_trainable(trainable_weights_bytes(result.get("params"), result.get("trainable_params")))
         self._show_lanes([
-            Lane(rank["gpu_index"], rank["rank"],
-                 {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},
+            Lane(rank["gpu_index"], rank["rank"], rank["bands"],
                  rank.get("device_memory_used_bytes"), rank.get("device_memory_total_bytes"), None)
             for rank in result.get("ranks") or [] if rank.get("gpu_index") is not None])

@@ -222,9 +222,6 @@ class WatchApp(DashboardActions):
         if record["bands"] is not None:
             bands = dict(record["bands"])
             unavailable = dict(record["bands_unavailable"] or {})
-            if record.get("gradients_at_forward_end_bytes") is not None:
-                # the bar stacks the memory at the peak (end of forward): only accumulated gradients are alive
-                bands["gradients_bytes"] = record["gradients_at_forward_end_bytes"]
         else:
             reason = record["publication_reason"]
             bands = {"other_processes_bytes": main["other_processes_bytes"] if main else None,
@@ -242,9 +239,7 @@ class WatchApp(DashboardActions):
             self._peak_bands = dict(bands)
         self._memory_bar.update_bands(bands, self._peak_bands, total, unavailable, unattributed)
         self._show_lanes([  # every publishing rank of a distributed job, on its own GPU
-            Lane(rank["gpu_index"], rank["rank"],
-                 {**rank["bands"], "gradients_bytes": rank.get("gradients_at_forward_end_bytes")},
-                 rank["used_bytes"], rank["total_bytes"], None)
+            Lane(rank["gpu_index"], rank["rank"], rank["bands"], rank["used_bytes"], rank["total_bytes"], None)
             for rank in record.get("ranks") or [] if rank["gpu_index"] is not None])
 
     def _state_text(self) -> str:

@@ -5,12 +5,14 @@ optimizer states, activations, temporaries & allocator cache, free. The probe me
 bands inside the training process; NVML, read by the parent, gives the device and per-process use.
 A band that cannot be measured is None, with the reason in `unavailable` — never a guess.
 
-The tensor bands are the sizes of each kind of tensor. Gradients and activations do not peak
-together: the Trainer frees gradients after each optimizer step, so at the end of the forward pass —
-the peak — only accumulated gradients are alive, and in the first step no optimizer state yet. The
-other bands are taken at that moment, so
-other processes + context + weights + gradients alive at the peak + optimizer state + activations +
-temporaries & cache = NVML device used.
+The bands are one moment's: the end of the forward pass of the probe's last measured step, when the activations
+peak. Gradients and activations do not peak together: the loop frees gradients after each optimizer step, so at
+that moment only accumulated gradients are alive (the gradients band), and in the first step no optimizer state
+yet. So
+other processes + context + weights + gradients + optimizer state + activations + temporaries & cache = NVML used,
+and the space the gradients take after backward is part of the cache then. The gradients' own maximum, after
+backward, is worth knowing (the model's gradient bytes) but is of another moment: results and records carry it
+beside the bands as `gradients_after_backward_bytes`, never in the stack (`stack_total_bytes` sums the stack).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class MemoryBands:
     activations_bytes: int | None = None
     temporaries_and_cache_bytes: int | None = None
     """Reserved memory not held by weights, optimizer state, activations and the gradients alive at the
-    end of the forward pass (the peak): the batch, transient buffers and the allocator's cache."""
+    end of the forward pass: the batch, transient buffers and the allocator's cache (with the room the
+    gradients take after backward)."""
     free_bytes: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
     """Band name -> why it is None."""
@@ -85,7 +88,8 @@ def assemble_bands(
         # The optimizer state as at the end of forward, like the other bands: none yet in the first step.
         optimizer_state = (probe.optimizer_state_at_forward_end_bytes
                            if probe.optimizer_state_at_forward_end_bytes is not None else probe.optimizer_state_bytes)
-        tensor_bands.update(weights_bytes=probe.weights_bytes, gradients_bytes=probe.gradients_bytes,
+        # The gradients alive at the end of forward, like the activations: those kept by accumulation.
+        tensor_bands.update(weights_bytes=probe.weights_bytes, gradients_bytes=probe.gradients_at_forward_end_bytes,
                             optimizer_state_bytes=optimizer_state, activations_bytes=probe.activations_bytes)
         if probe.activations_bytes is None:
             unavailable["activations_bytes"] = "not measurable with torch.compile on CPU"
@@ -96,9 +100,7 @@ def assemble_bands(
 
     other = _difference(device_used_bytes, process_used_bytes)
     context = _difference(process_used_bytes, reserved_bytes)
-    # At the peak (end of forward) only the gradients kept by accumulation are alive, not all of them.
-    gradients_at_peak = probe.gradients_at_forward_end_bytes if probe is not None else None
-    cache = _difference(reserved_bytes, tensor_bands["weights_bytes"], gradients_at_peak,
+    cache = _difference(reserved_bytes, tensor_bands["weights_bytes"], tensor_bands["gradients_bytes"],
                         tensor_bands["optimizer_state_bytes"], tensor_bands["activations_bytes"])
     free = _difference(device_total_bytes, device_used_bytes)
     for name, value, reason in (
@@ -128,3 +130,75 @@ def assemble_bands(
         free = None
     return MemoryBands(other_processes_bytes=other, cuda_context_bytes=context, **tensor_bands,
                        temporaries_and_cache_bytes=cache, free_bytes=free, unavailable=unavailable)
+
+
+USED_BAND_NAMES = BAND_NAMES[:-1]
+"""The bands that add up to the device's used memory (all but free)."""
+
+
+def stack_total_bytes(bands: dict[str, Any]) -> int | None:
+    """The used bands of one moment summed, to hold against NVML's device used of that moment; None when a band is
+    missing (then the stack does not claim to add up)."""
+    values = [bands.get(name) for name in USED_BAND_NAMES]
+    if any(value is None for value in values):
+        return None
+    return sum(values)
+
+
+STACK_TOLERANCE_PERCENT = 1.0
+"""How far the used bands' sum may be from the device used they describe."""
+
+
+def stack_problems(entry: dict[str, Any], where: str = "result") -> list[str]:
+    """Why the bands of a result, record or rank entry are not one moment's that add up (empty: they are): a
+    negative band, a sum off the device used beside them by more than 1%, a gradients band above the gradients'
+    maximum. Ranks are checked too."""
+    problems = []
+    bands = entry.get("bands") or {}
+    for name, value in bands.items():
+        if isinstance(value, int) and value < 0:
+            problems.append(f"{where}: {name} is negative ({value:,} B)")
+    total, used = stack_total_bytes(bands), entry.get("device_memory_used_bytes", entry.get("used_bytes"))
+    if total is not None and used:
+        error_percent = 100.0 * (total - used) / used
+        if abs(error_percent) > STACK_TOLERANCE_PERCENT:
+            problems.append(f"{where}: the bands sum to {total:,} B, {error_percent:+.2f}% off the device's {used:,} B")
+    after_backward, alive = entry.get("gradients_after_backward_bytes"), bands.get("gradients_bytes")
+    if after_backward is not None and alive is not None and alive > after_backward:
+        problems.append(f"{where}: gradients alive at the end of forward ({alive:,} B) exceed their maximum after "
+                        f"backward ({after_backward:,} B)")
+    for rank in entry.get("ranks") or []:
+        problems.extend(stack_problems(rank, f"{where}, rank {rank.get('rank')}"))
+    return problems
+
+
+def stack_sum_error_percent(entry: dict[str, Any]) -> float | None:
+    """How far the used bands' sum is from the device used beside them, in percent; None when one is missing."""
+    total = stack_total_bytes(entry.get("bands") or {})
+    used = entry.get("device_memory_used_bytes", entry.get("used_bytes"))
+    return 100.0 * (total - used) / used if total is not None and used else None
+
+
+def gradients_after_backward_bytes(probe: ProbeBands | None) -> int | None:
+    """The gradients' own maximum in the probe's last measured step, after backward: beside the bands, not in them."""
+    return probe.gradients_bytes if probe is not None else None
+
+
+def bands_of_one_moment(result: dict[str, Any]) -> dict[str, Any]:
+    """A result or record as it is written now, from one written before the bands were one moment's (until
+    gpuanat 0.1's issue #30 the stack's gradients band was their maximum after backward and the gradients alive at
+    the end of forward a field beside it): the same numbers, the two swapped, for history rows and committed
+    results of then. A current result is returned as it is."""
+    if "gradients_at_forward_end_bytes" not in result or "gradients_after_backward_bytes" in result:
+        return result
+    upgraded = dict(result)
+    at_forward_end = upgraded.pop("gradients_at_forward_end_bytes")
+    bands = dict(upgraded.get("bands") or {})
+    upgraded["gradients_after_backward_bytes"] = bands.get("gradients_bytes")
+    if bands:
+        bands["gradients_bytes"] = at_forward_end
+        upgraded["bands"] = bands
+    if isinstance(upgraded.get("ranks"), list):
+        upgraded["ranks"] = [bands_of_one_moment(rank) if isinstance(rank, dict) else rank
+                             for rank in upgraded["ranks"]]
+    return upgraded

@@ -134,7 +134,7 @@ class LiveRun:
 
     def rank_bands(self, rank: int, sample: Sample | None,
                    gpu_index: int | None) -> tuple[GpuSample | None, dict[str, Any], dict[str, str]]:
-        """One rank's bands now, at the peak's accounting (gradients: those alive at the end of forward), from its
+        """One rank's bands now, of one moment (the end of forward: only accumulated gradients alive), from its
         own events and NVML's reading of its GPU and its PID; with why a band is missing."""
         gpu = gpu_of(sample, gpu_index)
         probe, step = self.rank(rank).probe_bands, self.rank(rank).last_step
@@ -151,8 +151,6 @@ class LiveRun:
         )
         values = bands.to_json()
         unavailable = values.pop("unavailable")
-        if probe is not None:
-            values["gradients_bytes"] = probe.gradients_at_forward_end_bytes
         return gpu, values, unavailable
 
     def observe_peak(self, bands: dict[str, Any], device_used_bytes: int | None) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.measure.anatomy import assemble_bands
+from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.run_state import RankEvents
 from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.memory.predict import prediction_json
@@ -168,8 +168,7 @@ def _rank_result(rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStat
         "status": _rank_status(state),
         "samples": done.samples if done else (last_step.samples if last_step else 0),
         "steady_samples_per_second": done.steady_samples_per_second if done else None,
-        "gradients_at_forward_end_bytes": (state.probe_bands.gradients_at_forward_end_bytes
-                                           if state.probe_bands else None),
+        "gradients_after_backward_bytes": gradients_after_backward_bytes(state.probe_bands),
         "error": ({"kind": state.error.kind, "message": state.error.message, "step": state.error.step}
                   if state.error else None),
         **_memory(config, state, nvml),
@@ -250,8 +249,7 @@ def build_result(run_id: int, config: RunConfig, state: RankRecord, nvml: NvmlSt
         "gpu_name": state.gpu_name,
         "gpus": [gpu.to_json() for gpu in gpus.gpus] if gpus is not None else [],
         "versions": state.hello.versions if state.hello else {},
-        "gradients_at_forward_end_bytes": (state.probe_bands.gradients_at_forward_end_bytes
-                                           if state.probe_bands else None),
+        "gradients_after_backward_bytes": gradients_after_backward_bytes(state.probe_bands),
         "unavailable": unavailable,
         "error": None,
         "exit_code": state.exit_code,

@@ -26,11 +26,13 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("peak_allocated_bytes", "peak allocated"),
     ("device_memory_used_bytes", "GPU memory used"),
     ("weights_bytes", "weights"),
-    ("gradients_bytes", "gradients"),
+    ("gradients_after_backward_bytes", "gradients"),
     ("optimizer_state_bytes", "optimizer state"),
     ("activations_bytes", "activations"),
 )
-BAND_METRICS = {"weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes"}
+BAND_METRICS = {"weights_bytes", "optimizer_state_bytes", "activations_bytes"}
+"""Compared as the stack has them; the gradients by their own maximum after backward (the stack's band is what
+accumulation keeps alive at the end of forward, 0 without it)."""
 STEP_TIME_METRICS = {"step_s": None, **{f"step_{phase}_s": phase for phase in STEP_PHASES}}
 """The steady step's mean time and its phases (the result's `step_time_breakdown`)."""
 

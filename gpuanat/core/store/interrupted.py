@@ -12,6 +12,9 @@ from typing import Any
 
 import psutil
 
+from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
+from gpuanat.core.run.protocol import ProbeBands
+
 RECORDER_START_TOLERANCE_S = 1.0
 """Two readings of one process's start time agree within this (psutil derives it from the boot time and clock
 ticks, both read from /proc); a PID reused by another process belongs to one that started later than that."""
@@ -67,7 +70,8 @@ def result_from_steps(config: Mapping[str, Any], steps: Sequence[Mapping[str, An
     allocated = [value for step in steps
                  if (value := step.get("peak_allocated_bytes") or step.get("allocated_bytes")) is not None]
     reserved = [step["reserved_bytes"] for step in steps if step.get("reserved_bytes") is not None]
-    with_bands = [step["bands"] for step in steps if step.get("bands")]
+    with_bands = [step for step in steps if step.get("bands")]
+    measured = _bands_of_step(with_bands[-1]) if with_bands else None
     recorder = f"the recorder (PID {recorder_pid})" if recorder_pid else "the recorder"
     counted = f"{len(steps)} recorded step" + ("" if len(steps) == 1 else "s")
     return {
@@ -81,10 +85,27 @@ def result_from_steps(config: Mapping[str, Any], steps: Sequence[Mapping[str, An
         "train_loss": losses[-1] if losses else None,
         "peak_allocated_bytes": max(allocated) if allocated else None,
         "peak_reserved_bytes": max(reserved) if reserved else None,
-        "bands": with_bands[-1] if with_bands else None,
+        "bands": measured[0] if measured else None,
+        "gradients_after_backward_bytes": measured[1] if measured else None,
         "error": {"kind": "interrupted",
                   "message": f"{recorder} stopped before the run finished; this result was rebuilt from its {counted}"},
     }
+
+
+def _bands_of_step(step: Mapping[str, Any]) -> tuple[dict[str, Any], int | None] | None:
+    """The bands of one moment from a step record's probe bands and the allocator's and NVML's readings it carries,
+    with the gradients' maximum after backward; None when the record's bands cannot be read."""
+    try:
+        probe = ProbeBands.from_json(dict(step["bands"]))
+    except (TypeError, ValueError, KeyError):
+        return None
+    nvml = step.get("nvml_device_used_bytes") is not None
+    bands = assemble_bands(probe, reserved_bytes=step.get("reserved_bytes"),
+                           device_used_bytes=step.get("nvml_device_used_bytes"), device_total_bytes=None,
+                           process_used_bytes=step.get("nvml_process_used_bytes"),
+                           no_gpu_reason=None if nvml else "no NVML reading in the step records")
+    return ({key: value for key, value in bands.to_json().items() if key != "unavailable"},
+            gradients_after_backward_bytes(probe))
 
 
 def interrupted_result(stored: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands
+from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
@@ -206,8 +206,8 @@ class WatchRecords:
             "training_done": done is not None,
             "bands": bands,
             "bands_unavailable": bands_unavailable,
-            "gradients_at_forward_end_bytes": (run.probe_bands.gradients_at_forward_end_bytes
-                                               if run.probe_bands else None),
+            "device_memory_used_bytes": main_gpu.used_bytes if main_gpu else None,
+            "gradients_after_backward_bytes": gradients_after_backward_bytes(run.probe_bands),
             "bands_measured_at_step": run.probe_bands.measured_at_step if run.probe_bands else None,
             "malformed_events": observed.malformed,
             "ranks": self._ranks(sample, mapping),
@@ -234,8 +234,7 @@ class WatchRecords:
                           "gpu_index": gpu.index if gpu else None, "step": publisher.step,
                           "used_bytes": gpu.used_bytes if gpu else None,
                           "total_bytes": gpu.total_bytes if gpu else None,
-                          "gradients_at_forward_end_bytes": (publisher.probe_bands.gradients_at_forward_end_bytes
-                                                             if publisher.probe_bands else None),
+                          "gradients_after_backward_bytes": gradients_after_backward_bytes(publisher.probe_bands),
                           "bands": {key: value for key, value in memory.to_json().items() if key != "unavailable"},
                           "bands_unavailable": memory.unavailable})
         return sorted(ranks, key=lambda entry: entry["rank"])
@@ -362,8 +361,7 @@ class WatchRecords:
             "gpu_name": observed.gpu_name,
             "versions": hello.versions if hello else {},
             "bands": bands,
-            "gradients_at_forward_end_bytes": (run.probe_bands.gradients_at_forward_end_bytes
-                                               if run.probe_bands else None),
+            "gradients_after_backward_bytes": gradients_after_backward_bytes(run.probe_bands),
             "unavailable": unavailable,
             "published": observed.publisher_pid is not None,
             "watched_s": round(self._clock() - self.started_s, 3),
