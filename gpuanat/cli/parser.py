@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_technique_flags(run)
     add_common(run)
     run.add_argument("--json", action="store_true", help="print the result as one JSON object (last stdout line)")
+    run.add_argument("--name", type=run_name, default=None, metavar="TEXT",
+                     help="record the run in the history under this name (with --script too, whose runs are named "
+                          "`script FILE.py` otherwise); kept as given, shown with any control characters escaped")
     run.add_argument("--trace-out", type=Path, default=None,
                      help="also write every NVML/host sample as JSON lines to this file")
     run.add_argument("--memory-snapshot", type=Path, default=None, metavar="FILE.pickle",
@@ -222,10 +225,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also write every NVML/host sample as JSON lines to this file")
     add_common(watch)
 
-    history = commands.add_parser("history", help="list recorded runs",
-                                  description="List recorded runs, oldest first.")
+    history = commands.add_parser(
+        "history", help="list recorded runs, or rename one",
+        description="List recorded runs, oldest first (reading the history, never writing it); or, with --rename,\n"
+                    "give one run a new name.",
+        epilog="Examples:\n  gpuanat history --format md\n  gpuanat history --name bf16 --limit 5\n"
+               "  gpuanat history --rename 12 \"bf16, batch 16\"\n  gpuanat history --rename 12 \"\"   # no name",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(history)
-    history.add_argument("--format", choices=("table", "md", "csv", "json"), default="table")
+    history.add_argument("--format", choices=("table", "md", "csv", "json"), default=None,
+                         help="table (default), md, csv or json")
     history.add_argument("--json", action="store_true", help="same as --format json")
     history.add_argument("--limit", type=int, default=None, metavar="N", help="only the last N runs")
+    history.add_argument("--name", type=run_name, default=None, metavar="TEXT",
+                         help="only the runs whose name contains TEXT (in any case)")
+    history.add_argument("--rename", nargs=2, default=None, metavar=("RUN_ID", "NAME"),
+                         help="name run RUN_ID NAME instead of listing (an empty or blank NAME removes its name); the "
+                              "name is kept as given and shown with any control characters escaped")
     return parser

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from gpuanat.cli.common import (
     EXIT_USAGE,
@@ -20,9 +21,17 @@ from gpuanat.cli.common import (
     run_recorded,
     warn_if_not_saved,
 )
+from gpuanat.core.printable import printable
 from gpuanat.core.run.startup import process_started_monotonic_s
 from gpuanat.core.run.techniques import TECHNIQUES
 from gpuanat.core.run.validation import machine_unsupported_reason
+
+
+def print_named_summary(result: dict[str, Any], name: str | None) -> None:
+    """The run's summary, under the name it was given (`--name`; escaped, as every string from outside)."""
+    if name is not None:
+        print(f"Name: {printable(name)}")
+    print_summary(result)
 
 
 def command_run_script(args: argparse.Namespace) -> int:
@@ -40,14 +49,15 @@ def command_run_script(args: argparse.Namespace) -> int:
         try:
             with args.stop_signals.polled() as stop_requested:
                 result = execute_script(script, args.script_args, store=store, log_dir=store.path.parent / "logs",
-                                        on_event=view, trace_path=args.trace_out, stop_requested=stop_requested)
+                                        name=args.name, on_event=view, trace_path=args.trace_out,
+                                        stop_requested=stop_requested)
         finally:
             view.close()
     warn_if_not_saved(result)
     if args.json:
         print(json.dumps(result))
     else:
-        print_summary(result)
+        print_named_summary(result, args.name)
     if result["status"] == "oom":
         print(f"gpuanat: the script ran out of GPU memory: {(result.get('error') or {}).get('message')}",
               file=sys.stderr)
@@ -55,6 +65,7 @@ def command_run_script(args: argparse.Namespace) -> int:
 
 
 def command_run(args: argparse.Namespace) -> int:
+    args.name = args.name or None  # `--name ""`: no name, as without the flag
     if args.script is not None:
         return command_run_script(args)
     if args.script_args:
@@ -71,13 +82,13 @@ def command_run(args: argparse.Namespace) -> int:
         fail_usage(f"--memory-snapshot: torch records its allocator's history only on CUDA, and this run is on "
                    f"{config.device}")
     with open_store(args) as store:
-        result = run_recorded(config, store, args.stop_signals, label="run", trace_path=args.trace_out,
-                               memory_snapshot=args.memory_snapshot,
+        result = run_recorded(config, store, args.stop_signals, label="run", name=args.name,
+                               trace_path=args.trace_out, memory_snapshot=args.memory_snapshot,
                                requested_monotonic_s=process_started_monotonic_s())
     if args.json:
         print(json.dumps(result))
     else:
-        print_summary(result)
+        print_named_summary(result, args.name)
     if args.memory_snapshot is not None:
         written = args.memory_snapshot.is_file()
         print(f"Memory snapshot: {args.memory_snapshot} (drop it on pytorch.org/memory_viz)" if written

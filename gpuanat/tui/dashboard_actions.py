@@ -24,8 +24,8 @@ from textual.screen import Screen
 from gpuanat.core.printable import printable
 from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
-from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.store.history_errors import HistoryError
+from gpuanat.core.store.history import RENAME_DEADLINE_S, HistoryStore
+from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.keys import CYCLING_ACTIONS, TECHNIQUE_ACTION, KeysScreen, key_rows
@@ -216,7 +216,13 @@ class DashboardActions(App[None]):
         except HistoryError as error:  # an unusable history is reported, the dashboard goes on
             self.notify(str(error), severity="error")
             return
-        self.push_screen(HistoryScreen(runs), chosen)
+        self.push_screen(HistoryScreen(runs, rename=self._rename_run), chosen)
+
+    def _rename_run(self, run_id: int, name: str | None) -> bool:
+        """The history pane's `n`: the run's new name saved, retried while the history is busy (a worker thread
+        calls it). False when the run is not there."""
+        with HistoryStore(self.db_path) as store:
+            return write_with_backoff(lambda: store.set_name(run_id, name), deadline_s=RENAME_DEADLINE_S)
 
     def action_compare(self) -> None:
         try:

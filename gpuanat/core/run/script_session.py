@@ -58,6 +58,7 @@ def execute_script(
     *,
     store: HistoryStore,
     log_dir: Path,
+    name: str | None = None,
     on_event: Callable[[Event], None] | None = None,
     sampler_factory: Callable[[], tuple[Any, NvmlStatus]] = lambda: open_source(per_process=True),
     env: Mapping[str, str] | None = None,
@@ -66,9 +67,10 @@ def execute_script(
     stop_requested: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Run `script` with `script_args` in a child with the probe attached, record it, return its result (the
-    JSON contract of `gpuanat run --json`). Ctrl-C or `stop_requested` stops the child's process group."""
+    JSON contract of `gpuanat run --json`), named `name` (default: "script FILE.py"). Ctrl-C or `stop_requested`
+    stops the child's process group."""
     description = {"script": str(script.resolve()), "args": list(script_args), "cwd": os.getcwd()}
-    name = f"script {script.name}"
+    name = f"script {script.name}" if name is None else name
     run_id = write_with_backoff(lambda: store.create_run(description, kind="launched", name=name),
                                 deadline_s=FINAL_WRITE_DEADLINE_S)
     log_path = log_dir / f"run-{run_id}.log"

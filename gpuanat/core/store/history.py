@@ -40,6 +40,9 @@ from gpuanat.core.store.history_schema import RUN_COLUMNS
 from gpuanat.core.store.interrupted import interrupted_result, process_started_at, recorder_alive, result_from_steps
 
 ACTIVE_STATUSES = ("running",)
+RENAME_DEADLINE_S = 10.0
+"""How long a rename (`history --rename`, the dashboard's `n`) retries a busy or full history through
+`write_with_backoff` before it says the name was not saved: someone is waiting for it."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,8 @@ class RunRow:
     kind: str
     """"launched" (gpuanat started it) or "watched"."""
     name: str | None
-    """The sweep experiment name, when it came from a sweep."""
+    """The name given — `run --name`, a sweep's experiment, a tune or fit trial, `watch --save NAME`, a rename — kept as
+    given (shown escaped); None when it has none."""
     status: str
     created_at: float
     """Unix time."""
@@ -98,6 +102,21 @@ class HistoryStore(HistoryFile):
     def set_log_path(self, run_id: int, log_path: Path) -> None:
         with self._write("the run's log path") as db:
             db.execute("UPDATE runs SET log_path = ? WHERE id = ?", (str(log_path), run_id))
+
+    def set_name(self, run_id: int, name: str | None) -> bool:
+        """Name run `run_id` anew (None: no name), in its row and in the result it stored. False when there is no
+        such run (nothing was written). A busy or full history raises HistoryWriteError, nothing written: retry it
+        with `write_with_backoff`."""
+        with self._write("the run's name") as db:
+            found = db.execute("SELECT result_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if found is None:
+                return False
+            db.execute("UPDATE runs SET name = ? WHERE id = ?", (name, run_id))
+            result = self._json(found["result_json"], run_id)
+            if isinstance(result, dict) and "name" in result:  # `history --json` shows both: they must agree
+                db.execute("UPDATE runs SET result_json = ? WHERE id = ?",
+                           (json.dumps({**result, "name": name}), run_id))
+            return True
 
     def set_config(self, run_id: int, config: Mapping[str, Any]) -> None:
         """Replace the run's config: a watched run learns its techniques only when the probe reports them."""
@@ -195,14 +214,19 @@ class HistoryStore(HistoryFile):
             raise HistoryError(f"run {run_id} in history {self.path} is damaged ({one_line(error)}); restore the "
                                "file from a backup or pass another path with --db", EXIT_BAD_FILE) from error
 
-    def runs(self, limit: int | None = None) -> list[RunRow]:
-        """Runs, oldest first (the last `limit` when given)."""
+    def runs(self, limit: int | None = None, *, name_contains: str | None = None) -> list[RunRow]:
+        """Runs, oldest first: those whose name contains `name_contains` (in any case) when given, the last `limit`
+        of them when given."""
         query = f"SELECT {self._run_columns} FROM runs ORDER BY id DESC"
         parameters: tuple[Any, ...] = ()
-        if limit is not None:
+        if limit is not None and name_contains is None:
             query += " LIMIT ?"
             parameters = (limit,)
-        return [self._row(row) for row in reversed(self._fetch(query, parameters))]
+        rows = self._fetch(query, parameters)
+        if name_contains is not None:  # in Python: SQLite's lower() and LIKE fold ASCII letters only
+            needle = name_contains.casefold()
+            rows = [row for row in rows if row["name"] is not None and needle in row["name"].casefold()][:limit]
+        return [self._row(row) for row in reversed(rows)]
 
     def run(self, run_id: int) -> RunRow | None:
         rows = self._fetch(f"SELECT {self._run_columns} FROM runs WHERE id = ?", (run_id,))

@@ -2,21 +2,28 @@
 
 As in htop and nvitop: `<` and `>` choose the column the rows are sorted by (its title marked ▲ or ▼), `I` inverts
 the order, `/` filters the rows to those whose name, status, model, techniques or device contain the text typed
-(escape clears the filter)."""
+(escape clears the filter). `n` renames the run under the cursor (`screens/rename.py`), saved through the `rename`
+the dashboard gives the screen, off the event loop: the history may be busy for a while."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
 from gpuanat.core.printable import printable
 from gpuanat.core.store.history import RunRow
+from gpuanat.core.store.history_errors import HistoryError
 from gpuanat.core.store.report import HISTORY_COLUMNS, display_value, history_rows
+from gpuanat.tui.screens.rename import RenameScreen
 
 SELECTED_MARK = "✓"
 SCREEN_COLUMN_ORDER = ("id", "when", "name", "status", "techniques", "time_s", "samples_per_second",
@@ -30,6 +37,9 @@ SORT_KEYS = ("id", "time_s", "samples_per_second", "steady_samples_per_second", 
              "device")
 """The columns `<` and `>` step through; `id` (the order the runs were made in) first."""
 FILTERED_KEYS = ("name", "status", "model", "techniques", "device")
+Rename = Callable[[int, str | None], bool]
+"""Saves a run's new name (None: no name) in the history; False when the run is not there. Blocks: called off the
+event loop. Raises HistoryError when the history cannot take it."""
 
 
 def sorted_rows(rows: list[dict[str, Any]], key: str, descending: bool) -> list[dict[str, Any]]:
@@ -58,6 +68,7 @@ class HistoryScreen(Screen[list[int]]):
                 key_display="<", show=False),
         Binding("I", "invert_sort", "Invert order", id="history.invert", show=False),
         Binding("slash", "filter", "Filter", id="history.filter", key_display="/"),
+        Binding("n", "rename", "Rename", id="history.rename"),
         Binding("h,escape", "close", "Back", id="history.back"),
     ]
     DEFAULT_CSS = """
@@ -67,12 +78,12 @@ class HistoryScreen(Screen[list[int]]):
     HistoryScreen.-filtering #history-filter { display: block; }
     """
 
-    def __init__(self, runs: list[RunRow]) -> None:
+    def __init__(self, runs: list[RunRow], rename: Rename | None = None) -> None:
+        """`rename` saves a new name (`Rename`); without it `n` is not offered."""
         super().__init__()
         self._runs = runs
-        self._rows = history_rows(runs)
-        for row in self._rows:
-            row["when"] = row["when"][5:]  # the year goes: MM-DD HH:MM
+        self._rename = rename
+        self._rows = self._table_rows(runs)
         self.selected: list[int] = []
         self.sort_key = "id"
         self.descending = False
@@ -88,6 +99,13 @@ class HistoryScreen(Screen[list[int]]):
 
     def on_mount(self) -> None:
         self._fill(cursor_run_id=self._rows[-1]["id"] if self._rows else None)
+
+    @staticmethod
+    def _table_rows(runs: list[RunRow]) -> list[dict[str, Any]]:
+        rows = history_rows(runs)
+        for row in rows:
+            row["when"] = row["when"][5:]  # the year goes: MM-DD HH:MM
+        return rows
 
     @property
     def shown_run_ids(self) -> list[int]:
@@ -149,11 +167,59 @@ class HistoryScreen(Screen[list[int]]):
         self.remove_class("-filtering")
         self.query_one(DataTable).focus()
 
-    def action_toggle_selection(self) -> None:
+    def _cursor_run_id(self) -> int | None:
         table = self.query_one(DataTable)
         if table.row_count == 0:
+            return None
+        return int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """`n` is offered where the dashboard can save a name."""
+        return self._rename is not None if action == "rename" else True
+
+    def action_rename(self) -> None:
+        run_id = self._cursor_run_id()
+        if self._rename is None or run_id is None:
             return
-        run_id = int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
+        run = next(run for run in self._runs if run.id == run_id)
+
+        def typed(name: str | None) -> None:
+            if name is not None:  # None: cancelled
+                self._save_name(run_id, name if name.strip() else None)
+
+        self.app.push_screen(RenameScreen(run_id, run.name), typed)
+
+    @work(thread=True, exclusive=True, group="history-rename")
+    def _save_name(self, run_id: int, name: str | None) -> None:
+        """Save the name (retried while the history is busy), then show it; the rows stay as they were if it could
+        not be saved."""
+        assert self._rename is not None
+        try:
+            renamed = self._rename(run_id, name)
+        except HistoryError as error:
+            self.app.call_from_thread(self._say, f"The name was not saved: {error}", "error")
+            return
+        if not renamed:
+            self.app.call_from_thread(self._say, f"Run {run_id} is no longer in the history: the name was not saved.",
+                                      "error")
+            return
+        self.app.call_from_thread(self._show_name, run_id, name)
+
+    def _show_name(self, run_id: int, name: str | None) -> None:
+        self._runs = [dataclasses.replace(run, name=name) if run.id == run_id else run for run in self._runs]
+        self._rows = self._table_rows(self._runs)
+        if self.is_attached:  # the user may have left the history while the name was saved
+            self._fill()
+        self._say(f"Run {run_id} is named “{name}” now." if name is not None else f"Run {run_id} has no name now.")
+
+    def _say(self, message: str, severity: SeverityLevel = "information") -> None:
+        self.notify(printable(message), severity=severity, markup=False)  # it quotes a name: data, never markup
+
+    def action_toggle_selection(self) -> None:
+        table = self.query_one(DataTable)
+        run_id = self._cursor_run_id()
+        if run_id is None:
+            return
         if run_id in self.selected:
             self.selected.remove(run_id)
         else:
