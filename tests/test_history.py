@@ -101,7 +101,9 @@ def test_a_live_pid_that_started_at_another_time_is_not_the_recorder(tmp_path):
 def test_result_from_steps_takes_each_figure_from_the_steps_that_have_it():
     steps = [
         {"step": 1, "elapsed_s": 2.0, "samples": 4, "loss": 3.0, "peak_allocated_bytes": 900, "reserved_bytes": 2000,
-         "bands": {"weights_bytes": 100}},
+         "bands": {"weights_bytes": 100, "gradients_bytes": 100, "optimizer_state_bytes": 200, "activations_bytes": 50,
+                   "activations_method": "allocator", "batch_bytes": 8, "measured_at_step": 1,
+                   "gradients_at_forward_end_bytes": 0, "optimizer_state_at_forward_end_bytes": 0}},
         {"step": 2, "elapsed_s": 3.0, "samples": 8, "loss": 2.0, "allocated_bytes": 500, "reserved_bytes": 4000},
         {"step": 3, "elapsed_s": 4.0, "samples": 12, "loss": None, "peak_allocated_bytes": 1200},
     ]
@@ -111,7 +113,11 @@ def test_result_from_steps_takes_each_figure_from_the_steps_that_have_it():
     assert result["samples_per_second"] == 3.0
     assert result["train_loss"] == 2.0  # the last step that had a loss
     assert (result["peak_allocated_bytes"], result["peak_reserved_bytes"]) == (1200, 4000)
-    assert result["bands"] == {"weights_bytes": 100}
+    # step 1's probe bands as one moment's, the end of its forward pass, the gradients' maximum beside them
+    assert {band: result["bands"][band] for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
+                                                     "activations_bytes")} == {
+        "weights_bytes": 100, "gradients_bytes": 0, "optimizer_state_bytes": 0, "activations_bytes": 50}
+    assert result["gradients_after_backward_bytes"] == 100
     assert result["error"] == {
         "kind": "interrupted",
         "message": "the recorder (PID 4242) stopped before the run finished; this result was rebuilt from its 3 "

@@ -30,11 +30,13 @@ from gpuanat.core.measure.replay import ReplayGpuSource, ReplaySource
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import GpuSample, HostSample, NvmlStatus, ProcessGpuMemory, Sample
 from gpuanat.core.watch import records as watch_records
-from gpuanat.core.watch.publications import NOT_PUBLISHED
+from gpuanat.core.watch.loop_kind import ProbeHint
 from gpuanat.core.watch.session import WatchSession, follow
 from gpuanat.core.watch.target import WatchError, WatchTarget, resolve_target
 
 MIB = 1024 * 1024
+NOT_PUBLISHED = ProbeHint(script=None, loop=None, has_probe=False).reason
+"""What a watch says of a process whose command line names no script (`python -c …`): the three probes."""
 H100_TRACE = Path(__file__).parent / "data" / "nvml_trace_h100.jsonl"
 H100_PID = 2348
 """The training process's PID in the H100 trace."""
@@ -390,7 +392,7 @@ def test_watching_a_real_trainer_run_that_publishes(tmp_path):
     assert any(record["bands_measured_at_step"] is not None for record in published)
     rates = [record["samples_per_second"] for record in published if record["samples_per_second"] is not None]
     assert rates and all(rate > 0 for rate in rates)
-    steps = [record["step"] for record in published]
+    steps = [record["step"] for record in published if record["step"] is not None]  # None: before step 1 ended
     assert steps == sorted(steps) and steps[-1] == 300  # 400 samples / batch 4 × 3 epochs
     assert published[-1]["training_done"] is True and published[-1]["steady_samples_per_second"] > 0
     assert published[-1]["bands"]["optimizer_state_bytes"] == reference["optimizer_state_bytes"]

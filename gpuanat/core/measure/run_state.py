@@ -17,12 +17,20 @@ Plain Python: no torch, no UI.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass, field
 
 from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, Milestone, ModelInfo, ProbeBands, Step
 
 RECENT_STEPS_KEPT = 256
 """Steps kept for the current samples/s: more than any throughput window holds at a step every few ms."""
+
+
+def _merged(first: Error, later: Error) -> Error:
+    """One error told twice — by the probe, with its step and memory, then by gpuanat's script runner, with the
+    traceback — as one: the first's figures, and what only the later one has."""
+    return dataclasses.replace(first, **{item.name: getattr(later, item.name) for item in dataclasses.fields(first)
+                                         if getattr(first, item.name) is None})
 
 
 @dataclass
@@ -71,7 +79,7 @@ class RankEvents:
             if event.peak_reserved_bytes is not None:
                 self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, event.peak_reserved_bytes)
         elif isinstance(event, Error):
-            self.error = event
+            self.error = event if self.error is None else _merged(self.error, event)
         return None
 
     def _observe_step(self, step: Step) -> Step | None:

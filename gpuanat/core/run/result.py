@@ -112,7 +112,7 @@ def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
 
 
-def _probe_cost_percent(done: Done | None) -> float | None:
+def probe_cost_percent(done: Done | None) -> float | None:
     """The probe's own work in the training steps as a share of the training time without the probe (HF's
     train_runtime includes it). Not counted: its once-per-run setup, and the waits of its two CUDA
     synchronisations, which are the GPU's queued work finishing."""
@@ -242,7 +242,7 @@ def build_result(run_id: int, config: RunConfig, state: RankRecord, nvml: NvmlSt
         "train_loss": done.train_loss if done else None,
         "probe_time_s": done.probe_time_s if done else None,
         "probe_time_by_part_s": done.probe_time_by_part_s if done else None,
-        "probe_cost_percent": _probe_cost_percent(done),
+        "probe_cost_percent": probe_cost_percent(done),
         **memory,
         "device": config.device,
         "device_name": state.hello.device_name if state.hello else None,

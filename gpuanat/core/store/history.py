@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuanat.core.measure.anatomy import bands_of_one_moment
 from gpuanat.core.store.history_errors import EXIT_BAD_FILE, HistoryError, HistoryWriteError, one_line
 from gpuanat.core.store.history_file import HistoryFile
 from gpuanat.core.store.history_schema import RUN_COLUMNS
@@ -198,6 +199,7 @@ class HistoryStore(HistoryFile):
 
     def _row(self, row: sqlite3.Row) -> RunRow:
         run_id, status, result = row["id"], row["status"], self._json(row["result_json"], row["id"])
+        result = bands_of_one_moment(result)  # a row written before the bands were one moment's reads as now
         if self._gone(row):  # shown as a writable open will finalise it, without writing
             status, result = "interrupted", self._interrupted_result(row)
         return RunRow(

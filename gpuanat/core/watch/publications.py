@@ -25,8 +25,6 @@ from gpuanat.core.run.protocol import Event, Malformed
 
 PUBLICATION_SEARCH_INTERVAL_S = 1.0
 """How often the tree's processes that do not publish yet are looked for in the publication directories."""
-NOT_PUBLISHED = ("not published: the script has no gpuanat AnatomyCallback "
-                 "(add trainer.add_callback(gpuanat.probe.AnatomyCallback()))")
 
 
 def default_publication_dirs(pid: int) -> list[Path]:

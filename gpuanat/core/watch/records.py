@@ -15,6 +15,7 @@ Plain Python: no torch, no UI. Nothing here samples or writes the history; the s
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +25,9 @@ from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands, gradients_
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
-from gpuanat.core.watch.publications import NOT_PUBLISHED, Publications
+from gpuanat.core.run.result import probe_cost_percent
+from gpuanat.core.watch.loop_kind import ProbeHint, probe_hint
+from gpuanat.core.watch.publications import Publications
 from gpuanat.core.watch.target import WatchTarget
 
 
@@ -196,6 +199,7 @@ class WatchRecords:
             "published": published,
             "publisher_pid": observed.publisher_pid,
             "publication_reason": None if published else self._publication_reason(),
+            "probe_hint": None if published or self._publications is None else self.probe_hint.to_json(),
             "step": last_step.step if last_step else None,
             "total_steps": run.model.total_steps if run.model else None,
             "samples": last_step.samples if last_step else None,
@@ -246,7 +250,12 @@ class WatchRecords:
         if problems:
             pid, problem = next(iter(problems.items()))
             return f"publication of PID {pid} not trusted: {problem}"
-        return NOT_PUBLISHED
+        return self.probe_hint.reason
+
+    @functools.cached_property
+    def probe_hint(self) -> ProbeHint:
+        """Which probe the watched script needs, or that it has one (read off its text once)."""
+        return probe_hint(self.target.arguments, self.target.cwd)
 
     def _main_gpu(self, sample: Sample, tree_nvml_pids: set[int]) -> tuple[GpuSample | None, int | None]:
         """The GPU whose memory the bands describe — the publishing process's, else the tree's largest — and
@@ -288,7 +297,8 @@ class WatchRecords:
             "exited": True,
             "exit_code": exit_code,
             "training_done": run.done is not None,
-            "steps": run.last_step.step if run.last_step else None,
+            # the steps `done` counted: a publication throttles plain step lines, and may skip the last ones
+            "steps": run.done.steps if run.done else (run.last_step.step if run.last_step else None),
             "peak_gpu_memory_bytes": observed.peak_gpu_memory_bytes,
             "peak_rss_bytes": observed.peak_rss_bytes,
             "steady_samples_per_second": run.done.steady_samples_per_second if run.done else None,
@@ -349,6 +359,9 @@ class WatchRecords:
             "steps": done.steps if done else (last_step.step if last_step else 0),
             "samples": done.samples if done else (last_step.samples if last_step else 0),
             "train_loss": done.train_loss if done else None,
+            "probe_time_s": done.probe_time_s if done else None,
+            "probe_time_by_part_s": done.probe_time_by_part_s if done else None,
+            "probe_cost_percent": probe_cost_percent(done),
             "peak_allocated_bytes": done.peak_allocated_bytes if done else None,
             "peak_reserved_bytes": (done.peak_reserved_bytes if done else None) or run.peak_reserved_bytes,
             "device_memory_used_bytes": observed.peak_device_used_bytes,

@@ -29,6 +29,10 @@ class WatchTarget:
     create_time_s: float
     """Unix time it started (psutil), which tells it apart from a later process with the same PID."""
     username: str | None
+    arguments: tuple[str, ...] = ()
+    """Its command line, argument by argument (empty when it cannot be read)."""
+    cwd: str | None = None
+    """Its working directory, against which the command line's relative paths are read (None: not readable)."""
 
 
 def resolve_target(pid: int) -> WatchTarget:
@@ -50,11 +54,17 @@ def resolve_target(pid: int) -> WatchTarget:
     if status == psutil.STATUS_ZOMBIE:
         raise WatchError(f"PID {pid} has already exited (a zombie its parent has not reaped)")
     try:
-        command = " ".join(process.cmdline())
+        arguments = tuple(process.cmdline())
     except psutil.Error:
-        command = ""
+        arguments = ()
+    command = " ".join(arguments)
+    try:
+        cwd: str | None = process.cwd()
+    except psutil.Error:
+        cwd = None
     try:
         username: str | None = process.username()
     except psutil.Error:
         username = None
-    return WatchTarget(pid=pid, name=name, command=command, create_time_s=create_time_s, username=username)
+    return WatchTarget(pid=pid, name=name, command=command, create_time_s=create_time_s, username=username,
+                       arguments=arguments, cwd=cwd)

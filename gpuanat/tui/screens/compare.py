@@ -20,7 +20,7 @@ from gpuanat.core.store.report import format_bytes, format_delta
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
 
-BYTE_METRICS = BAND_METRICS | {"peak_allocated_bytes", "device_memory_used_bytes"}
+BYTE_METRICS = BAND_METRICS | {"peak_allocated_bytes", "device_memory_used_bytes", "gradients_after_backward_bytes"}
 
 
 def technique_text(value: object) -> str:

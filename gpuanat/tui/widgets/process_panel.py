@@ -11,7 +11,6 @@ from textual.strip import Strip
 
 from gpuanat.core.printable import printable
 from gpuanat.core.store.report import format_bytes
-from gpuanat.core.watch.publications import NOT_PUBLISHED
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_line_row, text_rows
 
 LineKey = tuple[int, str, tuple[Span, ...]]
@@ -160,8 +159,8 @@ class ProcessPanel(CachedRows):
             text.append("the process has exited\n", style=warning)
         elif record["published"]:
             text.append(f"anatomy published by PID {record['publisher_pid']}\n", style=good)
-        elif record["publication_reason"] == NOT_PUBLISHED:
-            text.append("anatomy not published (no AnatomyCallback)\n", style=muted)
+        elif record.get("probe_hint"):  # which probe the script needs, or that it is starting
+            text.append(f"{printable(record['probe_hint']['short'])}\n", style=muted)
         else:
             text.append(f"{printable(record['publication_reason'])}\n", style=muted)
         scope = record.get("gpu_util_scope")

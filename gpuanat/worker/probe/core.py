@@ -1,8 +1,11 @@
 """The probe's measurement core, which knows no training framework: `Probe` measures memory and throughput inside a
 training run, called by a thin adapter at the loop's points — training begins (`begin`), an optimizer step begins
 (`step_begins`), the optimizer is about to step (`optimizer_begins`), the loss is logged (`logged`), the step ends
-(`step_ends`), training ends (`end`) — and by the forward hooks it sets on the model itself. The HF `Trainer`'s
-adapter is `hf.AnatomyCallback`; a Lightning or plain-PyTorch loop's adapter calls the same methods.
+(`step_ends`), training ends (`end`) — and where the forward pass begins and ends (`forward_begins`, `forward_ends`),
+from the forward hooks it sets on the model itself or from the adapter. The adapters: HF `Trainer`'s
+`hf.AnatomyCallback`, Lightning's `lightning_callback.LightningAnatomyCallback`, and `plain_loop.track` for a plain
+PyTorch, Accelerate or FSDP2 loop, which knows a step only when it ends: there the next step begins at its first
+forward pass (`steps_begin_at_forward`).
 
 Cheap by design — the probe must cost under 1% of step time:
 - every optimizer step: a timestamp and one read of the CUDA allocator's counters (host-side, no sync);
@@ -26,7 +29,6 @@ stderr, and a publication file that cannot be written turns publishing off the s
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import platform
@@ -36,38 +38,28 @@ from typing import Any
 
 import torch
 
-from gpuanat.core.run.protocol import STEP_PHASES, Done, Event, Hello, ModelInfo, ProbeBands, Step
+from gpuanat.core.run.protocol import STEP_PHASES, Done, Error, Event, Hello, ModelInfo, ProbeBands, Step
 from gpuanat.worker.events import ParentGone
 from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
+from gpuanat.worker.probe.loop_inputs import batch_tensors, versions
 from gpuanat.worker.probe.model_flops import model_flops
 from gpuanat.worker.probe.sink import default_emit, warn
 from gpuanat.worker.probe.tensors import (
-    DEEPSPEED_MASTER_WEIGHTS,
     deepspeed_gradients,
-    optimizer_chain,
     optimizer_state_tensors,
     parameter_elements,
     quantization_state_tensors,
+    read_gradients_before_zero_steps,
     storage_keys,
     unique_storage_bytes,
 )
 from gpuanat.worker.probe.timing import StepPhases
 
 FIRST_MEASURED_STEPS = 3
-
-
-
-def _versions(framework_versions: Mapping[str, str]) -> dict[str, str]:
-    versions = {"python": platform.python_version(), "torch": torch.__version__, **framework_versions}
-    if torch.version.cuda:
-        versions["cuda"] = torch.version.cuda
-    return versions
-
-
-def _batch_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    values = [*args, *kwargs.values()]
-    return [value for value in values if isinstance(value, torch.Tensor)]
+WARMUP_STEPS_OF_AN_OPEN_RUN = 10
+"""Warm-up steps when the loop does not say how many steps it will run (a plain loop's `track` without
+`total_steps`)."""
 
 
 class Probe:
@@ -109,20 +101,27 @@ class Probe:
             self._saved_hooks_active = False
         for hook in getattr(self, "_hooks", []):
             hook.remove()
-        warn(f"the AnatomyCallback probe turned itself off after an error (training goes on): {reason}")
+        warn(f"the probe turned itself off after an error (training goes on): {reason}")
 
     # --- setup -----------------------------------------------------------------------------
     @never_raises
-    def begin(self, model: Any, optimizer: Any, *, total_steps: int, compiled: bool,
+    def begin(self, model: Any, optimizer: Any, *, total_steps: int | None, compiled: bool,
               training_config: Callable[[torch.device], dict[str, Any]],
-              framework_versions: Mapping[str, str]) -> None:
+              framework_versions: Mapping[str, str], forward_hooks: bool = True,
+              steps_begin_at_forward: bool = False) -> None:
         """Training begins: `model` (as it trains, unwrapped) and its `optimizer` are measured, their forward hooks
-        set, the model announced. `total_steps` optimizer steps will run; `compiled`: the model is torch.compile'd.
-        Without an `emit`, `hello` is sent too, with `training_config(device)` (the run's techniques in RunConfig's
-        terms) and the training framework's `framework_versions`."""
+        set (unless `forward_hooks` is False: the adapter calls `forward_begins` and `forward_ends`), the model
+        announced. `total_steps` optimizer steps will run (None: not known); `compiled`: the model is
+        torch.compile'd. Without an `emit`, `hello` is sent too, with `training_config(device)` (the run's
+        techniques in RunConfig's terms) and the training framework's `framework_versions`. With
+        `steps_begin_at_forward` each step begins at its first training forward pass, the adapter calling only
+        `step_ends`."""
         self._model = model
         self._optimizer = optimizer
-        self._measure_gradients_before_deepspeed_steps()
+        self._steps_begin_at_forward = steps_begin_at_forward
+        self._next_step_at_forward = 1 if steps_begin_at_forward else None
+        self._samples_from_loop = self._tokens_from_loop = False
+        read_gradients_before_zero_steps(optimizer, self._read_gradients_before_step)
         first_parameter = next(model.parameters())
         self._device = first_parameter.device
         self._cuda = self._device.type == "cuda"
@@ -133,10 +132,11 @@ class Probe:
                                                     *quantization_state_tensors(parameters)])
         unique_params = {id(p): p for p in parameters}.values()
         # Warm-up: the first tenth of the run, at least 2 and at most 20 optimizer steps.
-        self.warmup_steps = min(20, max(2, math.ceil(total_steps / 10)))
+        self.warmup_steps = (min(20, max(2, math.ceil(total_steps / 10))) if total_steps
+                             else WARMUP_STEPS_OF_AN_OPEN_RUN)
         if self._lifecycle:
             self._emit_safely(Hello(
-                pid=os.getpid(), versions=_versions(framework_versions), device=self._device.type,
+                pid=os.getpid(), versions=versions(framework_versions), device=self._device.type,
                 device_name=(torch.cuda.get_device_name(self._device) if self._cuda
                              else platform.processor() or None),
                 config=training_config(self._device),
@@ -146,7 +146,7 @@ class Probe:
             trainable_params=sum(parameter_elements(p) for p in unique_params if p.requires_grad),
             weights_bytes=self._weights_bytes,
             dtype=str(first_parameter.dtype).removeprefix("torch."),
-            total_steps=total_steps,
+            total_steps=total_steps or None,
             **model_flops(model),
         ))
         self._samples = 0
@@ -179,7 +179,7 @@ class Probe:
         self._hooks = [
             model.register_forward_pre_hook(before_forward, with_kwargs=True),
             model.register_forward_hook(after_forward, with_kwargs=True),
-        ]
+        ] if forward_hooks else []
         self._train_start_s = time.perf_counter()
         self._last_step_end_s = self._train_start_s
         self._step_phases = StepPhases(self._cuda)
@@ -187,16 +187,36 @@ class Probe:
         self._steady_steps = 0
         self._steady_caught_up_steps = 0
 
-    # --- forward hooks -----------------------------------------------------------------------
+    # --- the forward pass --------------------------------------------------------------------
     @never_raises
     def _before_forward(self, module, args, kwargs):  # type: ignore[no-untyped-def]
-        if not module.training:
-            return None
+        if module.training:
+            self._forward_begins(batch_tensors(args, kwargs))
+
+    @never_raises
+    def _after_forward(self, module, args, kwargs, output):  # type: ignore[no-untyped-def]
+        if module.training:
+            self._forward_ends(batch_tensors(args, kwargs), output)
+
+    @never_raises
+    def forward_begins(self, batch: list[torch.Tensor]) -> None:
+        """A training forward pass begins on `batch` (its tensors): for an adapter that sets no forward hooks."""
+        self._forward_begins(batch)
+
+    @never_raises
+    def forward_ends(self, batch: list[torch.Tensor], output: Any = None) -> None:
+        """That forward pass ended (its loss computed, the backward next), with the model's `output` if known."""
+        self._forward_ends(batch, output)
+
+    def _forward_begins(self, batch: list[torch.Tensor]) -> None:
+        if self._next_step_at_forward is not None:
+            self._step_begins(self._next_step_at_forward)
+            self._next_step_at_forward = None
         if not torch.compiler.is_compiling():  # a clock read would break torch.compile's graph
             self._step_phases.forward_begins()
-        batch = _batch_tensors(args, kwargs)
-        if batch:
+        if batch and not self._samples_from_loop:
             self._samples += int(batch[0].shape[0]) if batch[0].dim() else 1
+        if batch and not self._tokens_from_loop:
             self._tokens += int(batch[0].numel())
         if self._measuring:
             self._batch_bytes = unique_storage_bytes(batch)
@@ -209,7 +229,6 @@ class Probe:
                 self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_saved, lambda t: t)
                 self._saved_hooks.__enter__()
                 self._saved_hooks_active = True
-        return None
 
     def _pack_saved(self, tensor: torch.Tensor) -> torch.Tensor:
         try:
@@ -221,12 +240,11 @@ class Probe:
             self._saved_storages[key] = storage.nbytes()
         return tensor
 
-    @never_raises
-    def _after_forward(self, module, args, kwargs, output):  # type: ignore[no-untyped-def]
-        if module.training and not torch.compiler.is_compiling():
+    def _forward_ends(self, batch: list[torch.Tensor], output: Any) -> None:
+        if not torch.compiler.is_compiling():
             self._step_phases.forward_ends()
-        if not (module.training and self._measuring):
-            return None
+        if not self._measuring:
+            return
         gradients_now = self._gradients_bytes_now()
         optimizer_state_now = self._optimizer_state_bytes_now()
         self._gradients_at_forward_end_bytes = max(self._gradients_at_forward_end_bytes, gradients_now)
@@ -240,10 +258,7 @@ class Probe:
         elif not self._compiled:
             self._saved_hooks.__exit__(None, None, None)
             self._saved_hooks_active = False
-            batch_keys = {
-                (str(t.untyped_storage().device), t.untyped_storage().data_ptr())
-                for t in _batch_tensors(args, kwargs)
-            }
+            batch_keys = {(str(t.untyped_storage().device), t.untyped_storage().data_ptr()) for t in batch}
             activations = sum(size for key, size in self._saved_storages.items() if key not in batch_keys)
         else:
             activations = None
@@ -254,25 +269,6 @@ class Probe:
             self._logits_bytes = max(self._logits_bytes or 0, unique_storage_bytes([logits]))
         elif hasattr(output, "logits"):  # a model that has logits and returned none (Liger's fused loss): 0 bytes
             self._logits_bytes = self._logits_bytes or 0
-        return None
-
-    def _measure_gradients_before_deepspeed_steps(self) -> None:
-        """DeepSpeed's engine steps inside accelerate's backward, before Trainer's `on_pre_optimizer_step`, and
-        ZeRO-1/2 free their gradient partitions in that step: the probe reads them as the ZeRO optimizer's `step`
-        begins, by wrapping that one method of that one object (ZeRO-3's persistent flat buffer is read either way)."""
-        for wrapped in optimizer_chain(self._optimizer):
-            if any(hasattr(wrapped, name) for name in DEEPSPEED_MASTER_WEIGHTS) and callable(getattr(wrapped, "step",
-                                                                                                     None)):
-                wrapped.step = self._reading_gradients_first(wrapped.step)
-                return
-
-    def _reading_gradients_first(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(step)
-        def step_measured(*args: Any, **kwargs: Any) -> Any:
-            self._read_gradients_before_step()
-            return step(*args, **kwargs)
-
-        return step_measured
 
     @never_raises
     def _read_gradients_before_step(self) -> None:
@@ -292,6 +288,9 @@ class Probe:
     @never_raises
     def step_begins(self, step: int) -> None:
         """Optimizer step `step` (from 1) begins: its batches are in hand."""
+        self._step_begins(step)
+
+    def _step_begins(self, step: int) -> None:
         self._step_phases.step_begins()
         self._measuring = step <= FIRST_MEASURED_STEPS or step % self.exact_every_steps == 0
         if self._measuring:
@@ -323,8 +322,19 @@ class Probe:
         self.summary.update(summary)
 
     @never_raises
-    def step_ends(self, step: int, max_steps: int) -> bool:
-        """Optimizer step `step` of `max_steps` ended; returns whether training should stop (gpuanat went away)."""
+    def step_ends(self, step: int, max_steps: int | None, samples: int | None = None,
+                  tokens: int | None = None) -> bool:
+        """Optimizer step `step` of `max_steps` (None: not known) ended, having trained on `samples` samples and
+        `tokens` tokens when the loop says so (else the probe counts the rows of each forward pass's first tensor);
+        returns whether training should stop (gpuanat went away)."""
+        if samples is not None:  # the loop's count replaces the forward passes' from its first
+            self._samples = (self._samples if self._samples_from_loop else 0) + samples
+            self._samples_from_loop = True
+        if tokens is not None:
+            self._tokens = (self._tokens if self._tokens_from_loop else 0) + tokens
+            self._tokens_from_loop = True
+        if self._steps_begin_at_forward:
+            self._next_step_at_forward = step + 1
         phases, caught_up = self._step_phases.step_ends()
         if self.warmup_steps < step:  # the steady window's steps, as the steady samples/s counts them
             self._steady_steps += 1
@@ -392,9 +402,12 @@ class Probe:
         return self._parent_gone
 
     @never_raises
-    def end(self, steps: int) -> None:
-        """Training ended after `steps` optimizer steps: the hooks go, the steady window closes, and without an
-        `emit`, `done` is sent."""
+    def end(self, steps: int, status: str = "ok") -> None:
+        """Training ended after `steps` optimizer steps (`status` "stopped": interrupted): the hooks go, the steady
+        window closes, and without an `emit`, `done` is sent."""
+        if getattr(self, "_ended", False):  # said once, whichever of the loop's ends comes first
+            return
+        self._ended = True
         for hook in self._hooks:
             hook.remove()
         if self._steady_start is not None and self._steady_end is None:
@@ -402,9 +415,15 @@ class Probe:
                 self._synchronize()
             self._steady_end = (time.perf_counter(), self._samples)
         self.summary.update(self.steady_state())
+        # A loop that does not report HF Trainer's figures (a plain loop, Lightning): the probe's own, as Trainer
+        # counts them (the whole training time, warm-up included; the last loss read)
+        runtime_s = time.perf_counter() - self._train_start_s
+        self.summary.setdefault("train_runtime", runtime_s)
+        self.summary.setdefault("train_samples_per_second", self._samples / runtime_s if runtime_s > 0 else None)
+        self.summary.setdefault("train_loss", self._loss)
         if self._lifecycle:
             self._emit_safely(Done(
-                status="ok", steps=steps, samples=self._samples,
+                status=status, steps=steps, samples=self._samples,
                 train_runtime_s=self.summary.get("train_runtime"),
                 samples_per_second=self.summary.get("train_samples_per_second"),
                 steady_samples_per_second=self.summary["steady_samples_per_second"],
@@ -417,6 +436,17 @@ class Probe:
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
+
+    @never_raises
+    def failed(self, error: BaseException) -> None:
+        """The training loop raised `error` (out of memory, or another exception): said with the step it was in and
+        the allocator's figures, so a watch shows why the run ended."""
+        cuda = getattr(self, "_cuda", False)
+        oom = isinstance(error, torch.cuda.OutOfMemoryError)
+        allocated = allocator_bytes(self._device) if cuda else None
+        self._emit_safely(Error(kind="oom" if oom else "exception", message=f"{type(error).__name__}: {error}",
+                                step=self.steps + 1, peak_allocated_bytes=allocated[1] if allocated else None,
+                                reserved_bytes=allocated[2] if allocated else None))
 
     def _synchronize(self) -> None:
         started_s = time.perf_counter()

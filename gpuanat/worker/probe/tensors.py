@@ -7,8 +7,9 @@ chain that accelerate and DeepSpeed wrap around the real optimizer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -135,3 +136,21 @@ def optimizer_state_tensors(optimizer: Any) -> Iterable[torch.Tensor]:
     yield from deepspeed_master_weights(optimizer)
     states = [getattr(wrapped, "state", None) for wrapped in optimizer_chain(optimizer)]
     yield from tensors_in([dict(state) for state in states if isinstance(state, Mapping)])
+
+
+def read_gradients_before_zero_steps(optimizer: Any, read: Callable[[], None]) -> None:
+    """DeepSpeed's engine steps inside accelerate's backward, before Trainer's `on_pre_optimizer_step`, and ZeRO-1/2
+    free their gradient partitions in that step: `read` is called as the ZeRO optimizer's `step` begins, by wrapping
+    that one method of that one object (ZeRO-3's persistent flat buffer is read either way). Other optimizers are
+    left as they are."""
+    for wrapped in optimizer_chain(optimizer):
+        step = getattr(wrapped, "step", None)
+        if any(hasattr(wrapped, name) for name in DEEPSPEED_MASTER_WEIGHTS) and callable(step):
+            @functools.wraps(step)
+            def step_measured(*args: Any, _step: Callable[..., Any] = step, **kwargs: Any) -> Any:
+                read()
+                return _step(*args, **kwargs)
+
+            wrapped.step = step_measured
+            return
+

@@ -1,0 +1,206 @@
+"""The probe for loops other than HF Trainer's, for real: tests/scripts/tiny_plain_loop.py and tiny_lightning.py
+train the tiny BERT on the CPU with a plain PyTorch loop (`gpuanat.probe.track`) and with PyTorch Lightning
+(`LightningAnatomyCallback`), in real subprocesses — launched by `gpuanat run --script` and watched by PID with
+`gpuanat watch PID --json` — and the watch names the probe each script needs, or says it waits for it.
+
+Byte counts are checked against the same model counted in this process (`tiny_model_reference`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, cli_env, last_json, start_cli, state_bytes, tiny_model_reference
+
+from gpuanat.core.measure.anatomy import stack_problems
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.watch.loop_kind import probe_hint, script_of
+
+SCRIPTS = {"plain": REPO / "tests" / "scripts" / "tiny_plain_loop.py",
+           "lightning": REPO / "tests" / "scripts" / "tiny_lightning.py"}
+RUNS = {  # 64 samples in batches of 4: 16 optimizer steps, 8 with accumulation over 2
+    "plain": (SCRIPTS["plain"], ["--probe"]),
+    "plain_accum": (SCRIPTS["plain"], ["--probe", "--grad-accum", "2"]),
+    "lightning": (SCRIPTS["lightning"], ["--probe"]),
+    "lightning_accum": (SCRIPTS["lightning"], ["--probe", "--grad-accum", "2"]),
+    "plain_fails": (SCRIPTS["plain"], ["--probe", "--fail-at-step", "3"]),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    db = tmp_path_factory.mktemp("loops") / "history.sqlite"
+    processes = {name: start_cli(["run", "--json", "--script", str(script), "--", *args], db)
+                 for name, (script, args) in RUNS.items()}
+    outputs = {}
+    for name, process in processes.items():
+        stdout, stderr = process.communicate(timeout=600)
+        outputs[name] = (process.returncode, last_json(stdout), stderr)
+    return {**outputs, "db": db}
+
+
+@pytest.mark.parametrize("name", ["plain", "plain_accum", "lightning", "lightning_accum"])
+def test_each_loop_s_probe_gives_the_whole_anatomy(results, name):
+    db, (returncode, result, stderr) = results["db"], results[name]
+    assert returncode == 0, stderr[-3000:]
+    reference = tiny_model_reference()
+    accumulating = name.endswith("_accum")
+    assert result["status"] == "ok" and result["params"] == reference["params"]
+    assert result["config"]["loop"] == name.removesuffix("_accum")
+    assert result["steps"] == (8 if accumulating else 16) and result["samples"] == 64
+    assert state_bytes(result) == {band: reference[band] for band in state_bytes(result)}
+    # one moment, the end of a forward pass: accumulation keeps the first micro-batch's gradients alive then
+    assert result["bands"]["gradients_bytes"] == (reference["gradients_bytes"] if accumulating else 0)
+    assert result["bands"]["activations_bytes"] > 0
+    assert stack_problems(result) == []
+    assert result["steady_samples_per_second"] > 0 and result["samples_per_second"] > 0
+    assert result["train_runtime_s"] > 0 and result["train_loss"] is not None
+    assert result["probe_cost_percent"] is not None
+    # every step is timed by phase, the forward pass included (Lightning's from its hooks, not the model's)
+    with HistoryStore(db) as store:
+        steps = store.steps(result["run_id"])
+    assert [step["step"] for step in steps] == list(range(1, result["steps"] + 1))
+    for step in steps[1:]:
+        phases = step["phases_s"]
+        assert phases["forward"] > 0 and phases["backward"] > 0 and phases["optimizer"] > 0, (name, step)
+        assert sum(phases.values()) == pytest.approx(step["step_time_s"], rel=0.05, abs=0.002)
+
+
+def test_a_loop_that_raises_ends_failed_with_its_error_as_written(results):
+    returncode, result, _stderr = results["plain_fails"]
+    assert returncode != 0
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "exception" and result["error"]["step"] == 3
+    # the script's message, exact bytes in the JSON (markup-like text and all)
+    assert result["error"]["message"] == "RuntimeError: the loss went [red]NaN[/] at step 3"
+    assert result["steps"] == 2
+
+
+def _start_script(tmp_path: Path, script: Path, *args: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    runtime_dir = tmp_path / "runtime"
+    runtime_dir.mkdir(mode=0o700, exist_ok=True)
+    env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
+    process = subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return process, env
+
+
+def _watch(pid: int, env: dict[str, str], *args: str, timeout_s: float = 240) -> list[dict]:
+    watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(pid), "--json", *args], env=env,
+                             cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    assert watcher.returncode == 0, watcher.stderr
+    return [json.loads(line) for line in watcher.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("loop", ["plain", "lightning"])
+def test_a_loop_with_its_probe_is_watched_with_its_anatomy(tmp_path, loop):
+    # started with the script (a watcher started later can miss a short run on a loaded machine)
+    script, env = _start_script(tmp_path, SCRIPTS[loop], "--probe", "--samples", "240", "--hold-s", "1")
+    try:
+        records = _watch(script.pid, env)
+    finally:
+        script.kill()
+        script.wait()
+    *samples, final = records
+    reference = tiny_model_reference()
+    published = [record for record in samples if record["published"] and record["bands_measured_at_step"]]
+    assert published, "no record saw the probe's bands"
+    for record in published:
+        assert record["publisher_pid"] == script.pid
+        assert state_bytes(record)["weights_bytes"] == reference["weights_bytes"]
+        assert record["gradients_after_backward_bytes"] == reference["gradients_bytes"]
+        assert record["bands"]["gradients_bytes"] == 0 and record["bands"]["activations_bytes"] > 0
+        assert stack_problems(record) == []
+    steps = [record["step"] for record in published]
+    assert steps == sorted(steps) and steps[-1] <= 60
+    assert published[-1]["bands"]["optimizer_state_bytes"] == reference["optimizer_state_bytes"]
+    # the end, as the process said it before exiting: 240 samples in batches of 4
+    assert final["exited"] is True and final["training_done"] is True and final["steps"] == 60
+    assert final["steady_samples_per_second"] > 0
+
+
+SLEEP_FIRST = "import time\n\ntime.sleep(30)  # a slow start: the watch reads the script meanwhile\n"
+NO_PROBE_SCRIPTS = {  # scripts as users write them, without gpuanat; read by the watch, never run that far
+    "plain": SLEEP_FIRST + """import torch
+
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(10):
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+    "lightning": SLEEP_FIRST + """import lightning as L
+from transformers import AutoModelForCausalLM
+
+class Module(L.LightningModule):
+    ...
+
+L.Trainer(max_steps=10).fit(Module())
+""",
+    "trainer": SLEEP_FIRST + """from datasets import load_dataset
+from trl import SFTConfig, SFTTrainer
+
+trainer = SFTTrainer(model="Qwen/Qwen3-0.6B", args=SFTConfig(output_dir="out"), train_dataset=load_dataset("x"))
+trainer.train()
+""",
+}
+PROBES = {"plain": "gpuanat.probe.track(model, optimizer)",
+          "lightning": "gpuanat.probe.LightningAnatomyCallback()",
+          "trainer": "trainer.add_callback(gpuanat.probe.AnatomyCallback())"}
+
+
+@pytest.mark.parametrize("loop", ["plain", "lightning", "trainer"])
+def test_the_watch_names_the_probe_the_script_needs(tmp_path, loop):
+    script = tmp_path / f"train_{loop}.py"
+    script.write_text(NO_PROBE_SCRIPTS[loop])
+    process, env = _start_script(tmp_path, script)
+    try:
+        records = _watch(process.pid, env, "--duration", "1", timeout_s=60)
+    finally:
+        process.kill()
+        process.wait()
+    hints = [record for record in records if not record.get("exited")]
+    assert hints
+    for record in hints:
+        assert not record["published"]
+        assert record["probe_hint"]["loop"] == loop and record["probe_hint"]["has_probe"] is False
+        assert record["probe_hint"]["script"] == str(script)
+        assert PROBES[loop] in record["publication_reason"]
+
+
+def test_a_script_with_a_probe_that_is_still_starting_is_waited_for(tmp_path):
+    process, env = _start_script(tmp_path, SCRIPTS["plain"], "--probe", "--start-delay-s", "30")
+    try:
+        started_s = time.monotonic()
+        records = _watch(process.pid, env, "--duration", "1", timeout_s=60)
+    finally:
+        process.kill()
+        process.wait()
+    assert time.monotonic() - started_s < 30  # the watch did not wait for the script
+    waiting = [record for record in records if not record.get("exited")]
+    assert waiting and all(not record["published"] for record in waiting)
+    for record in waiting:
+        assert record["publication_reason"].startswith("waiting for the probe")
+        assert record["probe_hint"] == {"script": str(SCRIPTS["plain"]), "loop": "plain", "has_probe": True,
+                                        "short": "waiting for the probe…"}
+
+
+@pytest.mark.parametrize("command", [
+    ["python3", "train.py", "--lr", "1e-4"],
+    ["/usr/bin/python3", "-u", "train.py"],
+    ["torchrun", "--nproc-per-node", "8", "train.py", "--config", "x.yaml"],
+    ["python", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"],
+    ["accelerate", "launch", "--num_processes", "2", "train.py"],
+])
+def test_the_script_of_a_launcher_s_command_line_is_found(tmp_path, command):
+    (tmp_path / "train.py").write_text("import lightning\n")
+    assert script_of(command, str(tmp_path)) == tmp_path / "train.py"
+    assert probe_hint(command, str(tmp_path)).loop == "lightning"
+    assert script_of(command, str(tmp_path / "elsewhere")) is None  # relative to the process's directory
+    assert probe_hint(["python3", "-c", "import lightning"], str(tmp_path)).loop is None
