@@ -24,6 +24,7 @@ def _training_config(args: Any, model: Any, device: torch.device, total_steps: i
     model_config = getattr(model, "config", None)
     optim = getattr(args, "optim", None)
     return {
+        "loop": "trainer",
         "model": getattr(model_config, "_name_or_path", None) or type(model).__name__,
         "device": device.type,
         "batch_size": getattr(args, "per_device_train_batch_size", None),

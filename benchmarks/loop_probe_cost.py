@@ -1,0 +1,74 @@
+"""What each probe costs its training loop, paired: blocks without the probe (A) and with it (B) alternate ABBA in
+one process, on one model, for each loop of benchmarks/loops — a plain PyTorch loop (`gpuanat.probe.track`), a
+Lightning fit (`LightningAnatomyCallback`) and a TRL SFTTrainer fine-tune (`AnatomyCallback`). Every block is a
+fresh run of `--steps` optimizer steps (a new probe, Trainer or SFTTrainer), timed by the same steady clock in both
+arms (CUDA syncs at the end of step `--warmup` and of the last step). Between separate processes the same run's
+speed varies by several percent on the lent GPUs, more than the 1% a probe may cost; within one process, drift
+cancels in ABBA. The probe publishes its events for `gpuanat watch` as in a user's run.
+
+    python benchmarks/loop_probe_cost.py --out loop_probe_cost.json [--loops plain lightning trl] [--rounds 2]
+        [the options of benchmarks/loops/common.py: --config DIR --seq-len N --batch-size N --steps N --warmup N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent / "loops"))
+from common import build_model, options  # noqa: E402
+
+MODULES = {"plain": "plain_loop", "lightning": "lightning_fit", "trl": "trl_sft"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--loops", nargs="+", default=list(MODULES), choices=list(MODULES))
+    parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per loop (4 blocks each)")
+    parser.add_argument("--budget-s", type=float, default=480, help="stop starting rounds after this long")
+    known, rest = parser.parse_known_args()
+    args = options(__doc__, rest)
+    started_s = time.monotonic()
+    report: dict[str, Any] = {"config": str(args.config), "seq_len": args.seq_len, "batch_size": args.batch_size,
+                              "steps_per_block": args.steps, "warmup_steps": args.warmup, "loops": {}}
+    for loop in known.loops:
+        train = importlib.import_module(MODULES[loop]).train
+        model = build_model(args)
+        blocks: list[dict[str, Any]] = []
+        for round_index in range(known.rounds):
+            if round_index and time.monotonic() - started_s > known.budget_s:
+                break
+            for probe in (False, True, True, False):
+                args.probe = probe
+                blocks.append(train(args, model))
+                print(json.dumps({"loop": loop, **blocks[-1]}), flush=True)
+        del model
+        without = [block["s_per_step"] for block in blocks if not block["probe"] and block["s_per_step"]]
+        with_probe = [block["s_per_step"] for block in blocks if block["probe"] and block["s_per_step"]]
+        pairs = [100 * (b - a) / a for a, b in zip(without, with_probe, strict=False)]
+        summary = {
+            "blocks": blocks,
+            "s_per_step_without": statistics.mean(without) if without else None,
+            "s_per_step_with": statistics.mean(with_probe) if with_probe else None,
+            "cost_percent": (100 * (statistics.mean(with_probe) - statistics.mean(without)) / statistics.mean(without)
+                             if without and with_probe else None),
+            "pair_cost_percent": pairs,
+            "spread_without_percent": (100 * (max(without) - min(without)) / statistics.mean(without)
+                                       if len(without) > 1 else None),
+        }
+        report["loops"][loop] = summary
+        print(f"{loop}: {summary['s_per_step_without']:.4f} s/step without, {summary['s_per_step_with']:.4f} with: "
+              f"{summary['cost_percent']:+.2f}% (pairs {', '.join(f'{p:+.2f}' for p in pairs)}; spread without "
+              f"{summary['spread_without_percent']:.2f}%)", flush=True)
+        known.out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

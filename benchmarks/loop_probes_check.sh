@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Issue #30 on a GPU, in one call of the device tool: do the bands of every result and published record add up to
+# NVML, for the docs' default run, --model runs and a user's own loops with their probes?
+#   bash benchmarks/loop_probes_check.sh
+# 1. `gpuanat run --json`: the docs' default run (bert-large, fp32, batch 4); qwen3-0.6b from its config.json with
+#    --model, under bf16 autocast and with bf16 weights.
+# 2. The three loops of benchmarks/loops with their probes — a plain PyTorch loop (gpuanat.probe.track), a Lightning
+#    fit (LightningAnatomyCallback), a TRL SFTTrainer fine-tune (AnatomyCallback in one line) — each under
+#    `gpuanat run --script`, and each started on its own and watched by PID (`gpuanat watch PID --json`).
+# 3. benchmarks/bands_check.py --results on every result and record: every band >= 0, each stack within 1% of the
+#    device reading beside it -> bands_results.json. Results: results.jsonl, records_<loop>.jsonl, summary.txt.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpuanat-out}/loops
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_HUB_OFFLINE=1 GPUANAT_DB=/tmp/loops-history.sqlite
+export XDG_RUNTIME_DIR=/tmp/loops-runtime && mkdir -p -m 700 "$XDG_RUNTIME_DIR"
+STEPS=${STEPS:-60}
+record() {  # NAME: the last line of /tmp/NAME.out, a line of results.jsonl, a line of summary.txt
+  tail -1 "/tmp/$1.out" > "/tmp/$1.json"
+  python3 - "/tmp/$1.json" "$1" "$OUT/results.jsonl" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+from gpuanat.core.measure.anatomy import stack_problems, stack_sum_error_percent
+try:
+    r = json.load(open(sys.argv[1]))
+except ValueError:
+    print(f"{sys.argv[2]:<24} no result"); raise SystemExit
+with open(sys.argv[3], "a") as results:
+    results.write(json.dumps({**r, "check": sys.argv[2]}) + "\n")
+error = stack_sum_error_percent(r)
+print(f"{sys.argv[2]:<24} {r['status']:<7} steps {r['steps']:>4}  bands {'—' if error is None else f'{error:+.3f}%'} "
+      f"of NVML {r.get('device_memory_used_bytes')}  steady {r.get('steady_samples_per_second')}  "
+      f"probe {r.get('probe_cost_percent')}%  problems {stack_problems(r)}")
+PY
+}
+run() {  # NAME ARGS...: `gpuanat run ARGS --json`
+  local name=$1; shift
+  timeout 300 python3 -m gpuanat run "$@" --json > "/tmp/$name.out" 2> "/tmp/$name.err" || tail -3 "/tmp/$name.err"
+  record "$name"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
+python3 -c "import torch, transformers, trl, lightning; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'lightning', lightning.__version__)" | tee "$OUT/versions.txt"
+run docs-default
+run qwen3-autocast --model benchmarks/configs/qwen3-0.6b --precision bf16 --seq-len 1024 --batch-size 4 --samples 160
+run qwen3-bf16-weights --model benchmarks/configs/qwen3-0.6b --precision bf16 --weights-dtype bf16 --seq-len 1024 \
+  --batch-size 4 --samples 160
+for loop in plain_loop lightning_fit trl_sft; do
+  run "script-$loop" --script "benchmarks/loops/$loop.py" -- --probe --steps "$STEPS"
+  # the same script started on its own, watched by PID from its start to its end
+  python3 "benchmarks/loops/$loop.py" --probe --steps "$STEPS" --hold-s 2 > "/tmp/own-$loop.out" 2>&1 &
+  pid=$!
+  timeout 300 python3 -m gpuanat watch "$pid" --json > "$OUT/records_$loop.jsonl" 2> "/tmp/watch-$loop.err" \
+    || tail -3 "/tmp/watch-$loop.err"
+  wait "$pid"
+  python3 - "$OUT/records_$loop.jsonl" "$loop" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+from gpuanat.core.measure.anatomy import stack_problems, stack_sum_error_percent
+records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+published = [r for r in records if r.get("published") and r.get("bands_measured_at_step")]
+errors = [e for e in (stack_sum_error_percent(r) for r in published) if e is not None]
+problems = [p for r in published for p in stack_problems(r)]
+print(f"watch {sys.argv[2]:<18} {len(records)} records, {len(published)} with bands, max |sum - NVML| "
+      f"{max(map(abs, errors)) if errors else None}%, {len(problems)} problems {problems[:3]}; final "
+      f"{records[-1] if records else None}")
+PY
+done
+python3 benchmarks/bands_check.py --results "$OUT/results.jsonl" "$OUT"/records_*.jsonl --out "$OUT/bands_results.json" \
+  | head -20 | tee -a "$OUT/summary.txt"
