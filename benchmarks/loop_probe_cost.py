@@ -32,18 +32,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--loops", nargs="+", default=list(MODULES), choices=list(MODULES))
     parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per loop (4 blocks each)")
-    parser.add_argument("--budget-s", type=float, default=480, help="stop starting rounds after this long")
+    parser.add_argument("--budget-s", type=float, default=480,
+                        help="stop starting rounds after this long (each loop gets its share)")
     known, rest = parser.parse_known_args()
     args = options(__doc__, rest)
     started_s = time.monotonic()
     report: dict[str, Any] = {"config": str(args.config), "seq_len": args.seq_len, "batch_size": args.batch_size,
                               "steps_per_block": args.steps, "warmup_steps": args.warmup, "loops": {}}
-    for loop in known.loops:
+    for position, loop in enumerate(known.loops):
+        loop_deadline_s = started_s + known.budget_s * (position + 1) / len(known.loops)
         train = importlib.import_module(MODULES[loop]).train
         model = build_model(args)
         blocks: list[dict[str, Any]] = []
         for round_index in range(known.rounds):
-            if round_index and time.monotonic() - started_s > known.budget_s:
+            if round_index and time.monotonic() > loop_deadline_s:
                 break
             for probe in (False, True, True, False):
                 args.probe = probe

@@ -9,6 +9,8 @@
 #    `gpuanat run --script`, and each started on its own and watched by PID (`gpuanat watch PID --json`).
 # 3. benchmarks/bands_check.py --results on every result and record: every band >= 0, each stack within 1% of the
 #    device reading beside it -> bands_results.json. Results: results.jsonl, records_<loop>.jsonl, summary.txt.
+# 4. With COST_ROUNDS=N: benchmarks/loop_probe_cost.py, each loop without and with its probe, ABBA -> loop_probe_cost.json.
+# SKIP_DOCS=1 and SKIP_WATCH=1 leave out the docs' run and the watches.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}/loops
 mkdir -p "$OUT"
@@ -34,17 +36,18 @@ PY
 }
 run() {  # NAME ARGS...: `gpuanat run ARGS --json`
   local name=$1; shift
-  timeout 300 python3 -m gpuanat run "$@" --json > "/tmp/$name.out" 2> "/tmp/$name.err" || tail -3 "/tmp/$name.err"
+  timeout 300 python3 -m gpuanat run --json "$@" > "/tmp/$name.out" 2> "/tmp/$name.err" || tail -3 "/tmp/$name.err"
   record "$name"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 python3 -c "import torch, transformers, trl, lightning; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'lightning', lightning.__version__)" | tee "$OUT/versions.txt"
-run docs-default
-run qwen3-autocast --model benchmarks/configs/qwen3-0.6b --precision bf16 --seq-len 1024 --batch-size 4 --samples 160
-run qwen3-bf16-weights --model benchmarks/configs/qwen3-0.6b --precision bf16 --weights-dtype bf16 --seq-len 1024 \
+[ -z "${SKIP_DOCS:-}" ] && run docs-default
+run qwen3-autocast --model benchmarks/configs/qwen3-0.6b/config.json --precision bf16 --seq-len 1024 --batch-size 4 --samples 160
+run qwen3-bf16-weights --model benchmarks/configs/qwen3-0.6b/config.json --precision bf16 --weights-dtype bf16 --seq-len 1024 \
   --batch-size 4 --samples 160
 for loop in plain_loop lightning_fit trl_sft; do
   run "script-$loop" --script "benchmarks/loops/$loop.py" -- --probe --steps "$STEPS"
+  [ -n "${SKIP_WATCH:-}" ] && continue
   # the same script started on its own, watched by PID from its start to its end
   python3 "benchmarks/loops/$loop.py" --probe --steps "$STEPS" --hold-s 2 > "/tmp/own-$loop.out" 2>&1 &
   pid=$!
@@ -63,5 +66,8 @@ print(f"watch {sys.argv[2]:<18} {len(records)} records, {len(published)} with ba
       f"{records[-1] if records else None}")
 PY
 done
-python3 benchmarks/bands_check.py --results "$OUT/results.jsonl" "$OUT"/records_*.jsonl --out "$OUT/bands_results.json" \
-  | head -20 | tee -a "$OUT/summary.txt"
+python3 benchmarks/bands_check.py --results "$OUT/results.jsonl" $(ls "$OUT"/records_*.jsonl 2>/dev/null) \
+  --out "$OUT/bands_results.json" | head -20 | tee -a "$OUT/summary.txt"
+# 4. each probe's cost: its loop without and with it, alternated in one process (COST_ROUNDS ABBA rounds)
+[ -n "${COST_ROUNDS:-}" ] && timeout 420 python3 benchmarks/loop_probe_cost.py --out "$OUT/loop_probe_cost.json" \
+  --rounds "$COST_ROUNDS" --steps "${COST_STEPS:-50}" 2>&1 | grep -v '^{' | tee -a "$OUT/summary.txt"
