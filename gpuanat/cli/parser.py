@@ -201,11 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch a training process gpuanat did not start (a colleague's job, a torchrun launched from a "
                     "script, a notebook kernel) and its children: NVML per-process GPU memory on every GPU it uses, "
                     "GPU utilization (per process where NVML can say, else device-wide, labelled), host CPU % and "
-                    "RSS, the process tree and the device's other processes. If the script adds gpuanat's probe — "
-                    "one line, trainer.add_callback(gpuanat.probe.AnatomyCallback()) — its memory bands "
+                    "RSS, the process tree and the device's other processes. If the script adds gpuanat's probe for "
+                    "its loop — trainer.add_callback(gpuanat.probe.AnatomyCallback()) for HF Trainer and TRL, "
+                    "Trainer(callbacks=[gpuanat.probe.LightningAnatomyCallback()]) for Lightning, "
+                    "gpuanat.probe.track(model, optimizer) around a loop of its own — its memory bands "
                     "(weights, gradients, optimizer state, activations) and throughput show too, as for runs "
-                    "gpuanat launched: the callback publishes them to $XDG_RUNTIME_DIR/gpuanat/PID.jsonl (else "
-                    "/tmp/gpuanat-UID/), a file only that user can read. Without --json opens the dashboard.",
+                    "gpuanat launched: the probe publishes them to $XDG_RUNTIME_DIR/gpuanat/PID.jsonl (else "
+                    "/tmp/gpuanat-UID/), a file only that user can read; until then the watch names the probe "
+                    "the script needs, or says it waits for it. Without --json opens the dashboard.",
         epilog="Examples:\n  gpuanat watch 12345\n  gpuanat watch 12345 --json --duration 60 > samples.jsonl\n"
                "  gpuanat watch 12345 --json --save bert-large-colleague\n\n"
                "Exit codes: 0 ok (the process exited, or --duration passed), 2 bad PID or usage (one line on stderr), "
