@@ -12,7 +12,7 @@ import io
 import json
 
 import pytest
-from conftest import last_json, run_cli
+from conftest import last_json, run_cli, state_bytes
 from rich.console import Console
 
 from gpuanat.core.memory.predict import estimate_memory, prediction_json
@@ -41,7 +41,9 @@ def test_a_causal_lm_trains_and_its_exact_bands_are_what_predict_says(db_path, e
     config = _config(result)
     predicted = estimate_memory(config)
     for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
-        assert result["bands"][band] == getattr(predicted, band), band
+        assert state_bytes(result)[band] == getattr(predicted, band), band
+    # the bands are the end of forward's: the gradients alive then, as predicted at the peak
+    assert result["bands"]["gradients_bytes"] == predicted.gradients_at_peak_bytes
     shapes = parameter_shapes(PRESETS["llama-tiny"])
     adapters = lora_shapes(PRESETS["llama-tiny"], config).params if config.lora else 0
     assert result["params"] == shapes.params + adapters
@@ -153,7 +155,9 @@ def test_the_gpt2_preset_trains_the_docs_classifier_not_a_language_model(db_path
     assert result["logits_bytes"] == 2 * 2 * 4  # batch × 2 labels, fp32
     predicted = estimate_memory(_config(result))
     for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
-        assert result["bands"][band] == getattr(predicted, band), band
+        assert state_bytes(result)[band] == getattr(predicted, band), band
+    # the bands are the end of forward's: the gradients alive then, as predicted at the peak
+    assert result["bands"]["gradients_bytes"] == predicted.gradients_at_peak_bytes
 
 
 def test_lora_dropout_trains_and_adds_what_predict_says_to_the_activations(db_path):
@@ -193,7 +197,9 @@ def test_a_classifier_held_in_bf16_has_the_bands_predict_says(db_path):
     predicted = estimate_memory(_config(result))
     assert result["status"] == "ok" and result["config"]["weights_dtype"] == "bf16"
     for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"):
-        assert result["bands"][band] == getattr(predicted, band), band
+        assert state_bytes(result)[band] == getattr(predicted, band), band
+    # the bands are the end of forward's: the gradients alive then, as predicted at the peak
+    assert result["bands"]["gradients_bytes"] == predicted.gradients_at_peak_bytes
     fp32 = estimate_memory(_config(result).replace(weights_dtype="fp32"))
     assert predicted.gradients_bytes * 2 == fp32.gradients_bytes
 
