@@ -384,8 +384,14 @@ async def test_every_chart_of_a_run_shares_one_time_axis(db_path):
         # the run's steps fall inside the span its process was sampled in, not at 0 s of the chart
         assert start_s <= rss.first_t_s <= throughput.first_t_s <= throughput.last_t_s <= end_s
         assert throughput.first_t_s > start_s
-        axes = {chart.render_line(chart.size.height - 1).text.split()[-1] for chart in charts}
-        assert len(axes) == 1  # the same end label on every x-axis
+        # the same end label on every x-axis: read between two repaints (the idle sampler moves the window on every
+        # second, and a chart repainted after a sample came reads one second later than one repainted before)
+        for _ in range(20):
+            axes = {chart.render_line(chart.size.height - 1).text.split()[-1] for chart in charts}
+            if len(axes) == 1:
+                break
+            await pilot.pause(0.05)
+        assert len(axes) == 1, axes
         # the model FLOPs the run achieved at the plotted rate, live (no MFU on a CPU: no peak known)
         title = app.query_one("#throughput-chart", LineChart).title
         assert "FLOP/s" in title and "MFU" not in title
