@@ -26,6 +26,7 @@ SCRIPTS = {"plain": REPO / "tests" / "scripts" / "tiny_plain_loop.py",
 RUNS = {  # 64 samples in batches of 4: 16 optimizer steps, 8 with accumulation over 2
     "plain": (SCRIPTS["plain"], ["--probe"]),
     "plain_accum": (SCRIPTS["plain"], ["--probe", "--grad-accum", "2"]),
+    "accelerate_accum": (SCRIPTS["plain"], ["--probe", "--accelerate", "--grad-accum", "2"]),
     "lightning": (SCRIPTS["lightning"], ["--probe"]),
     "lightning_accum": (SCRIPTS["lightning"], ["--probe", "--grad-accum", "2"]),
     "plain_fails": (SCRIPTS["plain"], ["--probe", "--fail-at-step", "3"]),
@@ -44,14 +45,15 @@ def results(tmp_path_factory):
     return {**outputs, "db": db}
 
 
-@pytest.mark.parametrize("name", ["plain", "plain_accum", "lightning", "lightning_accum"])
+@pytest.mark.parametrize("name", ["plain", "plain_accum", "accelerate_accum", "lightning", "lightning_accum"])
 def test_each_loop_s_probe_gives_the_whole_anatomy(results, name):
     db, (returncode, result, stderr) = results["db"], results[name]
     assert returncode == 0, stderr[-3000:]
     reference = tiny_model_reference()
     accumulating = name.endswith("_accum")
     assert result["status"] == "ok" and result["params"] == reference["params"]
-    assert result["config"]["loop"] == name.removesuffix("_accum")
+    loop = name.removesuffix("_accum")
+    assert result["config"]["loop"] == ("plain" if loop == "accelerate" else loop)  # Accelerate's: a loop of its own
     assert result["steps"] == (8 if accumulating else 16) and result["samples"] == 64
     assert state_bytes(result) == {band: reference[band] for band in state_bytes(result)}
     # one moment, the end of a forward pass: accumulation keeps the first micro-batch's gradients alive then

@@ -1,7 +1,8 @@
 """A user's own training loop in plain PyTorch, as someone would write it: the tiny BERT of tiny_trainer.py on the
-docs' random dataset, on the CPU. With `--probe` it adds gpuanat's probe for such a loop, `gpuanat.probe.track`.
+docs' random dataset, on the CPU. With `--probe` it adds gpuanat's probe for such a loop, `gpuanat.probe.track`;
+with `--accelerate` the loop is Accelerate's (`prepare`, `accumulate`, `backward`: the optimizer wrapped).
 
-    python tests/scripts/tiny_plain_loop.py [--probe] [--samples N] [--batch-size N] [--grad-accum N] ...
+    python tests/scripts/tiny_plain_loop.py [--probe] [--accelerate] [--samples N] [--batch-size N] ...
 
 (options: tiny_loop_common.py)
 """
@@ -15,11 +16,44 @@ import torch
 from tiny_loop_common import build, fail_here, mark_ready, options
 
 
+def accelerate_loop(args, model, loader, optimizer) -> None:  # type: ignore[no-untyped-def]
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    probe = contextlib.nullcontext()
+    if args.probe:
+        import gpuanat.probe
+
+        probe = gpuanat.probe.track(model, optimizer, total_steps=len(loader) // args.grad_accum * args.epochs)
+    model.train()
+    step = 0
+    with probe as tracker:
+        for _epoch in range(args.epochs):
+            for inputs, labels in loader:
+                fail_here(args, step + 1)
+                with accelerator.accumulate(model):
+                    loss = model(input_ids=inputs, labels=labels).loss
+                    accelerator.backward(loss)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                if not accelerator.sync_gradients:
+                    continue
+                step += 1
+                if tracker is not None:
+                    tracker.step(samples=len(inputs) * args.grad_accum, loss=loss)
+                mark_ready(args, step)
+
+
 def main() -> None:
     args = options(__doc__)
     time.sleep(args.start_delay_s)
     model, loader = build(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if args.accelerate:
+        accelerate_loop(args, model, loader, optimizer)
+        time.sleep(args.hold_s)
+        return
     probe = contextlib.nullcontext()
     if args.probe:
         import gpuanat.probe
