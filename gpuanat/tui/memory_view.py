@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpuanat.core.measure.anatomy import gradients_after_backward_bytes
 from gpuanat.core.measure.live_run import LiveRun, trainable_weights_bytes
 from gpuanat.core.measure.samples import GpuSample, Sample
 from gpuanat.core.memory.model_config import architecture_of
@@ -29,6 +30,8 @@ class MemoryView:
         self._predicted_logits_bytes: int | None = None
         self._predicted_trainable_bytes: int | None = None
         """The configured run's adapters (fp32), computed when the configuration changes, not at each paint."""
+        self._predicted_gradients_bytes: int | None = None
+        self._measured_gradients_bytes: int | None = None
 
     def show_predicted(self, config: RunConfig, estimate: MemoryEstimate | None, context: int,
                        gpu_total_bytes: int | None, compact: bool) -> None:
@@ -40,6 +43,8 @@ class MemoryView:
         now, peak, _ = self._memory_bar.logits
         self._show_logits(now, peak)
         self._show_trainable(self._memory_bar.trainable[0])  # what was measured stays
+        self._predicted_gradients_bytes = estimate.gradients_bytes if estimate is not None and not compact else None
+        self._show_gradients_after_backward(self._measured_gradients_bytes)
         if estimate is None or compact:
             self._memory_bar.update_predicted(None)
         else:
@@ -54,6 +59,12 @@ class MemoryView:
     def _show_logits(self, now: int | None, peak: int | None) -> None:
         """The logits row under the activations: measured, and predicted for the configured run."""
         self._memory_bar.update_logits(now, peak, self._predicted_logits_bytes)
+
+    def _show_gradients_after_backward(self, measured: int | None) -> None:
+        """The gradients' size after backward beside their band (another moment than the bars'): measured, and the
+        configured run's as predicted."""
+        self._measured_gradients_bytes = measured
+        self._memory_bar.update_gradients_after_backward(measured, self._predicted_gradients_bytes)
 
     def _show_trainable(self, measured: int | None) -> None:
         """The weights that train, where the rest is frozen (`trainable_weights_bytes`), and the configured run's
@@ -83,6 +94,7 @@ class MemoryView:
         self._show_logits(logits, logits)
         self._show_trainable(trainable_weights_bytes(live.model.params, live.model.trainable_params)
                              if live.model else None)
+        self._show_gradients_after_backward(gradients_after_backward_bytes(live.probe_bands))
 
     def show_result(self, result: dict[str, Any]) -> None:
         # The bands are one moment's, the end of forward (only accumulated gradients are alive then).
@@ -90,6 +102,7 @@ class MemoryView:
         self._memory_bar.update_bands(bands, bands, result.get("device_memory_total_bytes"), result["unavailable"])
         self._show_logits(result.get("logits_bytes"), result.get("logits_bytes"))
         self._show_trainable(trainable_weights_bytes(result.get("params"), result.get("trainable_params")))
+        self._show_gradients_after_backward(result.get("gradients_after_backward_bytes"))
         self._show_lanes([
             Lane(rank["gpu_index"], rank["rank"], rank["bands"],
                  rank.get("device_memory_used_bytes"), rank.get("device_memory_total_bytes"), None)

@@ -238,6 +238,7 @@ class WatchApp(DashboardActions):
             self._peak_device_used_bytes = used
             self._peak_bands = dict(bands)
         self._memory_bar.update_bands(bands, self._peak_bands, total, unavailable, unattributed)
+        self._memory_bar.update_gradients_after_backward(record.get("gradients_after_backward_bytes"), None)
         self._show_lanes([  # every publishing rank of a distributed job, on its own GPU
             Lane(rank["gpu_index"], rank["rank"], rank["bands"], rank["used_bytes"], rank["total_bytes"], None)
             for rank in record.get("ranks") or [] if rank["gpu_index"] is not None])

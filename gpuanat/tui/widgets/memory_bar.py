@@ -157,6 +157,9 @@ class MemoryBar(CachedRows):
         """(now, peak, predicted) bytes of a causal LM's logits, shown under the activations they are part of."""
         self._trainable: tuple[int | None, int | None] = (None, None)
         """(measured, predicted) bytes of the weights that train, where some are frozen (LoRA, QLoRA)."""
+        self._gradients_after_backward: tuple[int | None, int | None] = (None, None)
+        """(measured, predicted) bytes of the gradients after backward: another moment than the bars', said beside
+        the gradients band (which holds those alive at the end of forward)."""
 
     @property
     def logits(self) -> tuple[int | None, int | None, int | None]:
@@ -182,6 +185,12 @@ class MemoryBar(CachedRows):
             layout = self._shows_trainable() != (measured is not None or predicted is not None)
             self._trainable = (measured, predicted)
             self._changed(layout=layout)
+
+    def update_gradients_after_backward(self, measured: int | None, predicted: int | None) -> None:
+        """The gradients' size after backward, measured and predicted: a note on the gradients row, not a band."""
+        if (measured, predicted) != self._gradients_after_backward:
+            self._gradients_after_backward = (measured, predicted)
+            self._changed(layout=False)
 
     def _shows_trainable(self) -> bool:
         return any(value is not None for value in self._trainable)
@@ -353,10 +362,21 @@ class MemoryBar(CachedRows):
         else:
             segments.append(Segment(self._values_text(now, peak, predicted), value_style))
         room = width - sum(len(segment.text) for segment in segments) - 2
+        if band == "gradients_bytes" and not reason:
+            reason = self._after_backward_note()
         if reason and room > 1:
             shown = reason if len(reason) <= room else reason[: room - 1] + "…"
             segments.append(Segment(f"  {shown}", self._style("memory-bar--reason")))
         return self._finish(segments, width)
+
+    def _after_backward_note(self) -> str | None:
+        """"after backward 1.25 GiB": the gradients' size then, measured, else predicted."""
+        measured, predicted = self._gradients_after_backward
+        if measured is not None:
+            return f"after backward {format_bytes(measured)}"
+        if predicted is not None:
+            return f"after backward {format_bytes(predicted)} (predicted)"
+        return None
 
     def _logits_row(self, width: int) -> Strip:
         now, peak, predicted = self._logits
