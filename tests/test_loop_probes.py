@@ -9,6 +9,8 @@ Byte counts are checked against the same model counted in this process (`tiny_mo
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,6 +126,43 @@ def test_a_loop_with_its_probe_is_watched_with_its_anatomy(tmp_path, loop):
     # the end, as the process said it before exiting: 240 samples in batches of 4
     assert final["exited"] is True and final["training_done"] is True and final["steps"] == 60
     assert final["steady_samples_per_second"] > 0
+
+
+def test_an_fsdp2_loop_under_torchrun_is_watched_rank_by_rank(tmp_path):
+    """`track` in a plain loop sharded by FSDP2 (2 CPU ranks over gloo, each BERT layer and the model `fully_shard`ed):
+    `gpuanat watch` of the torchrun process shows both ranks, each holding its shard of the weights, gradients and
+    optimizer state."""
+    runtime_dir = tmp_path / "runtime"
+    runtime_dir.mkdir(mode=0o700)
+    env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                            str(SCRIPTS["plain"]), "--probe", "--fsdp", "--samples", "4000", "--hold-s", "1"],
+                           env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline_s = time.monotonic() + 180
+        while len(list((runtime_dir / "gpuanat").glob("*.jsonl")) if (runtime_dir / "gpuanat").exists() else []) < 2:
+            assert job.poll() is None, job.stderr.read() if job.stderr else ""
+            assert time.monotonic() < deadline_s, "the two ranks did not publish"
+            time.sleep(0.1)
+        records = _watch(job.pid, env, "--duration", "6", timeout_s=120)
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.wait(timeout=60)
+    both = [record for record in records if len(record.get("ranks") or []) == 2
+            and all(rank["step"] is not None and rank["bands"]["weights_bytes"] is not None
+                    for rank in record["ranks"])]
+    assert both, "no record showed both ranks with their bands"
+    reference = tiny_model_reference()
+    for record in both:
+        assert [rank["rank"] for rank in record["ranks"]] == [0, 1]
+        shards = [state_bytes(rank) for rank in record["ranks"]]
+        # every parameter is split over the two ranks (an odd dimension leaves one rank a row more)
+        for band in ("weights_bytes", "gradients_bytes"):
+            held = [shard[band] for shard in shards]
+            assert all(0.4 * reference[band] < value < 0.6 * reference[band] for value in held), (band, held)
+        assert sum(shard["gradients_bytes"] for shard in shards) == reference["gradients_bytes"]
+        assert stack_problems(record) == []
 
 
 SLEEP_FIRST = "import time\n\ntime.sleep(30)  # a slow start: the watch reads the script meanwhile\n"

@@ -19,6 +19,7 @@ def options(description: str) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--accelerate", action="store_true", help="(plain loop) Accelerate's loop, wrapped optimizer")
+    parser.add_argument("--fsdp", action="store_true", help="(plain loop, under torchrun) FSDP2 over gloo")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--ready-file", type=Path, default=None,
                         help="written with the PID after the first optimizer step (tests wait for it)")

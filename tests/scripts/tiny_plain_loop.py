@@ -1,6 +1,7 @@
 """A user's own training loop in plain PyTorch, as someone would write it: the tiny BERT of tiny_trainer.py on the
 docs' random dataset, on the CPU. With `--probe` it adds gpuanat's probe for such a loop, `gpuanat.probe.track`;
-with `--accelerate` the loop is Accelerate's (`prepare`, `accumulate`, `backward`: the optimizer wrapped).
+with `--accelerate` the loop is Accelerate's (`prepare`, `accumulate`, `backward`: the optimizer wrapped); with `--fsdp`
+(under torchrun) each BERT layer and the model are sharded by FSDP2's `fully_shard` over gloo.
 
     python tests/scripts/tiny_plain_loop.py [--probe] [--accelerate] [--samples N] [--batch-size N] ...
 
@@ -49,6 +50,14 @@ def main() -> None:
     args = options(__doc__)
     time.sleep(args.start_delay_s)
     model, loader = build(args)
+    if args.fsdp:
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dist.init_process_group("gloo")
+        for layer in model.bert.encoder.layer:
+            fully_shard(layer)
+        fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if args.accelerate:
         accelerate_loop(args, model, loader, optimizer)
