@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -97,6 +98,24 @@ def tiny_model_reference() -> dict[str, int]:
         # AdamW: two fp32 moments per parameter and one 4-byte step counter per parameter tensor
         "optimizer_state_bytes": sum(2 * p.numel() * 4 + 4 for p in parameters),
     }
+
+
+def start_torchrun_job(tmp_path: Path, script: Path, *args: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """`torchrun --nproc-per-node=2 SCRIPT ARGS` in a session of its own, publishing into a private runtime
+    directory, once both ranks publish; with the environment a watcher of it needs."""
+    runtime_dir = tmp_path / "runtime"
+    runtime_dir.mkdir(mode=0o700)
+    env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                            str(script), *args], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    deadline_s = time.monotonic() + 180
+    while len(list((runtime_dir / "gpuanat").glob("*.jsonl")) if (runtime_dir / "gpuanat").exists() else []) < 2:
+        if job.poll() is not None or time.monotonic() > deadline_s:
+            os.killpg(job.pid, signal.SIGTERM)
+            raise AssertionError(f"the two ranks did not publish: {job.stderr.read() if job.stderr else ''}")
+        time.sleep(0.1)
+    return job, env
 
 
 def last_json(stdout: str):

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env, last_json, start_cli, state_bytes, tiny_model_reference
+from conftest import REPO, cli_env, last_json, start_cli, start_torchrun_job, state_bytes, tiny_model_reference
 
 from gpuanat.core.measure.anatomy import stack_problems
 from gpuanat.core.store.history import HistoryStore
@@ -132,19 +132,8 @@ def test_an_fsdp2_loop_under_torchrun_is_watched_rank_by_rank(tmp_path):
     """`track` in a plain loop sharded by FSDP2 (2 CPU ranks over gloo, each BERT layer and the model `fully_shard`ed):
     `gpuanat watch` of the torchrun process shows both ranks, each holding its shard of the weights, gradients and
     optimizer state."""
-    runtime_dir = tmp_path / "runtime"
-    runtime_dir.mkdir(mode=0o700)
-    env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
-    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                            str(SCRIPTS["plain"]), "--probe", "--fsdp", "--samples", "4000", "--hold-s", "1"],
-                           env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    job, env = start_torchrun_job(tmp_path, SCRIPTS["plain"], "--probe", "--fsdp", "--samples", "4000", "--hold-s", "1")
     try:
-        deadline_s = time.monotonic() + 180
-        while len(list((runtime_dir / "gpuanat").glob("*.jsonl")) if (runtime_dir / "gpuanat").exists() else []) < 2:
-            assert job.poll() is None, job.stderr.read() if job.stderr else ""
-            assert time.monotonic() < deadline_s, "the two ranks did not publish"
-            time.sleep(0.1)
         records = _watch(job.pid, env, "--duration", "6", timeout_s=120)
     finally:
         os.killpg(job.pid, signal.SIGTERM)

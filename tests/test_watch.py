@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, cli_env, run_cli, start_cli, tiny_model_reference
+from conftest import REPO, cli_env, run_cli, start_cli, start_torchrun_job, tiny_model_reference
 
 from gpuanat.core.measure.anatomy import stack_problems
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
@@ -525,19 +525,8 @@ def test_an_event_the_session_cannot_take_is_counted_and_the_watch_goes_on(spinn
 def test_watching_a_torchrun_job_shows_every_ranks_anatomy(tmp_path):
     """Issue #15: a job launched with torchrun (2 CPU ranks, DDP over gloo), each rank with the one-line callback:
     `gpuanat watch` of the torchrun process shows both ranks, each with its own bands."""
-    runtime_dir = tmp_path / "runtime"
-    runtime_dir.mkdir(mode=0o700)
-    env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
-    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                            str(TINY_TRAINER), "--callback", "--samples", "20000", "--hold-s", "1"],
-                           env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    job, env = start_torchrun_job(tmp_path, TINY_TRAINER, "--callback", "--samples", "20000", "--hold-s", "1")
     try:
-        deadline_s = time.monotonic() + 180
-        while len(list((runtime_dir / "gpuanat").glob("*.jsonl")) if (runtime_dir / "gpuanat").exists() else []) < 2:
-            assert job.poll() is None, job.stderr.read() if job.stderr else ""
-            assert time.monotonic() < deadline_s, "the two ranks did not publish"
-            time.sleep(0.1)
         watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(job.pid), "--json", "--duration",
                                   "6"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     finally:

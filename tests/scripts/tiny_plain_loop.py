@@ -17,16 +17,21 @@ import torch
 from tiny_loop_common import build, fail_here, mark_ready, options
 
 
+def probe_of(args, model, optimizer, loader):  # type: ignore[no-untyped-def]
+    """gpuanat's probe for a loop of one's own, with `--probe`; else nothing."""
+    if not args.probe:
+        return contextlib.nullcontext()
+    import gpuanat.probe
+
+    return gpuanat.probe.track(model, optimizer, total_steps=len(loader) // args.grad_accum * args.epochs)
+
+
 def accelerate_loop(args, model, loader, optimizer) -> None:  # type: ignore[no-untyped-def]
     from accelerate import Accelerator
 
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    probe = contextlib.nullcontext()
-    if args.probe:
-        import gpuanat.probe
-
-        probe = gpuanat.probe.track(model, optimizer, total_steps=len(loader) // args.grad_accum * args.epochs)
+    probe = probe_of(args, model, optimizer, loader)
     model.train()
     step = 0
     with probe as tracker:
@@ -63,11 +68,7 @@ def main() -> None:
         accelerate_loop(args, model, loader, optimizer)
         time.sleep(args.hold_s)
         return
-    probe = contextlib.nullcontext()
-    if args.probe:
-        import gpuanat.probe
-
-        probe = gpuanat.probe.track(model, optimizer, total_steps=len(loader) // args.grad_accum * args.epochs)
+    probe = probe_of(args, model, optimizer, loader)
     model.train()
     step = 0
     with probe as tracker:
