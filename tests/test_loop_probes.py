@@ -154,6 +154,38 @@ def test_an_fsdp2_loop_under_torchrun_is_watched_rank_by_rank(tmp_path):
         assert stack_problems(record) == []
 
 
+def test_a_loop_that_does_not_say_how_long_it_runs_is_measured_all_the_same():
+    """`track(model, optimizer)` without `total_steps`: every event decodes as gpuanat reads it, the warm-up is 10
+    steps, and the steady window closes when the `with` block ends."""
+    import torch
+
+    from gpuanat.core.run.protocol import Done, Hello, ModelInfo, Step, decode, encode
+    from gpuanat.probe import track
+    from gpuanat.worker.probe.sink import install_default_emit
+
+    events = []
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    # where `gpuanat run --script` sends a probe's events: every one as gpuanat's pipe carries it
+    install_default_emit(lambda event: events.append(decode(encode(event))))
+    try:
+        with track(model, optimizer) as probe:
+            for _ in range(14):
+                model(torch.randn(8, 16)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                probe.step()
+    finally:
+        install_default_emit(None)
+    assert [type(event) for event in events] == [Hello, ModelInfo, *[Step] * 14, Done]  # no Malformed
+    assert events[0].config["loop"] == "plain" and events[0].config["max_steps"] is None
+    assert events[1].total_steps is None
+    done = events[-1]
+    assert done.status == "ok" and done.steps == 14 and done.samples == 14 * 8  # rows of each forward's input
+    assert done.warmup_steps == 10 and done.steady_samples_per_second > 0
+    assert done.bands.weights_bytes == sum(4 * p.numel() for p in model.parameters())
+
+
 SLEEP_FIRST = "import time\n\ntime.sleep(30)  # a slow start: the watch reads the script meanwhile\n"
 NO_PROBE_SCRIPTS = {  # scripts as users write them, without gpuanat; read by the watch, never run that far
     "plain": SLEEP_FIRST + """import torch

@@ -87,7 +87,9 @@ class ModelInfo:
     weights_bytes: int
     """Unique parameter and buffer storages, as loaded (before any training step)."""
     dtype: str
-    total_steps: int
+    total_steps: int | None
+    """Optimizer steps the run will take; None when its loop does not say (a plain loop's `track` without
+    `total_steps`)."""
     matmul_flops_per_token: int | None = None
     """Model FLOPs of the matmul weights a token costs in training: 6 a trained weight, 4 a frozen one (forward and
     the input's gradient), counted from the model's linear layers (a mixture of experts' expert weights scaled by
