@@ -4,34 +4,17 @@
 # A model held in bf16 (--weights-dtype bf16) and LoRA dropout (--lora-dropout) on llama-3.2-1b, seq 1024, batch 4,
 # against the same run's plain counterpart; and TFLOP/s/MFU of a --model config.json (qwen3-0.6b, gemma-3-1b:
 # sliding windows; granite MoE). 20 steps each. Writes $OUT/any_model/results.jsonl (one `run --json` result a line,
-# with its name) and summary.txt (a line each: peak, predict's peak for the presets, steady rate, TFLOP/s, MFU).
+# with its name) and summary.txt (a line each, benchmarks/run_line.py: peak and predicted, steady rate, TFLOP/s, MFU).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}/any_model
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_HUB_OFFLINE=1 GPUANAT_DB="$OUT/history.sqlite"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/env.txt"
 common=(--seq-len 1024 --batch-size 4 --max-steps 20 --samples 80 --json)
-run() {  # NAME ARGS...: one run, its result kept, one line printed
+run() {  # NAME ARGS...: one run, its result a line of results.jsonl, a line of summary.txt
   local name=$1; shift
-  python3 -m gpuanat run "$@" "${common[@]}" > "$OUT/$name.out" 2> "$OUT/$name.err"
-  [ -s "$OUT/$name.err" ] && tail -3 "$OUT/$name.err"
-  tail -1 "$OUT/$name.out" > "$OUT/$name.json"
-  python3 - "$OUT/$name.json" "$name" "$OUT/results.jsonl" <<'PY' | tee -a "$OUT/summary.txt"
-import json, sys
-from gpuanat.core.memory.predict import estimate_memory
-from gpuanat.core.run.config import RunConfig
-r = json.load(open(sys.argv[1]))
-with open(sys.argv[3], "a") as results:
-    results.write(json.dumps({**r, "check": sys.argv[2]}) + "\n")
-config = RunConfig.from_json(r["config"])
-# predict reads the presets only (a --model config.json is not read yet): none for those
-predicted = None if config.model else estimate_memory(config).peak_allocated_bytes
-peak = r.get("peak_allocated_bytes")
-error = f"{100 * (predicted - peak) / peak:+.1f}%" if predicted and peak else "—"
-print(f"{sys.argv[2]:<16} {r['status']:<6} peak {peak / 2**30 if peak else 0:6.2f} GiB predicted "
-      f"{predicted / 2**30 if predicted else 0:6.2f} ({error}) steady {r.get('steady_samples_per_second')} "
-      f"TFLOP/s {r.get('achieved_tflops')} MFU {r.get('mfu')} {r.get('unavailable', {}).get('mfu') or ''}")
-PY
+  python3 -m gpuanat run "$@" "${common[@]}" > "$OUT/$name.out" 2> "$OUT/$name.err" || tail -3 "$OUT/$name.err"
+  python3 benchmarks/run_line.py "$OUT/$name.out" "$name" "$OUT/results.jsonl" | tee -a "$OUT/summary.txt"
 }
 run llama-amp --preset llama-3.2-1b --precision bf16
 run llama-bf16w --preset llama-3.2-1b --precision bf16 --weights-dtype bf16

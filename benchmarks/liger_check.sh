@@ -15,22 +15,8 @@ python3 benchmarks/llm_matrix.py --set liger-unseen --out "$OUT/liger_unseen.jso
 common=(--seq-len 1024 --batch-size 4 --max-steps 4 --samples 16 --json)
 run() {  # NAME ARGS...: one run, its result a line of runs.jsonl, a line of summary.txt
   local name=$1; shift
-  python3 -m gpuanat run "$@" "${common[@]}" > "/tmp/$name.out" 2> "/tmp/$name.err"
-  [ -s "/tmp/$name.err" ] && tail -3 "/tmp/$name.err"
-  tail -1 "/tmp/$name.out" > "/tmp/$name.json"
-  python3 - "/tmp/$name.json" "$name" "$OUT/runs.jsonl" <<'PY' | tee -a "$OUT/summary.txt"
-import json, sys
-from gpuanat.core.memory.predict import estimate_memory
-from gpuanat.core.run.config import RunConfig
-r = json.load(open(sys.argv[1]))
-with open(sys.argv[3], "a") as results:
-    results.write(json.dumps({**r, "check": sys.argv[2]}) + "\n")
-predicted = estimate_memory(RunConfig.from_json(r["config"])).peak_allocated_bytes
-peak = r.get("peak_allocated_bytes")
-error = f"{100 * (predicted - peak) / peak:+.1f}%" if peak else "—"
-print(f"{sys.argv[2]:<16} {r['status']:<6} peak {peak / 2**30 if peak else 0:6.2f} GiB predicted "
-      f"{predicted / 2**30:6.2f} ({error}) steady {r.get('steady_samples_per_second')}")
-PY
+  python3 -m gpuanat run "$@" "${common[@]}" > "/tmp/$name.out" 2> "/tmp/$name.err" || tail -3 "/tmp/$name.err"
+  python3 benchmarks/run_line.py "/tmp/$name.out" "$name" "$OUT/runs.jsonl" | tee -a "$OUT/summary.txt"
 }
 run llama-full --preset llama-3.2-1b --precision bf16
 run llama-full-liger --preset llama-3.2-1b --precision bf16 --liger --liger-layers --memory-snapshot /tmp/full.pickle

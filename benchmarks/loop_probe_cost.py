@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent / "loops"))
-from common import build_model, options  # noqa: E402
+from common import build_model, options
 
 MODULES = {"plain": "plain_loop", "lightning": "lightning_fit", "trl": "trl_sft"}
 

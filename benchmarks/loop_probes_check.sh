@@ -17,27 +17,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_HUB_OFFLINE=1 GPUANAT_DB=/tmp/loops-history.sqlite
 export XDG_RUNTIME_DIR=/tmp/loops-runtime && mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 STEPS=${STEPS:-60}
-record() {  # NAME: the last line of /tmp/NAME.out, a line of results.jsonl, a line of summary.txt
-  tail -1 "/tmp/$1.out" > "/tmp/$1.json"
-  python3 - "/tmp/$1.json" "$1" "$OUT/results.jsonl" <<'PY' | tee -a "$OUT/summary.txt"
-import json, sys
-from gpuanat.core.measure.anatomy import stack_problems, stack_sum_error_percent
-try:
-    r = json.load(open(sys.argv[1]))
-except ValueError:
-    print(f"{sys.argv[2]:<24} no result"); raise SystemExit
-with open(sys.argv[3], "a") as results:
-    results.write(json.dumps({**r, "check": sys.argv[2]}) + "\n")
-error = stack_sum_error_percent(r)
-print(f"{sys.argv[2]:<24} {r['status']:<7} steps {r['steps']:>4}  bands {'—' if error is None else f'{error:+.3f}%'} "
-      f"of NVML {r.get('device_memory_used_bytes')}  steady {r.get('steady_samples_per_second')}  "
-      f"probe {r.get('probe_cost_percent')}%  problems {stack_problems(r)}")
-PY
-}
 run() {  # NAME ARGS...: `gpuanat run ARGS --json`
   local name=$1; shift
   timeout 300 python3 -m gpuanat run --json "$@" > "/tmp/$name.out" 2> "/tmp/$name.err" || tail -3 "/tmp/$name.err"
-  record "$name"
+  python3 benchmarks/run_line.py "/tmp/$name.out" "$name" "$OUT/results.jsonl" | tee -a "$OUT/summary.txt"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 python3 -c "import torch, transformers, trl, lightning; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'lightning', lightning.__version__)" | tee "$OUT/versions.txt"

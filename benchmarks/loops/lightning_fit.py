@@ -16,7 +16,7 @@ import lightning
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import SteadyClock, build_model, device, options, random_tokens, report  # noqa: E402
+from common import SteadyClock, build_model, device, options, random_tokens, report
 
 
 class CausalLM(lightning.LightningModule):

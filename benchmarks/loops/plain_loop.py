@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import SteadyClock, build_model, device, options, random_tokens, report  # noqa: E402
+from common import SteadyClock, build_model, device, options, random_tokens, report
 
 
 def train(args: Any, model: torch.nn.Module | None = None) -> dict[str, Any]:
@@ -31,7 +31,8 @@ def train(args: Any, model: torch.nn.Module | None = None) -> dict[str, Any]:
     model.train()
     with probe as tracker:
         for step in range(1, args.steps + 1):
-            batch = tokens[(step % 8) * args.batch_size:(step % 8 + 1) * args.batch_size].to(device(), non_blocking=True)
+            rows = slice((step % 8) * args.batch_size, (step % 8 + 1) * args.batch_size)
+            batch = tokens[rows].to(device(), non_blocking=True)
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
             optimizer.step()

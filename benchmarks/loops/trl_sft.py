@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerFast, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import SteadyClock, build_model, device, options, random_tokens, report  # noqa: E402
+from common import SteadyClock, build_model, device, options, random_tokens, report
 
 
 def word_level_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:

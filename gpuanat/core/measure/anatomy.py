@@ -56,6 +56,10 @@ class MemoryBands:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def values(self) -> dict[str, int | None]:
+        """The bands alone, by name (`BAND_NAMES`), without why any is missing: a result's or record's `bands`."""
+        return {name: getattr(self, name) for name in BAND_NAMES}
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MemoryBands:
         known = {f.name for f in dataclasses.fields(cls)}
@@ -158,11 +162,10 @@ def stack_problems(entry: dict[str, Any], where: str = "result") -> list[str]:
     for name, value in bands.items():
         if isinstance(value, int) and value < 0:
             problems.append(f"{where}: {name} is negative ({value:,} B)")
-    total, used = stack_total_bytes(bands), entry.get("device_memory_used_bytes", entry.get("used_bytes"))
-    if total is not None and used:
-        error_percent = 100.0 * (total - used) / used
-        if abs(error_percent) > STACK_TOLERANCE_PERCENT:
-            problems.append(f"{where}: the bands sum to {total:,} B, {error_percent:+.2f}% off the device's {used:,} B")
+    error_percent = stack_sum_error_percent(entry)
+    if error_percent is not None and abs(error_percent) > STACK_TOLERANCE_PERCENT:
+        problems.append(f"{where}: the bands sum to {stack_total_bytes(bands):,} B, {error_percent:+.2f}% off the "
+                        f"device's {_device_used_bytes(entry):,} B")
     after_backward, alive = entry.get("gradients_after_backward_bytes"), bands.get("gradients_bytes")
     if after_backward is not None and alive is not None and alive > after_backward:
         problems.append(f"{where}: gradients alive at the end of forward ({alive:,} B) exceed their maximum after "
@@ -174,9 +177,13 @@ def stack_problems(entry: dict[str, Any], where: str = "result") -> list[str]:
 
 def stack_sum_error_percent(entry: dict[str, Any]) -> float | None:
     """How far the used bands' sum is from the device used beside them, in percent; None when one is missing."""
-    total = stack_total_bytes(entry.get("bands") or {})
-    used = entry.get("device_memory_used_bytes", entry.get("used_bytes"))
+    total, used = stack_total_bytes(entry.get("bands") or {}), _device_used_bytes(entry)
     return 100.0 * (total - used) / used if total is not None and used else None
+
+
+def _device_used_bytes(entry: dict[str, Any]) -> int | None:
+    """The device reading a result's, record's or rank's bands describe (a watch record's rank calls it used_bytes)."""
+    return entry.get("device_memory_used_bytes", entry.get("used_bytes"))
 
 
 def gradients_after_backward_bytes(probe: ProbeBands | None) -> int | None:

@@ -149,9 +149,7 @@ class LiveRun:
                                 if sample is not None and gpu is not None and pid else None),
             no_gpu_reason=no_gpu,
         )
-        values = bands.to_json()
-        unavailable = values.pop("unavailable")
-        return gpu, values, unavailable
+        return gpu, bands.values(), bands.unavailable
 
     def observe_peak(self, bands: dict[str, Any], device_used_bytes: int | None) -> None:
         """Keep rank 0's `bands` as the peak's when the device uses as much memory as it ever did in this run."""

@@ -153,7 +153,7 @@ def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> dict[str,
         "device_memory_used_bytes": device_used,
         "process_memory_used_bytes": state.peak_process_used_bytes if no_gpu_reason is None else None,
         "device_memory_total_bytes": state.device_total_bytes if no_gpu_reason is None else None,
-        "bands": {key: value for key, value in bands.to_json().items() if key != "unavailable"},
+        "bands": bands.values(),
         "unavailable": {**unavailable, **bands.unavailable},
     }
 

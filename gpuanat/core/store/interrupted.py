@@ -104,7 +104,7 @@ def _bands_of_step(step: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]
                            device_used_bytes=step.get("nvml_device_used_bytes"), device_total_bytes=None,
                            process_used_bytes=step.get("nvml_process_used_bytes"),
                            no_gpu_reason=None if nvml else "no NVML reading in the step records")
-    return ({key: value for key, value in bands.to_json().items() if key != "unavailable"},
+    return (bands.values(),
             gradients_after_backward_bytes(probe))
 
 

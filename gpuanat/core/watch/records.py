@@ -176,7 +176,7 @@ class WatchRecords:
             memory = self._bands(main_gpu, main_process_bytes, run.last_step.reserved_bytes
                                  if run.last_step else None, main_gpu.used_bytes if main_gpu else None)
             bands_unavailable = memory.unavailable
-            bands = {key: value for key, value in memory.to_json().items() if key != "unavailable"}
+            bands = memory.values()
         last_step = run.last_step
         done = run.done
         record: dict[str, Any] = {
@@ -239,7 +239,7 @@ class WatchRecords:
                           "used_bytes": gpu.used_bytes if gpu else None,
                           "total_bytes": gpu.total_bytes if gpu else None,
                           "gradients_after_backward_bytes": gradients_after_backward_bytes(publisher.probe_bands),
-                          "bands": {key: value for key, value in memory.to_json().items() if key != "unavailable"},
+                          "bands": memory.values(),
                           "bands_unavailable": memory.unavailable})
         return sorted(ranks, key=lambda entry: entry["rank"])
 
@@ -332,7 +332,7 @@ class WatchRecords:
                 device_total_bytes=gpu_total, process_used_bytes=observed.peak_gpu_memory_bytes,
                 no_gpu_reason=("CPU run: it uses no GPU memory" if run.hello and run.hello.device != "cuda"
                                else None if observed.gpu_name else "no GPU readings"))
-            bands = {key: value for key, value in memory.to_json().items() if key != "unavailable"}
+            bands = memory.values()
             unavailable.update(memory.unavailable)
         else:
             unavailable["bands"] = self._publication_reason()

@@ -314,12 +314,12 @@ class Probe(ProbeReadings):
             self._gradients_bytes = max(self._gradients_bytes, self._gradients_bytes_now())
 
     @never_raises
-    def logged(self, loss: float | None, summary: Mapping[str, float]) -> None:
+    def logged(self, loss: float | torch.Tensor | None, summary: Mapping[str, float]) -> None:
         """The loop read its loss to log it (`loss`, None when not this time) and, at the end, its own figures
         (`summary`: "train_runtime", "train_samples_per_second", "train_loss", as HF Trainer names them)."""
-        self._step_phases.loss_read()
         if loss is not None:
-            self._loss = float(loss)
+            self._loss = float(loss)  # a tensor's read waits for the GPU: before loss_read, which times that wait
+        self._step_phases.loss_read()
         self.summary.update(summary)
 
     @never_raises

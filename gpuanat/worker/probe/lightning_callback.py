@@ -126,7 +126,7 @@ class LightningAnatomyCallback(Probe, *_CALLBACK_BASES):  # type: ignore[misc]
         every = getattr(trainer, "log_every_n_steps", 50) or 50
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and (step % every == 0 or step == self._total_steps):
-            self.logged(float(loss), {})
+            self.logged(loss, {})  # read in the probe, which never raises into the fit
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.end(trainer.global_step, status="stopped" if getattr(trainer, "interrupted", False) else "ok")

@@ -68,7 +68,6 @@ class LoopProbe(Probe):
         self._loop_model, self._loop_optimizer, self._total_steps = model, optimizer, total_steps
         self._optimizer_hook: Any = None
         self._step_count = 0
-        self._stop = False
 
     def __enter__(self) -> LoopProbe:
         model, optimizer, total_steps = self._loop_model, self._loop_optimizer, self._total_steps
@@ -88,13 +87,12 @@ class LoopProbe(Probe):
         away."""
         self._step_count += 1
         step = self._step_count
-        self._stop = bool(self.step_ends(step, self._total_steps, samples=samples, tokens=tokens))
-        if loss is not None:
-            if not isinstance(loss, torch.Tensor):
-                self.logged(float(loss), {})
-            elif step % LOSS_READ_EVERY_STEPS == 0 or step == self._total_steps:
-                self.logged(float(loss.detach()), {})
-        return self._stop
+        stop = bool(self.step_ends(step, self._total_steps, samples=samples, tokens=tokens))
+        # `logged` reads the number, never raising into the loop; a tensor only at the logging steps
+        if loss is not None and (not isinstance(loss, torch.Tensor) or step % LOSS_READ_EVERY_STEPS == 0
+                                 or step == self._total_steps):
+            self.logged(loss, {})
+        return stop
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> bool:

@@ -50,9 +50,10 @@ class StepPhases:
         self._enter("optimizer")
 
     def loss_read(self) -> None:
-        """The Trainer read the loss to log it, after the step's end: the wait for the GPU (the next step's)."""
+        """The loop has read the loss to log it, after the step's end: the time since that end was the wait for the
+        GPU (the next step's data wait begins now)."""
         if self._phase == "data":
-            self._enter("gpu wait")
+            self._phase = "gpu wait"
             self._enter("data")
 
     def step_ends(self) -> tuple[dict[str, float], bool | None]:
