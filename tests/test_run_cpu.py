@@ -173,8 +173,9 @@ def test_history_lists_every_run_in_each_format(results, history_db):
 def test_the_probe_reports_its_own_time(results):
     result = results["adamw_bs8"]
     parts = result["probe_time_by_part_s"]
-    assert set(parts) == {"setup", "measured steps", "other steps", "synchronize"}
+    assert set(parts) == {"setup", "measured steps", "other steps", "synchronize", "profiling"}
     assert parts["synchronize"] == 0.0  # no CUDA: nothing to wait for
+    assert parts["profiling"] == 0.0  # not asked to profile
     assert parts["measured steps"] > 0 and parts["other steps"] > 0
     assert sum(parts.values()) == pytest.approx(result["probe_time_s"])
     assert 0 < result["probe_time_s"] < result["train_runtime_s"]

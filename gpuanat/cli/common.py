@@ -105,13 +105,30 @@ class ProgressView:
         self._progress.stop()
 
 
+def measurement_environment(*, memory_snapshot: Path | None = None, profile_ops: int = 0,
+                            profile_ops_trace: Path | None = None) -> dict[str, str] | None:
+    """The training process's environment when a measurement of its own was asked (`--memory-snapshot`,
+    `--profile-ops`), else None (the parent's, unchanged)."""
+    from gpuanat.core.run.config import MEMORY_SNAPSHOT_VARIABLE, PROFILE_OPS_TRACE_VARIABLE, PROFILE_OPS_VARIABLE
+
+    asked = {}
+    if memory_snapshot is not None:
+        asked[MEMORY_SNAPSHOT_VARIABLE] = str(memory_snapshot.resolve())
+    if profile_ops:
+        asked[PROFILE_OPS_VARIABLE] = str(profile_ops)
+        if profile_ops_trace is not None:
+            asked[PROFILE_OPS_TRACE_VARIABLE] = str(profile_ops_trace.resolve())
+    return {**os.environ, **asked} if asked else None
+
+
 def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *, label: str,
                   name: str | None = None, trace_path: Path | None = None,
-                  memory_snapshot: Path | None = None, requested_monotonic_s: float | None = None) -> dict[str, Any]:
-    from gpuanat.core.run.config import MEMORY_SNAPSHOT_VARIABLE
+                  memory_snapshot: Path | None = None, requested_monotonic_s: float | None = None,
+                  profile_ops: int = 0, profile_ops_trace: Path | None = None) -> dict[str, Any]:
     from gpuanat.core.run.session import execute_run
 
-    env = {**os.environ, MEMORY_SNAPSHOT_VARIABLE: str(memory_snapshot.resolve())} if memory_snapshot else None
+    env = measurement_environment(memory_snapshot=memory_snapshot, profile_ops=profile_ops,
+                                  profile_ops_trace=profile_ops_trace)
     view = ProgressView(label)
     try:
         with signals.polled() as stop_requested:
@@ -143,6 +160,7 @@ def exit_code_for(status: str, signals: StopSignals) -> int:
 def print_summary(result: dict[str, Any]) -> None:
     """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements."""
     from gpuanat.core.measure.anatomy import BAND_NAMES
+    from gpuanat.core.operations.report import summary_lines as operations_summary_lines
     from gpuanat.core.run.diagnose import breakdown_line
     from gpuanat.core.run.startup import startup_line
     from gpuanat.core.store.report import format_bytes, format_mb, format_number
@@ -185,6 +203,8 @@ def print_summary(result: dict[str, Any]) -> None:
         caught_up = result["step_time_breakdown"].get("gpu_caught_up_share")
         print(f"Step time: {step_time}" + (f"; the GPU had caught up at {100 * caught_up:.0f}% of the steps"
                                            if caught_up is not None else ""))
+    for line in operations_summary_lines(result.get("operations_anatomy")):
+        print(line)
     for finding in result.get("diagnosis") or []:
         print(f"Diagnosis: {finding['bottleneck']} — {finding['evidence']}. Try: {finding['fix']}")
     started = startup_line(result.get("wall_breakdown_s") or {}, result.get("time_to_first_step_s"))

@@ -12,7 +12,7 @@ import shtab
 from gpuanat import __version__
 from gpuanat.cli.common import EXIT_USAGE
 from gpuanat.core.printable import printable
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.config import DEFAULT_PROFILE_OPS_STEPS, RunConfig
 from gpuanat.core.run.techniques import TECHNIQUES
 
 CONFIG_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
@@ -37,6 +37,27 @@ def run_name(text: str) -> str:
         raise argparse.ArgumentTypeError(f"the name {printable(text)!s} is not UTF-8 text, which the history keeps "
                                          "names as; give it in UTF-8") from None
     return text
+
+def profiled_steps(text: str) -> int:
+    """`--profile-ops N`: a step count from 1 to 50."""
+    if not text.isdigit() or not 1 <= int(text) <= 50:
+        raise argparse.ArgumentTypeError(f"profile 1 to 50 steps, not {printable(text)}")
+    return int(text)
+
+
+def add_profile_ops(parser: argparse.ArgumentParser, *, trace: bool) -> None:
+    """`--profile-ops [N]` (and `--profile-ops-trace FILE` where one run writes one trace)."""
+    parser.add_argument("--profile-ops", type=profiled_steps, nargs="?", const=DEFAULT_PROFILE_OPS_STEPS, default=0,
+                        metavar="N",
+                        help=f"profile N steps after warm-up ({DEFAULT_PROFILE_OPS_STEPS} without N) with "
+                             "torch.profiler and show the operations anatomy: GPU time and FLOPs by kind of "
+                             "operation (contractions, normalizations, element-wise, ...) beside the paper's "
+                             "BERT-large table; the profiled steps are left out of the steady samples/s")
+    if trace:
+        parser.add_argument("--profile-ops-trace", type=Path, default=None, metavar="FILE.json",
+                            help="with --profile-ops: also write the profiled steps' Chrome/Perfetto trace here "
+                                 "(for ui.perfetto.dev or Holistic Trace Analysis)")
+
 
 def _with_default(technique: Any) -> str:
     """The technique's help, ending with its default where the help does not say it already."""
@@ -107,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run your own training script instead (`gpuanat run --script train.py -- ARGS`): gpuanat's "
                           "probe is attached to every HF Trainer it creates, without editing it; the technique "
                           "flags do not apply (the script sets its own TrainingArguments)")
+    add_profile_ops(run, trace=True)
 
     sweep = commands.add_parser(
         "sweep", help="run the HF docs' whole experiment table, one fresh process each",
@@ -120,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     sweep.add_argument("--only", action="append", default=None, metavar="NAME",
                        help="run only this experiment (repeatable); names as in the table")
+    add_profile_ops(sweep, trace=False)
 
     predict = commands.add_parser(
         "predict", help="predict memory bands, peaks and the largest batch that fits, without running",
@@ -195,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="try no batch above N (default: 4096 on a GPU; on the CPU without --gpu-memory 64)")
     tune.add_argument("--json", action="store_true",
                       help="print the front, every trial, what was not tried and the best set as one JSON object")
+    add_profile_ops(tune, trace=False)
 
     watch = commands.add_parser(
         "watch", help="watch any process by PID: GPU memory and utilization, host CPU/RSS, its anatomy if published",

@@ -16,6 +16,7 @@ from gpuanat.cli.common import (
     exit_code_for,
     fail_usage,
     machine_config,
+    measurement_environment,
     open_store,
     print_summary,
     run_recorded,
@@ -50,7 +51,9 @@ def command_run_script(args: argparse.Namespace) -> int:
             with args.stop_signals.polled() as stop_requested:
                 result = execute_script(script, args.script_args, store=store, log_dir=store.path.parent / "logs",
                                         name=args.name, on_event=view, trace_path=args.trace_out,
-                                        stop_requested=stop_requested)
+                                        stop_requested=stop_requested,
+                                        env=measurement_environment(profile_ops=args.profile_ops,
+                                                                    profile_ops_trace=args.profile_ops_trace))
         finally:
             view.close()
     warn_if_not_saved(result)
@@ -64,8 +67,20 @@ def command_run_script(args: argparse.Namespace) -> int:
     return exit_code_for(result["status"], args.stop_signals)
 
 
+def check_profile_ops(args: argparse.Namespace) -> None:
+    """`--profile-ops-trace` asks for a trace of profiled steps: it needs `--profile-ops` and a folder to write in."""
+    trace = args.profile_ops_trace
+    if trace is None:
+        return
+    if not args.profile_ops:
+        fail_usage("--profile-ops-trace: give --profile-ops too (the trace is of the profiled steps)")
+    if not trace.parent.resolve().is_dir():
+        fail_usage(f"--profile-ops-trace: no such folder: {printable(str(trace.parent))}")
+
+
 def command_run(args: argparse.Namespace) -> int:
     args.name = args.name or None  # `--name ""`: no name, as without the flag
+    check_profile_ops(args)
     if args.script is not None:
         return command_run_script(args)
     if args.script_args:
@@ -84,7 +99,8 @@ def command_run(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         result = run_recorded(config, store, args.stop_signals, label="run", name=args.name,
                                trace_path=args.trace_out, memory_snapshot=args.memory_snapshot,
-                               requested_monotonic_s=process_started_monotonic_s())
+                               requested_monotonic_s=process_started_monotonic_s(),
+                               profile_ops=args.profile_ops, profile_ops_trace=args.profile_ops_trace)
     if args.json:
         print(json.dumps(result))
     else:

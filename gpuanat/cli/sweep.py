@@ -53,7 +53,8 @@ def command_sweep(args: argparse.Namespace) -> int:
                                 "config": config.to_json()})
                 print(f"{label}: skipped — {unsupported[1]}", file=sys.stderr)
                 continue
-            result = run_recorded(config, store, args.stop_signals, label=label, name=experiment.name)
+            result = run_recorded(config, store, args.stop_signals, label=label, name=experiment.name,
+                                  profile_ops=args.profile_ops)
             run_error = result.get("error")
             result["reason"] = run_error["message"].splitlines()[0] if run_error else ""
             results.append(result)

@@ -220,7 +220,8 @@ def command_tune(args: argparse.Namespace) -> int:
           + f"{limit}; {args.trial_steps} steps a trial, budget {_minutes(budget_s)}", file=sys.stderr)
 
     def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
-        return run_recorded(config, store, args.stop_signals, label=name, name=name)
+        return run_recorded(config, store, args.stop_signals, label=name, name=name,
+                            profile_ops=args.profile_ops)
 
     def trial_done(done: Any, progress: Any) -> None:
         memory, _ = _trial_memory(done)

@@ -20,7 +20,18 @@ import collections
 import dataclasses
 from dataclasses import dataclass, field
 
-from gpuanat.core.run.protocol import Done, Error, Event, Hello, Malformed, Milestone, ModelInfo, ProbeBands, Step
+from gpuanat.core.run.protocol import (
+    Done,
+    Error,
+    Event,
+    Hello,
+    Malformed,
+    Milestone,
+    ModelInfo,
+    Operations,
+    ProbeBands,
+    Step,
+)
 
 RECENT_STEPS_KEPT = 256
 """Steps kept for the current samples/s: more than any throughput window holds at a step every few ms."""
@@ -45,6 +56,8 @@ class RankEvents:
     """The latest measured bands: of the step that measured last, or of `Done`."""
     done: Done | None = None
     error: Error | None = None
+    operations: Operations | None = None
+    """The profiled steps' operations, when the probe was asked to profile them."""
     malformed: list[str] = field(default_factory=list)
     """Why each line that was no event was refused."""
     peak_reserved_bytes: int | None = None
@@ -66,7 +79,7 @@ class RankEvents:
             self.hello = event
         elif isinstance(event, ModelInfo):
             if event != self.model or self.done is not None:  # a new model, or the same again after the end
-                self.model, self.done, self.last_step = event, None, None
+                self.model, self.done, self.last_step, self.operations = event, None, None, None
                 self.recent_steps.clear()
         elif isinstance(event, Step):
             return self._observe_step(event)
@@ -80,6 +93,8 @@ class RankEvents:
                 self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, event.peak_reserved_bytes)
         elif isinstance(event, Error):
             self.error = event if self.error is None else _merged(self.error, event)
+        elif isinstance(event, Operations):
+            self.operations = event
         return None
 
     def _observe_step(self, step: Step) -> Step | None:

@@ -212,6 +212,14 @@ def workload_for_device(config: RunConfig, untouched: Collection[str]) -> tuple[
 ALLOCATOR_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 MEMORY_SNAPSHOT_VARIABLE = "GPUANAT_MEMORY_SNAPSHOT"
 """Where the training child writes torch's allocator history (`gpuanat run --memory-snapshot`)."""
+PROFILE_OPS_VARIABLE = "GPUANAT_PROFILE_OPS"
+"""Steps the probe profiles for the operations anatomy (`gpuanat run --profile-ops N`; any probe reads it, so a
+script watched by PID can be asked too); unset or 0: none."""
+PROFILE_OPS_TRACE_VARIABLE = "GPUANAT_PROFILE_OPS_TRACE"
+"""Where the probe writes the profiled steps' Chrome/Perfetto trace (`--profile-ops-trace FILE`)."""
+DEFAULT_PROFILE_OPS_STEPS = 3
+"""Steps `--profile-ops` profiles when given no count: enough to average a step's kernels, few enough that the
+profile is read in seconds."""
 
 
 def _allocator_options(environment: Mapping[str, str]) -> list[tuple[str, str]]:

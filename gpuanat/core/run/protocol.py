@@ -212,6 +212,56 @@ training returned. The first step's end is the first `Step`'s `monotonic_s`."""
 
 
 @dataclass(frozen=True)
+class KernelRow:
+    """What the profiled steps spent in one kernel (launched by one operator, in or out of the optimizer's step),
+    summed over its launches; on a CPU run, one operator's own (self) time."""
+
+    name: str
+    """The GPU kernel's name (or memory copy's, "Memcpy HtoD …"); on the CPU the operator's."""
+    op: str | None
+    """The operator it serves: the outermost ATen operator around its launch whose name says its kind
+    ("aten::linear", "aten::embedding_dense_backward"), else the one that launched it; None when the profile links
+    it to none (a compiled region's Triton kernel)."""
+    optimizer: bool
+    """Launched inside the optimizer's step or zero_grad."""
+    group: str
+    """Its kind of operation (`core/operations/classify.GROUPS`), as the probe classified it."""
+    calls: int
+    time_s: float
+    flops: float | None = None
+    """Floating-point operations, from the operator's shapes (None: not known, as for a fused Triton kernel)."""
+    bytes: float | None = None
+    """Bytes its operator reads and writes, estimated from its tensors' shapes (None: not known)."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KernelRow:
+        """From a decoded event or a stored result; keys it does not know are ignored, a wrong type raises
+        ValueError."""
+        return _build(cls, data)
+
+
+@dataclass(frozen=True)
+class Operations:
+    """The operations anatomy of a few profiled steps (torch.profiler): every kernel's time, launches, FLOPs and
+    bytes (`kernels`, the longest first; what did not fit summed into one row a group, named "(N more kernels)")."""
+
+    device: str
+    """"cuda": the rows are GPU kernels and memory copies; "cpu": the rows are CPU operators' own time."""
+    first_step: int
+    """The first profiled step (the profiler warmed up during the step before)."""
+    profiled_steps: int
+    wall_s: float
+    """Wall time of the profiled steps, profiler on."""
+    processing_s: float
+    """Time spent after them reading the profile (and writing the trace): the run's pause for it."""
+    kernels: list[KernelRow]
+    trace_path: str | None = None
+    """Where the profiler's Chrome/Perfetto trace of those steps was written (None: not asked, or not written)."""
+    trace_error: str | None = None
+    type: str = "operations"
+
+
+@dataclass(frozen=True)
 class Malformed:
     """A line that could not be decoded; kept so the parent can report it."""
 
@@ -230,8 +280,9 @@ class Ranked:
     type: str = "rank"
 
 
-Event = Hello | ModelInfo | Step | Done | Error | Milestone
-EVENT_TYPES: dict[str, type] = {cls.type: cls for cls in (Hello, ModelInfo, Step, Done, Error, Milestone)}  # type: ignore[attr-defined]
+Event = Hello | ModelInfo | Step | Done | Error | Milestone | Operations
+EVENT_TYPES: dict[str, type] = {cls.type: cls for cls in (Hello, ModelInfo, Step, Done, Error, Milestone,  # type: ignore[attr-defined]
+                                                          Operations)}
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -255,8 +306,8 @@ class _FieldTypeError(ValueError):
 
 
 def _check(value: Any, annotation: Any, name: str) -> Any:
-    """`value` if it has the type `annotation` (int, float, str, bool, X | None, dict[str, V], Any,
-    ProbeBands), converted where JSON cannot say it (an integral float is no int; an int is a float)."""
+    """`value` if it has the type `annotation` (int, float, str, bool, X | None, dict[str, V], list[V], Any,
+    ProbeBands, KernelRow), converted where JSON cannot say it (an integral float is no int; an int is a float)."""
     origin = typing.get_origin(annotation)
     if annotation is Any:
         return value
@@ -266,10 +317,15 @@ def _check(value: Any, annotation: Any, name: str) -> Any:
             return None
         (inner,) = [option for option in options if option is not type(None)]
         return _check(value, inner, name)
-    if annotation is ProbeBands:
+    if annotation in _FIELD_TYPES:  # an object of the protocol's own (ProbeBands, KernelRow)
         if not isinstance(value, dict):
             raise _FieldTypeError(f"{name} must be an object, not {type(value).__name__}")
-        return _build(ProbeBands, value)
+        return _build(annotation, value)
+    if origin is list:
+        (item_type,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            raise _FieldTypeError(f"{name} must be a list, not {type(value).__name__}")
+        return [_check(item, item_type, f"{name}[{index}]") for index, item in enumerate(value)]
     if origin is dict:
         key_type, value_type = typing.get_args(annotation)
         if not isinstance(value, dict):
@@ -416,4 +472,4 @@ class EventLines:
 
 
 _FIELD_TYPES: dict[type, dict[str, Any]] = {}
-_FIELD_TYPES.update({cls: _field_types(cls) for cls in (ProbeBands, *EVENT_TYPES.values())})
+_FIELD_TYPES.update({cls: _field_types(cls) for cls in (ProbeBands, KernelRow, *EVENT_TYPES.values())})

@@ -20,6 +20,7 @@ from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.run_state import RankEvents
+from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.run.config import RunConfig
@@ -280,6 +281,7 @@ def build_result(run_id: int, config: RunConfig, state: RankRecord, nvml: NvmlSt
         done.steady_gpu_caught_up_steps if done else None, state.step_ends_s, state.gpu_busy,
         done.warmup_steps if done else None)
     result["compile_stats"] = done.compile_stats if done else None
+    result["operations_anatomy"] = operations_anatomy(state.operations) if state.operations is not None else None
     result["diagnosis"] = [finding.to_json() for finding in diagnose(result)]
     # where the wall time went: rank 0's training process's points and the parent's
     points = {**state.milestones, **(parent_points or {}), "recorded": time.monotonic()}

@@ -44,6 +44,7 @@ from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
 from gpuanat.worker.probe.loop_inputs import batch_tensors, versions
 from gpuanat.worker.probe.model_flops import model_flops
+from gpuanat.worker.probe.operations import OperationsProfiler, requested_steps
 from gpuanat.worker.probe.readings import ProbeReadings
 from gpuanat.worker.probe.sink import default_emit, warn
 from gpuanat.worker.probe.tensors import (
@@ -75,7 +76,7 @@ class Probe(ProbeReadings):
     """
 
     def __init__(self, emit: Callable[[Event], None] | None = None, *, exact_every_steps: int = 50,
-                 publish: bool = True) -> None:
+                 publish: bool = True, profile_ops: int | None = None, profile_ops_trace: str | None = None) -> None:
         self._lifecycle = emit is None
         """Whether this probe sends hello and done itself (gpuanat's worker sends them otherwise)."""
         self._emit = emit if emit is not None else default_emit(publish)
@@ -94,6 +95,12 @@ class Probe(ProbeReadings):
         queued work finishing, not the probe's own work)."""
         self._saved_hooks_active = False
         self._nvml: NvmlReader | None = None
+        asked_steps, asked_trace = requested_steps()
+        self.profile_ops_steps = asked_steps if profile_ops is None else profile_ops
+        """Steps profiled for the operations anatomy after warm-up (0: none); by default what
+        `GPUANAT_PROFILE_OPS` asks."""
+        self._profile_ops_trace = profile_ops_trace or asked_trace
+        self._operations: OperationsProfiler | None = None
 
     def _disable(self, reason: str) -> None:
         self.disabled_reason = reason
@@ -135,6 +142,16 @@ class Probe(ProbeReadings):
         # Warm-up: the first tenth of the run, at least 2 and at most 20 optimizer steps.
         self.warmup_steps = (min(20, max(2, math.ceil(total_steps / 10))) if total_steps
                              else WARMUP_STEPS_OF_AN_OPEN_RUN)
+        if self.profile_ops_steps > 0:
+            # Profiled after warm-up (the profiler warming up a step before), and out of the steady window, which
+            # begins after them.
+            first = self.warmup_steps + 2
+            if total_steps:
+                first = max(2, min(first, total_steps - self.profile_ops_steps + 1))
+            self._operations = OperationsProfiler(
+                self.profile_ops_steps, first, cuda=self._device.type == "cuda",
+                trace_path=self._profile_ops_trace, emit=self._emit_safely)
+            self.warmup_steps = max(self.warmup_steps, self._operations.last_step)
         if self._lifecycle:
             self._emit_safely(Hello(
                 pid=os.getpid(), versions=versions(framework_versions), device=self._device.type,
@@ -305,6 +322,16 @@ class Probe(ProbeReadings):
         self._step_peak_floor_bytes = 0
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(self._device)
+        if self._operations is not None:
+            self._profiling(self._operations.step_begins, step)
+
+    def _profiling(self, call: Callable[[int], None], step: int) -> None:
+        """`call(step)` of the operations profiler, its time set apart from the probe's cost."""
+        started_s = time.perf_counter()
+        try:
+            call(step)
+        finally:
+            self.probe_time_by_part_s["profiling"] += time.perf_counter() - started_s
 
     @never_raises
     def optimizer_begins(self) -> None:
@@ -336,6 +363,8 @@ class Probe(ProbeReadings):
             self._tokens_from_loop = True
         if self._steps_begin_at_forward:
             self._next_step_at_forward = step + 1
+        if self._operations is not None:
+            self._profiling(self._operations.step_ends, step)
         phases, caught_up = self._step_phases.step_ends()
         if self.warmup_steps < step:  # the steady window's steps, as the steady samples/s counts them
             self._steady_steps += 1
@@ -411,6 +440,8 @@ class Probe(ProbeReadings):
         self._ended = True
         for hook in self._hooks:
             hook.remove()
+        if self._operations is not None and not self._operations.done:
+            self._operations.stop()
         if self._steady_start is not None and self._steady_end is None:
             if self._cuda:
                 self._synchronize()
