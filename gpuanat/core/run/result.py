@@ -20,9 +20,9 @@ from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.run_state import RankEvents
-from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.memory.predict import prediction_json
+from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.diagnose import diagnose, step_time_breakdown
 from gpuanat.core.run.flops import utilization
