@@ -49,7 +49,7 @@ ELEMENTWISE_KERNEL = _words(
     r"rope", r"catarraybatchedcopy", r"where", r"masked", r"bernoulli", r"pointwise", r"tanh", r"cast",
 )
 REDUCTION_KERNEL = _words(r"reduce_kernel", r"reduction", r"reduce_")
-OPTIMIZER_KERNEL = _words(r"multi_tensor_apply", r"fused_adam", r"adam", r"foreach", r"lamb", r"8bit", r"optimizer")
+OPTIMIZER_KERNEL = _words(r"multi_tensor_apply", r"adam", r"foreach", r"8bit", r"optimizer")
 OTHER_KERNEL = _words(r"nccl", r"index", r"embedding", r"scatter", r"gather", r"sort", r"segment", r"unique")
 
 CONTRACTION_OPS = frozenset({
@@ -109,6 +109,14 @@ def group_of_op(op: str | None) -> str | None:
     return None
 
 
+def kernel_function(name: str) -> str:
+    """A kernel's function name without its template arguments and parameters, whose functors and lambdas would
+    match any pattern: 'void at::native::reduce_kernel<128, 4, …>(…)' → 'at::native::reduce_kernel'."""
+    name = name.replace("(anonymous namespace)::", "")
+    cut = min((index for index in (name.find("<"), name.find("(")) if index > 0), default=len(name))
+    return name[:cut].removeprefix("void ").strip()
+
+
 def group_of(name: str, op: str | None, *, optimizer: bool, device: str) -> str:
     """The group of a profiled kernel `name` serving operator `op` (on a CPU run: operator `name`'s own time, inside
     `op`). `op` is the outermost operator around the launch whose name says its kind (`aten::linear` for a copy its
@@ -126,6 +134,7 @@ def group_of(name: str, op: str | None, *, optimizer: bool, device: str) -> str:
         return "elementwise"  # every other ATen operator on the CPU computes element by element
     if name.startswith(("Memcpy", "Memset")) or name.lower().startswith(("memcpy", "memset")):
         return "memory_copies"
+    name = kernel_function(name)
     if TRITON_REDUCTION.search(name):
         return "normalizations"
     if TRITON_POINTWISE.search(name):

@@ -182,22 +182,25 @@ def _float(value: int | None) -> float | None:
 
 def kernel_rows(events: Iterable[Any], *, cuda: bool) -> list[KernelRow]:
     """The profiled events as rows: on a GPU run every kernel and memory copy, on a CPU run every operator's own
-    time, each with its launching operator, group, launches, time, FLOPs and bytes."""
+    time, each with the operator it serves, group, launches, time, FLOPs and bytes.
+
+    On a GPU the profiler hands each operator the kernels it launched (`FunctionEvent.kernels`, what its
+    `key_averages` counts); a device event no operator claims (a compiled region's Triton kernel) is counted from the
+    device's own events, with no operator."""
     events = list(events)
     optimizer_cache: dict[int, bool] = {}
+    context_cache: dict[int, Any] = {}
     counted: set[int] = set()
     seen_ops: set[int] = set()
     totals: dict[tuple[str, str | None, bool], list[Any]] = defaultdict(lambda: [0, 0.0, None, None, ""])
     device = "cuda" if cuda else "cpu"
 
-    context_cache: dict[int, Any] = {}
-
-    def add(name: str, op_event: Any, time_s: float) -> None:
+    def add(name: str, op_event: Any, time_s: float, calls: int = 1) -> None:
         op = _context(op_event, context_cache).name if op_event is not None else None
         optimizer = op_event is not None and _in_optimizer(op_event, optimizer_cache)
         group = group_of(name, op, optimizer=optimizer, device=device)
         entry = totals[(name[:MAX_NAME_CHARS], op, optimizer)]
-        entry[0] += 1
+        entry[0] += calls
         entry[1] += time_s
         entry[4] = group
         if op_event is not None and id(op_event) not in seen_ops:
@@ -208,19 +211,40 @@ def kernel_rows(events: Iterable[Any], *, cuda: bool) -> list[KernelRow]:
             if moved is not None:
                 entry[3] = (entry[3] or 0.0) + moved
 
-    if cuda:
-        by_id = {event.id: event for event in events if _is_cpu(event) and not event.is_async}
-        cpu_ranges = {event.name for event in by_id.values() if not event.name.startswith("aten::")}
-        for event in events:
-            if _is_cpu(event) or getattr(event, "is_user_annotation", False):
-                continue
-            if getattr(event, "activity_type", None) in ANNOTATION_ACTIVITY_TYPES or event.name in cpu_ranges:
-                continue
-            add(event.name, by_id.get(getattr(event, "linked_correlation_id", 0)), event.time_range.elapsed_us() / 1e6)
-    else:
+    if not cuda:
         for event in events:
             if _is_cpu(event) and not event.is_async and event.self_cpu_time_total > 0:
                 add(event.name, event, event.self_cpu_time_total / 1e6)
+        return _rows(totals)
+    cpu_events = [event for event in events if _is_cpu(event) and not event.is_async]
+    ranges = {event.name for event in cpu_events if not event.name.startswith("aten::")}
+    device_events: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    annotations: set[str] = set()
+    for event in events:
+        if _is_cpu(event):
+            continue
+        if (getattr(event, "is_user_annotation", False) or event.name in ranges
+                or getattr(event, "activity_type", None) in ANNOTATION_ACTIVITY_TYPES):
+            annotations.add(event.name)
+            continue
+        device_events[event.name][0] += 1
+        device_events[event.name][1] += event.time_range.elapsed_us() / 1e6
+    claimed: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in cpu_events:
+        for kernel in event.kernels:
+            if kernel.name in annotations or kernel.name not in device_events:
+                continue
+            add(kernel.name, event, kernel.duration / 1e6)
+            claimed[kernel.name][0] += 1
+            claimed[kernel.name][1] += kernel.duration / 1e6
+    for name, (calls, time_s) in device_events.items():
+        unclaimed_calls, unclaimed_s = calls - claimed[name][0], time_s - claimed[name][1]
+        if unclaimed_calls > 0 and unclaimed_s > 0:
+            add(name, None, unclaimed_s, int(unclaimed_calls))
+    return _rows(totals)
+
+
+def _rows(totals: dict[tuple[str, str | None, bool], list[Any]]) -> list[KernelRow]:
     rows = [KernelRow(name=name, op=op, optimizer=optimizer, group=group, calls=calls, time_s=time_s,
                       flops=flops, bytes=moved)
             for (name, op, optimizer), (calls, time_s, flops, moved, group) in totals.items()]
