@@ -2,7 +2,7 @@
 # The operations anatomy (issue #31) measured on a GPU, in one call of the device tool:
 #   bash benchmarks/operations_check.sh
 # bert-large at seq 512 (the docs' workload, batch 4), fp32 and bf16, eager and --compile-regions, eager attention in
-# bf16, and a decoder (llama-3.2-1b shape, bf16, seq 1024), each with `--profile-ops 3 --profile-ops-trace`, checked
+# bf16, and a decoder (llama-3.2-1b shape, bf16, seq 1024; and with Liger's kernels), each with `--profile-ops 3 --profile-ops-trace`, checked
 # against its own trace by operations_check.py -> results.jsonl, summary.txt; the fp32 run once more without
 # profiling (the plain baseline: the steady rate a profiled run reports must match it).
 set -uo pipefail
@@ -30,5 +30,6 @@ profiled bert-bf16 "${bert[@]}" --precision bf16
 profiled bert-fp32-compile-regions "${bert[@]}" --compile-regions
 profiled bert-bf16-compile-regions "${bert[@]}" --precision bf16 --compile-regions
 profiled bert-bf16-eager-attention "${bert[@]}" --precision bf16 --attn eager
-profiled llama-3.2-1b-bf16 --preset llama-3.2-1b --precision bf16 --seq-len 1024 --batch-size 4 --max-steps 30 \
-    --samples 4096 --json
+llama=(--preset llama-3.2-1b --precision bf16 --seq-len 1024 --batch-size 4 --max-steps 30 --samples 4096 --json)
+profiled llama-3.2-1b-bf16 "${llama[@]}"
+profiled llama-3.2-1b-bf16-liger "${llama[@]}" --liger --liger-layers

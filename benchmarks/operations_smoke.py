@@ -24,6 +24,10 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         profiler.step_ends(step)
+    with torch.profiler.profile(record_shapes=True) as profile:
+        model(torch.randn(64, 512, device="cuda"))
+    addmm = next(event for event in profile.events() if event.name == "aten::addmm")
+    print("aten::addmm", addmm.input_shapes, "dtypes", getattr(addmm, "input_dtypes", "(no input_dtypes)"))
     (operations,) = events
     print(f"wall {operations.wall_s:.4f} s, processing {operations.processing_s:.3f} s, "
           f"{len(operations.kernels)} rows")

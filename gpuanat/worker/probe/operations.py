@@ -30,6 +30,9 @@ MAX_ROWS = 200
 MAX_NAME_CHARS = 300
 """A kernel's name is cut to this many characters (C++ template names run to thousands)."""
 OPTIMIZER_RANGES = ("Optimizer.step#", "Optimizer.zero_grad#")
+DEVICE_RANGES = ("ProfilerStep#", "Optimizer.")
+"""Ranges torch draws on the device's timeline too (the profiler's steps, the optimizer's step): not work. (A
+compiled region's Triton kernel has a CPU range of its own name: its device event is work.)"""
 ANNOTATION_ACTIVITY_TYPES = (1, 2)
 """Kineto's USER_ANNOTATION and GPU_USER_ANNOTATION: ranges drawn on the GPU's timeline, not work."""
 
@@ -138,16 +141,15 @@ def _in_optimizer(event: Any, cache: dict[int, bool]) -> bool:
 
 
 def _context(event: Any, cache: dict[int, Any]) -> Any:
-    """The operator a launch serves: the outermost ATen operator around (or at) `event` whose name says its kind
-    (`group_of_op`), else `event` itself."""
+    """The operator a launch serves: the innermost ATen operator around (or at) `event` whose name says its kind
+    (`group_of_op`: autocast's cast inside `aten::linear` is a cast, the zeros inside `aten::embedding_backward` are
+    the embedding's), else `event` itself."""
     key = id(event)
     if key not in cache:
-        context, node = event, event
-        while node is not None:
-            if group_of_op(node.name) is not None:
-                context = node
+        node = event
+        while node is not None and group_of_op(node.name) is None:
             node = node.cpu_parent
-        cache[key] = context
+        cache[key] = node if node is not None else event
     return cache[key]
 
 
@@ -191,39 +193,47 @@ def kernel_rows(events: Iterable[Any], *, cuda: bool) -> list[KernelRow]:
     optimizer_cache: dict[int, bool] = {}
     context_cache: dict[int, Any] = {}
     counted: set[int] = set()
-    seen_ops: set[int] = set()
     totals: dict[tuple[str, str | None, bool], list[Any]] = defaultdict(lambda: [0, 0.0, None, None, ""])
     device = "cuda" if cuda else "cpu"
+
+    launches: dict[int, tuple[Any, list[tuple[str, str | None, bool]]]] = {}
 
     def add(name: str, op_event: Any, time_s: float, calls: int = 1) -> None:
         op = _context(op_event, context_cache).name if op_event is not None else None
         optimizer = op_event is not None and _in_optimizer(op_event, optimizer_cache)
-        group = group_of(name, op, optimizer=optimizer, device=device)
-        entry = totals[(name[:MAX_NAME_CHARS], op, optimizer)]
+        key = (name[:MAX_NAME_CHARS], op, optimizer)
+        entry = totals[key]
         entry[0] += calls
         entry[1] += time_s
-        entry[4] = group
-        if op_event is not None and id(op_event) not in seen_ops:
-            seen_ops.add(id(op_event))
-            flops, moved = _counts(op_event, group, counted)
+        entry[4] = group_of(name, op, optimizer=optimizer, device=device)
+        if op_event is not None:
+            launches.setdefault(id(op_event), (op_event, []))[1].append(key)
+
+    def count_flops_and_bytes() -> None:
+        """Each operator's FLOPs and bytes, once, on the longest of its kernels that is no memory copy (a GEMM's
+        workspace memset is not where its FLOPs are)."""
+        for op_event, keys in launches.values():
+            computing = [key for key in keys if totals[key][4] != "memory_copies"] or keys
+            key = max(computing, key=lambda key: totals[key][1])
+            flops, moved = _counts(op_event, totals[key][4], counted)
             if flops is not None:
-                entry[2] = (entry[2] or 0.0) + flops
+                totals[key][2] = (totals[key][2] or 0.0) + flops
             if moved is not None:
-                entry[3] = (entry[3] or 0.0) + moved
+                totals[key][3] = (totals[key][3] or 0.0) + moved
 
     if not cuda:
         for event in events:
             if _is_cpu(event) and not event.is_async and event.self_cpu_time_total > 0:
                 add(event.name, event, event.self_cpu_time_total / 1e6)
+        count_flops_and_bytes()
         return _rows(totals)
     cpu_events = [event for event in events if _is_cpu(event) and not event.is_async]
-    ranges = {event.name for event in cpu_events if not event.name.startswith("aten::")}
     device_events: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     annotations: set[str] = set()
     for event in events:
         if _is_cpu(event):
             continue
-        if (getattr(event, "is_user_annotation", False) or event.name in ranges
+        if (getattr(event, "is_user_annotation", False) or event.name.startswith(DEVICE_RANGES)
                 or getattr(event, "activity_type", None) in ANNOTATION_ACTIVITY_TYPES):
             annotations.add(event.name)
             continue
@@ -241,6 +251,7 @@ def kernel_rows(events: Iterable[Any], *, cuda: bool) -> list[KernelRow]:
         unclaimed_calls, unclaimed_s = calls - claimed[name][0], time_s - claimed[name][1]
         if unclaimed_calls > 0 and unclaimed_s > 0:
             add(name, None, unclaimed_s, int(unclaimed_calls))
+    count_flops_and_bytes()
     return _rows(totals)
 
 
