@@ -18,7 +18,9 @@ from gpuanat.core.run.protocol import (
     Done,
     Error,
     Hello,
+    KernelRow,
     ModelInfo,
+    Operations,
     ProbeBands,
     Step,
     encode,
@@ -33,6 +35,9 @@ VALID_EVENTS = [
     Done(status="ok", steps=8, samples=32, train_runtime_s=1.0, samples_per_second=32.0,
          steady_samples_per_second=33.0, warmup_steps=2, bands=BANDS),
     Error(kind="exception", message="boom"),
+    Operations(device="cpu", first_step=4, profiled_steps=2, wall_s=0.1, processing_s=0.2, kernels=[
+        KernelRow(name="aten::mm", op="aten::mm", optimizer=False, group="contractions", calls=4, time_s=0.01,
+                  flops=1e6, bytes=4e5)]),
 ]
 WRONG_VALUES = ["3", [], {}, None, True, -1, 2**64, 1.5, "x" * 50]
 """Values that are wrong for every required integer field of an event."""

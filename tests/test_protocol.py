@@ -14,8 +14,10 @@ from gpuanat.core.run.protocol import (
     Error,
     EventLines,
     Hello,
+    KernelRow,
     Malformed,
     ModelInfo,
+    Operations,
     ProbeBands,
     Ranked,
     Step,
@@ -34,7 +36,25 @@ EVENTS = [
     Done(status="ok", steps=128, samples=512, train_runtime_s=9.5, samples_per_second=53.9,
          steady_samples_per_second=60.1, warmup_steps=13, bands=BANDS),
     Error(kind="oom", message="CUDA out of memory", step=4, peak_allocated_bytes=80),
+    Operations(device="cuda", first_step=15, profiled_steps=3, wall_s=0.43, processing_s=4.8, kernels=[
+        KernelRow(name="nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", op="aten::mm", optimizer=False,
+                  group="contractions", calls=360, time_s=0.0123, flops=1.2e12, bytes=None),
+        KernelRow(name="Memset (Device)", op=None, optimizer=False, group="memory_copies", calls=3, time_s=1e-6),
+    ], trace_path="/tmp/trace.json"),
 ]
+
+
+@pytest.mark.parametrize("kernels, words", [
+    ("not a list", "must be a list"),
+    ([{"name": "k", "op": None, "optimizer": False, "group": "other", "calls": "3", "time_s": 0.1}], "integer"),
+    ([["k", None, False, "other", 3, 0.1]], "must be an object"),
+    ([{"name": "k", "optimizer": False, "group": "other", "calls": 3, "time_s": 0.1}], "op"),
+])
+def test_an_operations_event_with_bad_kernel_rows_is_malformed(kernels, words):
+    payload = json.loads(encode(EVENTS[-1]))
+    payload["kernels"] = kernels
+    event = decode(json.dumps(payload))
+    assert isinstance(event, Malformed) and words in event.reason
 
 
 @pytest.mark.parametrize("event", EVENTS, ids=lambda event: event.type)

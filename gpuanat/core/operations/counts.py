@@ -24,6 +24,9 @@ DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "lon
 FLOPS_PER_ELEMENT = {"normalizations": 5, "elementwise": 1}
 """Estimated FLOPs an element of the largest tensor: softmax (max, subtract, exponent, sum, divide) and layer norm
 (mean, variance, normalise, scale, shift) about 5; an element-wise operator 1."""
+REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "all", "any", "prod", "cumsum", "norm",
+                        "linalg_vector_norm", "nll_loss", "nll_loss_forward", "nll_loss_backward"})
+"""Normalizations that only reduce (a sum, a norm, the loss's pick): 1 FLOP an element."""
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -69,9 +72,10 @@ def contraction_flops(op: str, shapes: Shapes) -> int | None:
     return None
 
 
-def estimated_flops(group: str, shapes: Shapes) -> int | None:
-    """FLOPs of a normalization or element-wise operator: its largest tensor's elements × `FLOPS_PER_ELEMENT`."""
-    per_element = FLOPS_PER_ELEMENT.get(group)
+def estimated_flops(group: str, shapes: Shapes, op: str | None = None) -> int | None:
+    """FLOPs of a normalization or element-wise operator `op`: its largest tensor's elements × `FLOPS_PER_ELEMENT`
+    (1 for a reduction)."""
+    per_element = 1 if op_base(op) in REDUCTIONS else FLOPS_PER_ELEMENT.get(group)
     if per_element is None:
         return None
     largest = max((_numel(shape) for shape in shapes), default=0)

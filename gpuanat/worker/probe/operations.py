@@ -174,7 +174,7 @@ def _counts(event: Any, group: str, counted: set[int]) -> tuple[float | None, fl
         return (float(contraction_flops(source.name, shapes) or 0),
                 _float(moved_bytes(source.name, shapes, getattr(source, "input_dtypes", None) or [])))
     shapes = event.input_shapes or []
-    return (_float(estimated_flops(group, shapes)),
+    return (_float(estimated_flops(group, shapes, event.name)),
             _float(moved_bytes(event.name, shapes, getattr(event, "input_dtypes", None) or [])))
 
 
