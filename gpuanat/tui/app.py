@@ -52,6 +52,7 @@ from gpuanat.tui.widgets.gpu_lanes import GpuLanes
 from gpuanat.tui.widgets.line_chart import LineChart, format_duration
 from gpuanat.tui.widgets.log_pane import LogPane
 from gpuanat.tui.widgets.memory_bar import MemoryBar
+from gpuanat.tui.widgets.operations_panel import OperationsPanel
 from gpuanat.tui.widgets.status_line import StatusLine
 from gpuanat.tui.widgets.step_strip import StepStrip
 from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
@@ -115,6 +116,7 @@ class GpuAnatApp(SearchActions):
         Binding("G", "cycle_gpus", "GPUs", id="gpus", show=False),
         Binding("D", "cycle_distributed", "Distributed", id="distributed", show=False),
         Binding("v", "toggle_timeline", "Anatomy timeline", id="timeline", show=False),
+        Binding("O", "toggle_operations", "Operations anatomy: profile the next runs", id="operations", show=False),
         *SHARED_BINDINGS,
     ]
 
@@ -179,6 +181,7 @@ class GpuAnatApp(SearchActions):
                                 formatter=_rate_label, id="throughput-chart",
                                 empty_message="a run's samples/s show here")
                 yield AnatomyTimeline(id="timeline")
+                yield OperationsPanel(id="operations")
         yield MemoryBar(id="memory")
         yield StepStrip(id="steps")
         yield GpuLanes(id="lanes")
@@ -319,6 +322,9 @@ class GpuAnatApp(SearchActions):
             if message.result.get("history_error"):
                 self.notify(message.result["history_error"], severity="warning", timeout=15)
             self._memory_view.show_result(message.result)
+            if message.result.get("operations_anatomy"):
+                self.operations_shown = (message.result["operations_anatomy"], message.result["run_id"])
+            self._show_operations()
             findings = message.result.get("diagnosis") or []
             self._step_strip.show(message.result.get("step_time_breakdown"), findings[0] if findings else None)
         self._show_techniques()
@@ -346,6 +352,7 @@ class GpuAnatApp(SearchActions):
                 self._memory_view.show_live(self.live, self._latest_sample, self._shown_gpu_index())
                 if events:
                     self._show_step_strip(self.live)
+                    self._show_live_operations(self.live)
             self._log_pane.poll()
             self._status_line.show(nvml=self.nvml, run_state=self._run_state(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())

@@ -11,15 +11,19 @@ the stop signals call `stop_and_quit` and `finish_recording`, hooks of `Dashboar
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from gpuanat.core.measure.live_run import LiveRun
-from gpuanat.core.run.config import Capabilities, RunConfig
+from gpuanat.core.operations.anatomy import operations_anatomy
+from gpuanat.core.run.config import DEFAULT_PROFILE_OPS_STEPS, Capabilities, RunConfig
 from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
 from gpuanat.tui.dashboard_actions import DashboardActions
 from gpuanat.tui.run_control import RunControl
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.operations_panel import OperationsPanel
 
 
 class RunActions(DashboardActions):
@@ -33,6 +37,30 @@ class RunActions(DashboardActions):
     _quit_after_run: bool
     _stop_dialog: ConfirmScreen | None
     """The "Stop run N?" question while it is open."""
+    operations_shown: tuple[Mapping[str, Any], int | None] | None = None
+    """The operations anatomy on show and its run: the latest run's that was profiled."""
+
+    def action_toggle_operations(self) -> None:
+        """`O`: the next runs profile their operations and the panel takes the charts' place; again: off."""
+        steps = 0 if self._run_control.profile_ops_steps else DEFAULT_PROFILE_OPS_STEPS
+        self._run_control.profile_ops_steps = steps
+        self.screen.set_class(bool(steps), "-operations")
+        self._show_operations()
+        self.notify(f"Operations anatomy: the next runs profile {steps} steps after warm-up, left out of their "
+                    "steady samples/s (O: off)." if steps else "Operations profiling off; the charts are back.",
+                    timeout=4)
+
+    def _show_live_operations(self, live: LiveRun) -> None:
+        """The run in progress has been profiled: its anatomy shows at once."""
+        operations = live.rank(0).operations
+        if operations is not None and getattr(self, "_live_operations", None) is not operations:
+            self._live_operations = operations
+            self.operations_shown = (operations_anatomy(operations), live.run_id)
+            self._show_operations()
+
+    def _show_operations(self) -> None:
+        anatomy, run_id = self.operations_shown or (None, None)
+        self.query_one(OperationsPanel).show(anatomy, run_id, self._run_control.profile_ops_steps)
 
     def action_run(self) -> None:
         if not self._can_start():

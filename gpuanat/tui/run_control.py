@@ -8,6 +8,7 @@ that the app's handlers paint. A run stops when its `LiveRun.stop_requested` is 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from textual.message import Message
 
 from gpuanat.core.measure.live_run import LiveRun
-from gpuanat.core.run.config import Capabilities
+from gpuanat.core.run.config import PROFILE_OPS_VARIABLE, Capabilities
 from gpuanat.core.run.protocol import Event
 from gpuanat.core.run.session import SharedSampler, execute_run
 from gpuanat.core.store.history import HistoryStore
@@ -37,6 +38,8 @@ class RunControl:
         self._run_env = run_env
         self._shared_sampler = shared_sampler
         self._thread: threading.Thread | None = None
+        self.profile_ops_steps = 0
+        """Steps each run profiles for the operations anatomy (`O`); 0: none."""
 
     def probe_capabilities(self, probe: Callable[[], Capabilities]) -> None:
         """What the machine can train, asked on a thread of its own; the answer comes as `CapabilitiesFound`."""
@@ -67,9 +70,13 @@ class RunControl:
             self._thread.join(timeout=timeout_s)
 
     def run_options(self) -> dict[str, Any]:
-        """What every run the dashboard starts is given besides its config: the environment, and the dashboard's
-        sampler while it runs (the run listens to its samples instead of reading NVML and the process tree again)."""
-        return {"env": self._run_env, "shared_sampler": self._shared_sampler()}
+        """What every run the dashboard starts is given besides its config: the environment (asking the probe to
+        profile its operations after `O`), and the dashboard's sampler while it runs (the run listens to its
+        samples instead of reading NVML and the process tree again)."""
+        env = self._run_env
+        if self.profile_ops_steps:
+            env = {**(os.environ if env is None else env), PROFILE_OPS_VARIABLE: str(self.profile_ops_steps)}
+        return {"env": env, "shared_sampler": self._shared_sampler()}
 
     def _execute(self, live: LiveRun) -> None:
         name_native_thread()

@@ -1,0 +1,59 @@
+"""The operations anatomy in the real dashboard (headless, Pilot): `O` asks the next runs to profile their operations
+and puts the panel in the charts' place; a real tiny-BERT run on the CPU fills it; `O` again turns it off."""
+
+from __future__ import annotations
+
+import pytest
+from test_tui import make_app, run_to_completion, wait_for
+
+from gpuanat.core.run.config import RunConfig
+from gpuanat.tui.widgets.operations_panel import OperationsPanel
+
+PROFILED = RunConfig(preset="tiny", device="cpu", seq_len=32, samples=48, batch_size=4)
+
+
+def panel_lines(app, width: int) -> list[str]:
+    return app.query_one(OperationsPanel).render_text(width).plain.splitlines()
+
+
+@pytest.mark.asyncio
+async def test_o_profiles_the_next_run_and_shows_its_operations_beside_the_paper(db_path):
+    app = make_app(db_path, PROFILED)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        panel = app.query_one(OperationsPanel)
+        assert not panel.display
+        await pilot.press("O")
+        assert app.screen.has_class("-operations") and panel.display
+        assert not app.query_one("#memory-chart").display  # the panel takes the charts' place
+        assert "The next run profiles 3 steps after warm-up" in " ".join(panel_lines(app, 76))
+        result = await run_to_completion(app, pilot)
+        anatomy = result["operations_anatomy"]
+        assert anatomy["profiled_steps"] == 3
+        lines = panel_lines(app, 76)
+        assert lines[0].startswith(f"Run {result['run_id']}: 3 profiled steps from step {anatomy['first_step']}")
+        rows = {line.split()[0]: line for line in lines[2:8]}
+        assert set(rows) == {"contractions", "normalizations", "element-wise", "optimizer", "memory", "other"}
+        assert "61.0%" in rows["contractions"] and "99.80%" in rows["contractions"]  # the paper's, beside
+        measured = f"{100 * anatomy['contractions']['time_share']:.1f}%"
+        assert measured in rows["contractions"]
+        await pilot.press("O")  # off: the charts are back, the next run is not profiled
+        assert not app.screen.has_class("-operations") and app.query_one("#memory-chart").display
+        second = await run_to_completion(app, pilot)
+        assert second["operations_anatomy"] is None
+        assert app.operations_shown[1] == result["run_id"]  # the last profiled run's stays at hand
+
+
+@pytest.mark.asyncio
+async def test_the_panel_fits_a_narrow_terminal_without_cutting_a_row(db_path):
+    app = make_app(db_path, PROFILED)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await pilot.press("O")
+        await run_to_completion(app, pilot)
+        panel = app.query_one(OperationsPanel)
+        width = panel.size.width - 2
+        lines = panel_lines(app, width)
+        table = lines[1:8]
+        assert all(len(line) <= width for line in table), (width, table)
+        assert "TFLOP/s" not in table[0] and "paper" in table[0]  # the narrow layout keeps the paper's time share
