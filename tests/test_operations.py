@@ -5,9 +5,11 @@ real H100 profiles in test_operations_h100.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
-from conftest import last_json, run_cli
+from conftest import REPO, cli_env, last_json, run_cli
 
 from gpuanat.core.operations.anatomy import (
     memory_bound_share,
@@ -187,3 +189,31 @@ def test_a_kernel_is_matched_by_its_function_name_not_its_template_arguments():
     name = "void at::native::elementwise_kernel<128, 2, [lambda(int) (instance 1)], IndexType>(int)"
     assert group_of(name, None, optimizer=False, device="cuda") == "elementwise"
     assert group_of(name, None, optimizer=True, device="cuda") == "optimizer"
+
+
+def test_a_watched_loop_whose_probe_was_asked_to_profile_publishes_its_operations(tmp_path):
+    """A plain PyTorch loop with `track` (tests/scripts/tiny_plain_loop.py), started outside gpuanat with
+    GPUANAT_PROFILE_OPS=2, watched by PID: a record carries the anatomy once, the final record and the saved run
+    carry it whole."""
+    runtime_dir = tmp_path / "runtime"
+    runtime_dir.mkdir(mode=0o700)
+    env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
+    script = subprocess.Popen([sys.executable, str(REPO / "tests" / "scripts" / "tiny_plain_loop.py"), "--probe",
+                               "--samples", "240", "--hold-s", "1"],
+                              env={**env, "GPUANAT_PROFILE_OPS": "2"}, cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(script.pid), "--json"], env=env,
+                                 cwd=REPO, capture_output=True, text=True, timeout=240)
+    finally:
+        script.kill()
+        script.wait()
+    assert watcher.returncode == 0, watcher.stderr
+    *records, final = [json.loads(line) for line in watcher.stdout.splitlines()]
+    carrying = [record for record in records if record.get("operations_anatomy")]
+    assert len(carrying) == 1  # said once, when it came
+    anatomy = carrying[0]["operations_anatomy"]
+    assert anatomy["profiled_steps"] == 2 and "kernels" not in anatomy
+    assert final["operations_anatomy"]["contractions"] == anatomy["contractions"]
+    assert final["operations_anatomy"]["kernels"]
+    assert shares_sum_error_percent(final["operations_anatomy"]) < 1e-9

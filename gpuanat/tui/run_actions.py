@@ -60,7 +60,10 @@ class RunActions(DashboardActions):
 
     def _show_operations(self) -> None:
         anatomy, run_id = self.operations_shown or (None, None)
-        self.query_one(OperationsPanel).show(anatomy, run_id, self._run_control.profile_ops_steps)
+        steps = self._run_control.profile_ops_steps
+        note = (f"The next run profiles {steps} steps after warm-up (O: off)." if steps
+                else "O: profile the next run's operations.")
+        self.query_one(OperationsPanel).show(anatomy, run_id, note)
 
     def action_run(self) -> None:
         if not self._can_start():

@@ -35,11 +35,14 @@ from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
+from gpuanat.tui.widgets.operations_panel import OperationsPanel
 from gpuanat.tui.widgets.process_panel import ProcessPanel
 from gpuanat.tui.widgets.status_line import StatusLine
 
 PAINT_INTERVAL_S = 0.25
 SAMPLE_INTERVAL_S = 0.25
+WATCH_PROFILE_NOTE = ("The probe profiles its operations when asked: GPUANAT_PROFILE_OPS=3 in the script's "
+                      "environment, or profile_ops=3 on its probe.")
 UTIL_TITLES = {"process": "GPU utilization (this process)", "device": "GPU utilization (whole device)",
                None: "GPU utilization"}
 
@@ -54,6 +57,8 @@ class WatchApp(DashboardActions):
     BINDINGS = [
         *FIRST_BINDINGS,
         Binding("s", "save", "Save to history", id="save_watched"),
+        Binding("O", "toggle_operations", "Operations anatomy (when the probe profiled them)", id="operations",
+                show=False),
         *SHARED_BINDINGS,
     ]
 
@@ -115,6 +120,7 @@ class WatchApp(DashboardActions):
                 yield LineChart("Host CPU (% of one core)", formatter=lambda value: f"{value:.0f}%", id="cpu-chart")
                 yield LineChart("Throughput (samples/s, when published)", formatter=lambda value: f"{value:.1f}/s",
                                 id="throughput-chart")
+                yield OperationsPanel(id="operations")
         yield MemoryBar(id="memory")
         yield GpuLanes(id="lanes")
         yield Footer()
@@ -199,6 +205,8 @@ class WatchApp(DashboardActions):
                                 "exited": True}
             return
         self.last_record = record
+        if record.get("operations_anatomy"):
+            self._show_operations(record["operations_anatomy"])
         t_s = record["t"]
         main = _main_gpu(record)
         if main is not None and main["used_bytes"] is not None:
@@ -214,6 +222,16 @@ class WatchApp(DashboardActions):
         if record["samples_per_second"] is not None and (throughput.last_t_s is None or t_s > throughput.last_t_s):
             throughput.append(t_s, record["samples_per_second"])
         self._show_bands(record, main)
+
+    def action_toggle_operations(self) -> None:
+        """`O`: the operations anatomy the watched probe published, in the charts' place; again: the charts."""
+        self.screen.toggle_class("-operations")
+        if not hasattr(self, "_operations_anatomy"):
+            self._show_operations(None)
+
+    def _show_operations(self, anatomy: dict[str, Any] | None) -> None:
+        self._operations_anatomy = anatomy
+        self.query_one(OperationsPanel).show(anatomy, None, WATCH_PROFILE_NOTE)
 
     def _show_bands(self, record: dict[str, Any], main: dict[str, Any] | None) -> None:
         total = main["total_bytes"] if main else None

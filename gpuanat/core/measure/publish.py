@@ -14,11 +14,11 @@ that no longer runs (or by an earlier process with the same PID). It remembers t
 of every file it created and removes only those.
 
 The file stays small: plain step lines are throttled to a few per second (steps that carry measured
-bands, `model`, `hello` and `done` always go through), and past `MAX_PUBLICATION_BYTES` the file is
+bands, `model`, `hello`, `operations` and `done` always go through), and past `MAX_PUBLICATION_BYTES` the file is
 replaced, atomically, by one that starts again from the header events (hello, model, the latest measured
-step). The writer removes the file when its process exits normally; files of processes that died without
-that are removed by the next publisher in the same directory, and a reader ignores a file older than the
-process it claims to describe (a reused PID).
+step, the operations profiled). The writer removes the file when its process exits normally; files of processes
+that died without that are removed by the next publisher in the same directory, and a reader ignores a file older
+than the process it claims to describe (a reused PID).
 
 The reader trusts nothing in the file: lines are cut with `EventLines`, so a line longer than
 `protocol.MAX_EVENT_LINE_BYTES` costs at most that much memory and comes out as one `Malformed`, and each `read`
@@ -45,6 +45,7 @@ from gpuanat.core.run.protocol import (
     Hello,
     Malformed,
     ModelInfo,
+    Operations,
     Step,
     encode,
 )
@@ -307,7 +308,7 @@ class Publisher:
         if self._fd is None:
             self.open()
         line = encode(event)
-        if isinstance(event, (Hello, ModelInfo)) or (isinstance(event, Step) and event.bands is not None):
+        if isinstance(event, (Hello, ModelInfo, Operations)) or (isinstance(event, Step) and event.bands is not None):
             self._header[event.type] = line
         if self._file_bytes + len(line) > self._max_file_bytes and not isinstance(event, Done):
             self._rewrite()
@@ -318,7 +319,8 @@ class Publisher:
 
     def _rewrite(self) -> None:
         """Start the file over from the header events, atomically: a reader sees the old or the new file."""
-        header = b"".join(self._header[kind] for kind in ("hello", "model", "step") if kind in self._header)
+        header = b"".join(self._header[kind] for kind in ("hello", "model", "step", "operations")
+                          if kind in self._header)
         temporary = self.path.with_name(self.path.name + TEMPORARY_SUFFIX)
         fd, identity = self._create(temporary)
         try:

@@ -46,7 +46,7 @@ NORMALIZATION_KERNEL = _words(
 )
 ELEMENTWISE_KERNEL = _words(
     r"elementwise", r"dropout", r"direct_copy", r"copy_kernel", r"fill", r"gelu", r"silu", r"swiglu", r"geglu",
-    r"rope", r"catarraybatchedcopy", r"where", r"masked", r"bernoulli", r"pointwise", r"tanh", r"cast",
+    r"rope", r"catarraybatchedcopy", r"where", r"masked", r"bernoulli", r"pointwise", r"tanh", r"cast", r"element_",
 )
 REDUCTION_KERNEL = _words(r"reduce_kernel", r"reduction", r"reduce_")
 OPTIMIZER_KERNEL = _words(r"multi_tensor_apply", r"adam", r"foreach", r"8bit", r"optimizer")
@@ -145,7 +145,7 @@ def group_of(name: str, op: str | None, *, optimizer: bool, device: str) -> str:
     if by_op is not None:
         return by_op
     for pattern, group in ((NORMALIZATION_KERNEL, "normalizations"), (OPTIMIZER_KERNEL, "optimizer"),
-                           (OTHER_KERNEL, "other"), (ELEMENTWISE_KERNEL, "elementwise"),
+                           (ELEMENTWISE_KERNEL, "elementwise"), (OTHER_KERNEL, "other"),
                            (REDUCTION_KERNEL, "normalizations")):
         if pattern.search(name):
             return group

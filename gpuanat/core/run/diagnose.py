@@ -32,6 +32,10 @@ step took 4-8% of the H100 runs' steps, Adafactor's 48% and 8-bit Adam's 26% (a 
 Python)."""
 MEMORY_BOUND_SHARE = 0.9
 """Reserved memory's share of the GPU above which the run is close to the limit."""
+DATA_MOVEMENT_SHARE = 0.25
+"""Normalizations' and element-wise operators' share of a GPU-bound run's profiled GPU time above which moving memory,
+not arithmetic, is worth fixing: the paper's BERT-large spent 39% there; on the H100 bert-large's eager bf16 steps
+spent 33%, fp32's 6% (docs/operations.md)."""
 SCALING_EFFICIENCY_FLOOR = 0.8
 """Several GPUs: per-GPU samples/s below this share of the same run on one GPU is communication-bound."""
 
@@ -39,7 +43,8 @@ SCALING_EFFICIENCY_FLOOR = 0.8
 @dataclass(frozen=True)
 class Finding:
     bottleneck: str
-    """"input-bound", "host-bound", "gpu-bound", "memory-bound", "communication-bound", "compile"."""
+    """"input-bound", "host-bound", "gpu-bound", "memory-bound", "communication-bound", "data-movement" (kernels
+    that move memory more than they compute), "compile"."""
     evidence: str
     """What was measured that says so."""
     fix: str
@@ -153,6 +158,8 @@ def diagnose(result: Mapping[str, Any], *, one_gpu_samples_per_second: float | N
                 f"{one_gpu_samples_per_second:.1f}/s of one GPU",
                 "a larger --batch-size or --grad-accum (fewer gradient exchanges a sample); FSDP/ZeRO only when "
                 "memory needs them"))
+    if any(finding.bottleneck == "gpu-bound" for finding in findings):
+        findings.extend(_data_movement_findings(config, result.get("operations_anatomy")))
     compile_stats = result.get("compile_stats")
     if config.get("compile") or config.get("compile_regions"):
         flag = "--compile" if config.get("compile") else "--compile-regions"
@@ -200,6 +207,40 @@ def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any],
     else:
         fix = "the GPU is busy: fused kernels (Liger for decoders), or less work a sample (--seq-len)"
     return [Finding("gpu-bound", f"a kernel ran {busy:.0f}% of the time" + mfu_text, fix)]
+
+
+def _data_movement_findings(config: Mapping[str, Any], anatomy: Any) -> list[Finding]:
+    """A GPU-bound run whose profiled kernels spent a large share moving memory (normalizations, element-wise): the
+    fusing techniques it does not use yet."""
+    from gpuanat.core.operations.anatomy import group_share, memory_bound_share
+
+    share = memory_bound_share(anatomy)
+    if share is None or share < DATA_MOVEMENT_SHARE:
+        return []
+    flops = [group_share(anatomy, group, "flop_share") for group in ("normalizations", "elementwise")]
+    flop_text = (f" for {100 * sum(flops):.2f}% of the FLOPs" if all(flop is not None for flop in flops) else "")
+    fixes = []
+    if config.get("attn") == "eager":
+        fixes.append("--attn sdpa (the softmax fused into attention's kernel)")
+    if not (config.get("compile") or config.get("compile_regions")):
+        fixes.append("--compile-regions (the element-wise and normalization kernels around attention fused)")
+    if _causal_lm(config) and not config.get("liger_layers"):
+        fixes.append("--liger --liger-layers (fused RMSNorm, SwiGLU, RoPE and loss)")
+    if config.get("precision") == "fp32":
+        fixes.append("--precision bf16 (half the bytes a value)")
+    return [Finding("data-movement", f"normalizations and element-wise operators took {_percent(share)} of the "
+                    f"profiled GPU time{flop_text}",
+                    "; ".join(fixes) if fixes else "the fusing techniques gpuanat has are on: this is what is left")]
+
+
+def _causal_lm(config: Mapping[str, Any]) -> bool:
+    from gpuanat.core.memory.model_config import trains_causal_lm
+    from gpuanat.core.run.config import RunConfig
+
+    try:
+        return trains_causal_lm(RunConfig.from_json({key: value for key, value in config.items() if value is not None}))
+    except (TypeError, ValueError, KeyError, OSError):
+        return False
 
 
 def _compile_findings(stats: Mapping[str, int] | None, compiled_rate: float | None,

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuanat.core.operations.classify import GROUP_LABELS, GROUPS
 from gpuanat.core.run.protocol import STEP_PHASES
 
 
@@ -29,12 +30,17 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("gradients_after_backward_bytes", "gradients"),
     ("optimizer_state_bytes", "optimizer state"),
     ("activations_bytes", "activations"),
+    ("ops_device_s", "ops: GPU time/step"),
+    *((f"ops_{group}_s", f"  {GROUP_LABELS[group]}") for group in GROUPS),
 )
 BAND_METRICS = {"weights_bytes", "optimizer_state_bytes", "activations_bytes"}
 """Compared as the stack has them; the gradients by their own maximum after backward (the stack's band is what
 accumulation keeps alive at the end of forward, 0 without it)."""
 STEP_TIME_METRICS = {"step_s": None, **{f"step_{phase}_s": phase for phase in STEP_PHASES}}
 """The steady step's mean time and its phases (the result's `step_time_breakdown`)."""
+OPERATIONS_METRICS = {"ops_device_s": None, **{f"ops_{group}_s": group for group in GROUPS}}
+"""A profiled step's device time, and each kind of operation's (the result's `operations_anatomy`): what a technique
+fused away shows as a kind's time falling."""
 
 
 def metric_value(result: dict[str, Any], key: str) -> float | None:
@@ -45,7 +51,18 @@ def metric_value(result: dict[str, Any], key: str) -> float | None:
         breakdown = result.get("step_time_breakdown") or {}
         phase = STEP_TIME_METRICS[key]
         return breakdown.get("step_s") if phase is None else (breakdown.get("per_step_s") or {}).get(phase)
+    if key in OPERATIONS_METRICS:
+        return _operations_seconds(result.get("operations_anatomy"), OPERATIONS_METRICS[key])
     return result.get(key)
+
+
+def _operations_seconds(anatomy: Any, group: str | None) -> float | None:
+    """Device seconds a profiled step of one kind of operation (`group`; None: of all)."""
+    if not isinstance(anatomy, dict) or not anatomy.get("profiled_steps"):
+        return None
+    entry = anatomy if group is None else anatomy.get(group)
+    seconds = entry.get("device_time_s" if group is None else "time_s") if isinstance(entry, dict) else None
+    return seconds / anatomy["profiled_steps"] if isinstance(seconds, (int, float)) else None
 
 
 @dataclass(frozen=True)
@@ -75,8 +92,8 @@ def compare_runs(
     metrics = []
     for key, label in COMPARED_METRICS:
         values = tuple(metric_value(result, key) for result in results)
-        if key in STEP_TIME_METRICS and all(value is None for value in values):
-            continue  # runs recorded before steps were timed (or without steady steps): no rows of dashes
+        if (key in STEP_TIME_METRICS or key in OPERATIONS_METRICS) and all(value is None for value in values):
+            continue  # runs recorded before steps were timed, or none profiled: no rows of dashes
         deltas = (None, *(percent_delta(value, values[0]) for value in values[1:]))
         metrics.append(MetricRow(key, label, values, deltas))
     return Comparison(tuple(run_ids), differing, tuple(metrics))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gpuanat.core.operations.anatomy import group_share
 from gpuanat.core.printable import printable
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.store.compare import percent_delta
@@ -107,6 +108,7 @@ HISTORY_COLUMNS = (
     Column("mfu", "MFU", numeric=True, keep=8),
     Column("prediction_error_delta", "pred err", numeric=True, keep=9),
     Column("bottleneck", "bottleneck", keep=10),
+    Column("operations", "ops C/N/E %", keep=11),
 )
 """At 80 columns: id, name, status, samples/s, GPU memory, peak allocated (and techniques, cut short)."""
 
@@ -134,8 +136,16 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
             "mfu": result.get("mfu"),
             "prediction_error_delta": result.get("prediction_error_percent"),
             "bottleneck": next((finding.get("bottleneck") for finding in result.get("diagnosis") or []), None),
+            "operations": operations_shares(result.get("operations_anatomy")),
         })
     return rows
+
+
+def operations_shares(anatomy: Any) -> str | None:
+    """A profiled run's time shares of contractions / normalizations / element-wise, "88/3/3" (None: not
+    profiled)."""
+    shares = [group_share(anatomy, group) for group in ("contractions", "normalizations", "elementwise")]
+    return None if any(share is None for share in shares) else "/".join(f"{100 * share:.0f}" for share in shares)
 
 
 def _script_name(config: dict[str, Any]) -> str | None:

@@ -25,6 +25,8 @@ from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands, gradients_
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
+from gpuanat.core.operations.anatomy import operations_anatomy
+from gpuanat.core.run.protocol import Operations
 from gpuanat.core.run.result import probe_cost_percent
 from gpuanat.core.watch.loop_kind import ProbeHint, probe_hint
 from gpuanat.core.watch.publications import Publications
@@ -215,9 +217,19 @@ class WatchRecords:
             "bands_measured_at_step": run.probe_bands.measured_at_step if run.probe_bands else None,
             "malformed_events": observed.malformed,
             "ranks": self._ranks(sample, mapping),
+            # the probe's profile of its operations (asked with GPUANAT_PROFILE_OPS or its profile_ops=), in the
+            # first record after it came, without the kernel rows (the result and the final record have them)
+            "operations_anatomy": self._new_operations(run.operations),
         }
         self.last_record = record
         return record
+
+    def _new_operations(self, operations: Operations | None) -> dict[str, Any] | None:
+        """The operations anatomy when it is new since the last record (its groups and figures), else None."""
+        if operations is None or operations is getattr(self, "_operations_recorded", None):
+            return None
+        self._operations_recorded = operations
+        return {key: value for key, value in operations_anatomy(operations).items() if key != "kernels"}
 
     def _ranks(self, sample: Sample, mapping: Any) -> list[dict[str, Any]]:
         """Every publishing process (each rank of a distributed job) with its GPU and its own bands, computed as
@@ -303,6 +315,7 @@ class WatchRecords:
             "peak_rss_bytes": observed.peak_rss_bytes,
             "steady_samples_per_second": run.done.steady_samples_per_second if run.done else None,
             "malformed_events": observed.malformed,
+            "operations_anatomy": operations_anatomy(run.operations) if run.operations else None,
         }
 
     def observed_pids(self) -> list[int]:
@@ -384,6 +397,7 @@ class WatchRecords:
             "log_path": None,
             "malformed_events": observed.malformed,
             "ranks": (self.last_record or {}).get("ranks", []),
+            "operations_anatomy": operations_anatomy(run.operations) if run.operations else None,
         }
 
 

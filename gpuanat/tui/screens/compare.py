@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
 from gpuanat.core.printable import printable
-from gpuanat.core.store.compare import BAND_METRICS, STEP_TIME_METRICS, compare_runs
+from gpuanat.core.store.compare import BAND_METRICS, OPERATIONS_METRICS, STEP_TIME_METRICS, compare_runs
 from gpuanat.core.store.history import RunRow
 from gpuanat.core.store.report import format_bytes, format_delta
 from gpuanat.tui.series import TimeSeries
@@ -33,7 +33,7 @@ def technique_text(value: object) -> str:
 def _value(key: str, value: float | None) -> str:
     if value is None:
         return "—"
-    if key in STEP_TIME_METRICS:
+    if key in STEP_TIME_METRICS or key in OPERATIONS_METRICS:
         return f"{1000 * value:.1f} ms"
     return format_bytes(int(value)) if key in BYTE_METRICS else f"{value:.2f}"
 

@@ -1,7 +1,7 @@
 """The operations anatomy in the charts' place (`O`): where the profiled steps' GPU time went by kind of operation
 — tensor contractions, normalizations, element-wise, the optimizer, memory copies, the rest — each kind's share of
 the time as a bar, its share of the FLOPs and its TFLOP/s, beside the paper's BERT-large shares (Ivanov et al.).
-Before a run has been profiled it says what `O` asked for. Rows laid out for the width it has: the paper's columns
+Before a run has been profiled it says how to profile one. Rows laid out for the width it has: the paper's columns
 and TFLOP/s go first when narrow. Kernel names come from the user's code: shown through `printable`."""
 
 from __future__ import annotations
@@ -45,27 +45,26 @@ class OperationsPanel(CachedRows):
         super().__init__(id=id)
         self._anatomy: Mapping[str, Any] | None = None
         self._run_id: int | None = None
-        self._asked_steps = 0
+        self._note = ""
 
-    def show(self, anatomy: Mapping[str, Any] | None, run_id: int | None, asked_steps: int) -> None:
-        """The anatomy of run `run_id` (None: none profiled yet) and how many steps the next run profiles."""
-        if (anatomy, run_id, asked_steps) != (self._anatomy, self._run_id, self._asked_steps):
-            self._anatomy, self._run_id, self._asked_steps = anatomy, run_id, asked_steps
+    def show(self, anatomy: Mapping[str, Any] | None, run_id: int | None, note: str) -> None:
+        """The anatomy of run `run_id` (None: none profiled yet; a watched run has no id) and a last line, `note`:
+        how to profile (the next) one."""
+        if (anatomy, run_id, note) != (self._anatomy, self._run_id, self._note):
+            self._anatomy, self._run_id, self._note = anatomy, run_id, note
             self.repaint_changes()
 
     def rows_key(self) -> Hashable:
-        return (id(self._anatomy), self._run_id, self._asked_steps)
+        return (id(self._anatomy), self._run_id, self._note)
 
     def build_rows(self, width: int, height: int) -> list[Strip]:
         return text_rows(self, self.render_text(width - 2), width, height)
 
     def render_text(self, width: int) -> Text:
         muted = self.component_style("operations-panel--muted")
-        asked = (f"The next run profiles {self._asked_steps} steps after warm-up (O: off)." if self._asked_steps
-                 else "O: profile the next run's operations.")
         if self._anatomy is None:
             return Text.assemble(("Operations anatomy", self.component_style("operations-panel--title")), "\n",
-                                 (f"{asked} Where the GPU time goes by kind of operation — tensor contractions, "
+                                 (f"{self._note} Where the GPU time goes by kind of operation — tensor contractions, "
                                   "normalizations, element-wise — beside the paper's BERT-large table.", muted))
         wide = width >= WIDE_COLUMNS
         text = Text(f"Run {self._run_id}: " if self._run_id is not None else "",
@@ -94,7 +93,7 @@ class OperationsPanel(CachedRows):
         if longest is not None:
             text.append(f"longest kernel: {printable(longest)}", style=muted)
             text.append("\n")
-        text.append(f"paper: {PAPER_SOURCE}. {asked}", style=muted)
+        text.append(f"paper: {PAPER_SOURCE}. {self._note}", style=muted)
         return text
 
 

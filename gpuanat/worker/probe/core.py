@@ -73,6 +73,9 @@ class Probe(ProbeReadings):
     (unless `publish=False`); either way the latest are also kept on the probe (`last_step`,
     `last_bands`, `summary`). The probe never raises into training: a parent that went away ends the
     run gracefully (`step_ends` returns True), and any other failure turns the probe off with one warning.
+    `profile_ops` steps after warm-up are profiled for the operations anatomy (default: as many as
+    `GPUANAT_PROFILE_OPS` says, none without it), their Chrome trace written to `profile_ops_trace` (default:
+    `GPUANAT_PROFILE_OPS_TRACE`).
     """
 
     def __init__(self, emit: Callable[[Event], None] | None = None, *, exact_every_steps: int = 50,

@@ -88,8 +88,9 @@ class LightningAnatomyCallback(Probe, *_CALLBACK_BASES):  # type: ignore[misc]
     """
 
     def __init__(self, emit: Callable[[Event], None] | None = None, *, exact_every_steps: int = 50,
-                 publish: bool = True) -> None:
-        Probe.__init__(self, emit, exact_every_steps=exact_every_steps, publish=publish)
+                 publish: bool = True, profile_ops: int | None = None, profile_ops_trace: str | None = None) -> None:
+        Probe.__init__(self, emit, exact_every_steps=exact_every_steps, publish=publish, profile_ops=profile_ops,
+                       profile_ops_trace=profile_ops_trace)
         self._in_step: int | None = None
         self._batch: list[Any] = []
         self._total_steps: int | None = None

@@ -63,8 +63,10 @@ class LoopProbe(Probe):
 
     def __init__(self, model: Any, optimizer: Any, *, total_steps: int | None = None,
                  emit: Callable[[Event], None] | None = None, publish: bool = True,
-                 exact_every_steps: int = 50) -> None:
-        super().__init__(emit, exact_every_steps=exact_every_steps, publish=publish)
+                 exact_every_steps: int = 50, profile_ops: int | None = None,
+                 profile_ops_trace: str | None = None) -> None:
+        super().__init__(emit, exact_every_steps=exact_every_steps, publish=publish, profile_ops=profile_ops,
+                         profile_ops_trace=profile_ops_trace)
         self._loop_model, self._loop_optimizer, self._total_steps = model, optimizer, total_steps
         self._optimizer_hook: Any = None
         self._step_count = 0
@@ -105,8 +107,12 @@ class LoopProbe(Probe):
 
 
 def track(model: Any, optimizer: Any, *, total_steps: int | None = None,
-          emit: Callable[[Event], None] | None = None, publish: bool = True) -> LoopProbe:
+          emit: Callable[[Event], None] | None = None, publish: bool = True, profile_ops: int | None = None,
+          profile_ops_trace: str | None = None) -> LoopProbe:
     """Measure a training loop of one's own: `with track(model, optimizer) as probe:` around the loop, and
     `probe.step(samples=n)` at the end of each optimizer step. `total_steps`, when known, places the warm-up (the
-    first tenth, 2 to 20 steps; 10 when not known) and closes the steady window at the last step."""
-    return LoopProbe(model, optimizer, total_steps=total_steps, emit=emit, publish=publish)
+    first tenth, 2 to 20 steps; 10 when not known) and closes the steady window at the last step. `profile_ops`:
+    steps to profile after warm-up for the operations anatomy (default: `GPUANAT_PROFILE_OPS`), their Chrome trace
+    written to `profile_ops_trace`."""
+    return LoopProbe(model, optimizer, total_steps=total_steps, emit=emit, publish=publish, profile_ops=profile_ops,
+                     profile_ops_trace=profile_ops_trace)
