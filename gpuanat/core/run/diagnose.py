@@ -35,7 +35,7 @@ MEMORY_BOUND_SHARE = 0.9
 DATA_MOVEMENT_SHARE = 0.25
 """Normalizations' and element-wise operators' share of a GPU-bound run's profiled GPU time above which moving memory,
 not arithmetic, is worth fixing: the paper's BERT-large spent 39% there; on the H100 bert-large's eager bf16 steps
-spent 33%, fp32's 6% (docs/operations.md)."""
+spent 39%, fp32's 6% (docs/operations.md)."""
 SCALING_EFFICIENCY_FLOOR = 0.8
 """Several GPUs: per-GPU samples/s below this share of the same run on one GPU is communication-bound."""
 
