@@ -8,6 +8,7 @@ with other techniques saves the history pane and the compare view of the two run
 The watch dashboard: `--watch-pid PID` watches a live process for `--mid-run-s` seconds and saves
 watch.svg (on the GPU machine, a real bert-large run started outside gpuanat); `--watch-replay` saves
 watch_replay.svg from the H100 recording in tests/data, replayed as a watched process (no GPU needed).
+`--operations` saves operations.svg: the dashboard after `O`, with an H100 profile's operations anatomy (no GPU).
 """
 
 from __future__ import annotations
@@ -110,6 +111,22 @@ async def take_dashboard_replay(out_dir: Path, size: tuple[int, int], filename: 
         app.save_screenshot(filename=filename, path=str(out_dir))
 
 
+async def take_operations(out_dir: Path) -> None:
+    """The dashboard after `O`, its operations panel holding the H100 bert-large bf16 profile of
+    benchmarks/results/h100/operations (as tests/data/operations/h100_kernels.json keeps its kernels; no GPU)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from test_operations_tui import h100_operations_app, press_o
+
+    app = h100_operations_app(Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite")
+    async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
+        await press_o(app, pilot)
+        app.clear_notifications()
+        await pilot.pause()
+        app.save_screenshot(filename="operations.svg", path=str(out_dir))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, required=True)
@@ -123,6 +140,8 @@ def main() -> None:
     parser.add_argument("--watch-replay", action="store_true", help="only the watch dashboard, from the recording")
     parser.add_argument("--dashboard-replay", action="store_true",
                         help="only the dashboard at 80×24 from the H100 recording (dashboard_80x24.svg)")
+    parser.add_argument("--operations", action="store_true",
+                        help="only the operations panel with the H100 bert-large bf16 profile (operations.svg)")
     parser.add_argument("--gpus", default=None, help="only the dashboard during a run on these GPUs (--gpus of run;"
                         " 1 with --distributed none for one GPU)")
     parser.add_argument("--distributed", default="ddp", help="with --gpus: the distributed technique")
@@ -141,6 +160,9 @@ def main() -> None:
         return
     if args.dashboard_replay:
         asyncio.run(take_dashboard_replay(args.out_dir, (80, 24), "dashboard_80x24.svg"))
+        return
+    if args.operations:
+        asyncio.run(take_operations(args.out_dir))
         return
     if args.gpus is not None:
         config = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples,

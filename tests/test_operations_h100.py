@@ -26,8 +26,10 @@ def reclassified(run: dict) -> list[KernelRow]:
 
 
 def anatomy_of(name: str) -> dict:
-    return operations_anatomy(Operations(device="cuda", first_step=6, profiled_steps=3, wall_s=1.0, processing_s=1.0,
-                                         kernels=reclassified(PROFILED[name])))
+    run = PROFILED[name]
+    return operations_anatomy(Operations(device="cuda", first_step=run["first_step"],
+                                         profiled_steps=run["profiled_steps"], wall_s=run["wall_s"],
+                                         processing_s=run["processing_s"], kernels=reclassified(run)))
 
 
 def test_the_recorded_runs_are_the_ones_the_issue_names():

@@ -31,7 +31,8 @@ async def test_o_profiles_the_next_run_and_shows_its_operations_beside_the_paper
         anatomy = result["operations_anatomy"]
         assert anatomy["profiled_steps"] == 3
         lines = panel_lines(app, 76)
-        assert lines[0].startswith(f"Run {result['run_id']}: 3 profiled steps from step {anatomy['first_step']}")
+        assert lines[0].startswith(f"Operations of run {result['run_id']}: 3 profiled steps from step "
+                                   f"{anatomy['first_step']}")
         rows = {line.split()[0]: line for line in lines[2:8]}
         assert set(rows) == {"contractions", "normalizations", "element-wise", "optimizer", "memory", "other"}
         assert "61.0%" in rows["contractions"] and "99.80%" in rows["contractions"]  # the paper's, beside
@@ -57,3 +58,27 @@ async def test_the_panel_fits_a_narrow_terminal_without_cutting_a_row(db_path):
         table = lines[1:8]
         assert all(len(line) <= width for line in table), (width, table)
         assert "TFLOP/s" not in table[0] and "paper" in table[0]  # the narrow layout keeps the paper's time share
+
+
+def h100_operations_app(db_path):
+    """The dashboard on the recorded H100 (NVML trace, capabilities) set to bert-large bf16, with `O` on and the
+    operations of the H100 bert-large bf16 profile (tests/data/operations/h100_kernels.json) in its panel."""
+    from test_app_snapshots import make_app as h100_app
+    from test_operations_h100 import anatomy_of
+
+    app = h100_app(db_path, RunConfig(precision="bf16"))
+    app.operations_shown = (anatomy_of("bert-bf16"), None)
+    return app
+
+
+async def press_o(app, pilot) -> None:
+    while app.capabilities is None:
+        await pilot.pause()
+    await pilot.press("O")
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+def test_the_operations_panel_of_an_h100_profile(snap_compare, tmp_path, size):
+    app = h100_operations_app(tmp_path / "h.sqlite")
+    assert snap_compare(app, terminal_size=size, run_before=lambda pilot: press_o(app, pilot))

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuanat.core.operations.anatomy import PAPER_SOURCE, table_rows
+from gpuanat.core.operations.classify import kernel_function
 from gpuanat.core.printable import printable
 
 
@@ -33,11 +34,12 @@ def heading(anatomy: Mapping[str, Any]) -> str:
 
 
 def table_lines(anatomy: Mapping[str, Any]) -> list[str]:
-    """The table, a line a kind of operation, with a header line; the paper's columns are its BERT-large figures."""
+    """The table, a line a kind of operation, with a header line; the paper's columns are its BERT-large figures; the
+    top kernel by its function's name (the JSON has the whole)."""
     lines = [f"  {'kind':<20} {'time':>7} {'FLOPs':>7} {'TFLOP/s':>8} {'GB/s':>7}   "
              f"{'paper time':>10} {'FLOPs':>7}  top kernel"]
     for row in table_rows(anatomy):
-        top = printable(row["top_kernel"])[:60] if row["top_kernel"] else "—"
+        top = printable(kernel_function(row["top_kernel"]))[:60] if row["top_kernel"] else "—"
         lines.append(f"  {row['label']:<20} {percent(row['time_share']):>7} {percent(row['flop_share'], 2):>7} "
                      f"{rate(row['tflops_per_s']):>8} {rate(row['gb_per_s']):>7}   "
                      f"{percent(row['paper_time_share']):>10} {percent(row['paper_flop_share'], 2):>7}  {top}")

@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.strip import Strip
 
 from gpuanat.core.operations.anatomy import PAPER_SOURCE, table_rows
-from gpuanat.core.operations.classify import GROUPS
+from gpuanat.core.operations.classify import GROUPS, kernel_function
 from gpuanat.core.operations.report import heading, percent, rate
 from gpuanat.core.printable import printable
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_rows
@@ -67,7 +67,7 @@ class OperationsPanel(CachedRows):
                                  (f"{self._note} Where the GPU time goes by kind of operation — tensor contractions, "
                                   "normalizations, element-wise — beside the paper's BERT-large table.", muted))
         wide = width >= WIDE_COLUMNS
-        text = Text(f"Run {self._run_id}: " if self._run_id is not None else "",
+        text = Text("Operations" + (f" of run {self._run_id}" if self._run_id is not None else "") + ": ",
                     style=self.component_style("operations-panel--title"))
         text.append(heading(self._anatomy).removeprefix("Operations: "), style=muted)
         text.append("\n")
@@ -91,7 +91,7 @@ class OperationsPanel(CachedRows):
             text.append("\n")
         longest = longest_kernel(self._anatomy)
         if longest is not None:
-            text.append(f"longest kernel: {printable(longest)}", style=muted)
+            text.append(f"longest kernel: {printable(kernel_function(longest))}", style=muted)
             text.append("\n")
         text.append(f"paper: {PAPER_SOURCE}. {self._note}", style=muted)
         return text
