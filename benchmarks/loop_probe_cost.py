@@ -4,7 +4,8 @@ Lightning fit (`LightningAnatomyCallback`) and a TRL SFTTrainer fine-tune (`Anat
 fresh run of `--steps` optimizer steps (a new probe, Trainer or SFTTrainer), timed by the same steady clock in both
 arms (CUDA syncs at the end of step `--warmup` and of the last step). Between separate processes the same run's
 speed varies by several percent on the lent GPUs, more than the 1% a probe may cost; within one process, drift
-cancels in ABBA. The probe publishes its events for `gpuanat watch` as in a user's run.
+cancels in ABBA. The probe publishes its events for `gpuanat watch` as in a user's run. A TRL block trains a fresh model
+(the same seed): SFTTrainer changes the model it is given.
 
     python benchmarks/loop_probe_cost.py --out loop_probe_cost.json [--loops plain lightning trl] [--rounds 2]
         [the options of benchmarks/loops/common.py: --config DIR --seq-len N --batch-size N --steps N --warmup N]
@@ -42,14 +43,17 @@ def main() -> None:
     for position, loop in enumerate(known.loops):
         loop_deadline_s = started_s + known.budget_s * (position + 1) / len(known.loops)
         train = importlib.import_module(MODULES[loop]).train
-        model = build_model(args)
+        # TRL's SFTTrainer changes the model it is given (gradient checkpointing, its input hooks): each of its blocks
+        # trains a model of its own, built from the same seed, or a block would inherit the earlier ones' changes.
+        fresh_model = loop == "trl"
+        model = None if fresh_model else build_model(args)
         blocks: list[dict[str, Any]] = []
         for round_index in range(known.rounds):
             if round_index and time.monotonic() > loop_deadline_s:
                 break
             for probe in (False, True, True, False):
                 args.probe = probe
-                blocks.append(train(args, model))
+                blocks.append(train(args, build_model(args) if fresh_model else model))
                 print(json.dumps({"loop": loop, **blocks[-1]}), flush=True)
         del model
         without = [block["s_per_step"] for block in blocks if not block["probe"] and block["s_per_step"]]
