@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, cli_env, last_json, run_cli
@@ -217,3 +218,15 @@ def test_a_watched_loop_whose_probe_was_asked_to_profile_publishes_its_operation
     assert final["operations_anatomy"]["contractions"] == anatomy["contractions"]
     assert final["operations_anatomy"]["kernels"]
     assert shares_sum_error_percent(final["operations_anatomy"]) < 1e-9
+
+
+def test_a_profile_that_cannot_be_read_costs_the_run_its_operations_and_nothing_else(tmp_path):
+    completed = run_cli(["run", *TINY, "--profile-ops", "2", "--json"], tmp_path / "history.sqlite",
+                        fault="profile-read@0")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    assert result["status"] == "ok" and result["operations_anatomy"] is None
+    assert result["bands"]["weights_bytes"] > 0 and result["steady_samples_per_second"] is not None
+    log = Path(result["log_path"]).read_text()
+    assert "profiling the operations failed (training goes on, without them): RuntimeError: the profile cannot be " \
+           "read (injected by test)" in log

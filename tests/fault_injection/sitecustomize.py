@@ -12,6 +12,7 @@ is the real code. Kinds:
   fuzz-crash  write them, then SIGKILL the training process
   oom-above  (KIND@N) raise torch.OutOfMemoryError at the first step of any run whose per-device
              batch exceeds N: a device on which batches up to N fit
+  profile-read  (KIND@0) reading the operations profile raises (a profiler that changed in a newer torch)
 """
 
 import os
@@ -50,3 +51,11 @@ if _FAULT and "GPUANAT_EVENTS_FD" in os.environ:  # only in the training child, 
         return _original_training_step(self, *args, **kwargs)
 
     Trainer.training_step = _training_step
+
+    if _kind == "profile-read":
+        import gpuanat.worker.probe.operations as _operations
+
+        def _unreadable_profile(*args, **kwargs):
+            raise RuntimeError("the profile cannot be read (injected by test)")
+
+        _operations.kernel_rows = _unreadable_profile

@@ -12,10 +12,11 @@ steps; the steps around it run without it. Asked by `GPUANAT_PROFILE_OPS` (steps
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from gpuanat.core.operations.classify import group_of, group_of_op
 from gpuanat.core.operations.counts import contraction_flops, estimated_flops, moved_bytes
 from gpuanat.core.run.config import PROFILE_OPS_TRACE_VARIABLE, PROFILE_OPS_VARIABLE
 from gpuanat.core.run.protocol import Event, KernelRow, Operations
+from gpuanat.worker.probe.sink import warn
 
 MAX_ROWS = 200
 """Kernel rows an event carries, the longest first; the rest are summed into one row a group."""
@@ -37,12 +39,22 @@ ANNOTATION_ACTIVITY_TYPES = (1, 2)
 """Kineto's USER_ANNOTATION and GPU_USER_ANNOTATION: ranges drawn on the GPU's timeline, not work."""
 
 
-def requested_steps(environment: dict[str, str] | None = None) -> tuple[int, str | None]:
+def requested_steps(environment: Mapping[str, str] | None = None) -> tuple[int, str | None]:
     """(steps to profile, trace path) asked through the environment; (0, None) when not asked or unreadable."""
     environment = os.environ if environment is None else environment
     text = environment.get(PROFILE_OPS_VARIABLE, "").strip()
     steps = int(text) if text.isdigit() else 0
-    return steps, environment.get(PROFILE_OPS_TRACE_VARIABLE) or None
+    return steps, rank_trace_path(environment.get(PROFILE_OPS_TRACE_VARIABLE) or None, environment)
+
+
+def rank_trace_path(path: str | None, environment: Mapping[str, str]) -> str | None:
+    """Where this process writes its trace: `path`, or for rank N > 0 of a distributed run `path` with `.rankN`
+    before its suffix (every rank profiles; each writes its own)."""
+    rank = environment.get("RANK", "0")
+    if path is None or not rank.isdigit() or int(rank) == 0:
+        return path
+    stem, dot, suffix = path.rpartition(".")
+    return f"{stem}.rank{rank}.{suffix}" if dot and "/" not in suffix else f"{path}.rank{rank}"
 
 
 class OperationsProfiler:
@@ -64,6 +76,12 @@ class OperationsProfiler:
     def step_begins(self, step: int) -> None:
         if self.done or self._profile is not None or step != self.first_step - 1:
             return
+        try:
+            self._start()
+        except Exception as error:  # a profiler that cannot start costs the run its operations, nothing else
+            self._fail(error)
+
+    def _start(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self._cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -77,6 +95,18 @@ class OperationsProfiler:
         """Called at every step's end, before the probe reads its clock."""
         if self._profile is None or self.done:
             return
+        try:
+            self._step_ends(step)
+        except Exception as error:  # reading the profile failed: the run goes on, measured as without it
+            self._fail(error)
+
+    def _fail(self, error: Exception) -> None:
+        warn(f"profiling the operations failed (training goes on, without them): {type(error).__name__}: {error}")
+        with contextlib.suppress(Exception):
+            self.stop()
+        self.done = True
+
+    def _step_ends(self, step: int) -> None:
         if step == self.first_step - 1:
             self._synchronize()
             self._started_s = time.perf_counter()
