@@ -230,3 +230,15 @@ def test_a_profile_that_cannot_be_read_costs_the_run_its_operations_and_nothing_
     log = Path(result["log_path"]).read_text()
     assert "profiling the operations failed (training goes on, without them): RuntimeError: the profile cannot be " \
            "read (injected by test)" in log
+
+
+def test_the_history_lists_a_profiled_runs_shares(profiled):
+    result, _, db = profiled
+    completed = run_cli(["history", "--format", "csv"], db)
+    assert completed.returncode == 0, completed.stderr
+    header, *rows = completed.stdout.strip().splitlines()
+    column = header.split(",").index("operations")
+    anatomy = result["operations_anatomy"]
+    expected = "/".join(f"{100 * anatomy[group]['time_share']:.0f}"
+                        for group in ("contractions", "normalizations", "elementwise"))
+    assert any(row.split(",")[column] == expected for row in rows)

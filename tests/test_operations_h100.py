@@ -98,3 +98,19 @@ def test_a_gpu_bound_run_spending_its_time_moving_memory_is_told_how_to_fuse():
     assert [finding.bottleneck for finding in diagnose(computing)] == ["gpu-bound"]
     host_bound = {**RUNS["bf16"], "operations_anatomy": anatomy_of("bert-bf16")}
     assert "data-movement" not in [finding.bottleneck for finding in diagnose(host_bound)]
+
+
+def test_compare_shows_what_compile_regions_fused_away():
+    from gpuanat.core.store.compare import compare_runs
+
+    eager = {"operations_anatomy": anatomy_of("bert-bf16")}
+    compiled = {"operations_anatomy": anatomy_of("bert-bf16-compile-regions")}
+    comparison = compare_runs([1, 2], [{"compile_regions": False}, {"compile_regions": True}], [eager, compiled])
+    rows = {row.key: row for row in comparison.metrics}
+    elementwise = rows["ops_elementwise_s"]
+    assert elementwise.values[0] == pytest.approx(eager["operations_anatomy"]["elementwise"]["time_s"] / 3)
+    assert elementwise.deltas_percent[1] < -20  # Triton fused the GELU and the dropout/residual adds
+    assert abs(rows["ops_contractions_s"].deltas_percent[1]) < 5  # the products are the same cuBLAS kernels
+    assert rows["ops_device_s"].deltas_percent[1] < 0
+    unprofiled = compare_runs([1, 2], [{}, {}], [{}, {}])
+    assert not [row for row in unprofiled.metrics if row.key.startswith("ops_")]  # no rows of dashes
