@@ -55,25 +55,31 @@ def main() -> None:
                 args.probe = probe
                 blocks.append(train(args, build_model(args) if fresh_model else model))
                 print(json.dumps({"loop": loop, **blocks[-1]}), flush=True)
+                report["loops"][loop] = summary_of(blocks)
+                known.out.write_text(json.dumps(report, indent=1))  # after every block: a timeout keeps them
         del model
-        without = [block["s_per_step"] for block in blocks if not block["probe"] and block["s_per_step"]]
-        with_probe = [block["s_per_step"] for block in blocks if block["probe"] and block["s_per_step"]]
-        pairs = [100 * (b - a) / a for a, b in zip(without, with_probe, strict=False)]
-        summary = {
-            "blocks": blocks,
-            "s_per_step_without": statistics.mean(without) if without else None,
-            "s_per_step_with": statistics.mean(with_probe) if with_probe else None,
-            "cost_percent": (100 * (statistics.mean(with_probe) - statistics.mean(without)) / statistics.mean(without)
-                             if without and with_probe else None),
-            "pair_cost_percent": pairs,
-            "spread_without_percent": (100 * (max(without) - min(without)) / statistics.mean(without)
-                                       if len(without) > 1 else None),
-        }
-        report["loops"][loop] = summary
+        summary = report["loops"][loop]
         print(f"{loop}: {summary['s_per_step_without']:.4f} s/step without, {summary['s_per_step_with']:.4f} with: "
-              f"{summary['cost_percent']:+.2f}% (pairs {', '.join(f'{p:+.2f}' for p in pairs)}; spread without "
-              f"{summary['spread_without_percent']:.2f}%)", flush=True)
-        known.out.write_text(json.dumps(report, indent=1))
+              f"{summary['cost_percent']:+.2f}% (pairs {', '.join(f'{p:+.2f}' for p in summary['pair_cost_percent'])}; "
+              f"spread without {summary['spread_without_percent']:.2f}%)", flush=True)
+
+
+def summary_of(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The blocks so far, and what they say: mean s/step without and with the probe, the cost, each ABBA pair's
+    cost, the spread of the blocks without it."""
+    without = [block["s_per_step"] for block in blocks if not block["probe"] and block["s_per_step"]]
+    with_probe = [block["s_per_step"] for block in blocks if block["probe"] and block["s_per_step"]]
+    mean_without = statistics.mean(without) if without else None
+    mean_with = statistics.mean(with_probe) if with_probe else None
+    return {
+        "blocks": blocks,
+        "s_per_step_without": mean_without,
+        "s_per_step_with": mean_with,
+        "cost_percent": 100 * (mean_with - mean_without) / mean_without if mean_without and mean_with else None,
+        "pair_cost_percent": [100 * (b - a) / a for a, b in zip(without, with_probe, strict=False)],
+        "spread_without_percent": (100 * (max(without) - min(without)) / mean_without if len(without) > 1
+                                   else None),
+    }
 
 
 if __name__ == "__main__":
