@@ -28,17 +28,20 @@ TINY = ["--device", "cpu", "--preset", "tiny", "--seq-len", "64", "--samples", "
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
-    """A real `gpuanat run --profile-ops 2 --profile-ops-trace` of the tiny BERT on the CPU, and its trace."""
+    """A real `gpuanat run --profile-ops 2 --profile-ops-trace` of the tiny BERT on the CPU: its result (from the
+    history), its trace, the history, and the summary it printed."""
     folder = tmp_path_factory.mktemp("profiled")
     trace = folder / "trace.json"
-    completed = run_cli(["run", *TINY, "--profile-ops", "2", "--profile-ops-trace", str(trace), "--json"],
+    completed = run_cli(["run", *TINY, "--profile-ops", "2", "--profile-ops-trace", str(trace)],
                         folder / "history.sqlite")
     assert completed.returncode == 0, completed.stderr[-3000:]
-    return last_json(completed.stdout), trace, folder / "history.sqlite"
+    listed = run_cli(["history", "--json"], folder / "history.sqlite")
+    (row,) = json.loads(listed.stdout)
+    return row["result"], trace, folder / "history.sqlite", completed.stdout
 
 
 def test_a_profiled_cpu_run_has_the_anatomy_of_its_operations(profiled):
-    result, _, _ = profiled
+    result, *_ = profiled
     anatomy = result["operations_anatomy"]
     assert anatomy["source"] == "torch.profiler" and anatomy["device"] == "cpu"
     assert anatomy["profiled_steps"] == 2
@@ -59,7 +62,7 @@ def test_a_profiled_cpu_run_has_the_anatomy_of_its_operations(profiled):
 
 
 def test_profiled_steps_are_after_warm_up_and_out_of_the_steady_window(profiled):
-    result, _, _ = profiled
+    result, *_ = profiled
     anatomy = result["operations_anatomy"]
     last_profiled = anatomy["first_step"] + anatomy["profiled_steps"] - 1
     assert anatomy["first_step"] >= 3  # after warm-up and the profiler's own warm-up step
@@ -71,7 +74,7 @@ def test_profiled_steps_are_after_warm_up_and_out_of_the_steady_window(profiled)
 
 
 def test_the_trace_is_written_where_asked(profiled):
-    result, trace, _ = profiled
+    result, trace, *_ = profiled
     assert result["operations_anatomy"]["trace_path"] == str(trace.resolve())
     events = json.loads(trace.read_text())["traceEvents"]
     names = {event.get("name") for event in events}
@@ -79,18 +82,17 @@ def test_the_trace_is_written_where_asked(profiled):
 
 
 def test_the_history_keeps_the_anatomy(profiled):
-    result, _, db = profiled
+    result, _, db, _ = profiled
     completed = run_cli(["history", "--json"], db)
     assert completed.returncode == 0, completed.stderr
     (row,) = [row for row in json.loads(completed.stdout) if row["id"] == result["run_id"]]
     assert row["result"]["operations_anatomy"]["contractions"] == result["operations_anatomy"]["contractions"]
 
 
-def test_the_summary_prints_the_table_beside_the_paper(tmp_path):
-    completed = run_cli(["run", *TINY, "--profile-ops"], tmp_path / "history.sqlite")
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    lines = completed.stdout.splitlines()
-    start = next(index for index, line in enumerate(lines) if line.startswith("Operations: 3 profiled steps"))
+def test_the_summary_prints_the_table_beside_the_paper(profiled):
+    *_, stdout = profiled
+    lines = stdout.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("Operations: 2 profiled steps"))
     table = lines[start + 1:start + 8]
     assert "paper time" in table[0]
     assert table[1].split()[:2] == ["tensor", "contractions"] and "61.0%" in table[1] and "99.80%" in table[1]
@@ -233,7 +235,7 @@ def test_a_profile_that_cannot_be_read_costs_the_run_its_operations_and_nothing_
 
 
 def test_the_history_lists_a_profiled_runs_shares(profiled):
-    result, _, db = profiled
+    result, _, db, _ = profiled
     completed = run_cli(["history", "--format", "csv"], db)
     assert completed.returncode == 0, completed.stderr
     header, *rows = completed.stdout.strip().splitlines()
