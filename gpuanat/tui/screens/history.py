@@ -90,7 +90,7 @@ class HistoryScreen(Screen[list[int]]):
         self.filter_text = ""
 
     def compose(self) -> ComposeResult:
-        yield Label("History — space selects runs, enter compares them (the first selected is the baseline)",
+        yield Label("History — space selects runs, enter compares them or the last two (the first is the baseline)",
                     id="history-hint")
         yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
         yield Input(placeholder="filter: name, status, model, techniques, device (enter keeps it, escape clears it)",
@@ -139,7 +139,8 @@ class HistoryScreen(Screen[list[int]]):
             f" · sorted by {next(c.title for c in SCREEN_COLUMNS if c.key == self.sort_key)}"
         where = f" · filter “{printable(self.filter_text)}”" if self.filter_text else ""
         self.query_one("#history-hint", Label).update(Text(
-            f"History — {shown}{order}{where} · space selects, enter compares (the first selected is the baseline)"))
+            f"History — {shown}{order}{where} · space selects, enter compares them or the last two (the first is the "
+            "baseline)"))
 
     def action_sort_by(self, step: int) -> None:
         self.sort_key = SORT_KEYS[(SORT_KEYS.index(self.sort_key) + step) % len(SORT_KEYS)]
@@ -231,10 +232,14 @@ class HistoryScreen(Screen[list[int]]):
         if self.has_class("-filtering"):  # enter in the filter: keep it, back to the table
             self._end_filtering(keep=True)
             return
-        if len(self.selected) < 2:
-            self.notify("Select two or more runs with space first.", severity="warning")
+        run_ids = list(self.selected)
+        if len(run_ids) < 2:  # the selected run and the latest other one, or the last two runs the table shows
+            latest_first = sorted(self.shown_run_ids, reverse=True)
+            run_ids = sorted(run_ids + [run_id for run_id in latest_first if run_id not in run_ids][:2 - len(run_ids)])
+        if len(run_ids) < 2:
+            self.notify("Compare needs two runs: run twice, or clear the filter.", severity="warning")
             return
-        self.dismiss(list(self.selected))
+        self.dismiss(run_ids)
 
     def action_close(self) -> None:
         if self.has_class("-filtering") or self.filter_text:  # escape clears the filter before it leaves

@@ -53,13 +53,15 @@ def key_rows(app: object) -> dict[str, list[tuple[str, str]]]:
 
 
 class KeysScreen(ModalScreen[None]):
-    """Every key, grouped (`key_rows` of the dashboard, read before this page covers it); scrolls."""
+    """Every key, grouped (`key_rows` of the dashboard, read before this page covers it); scrolls. Notifications wait
+    while it is open: they show again on the dashboard, if still due."""
 
     BINDINGS = [Binding("question_mark,escape,q", "dismiss_keys", "Close", id="keys.close")]
     DEFAULT_CSS = """
     KeysScreen { align: center middle; }
     KeysScreen > VerticalScroll { width: 100; max-width: 100%; height: auto; max-height: 100%;
                                   border: round $primary; background: $surface; padding: 0 1; }
+    KeysScreen Toast { display: none; }  /* a notification would cover the lines being read */
     """
 
     def __init__(self, rows: dict[str, list[tuple[str, str]]]) -> None:
