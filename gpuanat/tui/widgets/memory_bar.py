@@ -54,6 +54,9 @@ UNATTRIBUTED_GLYPH = "▚"
 """Checkered: memory known to be the watched process's, not split into bands."""
 LABEL_WIDTH = 10
 """Columns before a bar: "measured", "predicted"."""
+MOMENT_NOTE = "each column: one moment, a forward pass's end"
+"""The moment the bar and its columns show, said beside their header: a plain AdamW run's 0 MiB of gradients is
+that moment's; their size after backward is the gradients row's note."""
 NAME_WIDTH = 20
 VALUE_WIDTH = 11
 """Room for the widest value, "1023.99 GiB" (a 141 GB card shows 131.03 GiB): columns never touch."""
@@ -314,7 +317,10 @@ class MemoryBar(CachedRows):
             return [*rows, self._used_row(width)]
         predicted_header = f"{'predicted':>{PREDICTED_WIDTH}}" if self._predicted is not None else ""
         header = f"{'':3}{'band':<{NAME_WIDTH}}{'now':>{VALUE_WIDTH}}{'peak':>{VALUE_WIDTH}}{predicted_header}"
-        rows.append(self._finish([Segment(header, self._style("memory-bar--header"))], width))
+        header_segments = [Segment(header, self._style("memory-bar--header"))]
+        if width - len(header) >= len(MOMENT_NOTE) + 2:  # the moment every column is of, where it fits
+            header_segments.append(Segment(f"  {MOMENT_NOTE}", self._style("memory-bar--reason")))
+        rows.append(self._finish(header_segments, width))
         for band in BAND_NAMES[:-1]:
             rows.append(self._band_row(band, width))
             if band == "activations_bytes" and self._shows_logits():
