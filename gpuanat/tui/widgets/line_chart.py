@@ -28,6 +28,7 @@ from textual.strip import Strip
 
 from gpuanat.core.printable import printable
 from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.text_fit import fit_words
 from gpuanat.tui.widgets.cached_rows import CachedRows
 
 LEGEND_SWATCH = "█"
@@ -343,16 +344,21 @@ class LineChart(CachedRows):
     def _title_row(self, width: int, shown: Mapping[str, TimeSeries]) -> Strip:
         title_style = self._style("line-chart--title")
         axis_style = self._style("line-chart--axis")
-        segments = [Segment(f" {printable(self.title)}", title_style)]
-        if self.paused:
-            segments.append(Segment("  ⏸ paused", self._style("line-chart--paused")))
-        used = sum(len(segment.text) for segment in segments)
+        paused = "  ⏸ paused" if self.paused else ""
         legend = [
             (index, printable(name), "—" if series.last is None else self.formatter(series.last))
             for index, (name, series) in enumerate(shown.items())
         ]
-        # Narrow charts (side by side) keep the series names and drop the latest values first.
-        with_values = used + sum(len(name) + len(value) + 5 for _, name, value in legend) <= width
+        names_width = sum(len(name) + 4 for _, name, _ in legend)  # "  █ name"
+        values_width = sum(len(value) + 1 for _, _, value in legend)
+        # Narrow charts keep the series names whole: the latest values go first, then the title's last words.
+        title = printable(self.title)
+        with_values = 1 + len(title) + len(paused) + names_width + values_width <= width
+        if not with_values:
+            title = fit_words(title, width - 1 - len(paused) - names_width)
+        segments = [Segment(f" {title}", title_style)]
+        if paused:
+            segments.append(Segment(paused, self._style("line-chart--paused")))
         for index, name, value in legend:
             segments.append(Segment("  ", axis_style))
             segments.append(Segment(LEGEND_SWATCH, self._series_color_style(index)))

@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.strip import Strip
 
 from gpuanat.core.run.protocol import STEP_PHASES
+from gpuanat.tui.text_fit import fit_words
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_rows
 
 BAR_CELLS = 24
@@ -52,9 +53,10 @@ class StepStrip(CachedRows):
         return self._shown
 
     def build_rows(self, width: int, height: int) -> list[Strip]:
-        return text_rows(self, self.render(), width, height)
+        return text_rows(self, self.render(max(0, width - 2)), width, height)  # the padding's two cells
 
-    def render(self) -> Text:
+    def render(self, width: int | None = None) -> Text:
+        """The strip; within `width` cells the fix is cut at a whole word (its remarks in parentheses first)."""
         muted = self.component_style("step-strip--muted")
         if self._shown == (None,) or not self._shown:
             return Text("")
@@ -73,5 +75,7 @@ class StepStrip(CachedRows):
         if finding is not None:
             text.append("· ", style=muted)
             text.append(finding[0], style=self.component_style("step-strip--verdict"))
-            text.append(f": {finding[1]}", style=muted)
+            fix = finding[1] if width is None else fit_words(finding[1], width - text.cell_len - 2)
+            if fix:
+                text.append(f": {fix}", style=muted)
         return text
