@@ -3,11 +3,14 @@ dashboard headless (Pilot) on the recorded H100 environment."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_app_snapshots import fill_history, make_app
 from textual.widgets._toast import Toast
 
 from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.validation import machine_unsupported_reasons
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.keys import KeysScreen
@@ -65,3 +68,62 @@ async def test_a_notification_does_not_cover_the_key_page(tmp_path):
         await pilot.press("escape")
         await pilot.pause(0.2)
         assert [toast.display for toast in app.screen.query(Toast)] == [True]  # still due: shown again
+
+
+def screen_text(app) -> str:
+    """The screen as a person reads it: the SVG screenshot's text, row by row."""
+    import html
+    import re
+
+    svg = app.export_screenshot()
+    rows: dict[float, list[tuple[float, str]]] = {}
+    for match in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', svg):
+        rows.setdefault(float(match.group(2)), []).append((float(match.group(1)), html.unescape(match.group(3))))
+    return "\n".join("".join(text for _, text in sorted(parts)).replace("\xa0", " ")
+                     for _, parts in sorted(rows.items()))
+
+
+@pytest.mark.asyncio
+async def test_at_80x24_a_technique_this_machine_cannot_run_says_why_on_screen(db_path):
+    from test_tui import TINY
+    from test_tui import make_app as cpu_app  # the real capability probe: this machine has no CUDA
+
+    app = cpu_app(db_path, TINY)
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.press("t")  # tf32: CUDA only
+        await pilot.pause()
+        assert app.screen.has_class("-compact")
+        text = screen_text(app)
+        reason = machine_unsupported_reasons(app.config, app.capabilities)[0][1]
+        assert "tf32" in reason.lower() or "cuda" in reason.lower()
+        assert f"unavailable: {reason}"[:30] in text, text  # its first words at least, on the screen
+
+
+@pytest.mark.asyncio
+async def test_at_120x40_the_step_strip_and_the_chart_legends_end_on_whole_words(tmp_path):
+    """The recorded bert-large bf16 batch-32 run on the H100, 4 s into training: the step strip's fix is longer than
+    the line, and the throughput chart's title with its TFLOP/s and MFU longer than the chart."""
+    from test_app_snapshots import BS32_STEPS, BS32_TRACE, replay_run
+    from test_app_snapshots import make_app as h100_app
+
+    from gpuanat.tui.widgets.step_strip import StepStrip
+
+    meta = json.loads(BS32_STEPS.read_text().splitlines()[0])
+    app = h100_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]), trace=BS32_TRACE)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(app, pilot)
+        replay_run(app, until_elapsed_s=4.0, steps_path=BS32_STEPS)
+        app.paint()
+        await pilot.pause()
+        strip_widget = app.query_one(StepStrip)
+        strip = strip_widget.render_line(0).text  # the row it paints, as wide as its region
+        fix = str(strip_widget.render()).split("gpu-bound: ", 1)[1]  # the whole fix, unfitted
+        shown = strip.split("gpu-bound: ", 1)[1].rstrip()
+        assert shown.endswith("…") and fix.startswith(shown[:-1]) and fix[len(shown) - 1] == " ", (shown, fix)
+        for chart_id in ("memory-chart", "util-chart", "throughput-chart"):
+            chart = app.query_one(f"#{chart_id}")
+            title_row = chart.render_line(0).text
+            names = list(chart._series)
+            assert all(f"█ {name}" in title_row for name in names), (title_row, names)

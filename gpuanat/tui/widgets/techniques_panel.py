@@ -134,14 +134,21 @@ class TechniquesPanel(Widget):
             table.add_row(Text(key, style=key_style), Text(label, style=muted),
                           Text(_value_text(field, value), style=style))
         lines = Table.grid()
+        unavailable = None
+        if unsupported:
+            where = "below" if self.compact else "above"
+            more = (f" (+{len(unsupported) - 1} more, in red {where}; all in the tooltip)" if len(unsupported) > 1
+                    else "")
+            unavailable = Text(f"unavailable: {printable(unsupported[0][1])}{more}",
+                               style=self.get_component_rich_style("techniques-panel--unavailable"))
+        if unavailable is not None and self.compact:  # first: at 80×24 the rows fill the panel's height
+            lines.add_row(unavailable)
         lines.add_row(table)
         if not self.compact:
             lines.add_row(Text(f"{printable(config.model or config.preset)} on {config.device}, seq {config.seq_len}, "
                                f"{config.samples} samples", style=muted, overflow="ellipsis", no_wrap=True))
-        if unsupported:
-            more = f" (+{len(unsupported) - 1} more, in red above; all in the tooltip)" if len(unsupported) > 1 else ""
-            lines.add_row(Text(f"unavailable: {printable(unsupported[0][1])}{more}",
-                               style=self.get_component_rich_style("techniques-panel--unavailable")))
+        if unavailable is not None and not self.compact:
+            lines.add_row(unavailable)
         elif self._capabilities is None:
             lines.add_row(Text("checking what this machine can run…", style=muted))
         lines.add_row(self._prediction_text())
