@@ -127,3 +127,40 @@ async def test_at_120x40_the_step_strip_and_the_chart_legends_end_on_whole_words
             title_row = chart.render_line(0).text
             names = list(chart._series)
             assert all(f"█ {name}" in title_row for name in names), (title_row, names)
+
+
+@pytest.mark.asyncio
+async def test_while_a_run_starts_the_screen_says_where_it_is(db_path):
+    """A real tiny run on the CPU from the dashboard: the status line names the start-up's part under way, and the
+    log gets a line for each part as it passes, with the names the result's wall_breakdown_s uses."""
+    from test_tui import TINY, run_to_completion
+    from test_tui import make_app as cpu_app
+
+    from gpuanat.core.run.startup import FIRST_STEP_PARTS
+    from gpuanat.tui.widgets.status_line import StatusLine
+
+    app = cpu_app(db_path, TINY)
+    statuses: list[str] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        original = app.query_one(StatusLine).show
+
+        def recording_show(*, run_state, **kwargs):  # what the status line is told, paint by paint
+            statuses.append(run_state)
+            return original(run_state=run_state, **kwargs)
+
+        app.query_one(StatusLine).show = recording_show
+        result = await run_to_completion(app, pilot)
+        log = [str(line.text) for line in app.query_one("#log").lines]
+    starting = [status for status in statuses if "starting" in status]
+    assert starting and all(status.startswith(("run: starting", f"run {result['run_id']}: starting"))
+                            for status in starting)
+    assert any("imports" in status and status.endswith("s…") for status in starting), starting[-3:]
+    noted = [line.removeprefix("gpuanat · start-up: ") for line in log if line.startswith("gpuanat · start-up: ")]
+    parts = [line.rsplit(" ", 2)[0] for line in noted]
+    assert parts == [part for part in FIRST_STEP_PARTS if part in result["wall_breakdown_s"]][:len(parts)]
+    assert {"imports", "model", "first step"} <= set(parts), noted
+    for line in noted:  # each with the seconds the result records for it
+        part, seconds = line.rsplit(" ", 2)[0], float(line.rsplit(" ", 2)[1])
+        assert seconds == pytest.approx(result["wall_breakdown_s"][part], abs=0.2)

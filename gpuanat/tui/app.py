@@ -38,6 +38,7 @@ from gpuanat.core.run.flops import utilization
 from gpuanat.core.run.protocol import Event, Ranked, Step
 from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import SharedSampler
+from gpuanat.core.run.startup import REQUESTED, startup_status
 from gpuanat.core.run.validation import validate_values
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS
@@ -296,6 +297,10 @@ class GpuAnatApp(SearchActions):
         if self.live is None:
             return
         self.live.observe_start(message.run_id, message.pid, message.gpu_indices)
+        if "spawned" in self.live.parent_points:  # a search's next trial: its start-up begins now
+            self.live.parent_points[REQUESTED] = time.monotonic()
+            self._startup_parts_logged = 0
+        self.live.parent_points["spawned"] = time.monotonic()
         self.series["throughput"].clear()
         self._charts_by_id["throughput-chart"].title = self._throughput_title(None, None)
         self._anatomy_timeline.clear()
@@ -354,6 +359,8 @@ class GpuAnatApp(SearchActions):
                     self._show_step_strip(self.live)
                     self._show_live_operations(self.live)
             self._log_pane.poll()
+            if self.live is not None:
+                self._log_startup(self.live)
             self._status_line.show(nvml=self.nvml, run_state=self._run_state(),
                                             sampler_cpu_percent=self._sampler_cpu_percent())
 
@@ -449,7 +456,8 @@ class GpuAnatApp(SearchActions):
         if live is None:
             return "idle" if self.last_result is None else f"idle · last run {self.last_result['status']}"
         if live.last_step is None:
-            return "starting the training process…"
+            return (f"run {live.run_id}: " if live.run_id is not None else "run: ") + startup_status(
+                live.startup_points, time.monotonic())
         return run_progress(live.run_id, live.last_step, live.model.total_steps if live.model else None)
 
     def _sampler_cpu_percent(self) -> float | None:

@@ -11,6 +11,7 @@ the stop signals call `stop_and_quit` and `finish_recording`, hooks of `Dashboar
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,11 +19,13 @@ from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.run.config import DEFAULT_PROFILE_OPS_STEPS, Capabilities, RunConfig
 from gpuanat.core.run.errors import ConfigError
+from gpuanat.core.run.startup import REQUESTED, startup_progress
 from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
 from gpuanat.tui.dashboard_actions import DashboardActions
 from gpuanat.tui.run_control import RunControl
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.log_pane import LogPane
 from gpuanat.tui.widgets.operations_panel import OperationsPanel
 
 
@@ -50,6 +53,14 @@ class RunActions(DashboardActions):
                     "steady samples/s (O: off)." if steps else "Operations profiling off; the charts are back.",
                     timeout=4)
 
+    def _log_startup(self, live: LiveRun) -> None:
+        """Each part of the run's start-up, as it passes, in the log (the status line shows the one under way)."""
+        passed, _ = startup_progress(live.startup_points, time.monotonic())
+        logged = getattr(self, "_startup_parts_logged", 0)
+        for part, seconds in passed[logged:]:
+            self.query_one(LogPane).note(f"gpuanat · start-up: {part} {seconds:.1f} s")
+        self._startup_parts_logged = max(logged, len(passed))
+
     def _show_live_operations(self, live: LiveRun) -> None:
         """The run in progress has been profiled: its anatomy shows at once."""
         operations = live.rank(0).operations
@@ -69,6 +80,8 @@ class RunActions(DashboardActions):
         if not self._can_start():
             return
         self.live = LiveRun(config=self.config, stop_requested=threading.Event())
+        self.live.parent_points[REQUESTED] = time.monotonic()
+        self._startup_parts_logged = 0
         for name in ("run_used", "throughput", "host_rss", "host_cpu"):
             self.series[name].clear()
         self._run_control.start_run(self.live)

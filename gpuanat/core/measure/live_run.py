@@ -66,6 +66,14 @@ class LiveRun:
     gpu_busy: collections.deque[tuple[float, float]] = field(
         default_factory=lambda: collections.deque(maxlen=GPU_BUSY_SAMPLES_KEPT))
     """(sampler time, NVML utilization %) of rank 0's GPU, the last 10 minutes at 4 Hz."""
+    parent_points: dict[str, float] = field(default_factory=dict)
+    """The dashboard's points of the run's start-up (`startup.WALL_PARTS`): when it was asked for ("requested") and
+    its training process spawned ("spawned"), on time.monotonic(); the training process's own come as milestones."""
+
+    @property
+    def startup_points(self) -> dict[str, float]:
+        """Every point of the start-up known so far: the dashboard's and rank 0's milestones."""
+        return {**self.parent_points, **self.rank(0).milestones}
 
     def rank(self, rank: int) -> RankEvents:
         """What `rank` has said so far (nothing yet: an empty state)."""

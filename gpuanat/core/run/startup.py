@@ -60,6 +60,29 @@ def startup_line(breakdown: Mapping[str, float], to_first_step_s: float | None) 
 
 
 
+def startup_progress(points: Mapping[str, float],
+                     now_s: float) -> tuple[list[tuple[str, float]], tuple[str, float] | None]:
+    """While a run starts: the parts of its start-up that have passed, (part, seconds) in order, and the part under
+    way with its seconds so far (None once the first step has ended, or before anything is known)."""
+    passed = [(part, seconds) for part, seconds in wall_breakdown(points).items() if part in FIRST_STEP_PARTS]
+    if "first step" in points:
+        return passed, None
+    reached_s = [points[point] for point in (REQUESTED, *(end for _, end in WALL_PARTS)) if point in points]
+    current = next((part for part, end in WALL_PARTS if part in FIRST_STEP_PARTS and end not in points), None)
+    if current is None or not reached_s:
+        return passed, None
+    return passed, (current, max(0.0, now_s - max(reached_s)))
+
+
+def startup_status(points: Mapping[str, float], now_s: float) -> str:
+    """"starting · gpuanat 0.3 · child start 0.1 · imports 4.2 s…": the start-up so far, the part under way last."""
+    passed, current = startup_progress(points, now_s)
+    parts = [f"{part} {seconds:.1f}" for part, seconds in passed]
+    if current is not None:
+        parts.append(f"{current[0]} {current[1]:.1f} s…")
+    return " · ".join(["starting", *parts])
+
+
 def process_started_monotonic_s() -> float | None:
     """When this process started, on the monotonic clock, to 10 ms: Linux's start time of the process (clock ticks
     since boot, /proc/self/stat) against the boot-time clock. psutil's start time would not do: it adds the boot

@@ -23,8 +23,10 @@ def complete_lines(chunk: str) -> tuple[list[str], str]:
 class LogPane(RichLog):
     """Follows a log file; the app calls `poll` at its paint tick (reads are small and non-blocking)."""
 
+    COMPONENT_CLASSES = {"log-pane--note"}
     DEFAULT_CSS = """
     LogPane { border: round $primary; height: 1fr; }
+    LogPane > .log-pane--note { color: $text-muted; text-style: italic; }
     """
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -41,6 +43,10 @@ class LogPane(RichLog):
         self._path, self._partial = path, ""
         self._decoder.reset()
         self.border_title = Text(f"Log · {printable(path.name)}")  # Text, not markup
+
+    def note(self, text: str) -> None:
+        """A line of gpuanat's own between the training process's lines (where the run's start-up is)."""
+        self.write(Text(text, style=self.get_component_rich_style("log-pane--note")))
 
     def _close(self) -> None:
         if self._file is not None:
