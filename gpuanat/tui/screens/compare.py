@@ -64,6 +64,7 @@ class CompareScreen(Screen[None]):
     DEFAULT_CSS = """
     CompareScreen #compare-tables { height: auto; max-height: 60%; }
     CompareScreen DataTable { width: 1fr; height: auto; max-height: 100%; }
+    CompareScreen #compare-techniques { width: auto; max-width: 50%; }  /* the metrics' deltas get the room */
     CompareScreen #compare-charts { height: 1fr; }
     CompareScreen LineChart { width: 1fr; height: 1fr; }
     """

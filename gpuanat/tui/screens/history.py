@@ -24,6 +24,7 @@ from gpuanat.core.store.history import RunRow
 from gpuanat.core.store.history_errors import HistoryError
 from gpuanat.core.store.report import HISTORY_COLUMNS, display_value, history_rows
 from gpuanat.tui.screens.rename import RenameScreen
+from gpuanat.tui.text_fit import fit_words
 
 SELECTED_MARK = "✓"
 SCREEN_COLUMN_ORDER = ("id", "when", "name", "status", "techniques", "time_s", "samples_per_second",
@@ -138,9 +139,17 @@ class HistoryScreen(Screen[list[int]]):
         order = "" if self.sort_key == "id" and not self.descending else \
             f" · sorted by {next(c.title for c in SCREEN_COLUMNS if c.key == self.sort_key)}"
         where = f" · filter “{printable(self.filter_text)}”" if self.filter_text else ""
-        self.query_one("#history-hint", Label).update(Text(
-            f"History — {shown}{order}{where} · space selects, enter compares them or the last two (the first is the "
-            "baseline)"))
+        self._hint = (f"History — {shown}{order}{where} · space selects, enter compares them or the last two (the "
+                      "first is the baseline)")
+        self._show_hint()
+
+    def _show_hint(self) -> None:
+        """The hint line, its last words giving way to a narrow terminal whole."""
+        hint = getattr(self, "_hint", "")
+        self.query_one("#history-hint", Label).update(Text(fit_words(hint, self.size.width - 1) or hint))
+
+    def on_resize(self) -> None:
+        self._show_hint()
 
     def action_sort_by(self, step: int) -> None:
         self.sort_key = SORT_KEYS[(SORT_KEYS.index(self.sort_key) + step) % len(SORT_KEYS)]
