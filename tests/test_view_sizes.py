@@ -1,5 +1,5 @@
 """Every view at 80×24 (an SSH session's default), 120×40 and 200×50, by SVG snapshot, on the recorded H100 run and
-history: the dashboard, the key page (`?`), the history pane and the compare view. The sizes the other snapshot
+history: the dashboard, the key page (`?`), the history pane, the compare view and the watch dashboard. The sizes the other snapshot
 files already take (the dashboard at 120×40 and 80×24, history and compare at 120×40) are not taken twice."""
 
 from __future__ import annotations
@@ -43,3 +43,16 @@ def test_the_compare_view(snap_compare, tmp_path, size):
     fill_history(tmp_path / "h.sqlite")
     app = make_app(tmp_path / "h.sqlite", RunConfig())
     assert snap_compare(app, terminal_size=size, press=COMPARE_KEYS)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)], ids=["80x24", "200x50"])
+def test_the_watch_dashboard_of_a_published_run(snap_compare, tmp_path, size):
+    from watch_replay import make_watch_app, replay
+
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+
+    async def run_before(pilot) -> None:
+        replay(app, until_elapsed_s=3.0)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
