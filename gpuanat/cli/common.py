@@ -4,8 +4,10 @@ history, the progress view, the run summary and tables."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,6 +24,7 @@ from gpuanat.core.run.protocol import Error, Event, ModelInfo, Step
 from gpuanat.core.run.stop_signals import StopSignals
 from gpuanat.core.run.techniques import TECHNIQUES
 from gpuanat.core.run.validation import check_hub_model, machine_unsupported_reason, validate_values
+from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_file import default_db_path
 
@@ -124,7 +127,10 @@ def measurement_environment(*, memory_snapshot: Path | None = None, profile_ops:
 def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *, label: str,
                   name: str | None = None, trace_path: Path | None = None,
                   memory_snapshot: Path | None = None, requested_monotonic_s: float | None = None,
-                  profile_ops: int = 0, profile_ops_trace: Path | None = None) -> dict[str, Any]:
+                  profile_ops: int = 0, profile_ops_trace: Path | None = None,
+                  warm_workers: WarmWorkers | None = None) -> dict[str, Any]:
+    """One run with its progress on stderr; with `warm_workers` (sweep, tune, fit) a process prepared during the
+    previous run takes it."""
     from gpuanat.core.run.session import execute_run
 
     env = measurement_environment(memory_snapshot=memory_snapshot, profile_ops=profile_ops,
@@ -134,7 +140,7 @@ def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *
         with signals.polled() as stop_requested:
             result = execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name,
                                  on_event=view, trace_path=trace_path, env=env, stop_requested=stop_requested,
-                                 requested_monotonic_s=requested_monotonic_s)
+                                 requested_monotonic_s=requested_monotonic_s, warm_workers=warm_workers)
     except ConfigError as error:  # the GPUs asked for cannot be had: nothing was started or recorded
         view.close()
         fail_usage(str(error))
@@ -142,6 +148,16 @@ def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *
         view.close()
     warn_if_not_saved(result)
     return result
+
+
+@contextlib.contextmanager
+def prepared_workers() -> Iterator[WarmWorkers]:
+    """Warm workers for a command of several runs, retired when it ends however it ends."""
+    workers = WarmWorkers()
+    try:
+        yield workers
+    finally:
+        workers.close()
 
 
 def warn_if_not_saved(result: dict[str, Any] | None) -> None:

@@ -11,6 +11,7 @@ from gpuanat.core.store.history_file import default_db_path
 
 def command_dashboard(args: argparse.Namespace) -> int:
     """The full-screen TUI."""
+    from gpuanat.core.run.warm import WarmWorkers
     from gpuanat.tui.app import GpuAnatApp
 
     # The device default, and on the CPU the workload the user left to the defaults, are settled in the app once
@@ -21,6 +22,6 @@ def command_dashboard(args: argparse.Namespace) -> int:
     if not sys.stdout.isatty():
         fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
     app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap,
-                     untouched_fields=untouched_fields(args))
+                     untouched_fields=untouched_fields(args), warm_workers=WarmWorkers())
     app.run()
     return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal

@@ -16,6 +16,7 @@ from gpuanat.cli.common import (
     fail_usage,
     machine_config,
     open_store,
+    prepared_workers,
     print_table,
     run_recorded,
 )
@@ -43,7 +44,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     base = machine_config(args, capabilities)  # on the CPU, every experiment trains the CPU's workload
     results: list[dict[str, Any]] = []
     interrupted = False
-    with open_store(args) as store:
+    with open_store(args) as store, prepared_workers() as workers:
         for index, experiment in enumerate(experiments, start=1):
             config = experiment.config(base)
             label = f"[{index}/{len(experiments)}] {experiment.name}"
@@ -54,7 +55,7 @@ def command_sweep(args: argparse.Namespace) -> int:
                 print(f"{label}: skipped — {unsupported[1]}", file=sys.stderr)
                 continue
             result = run_recorded(config, store, args.stop_signals, label=label, name=experiment.name,
-                                  profile_ops=args.profile_ops)
+                                  profile_ops=args.profile_ops, warm_workers=workers)
             run_error = result.get("error")
             result["reason"] = run_error["message"].splitlines()[0] if run_error else ""
             results.append(result)

@@ -40,6 +40,7 @@ from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import SharedSampler
 from gpuanat.core.run.startup import REQUESTED, startup_status
 from gpuanat.core.run.validation import validate_values
+from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS
 from gpuanat.tui.memory_view import MemoryView
@@ -82,6 +83,12 @@ def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str
     if total_steps and 0 < step.step < total_steps and step.elapsed_s > 0:
         text += f" · ETA {format_duration(step.elapsed_s / step.step * (total_steps - step.step))}"
     return text
+
+
+WORKER_STATES = {"preparing": "training process warming up…", "ready": "training process warm"}
+"""The status line's word for the prepared worker (gpuanat.core.run.warm), while no run is in progress."""
+WORKER_NOTES = {"preparing": "preparing the next training process ahead (torch and transformers imports)",
+                "ready": "the next training process is ready: r starts training without the imports"}
 
 
 class GpuAnatApp(SearchActions):
@@ -134,6 +141,7 @@ class GpuAnatApp(SearchActions):
         run_env: dict[str, str] | None = None,
         keymap: dict[str, str] | None = None,
         untouched_fields: Collection[str] = (),
+        warm_workers: WarmWorkers | None = None,
     ) -> None:
         """Every source of data is injectable: tests pass a replayed NVML trace, a frozen clock and
         `sample_interval_s=None` (no sampler thread; they call `sample_now`). `untouched_fields` names the
@@ -165,7 +173,10 @@ class GpuAnatApp(SearchActions):
                        "throughput": TimeSeries(reduce="mean"), "host_rss": TimeSeries(),
                        "host_cpu": TimeSeries(reduce="mean")}
         self._run_control = RunControl(db_path, post=self.post_message, on_event=self._incoming_events.append,
-                                       run_env=run_env, shared_sampler=self._shared_sampler)
+                                       run_env=run_env, shared_sampler=self._shared_sampler,
+                                       warm_workers=warm_workers)
+        self._worker_status: str | None = None
+        """The prepared worker's last status shown ("preparing", "ready"), to log its changes once."""
         self._stop_dialog: ConfirmScreen | None = None
         if keymap:
             self.set_keymap(keymap)
@@ -261,6 +272,8 @@ class GpuAnatApp(SearchActions):
         if self.live is not None:
             self.live.stop_requested.set()
         self._run_control.join(30)
+        if self._run_control.warm_workers is not None:
+            self._run_control.warm_workers.close()
         if self._sampler is not None:
             self._sampler.stop()
 
@@ -291,6 +304,7 @@ class GpuAnatApp(SearchActions):
                 notes.append(f"Sized for the CPU: {workload} (start gpuanat with --preset to choose).")
             if notes:
                 self.notify(" ".join(notes), timeout=10)
+            self._run_control.prepare_worker(self.config)
         self._show_techniques()
 
     def on_run_started(self, message: RunStarted) -> None:
@@ -307,6 +321,9 @@ class GpuAnatApp(SearchActions):
         if self._sampler is not None:
             self._sampler.track(message.pid)
         self._log_pane.follow(message.log_path)
+        if message.start_note is not None:
+            self._log_pane.note(f"gpuanat · {message.start_note}")
+        self._worker_status = None
 
     def on_run_finished(self, message: RunFinished) -> None:
         if self._stop_dialog is not None and self._stop_dialog in self.screen_stack:
@@ -454,11 +471,22 @@ class GpuAnatApp(SearchActions):
     def _run_state(self) -> str:
         live = self.live
         if live is None:
-            return "idle" if self.last_result is None else f"idle · last run {self.last_result['status']}"
+            idle = "idle" if self.last_result is None else f"idle · last run {self.last_result['status']}"
+            worker = self._prepared_worker_status()
+            return idle if worker is None else f"{idle} · {WORKER_STATES[worker]}"
         if live.last_step is None:
             return (f"run {live.run_id}: " if live.run_id is not None else "run: ") + startup_status(
                 live.startup_points, time.monotonic())
         return run_progress(live.run_id, live.last_step, live.model.total_steps if live.model else None)
+
+    def _prepared_worker_status(self) -> str | None:
+        """The prepared training process's status ("preparing", "ready" or None); its changes go to the log once."""
+        warm_workers = self._run_control.warm_workers
+        status = warm_workers.status() if warm_workers is not None else None
+        if status != self._worker_status and status is not None:
+            self._log_pane.note(f"gpuanat · {WORKER_NOTES[status]}")
+        self._worker_status = status
+        return status
 
     def _sampler_cpu_percent(self) -> float | None:
         if self._sampler is None:

@@ -24,6 +24,8 @@ class RunStarted(Message):
     log_path: Path
     gpu_indices: tuple[int, ...] = ()
     """NVML index of each rank's GPU (rank 0 first); empty on the CPU or without NVML."""
+    start_note: str | None = None
+    """How its process started: warm (prepared ahead) or cold and why (`WarmStart.describe`)."""
 
 
 @dataclass

@@ -17,9 +17,12 @@ from typing import Any
 from textual.message import Message
 
 from gpuanat.core.measure.live_run import LiveRun
-from gpuanat.core.run.config import PROFILE_OPS_VARIABLE, Capabilities
+from gpuanat.core.run.config import PROFILE_OPS_VARIABLE, Capabilities, RunConfig
+from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.protocol import Event
-from gpuanat.core.run.session import SharedSampler, execute_run
+from gpuanat.core.run.session import SharedSampler, execute_run, run_environment
+from gpuanat.core.run.startup import REQUESTED
+from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.thread_names import name_native_thread
 from gpuanat.tui.messages import CapabilitiesFound, RunFinished, RunStarted
@@ -29,15 +32,18 @@ class RunControl:
     """The thread of the dashboard's run or search (one at a time), and what every run it starts is given."""
 
     def __init__(self, db_path: Path, *, post: Callable[[Message], None], on_event: Callable[[Event], None],
-                 run_env: dict[str, str] | None, shared_sampler: Callable[[], SharedSampler | None]) -> None:
+                 run_env: dict[str, str] | None, shared_sampler: Callable[[], SharedSampler | None],
+                 warm_workers: WarmWorkers | None = None) -> None:
         """`post` hands a message to the app (from any thread), `on_event` a run's event to its inbox;
-        `shared_sampler` is the dashboard's sampler while it runs, asked for when a run starts."""
+        `shared_sampler` is the dashboard's sampler while it runs, asked for when a run starts; `warm_workers` keeps
+        the next training process prepared (gpuanat.core.run.warm)."""
         self.db_path = db_path
         self.post = post
         self.on_event = on_event
         self._run_env = run_env
         self._shared_sampler = shared_sampler
         self._thread: threading.Thread | None = None
+        self.warm_workers = warm_workers
         self.profile_ops_steps = 0
         """Steps each run profiles for the operations anatomy (`O`); 0: none."""
 
@@ -71,12 +77,34 @@ class RunControl:
 
     def run_options(self) -> dict[str, Any]:
         """What every run the dashboard starts is given besides its config: the environment (asking the probe to
-        profile its operations after `O`), and the dashboard's sampler while it runs (the run listens to its
-        samples instead of reading NVML and the process tree again)."""
+        profile its operations after `O`), the dashboard's sampler while it runs (the run listens to its
+        samples instead of reading NVML and the process tree again), and the prepared worker."""
         env = self._run_env
         if self.profile_ops_steps:
             env = {**(os.environ if env is None else env), PROFILE_OPS_VARIABLE: str(self.profile_ops_steps)}
-        return {"env": env, "shared_sampler": self._shared_sampler()}
+        options: dict[str, Any] = {"env": env, "shared_sampler": self._shared_sampler()}
+        if self.warm_workers is not None:
+            options["warm_workers"] = self.warm_workers
+        return options
+
+    def prepare_worker(self, config: RunConfig) -> None:
+        """Have the next training process prepared for `config` (on a thread: choosing its GPUs reads NVML)."""
+        if self.warm_workers is None or not self.warm_workers.enabled:
+            return
+        threading.Thread(target=self._prepare_worker, args=(config,), name="gpuanat-prepare", daemon=True).start()
+
+    def _prepare_worker(self, config: RunConfig) -> None:
+        assert self.warm_workers is not None
+        try:
+            _, environment = run_environment(config, os.environ if self._run_env is None else self._run_env)
+            self.warm_workers.prepare(environment)
+        except (ConfigError, OSError):  # GPUs that cannot be had are said at `r`; a failed start costs the warm start
+            pass
+
+    def started(self, run_id: int, pid: int, log_path: Path, gpus: tuple[int, ...]) -> None:
+        """A run's training process runs: tell the app, with how it started."""
+        start = self.warm_workers.last_start if self.warm_workers is not None else None
+        self.post(RunStarted(run_id, pid, log_path, gpus, start.describe() if start is not None else None))
 
     def _execute(self, live: LiveRun) -> None:
         name_native_thread()
@@ -85,8 +113,8 @@ class RunControl:
                 result = execute_run(
                     live.config, store=store, log_dir=self.db_path.parent / "logs",
                     on_event=self.on_event, **self.run_options(),
-                    stop_requested=live.stop_requested,
-                    on_start=lambda run_id, pid, log, gpus: self.post(RunStarted(run_id, pid, log, gpus)),
+                    stop_requested=live.stop_requested, requested_monotonic_s=live.parent_points.get(REQUESTED),
+                    on_start=self.started,
                 )
         except Exception as error:  # the dashboard must survive any failure of a run
             self.post(RunFinished(None, f"{type(error).__name__}: {error}"))

@@ -26,7 +26,7 @@ from gpuanat.core.run.tune.runs import run_command
 from gpuanat.core.run.tune.search import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS, run_tune
 from gpuanat.core.run.tune.space import search_space
 from gpuanat.core.store.history import HistoryStore
-from gpuanat.tui.messages import FitFinished, FitStarting, FitTrialDone, RunStarted, TuneFinished, TuneTrialDone
+from gpuanat.tui.messages import FitFinished, FitStarting, FitTrialDone, TuneFinished, TuneTrialDone
 from gpuanat.tui.run_actions import RunActions
 from gpuanat.tui.run_control import RunControl
 from gpuanat.tui.technique_actions import TechniqueActions
@@ -50,7 +50,7 @@ def fit_search(control: RunControl, live: LiveRun, gpu_total: int | None) -> Non
                 trial_steps=FIT_TRIAL_STEPS, max_batch=FIT_MAX_BATCH,
                 on_trial=lambda batch_size, result: control.post(FitTrialDone(batch_size, result["status"])),
                 on_event=control.on_event, **control.run_options(), stop_requested=live.stop_requested,
-                on_start=lambda run_id, pid, log, gpus: control.post(RunStarted(run_id, pid, log, gpus)),
+                on_start=control.started,
             )
     except Exception as error:  # the dashboard must survive any failure of a run
         control.post(FitFinished(None, f"{type(error).__name__}: {error}"))
@@ -72,7 +72,7 @@ def tune_search(control: RunControl, live: LiveRun, gpu_total: int | None, capab
                 on_trial=lambda trial, progress: control.post(TuneTrialDone(
                     trial.name, trial.status, trial.samples_per_second, progress.estimated_left_s)),
                 on_event=control.on_event, **control.run_options(), stop_requested=live.stop_requested,
-                on_start=lambda run_id, pid, log, gpus: control.post(RunStarted(run_id, pid, log, gpus)),
+                on_start=control.started,
             )
     except Exception as error:  # the dashboard must survive any failure of a search
         control.post(TuneFinished(None, None, f"{type(error).__name__}: {error}"))

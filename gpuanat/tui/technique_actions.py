@@ -9,12 +9,14 @@ A mixin, as `DashboardActions` is, because Textual calls a key's action by its n
 
 from __future__ import annotations
 
+from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.samples import NvmlStatus
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.techniques import changed_config, next_distributed, next_gpu_count
 from gpuanat.core.run.validation import validate_values
 from gpuanat.tui.dashboard_actions import DashboardActions
+from gpuanat.tui.run_control import RunControl
 
 
 class TechniqueActions(DashboardActions):
@@ -22,6 +24,8 @@ class TechniqueActions(DashboardActions):
 
     config: RunConfig
     nvml: NvmlStatus | None
+    live: LiveRun | None
+    _run_control: RunControl
 
     def _show_techniques(self) -> None:
         """Show the configured run: its techniques and its predicted memory."""
@@ -29,6 +33,8 @@ class TechniqueActions(DashboardActions):
     def _change_config(self, config: RunConfig) -> None:
         self.config = config
         self._show_techniques()
+        if self.live is None:  # the prepared process must suit the run (its GPUs): kept when it does
+            self._run_control.prepare_worker(config)
 
     def action_toggle_technique(self, field: str) -> None:
         self._change_config(changed_config(self.config, field))

@@ -294,17 +294,26 @@ def main(argv: list[str] | None = None, started_monotonic_s: float | None = None
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--events-fd", type=int, help="the pipe gpuanat reads events from")
     where.add_argument("--rank-socket", help="as a rank of a distributed run: the rank launcher's socket")
-    parser.add_argument("--config", required=True, help="RunConfig as JSON")
+    run = parser.add_mutually_exclusive_group(required=True)
+    run.add_argument("--config", help="RunConfig as JSON")
+    run.add_argument("--warm-fd", type=int, help="prepare now, and read the run from this pipe (gpuanat.worker.warm)")
     args = parser.parse_args(argv)
 
     from gpuanat.core.run.config import RunConfig
     from gpuanat.core.run.protocol import Error, Milestone
     from gpuanat.worker.events import EventWriter, ParentGone
 
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     writer = EventWriter(args.events_fd if args.rank_socket is None else connect_rank_socket(args.rank_socket))
-    config = RunConfig.from_json(json.loads(args.config))
     try:
+        if args.warm_fd is not None:
+            handed = _prepared_run(args.warm_fd, writer)
+            if handed is None:  # gpuanat did not need this process after all
+                return EXIT_OK
+            config_json, started_monotonic_s = handed
+        else:
+            config_json = json.loads(args.config)
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        config = RunConfig.from_json(config_json)
         if started_monotonic_s is not None:
             writer.emit(Milestone(name="started", monotonic_s=started_monotonic_s))
         return train(config, writer.emit)
@@ -318,6 +327,26 @@ def main(argv: list[str] | None = None, started_monotonic_s: float | None = None
                               traceback=traceback.format_exc()))
         traceback.print_exc()
         return EXIT_EXCEPTION
+
+
+def _prepared_run(handoff_fd: int, writer: Any) -> tuple[dict[str, Any], float] | None:
+    """As a prepared worker: import, say so, wait for the run; its configuration and when it arrived (the run's
+    "started" point), or None when gpuanat closed the pipe without one."""
+    import time
+
+    from gpuanat.core.run.protocol import Milestone
+    from gpuanat.core.run.warm import PREPARED
+    from gpuanat.worker import warm
+
+    handoff = warm.Handoff(handoff_fd)
+    warm.prepare()
+    writer.emit(Milestone(name=PREPARED, monotonic_s=time.monotonic()))
+    handed = handoff.wait()
+    if handed is None:
+        return None
+    payload, received_monotonic_s = handed
+    warm.apply_environment(payload["environ"])
+    return payload["config"], received_monotonic_s
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ from gpuanat.core.thread_names import name_native_thread
 PIPE_READ_BYTES = 1 << 16
 LIFELINE_FD_ENV = "GPUANAT_LIFELINE_FD"
 """The child's end of the lifeline pipe (see gpuanat.worker.lifeline)."""
+EARLY_OUTPUT_MAX_BYTES = 1 << 20
+"""What is kept of a child's output before its log file is named (a prepared worker's import warnings)."""
 PIPE_CLOSE_GRACE_S = 3.0
 """After the child has exited, how long the events pipe may stay open (a process the child started holds it)
 before its group is ended and the child is reported gone anyway."""
@@ -148,11 +150,18 @@ def worker_command(config_json: str, events_fd: int, ranks: int = 1) -> list[str
 class ChildProcess:
     """One training child: a process group, an events pipe, a log file."""
 
-    def __init__(self, make_command, *, log_path: Path, env: Mapping[str, str] | None = None) -> None:  # type: ignore[no-untyped-def]
-        """`make_command(events_fd)` returns the argv; the fd is inherited by the child."""
+    def __init__(self, make_command, *, log_path: Path | None, env: Mapping[str, str] | None = None,  # type: ignore[no-untyped-def]
+                 handoff: bool = False) -> None:
+        """`make_command(events_fd)` returns the argv; the fd is inherited by the child. With `handoff`, the child also
+        gets the read end of a hand-over pipe (`make_command(events_fd, handoff_fd)`), which `hand_over` writes to once
+        (a prepared worker's run: gpuanat.core.run.warm). Without a `log_path` yet, the child's output is kept in
+        memory (at most `EARLY_OUTPUT_MAX_BYTES`) until `set_log_path` names its file."""
         self._make_command = make_command
         self.log_path = log_path
         self._env = dict(os.environ if env is None else env)
+        self._handoff = handoff
+        self._handoff_fd: int | None = None
+        """Our end of the hand-over pipe, until the run is handed over (or the worker retired)."""
         self._events: queue.Queue[Event | Malformed | ChildExited] = queue.Queue()
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -163,6 +172,12 @@ class ChildProcess:
         self.log_error: str | None = None
         """Why (part of) the child's output is missing from the log file, when it is."""
         self.dropped_log_bytes = 0
+        self._log_lock = threading.Lock()
+        self._log_fd: int | None = None
+        self._log_closed = False
+        """The copier has finished: a log file opened later is written and closed at once."""
+        self._early_output = bytearray()
+        """The child's output before its log file was named."""
         self._descendants: dict[int, Any] = {}
         """Every descendant seen in a session of its own (torchrun's ranks): found while the child lives, ended
         with its group even once re-parented."""
@@ -175,50 +190,102 @@ class ChildProcess:
         read_fd, write_fd = os.pipe()
         lifeline_child_fd, self._lifeline_fd = os.pipe()  # not inherited by any other child (O_CLOEXEC)
         output_read_fd, output_write_fd = os.pipe()
+        handoff_child_fd = None
+        if self._handoff:
+            handoff_child_fd, self._handoff_fd = os.pipe()
+        passed = (write_fd, lifeline_child_fd) + ((handoff_child_fd,) if handoff_child_fd is not None else ())
         env = {**self._env, "PYTHONUNBUFFERED": "1", "GPUANAT_EVENTS_FD": str(write_fd),
                LIFELINE_FD_ENV: str(lifeline_child_fd)}
+        command = (self._make_command(write_fd, handoff_child_fd) if handoff_child_fd is not None
+                   else self._make_command(write_fd))
         try:
             self._process = subprocess.Popen(
-                self._make_command(write_fd), stdin=subprocess.DEVNULL, stdout=output_write_fd,
-                stderr=subprocess.STDOUT, pass_fds=(write_fd, lifeline_child_fd), env=env, start_new_session=True,
+                command, stdin=subprocess.DEVNULL, stdout=output_write_fd, stderr=subprocess.STDOUT,
+                pass_fds=passed, env=env, start_new_session=True,
             )
         except BaseException:
-            for fd in (read_fd, output_read_fd, self._lifeline_fd):
-                os.close(fd)
-            self._lifeline_fd = None
+            for fd in (read_fd, output_read_fd, self._lifeline_fd, self._handoff_fd):
+                if fd is not None:
+                    os.close(fd)
+            self._lifeline_fd = self._handoff_fd = None
             raise
         finally:
-            for fd in (write_fd, lifeline_child_fd, output_write_fd):
+            for fd in (*passed, output_write_fd):
                 os.close(fd)
+        if self.log_path is not None:
+            self.set_log_path(self.log_path)
         threading.Thread(target=self._copy_output, args=(output_read_fd,), name="gpuanat-log", daemon=True).start()
         self._reader = threading.Thread(target=self._read_events, args=(read_fd,), name="gpuanat-events",
                                         daemon=True)
         self._reader.start()
 
+    def hand_over(self, payload: bytes) -> None:
+        """Write `payload` to the hand-over pipe and close it (the child reads it to its end). Raises OSError when the
+        child is gone (BrokenPipeError) or there is no pipe."""
+        fd, self._handoff_fd = self._handoff_fd, None
+        if fd is None:
+            raise OSError("this child has no hand-over pipe, or was handed its run already")
+        try:
+            while payload:
+                payload = payload[os.write(fd, payload):]
+        finally:
+            os.close(fd)
+
+    def close_handoff(self) -> None:
+        """Close the hand-over pipe unwritten: a prepared worker reads end-of-file and leaves."""
+        fd, self._handoff_fd = self._handoff_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def early_output(self) -> bytes:
+        """The child's output so far when no log file has been named yet."""
+        with self._log_lock:
+            return bytes(self._early_output)
+
+    def set_log_path(self, path: Path) -> None:
+        """The child's log file from now on: what it wrote before is written there first."""
+        with self._log_lock:
+            self.log_path = path
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as error:
+                self.log_error = f"cannot write the log {path}: {error.strerror}; the child's output was dropped"
+                return
+            early, self._early_output = bytes(self._early_output), bytearray()
+            self._write_log(early)
+            if self._log_closed:
+                os.close(self._log_fd)
+                self._log_fd = None
+
+    def _write_log(self, chunk: bytes) -> None:
+        """Append `chunk` to the log file (the lock held); a chunk the file refuses is dropped and counted."""
+        if self._log_fd is None:
+            if self.log_path is None and len(self._early_output) < EARLY_OUTPUT_MAX_BYTES:
+                self._early_output += chunk[:EARLY_OUTPUT_MAX_BYTES - len(self._early_output)]
+            return
+        try:
+            while chunk:
+                chunk = chunk[os.write(self._log_fd, chunk):]
+        except OSError as error:  # dropped; the next chunk tries again (space may be freed)
+            self.dropped_log_bytes += len(chunk)
+            self.log_error = (f"the log {self.log_path} refused {self.dropped_log_bytes} bytes of the "
+                              f"child's output ({error.strerror})")
+
     def _copy_output(self, read_fd: int) -> None:
         """Copy the child's output into the log file until the pipe closes, draining it whatever the file does."""
         name_native_thread()
-        log_fd: int | None = None
-        try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as error:
-            self.log_error = f"cannot write the log {self.log_path}: {error.strerror}; the child's output was dropped"
         try:
             while chunk := os.read(read_fd, PIPE_READ_BYTES):
-                if log_fd is None:
-                    continue
-                try:
-                    while chunk:
-                        chunk = chunk[os.write(log_fd, chunk):]
-                except OSError as error:  # dropped; the next chunk tries again (space may be freed)
-                    self.dropped_log_bytes += len(chunk)
-                    self.log_error = (f"the log {self.log_path} refused {self.dropped_log_bytes} bytes of the "
-                                      f"child's output ({error.strerror})")
+                with self._log_lock:
+                    self._write_log(chunk)
         finally:
             os.close(read_fd)
-            if log_fd is not None:
-                os.close(log_fd)
+            with self._log_lock:
+                self._log_closed = True
+                if self._log_fd is not None:
+                    os.close(self._log_fd)
+                    self._log_fd = None
 
     def _read_events(self, read_fd: int) -> None:
         """Decode the pipe until it closes; whatever happens, end with ChildExited, so that the caller
@@ -325,7 +392,8 @@ class ChildProcess:
         self._let_go()
 
     def _let_go(self) -> None:
-        """Close our end of the lifeline once the child has been waited for."""
+        """Close our end of the lifeline (and of an unused hand-over pipe) once the child has been waited for."""
+        self.close_handoff()
         if self._lifeline_fd is not None:
             os.close(self._lifeline_fd)
             self._lifeline_fd = None

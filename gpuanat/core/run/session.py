@@ -27,6 +27,7 @@ from gpuanat.core.run.config import RunConfig, child_environment
 from gpuanat.core.run.diagnose import diagnose, reference_rates
 from gpuanat.core.run.gpus import (
     Gpu,
+    GpuChoice,
     child_gpu_environment,
     gpus_for_run,
     read_gpus,
@@ -41,6 +42,7 @@ from gpuanat.core.run.protocol import (
 from gpuanat.core.run.result import RankRecord, build_result
 from gpuanat.core.run.runner import ChildExited, ChildProcess, worker_command
 from gpuanat.core.run.startup import REQUESTED
+from gpuanat.core.run.warm import AHEAD_MIN_CORES, WarmStart, WarmWorkers, adopt, usable_cores
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
@@ -64,6 +66,15 @@ class SharedSampler:
     nvml: NvmlStatus
 
 
+def run_environment(config: RunConfig, base_environment: Mapping[str, str],
+                    gpu_reader: Callable[[], list[Gpu]] = read_gpus) -> tuple[GpuChoice | None, dict[str, str]]:
+    """The GPUs `config` trains on and its training process's environment: `base_environment` with the allocator's
+    options and the chosen GPUs. Raises ConfigError when the GPUs cannot be had."""
+    choice = gpus_for_run(config, base_environment, gpu_reader() if config.device == "cuda" else [])
+    return choice, {**child_environment(config, base_environment),
+                    **child_gpu_environment(choice, config, base_environment)}
+
+
 def execute_run(
     config: RunConfig,
     *,
@@ -80,6 +91,7 @@ def execute_run(
     on_start: Callable[[int, int, Path, tuple[int, ...]], None] | None = None,
     gpu_reader: Callable[[], list[Gpu]] = read_gpus,
     requested_monotonic_s: float | None = None,
+    warm_workers: WarmWorkers | None = None,
 ) -> dict[str, Any]:
     """Train `config` in a child process, record it, return its result.
 
@@ -95,15 +107,13 @@ def execute_run(
     writes could not be saved, the result's `history_error` says so. `requested_monotonic_s` is when the user asked
     for the run (time.monotonic(); default: now), where the result's `wall_breakdown_s` begins. With a running
     `shared_sampler` the run samples through it (`sampler_factory` unused); `trace_path` needs a sampler of the run's
-    own.
+    own. With `warm_workers`, a worker prepared ahead takes the run when it can (gpuanat.core.run.warm; the result's
+    `start` says whether and why not), and the next one is prepared.
     """
     if shared_sampler is not None and trace_path is not None:
         raise ValueError("trace_path records the run's own sampler: it cannot be given with shared_sampler")
     parent_points = {REQUESTED: time.monotonic() if requested_monotonic_s is None else requested_monotonic_s}
-    base_environment = os.environ if env is None else env
-    choice = gpus_for_run(config, base_environment, gpu_reader() if config.device == "cuda" else [])
-    environment = {**child_environment(config, base_environment),
-                   **child_gpu_environment(choice, config, base_environment)}
+    choice, environment = run_environment(config, os.environ if env is None else env, gpu_reader)
     rank_count = len(choice.gpus) if choice is not None else (config.ranks or 1)
     run_id = write_with_backoff(lambda: store.create_run(config.to_json(), name=name),
                                 deadline_s=FINAL_WRITE_DEADLINE_S)
@@ -117,7 +127,10 @@ def execute_run(
     state = RankRecord(gpu_index=gpu_of(0))
     ranks: dict[int, RankRecord] = {0: state}
     config_json = json.dumps(config.to_json())
-    child = ChildProcess(lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path, env=environment)
+    prepared, start = (warm_workers.take(environment, rank_count, parent_points[REQUESTED]) if warm_workers
+                       else (None, WarmStart(False, cold_reason="this command prepares no process ahead")))
+    child = prepared or ChildProcess(lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path,
+                                     env=environment)
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
 
     def flush() -> None:
@@ -173,8 +186,22 @@ def execute_run(
             handle(event)
 
     parent_points["spawned"] = time.monotonic()
-    child.start()
+    if prepared is not None:
+        try:
+            adopt(prepared, config_json, environment, log_path)
+        except OSError as error:  # it died in the meantime: start cold after all
+            prepared.kill_group()
+            start = WarmStart(False, cold_reason=f"the prepared process could not take the run ({error})")
+            child = ChildProcess(lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path,
+                                 env=environment)
+            prepared = None
+    if prepared is None:
+        child.start()
     assert child.pid is not None
+    if warm_workers is not None:
+        warm_workers.last_start = start
+    if warm_workers is not None and usable_cores() >= AHEAD_MIN_CORES:
+        warm_workers.prepare(environment)  # while this run trains: the machine has cores to spare
     if shared_sampler is not None:
         sampler, nvml = shared_sampler.sampler, shared_sampler.nvml
         sampler.add_listener(samples.put)
@@ -204,11 +231,14 @@ def execute_run(
             sampler.stop()
         flush()
     parent_points["exited"] = time.monotonic()
+    if warm_workers is not None:
+        warm_workers.prepare(environment)  # (the one prepared while it trained, when there is one)
     state.log_error = child.log_error
     for rank in range(rank_count):  # a rank that never said anything is still one of the run's
         ranks.setdefault(rank, RankRecord(gpu_index=gpu_of(rank)))
     result = build_result(run_id, config, state, nvml, log_path, name=name, ranks=ranks, gpus=choice,
                           parent_points=parent_points)
+    result["start"] = start.to_json()
     # The same training eager, or on one GPU, from the history (the compile and scaling findings); a busy history
     # only costs those findings.
     with contextlib.suppress(sqlite3.Error, HistoryError):
