@@ -51,6 +51,13 @@ def test_sweep_runs_the_docs_table_and_skips_what_needs_a_gpu(db_path):
     with HistoryStore(db_path) as store:
         training_pids = {run.environment["pid"] for run in store.runs()}
     assert len(training_pids) == 5
+    # The first run starts cold; each later one is taken by the process prepared as the one before ran or ended
+    # (gpuanat.core.run.warm): a process of its own still, as the pids above say.
+    started = [by_name[name]["start"] for name in ("vanilla", "grad accumulation", "+ grad checkpointing", "bf16",
+                                                   "adafactor")]
+    assert started[0] == {"warm": False, "prepared_for_s": None, "imports_done": None,
+                          "cold_reason": "no process was prepared"}
+    assert all(start["warm"] and start["cold_reason"] is None for start in started[1:]), started
     table = run_cli([*SWEEP, "--only", "vanilla", "--only", "tf32"], db_path, timeout_s=300)
     assert table.returncode == 0
     assert "tf32 needs a CUDA GPU" in table.stdout and "Δ time" in table.stdout

@@ -1,6 +1,7 @@
 """Every view at 80×24 (an SSH session's default), 120×40 and 200×50, by SVG snapshot, on the recorded H100 run and
-history: the dashboard, the key page (`?`), the history pane, the compare view and the watch dashboard. The sizes the other snapshot
-files already take (the dashboard at 120×40 and 80×24, history and compare at 120×40) are not taken twice."""
+history: the dashboard, the key page (`?`), the history pane, the compare view and the watch dashboard. The sizes the
+other snapshot files already take (the dashboard at 120×40 and 80×24, history and compare at 120×40) are not
+taken twice."""
 
 from __future__ import annotations
 

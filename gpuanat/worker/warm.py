@@ -51,10 +51,13 @@ class Handoff:
         self._thread.join()
         if not self._data.strip():
             return None
-        payload = json.loads(self._data)
+        try:
+            payload = json.loads(self._data.decode())
+        except ValueError as error:  # not UTF-8, or not JSON
+            raise ValueError(f"the hand-over is not a run: {error}") from None
         if (not isinstance(payload, dict) or not isinstance(payload.get("config"), dict)
                 or not isinstance(payload.get("environ"), dict)):
-            raise ValueError("the hand-over is not {\"config\": {...}, \"environ\": {...}}")
+            raise ValueError("the hand-over is not a run: not {\"config\": {...}, \"environ\": {...}}")
         assert self.received_monotonic_s is not None
         return payload, self.received_monotonic_s
 
@@ -84,6 +87,8 @@ def apply_environment(environ: dict[str, Any]) -> None:
     if conf:
         import torch
 
-        setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
-        if setter is not None and torch.cuda.is_available() and not torch.cuda.is_initialized():
+        # Not torch.cuda.is_available(): it would initialise the driver here, in the run's "imports" part.
+        setter = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+                  or getattr(torch.cuda.memory, "_set_allocator_settings", None))
+        if setter is not None and not torch.cuda.is_initialized():
             setter(conf)

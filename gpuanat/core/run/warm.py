@@ -167,6 +167,12 @@ class WarmWorkers:
         if old is not None:
             old.retire()
 
+    @property
+    def prepared_pid(self) -> int | None:
+        """The process prepared for the next run, while there is one."""
+        current = self._prepared
+        return current.child.pid if current is not None else None
+
     def status(self) -> str | None:
         """"ready" once the prepared worker's imports are done, "preparing" before, None when there is none."""
         with self._lock:
