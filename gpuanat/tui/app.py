@@ -332,6 +332,7 @@ class GpuAnatApp(SearchActions):
         live, self.live = self.live, None
         if live is not None and live.pid is not None and self._sampler is not None:
             self._sampler.untrack(live.pid)
+        self._run_control.prepare_worker(self.config)  # for the configuration chosen meanwhile (kept when it suits)
         if message.result is None:
             self.notify(f"The run could not be recorded: {message.failure}", severity="error", timeout=10)
         else:

@@ -18,7 +18,6 @@ from textual.message import Message
 
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.run.config import PROFILE_OPS_VARIABLE, Capabilities, RunConfig
-from gpuanat.core.run.errors import ConfigError
 from gpuanat.core.run.protocol import Event
 from gpuanat.core.run.session import SharedSampler, execute_run, run_environment
 from gpuanat.core.run.startup import REQUESTED
@@ -98,7 +97,7 @@ class RunControl:
         try:
             _, environment = run_environment(config, os.environ if self._run_env is None else self._run_env)
             self.warm_workers.prepare(environment)
-        except (ConfigError, OSError):  # GPUs that cannot be had are said at `r`; a failed start costs the warm start
+        except Exception:  # GPUs that cannot be had are said at `r`; a failure here costs the warm start only
             pass
 
     def started(self, run_id: int, pid: int, log_path: Path, gpus: tuple[int, ...]) -> None:
