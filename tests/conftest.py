@@ -100,14 +100,17 @@ def tiny_model_reference() -> dict[str, int]:
     }
 
 
-def start_torchrun_job(tmp_path: Path, script: Path, *args: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def start_torchrun_job(tmp_path: Path, script: Path, *args: str, job_env: dict[str, str] | None = None,
+                       ) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """`torchrun --nproc-per-node=2 SCRIPT ARGS` in a session of its own, publishing into a private runtime
-    directory, once both ranks publish; with the environment a watcher of it needs."""
+    directory, once both ranks publish; with the environment a watcher of it needs. `job_env`: variables for the job
+    alone."""
     runtime_dir = tmp_path / "runtime"
     runtime_dir.mkdir(mode=0o700)
     env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                            str(script), *args], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            str(script), *args], env={**env, **(job_env or {})}, cwd=REPO, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE,
                            text=True, start_new_session=True)
     deadline_s = time.monotonic() + 180
     while len(list((runtime_dir / "gpuanat").glob("*.jsonl")) if (runtime_dir / "gpuanat").exists() else []) < 2:

@@ -7,10 +7,10 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpuanat.core.run.config import (
     Capabilities,
@@ -27,6 +27,9 @@ from gpuanat.core.run.validation import check_hub_model, machine_unsupported_rea
 from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_file import default_db_path
+
+if TYPE_CHECKING:
+    from gpuanat.core.export.run_metrics import RunMetrics
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
 TABLE_WIDTH_NOT_A_TERMINAL = 10_000
@@ -128,7 +131,7 @@ def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *
                   name: str | None = None, trace_path: Path | None = None,
                   memory_snapshot: Path | None = None, requested_monotonic_s: float | None = None,
                   profile_ops: int = 0, profile_ops_trace: Path | None = None,
-                  warm_workers: WarmWorkers | None = None) -> dict[str, Any]:
+                  warm_workers: WarmWorkers | None = None, metrics: RunMetrics | None = None) -> dict[str, Any]:
     """One run with its progress on stderr; with `warm_workers` (sweep, tune, fit) a process prepared during the
     previous run takes it."""
     from gpuanat.core.run.session import execute_run
@@ -140,7 +143,8 @@ def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *
         with signals.polled() as stop_requested:
             result = execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name,
                                  on_event=view, trace_path=trace_path, env=env, stop_requested=stop_requested,
-                                 requested_monotonic_s=requested_monotonic_s, warm_workers=warm_workers)
+                                 requested_monotonic_s=requested_monotonic_s, warm_workers=warm_workers,
+                                 metrics=metrics)
     except ConfigError as error:  # the GPUs asked for cannot be had: nothing was started or recorded
         view.close()
         fail_usage(str(error))
@@ -148,6 +152,32 @@ def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *
         view.close()
     warn_if_not_saved(result)
     return result
+
+
+@contextlib.contextmanager
+def metrics_endpoint(address: tuple[str, int] | None, snapshots: Callable[[], list[Any]] | None = None,
+                     name: str | None = None) -> Iterator[RunMetrics | None]:
+    """With `--metrics`: a Prometheus endpoint for the command's runs (their `RunMetrics`, yielded for execute_run), or
+    for `snapshots` when given (the watch); one line on stderr says where. Without: None."""
+    if address is None:
+        yield None
+        return
+    from gpuanat.core.export.metrics import MetricsServer, beyond_loopback_warning, job_label
+    from gpuanat.core.export.run_metrics import RunMetrics
+
+    source = RunMetrics()
+    try:
+        server = MetricsServer(address, snapshots or source.snapshots, job=job_label(name))
+    except OSError as error:
+        fail_usage(f"--metrics: cannot listen on {address[0]}:{address[1]}: {error.strerror or error}")
+    warning = beyond_loopback_warning(server.host, "--metrics")
+    if warning:
+        print(f"gpuanat: {warning}", file=sys.stderr)
+    print(f"gpuanat: Prometheus metrics at {server.url}", file=sys.stderr, flush=True)
+    try:
+        yield source
+    finally:
+        server.close()
 
 
 @contextlib.contextmanager

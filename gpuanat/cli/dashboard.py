@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuanat.cli.common import EXIT_OK, check_values, config_from_args, fail_usage, untouched_fields, user_keymap
+from gpuanat.cli.common import (
+    EXIT_OK,
+    check_values,
+    config_from_args,
+    fail_usage,
+    metrics_endpoint,
+    untouched_fields,
+    user_keymap,
+)
 from gpuanat.core.store.history_file import default_db_path
 
 
@@ -21,7 +29,8 @@ def command_dashboard(args: argparse.Namespace) -> int:
     keymap = user_keymap(GpuAnatApp)
     if not sys.stdout.isatty():
         fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
-    app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap,
-                     untouched_fields=untouched_fields(args), warm_workers=WarmWorkers())
-    app.run()
+    with metrics_endpoint(args.metrics, name="dashboard") as metrics:
+        app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap,
+                         untouched_fields=untouched_fields(args), warm_workers=WarmWorkers(), metrics=metrics)
+        app.run()
     return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal

@@ -18,6 +18,7 @@ from gpuanat.cli.common import (
     detect_capabilities,
     fail_usage,
     machine_config,
+    metrics_endpoint,
     open_store,
     prepared_workers,
     run_recorded,
@@ -65,12 +66,14 @@ def command_fit(args: argparse.Namespace) -> int:
     print(f"fit: starting from batch {start}" + (" (the prediction)" if predicted else "") +
           f", {args.trial_steps} steps per trial, up to batch {args.max_batch}", file=sys.stderr)
     def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
-        return run_recorded(config, store, args.stop_signals, label=name, name=name, warm_workers=workers)
+        return run_recorded(config, store, args.stop_signals, label=name, name=name, warm_workers=workers,
+                            metrics=metrics)
 
     def trial_done(batch_size: int, result: dict[str, Any]) -> None:
         print(f"fit: batch {batch_size}: {result['status']}", file=sys.stderr)
 
-    with open_store(args) as store, prepared_workers() as workers:
+    with (open_store(args) as store, prepared_workers() as workers,
+          metrics_endpoint(args.metrics, name="fit") as metrics):
         fit = run_fit(base, store=store, log_dir=store.path.parent / "logs", start=start,
                       trial_steps=args.trial_steps, max_batch=args.max_batch, run_trial=trial_with_progress,
                       on_trial=trial_done)

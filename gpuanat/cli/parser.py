@@ -83,6 +83,21 @@ def add_technique_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(technique.flag, **kwargs)
 
 
+def metrics_address(text: str) -> tuple[str, int]:
+    from gpuanat.core.export.metrics import parse_address
+
+    try:
+        return parse_address(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_metrics(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics", type=metrics_address, default=None, metavar="[HOST:]PORT",
+                        help="serve every rank's anatomy as Prometheus metrics at http://HOST:PORT/metrics while it "
+                             "runs (HOST default 127.0.0.1; 0 picks a free port); labels match DCGM exporter's")
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", type=Path, default=None,
                         help="history database (default: $GPUANAT_DB, else $XDG_DATA_HOME/gpuanat/history.sqlite)")
@@ -106,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Without a subcommand gpuanat opens the dashboard; these flags set its starting techniques.
     add_technique_flags(parser)
     add_common(parser)
+    add_metrics(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     run = commands.add_parser("run", help="train one configuration in a child process and report it",
@@ -115,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "gpuanat run --script train.py -- --its --own args")
     add_technique_flags(run)
     add_common(run)
+    add_metrics(run)
     run.add_argument("--json", action="store_true", help="print the result as one JSON object (last stdout line)")
     run.add_argument("--name", type=run_name, default=None, metavar="TEXT",
                      help="record the run in the history under this name (with --script too, whose runs are named "
@@ -139,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "tf32, optimizer, checkpointing and accumulation themselves.")
     add_technique_flags(sweep)
     add_common(sweep)
+    add_metrics(sweep)
     sweep.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     sweep.add_argument("--only", action="append", default=None, metavar="NAME",
                        help="run only this experiment (repeatable); names as in the table")
@@ -163,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "then bisecting). Every trial is recorded in the history.")
     add_technique_flags(fit)
     add_common(fit)
+    add_metrics(fit)
     fit.add_argument("--gpu-memory", metavar="SIZE", default=None,
                      help="memory the prediction should fit (default: GPU 0's total, read through NVML)")
     fit.add_argument("--trial-steps", type=int, default=3, metavar="N", help="optimizer steps per trial (3)")
@@ -200,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_technique_flags(tune)
     add_common(tune)
+    add_metrics(tune)
     tune.add_argument("--gpu-memory", metavar="SIZE", default=None,
                       help="memory the candidates must fit, e.g. 80GiB (default: GPU 0's total, read through NVML; "
                            "on the CPU none)")
@@ -251,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--trace-out", type=Path, default=None,
                        help="also write every NVML/host sample as JSON lines to this file")
     add_common(watch)
+    add_metrics(watch)
 
     history = commands.add_parser(
         "history", help="list recorded runs, or rename one",

@@ -17,6 +17,7 @@ from gpuanat.cli.common import (
     fail_usage,
     machine_config,
     measurement_environment,
+    metrics_endpoint,
     open_store,
     print_summary,
     run_recorded,
@@ -96,11 +97,12 @@ def command_run(args: argparse.Namespace) -> int:
     if args.memory_snapshot is not None and config.device != "cuda":
         fail_usage(f"--memory-snapshot: torch records its allocator's history only on CUDA, and this run is on "
                    f"{config.device}")
-    with open_store(args) as store:
+    with open_store(args) as store, metrics_endpoint(args.metrics, name=args.name) as metrics:
         result = run_recorded(config, store, args.stop_signals, label="run", name=args.name,
                                trace_path=args.trace_out, memory_snapshot=args.memory_snapshot,
                                requested_monotonic_s=process_started_monotonic_s(),
-                               profile_ops=args.profile_ops, profile_ops_trace=args.profile_ops_trace)
+                               profile_ops=args.profile_ops, profile_ops_trace=args.profile_ops_trace,
+                               metrics=metrics)
     if args.json:
         print(json.dumps(result))
     else:

@@ -15,6 +15,7 @@ from gpuanat.cli.common import (
     detect_capabilities,
     fail_usage,
     machine_config,
+    metrics_endpoint,
     open_store,
     prepared_workers,
     print_table,
@@ -44,7 +45,8 @@ def command_sweep(args: argparse.Namespace) -> int:
     base = machine_config(args, capabilities)  # on the CPU, every experiment trains the CPU's workload
     results: list[dict[str, Any]] = []
     interrupted = False
-    with open_store(args) as store, prepared_workers() as workers:
+    with (open_store(args) as store, prepared_workers() as workers,
+          metrics_endpoint(args.metrics, name="sweep") as metrics):
         for index, experiment in enumerate(experiments, start=1):
             config = experiment.config(base)
             label = f"[{index}/{len(experiments)}] {experiment.name}"
@@ -55,7 +57,7 @@ def command_sweep(args: argparse.Namespace) -> int:
                 print(f"{label}: skipped — {unsupported[1]}", file=sys.stderr)
                 continue
             result = run_recorded(config, store, args.stop_signals, label=label, name=experiment.name,
-                                  profile_ops=args.profile_ops, warm_workers=workers)
+                                  profile_ops=args.profile_ops, warm_workers=workers, metrics=metrics)
             run_error = result.get("error")
             result["reason"] = run_error["message"].splitlines()[0] if run_error else ""
             results.append(result)

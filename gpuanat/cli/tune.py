@@ -18,6 +18,7 @@ from gpuanat.cli.common import (
     fail_usage,
     given_fields,
     machine_config,
+    metrics_endpoint,
     open_store,
     prepared_workers,
     print_table,
@@ -222,7 +223,7 @@ def command_tune(args: argparse.Namespace) -> int:
 
     def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
         return run_recorded(config, store, args.stop_signals, label=name, name=name,
-                            profile_ops=args.profile_ops, warm_workers=workers)
+                            profile_ops=args.profile_ops, warm_workers=workers, metrics=metrics)
 
     def trial_done(done: Any, progress: Any) -> None:
         memory, _ = _trial_memory(done)
@@ -245,7 +246,8 @@ def command_tune(args: argparse.Namespace) -> int:
         if trial_kept.dimension != "start":
             print(f"tune: best so far: {trial_kept.name} (+{100 * gain:.1f}%)", file=sys.stderr)
 
-    with open_store(args) as store, args.stop_signals.polled() as stop, prepared_workers() as workers:
+    with (open_store(args) as store, args.stop_signals.polled() as stop, prepared_workers() as workers,
+          metrics_endpoint(args.metrics, name="tune") as metrics):
         outcome = run_tune(base, space, store=store, log_dir=store.path.parent / "logs",
                            trial_steps=args.trial_steps, budget_s=budget_s, run_trial=trial, on_trial=trial_done,
                            on_pruned=pruned, on_kept=kept, stop=stop)

@@ -9,15 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuanat.cli.common import EXIT_OK, EXIT_STOPPED, fail_usage, user_keymap, warn_if_not_saved
+from gpuanat.cli.common import EXIT_OK, EXIT_STOPPED, fail_usage, metrics_endpoint, user_keymap, warn_if_not_saved
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_file import default_db_path
 
 
 def command_watch(args: argparse.Namespace) -> int:
-    from gpuanat.core.measure.nvml_source import open_source
-    from gpuanat.core.measure.sampler import Sampler
-    from gpuanat.core.watch.session import WatchSession, follow
     from gpuanat.core.watch.target import WatchError, resolve_target
 
     if args.interval <= 0:
@@ -30,8 +27,30 @@ def command_watch(args: argparse.Namespace) -> int:
         fail_usage(str(error))
     save_name = (args.save or None) if args.save is not None else None
     db_path = args.db.expanduser() if args.db else default_db_path()
-    if not args.json:
-        return _watch_dashboard(args, target, db_path)
+    watch_metrics = _watch_metrics(args)
+    snapshots = watch_metrics.snapshots if watch_metrics is not None else None
+    with metrics_endpoint(args.metrics, snapshots, name=f"watch {args.pid}"):
+        if not args.json:
+            return _watch_dashboard(args, target, db_path, watch_metrics)
+        return _watch_json(args, target, db_path, save_name, watch_metrics)
+
+
+def _watch_metrics(args: argparse.Namespace) -> Any:
+    """With --metrics, what the endpoint reads: the latest record, with the GPUs' UUIDs as NVML lists them."""
+    if args.metrics is None:
+        return None
+    from gpuanat.core.export.watch_metrics import WatchMetrics
+    from gpuanat.core.run.gpus import read_gpus
+
+    return WatchMetrics({gpu.index: gpu.uuid for gpu in read_gpus()})
+
+
+def _watch_json(args: argparse.Namespace, target: Any, db_path: Path, save_name: str | None,
+                watch_metrics: Any) -> int:
+    from gpuanat.core.measure.nvml_source import open_source
+    from gpuanat.core.measure.sampler import Sampler
+    from gpuanat.core.watch.session import WatchSession, follow
+
     source, nvml = open_source(per_process=True)
     session = WatchSession(target, nvml)
     sampler = Sampler(source, interval_s=args.interval, on_sample=lambda sample: None, trace_path=args.trace_out)
@@ -42,6 +61,8 @@ def command_watch(args: argparse.Namespace) -> int:
         if record["exited"] and session.saved_run_id is not None:
             record["saved_run_id"] = session.saved_run_id
         print(json.dumps(record), flush=True)
+        if watch_metrics is not None:
+            watch_metrics.observe(record)
 
     ended = "stopped"
     try:
@@ -65,13 +86,14 @@ def command_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path) -> int:
+def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path, watch_metrics: Any) -> int:
     from gpuanat.tui.watch_app import WatchApp
 
     keymap = user_keymap(WatchApp)
     if not sys.stdout.isatty():
         fail_usage("the dashboard needs a terminal; add --json for one JSON object per sample")
     app = WatchApp(target, db_path=db_path, interval_s=args.interval, save_name=args.save or None,
-                   save_on_start=args.save is not None, trace_path=args.trace_out, keymap=keymap)
+                   save_on_start=args.save is not None, trace_path=args.trace_out, keymap=keymap,
+                   on_record=watch_metrics.observe if watch_metrics is not None else None)
     app.run()
     return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal

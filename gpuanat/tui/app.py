@@ -25,6 +25,7 @@ from textual.containers import Horizontal, Vertical
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer
 
+from gpuanat.core.export.run_metrics import RunMetrics
 from gpuanat.core.measure.live_run import THROUGHPUT_WINDOW_STEPS, LiveRun, gpu_of
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
@@ -142,11 +143,14 @@ class GpuAnatApp(SearchActions):
         keymap: dict[str, str] | None = None,
         untouched_fields: Collection[str] = (),
         warm_workers: WarmWorkers | None = None,
+        metrics: RunMetrics | None = None,
     ) -> None:
         """Every source of data is injectable: tests pass a replayed NVML trace, a frozen clock and
         `sample_interval_s=None` (no sampler thread; they call `sample_now`). `untouched_fields` names the
         RunConfig fields the user left to the defaults (no flag given): on the CPU, once the capability probe has
-        answered, the workload among them is sized for it (`workload_for_device`)."""
+        answered, the workload among them is sized for it (`workload_for_device`). With `warm_workers` the next
+        training process is kept prepared while the user chooses (gpuanat.core.run.warm), and closed when the app ends;
+        `metrics` is told about every run the app starts (the `--metrics` endpoint's source)."""
         super().__init__()
         self.config = config
         self._untouched_fields = frozenset(untouched_fields)
@@ -174,7 +178,7 @@ class GpuAnatApp(SearchActions):
                        "host_cpu": TimeSeries(reduce="mean")}
         self._run_control = RunControl(db_path, post=self.post_message, on_event=self._incoming_events.append,
                                        run_env=run_env, shared_sampler=self._shared_sampler,
-                                       warm_workers=warm_workers)
+                                       warm_workers=warm_workers, metrics=metrics)
         self._worker_status: str | None = None
         """The prepared worker's last status shown ("preparing", "ready"), to log its changes once."""
         self._stop_dialog: ConfirmScreen | None = None

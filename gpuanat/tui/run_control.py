@@ -16,6 +16,7 @@ from typing import Any
 
 from textual.message import Message
 
+from gpuanat.core.export.run_metrics import RunMetrics
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.run.config import PROFILE_OPS_VARIABLE, Capabilities, RunConfig
 from gpuanat.core.run.protocol import Event
@@ -32,10 +33,10 @@ class RunControl:
 
     def __init__(self, db_path: Path, *, post: Callable[[Message], None], on_event: Callable[[Event], None],
                  run_env: dict[str, str] | None, shared_sampler: Callable[[], SharedSampler | None],
-                 warm_workers: WarmWorkers | None = None) -> None:
+                 warm_workers: WarmWorkers | None = None, metrics: RunMetrics | None = None) -> None:
         """`post` hands a message to the app (from any thread), `on_event` a run's event to its inbox;
         `shared_sampler` is the dashboard's sampler while it runs, asked for when a run starts; `warm_workers` keeps
-        the next training process prepared (gpuanat.core.run.warm)."""
+        the next training process prepared (gpuanat.core.run.warm); `metrics` is told about every run (--metrics)."""
         self.db_path = db_path
         self.post = post
         self.on_event = on_event
@@ -43,6 +44,7 @@ class RunControl:
         self._shared_sampler = shared_sampler
         self._thread: threading.Thread | None = None
         self.warm_workers = warm_workers
+        self._metrics = metrics
         self.profile_ops_steps = 0
         """Steps each run profiles for the operations anatomy (`O`); 0: none."""
 
@@ -84,6 +86,8 @@ class RunControl:
         options: dict[str, Any] = {"env": env, "shared_sampler": self._shared_sampler()}
         if self.warm_workers is not None:
             options["warm_workers"] = self.warm_workers
+        if self._metrics is not None:
+            options["metrics"] = self._metrics
         return options
 
     def prepare_worker(self, config: RunConfig) -> None:

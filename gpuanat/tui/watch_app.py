@@ -76,9 +76,11 @@ class WatchApp(DashboardActions):
         save_on_start: bool = False,
         trace_path: Path | None = None,
         keymap: dict[str, str] | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """Every source is injectable: tests pass a replayed NVML trace, a frozen clock and `interval_s=None`
-        (no sampler thread; they call `sample_now`)."""
+        (no sampler thread; they call `sample_now`). `on_record` also gets each record, on the sampler's thread (the
+        metrics endpoint's source)."""
         super().__init__()
         self.target = target
         self.db_path = db_path
@@ -90,6 +92,7 @@ class WatchApp(DashboardActions):
         self._save_name = save_name
         self._save_on_start = save_on_start
         self._trace_path = trace_path
+        self._on_record = on_record
         self.nvml: NvmlStatus | None = None
         self.session: WatchSession | None = None
         self.charts_paused = False
@@ -175,10 +178,16 @@ class WatchApp(DashboardActions):
         if not session.alive():
             self.exited = True
             self._incoming.append(session.final_record())
+            self._tell(self._incoming[-1])
             session.finish_saving(exited=True)
             self._sampler.stop()
             return
         self._incoming.append(session.handle(sample))
+        self._tell(self._incoming[-1])
+
+    def _tell(self, record: dict[str, Any]) -> None:
+        if self._on_record is not None:
+            self._on_record(record)
 
     def sample_now(self) -> None:
         """Take one sample on the calling thread (tests drive a replayed trace this way)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuanat.core.export.run_metrics import RunMetrics
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
@@ -92,6 +93,7 @@ def execute_run(
     gpu_reader: Callable[[], list[Gpu]] = read_gpus,
     requested_monotonic_s: float | None = None,
     warm_workers: WarmWorkers | None = None,
+    metrics: RunMetrics | None = None,
 ) -> dict[str, Any]:
     """Train `config` in a child process, record it, return its result.
 
@@ -108,7 +110,8 @@ def execute_run(
     for the run (time.monotonic(); default: now), where the result's `wall_breakdown_s` begins. With a running
     `shared_sampler` the run samples through it (`sampler_factory` unused); `trace_path` needs a sampler of the run's
     own. With `warm_workers`, a worker prepared ahead takes the run when it can (gpuanat.core.run.warm; the result's
-    `start` says whether and why not), and the next one is prepared.
+    `start` says whether and why not), and the next one is prepared. `metrics` is told the run's start, events,
+    samples and result (a Prometheus endpoint reads it: gpuanat.core.export).
     """
     if shared_sampler is not None and trace_path is not None:
         raise ValueError("trace_path records the run's own sampler: it cannot be given with shared_sampler")
@@ -140,9 +143,13 @@ def execute_run(
                 for rank_state in ranks.values():
                     rank_state.observe_sample(sample, rank_state.hello.pid if rank_state.hello else child.pid)
             pending.add_samples([sample.to_json()])
+            if metrics is not None:
+                metrics.observe_sample(sample)
         pending.flush()
 
     def handle(event: Event | Ranked | Malformed) -> None:
+        if metrics is not None and not isinstance(event, Malformed):
+            metrics.observe_event(event)
         rank = 0
         if isinstance(event, Ranked):
             rank, event = event.rank, event.event
@@ -200,6 +207,8 @@ def execute_run(
     assert child.pid is not None
     if warm_workers is not None:
         warm_workers.last_start = start
+    if metrics is not None:
+        metrics.run_started(config, run_id, child.pid, choice.gpus if choice is not None else ())
     if warm_workers is not None and usable_cores() >= AHEAD_MIN_CORES:
         warm_workers.prepare(environment)  # while this run trains: the machine has cores to spare
     if shared_sampler is not None:
@@ -246,6 +255,8 @@ def execute_run(
                    if row.id != run_id]
         result["diagnosis"] = [finding.to_json()
                                for finding in diagnose(result, **reference_rates(result["config"], earlier))]
+    if metrics is not None:
+        metrics.run_ended(result)
     result["history_error"] = pending.finish(lambda history: history.update_result(run_id, result,
                                                                                    status=result["status"]))
     return result

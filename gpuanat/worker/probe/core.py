@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from gpuanat.core.export.probe_metrics import exported, served_metrics
 from gpuanat.core.run.protocol import STEP_PHASES, Done, Error, Event, Hello, ModelInfo, ProbeBands, Step
 from gpuanat.worker.events import ParentGone
 from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
@@ -82,7 +83,7 @@ class Probe(ProbeReadings):
                  publish: bool = True, profile_ops: int | None = None, profile_ops_trace: str | None = None) -> None:
         self._lifecycle = emit is None
         """Whether this probe sends hello and done itself (gpuanat's worker sends them otherwise)."""
-        self._emit = emit if emit is not None else default_emit(publish)
+        self._emit = emit if emit is not None else exported(default_emit(publish))  # GPUANAT_METRICS: served too
         self.exact_every_steps = exact_every_steps
         self.last_step: Step | None = None
         self.last_bands: ProbeBands | None = None
@@ -184,6 +185,8 @@ class Probe(ProbeReadings):
         self._buffers_at_start_bytes: int | None = None
         if self._cuda:
             self._nvml = NvmlReader.open(self._device)
+            if self._nvml is not None and served_metrics() is not None:
+                served_metrics().set_gpu(*self._nvml.identity())
             self._nvml_read_at_reserved_bytes: int | None = None
             # What is allocated before the first step beyond weights, gradients and optimizer state: the buffers a
             # distributed wrapper keeps for the whole run (DDP's gradient buckets, DeepSpeed's flat buffers).

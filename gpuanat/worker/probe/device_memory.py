@@ -57,6 +57,12 @@ class NvmlReader:
                if process.pid == os.getpid()]
         return int(memory.used), (int(own[0]) if own and own[0] is not None else None)
 
+    def identity(self) -> tuple[int | None, str | None, str | None, int | None]:
+        """The GPU's NVML index, UUID, name and total bytes (the metrics' labels)."""
+        from gpuanat.core.export.probe_metrics import gpu_identity
+
+        return gpu_identity(self._nvml, self._handle)
+
     def close(self) -> None:
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
