@@ -21,6 +21,7 @@ from gpuanat.cli.output import printable_output
 from gpuanat.cli.parser import build_parser
 from gpuanat.cli.predict import command_predict
 from gpuanat.cli.run import command_run
+from gpuanat.cli.serve import command_serve
 from gpuanat.cli.sweep import command_sweep
 from gpuanat.cli.tune import command_tune
 from gpuanat.cli.watch import command_watch
@@ -49,10 +50,13 @@ def _run_command(argv: list[str] | None) -> int:
     except BrokenPipeError:  # --print-completion or --help into a reader that stopped early
         return _reader_gone()
     args.script_args = script_args
+    if args.command == "serve":  # `gpuanat serve -- FLAGS`: the served dashboard's flags
+        args.served, script_args = [*args.served, *script_args], []
     if script_args and args.command != "run":
         parser.error("arguments after -- are only for `gpuanat run --script SCRIPT.py -- ARGS`")
     handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "fit": command_fit,
-                "tune": command_tune, "history": command_history, "watch": command_watch, None: command_dashboard}
+                "tune": command_tune, "history": command_history, "watch": command_watch, "serve": command_serve,
+                None: command_dashboard}
     # The dashboards handle stop signals on their event loop; the headless commands here.
     args.stop_signals = StopSignals() if args.command is None else StopSignals().install()
     try:

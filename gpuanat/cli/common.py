@@ -37,6 +37,11 @@ TABLE_WIDTH_NOT_A_TERMINAL = 10_000
 STATUS_EXIT_CODES = {"ok": EXIT_OK, "oom": EXIT_OOM, "stopped": EXIT_STOPPED, "failed": EXIT_FAILED}
 
 
+def served_in_a_browser() -> bool:
+    """Whether this process draws into a browser page (started by `gpuanat serve`'s textual-serve), not a terminal."""
+    return os.environ.get("TEXTUAL_DRIVER", "").endswith(":WebDriver")
+
+
 def fail_usage(message: str) -> NoReturn:
     print(f"gpuanat: error: {message}", file=sys.stderr)
     raise SystemExit(EXIT_USAGE)

@@ -11,6 +11,7 @@ from gpuanat.cli.common import (
     config_from_args,
     fail_usage,
     metrics_endpoint,
+    served_in_a_browser,
     untouched_fields,
     user_keymap,
 )
@@ -27,7 +28,7 @@ def command_dashboard(args: argparse.Namespace) -> int:
     check_values(args)
     config = config_from_args(args, cuda_available=True)
     keymap = user_keymap(GpuAnatApp)
-    if not sys.stdout.isatty():
+    if not sys.stdout.isatty() and not served_in_a_browser():
         fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
     with metrics_endpoint(args.metrics, name="dashboard") as metrics:
         app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap,

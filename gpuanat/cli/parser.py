@@ -98,6 +98,12 @@ def add_metrics(parser: argparse.ArgumentParser) -> None:
                              "runs (HOST default 127.0.0.1; 0 picks a free port); labels match DCGM exporter's")
 
 
+def port_number(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port from 1 to 65535")
+    return int(text)
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", type=Path, default=None,
                         help="history database (default: $GPUANAT_DB, else $XDG_DATA_HOME/gpuanat/history.sqlite)")
@@ -272,6 +278,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also write every NVML/host sample as JSON lines to this file")
     add_common(watch)
     add_metrics(watch)
+
+    serve = commands.add_parser(
+        "serve", help="the dashboard (or `watch PID`) in a browser, behind a token",
+        description="Serve the dashboard in a browser through textual-serve: each tab runs its own dashboard, drawn\n"
+                    "in the page. Bound to 127.0.0.1 by default (reach it with ssh -L); every page needs the token\n"
+                    "printed at start (…/?token=…). Closing a tab quits that dashboard: a run in progress is stopped\n"
+                    "and recorded, as after an SSH drop. Needs pip install 'gpuanat[serve]'.",
+        epilog="Examples:\n  gpuanat serve\n  gpuanat serve -- --preset gpt2 --precision bf16\n"
+               "  gpuanat serve watch 4242\n  gpuanat serve --port 8080\n\n"
+               "Then, on your laptop: ssh -L 8000:localhost:8000 GPU-BOX, and open the printed URL.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; another one warns: the page can start runs)")
+    serve.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("served", nargs=argparse.REMAINDER, metavar="watch PID",
+                       help="serve `gpuanat watch PID` instead of the dashboard; dashboard flags go after --")
 
     history = commands.add_parser(
         "history", help="list recorded runs, or rename one",

@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuanat.cli.common import EXIT_OK, EXIT_STOPPED, fail_usage, metrics_endpoint, user_keymap, warn_if_not_saved
+from gpuanat.cli.common import (
+    EXIT_OK,
+    EXIT_STOPPED,
+    fail_usage,
+    metrics_endpoint,
+    served_in_a_browser,
+    user_keymap,
+    warn_if_not_saved,
+)
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_file import default_db_path
 
@@ -90,7 +98,7 @@ def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path, watch
     from gpuanat.tui.watch_app import WatchApp
 
     keymap = user_keymap(WatchApp)
-    if not sys.stdout.isatty():
+    if not sys.stdout.isatty() and not served_in_a_browser():
         fail_usage("the dashboard needs a terminal; add --json for one JSON object per sample")
     app = WatchApp(target, db_path=db_path, interval_s=args.interval, save_name=args.save or None,
                    save_on_start=args.save is not None, trace_path=args.trace_out, keymap=keymap,

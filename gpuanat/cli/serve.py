@@ -1,0 +1,106 @@
+"""`gpuanat serve`: the same dashboard in a browser, through textual-serve (the Textual project's own server).
+
+    gpuanat serve [--host HOST] [--port PORT] [-- DASHBOARD FLAGS]
+    gpuanat serve [--host HOST] [--port PORT] watch PID
+
+Each browser tab that connects starts `gpuanat` (or `gpuanat watch PID`) as textual-serve starts any Textual app: a
+process of its own, drawn in the page. Safe by default: bound to 127.0.0.1 (reach it over `ssh -L`), and every page
+and connection needs the token printed when the server starts — in the URL, as Jupyter does, then in a cookie that only
+this server's port reads; without it the page is refused (403). Closing the tab quits that dashboard as `q` would
+after an SSH drop: a run in progress is stopped and recorded, never left behind unrecorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import secrets
+import shlex
+import sys
+from typing import Any
+
+from gpuanat.cli.common import EXIT_OK, fail_usage
+from gpuanat.core.export.metrics import beyond_loopback_warning
+
+TOKEN_BYTES = 24
+
+
+def served_command(served: list[str]) -> list[str]:
+    """The gpuanat command each browser tab runs: the dashboard with `served`'s flags, or `watch PID`. Refuses (usage
+    error) anything else, and what the dashboard itself would refuse, before the server starts."""
+    from gpuanat.cli.parser import build_parser
+
+    arguments = served[1:] if served[:1] == ["--"] else served
+    try:
+        parsed = build_parser().parse_args(arguments)
+    except SystemExit:
+        fail_usage(f"serve: cannot serve `gpuanat {shlex.join(arguments)}` (see the error above)")
+    if parsed.command not in (None, "watch"):
+        fail_usage(f"serve: serves the dashboard (its flags after --) or `watch PID`, not `{parsed.command}`")
+    if parsed.command == "watch" and parsed.json:
+        fail_usage("serve watch: --json prints records, there is nothing to draw in a browser")
+    return [sys.executable, "-m", "gpuanat", *arguments]
+
+
+def _server_class() -> Any:
+    try:
+        from aiohttp import web
+        from textual_serve.server import Server
+    except ImportError:
+        fail_usage("gpuanat serve needs textual-serve: pip install 'gpuanat[serve]'")
+
+    class TokenServer(Server):  # type: ignore[misc, valid-type]
+        """textual-serve's server, each page and connection asking for the token, and its URLs those of the request
+        (a browser that reaches it through `ssh -L 9000:localhost:8000` is sent to port 9000, not 8000)."""
+
+        def __init__(self, command: str, host: str, port: int, token: str) -> None:
+            super().__init__(command, host=host, port=port, title="gpuanat")
+            self.token = token
+            self.cookie = f"gpuanat_serve_{port}"
+
+        async def _make_app(self) -> Any:
+            app = await super()._make_app()
+            app.middlewares.append(self._require_token)
+            return app
+
+        @web.middleware
+        async def _require_token(self, request: Any, handler: Any) -> Any:
+            if request.path.startswith("/static/"):  # textual-serve's own scripts and fonts: nothing of the user's
+                return await handler(request)
+            given = request.query.get("token", "")
+            if given and hmac.compare_digest(given, self.token):
+                response = await handler(request)
+                if not response.prepared:  # the page: the token kept for its connection, on this port only
+                    response.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict")
+                return response
+            if hmac.compare_digest(request.cookies.get(self.cookie, ""), self.token):
+                return await handler(request)
+            raise web.HTTPForbidden(text="gpuanat serve: open the URL with the token that `gpuanat serve` printed "
+                                         "when it started (…/?token=…)\n")
+
+        async def handle_index(self, request: Any) -> Any:
+            self.public_url = f"{request.scheme}://{request.host}"
+            return await super().handle_index(request)
+
+        async def on_startup(self, app: Any) -> None:  # gpuanat prints its own line (the URL with the token)
+            return None
+
+    return TokenServer
+
+
+def command_serve(args: argparse.Namespace) -> int:
+    command = served_command(args.served)
+    server_class = _server_class()
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    server = server_class(shlex.join(command), args.host, args.port, token)
+    warning = beyond_loopback_warning(args.host, "gpuanat serve")
+    if warning:
+        print(f"gpuanat: {warning}", file=sys.stderr)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"gpuanat serve: open http://{host}:{args.port}/?token={token} (over SSH: ssh -L "
+          f"{args.port}:localhost:{args.port} THIS-HOST, then that URL); Ctrl+C stops the server", flush=True)
+    try:
+        server.serve()
+    except OSError as error:
+        fail_usage(f"serve: cannot listen on {args.host}:{args.port}: {error.strerror or error}")
+    return EXIT_OK

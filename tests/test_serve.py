@@ -1,0 +1,210 @@
+"""`gpuanat serve` (issue #33): the dashboard in a real browser. Debian's Chromium, headless, driven through the
+DevTools protocol (aiohttp's websocket client, which textual-serve brings): the page with the token draws the
+dashboard, keys pressed in the page reach it, a tab closed mid-run leaves the run stopped and recorded; without the
+token the page and its connection are refused. Skipped where no Chromium is installed (scripts/test.sh installs
+Debian's)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import os
+import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import REPO, cli_env
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)")
+SCREENSHOT_DIR_VARIABLE = "GPUANAT_SCREENSHOT_DIR"
+"""Where the browser's screenshot of the served dashboard goes (docs/screenshots to retake the README's)."""
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-B]|\x1b[=>]")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(tmp_path: Path, *served: str) -> tuple[subprocess.Popen[str], str]:
+    """`gpuanat serve` on a free port; its process and the URL it printed."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "gpuanat", "serve", "--port", str(port), *served], cwd=REPO,
+                              env=cli_env(tmp_path / "history.sqlite"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    line = server.stdout.readline()
+    match = re.search(r"open (http://\S+) ", line)
+    assert match, (line, server.stderr.read() if server.poll() is not None else "")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server, match.group(1)
+        except OSError:
+            assert time.monotonic() < deadline and server.poll() is None, "the server did not listen"
+            time.sleep(0.1)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+class Browser:
+    """Headless Chromium and one page, spoken to over the DevTools protocol. Every websocket frame the page receives
+    (what textual-serve sends the terminal) is kept, decoded, in `drawn`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.drawn = bytearray()
+        self._ids = itertools.count(1)
+        self._replies: dict[int, asyncio.Future] = {}
+
+    async def __aenter__(self) -> Browser:
+        import aiohttp
+
+        profile = self.folder / "chromium-profile"
+        self.process = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--remote-debugging-port=0", "--window-size=1280,820", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or len(port_file.read_text().splitlines()) < 2:
+            assert time.monotonic() < deadline and self.process.poll() is None, "chromium did not start"
+            await asyncio.sleep(0.1)
+        port = port_file.read_text().splitlines()[0]
+        self.session = aiohttp.ClientSession()
+        async with self.session.get(f"http://127.0.0.1:{port}/json") as response:
+            page = next(target for target in await response.json() if target["type"] == "page")
+        self.socket = await self.session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
+        self._reader = asyncio.create_task(self._read())
+        await self.call("Network.enable")
+        await self.call("Page.enable")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._reader.cancel()
+        await self.socket.close()
+        await self.session.close()
+        stop(self.process)
+
+    async def _read(self) -> None:
+        async for message in self.socket:
+            data = json.loads(message.data)
+            if "id" in data and data["id"] in self._replies:
+                self._replies.pop(data["id"]).set_result(data)
+            elif data.get("method") == "Network.webSocketFrameReceived":
+                frame = data["params"]["response"]
+                payload = frame["payloadData"]
+                self.drawn += base64.b64decode(payload) if frame.get("opcode") == 2 else payload.encode()
+
+    async def call(self, method: str, **params: object) -> dict:
+        identifier = next(self._ids)
+        self._replies[identifier] = asyncio.get_running_loop().create_future()
+        await self.socket.send_json({"id": identifier, "method": method, "params": params})
+        reply = await asyncio.wait_for(self._replies[identifier], 30)
+        assert "error" not in reply, reply
+        return reply["result"]
+
+    def text(self, since: int = 0) -> str:
+        return ANSI.sub(b"", bytes(self.drawn[since:])).decode(errors="replace")
+
+    async def wait_for_text(self, *words: str, since: int = 0, timeout_s: float = 90) -> None:
+        """Until every one of `words` has been drawn (after the first `since` bytes)."""
+        deadline = time.monotonic() + timeout_s
+        while not all(word in self.text(since) for word in words):
+            assert time.monotonic() < deadline, f"never drawn: {words}; last drawn: {self.text(since)[-1500:]!r}"
+            await asyncio.sleep(0.2)
+
+    async def press(self, key: str) -> None:
+        await self.call("Input.dispatchKeyEvent", type="keyDown", key=key, text=key)
+        await self.call("Input.dispatchKeyEvent", type="keyUp", key=key)
+
+    async def open(self, url: str) -> None:
+        await self.call("Page.navigate", url=url)
+        await asyncio.sleep(1.0)
+        # the terminal takes keys once focused: a click in the page
+        for event in ("mousePressed", "mouseReleased"):
+            await self.call("Input.dispatchMouseEvent", type=event, x=640, y=400, button="left", clickCount=1)
+
+
+def refused(url: str) -> int:
+    try:
+        urllib.request.urlopen(url, timeout=10)
+    except urllib.error.HTTPError as error:
+        return error.code
+    return 200
+
+
+@needs_chromium
+@pytest.mark.asyncio
+async def test_the_served_dashboard_is_drawn_in_a_browser_and_takes_its_keys(tmp_path):
+    server, url = start_server(tmp_path, "--", "--preset", "tiny", "--device", "cpu", "--seq-len", "32",
+                               "--samples", "2000", "--batch-size", "4")
+    try:
+        bare = url.split("?")[0]
+        assert refused(bare) == 403 and refused(bare + "?token=wrong") == 403
+        assert refused(bare.rstrip("/") + "/ws") == 403  # the terminal's connection too
+        async with Browser(tmp_path) as browser:
+            await browser.open(url)
+            await browser.wait_for_text("gpuanat", "idle")
+            await browser.press("?")
+            await browser.wait_for_text("Weights dtype", "LoRA adapters")  # the key page, drawn in the browser
+            await browser.press("?")  # closes the key page
+            drawn_before_run = len(browser.drawn)
+            await browser.press("r")
+            await browser.wait_for_text("run 1: step", since=drawn_before_run, timeout_s=120)
+            await asyncio.sleep(2)
+            screenshot = base64.b64decode((await browser.call("Page.captureScreenshot", format="png"))["data"])
+            assert screenshot.startswith(b"\x89PNG")
+            shots = Path(os.environ.get(SCREENSHOT_DIR_VARIABLE) or tmp_path)
+            (shots / "serve.png").write_bytes(screenshot)  # docs/screenshots/serve.png, with the variable set
+            await browser.call("Page.navigate", url="about:blank")  # the tab closes its dashboard mid-run
+        deadline = time.monotonic() + 60
+        while True:  # the run was stopped and recorded by the dashboard that the closed tab quit
+            with sqlite3.connect(tmp_path / "history.sqlite") as history:
+                rows = history.execute("SELECT status FROM runs").fetchall()
+            if rows and rows[0][0] not in ("running", None):
+                break
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.5)
+        assert rows == [("stopped",)]
+    finally:
+        stop(server)
+
+
+def test_serve_refuses_what_it_cannot_serve(tmp_path):
+    for served, message in ((["history"], "not `history`"), (["watch", "1", "--json"], "--json prints records"),
+                            (["--", "--batch-size", "x"], "cannot serve")):
+        completed = subprocess.run([sys.executable, "-m", "gpuanat", "serve", *served], cwd=REPO,
+                                   env=cli_env(tmp_path / "h.sqlite"), capture_output=True, text=True, timeout=60)
+        assert completed.returncode == 2 and message in completed.stderr, (served, completed.stderr)
+
+
+def test_serving_beyond_loopback_warns(tmp_path):
+    server = subprocess.Popen([sys.executable, "-m", "gpuanat", "serve", "--host", "0.0.0.0", "--port",
+                               str(free_port())], cwd=REPO, env=cli_env(tmp_path / "h.sqlite"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "open http://0.0.0.0:" in server.stdout.readline()
+    finally:
+        stop(server)
+    assert "reachable from other machines" in server.stderr.read()
