@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -189,3 +190,16 @@ def test_a_port_taken_is_a_clear_error(tmp_path):
                                    timeout=120)
     assert completed.returncode == 2
     assert f"--metrics: cannot listen on 127.0.0.1:{port}" in completed.stderr
+
+
+def test_the_grafana_dashboard_queries_only_what_gpuanat_exports():
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "gpuanat.json").read_text())
+    queried = set(re.findall(r"gpuanat_[a-z_]+", json.dumps(dashboard)))
+    families = metric_families([RankSnapshot(rank=0, bands={"weights_bytes": 1}, gradients_after_backward_bytes=1,
+                                             device_used_bytes=1, device_total_bytes=1, gpu_util_percent=1, step=1,
+                                             total_steps=1, samples_per_second=1, tokens_per_second=1,
+                                             achieved_tflops=1, mfu=0.1, step_phase_seconds={"data": 1},
+                                             predicted_peak_bytes=1)], hostname="h", job="j")
+    exported = {family.name for family in families}
+    assert queried and queried <= exported, queried - exported
+    assert {"gpuanat_memory_band_bytes", "gpuanat_mfu_ratio", "gpuanat_step_phase_seconds"} <= queried
