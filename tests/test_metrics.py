@@ -110,9 +110,10 @@ def test_prometheus_scrapes_a_run_and_its_bands_equal_the_result(tmp_path):
 
 
 @needs_prometheus
-def test_prometheus_scrapes_every_rank_of_a_torchrun_job_through_its_probes(tmp_path):
+def test_prometheus_scrapes_every_rank_of_a_torchrun_job_through_its_probes_and_its_watch(tmp_path):
     """GPUANAT_METRICS in a torchrun job gpuanat did not start: each rank's probe serves its own series on the port
-    plus its LOCAL_RANK; the bands Prometheus holds per rank are those `gpuanat watch PID --json` computes."""
+    plus its LOCAL_RANK; `gpuanat watch PID --json --metrics` serves the same ranks from its records. The bands
+    Prometheus holds per rank, from either, are those the watch's JSON records say."""
     base = free_port()
     while True:  # two consecutive free ports
         try:
@@ -121,28 +122,33 @@ def test_prometheus_scrapes_every_rank_of_a_torchrun_job_through_its_probes(tmp_
             break
         except OSError:
             base = free_port()
-    targets = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+    watch_port = free_port()
+    targets = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}", f"127.0.0.1:{watch_port}"]
     prometheus = Prometheus(tmp_path, targets)
     job, env = start_torchrun_job(tmp_path, REPO / "tests" / "scripts" / "tiny_plain_loop.py", "--probe",
                                   "--samples", "4000", "--hold-s", "1",
                                   job_env={"GPUANAT_METRICS": f"127.0.0.1:{base}", "GPUANAT_METRICS_JOB": "ddp-job"})
     try:
-        watch = subprocess.run([*WATCH, str(job.pid), "--json", "--duration", "5"], env=env, cwd=REPO,
-                               capture_output=True, text=True, timeout=120)
+        watch = subprocess.run([*WATCH, str(job.pid), "--json", "--duration", "5", "--metrics",
+                                f"127.0.0.1:{watch_port}"], env=env, cwd=REPO, capture_output=True, text=True,
+                               timeout=120)
         records = [json.loads(line) for line in watch.stdout.splitlines()]
         deadline = time.monotonic() + 30
         while not all(prometheus.scrapes_of(target) >= 2 for target in targets) and time.monotonic() < deadline:
             time.sleep(0.5)
-        exported = bands_by_rank(prometheus, 'job="ddp-job"')
+        from_probes = bands_by_rank(prometheus, 'job="ddp-job"')
+        from_watch = bands_by_rank(prometheus, f'job="watch {job.pid}"')
     finally:
         os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=60)
         prometheus.close()
+    assert f"Prometheus metrics at http://127.0.0.1:{watch_port}/metrics" in watch.stderr
     watched = next(record for record in reversed(records) if len(record.get("ranks") or []) == 2)
-    assert sorted(exported) == [0, 1]
+    assert sorted(from_probes) == sorted(from_watch) == [0, 1]
     for entry in watched["ranks"]:
         for band in ("weights_bytes", "optimizer_state_bytes", "activations_bytes"):
-            assert exported[entry["rank"]][band] == entry["bands"][band], (entry["rank"], band)
+            assert from_probes[entry["rank"]][band] == entry["bands"][band], (entry["rank"], band)
+            assert from_watch[entry["rank"]][band] == entry["bands"][band], (entry["rank"], band)
 
 
 def test_the_exposition_parses_with_prometheus_client_and_labels_match_dcgm():
