@@ -209,3 +209,24 @@ def test_the_grafana_dashboard_queries_only_what_gpuanat_exports():
     exported = {family.name for family in families}
     assert queried and queried <= exported, queried - exported
     assert {"gpuanat_memory_band_bytes", "gpuanat_mfu_ratio", "gpuanat_step_phase_seconds"} <= queried
+
+
+@pytest.mark.asyncio
+async def test_the_dashboard_tells_its_metrics_about_its_runs(db_path):
+    """The dashboard's --metrics source follows the runs it starts: once one ends, the result's own bands and status."""
+    from test_tui import TINY, run_to_completion, wait_for
+
+    from gpuanat.core.export.run_metrics import RunMetrics
+    from gpuanat.core.measure.nvml_source import open_source
+    from gpuanat.tui.app import GpuAnatApp
+
+    metrics = RunMetrics()
+    app = GpuAnatApp(TINY, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False), metrics=metrics)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        assert metrics.snapshots() == []
+        result = await run_to_completion(app, pilot)
+    (snapshot,) = metrics.snapshots()
+    assert (snapshot.rank, snapshot.run_id, snapshot.status) == (0, str(result["run_id"]), "ok")
+    assert snapshot.bands == result["ranks"][0]["bands"]
+    assert snapshot.step == result["steps"] and snapshot.model == "tiny"
