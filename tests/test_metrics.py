@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_CPU, cli_env, last_json, start_cli, start_torchrun_job
+from conftest import REPO, TINY_CPU, cli_env, last_json, run_cli, start_cli, start_torchrun_job
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuanat.core.export.metrics import RankSnapshot, metric_families, parse_address
@@ -230,3 +230,13 @@ async def test_the_dashboard_tells_its_metrics_about_its_runs(db_path):
     assert (snapshot.rank, snapshot.run_id, snapshot.status) == (0, str(result["run_id"]), "ok")
     assert snapshot.bands == result["ranks"][0]["bands"]
     assert snapshot.step == result["steps"] and snapshot.model == "tiny"
+
+
+def test_a_script_run_with_metrics_has_its_probe_serve_them(tmp_path):
+    port = free_port()
+    completed = run_cli(["run", "--json", "--metrics", f"127.0.0.1:{port}", "--name", "served script", "--script",
+                         str(REPO / "tests" / "scripts" / "tiny_plain_loop.py"), "--", "--probe"],
+                        tmp_path / "history.sqlite")
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    log = Path(last_json(completed.stdout)["log_path"]).read_text()
+    assert f"gpuanat: rank 0 metrics at http://127.0.0.1:{port}/metrics" in log

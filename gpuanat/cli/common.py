@@ -117,9 +117,11 @@ class ProgressView:
 
 
 def measurement_environment(*, memory_snapshot: Path | None = None, profile_ops: int = 0,
-                            profile_ops_trace: Path | None = None) -> dict[str, str] | None:
+                            profile_ops_trace: Path | None = None, metrics: tuple[str, int] | None = None,
+                            name: str | None = None) -> dict[str, str] | None:
     """The training process's environment when a measurement of its own was asked (`--memory-snapshot`,
-    `--profile-ops`), else None (the parent's, unchanged)."""
+    `--profile-ops`; `metrics`: its probe serves them, as in a job gpuanat did not start), else None (the parent's,
+    unchanged)."""
     from gpuanat.core.run.config import MEMORY_SNAPSHOT_VARIABLE, PROFILE_OPS_TRACE_VARIABLE, PROFILE_OPS_VARIABLE
 
     asked = {}
@@ -129,6 +131,12 @@ def measurement_environment(*, memory_snapshot: Path | None = None, profile_ops:
         asked[PROFILE_OPS_VARIABLE] = str(profile_ops)
         if profile_ops_trace is not None:
             asked[PROFILE_OPS_TRACE_VARIABLE] = str(profile_ops_trace.resolve())
+    if metrics is not None:
+        from gpuanat.core.export.metrics import METRICS_JOB_VARIABLE, METRICS_VARIABLE, job_label
+
+        host, port = metrics
+        asked[METRICS_VARIABLE] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        asked[METRICS_JOB_VARIABLE] = job_label(name)
     return {**os.environ, **asked} if asked else None
 
 

@@ -46,6 +46,9 @@ def command_run_script(args: argparse.Namespace) -> int:
     script: Path = args.script
     if not script.is_file():
         fail_usage(f"--script: no such file: {script}")
+    if args.metrics is not None:  # the script's own probe serves them, as in a job gpuanat did not start
+        print(f"gpuanat: the script's probe serves Prometheus metrics on {args.metrics[0]}:{args.metrics[1]} (its "
+              "log says so once it does)", file=sys.stderr)
     with open_store(args) as store:
         view = ProgressView(f"script {script.name}")
         try:
@@ -54,7 +57,8 @@ def command_run_script(args: argparse.Namespace) -> int:
                                         name=args.name, on_event=view, trace_path=args.trace_out,
                                         stop_requested=stop_requested,
                                         env=measurement_environment(profile_ops=args.profile_ops,
-                                                                    profile_ops_trace=args.profile_ops_trace))
+                                                                    profile_ops_trace=args.profile_ops_trace,
+                                                                    metrics=args.metrics, name=args.name))
         finally:
             view.close()
     warn_if_not_saved(result)
