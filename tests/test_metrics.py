@@ -89,7 +89,7 @@ def test_prometheus_scrapes_a_run_and_its_bands_equal_the_result(tmp_path):
     port = free_port()
     prometheus = Prometheus(tmp_path, [f"127.0.0.1:{port}"])
     try:
-        run = start_cli(["run", *TINY_CPU, "--samples", "400", "--json", "--metrics", f"127.0.0.1:{port}",
+        run = start_cli(["run", *TINY_CPU, "--samples", "160", "--json", "--metrics", f"127.0.0.1:{port}",
                          "--name", "scraped"], tmp_path / "history.sqlite")
         stdout, stderr = run.communicate(timeout=300)
         assert run.returncode == 0, stderr[-3000:]
