@@ -157,15 +157,15 @@ def _events(child: ChildProcess, timeout_s: float = 60) -> list:
 
 def test_a_worker_retired_unused_leaves_quietly_and_garbage_handed_over_is_an_error(tmp_path):
     retired = ChildProcess(warm_worker_command, log_path=None, env=cli_env(None), handoff=True)
+    garbage = ChildProcess(warm_worker_command, log_path=tmp_path / "garbage.log", env=cli_env(None), handoff=True)
     retired.start()
+    garbage.start()  # both import at once
     retired.close_handoff()
+    garbage.hand_over(b"\x00not a run\n")
     events = _events(retired)
     assert isinstance(events[-1], ChildExited) and events[-1].returncode == 0
     assert [event.name for event in events if isinstance(event, Milestone)] == [PREPARED]
 
-    garbage = ChildProcess(warm_worker_command, log_path=tmp_path / "garbage.log", env=cli_env(None), handoff=True)
-    garbage.start()
-    garbage.hand_over(b"\x00not a run\n")
     events = _events(garbage)
     errors = [event for event in events if isinstance(event, Error)]
     assert events[-1].returncode == 1 and len(errors) == 1 and errors[0].kind == "exception", events
