@@ -66,6 +66,13 @@ class Prometheus:
         assert answer["status"] == "success", answer
         return answer["data"]["result"]
 
+    def wait_for_scraping(self, target: str) -> None:
+        """Until Prometheus has tried `target` once (up 0 or 1): its scrape loop runs."""
+        deadline = time.monotonic() + 30
+        while not self.query(f'up{{instance="{target}"}}'):
+            assert time.monotonic() < deadline, "prometheus never tried the target"
+            time.sleep(0.2)
+
     def scrapes_of(self, target: str) -> int:
         counted = self.query(f'count_over_time(up{{instance="{target}"}}[5m])')
         return sum(int(float(entry["value"][1])) for entry in counted)
@@ -89,7 +96,8 @@ def test_prometheus_scrapes_a_run_and_its_bands_equal_the_result(tmp_path):
     port = free_port()
     prometheus = Prometheus(tmp_path, [f"127.0.0.1:{port}"])
     try:
-        run = start_cli(["run", *TINY_CPU, "--samples", "160", "--json", "--metrics", f"127.0.0.1:{port}",
+        prometheus.wait_for_scraping(f"127.0.0.1:{port}")
+        run = start_cli(["run", *TINY_CPU, "--samples", "400", "--json", "--metrics", f"127.0.0.1:{port}",
                          "--name", "scraped"], tmp_path / "history.sqlite")
         stdout, stderr = run.communicate(timeout=300)
         assert run.returncode == 0, stderr[-3000:]
@@ -125,6 +133,8 @@ def test_prometheus_scrapes_every_rank_of_a_torchrun_job_through_its_probes_and_
     watch_port = free_port()
     targets = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}", f"127.0.0.1:{watch_port}"]
     prometheus = Prometheus(tmp_path, targets)
+    for target in targets:
+        prometheus.wait_for_scraping(target)
     job, env = start_torchrun_job(tmp_path, REPO / "tests" / "scripts" / "tiny_plain_loop.py", "--probe",
                                   "--samples", "4000", "--hold-s", "1",
                                   job_env={"GPUANAT_METRICS": f"127.0.0.1:{base}", "GPUANAT_METRICS_JOB": "ddp-job"})

@@ -140,10 +140,25 @@ class Browser:
 
     async def open(self, url: str) -> None:
         await self.call("Page.navigate", url=url)
-        await asyncio.sleep(1.0)
-        # the terminal takes keys once focused: a click in the page
+
+    async def click(self) -> None:
+        """A click in the page: the terminal takes keys once focused."""
         for event in ("mousePressed", "mouseReleased"):
             await self.call("Input.dispatchMouseEvent", type=event, x=640, y=400, button="left", clickCount=1)
+
+    async def press_until_drawn(self, key: str, *words: str, tries: int = 3) -> None:
+        """Click, press `key` and wait for `words`, as a person does again when a first key went nowhere (the page
+        still loading its terminal)."""
+        since = len(self.drawn)
+        for attempt in range(tries):
+            await self.click()
+            await self.press(key)
+            try:
+                await self.wait_for_text(*words, since=since, timeout_s=15)
+                return
+            except AssertionError:
+                if attempt == tries - 1:
+                    raise
 
 
 def refused(url: str) -> int:
@@ -166,8 +181,7 @@ async def test_the_served_dashboard_is_drawn_in_a_browser_and_takes_its_keys(tmp
         async with Browser(tmp_path) as browser:
             await browser.open(url)
             await browser.wait_for_text("gpuanat", "idle")
-            await browser.press("?")
-            await browser.wait_for_text("Weights dtype", "LoRA adapters")  # the key page, drawn in the browser
+            await browser.press_until_drawn("?", "Weights dtype", "LoRA adapters")  # the key page, in the browser
             await browser.press("?")  # closes the key page
             drawn_before_run = len(browser.drawn)
             await browser.press("r")
