@@ -48,8 +48,9 @@ def one_run(out: Path, name: str, steps: int, export: bool) -> dict:
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
                 scrape_s.append(time.perf_counter() - started)
                 scrapes += 1
-                bands = {sample.labels["band"] + "_bytes": sample.value
-                         for family in text_string_to_metric_families(text) if family.name == "gpuanat_memory_band_bytes"
+                families = [family for family in text_string_to_metric_families(text)
+                            if family.name == "gpuanat_memory_band_bytes"]
+                bands = {sample.labels["band"] + "_bytes": sample.value for family in families
                          for sample in family.samples}
                 last_bands = bands or last_bands
             except OSError:
