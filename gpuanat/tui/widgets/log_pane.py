@@ -45,8 +45,9 @@ class LogPane(RichLog):
         self.border_title = Text(f"Log · {printable(path.name)}")  # Text, not markup
 
     def note(self, text: str) -> None:
-        """A line of gpuanat's own between the training process's lines (where the run's start-up is)."""
-        self.write(Text(text, style=self.get_component_rich_style("log-pane--note")))
+        """A line of gpuanat's own between the training process's lines (where the run's start-up is); escaped, as
+        it may quote a string from outside (a cold start's reason quotes a process's output)."""
+        self.write(Text(printable(text), style=self.get_component_rich_style("log-pane--note")))
 
     def _close(self) -> None:
         if self._file is not None:
