@@ -1,7 +1,7 @@
 """Every rank's anatomy in Prometheus (issue #33): a real Prometheus server (Debian's `prometheus`) scrapes a real CPU
 run of `gpuanat run --metrics` and a real `torchrun --nproc-per-node=2` job whose probes serve `GPUANAT_METRICS`;
 PromQL returns every rank's bands, equal to what gpuanat's own JSON says. Skipped where no `prometheus` binary is
-installed (scripts/test.sh installs Debian's)."""
+installed (scripts/test_tools.sh installs Debian's)."""
 
 from __future__ import annotations
 

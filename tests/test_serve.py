@@ -1,7 +1,7 @@
 """`gpuanat serve` (issue #33): the dashboard in a real browser. Debian's Chromium, headless, driven through the
 DevTools protocol (aiohttp's websocket client, which textual-serve brings): the page with the token draws the
 dashboard, keys pressed in the page reach it, a tab closed mid-run leaves the run stopped and recorded; without the
-token the page and its connection are refused. Skipped where no Chromium is installed (scripts/test.sh installs
+token the page and its connection are refused. Skipped where no Chromium is installed (scripts/test_tools.sh installs
 Debian's)."""
 
 from __future__ import annotations
