@@ -108,7 +108,7 @@ def execute_runs(out: Path, steps: int, store: HistoryStore, log_dir: Path) -> d
             before = gpu_state() if config.device == "cuda" else None
             workers.prepare(environment)
             ready_s = wait_ready(workers)
-            prepared_pid = workers._prepared.child.pid if workers._prepared else None
+            prepared_pid = workers.prepared_pid
             report["prepared"].append({"ready_after_s": ready_s, "pid": prepared_pid, "before": before,
                                        "while_prepared": gpu_state() if config.device == "cuda" else None})
             print("prepared", json.dumps(report["prepared"][-1]), flush=True)

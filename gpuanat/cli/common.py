@@ -171,16 +171,18 @@ def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *
 def metrics_endpoint(address: tuple[str, int] | None, snapshots: Callable[[], list[Any]] | None = None,
                      name: str | None = None) -> Iterator[RunMetrics | None]:
     """With `--metrics`: a Prometheus endpoint for the command's runs (their `RunMetrics`, yielded for execute_run), or
-    for `snapshots` when given (the watch); one line on stderr says where. Without: None."""
+    for `snapshots` when given (the watch: then None is yielded); one line on stderr says where. Without: None."""
     if address is None:
         yield None
         return
     from gpuanat.core.export.metrics import MetricsServer, beyond_loopback_warning, job_label
     from gpuanat.core.export.run_metrics import RunMetrics
 
-    source = RunMetrics()
+    source = RunMetrics() if snapshots is None else None
+    read = source.snapshots if source is not None else snapshots
+    assert read is not None
     try:
-        server = MetricsServer(address, snapshots or source.snapshots, job=job_label(name))
+        server = MetricsServer(address, read, job=job_label(name))
     except OSError as error:
         fail_usage(f"--metrics: cannot listen on {address[0]}:{address[1]}: {error.strerror or error}")
     warning = beyond_loopback_warning(server.host, "--metrics")

@@ -59,6 +59,13 @@ class RankSnapshot:
     techniques: str | None = None
 
 
+def tokens_per_second(samples_per_second: float | None, step: Any) -> float | None:
+    """Tokens/s at `samples_per_second`, at the tokens a sample of the latest step (`protocol.Step`) held."""
+    if samples_per_second is None or step is None or not step.samples:
+        return None
+    return samples_per_second * step.tokens / step.samples
+
+
 def job_label(name: str | None = None, environ: Mapping[str, str] | None = None) -> str:
     environ = os.environ if environ is None else environ
     return environ.get(METRICS_JOB_VARIABLE) or environ.get("SLURM_JOB_ID") or name or "gpuanat"

@@ -23,10 +23,11 @@ from gpuanat.core.export.metrics import (
     beyond_loopback_warning,
     job_label,
     parse_address,
+    tokens_per_second,
 )
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
-from gpuanat.core.measure.run_state import RankEvents
-from gpuanat.core.run.protocol import Done, Error, Event
+from gpuanat.core.measure.run_state import RankEvents, rank_status
+from gpuanat.core.run.protocol import Done, Event
 
 THROUGHPUT_WINDOW_S = 5.0
 
@@ -64,20 +65,14 @@ class ProbeMetrics:
             rate = state.samples_per_second(THROUGHPUT_WINDOW_S)
             if isinstance(state.done, Done) and state.done.steady_samples_per_second is not None:
                 rate = state.done.steady_samples_per_second
-            status = "training"
-            if isinstance(state.error, Error):
-                status = "oom" if state.error.kind == "oom" else "failed"
-            elif state.done is not None:
-                status = "ok" if state.done.status == "ok" else "stopped"
-            tokens_per_sample = step.tokens / step.samples if step and step.samples else None
+            status = "training" if state.error is None and state.done is None else rank_status(state)
             return [RankSnapshot(
                 rank=self.rank, status=status, gpu_index=index, gpu_uuid=uuid,
                 gpu_name=name or (hello.device_name if hello else None), bands=bands.values(),
                 gradients_after_backward_bytes=gradients_after_backward_bytes(state.probe_bands),
                 device_used_bytes=step.nvml_device_used_bytes if step else None, device_total_bytes=total,
                 step=step.step if step else None, total_steps=state.model.total_steps if state.model else None,
-                samples_per_second=rate,
-                tokens_per_second=rate * tokens_per_sample if rate is not None and tokens_per_sample else None,
+                samples_per_second=rate, tokens_per_second=tokens_per_second(rate, step),
                 step_phase_seconds=dict(step.phases_s) if step and step.phases_s else {},
             )]
 

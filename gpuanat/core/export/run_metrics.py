@@ -8,12 +8,13 @@ those of one moment, assembled as the dashboard's bar is (`LiveRun.rank_bands`);
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuanat.core.export.metrics import RankSnapshot
+from gpuanat.core.export.metrics import RankSnapshot, tokens_per_second
 from gpuanat.core.measure.anatomy import gradients_after_backward_bytes
 from gpuanat.core.measure.live_run import LiveRun, gpu_of
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S
@@ -65,9 +66,14 @@ class RunMetrics:
             if live is None:
                 return []
             ranks = sorted(set(live.ranks) | {0})
-            return [self._snapshot(live, rank, sample, gpus, result) for rank in ranks]
+            snapshots = [self._snapshot(live, rank, sample, gpus, result) for rank in ranks]
+        # Outside the lock: the first prediction of a configuration takes a while, and the run's thread feeds the
+        # live state under it.
+        predicted = self._predicted_peak(live.config) if live.config.device == "cuda" else None
+        return [dataclasses.replace(snapshot, predicted_peak_bytes=predicted) for snapshot in snapshots]
 
     def _predicted_peak(self, config: RunConfig) -> int | None:
+        """Predicted peak device bytes of `config`, computed once (only the scrape thread asks)."""
         from gpuanat.core.memory.predict import prediction_json
 
         key = repr(config.to_json())
@@ -104,7 +110,6 @@ class RunMetrics:
             phases = dict(step.phases_s)
         gpu_name = gpu.name if gpu else (gpu_listed.name if gpu_listed else None)
         flops = utilization(config, rate, gpu_name, 1, model=state.model)
-        tokens_per_sample = step.tokens / step.samples if step and step.samples else None
         return RankSnapshot(
             rank=rank, run_id=str(live.run_id or ""), status=status, gpu_index=gpu_index,
             gpu_uuid=gpu_listed.uuid if gpu_listed else None, gpu_name=gpu_name, bands=bands,
@@ -112,9 +117,7 @@ class RunMetrics:
             device_total_bytes=gpu.total_bytes if gpu else None,
             gpu_util_percent=gpu.gpu_util_percent if gpu else None,
             step=step.step if step else None, total_steps=state.model.total_steps if state.model else None,
-            samples_per_second=rate,
-            tokens_per_second=rate * tokens_per_sample if rate is not None and tokens_per_sample else None,
+            samples_per_second=rate, tokens_per_second=tokens_per_second(rate, step),
             achieved_tflops=flops.achieved_tflops, mfu=flops.mfu, step_phase_seconds=phases,
-            predicted_peak_bytes=self._predicted_peak(config) if config.device == "cuda" else None,
             model=config.model or config.preset, techniques=config.techniques_summary(),
         )

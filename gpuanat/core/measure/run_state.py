@@ -126,3 +126,13 @@ class RankEvents:
         if last_elapsed_s <= first_elapsed_s:
             return None
         return (last_samples - first_samples) / (last_elapsed_s - first_elapsed_s)
+
+
+def rank_status(state: RankEvents, stopped_by_user: bool = False) -> str:
+    """How one rank ended, from its own events; one that said neither done nor error was stopped when the user stopped
+    it (`stopped_by_user`), else it failed."""
+    if state.error is not None:
+        return "oom" if state.error.kind == "oom" else "failed"
+    if state.done is not None:
+        return "ok" if state.done.status == "ok" else "stopped"
+    return "stopped" if stopped_by_user else "failed"

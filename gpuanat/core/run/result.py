@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
-from gpuanat.core.measure.run_state import RankEvents
+from gpuanat.core.measure.run_state import RankEvents, rank_status
 from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.operations.anatomy import operations_anatomy
@@ -76,17 +76,6 @@ class RankRecord(RankEvents):
             self.peak_process_used_bytes = max(self.peak_process_used_bytes or 0, process_used)
 
 
-
-
-def _rank_status(state: RankRecord) -> str:
-    """How one rank ended, from its own events."""
-    if state.error is not None:
-        return "oom" if state.error.kind == "oom" else "failed"
-    if state.done is not None:
-        return "ok" if state.done.status == "ok" else "stopped"
-    return "stopped" if state.stopped_by_user else "failed"
-
-
 def _status(state: RankRecord, ranks: Mapping[int, RankRecord] | None = None) -> str:
     """The run's status: rank 0's, unless another rank ran out of memory or failed — a rank killed mid-run fails
     the run, though the ranks torchrun then stopped say "stopped"."""
@@ -96,7 +85,7 @@ def _status(state: RankRecord, ranks: Mapping[int, RankRecord] | None = None) ->
         return "oom"
     if state.stopped_by_user:
         return "stopped"
-    if errors or any(_rank_status(rank_state) == "failed" for rank_state in others):
+    if errors or any(rank_status(rank_state, rank_state.stopped_by_user) == "failed" for rank_state in others):
         return "failed"
     if state.done is not None and state.done.status == "stopped":
         return "stopped"
@@ -166,7 +155,7 @@ def _rank_result(rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStat
         "rank": rank,
         "pid": state.hello.pid if state.hello else None,
         "gpu_index": state.gpu_index,
-        "status": _rank_status(state),
+        "status": rank_status(state, state.stopped_by_user),
         "samples": done.samples if done else (last_step.samples if last_step else 0),
         "steady_samples_per_second": done.steady_samples_per_second if done else None,
         "gradients_after_backward_bytes": gradients_after_backward_bytes(state.probe_bands),
