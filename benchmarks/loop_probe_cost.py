@@ -14,6 +14,7 @@ cancels in ABBA. The probe publishes its events for `gpuanat watch` as in a user
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import json
 import statistics
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent / "loops"))
-from common import build_model, options
+from common import build_model, device, options
 
 MODULES = {"plain": "plain_loop", "lightning": "lightning_fit", "trl": "trl_sft"}
 
@@ -44,16 +45,18 @@ def main() -> None:
         loop_deadline_s = started_s + known.budget_s * (position + 1) / len(known.loops)
         train = importlib.import_module(MODULES[loop]).train
         # TRL's SFTTrainer changes the model it is given (gradient checkpointing, its input hooks): each of its blocks
-        # trains a model of its own, built from the same seed, or a block would inherit the earlier ones' changes.
+        # trains a copy of its own of one model kept on the host, or a block would inherit the earlier ones' changes.
         fresh_model = loop == "trl"
-        model = None if fresh_model else build_model(args)
+        model = build_model(args)
+        if fresh_model:
+            model = model.to("cpu")
         blocks: list[dict[str, Any]] = []
         for round_index in range(known.rounds):
             if round_index and time.monotonic() > loop_deadline_s:
                 break
             for probe in (False, True, True, False):
                 args.probe = probe
-                blocks.append(train(args, build_model(args) if fresh_model else model))
+                blocks.append(train(args, copy.deepcopy(model).to(device()) if fresh_model else model))
                 print(json.dumps({"loop": loop, **blocks[-1]}), flush=True)
                 report["loops"][loop] = summary_of(blocks)
                 known.out.write_text(json.dumps(report, indent=1))  # after every block: a timeout keeps them
@@ -66,13 +69,15 @@ def main() -> None:
 
 def summary_of(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     """The blocks so far, and what they say: mean s/step without and with the probe, the cost, each ABBA pair's
-    cost, the spread of the blocks without it."""
-    without = [block["s_per_step"] for block in blocks if not block["probe"] and block["s_per_step"]]
-    with_probe = [block["s_per_step"] for block in blocks if block["probe"] and block["s_per_step"]]
+    cost, the spread of the blocks without it. With `--step-times`, each block's median step rather than its mean."""
+    key = "median_step_s" if all(block.get("median_step_s") for block in blocks) else "s_per_step"
+    without = [block[key] for block in blocks if not block["probe"] and block[key]]
+    with_probe = [block[key] for block in blocks if block["probe"] and block[key]]
     mean_without = statistics.mean(without) if without else None
     mean_with = statistics.mean(with_probe) if with_probe else None
     return {
         "blocks": blocks,
+        "timed_by": key,
         "s_per_step_without": mean_without,
         "s_per_step_with": mean_with,
         "cost_percent": 100 * (mean_with - mean_without) / mean_without if mean_without and mean_with else None,

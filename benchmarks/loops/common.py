@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ def options(description: str, argv: list[str] | None = None) -> argparse.Namespa
     parser.add_argument("--probe", action="store_true", help="add gpuanat's probe for this loop")
     parser.add_argument("--tiny", action="store_true", help="2 small layers, for a CPU smoke test")
     parser.add_argument("--hold-s", type=float, default=0.0, help="stay alive this long after training")
+    parser.add_argument("--step-times", action="store_true",
+                        help="also time every steady step (a CUDA sync at each step's end) and report their median")
     parser.add_argument("--result", type=Path, default=None, help="write the steady clock's reading here (JSON)")
     return parser.parse_args(argv)
 
@@ -49,28 +52,38 @@ def random_tokens(args: argparse.Namespace, vocab_size: int, rows: int) -> torch
 
 
 class SteadyClock:
-    """Seconds per step from the end of step `warmup` to the end of the last step, synchronised at both ends."""
+    """Seconds per step from the end of step `warmup` to the end of the last step, synchronised at both ends; with
+    `every_step`, also each steady step's own seconds (synchronised at every step's end: a loop whose host waits for
+    the GPU at each step anyway, as TRL's metrics make it, loses nothing), whose median a stall cannot move."""
 
-    def __init__(self, warmup: int, steps: int) -> None:
-        self.warmup, self.steps = warmup, steps
+    def __init__(self, warmup: int, steps: int, every_step: bool = False) -> None:
+        self.warmup, self.steps, self.every_step = warmup, steps, every_step
         self.start_s: float | None = None
         self.end_s: float | None = None
+        self.step_s: list[float] = []
+        self._last_s: float | None = None
 
     def step_ended(self, step: int) -> None:
-        if step in (self.warmup, self.steps):
+        if step in (self.warmup, self.steps) or (self.every_step and step > self.warmup):
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             now_s = time.perf_counter()
+            if step > self.warmup and self._last_s is not None:
+                self.step_s.append(now_s - self._last_s)
+            self._last_s = now_s
             if step == self.warmup:
                 self.start_s = now_s
-            else:
+            elif step == self.steps:
                 self.end_s = now_s
 
     def reading(self) -> dict[str, Any]:
         if self.start_s is None or self.end_s is None:
             return {"s_per_step": None, "steps_timed": 0}
-        return {"s_per_step": (self.end_s - self.start_s) / (self.steps - self.warmup),
-                "steps_timed": self.steps - self.warmup}
+        reading: dict[str, Any] = {"s_per_step": (self.end_s - self.start_s) / (self.steps - self.warmup),
+                                   "steps_timed": self.steps - self.warmup}
+        if self.every_step and self.step_s:
+            reading["median_step_s"] = statistics.median(self.step_s)
+        return reading
 
 
 def report(args: argparse.Namespace, reading: dict[str, Any]) -> None:

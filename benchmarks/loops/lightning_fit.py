@@ -45,7 +45,7 @@ def train(args: Any, model: torch.nn.Module | None = None) -> dict[str, Any]:
     tokens = random_tokens(args, model.config.vocab_size, args.batch_size * args.steps)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=args.batch_size,
                                          pin_memory=device().type == "cuda")
-    clock = SteadyClock(args.warmup, args.steps)
+    clock = SteadyClock(args.warmup, args.steps, args.step_times)
     callbacks: list[Any] = [ClockCallback(clock)]
     if args.probe:
         import gpuanat.probe

@@ -22,7 +22,7 @@ def train(args: Any, model: torch.nn.Module | None = None) -> dict[str, Any]:
     model = model if model is not None else build_model(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device().type == "cuda")
     tokens = random_tokens(args, model.config.vocab_size, args.batch_size * 8)
-    clock = SteadyClock(args.warmup, args.steps)
+    clock = SteadyClock(args.warmup, args.steps, args.step_times)
     probe = contextlib.nullcontext()
     if args.probe:
         import gpuanat.probe

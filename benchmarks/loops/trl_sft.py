@@ -41,7 +41,7 @@ def train(args: Any, model: torch.nn.Module | None = None) -> dict[str, Any]:
     model = model if model is not None else build_model(args)
     tokens = random_tokens(args, model.config.vocab_size, args.batch_size * args.steps)
     dataset = Dataset.from_dict({"input_ids": tokens.tolist()})
-    clock = SteadyClock(args.warmup, args.steps)
+    clock = SteadyClock(args.warmup, args.steps, args.step_times)
     callbacks: list[Any] = [ClockCallback(clock)]
     if args.probe:
         from gpuanat.probe import AnatomyCallback

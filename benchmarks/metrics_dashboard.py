@@ -1,0 +1,123 @@
+"""The dashboard's `--metrics` endpoint during a real GPU run (issue #33): are the bands Prometheus scrapes the bands the
+dashboard draws? One call of the device tool:
+
+    python3 benchmarks/metrics_dashboard.py OUT.json [--steps N]
+
+The dashboard (`GpuAnatApp`, headless, driven with Pilot) runs bert-large with a `RunMetrics` served on a loopback port,
+as `gpuanat --metrics` does. While it trains, every ~0.5 s: the memory bar's bands (what is on screen), one HTTP scrape
+of the endpoint (parsed with prometheus-client's parser), the bar's bands again. Where the bar did not change across
+the scrape, the scraped bands are compared with it band by band; where it changed (a new sample arrived meanwhile) the
+pair is counted as "moved" and left out. After the run: the last scrape against the result's bands, which the bar then
+shows. Writes OUT.json; prints a summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuanat.core.export.metrics import MetricsServer
+from gpuanat.core.export.run_metrics import RunMetrics
+from gpuanat.core.run.config import RunConfig
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def scrape(url: str) -> dict[str, dict[str, float]]:
+    """rank -> band name (as the result names it, `<band>_bytes`) -> bytes."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    ranks: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "gpuanat_memory_band_bytes":
+            for sample in family.samples:
+                ranks.setdefault(sample.labels["rank"], {})[sample.labels["band"] + "_bytes"] = sample.value
+    return ranks
+
+
+def on_screen(bar: Any) -> dict[str, int]:
+    """The memory bar's current bands, those measured."""
+    return {band: value for band, value in (bar._current or {}).items() if value is not None}
+
+
+def compare(shown: dict[str, int], scraped: dict[str, float]) -> dict[str, Any]:
+    bands = sorted(set(shown) | set(scraped))
+    differing = {band: (shown.get(band), scraped.get(band)) for band in bands
+                 if shown.get(band) is None or scraped.get(band) is None or int(scraped[band]) != shown[band]}
+    return {"bands": len(bands), "differing": differing}
+
+
+async def drive(steps: int, cpu: bool) -> dict[str, Any]:
+    from gpuanat.tui.app import GpuAnatApp
+
+    metrics = RunMetrics()
+    server = MetricsServer(("127.0.0.1", free_port()), metrics.snapshots, job="metrics-dashboard-check")
+    workload = (dict(preset="tiny", device="cpu", seq_len=32) if cpu
+                else dict(preset="bert-large", device="cuda", seq_len=512))
+    config = RunConfig(**workload, batch_size=4, samples=100_000, max_steps=steps)
+    app = GpuAnatApp(config, db_path=Path("/tmp/metrics-dashboard.sqlite"), metrics=metrics)
+    checks: list[dict[str, Any]] = []
+    moved = 0
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            started_s = time.monotonic()
+            while app.capabilities is None:
+                await pilot.pause(0.1)
+            await pilot.press("r")
+            bar = app._memory_bar
+            while app.last_result is None or app.live is not None:
+                if time.monotonic() - started_s > 420:
+                    raise RuntimeError("the dashboard's run did not end")
+                await pilot.pause(0.5)
+                if app.live is None or app.live.last_step is None:
+                    continue
+                before = on_screen(bar)
+                scraped = (await asyncio.to_thread(scrape, server.url)).get("0", {})
+                after = on_screen(bar)
+                if before != after or not before:
+                    moved += 1
+                    continue
+                checks.append({"t_s": round(time.monotonic() - started_s, 2),
+                               "step": app.live.last_step.step if app.live and app.live.last_step else None,
+                               **compare(after, scraped)})
+            await pilot.pause(0.5)
+            result = app.last_result
+            final_scraped = (await asyncio.to_thread(scrape, server.url)).get("0", {})
+            final_shown = on_screen(bar)
+    finally:
+        server.close()
+    result_bands = {band: value for band, value in result["bands"].items() if value is not None}
+    equal = sum(1 for check in checks if not check["differing"])
+    return {"status": result["status"], "steps": result["steps"], "scrapes_compared": len(checks),
+            "scrapes_equal": equal, "scrapes_moved": moved, "checks": checks,
+            "final_scrape_vs_result": compare(result_bands, final_scraped),
+            "final_screen_vs_result": compare(result_bands, final_shown),
+            "result_bands": result_bands, "final_scraped": final_scraped}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--cpu", action="store_true", help="the tiny model on the CPU: the script's own smoke test")
+    args = parser.parse_args()
+    report = asyncio.run(drive(args.steps, args.cpu))
+    args.out.write_text(json.dumps(report, indent=1))
+    print(json.dumps({key: report[key] for key in ("status", "steps", "scrapes_compared", "scrapes_equal",
+                                                    "scrapes_moved", "final_scrape_vs_result",
+                                                    "final_screen_vs_result")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
