@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import importlib
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "loops"))
 from common import build_model, device, options
@@ -56,7 +60,12 @@ def main() -> None:
                 break
             for probe in (False, True, True, False):
                 args.probe = probe
-                blocks.append(train(args, copy.deepcopy(model).to(device()) if fresh_model else model))
+                gc.collect()  # the earlier blocks' trainers and copies gone before this one starts
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                with GpuClocks() as clocks:
+                    reading = train(args, copy.deepcopy(model).to(device()) if fresh_model else model)
+                blocks.append({**reading, **clocks.reading()})
                 print(json.dumps({"loop": loop, **blocks[-1]}), flush=True)
                 report["loops"][loop] = summary_of(blocks)
                 known.out.write_text(json.dumps(report, indent=1))  # after every block: a timeout keeps them
@@ -65,6 +74,47 @@ def main() -> None:
         print(f"{loop}: {summary['s_per_step_without']:.4f} s/step without, {summary['s_per_step_with']:.4f} with: "
               f"{summary['cost_percent']:+.2f}% (pairs {', '.join(f'{p:+.2f}' for p in summary['pair_cost_percent'])}; "
               f"spread without {summary['spread_without_percent']:.2f}%)", flush=True)
+
+
+class GpuClocks:
+    """NVML's SM clock, power and temperature of GPU 0, sampled every 0.2 s while a block runs: drift between blocks
+    that the GPU's own clocks explain is not the probe's."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[int, float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:
+            return
+        while not self._stop.wait(0.2):
+            try:
+                self.samples.append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                                     pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+                                     pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)))
+            except Exception:
+                return
+
+    def __enter__(self) -> GpuClocks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def reading(self) -> dict[str, Any]:
+        if not self.samples:
+            return {}
+        clocks, watts, temperatures = zip(*self.samples, strict=True)
+        return {"sm_clock_mhz_median": statistics.median(clocks), "sm_clock_mhz_min": min(clocks),
+                "power_w_median": statistics.median(watts), "temperature_c_max": max(temperatures)}
 
 
 def summary_of(blocks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/gpuanat-out}/metrics
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv > "$OUT/gpu.txt"
-python3 -c "import torch, transformers, prometheus_client; print('torch', torch.__version__, 'transformers', transformers.__version__, 'prometheus_client', prometheus_client.__version__)" | tee "$OUT/versions.txt"
+python3 -c "import importlib.metadata, torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'prometheus-client', importlib.metadata.version('prometheus-client'))" | tee "$OUT/versions.txt"
 GPUANAT_DB=/tmp/metrics-cost.sqlite timeout 240 python3 benchmarks/metrics_cost.py "$OUT/run_cost" --pairs 2 --steps ${STEPS:-200} 2>&1 | tail -8
 timeout 170 python3 benchmarks/metrics_probe_cost.py --out "$OUT/probe_cost.json" --rounds 3 --batch-size 8 --steps 60 \
     --warmup 10 --budget-s 110 2>&1 | grep -v "^gpuanat:" | tail -14

@@ -1,5 +1,5 @@
-"""The dashboard's `--metrics` endpoint during a real GPU run (issue #33): are the bands Prometheus scrapes the bands the
-dashboard draws? One call of the device tool:
+"""The dashboard's `--metrics` endpoint during a real GPU run (issue #33): are the bands Prometheus scrapes the bands
+the dashboard draws? One call of the device tool:
 
     python3 benchmarks/metrics_dashboard.py OUT.json [--steps N]
 
