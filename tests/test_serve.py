@@ -1,8 +1,8 @@
 """`gpuanat serve` (issue #33): the dashboard in a real browser. Debian's Chromium, headless, driven through the
 DevTools protocol (aiohttp's websocket client, which textual-serve brings): the page with the token draws the
-dashboard, keys pressed in the page reach it, a tab closed mid-run leaves the run stopped and recorded; without the
-token the page and its connection are refused. Skipped where no Chromium is installed (scripts/test_tools.sh installs
-Debian's)."""
+dashboard, keys pressed in the page reach it, a tab closed mid-run leaves the run training and the URL opened again
+shows it, stopping the server stops and records it; without the token the page and its connection are refused.
+Skipped where no Chromium is installed (scripts/test_tools.sh installs Debian's)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ class Browser:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.drawn = bytearray()
+        self.sockets_closed = 0
         self._ids = itertools.count(1)
         self._replies: dict[int, asyncio.Future] = {}
 
@@ -111,6 +112,8 @@ class Browser:
             data = json.loads(message.data)
             if "id" in data and data["id"] in self._replies:
                 self._replies.pop(data["id"]).set_result(data)
+            elif data.get("method") == "Network.webSocketClosed":
+                self.sockets_closed += 1
             elif data.get("method") == "Network.webSocketFrameReceived":
                 frame = data["params"]["response"]
                 payload = frame["payloadData"]
@@ -169,11 +172,44 @@ def refused(url: str) -> int:
     return 200
 
 
+async def taken_over_by_another_tab(url: str) -> str:
+    """What a second tab's terminal (a websocket given the token, as the page's would be) is drawn in 10 s."""
+    import aiohttp
+
+    bare, token = url.split("?token=")
+    drawn = bytearray()
+    async with aiohttp.ClientSession() as session, session.ws_connect(
+            f"{bare.replace('http', 'ws', 1).rstrip('/')}/ws?width=120&height=40&token={token}") as socket:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                message = await asyncio.wait_for(socket.receive(), 1)
+            except TimeoutError:
+                continue
+            if message.type == aiohttp.WSMsgType.BINARY:
+                drawn += message.data
+    return ANSI.sub(b"", bytes(drawn)).decode(errors="replace")
+
+
+def history_rows(path: Path, query: str) -> list[tuple]:
+    with sqlite3.connect(path) as history:
+        return history.execute(query).fetchall()
+
+
+def wait_until(condition, what: str, timeout_s: float = 60):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+    return value
+
+
 @needs_chromium
 @pytest.mark.asyncio
-async def test_the_served_dashboard_is_drawn_in_a_browser_and_takes_its_keys(tmp_path):
+async def test_the_served_dashboard_is_drawn_in_a_browser_and_outlives_its_tab(tmp_path):
+    history = tmp_path / "history.sqlite"
     server, url = start_server(tmp_path, "--", "--preset", "tiny", "--device", "cpu", "--seq-len", "32",
-                               "--samples", "2000", "--batch-size", "4")
+                               "--samples", "400000", "--batch-size", "4")
     try:
         bare = url.split("?")[0]
         assert refused(bare) == 403 and refused(bare + "?token=wrong") == 403
@@ -191,16 +227,29 @@ async def test_the_served_dashboard_is_drawn_in_a_browser_and_takes_its_keys(tmp
             assert screenshot.startswith(b"\x89PNG")
             shots = Path(os.environ.get(SCREENSHOT_DIR_VARIABLE) or tmp_path)
             (shots / "serve.png").write_bytes(screenshot)  # docs/screenshots/serve.png, with the variable set
-            await browser.call("Page.navigate", url="about:blank")  # the tab closes its dashboard mid-run
-        deadline = time.monotonic() + 60
-        while True:  # the run was stopped and recorded by the dashboard that the closed tab quit
-            with sqlite3.connect(tmp_path / "history.sqlite") as history:
-                rows = history.execute("SELECT status FROM runs").fetchall()
-            if rows and rows[0][0] not in ("running", None):
-                break
-            assert time.monotonic() < deadline, rows
-            time.sleep(0.5)
-        assert rows == [("stopped",)]
+
+            await browser.open("about:blank")  # the tab goes mid-run: the run goes on, unseen
+            steps_then = history_rows(history, "SELECT max(step) FROM steps")[0][0] or 0
+            wait_until(lambda: (history_rows(history, "SELECT max(step) FROM steps")[0][0] or 0) > steps_then + 20,
+                       "the run stopped training when its tab closed")
+            assert history_rows(history, "SELECT status FROM runs") == [("running",)]
+
+            drawn_before_return = len(browser.drawn)
+            await browser.open(url)  # the URL again: the same dashboard, its run drawn whole in the new page
+            await browser.wait_for_text("run 1: step", "weights", "Techniques", since=drawn_before_return)
+            assert "idle" not in browser.text(drawn_before_return).split("run 1: step")[0][-200:]
+            await browser.press_until_drawn("?", "Weights dtype", "LoRA adapters")  # and it takes keys again
+            assert history_rows(history, "SELECT count(*) FROM runs") == [(1,)]
+
+            closed_before = browser.sockets_closed  # a second tab takes the dashboard over; the first is let go
+            second_tab = await taken_over_by_another_tab(url)
+            assert "run 1: step" in second_tab, second_tab[-1500:]
+            await asyncio.sleep(1)
+            assert browser.sockets_closed > closed_before
+        stop(server)  # stopping the server quits the dashboard as q does: the run stopped and recorded
+        rows = wait_until(lambda: [row for row in history_rows(history, "SELECT status, result_json FROM runs")
+                                   if row[0] not in ("running", None)], "the run was never recorded")
+        assert rows[0][0] == "stopped" and json.loads(rows[0][1])["steps"] > steps_then + 20, rows
     finally:
         stop(server)
 

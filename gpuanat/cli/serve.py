@@ -3,16 +3,18 @@
     gpuanat serve [--host HOST] [--port PORT] [-- DASHBOARD FLAGS]
     gpuanat serve [--host HOST] [--port PORT] watch PID
 
-Each browser tab that connects starts `gpuanat` (or `gpuanat watch PID`) as textual-serve starts any Textual app: a
-process of its own, drawn in the page. Safe by default: bound to 127.0.0.1 (reach it over `ssh -L`), and every page
-and connection needs the token printed when the server starts — in the URL, as Jupyter does, then in a cookie that only
-this server's port reads; without it the page is refused (403). Closing the tab quits that dashboard as `q` would
-after an SSH drop: a run in progress is stopped and recorded, never left behind unrecorded.
+The server runs `gpuanat` (or `gpuanat watch PID`) as textual-serve runs any Textual app, drawn in the page — one
+dashboard, kept while tabs come and go (`serve_session.py`): closing the tab never stops a run, opening the URL again
+shows the same dashboard. Safe by default: bound to 127.0.0.1 (reach it over `ssh -L`), and every page and connection
+needs the token printed when the server starts — in the URL, as Jupyter does, then in a cookie that only this server's
+port reads; without it the page is refused (403). Stopping the server quits the dashboard as `q` does: a run in
+progress is stopped and recorded, never left behind unrecorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import secrets
 import shlex
@@ -45,9 +47,10 @@ def served_command(served: list[str]) -> list[str]:
 def _server_class() -> Any:
     try:
         from aiohttp import web
-        from textual_serve.server import Server
+        from textual_serve.server import Server, to_int
     except ImportError:
         fail_usage("gpuanat serve needs textual-serve: pip install 'gpuanat[serve]'")
+    from gpuanat.cli.serve_session import DashboardSession
 
     class TokenServer(Server):  # type: ignore[misc, valid-type]
         """textual-serve's server, each page and connection asking for the token, and its URLs those of the request
@@ -57,6 +60,7 @@ def _server_class() -> Any:
             super().__init__(command, host=host, port=port, title="gpuanat")
             self.token = token
             self.cookie = f"gpuanat_serve_{port}"
+            self.session = DashboardSession(command, self.download_manager)
 
         async def _make_app(self) -> Any:
             app = await super()._make_app()
@@ -84,6 +88,24 @@ def _server_class() -> Any:
 
         async def on_startup(self, app: Any) -> None:  # gpuanat prints its own line (the URL with the token)
             return None
+
+        async def handle_websocket(self, request: Any) -> Any:
+            """A tab's terminal: attached to the one dashboard until the tab goes (which leaves it running)."""
+            socket = web.WebSocketResponse(heartbeat=15)
+            await socket.prepare(request)
+            try:
+                service = await self.session.attach(socket, to_int(request.query.get("width", "80"), 80),
+                                                    to_int(request.query.get("height", "24"), 24))
+                await self._process_messages(socket, service)
+            except asyncio.CancelledError:
+                pass
+            finally:
+                self.session.detach(socket)
+                await socket.close()
+            return socket
+
+        async def on_shutdown(self, app: Any) -> None:
+            await self.session.stop()
 
     return TokenServer
 

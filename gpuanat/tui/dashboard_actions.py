@@ -45,6 +45,7 @@ SHARED_BINDINGS = [
     Binding("h", "history", "History", id="history"),
     Binding("enter", "compare", "Compare", id="compare", show=False),
     Binding("space", "pause", "Pause charts", id="pause", show=False),
+    Binding("ctrl+l", "redraw", "Redraw the whole screen", id="redraw", show=False, priority=True),
 ]
 """Keys of both dashboards (launching and watching), with the actions below."""
 HANGUP_RECORDING_TIMEOUT_S = 60.0
@@ -196,6 +197,11 @@ class DashboardActions(App[None]):
         for chart in self._charts:
             chart.paused = self.charts_paused
         self.notify("Charts paused (space resumes)." if self.charts_paused else "Charts live.", timeout=2)
+
+    def action_redraw(self) -> None:
+        """Draw every cell again, as ctrl+l does in a shell: a terminal that lost what it showed (a garbled SSH
+        session, a browser tab that attaches to `gpuanat serve`'s dashboard) gets all of it."""
+        self.refresh(repaint=True, layout=True)
 
     def action_help(self) -> None:
         """gpuanat's key page: every key in use, grouped, each technique with what it does."""
