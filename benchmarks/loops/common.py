@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +26,9 @@ def options(description: str, argv: list[str] | None = None) -> argparse.Namespa
     parser.add_argument("--warmup", type=int, default=10, help="steps before the steady clock starts")
     parser.add_argument("--probe", action="store_true", help="add gpuanat's probe for this loop")
     parser.add_argument("--tiny", action="store_true", help="2 small layers, for a CPU smoke test")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="under torchrun: FSDP2 (`fully_shard`) of every decoder layer and the model, one GPU a "
+                             "rank over NCCL (gloo on the CPU); plain_loop.py only")
     parser.add_argument("--hold-s", type=float, default=0.0, help="stay alive this long after training")
     parser.add_argument("--step-times", action="store_true",
                         help="also time every steady step (a CUDA sync at each step's end) and report their median")
@@ -33,7 +37,10 @@ def options(description: str, argv: list[str] | None = None) -> argparse.Namespa
 
 
 def device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """This rank's device: the GPU of its LOCAL_RANK under torchrun, GPU 0 otherwise, or the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def build_model(args: argparse.Namespace) -> torch.nn.Module:

@@ -351,7 +351,9 @@ class Probe(ProbeReadings):
         """The loop read its loss to log it (`loss`, None when not this time) and, at the end, its own figures
         (`summary`: "train_runtime", "train_samples_per_second", "train_loss", as HF Trainer names them)."""
         if loss is not None:
-            self._loss = float(loss)  # a tensor's read waits for the GPU: before loss_read, which times that wait
+            # a tensor's read waits for the GPU: before loss_read, which times that wait; detached, as the loop's
+            # loss still holds its graph (float() of it warns in the user's output)
+            self._loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
         self._step_phases.loss_read()
         self.summary.update(summary)
 
