@@ -23,25 +23,7 @@ pid=$!
 timeout 240 python3 -m gpuanat watch "$pid" --json > "$OUT/records_fsdp_loop.jsonl" 2> /tmp/fsdp/watch.err \
   || tail -3 /tmp/fsdp/watch.err
 wait "$pid"; echo "fsdp loop exit $?"; grep '^{' /tmp/fsdp/loop.out
-python3 - "$OUT/records_fsdp_loop.jsonl" <<'PY' | tee -a "$OUT/summary.txt"
-import collections, json, sys
-from gpuanat.core.measure.anatomy import stack_problems, stack_sum_error_percent
-records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-by_rank = collections.defaultdict(list)
-for record in records:
-    for rank in record.get("ranks") or [record]:
-        if rank.get("published") and rank.get("bands_measured_at_step"):
-            by_rank[rank.get("rank", 0)].append(rank)
-print(f"watch fsdp loop: {len(records)} records; ranks {sorted(by_rank)}")
-for rank, entries in sorted(by_rank.items()):
-    errors = [e for e in (stack_sum_error_percent(e) for e in entries) if e is not None]
-    problems = [p for e in entries for p in stack_problems(e)]
-    last = entries[-1]
-    print(f"  rank {rank}: {len(entries)} with bands, max |sum - NVML| {max(map(abs, errors)) if errors else None}%, "
-          f"{len(problems)} problems {problems[:2]}; gpu {last.get('gpu_index')} weights {last.get('weights_bytes')} "
-          f"gradients {last.get('gradients_bytes')} optimizer {last.get('optimizer_state_bytes')}")
-print("final", json.dumps(records[-1])[:600] if records else None)
-PY
+python3 benchmarks/rank_bands_check.py "$OUT/records_fsdp_loop.jsonl" | tee -a "$OUT/summary.txt"
 
 LLAMA=(--preset llama-3.1-8b --gpus 2 --distributed fsdp --precision bf16 --grad-checkpointing
        --batch-size 1 --samples 64 --max-steps ${STEPS:-8})
@@ -64,9 +46,11 @@ except Exception as error:
 peak = predicted.get("peak_device_bytes")
 print(f"  status {result['status']} steps {result['steps']} predicted peak device {peak}")
 for rank in result.get("ranks") or []:
-    measured = rank.get("peak_device_memory_used_bytes") or rank.get("device_memory_used_bytes")
-    print(f"  rank {rank.get('rank')} gpu {rank.get('gpu_index')}: measured peak {rank.get('peak_device_memory_used_bytes')}"
-          f" used {rank.get('device_memory_used_bytes')} bands sum {sum(v for v in (rank.get('bands') or {}).values() if v)}"
+    measured = rank.get("device_memory_used_bytes")
+    print(f"  rank {rank.get('rank')} gpu {rank.get('gpu_index')}: peak allocated {rank.get('peak_allocated_bytes')} "
+          f"(predicted {predicted.get('peak_allocated_bytes')}), peak reserved {rank.get('peak_reserved_bytes')} "
+          f"(predicted {predicted.get('peak_reserved_bytes')})"
+          f" used {rank.get('device_memory_used_bytes')} bands sum {sum(v for k, v in (rank.get('bands') or {}).items() if v and k != 'free_bytes')}"
           f" vs predicted {peak}: {100 * (peak - measured) / measured if peak and measured else None:+.1f}%")
 PY
 }
