@@ -2,7 +2,7 @@
 # The reference outside gpuanat for decoders under FSDP2 (issue #34), on a machine with 2 GPUs, one call:
 #   bash benchmarks/fsdp_reference_check.sh
 # benchmarks/reference_fsdp_trainer.py (a plain HF Trainer script, the model built on the CPU in fp32) under torchrun
-# for llama-3.1-8b at seq 1024 and 4096, then `gpuanat run --model` of the same config at seq 1024 on the same machine,
+# for llama-3.1-8b at seq 1024 (SEQS="1024 4096" for both), then `gpuanat run --model` of the same config at seq 1024 on the same machine,
 # and `gpuanat predict` of each. Writes $OUT/fsdp_reference/: reference-seqN.jsonl (a line a rank), run-seq1024.json,
 # predict-seqN.json.
 set -uo pipefail
@@ -11,11 +11,13 @@ mkdir -p "$OUT" /tmp/fsdpref
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_HUB_OFFLINE=1 GPUANAT_DB=/tmp/fsdpref/history.sqlite NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader | tee "$OUT/gpus.txt"
 CONFIG=benchmarks/configs/llama-3.1-8b
-for seq in ${SEQS:-1024 4096}; do
+for seq in ${SEQS:-1024}; do
   started=$(date +%s)
-  OMP_NUM_THREADS=8 timeout 300 torchrun --nproc-per-node 2 benchmarks/reference_fsdp_trainer.py --config $CONFIG \
-    --seq-len $seq --steps ${STEPS:-8} > /tmp/fsdpref/ref-$seq.out 2>&1 || tail -5 /tmp/fsdpref/ref-$seq.out
+  OMP_NUM_THREADS=8 timeout ${REFERENCE_TIMEOUT_S:-200} torchrun --nproc-per-node 2 benchmarks/reference_fsdp_trainer.py \
+    --config $CONFIG --seq-len $seq --steps ${STEPS:-8} > /tmp/fsdpref/ref-$seq.out 2>&1
+  echo "reference seq $seq: exit $?"
   grep '^{' /tmp/fsdpref/ref-$seq.out > "$OUT/reference-seq$seq.jsonl"
+  grep -v '^{' /tmp/fsdpref/ref-$seq.out | tail -60 > "$OUT/reference-seq$seq.log"  # comes back, whatever happened
   echo "reference seq $seq: $(( $(date +%s) - started )) s"; cat "$OUT/reference-seq$seq.jsonl"
   timeout 60 python3 -m gpuanat predict --model $CONFIG/config.json --gpus 2 --distributed fsdp --precision bf16 \
     --grad-checkpointing --batch-size 1 --seq-len $seq --json > "$OUT/predict-seq$seq.json"
