@@ -12,6 +12,7 @@ from gpuanat.cli.common import EXIT_OK, fail_usage, validated_config
 def command_predict(args: argparse.Namespace) -> int:
     from gpuanat.core.measure.nvml_source import probe_nvml
     from gpuanat.core.memory.allocation_templates import largest_batch, version_differences
+    from gpuanat.core.memory.fit_ladder import fit_ladder
     from gpuanat.core.memory.predict import (
         estimate_memory,
         fits_in,
@@ -57,6 +58,8 @@ def command_predict(args: argparse.Namespace) -> int:
         "max_batch_recorded_with": largest.recorded_with if largest else None,
         "max_batch_size_model": largest.model_batch_size if largest else None,
         "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
+        "fit_ladder": ([step.to_json() for step in fit_ladder(config, gpu_memory)] if gpu_memory is not None
+                       else None),
     }
     if args.json:
         print(json.dumps(result))
@@ -81,6 +84,7 @@ def command_predict(args: argparse.Namespace) -> int:
               f"largest batch that fits: {result['max_batch_size']} ({how})")
         if result["max_batch_caveat"]:
             print(f"  caveat: {result['max_batch_caveat']}")
+        print_fit_ladder(result["fit_ladder"], config, gpu_memory)
         recorded_with = result["max_batch_recorded_with"]
         if recorded_with:
             differences = version_differences(recorded_with)
@@ -88,3 +92,23 @@ def command_predict(args: argparse.Namespace) -> int:
                   f"{recorded_with['transformers']}" + (f" ({'; '.join(differences)}: its allocations may differ)"
                                                          if differences else ""))
     return EXIT_OK
+
+
+def print_fit_ladder(ladder: list[dict[str, Any]], config: Any, gpu_memory: int) -> None:
+    """What makes a run that does not fit fit, cheapest technique first, each on top of those before it."""
+    from gpuanat.core.store.report import format_bytes
+
+    if not ladder:
+        return
+    gpus = f"{config.ranks} × " if (config.ranks or 1) > 1 else ""
+    print(f"What makes it fit on {gpus}{format_bytes(gpu_memory)}, cheapest first (each on top of those before):")
+    for step in ladder:
+        if step["refused"]:
+            print(f"  · {step['technique']:<44} left out: {step['refused']}")
+            continue
+        verdict = "fits" if step["fits"] else "does not fit"
+        print(f"  + {step['technique']:<44} {step['flags']:<40} peak {format_bytes(step['peak_device_bytes']):>10}"
+              f"  {verdict}")
+    if not any(step["fits"] for step in ladder):
+        smaller = "a smaller --batch-size or --seq-len" if config.batch_size > 1 else "a shorter --seq-len"
+        print(f"  None of these makes it fit: {smaller}, more GPUs (--gpus N), or a larger GPU.")

@@ -208,8 +208,12 @@ def prediction_caveat(config: RunConfig) -> str | None:
                          "(with its fused loss and LoRA: 1-4% low)")
         if config.liger_layers and arch.experts:
             notes.append("Liger's kernels in a mixture of experts' experts are not modelled (counted as without)")
-        if config.distributed != "none":
-            notes.append("decoders were not measured on several GPUs")
+        if config.distributed == "fsdp":
+            notes.append("decoders under FSDP2 were measured on 2 H200s (llama-3.1-8b, mistral-7b): peak allocated "
+                         "within 3.1%, but the allocator reserved up to 8 GB more than predicted "
+                         "(docs/several-gpus.md)")
+        elif config.distributed != "none":
+            notes.append(f"decoders were not measured under {config.distributed} on several GPUs")
     elif config.lora:
         notes.append("LoRA was measured on decoders only: the adapters are exact, the activations may be off")
     if not notes:

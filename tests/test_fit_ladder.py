@@ -1,0 +1,100 @@
+"""`gpuanat predict`'s answer to "which technique first makes it fit" (issue #34): the memory techniques added one by
+one, cheapest first, until the predicted run fits; each step's flags, given to `predict` again, are that run."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from conftest import run_cli
+
+from gpuanat.core.memory.fit_ladder import fit_ladder
+from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes
+from gpuanat.core.run.config import RunConfig
+
+GIB = 1024**3
+LLAMA_8B = ["--preset", "llama-3.1-8b", "--precision", "bf16", "--batch-size", "1", "--seq-len", "1024"]
+
+
+def predicted(db_path, flags: list[str]) -> dict:
+    completed = run_cli(["predict", *flags, "--json"], db_path)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+def test_each_step_is_the_run_its_flags_make_and_only_the_last_fits(db_path):
+    """An 8B decoder on one 24 GiB GPU: its peak is the model's state, so checkpointing lowers nothing at first; bf16
+    weights and LoRA shrink the state, then checkpointing (tried again) makes it fit. Replaying the flags step by step
+    through the command line gives each step's peak."""
+    flags = [*LLAMA_8B, "--gpu-memory", "24GiB"]
+    result = predicted(db_path, flags)
+    ladder = result["fit_ladder"]
+    assert [step["technique"].split()[0] for step in ladder] == ["bf16", "LoRA", "gradient"]
+    assert [step["fits"] for step in ladder] == [False, False, True]
+    assert result["peak_device_bytes"] > ladder[0]["peak_device_bytes"] > ladder[1]["peak_device_bytes"] \
+        > ladder[2]["peak_device_bytes"]
+    checkpointed_first = predicted(db_path, [*flags, "--grad-checkpointing"])
+    assert checkpointed_first["peak_device_bytes"] >= result["peak_device_bytes"]  # why it waited
+    applied = list(flags)
+    for step in ladder:
+        applied += shlex.split(step["flags"])
+        if step["technique"].startswith("LoRA"):  # LoRA's base is 16-bit already: it replaces --weights-dtype bf16
+            applied += ["--weights-dtype", "fp32"]
+        again = predicted(db_path, applied)
+        assert again["peak_device_bytes"] == step["peak_device_bytes"], step
+    assert again["fit_ladder"] == []  # the run the last step made fits as given
+
+
+def test_several_gpus_shard_first_and_say_what_this_version_cannot_train(db_path):
+    """On 2 GPUs DDP leaves each rank the whole 8B model's state; sharding the optimizer state (ZeRO-1) is the first
+    step. Already fully sharded and too long a sequence: checkpointing is tried, and the steps FSDP refuses here are
+    said, with why, instead of being skipped in silence."""
+    ddp = predicted(db_path, [*LLAMA_8B, "--gpus", "2", "--distributed", "ddp", "--gpu-memory", "80GiB"])
+    assert ddp["fit_ladder"][0]["flags"] == "--distributed zero1" and ddp["fit_ladder"][-1]["fits"]
+    fsdp = run_cli(["predict", "--preset", "llama-3.1-8b", "--precision", "bf16", "--batch-size", "4", "--seq-len",
+                    "8192", "--gpus", "2", "--distributed", "fsdp", "--gpu-memory", "80GiB"], db_path)
+    assert fsdp.returncode == 0, fsdp.stderr
+    text = fsdp.stdout
+    assert "What makes it fit on 2 × 80.00 GiB" in text and "--grad-checkpointing" in text
+    assert "left out: LoRA trains on one GPU or with ddp here; not with fsdp" in text
+    assert "None of these makes it fit: a smaller --batch-size or --seq-len" in text
+    ddp_text = run_cli(["predict", *LLAMA_8B, "--gpus", "2", "--distributed", "ddp", "--gpu-memory", "80GiB"],
+                       db_path).stdout
+    assert "--distributed zero1" in ddp_text and "None of these" not in ddp_text
+
+
+def test_a_run_that_fits_has_no_ladder(db_path):
+    config = RunConfig(preset="bert-large", batch_size=8)
+    assert fits_in(estimate_memory(config), 80 * GIB) and fit_ladder(config, 80 * GIB) == []
+    text = run_cli(["predict", "--batch-size", "8", "--gpu-memory", "80GiB"], db_path).stdout
+    assert "batch 8 fits" in text and "What makes it fit" not in text
+    assert predicted(db_path, ["--gpu-memory", "80GiB"])["fit_ladder"] == []
+    assert predicted(db_path, [])["fit_ladder"] is None or probe_has_gpu()
+
+
+def probe_has_gpu() -> bool:
+    from gpuanat.core.measure.nvml_source import probe_nvml
+
+    return bool(probe_nvml().available)
+
+
+def test_the_ladder_agrees_with_the_estimate_it_is_built_on():
+    """Each tried step's peak is the estimate of the config it made, its verdict `fits_in`'s (a classifier on a
+    small GPU: checkpointing first)."""
+    config = RunConfig(preset="bert-large", batch_size=64)
+    (step,) = fit_ladder(config, 16 * GIB)
+    checkpointed = config.replace(grad_checkpointing=True)
+    assert step.flags == "--grad-checkpointing" and step.fits
+    assert step.peak_device_bytes == peak_device_bytes(estimate_memory(checkpointed))
+    assert not fits_in(estimate_memory(config), 16 * GIB) and fits_in(estimate_memory(checkpointed), 16 * GIB)
+
+
+def test_a_technique_that_never_helped_is_said_after_the_one_that_fits(db_path):
+    """8B on one 80 GiB GPU: checkpointing lowers nothing (the model's state peaks), bf16 weights fit; the
+    checkpointing step is listed last as left out, and the answer is still that it fits."""
+    ladder = fit_ladder(RunConfig(preset="llama-3.1-8b", precision="bf16", batch_size=1, seq_len=1024), 80 * GIB)
+    assert [(step.flags, step.fits, step.refused is None) for step in ladder] == [
+        ("--precision bf16 --weights-dtype bf16", True, True), ("--grad-checkpointing", False, False)]
+    assert "lowers nothing here" in ladder[1].refused
+    text = run_cli(["predict", *LLAMA_8B, "--gpu-memory", "80GiB"], db_path).stdout
+    assert "left out: lowers nothing here" in text and "None of these" not in text
