@@ -185,7 +185,7 @@ def test_the_cpu_searches_what_it_can_run():
     space = search_space(RunConfig(), older, set(), gpu_memory_bytes=16 * 2**30)
     assert space.half_precision == "fp16" and "tf32" not in space.dimensions
     assert space.optimizers == ("adamw_torch_fused", "adamw_bnb_8bit")
-    assert set(space.dimensions) == set(DIMENSIONS) - {"tf32", "liger"}
+    assert set(space.dimensions) == set(DIMENSIONS) - {"tf32", "liger", "distributed"}  # one GPU
 
 
 def test_a_gpu_bound_run_tries_the_fused_kernels_first_regions_before_the_whole_model():
@@ -205,3 +205,46 @@ def test_without_a_diagnosis_the_moves_keep_their_order():
     host_bound = {"diagnosis": [{"bottleneck": "host-bound"}, {"bottleneck": "compile"}]}
     assert moves_in_order(("batch", "precision", "engine", "compile"), host_bound) == [
         "batch", "engine", "compile", "precision"]
+
+
+TWO_H100 = Capabilities(torch_version="2.11", cuda_available=True, cuda_device_name="NVIDIA H100 80GB HBM3",
+                        cuda_compute_capability=(9, 0), cuda_total_memory_bytes=81559 * 2**20, cuda_device_count=2,
+                        deepspeed_version="0.18.0")
+SHARDING_SPEED = {"ddp": 1.0, "zero1": 0.97, "zero2": 0.95, "fsdp": 0.9, "zero3": 0.85}
+"""Made up: each step of sharding costs some communication."""
+
+
+def test_on_several_gpus_the_distributed_technique_is_searched_from_the_least_sharding_that_fits():
+    """llama-3.1-8b on 2 H100s: DDP holds the whole model's state on each GPU and is predicted not to fit at any
+    batch, so the start takes the least sharding that does; the other techniques are moves like any other, each
+    fitted to the memory, and the fastest that fits is kept."""
+    base = RunConfig(preset="llama-3.1-8b", gpus="2", distributed="ddp", precision="bf16", seq_len=1024,
+                     batch_size=1, samples=64)
+    space = search_space(base, TWO_H100, frozenset({"seq_len"}), gpu_memory_bytes=H100_NVML_TOTAL_BYTES,
+                         only=["batch", "distributed", "grad-checkpointing"])
+    assert space.dimensions == ("batch", "distributed", "grad-checkpointing")
+    assert space.distributed_techniques == ("ddp", "zero1", "zero2", "fsdp", "zero3")
+    trials = FakeTrials(speedup=lambda config: SHARDING_SPEED[config.distributed])
+    result = run_tune(base, space, store=None, log_dir=Path("unused"), trial_steps=20, budget_s=3600.0,
+                      run_trial=trials, clock=trials.clock)
+    start = result.trials[0].config
+    usable = space.usable_memory_bytes
+    assert largest_batch(base, usable).batch_size == 0  # DDP: no batch fits
+    assert start.distributed == "zero1"  # the least sharding predicted to fit
+    tried = {trial.config.distributed for trial in result.trials}
+    assert {"zero2", "fsdp"} <= tried and "ddp" not in tried  # ddp was pruned by the prediction, never run
+    assert result.best is not None and result.best.samples_per_second == max(
+        trial.samples_per_second for trial in result.ok_trials)
+
+
+def test_one_gpu_or_a_workload_sharding_cannot_train_has_no_distributed_dimension():
+    one = search_space(RunConfig(preset="llama-3.1-8b", precision="bf16"), H100, frozenset(),
+                       gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
+    assert "distributed" not in one.dimensions and one.distributed_techniques == ()
+    lora = search_space(RunConfig(preset="llama-3.1-8b", gpus="2", distributed="ddp", precision="bf16", lora=16),
+                        TWO_H100, frozenset(), gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
+    assert "distributed" not in lora.dimensions  # LoRA trains with ddp only here: nothing to choose
+    no_deepspeed = search_space(RunConfig(gpus="2", distributed="ddp"),
+                                Capabilities(**{**TWO_H100.__dict__, "deepspeed_version": None}), frozenset(),
+                                gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
+    assert no_deepspeed.distributed_techniques == ("ddp", "fsdp")

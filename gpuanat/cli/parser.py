@@ -238,8 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: no accumulation, the effective batch follows the batch)")
     tune.add_argument("--search", default=None, metavar="NAMES",
                       help="search only these, separated by commas: batch, precision, tf32, attn, optim, "
-                           "grad-checkpointing, workers, expandable-segments, liger, compile (default: all that "
-                           "apply here)")
+                           "distributed, grad-checkpointing, workers, expandable-segments, liger, engine, compile "
+                           "(default: all that apply here)")
     tune.add_argument("--max-batch", type=int, default=None, metavar="N",
                       help="try no batch above N (default: 4096 on a GPU; on the CPU without --gpu-memory 64)")
     tune.add_argument("--json", action="store_true",

@@ -24,7 +24,7 @@ TOP_RUNG_MULTIPLE = 8
 """Besides powers of two, the batch ladder's top rung is the largest batch predicted to fit, rounded down to a
 multiple of 8 (tensor-core friendly): bert-large bf16 on an 80 GiB GPU fits 140, above the 128 rung."""
 MEMORY_RELEVANT_FIELDS = ("precision", "grad_checkpointing", "optim", "attn", "compile", "compile_regions",
-                          "expandable_segments", "liger", "liger_layers")
+                          "expandable_segments", "liger", "liger_layers", "distributed")
 """Techniques that change what a batch needs: a trial that ran out of memory rules out larger batches only for
 the same values of these."""
 
@@ -114,7 +114,19 @@ class Search:
         changes: dict[str, Any] = {"precision": self.space.half_precision, "tf32": self.space.tf32_available,
                                    "attn": "sdpa", "optim": "adamw_torch_fused", "grad_checkpointing": False,
                                    "compile": False, "compile_regions": False}
-        return config.replace(**{name: value for name, value in changes.items() if name in searched})
+        config = config.replace(**{name: value for name, value in changes.items() if name in searched})
+        if "distributed" in self.space.dimensions and not self.predictor.fits(self.with_batch(config, 1)):
+            # no batch fits as the state is spread: the least sharding that lets one fit (ZeRO-1, …, FSDP2)
+            for technique in self.space.distributed_techniques:
+                candidate = self._with_distributed(config, technique)
+                if self.predictor.fits(self.with_batch(candidate, 1)):
+                    return candidate
+        return config
+
+    @staticmethod
+    def _with_distributed(config: RunConfig, technique: str) -> RunConfig:
+        """`config` trained with `technique` (the Accelerate loop trains with DDP only: a sharded one takes Trainer)."""
+        return config.replace(distributed=technique, engine=config.engine if technique == "ddp" else "trainer")
 
     def _fitted(self, candidate: RunConfig, dimension: str) -> RunConfig | None:
         """`candidate`, or with its batch stepped down to the largest rung that fits when the batch is searched;
@@ -170,6 +182,9 @@ class Search:
         elif dimension == "optim":
             candidates.extend(self._fitted(center.replace(optim=optim), dimension) for optim in self.space.optimizers
                               if optim != center.optim)
+        elif dimension == "distributed":
+            candidates.extend(self._fitted(self._with_distributed(center, technique), dimension)
+                              for technique in self.space.distributed_techniques if technique != center.distributed)
         elif dimension == "grad-checkpointing":
             candidates.append(self._checkpointing_move(center))
         elif dimension == "workers":

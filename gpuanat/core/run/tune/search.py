@@ -26,7 +26,7 @@ FIRST_MOVES_FOR: dict[str, tuple[str, ...]] = {
     "gpu-bound": ("compile", "engine", "liger"),
     "host-bound": ("batch", "engine", "compile"),
     "input-bound": ("workers",),
-    "memory-bound": ("grad-checkpointing", "optim", "expandable-segments"),
+    "memory-bound": ("distributed", "grad-checkpointing", "optim", "expandable-segments"),
 }
 """The moves a round tries first, by the kept run's main bottleneck (`diagnose`): what its fix names. A GPU-bound
 run gains from less GPU work a sample (fused kernels) and from a loop that leaves the GPU no gap: HF Trainer

@@ -19,6 +19,7 @@ DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "tf32": ("tf32",),
     "attn": ("attn",),
     "optim": ("optim",),
+    "distributed": ("distributed",),
     "grad-checkpointing": ("grad_checkpointing",),
     "workers": ("workers",),
     "expandable-segments": ("expandable_segments",),
@@ -27,9 +28,10 @@ DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "compile": ("compile_regions", "compile"),
 }
 """The dimensions searched, in the order of the moves, and the RunConfig fields each one sets (Liger: all its
-kernels or none, as HF Trainer's use_liger_kernel). torch.compile comes
-last: its trials are the longest (compilation). Its values: eager, the regions outside attention compiled (faster
-than eager on the H100), the whole model compiled (slower there, with 1.7× the memory)."""
+kernels or none, as HF Trainer's use_liger_kernel). On several GPUs the distributed technique is one: DDP, ZeRO-1/2
+(with DeepSpeed), FSDP2 and ZeRO-3 trade communication for the memory a larger batch needs, which only a run shows.
+torch.compile comes last: its trials are the longest (compilation). Its values: eager, the regions outside attention
+compiled (faster than eager on the H100), the whole model compiled (slower there, with 1.7× the memory)."""
 DIMENSIONS = tuple(DIMENSION_FIELDS)
 MEMORY_MARGIN_FRACTION = 0.02
 """Left free of the GPU's memory when pruning by prediction: the predicted peak is within a few % of the measured
@@ -56,6 +58,8 @@ class SearchSpace:
     effective_batch: int | None = None
     """Samples per optimizer step to keep: each batch b trains with accumulation effective_batch / b."""
     tf32_available: bool = False
+    distributed_techniques: tuple[str, ...] = ()
+    """On several GPUs: the distributed techniques this machine can run for this workload (ZeRO needs DeepSpeed)."""
 
     @property
     def usable_memory_bytes(self) -> int | None:
@@ -74,12 +78,17 @@ def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[
     ampere = cuda and (capability is None or capability >= (8, 0))
     causal_lm = base.model is None and PRESETS[base.preset].objective == "causal-lm"
     bitsandbytes = cuda and capabilities.bitsandbytes_version is not None
+    several = cuda and (base.ranks or 1) > 1
+    distributed = tuple(technique for technique in ("ddp", "zero1", "zero2", "fsdp", "zero3")
+                        if several and (not technique.startswith("zero") or capabilities.deepspeed_version)
+                        and _trains(base.replace(distributed=technique, engine="trainer")))
     applicable = {
         "batch": "batch_size" not in given,
         "precision": True,
         "tf32": ampere,
         "attn": True,
         "optim": bitsandbytes and not base.load_in_4bit,
+        "distributed": len(distributed) > 1,
         "grad-checkpointing": gpu_memory_bytes is not None,
         "workers": True,
         "expandable-segments": cuda,
@@ -99,7 +108,20 @@ def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[
         half_precision="bf16" if not cuda or ampere else "fp16",
         optimizers=("adamw_torch_fused", "adamw_bnb_8bit") if bitsandbytes else ("adamw_torch_fused",),
         gpu_memory_bytes=gpu_memory_bytes, max_batch=limit, effective_batch=effective_batch, tf32_available=ampere,
+        distributed_techniques=distributed if "distributed" in dimensions else (),
     )
+
+
+def _trains(config: RunConfig) -> bool:
+    """Whether this version can train `config` at all (LoRA under FSDP cannot, for one)."""
+    from gpuanat.core.run.errors import ConfigError
+    from gpuanat.core.run.validation import validate_values
+
+    try:
+        validate_values(config)
+    except ConfigError:
+        return False
+    return True
 
 
 def searched_fields(space: SearchSpace) -> set[str]:
