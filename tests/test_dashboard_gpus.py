@@ -147,7 +147,8 @@ def test_dashboard_with_two_gpus(snap_compare, tmp_path):
 @pytest.mark.asyncio
 async def test_eight_lanes_fit_80x24_with_the_memory_legend_folded_away(tmp_path):
     """A box of 8 GPUs at an SSH session's default size: every lane shows, one row each; the memory bar keeps its
-    bar and device-used row and drops its legend (each lane says its GPU's memory), and takes it back at 120×40."""
+    bar and device-used row and drops its legend (each lane says its GPU's memory), and takes it back at 120×40; at
+    200×50 every lane's row is drawn whole (its GPU, rank and reading)."""
     app = make_app(tmp_path / "h.sqlite", RunConfig(gpus="8", distributed="ddp", precision="bf16", batch_size=16),
                    gpu_names=("NVIDIA H200",) * 8)
     result = ddp_result()
@@ -166,3 +167,9 @@ async def test_eight_lanes_fit_80x24_with_the_memory_legend_folded_away(tmp_path
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
         assert app.query_one(MemoryBar).region.height > 2
+        await pilot.resize_terminal(200, 50)  # a large terminal: the same lanes, each row whole
+        await pilot.pause()
+        assert lanes.region.height == 8 and lanes.region.bottom <= 50 - 1
+        drawn = [lanes.render_line(row).text for row in range(8)]
+        for index, line in enumerate(drawn):
+            assert line.startswith(f"GPU {index} r{index}") and "/" in line, line
