@@ -100,7 +100,7 @@ async def drive(steps: int, cpu: bool) -> dict[str, Any]:
     result_bands = {band: value for band, value in result["bands"].items() if value is not None}
     equal = sum(1 for check in checks if not check["differing"])
     return {"status": result["status"], "steps": result["steps"], "scrapes_compared": len(checks),
-            "scrapes_equal": equal, "scrapes_moved": moved, "checks": checks,
+            "scrapes_equal": equal, "scrapes_moved": moved, "scrape_checks": checks,
             "final_scrape_vs_result": compare(result_bands, final_scraped),
             "final_screen_vs_result": compare(result_bands, final_shown),
             "result_bands": result_bands, "final_scraped": final_scraped}
