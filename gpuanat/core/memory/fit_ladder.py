@@ -33,37 +33,55 @@ class LadderStep:
 
     technique: str
     flags: str
+    """What to add to the command line of the step before (or of the run as given, for the first)."""
     peak_device_bytes: int | None
     fits: bool
     refused: str | None = None
-    """Why this version cannot train it (the step was then left out); None when it was tried."""
+    """Why the step was left out: this version cannot train it, or it lowers nothing here; None when taken."""
 
     def to_json(self) -> dict[str, object]:
         return {"technique": self.technique, "flags": self.flags, "peak_device_bytes": self.peak_device_bytes,
                 "fits": self.fits, "refused": self.refused}
 
 
-def _rungs(config: RunConfig) -> list[tuple[str, str, Callable[[RunConfig], RunConfig]]]:
-    """(technique, flags, how it changes a config) in the ladder's order, for a run like `config`."""
-    rungs: list[tuple[str, str, Callable[[RunConfig], RunConfig]]] = []
+@dataclass(frozen=True)
+class Rung:
+    """A technique of the ladder: how it changes a config, and the flags that say so."""
+
+    technique: str
+    change: Callable[[RunConfig], RunConfig]
+    flags: Callable[[RunConfig], str]
+    """The flags that turn the config before into the changed one."""
+
+
+def _lora_flags(run: RunConfig, extra: str = "") -> str:
+    """LoRA's flags on top of `run`: its frozen base is 16-bit already, so bf16 weights go back to fp32."""
+    base = " --weights-dtype fp32" if run.weights_dtype != "fp32" else ""
+    return f"{extra}--lora {run.lora or LORA_RANK}{base}"
+
+
+def _rungs(config: RunConfig) -> list[Rung]:
+    """The ladder's techniques in order, for a run like `config`."""
+    rungs: list[Rung] = []
     if (config.ranks or 1) > 1:
         position = SHARDING_ORDER.index(config.distributed)
         for stage in ("zero1", "zero2", "fsdp"):
             if SHARDING_ORDER.index(stage) > position:
-                rungs.append((f"shard ({stage})", f"--distributed {stage}",
-                              lambda run, stage=stage: run.replace(distributed=stage)))
+                rungs.append(Rung(f"shard ({stage})", lambda run, stage=stage: run.replace(distributed=stage),
+                                  lambda run, stage=stage: f"--distributed {stage}"))
     if not config.grad_checkpointing:
-        rungs.append(("gradient checkpointing", "--grad-checkpointing",
-                      lambda run: run.replace(grad_checkpointing=True)))
+        rungs.append(Rung("gradient checkpointing", lambda run: run.replace(grad_checkpointing=True),
+                          lambda run: "--grad-checkpointing"))
     if config.weights_dtype == "fp32" and not config.lora and not config.load_in_4bit:
-        rungs.append(("bf16 weights", "--precision bf16 --weights-dtype bf16",
-                      lambda run: run.replace(precision="bf16", weights_dtype="bf16")))
+        rungs.append(Rung("bf16 weights", lambda run: run.replace(precision="bf16", weights_dtype="bf16"),
+                          lambda run: "--precision bf16 --weights-dtype bf16"))
     if not config.lora:
-        rungs.append((f"LoRA rank {LORA_RANK}, its frozen base in 16 bits", f"--lora {LORA_RANK}",
-                      lambda run: run.replace(lora=LORA_RANK, weights_dtype="fp32")))
+        rungs.append(Rung(f"LoRA rank {LORA_RANK}, its frozen base in 16 bits",
+                          lambda run: run.replace(lora=LORA_RANK, weights_dtype="fp32"), _lora_flags))
     if not config.load_in_4bit:
-        rungs.append(("QLoRA (4-bit base)", f"--load-in-4bit --lora {config.lora or LORA_RANK}",
-                      lambda run: run.replace(load_in_4bit=True, lora=run.lora or LORA_RANK, weights_dtype="fp32")))
+        rungs.append(Rung("QLoRA (4-bit base)",
+                          lambda run: run.replace(load_in_4bit=True, lora=run.lora or LORA_RANK, weights_dtype="fp32"),
+                          lambda run: _lora_flags(run, "--load-in-4bit ") if not run.lora else "--load-in-4bit"))
     return rungs
 
 
@@ -81,31 +99,31 @@ def fit_ladder(config: RunConfig, gpu_memory_bytes: int) -> list[LadderStep]:
         return []
     steps: list[LadderStep] = []
     waiting: dict[str, LadderStep] = {}
-    """Techniques that lowered nothing when tried, by flags: their step as last tried."""
+    """Techniques that lowered nothing when tried, by name: their step as last tried."""
     current = config
     rungs = _rungs(config)
     pending = list(rungs)
     while pending:
-        technique, flags, change = pending.pop(0)
-        candidate = change(current)
+        rung = pending.pop(0)
+        candidate, flags = rung.change(current), rung.flags(current)
         try:
             validate_values(candidate)
         except ConfigError as error:
-            steps.append(LadderStep(technique, flags, None, False, refused=error.message))
+            steps.append(LadderStep(rung.technique, flags, None, False, refused=error.message))
             continue
         peak, fits = _fits(candidate, gpu_memory_bytes)
         if peak >= current_peak and not fits:  # e.g. checkpointing where the model's state, not activations, peaks
-            waiting[flags] = LadderStep(technique, flags, peak, False, refused=(
+            waiting[rung.technique] = LadderStep(rung.technique, flags, peak, False, refused=(
                 f"lowers nothing here (peak {peak / GIB:.2f} GiB with it, {current_peak / GIB:.2f} GiB without)"))
             continue
-        waiting.pop(flags, None)
-        steps.append(LadderStep(technique, flags, peak, fits))
+        waiting.pop(rung.technique, None)
+        steps.append(LadderStep(rung.technique, flags, peak, fits))
         current, current_peak = candidate, peak
         if fits:
             break
         # what lowered nothing before is tried again first, cheapest first
-        again = [rung for rung in rungs if rung[1] in waiting]
-        pending = again + [rung for rung in pending if rung[1] not in waiting]
-        for rung in again:
-            waiting.pop(rung[1])
+        again = [waiting_rung for waiting_rung in rungs if waiting_rung.technique in waiting]
+        pending = again + [other for other in pending if other.technique not in waiting]
+        for waiting_rung in again:
+            waiting.pop(waiting_rung.technique)
     return steps + list(waiting.values())
