@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes
 from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.validation import validate_values
+from gpuanat.core.run.validation import refusal
 
 SHARDING_ORDER = ("none", "ddp", "zero1", "zero2", "fsdp", "zero3")
 """Distributed techniques by how much of the model's state each rank holds, most first."""
@@ -106,10 +105,9 @@ def fit_ladder(config: RunConfig, gpu_memory_bytes: int) -> list[LadderStep]:
     while pending:
         rung = pending.pop(0)
         candidate, flags = rung.change(current), rung.flags(current)
-        try:
-            validate_values(candidate)
-        except ConfigError as error:
-            steps.append(LadderStep(rung.technique, flags, None, False, refused=error.message))
+        refused = refusal(candidate)
+        if refused is not None:
+            steps.append(LadderStep(rung.technique, flags, None, False, refused=refused.message))
             continue
         peak, fits = _fits(candidate, gpu_memory_bytes)
         if peak >= current_peak and not fits:  # e.g. checkpointing where the model's state, not activations, peaks

@@ -215,6 +215,15 @@ def validate_values(config: RunConfig) -> None:
                                        f"(got {config.seq_len})")
 
 
+def refusal(config: RunConfig) -> ConfigError | None:
+    """Why `validate_values` refuses `config`, or None where this version can train it."""
+    try:
+        validate_values(config)
+    except ConfigError as error:
+        return error
+    return None
+
+
 def _validate_liger(config: RunConfig) -> None:
     """--liger replaces a causal LM's loss, which reads the LM head's weight whole: a classifier has none to fuse
     (a --model's head is known once the worker builds it), and a weight sharded over ranks is not whole.

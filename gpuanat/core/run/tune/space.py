@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.run.validation import refusal
 
 DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "batch": ("batch_size", "grad_accum"),
@@ -81,7 +82,7 @@ def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[
     several = cuda and (base.ranks or 1) > 1
     distributed = tuple(technique for technique in ("ddp", "zero1", "zero2", "fsdp", "zero3")
                         if several and (not technique.startswith("zero") or capabilities.deepspeed_version)
-                        and _trains(base.replace(distributed=technique, engine="trainer")))
+                        and refusal(base.replace(distributed=technique, engine="trainer")) is None)
     applicable = {
         "batch": "batch_size" not in given,
         "precision": True,
@@ -110,18 +111,6 @@ def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[
         gpu_memory_bytes=gpu_memory_bytes, max_batch=limit, effective_batch=effective_batch, tf32_available=ampere,
         distributed_techniques=distributed if "distributed" in dimensions else (),
     )
-
-
-def _trains(config: RunConfig) -> bool:
-    """Whether this version can train `config` at all (LoRA under FSDP cannot, for one)."""
-    from gpuanat.core.run.errors import ConfigError
-    from gpuanat.core.run.validation import validate_values
-
-    try:
-        validate_values(config)
-    except ConfigError:
-        return False
-    return True
 
 
 def searched_fields(space: SearchSpace) -> set[str]:
