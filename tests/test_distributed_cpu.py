@@ -140,6 +140,23 @@ def test_stopping_a_distributed_run_stops_every_rank_and_leaves_no_process(db_pa
     _assert_none_left(marker, timeout_s=10)
 
 
+def test_a_rank_whose_collective_broke_as_the_user_stopped_the_run_says_stopped():
+    """A stop reaches the ranks a step apart: the one still in its all-reduce loses its peer and says so (gloo's
+    "Connection closed by peer"). In a run the user stopped that rank stopped too, its error kept; out of memory
+    stays out of memory, and outside a stop an error is a failure."""
+    from gpuanat.core.measure.run_state import RankEvents, rank_status
+    from gpuanat.core.run.protocol import Error
+
+    broken = RankEvents()
+    broken.observe(Error(kind="exception", message="RuntimeError: [gloo] Connection closed by peer", step=7))
+    out_of_memory = RankEvents()
+    out_of_memory.observe(Error(kind="oom", message="CUDA out of memory", step=7))
+    silent = RankEvents()
+    assert [rank_status(state, stopped_by_user=True) for state in (broken, out_of_memory, silent)] == [
+        "stopped", "oom", "stopped"]
+    assert [rank_status(state) for state in (broken, out_of_memory, silent)] == ["failed", "oom", "failed"]
+
+
 def test_a_sigkilled_gpuanat_takes_the_launcher_torchrun_and_every_rank_with_it(db_path):
     with training_on_two_ranks(db_path) as (marker, process):
         _ranks(marker, 2)

@@ -130,9 +130,12 @@ class RankEvents:
 
 def rank_status(state: RankEvents, stopped_by_user: bool = False) -> str:
     """How one rank ended, from its own events; one that said neither done nor error was stopped when the user stopped
-    it (`stopped_by_user`), else it failed."""
+    the run (`stopped_by_user`), else it failed. In a run the user stopped, a rank's error other than running out of
+    memory is the stop's doing (its collective lost a peer that stopped a step earlier): stopped, its error kept."""
     if state.error is not None:
-        return "oom" if state.error.kind == "oom" else "failed"
+        if state.error.kind == "oom":
+            return "oom"
+        return "stopped" if stopped_by_user else "failed"
     if state.done is not None:
         return "ok" if state.done.status == "ok" else "stopped"
     return "stopped" if stopped_by_user else "failed"

@@ -148,14 +148,15 @@ def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> dict[str,
     }
 
 
-def _rank_result(rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> dict[str, Any]:
-    """One entry of the result's `ranks`."""
+def _rank_result(rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus,
+                 run_stopped: bool) -> dict[str, Any]:
+    """One entry of the result's `ranks`; `run_stopped`: the user stopped the run (rank 0's record says so)."""
     done, last_step = state.done, state.last_step
     return {
         "rank": rank,
         "pid": state.hello.pid if state.hello else None,
         "gpu_index": state.gpu_index,
-        "status": rank_status(state, state.stopped_by_user),
+        "status": rank_status(state, run_stopped),
         "samples": done.samples if done else (last_step.samples if last_step else 0),
         "steady_samples_per_second": done.steady_samples_per_second if done else None,
         "gradients_after_backward_bytes": gradients_after_backward_bytes(state.probe_bands),
@@ -195,7 +196,7 @@ def build_result(run_id: int, config: RunConfig, state: RankRecord, nvml: NvmlSt
     memory = _memory(config, state, nvml)
     unavailable = dict(memory.pop("unavailable"))
     steady_reason = done.steady_reason if done else f"run ended with status {status}"
-    rank_results = [_rank_result(rank, config, ranks[rank], nvml) for rank in sorted(ranks)]
+    rank_results = [_rank_result(rank, config, ranks[rank], nvml, state.stopped_by_user) for rank in sorted(ranks)]
     steady = _sum_or_none([entry["steady_samples_per_second"] for entry in rank_results])
     if steady is None:
         unavailable["steady_samples_per_second"] = steady_reason or "not measured on every rank"
