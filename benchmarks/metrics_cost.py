@@ -10,21 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from metrics_scrape import bands_by_rank, fetch, free_port
 
 
 def one_run(out: Path, name: str, steps: int, export: bool) -> dict:
@@ -45,14 +37,10 @@ def one_run(out: Path, name: str, steps: int, export: bool) -> dict:
         if export:
             started = time.perf_counter()
             try:
-                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                text = fetch(f"http://127.0.0.1:{port}/metrics", timeout_s=2)
                 scrape_s.append(time.perf_counter() - started)
                 scrapes += 1
-                families = [family for family in text_string_to_metric_families(text)
-                            if family.name == "gpuanat_memory_band_bytes"]
-                bands = {sample.labels["band"] + "_bytes": sample.value for family in families
-                         for sample in family.samples}
-                last_bands = bands or last_bands
+                last_bands = bands_by_rank(text).get("0") or last_bands
             except OSError:
                 pass
         time.sleep(1.0)

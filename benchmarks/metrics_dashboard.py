@@ -16,34 +16,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+from metrics_scrape import bands_by_rank, fetch, free_port
 
 from gpuanat.core.export.metrics import MetricsServer
 from gpuanat.core.export.run_metrics import RunMetrics
 from gpuanat.core.run.config import RunConfig
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def scrape(url: str) -> dict[str, dict[str, float]]:
-    """rank -> band name (as the result names it, `<band>_bytes`) -> bytes."""
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    ranks: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name == "gpuanat_memory_band_bytes":
-            for sample in family.samples:
-                ranks.setdefault(sample.labels["rank"], {})[sample.labels["band"] + "_bytes"] = sample.value
-    return ranks
+    return bands_by_rank(fetch(url))
 
 
 def on_screen(bar: Any) -> dict[str, int]:

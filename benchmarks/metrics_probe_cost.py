@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent / "loops"))
 from common import build_model, options
+from metrics_scrape import free_port  # benchmarks/, this script's own folder
 from plain_loop import train
 
 SCRAPER = """
@@ -39,12 +39,6 @@ while True:
         pass
     time.sleep(every_s)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def block(args: argparse.Namespace, model: Any, export: bool, port: int, scrape_s: float) -> dict[str, Any]:

@@ -68,13 +68,8 @@ def test_a_run_that_fits_has_no_ladder(db_path):
     text = run_cli(["predict", "--batch-size", "8", "--gpu-memory", "80GiB"], db_path).stdout
     assert "batch 8 fits" in text and "What makes it fit" not in text
     assert predicted(db_path, ["--gpu-memory", "80GiB"])["fit_ladder"] == []
-    assert predicted(db_path, [])["fit_ladder"] is None or probe_has_gpu()
-
-
-def probe_has_gpu() -> bool:
-    from gpuanat.core.measure.nvml_source import probe_nvml
-
-    return bool(probe_nvml().available)
+    without_size = predicted(db_path, [])  # no GPU memory to fit (no NVML here): no ladder either; on a GPU, NVML's
+    assert without_size["fit_ladder"] == ([] if without_size["gpu_memory_bytes"] else None)
 
 
 def test_the_ladder_agrees_with_the_estimate_it_is_built_on():
@@ -97,3 +92,12 @@ def test_a_technique_that_never_helped_is_said_after_the_one_that_fits(db_path):
     assert "lowers nothing here" in ladder[1].refused
     text = run_cli(["predict", *LLAMA_8B, "--gpu-memory", "80GiB"], db_path).stdout
     assert "left out: lowers nothing here" in text and "None of these" not in text
+
+
+def test_sharding_on_the_accelerate_loop_takes_trainer_and_says_so(db_path):
+    """The docs' Accelerate loop trains with DDP only: the ladder's sharding step takes HF Trainer, and its flags say
+    so, so that they replay to the same run."""
+    flags = [*LLAMA_8B, "--gpus", "2", "--distributed", "ddp", "--engine", "accelerate", "--gpu-memory", "80GiB"]
+    first = predicted(db_path, flags)["fit_ladder"][0]
+    assert first["flags"] == "--distributed zero1 --engine trainer" and first["refused"] is None
+    assert predicted(db_path, [*flags, *shlex.split(first["flags"])])["peak_device_bytes"] == first["peak_device_bytes"]

@@ -4,6 +4,7 @@ tests/test_tune_cpu.py); the memory prediction and the search are the real code.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from pathlib import Path
@@ -245,6 +246,6 @@ def test_one_gpu_or_a_workload_sharding_cannot_train_has_no_distributed_dimensio
                         TWO_H100, frozenset(), gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
     assert "distributed" not in lora.dimensions  # LoRA trains with ddp only here: nothing to choose
     no_deepspeed = search_space(RunConfig(gpus="2", distributed="ddp"),
-                                Capabilities(**{**TWO_H100.__dict__, "deepspeed_version": None}), frozenset(),
+                                dataclasses.replace(TWO_H100, deepspeed_version=None), frozenset(),
                                 gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
     assert no_deepspeed.distributed_techniques == ("ddp", "fsdp")

@@ -179,10 +179,8 @@ def metrics_endpoint(address: tuple[str, int] | None, snapshots: Callable[[], li
     from gpuanat.core.export.run_metrics import RunMetrics
 
     source = RunMetrics() if snapshots is None else None
-    read = source.snapshots if source is not None else snapshots
-    assert read is not None
     try:
-        server = MetricsServer(address, read, job=job_label(name))
+        server = MetricsServer(address, source.snapshots if source is not None else snapshots, job=job_label(name))
     except OSError as error:
         fail_usage(f"--metrics: cannot listen on {address[0]}:{address[1]}: {error.strerror or error}")
     warning = beyond_loopback_warning(server.host, "--metrics")

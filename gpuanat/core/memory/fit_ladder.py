@@ -17,10 +17,8 @@ from dataclasses import dataclass
 
 from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes
 from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.techniques import BY_SHARDING, with_distributed
 from gpuanat.core.run.validation import refusal
-
-SHARDING_ORDER = ("none", "ddp", "zero1", "zero2", "fsdp", "zero3")
-"""Distributed techniques by how much of the model's state each rank holds, most first."""
 
 LORA_RANK = 16
 GIB = 1024**3
@@ -63,11 +61,10 @@ def _rungs(config: RunConfig) -> list[Rung]:
     """The ladder's techniques in order, for a run like `config`."""
     rungs: list[Rung] = []
     if (config.ranks or 1) > 1:
-        position = SHARDING_ORDER.index(config.distributed)
-        for stage in ("zero1", "zero2", "fsdp"):
-            if SHARDING_ORDER.index(stage) > position:
-                rungs.append(Rung(f"shard ({stage})", lambda run, stage=stage: run.replace(distributed=stage),
-                                  lambda run, stage=stage: f"--distributed {stage}"))
+        for stage in BY_SHARDING[BY_SHARDING.index(config.distributed) + 1:BY_SHARDING.index("fsdp") + 1]:
+            rungs.append(Rung(f"shard ({stage})", lambda run, stage=stage: with_distributed(run, stage),
+                              lambda run, stage=stage: f"--distributed {stage}"
+                              + (" --engine trainer" if run.engine != "trainer" else "")))
     if not config.grad_checkpointing:
         rungs.append(Rung("gradient checkpointing", lambda run: run.replace(grad_checkpointing=True),
                           lambda run: "--grad-checkpointing"))

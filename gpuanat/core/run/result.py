@@ -85,7 +85,7 @@ def _status(state: RankRecord, ranks: Mapping[int, RankRecord] | None = None) ->
         return "oom"
     if state.stopped_by_user:
         return "stopped"
-    if errors or any(rank_status(rank_state, rank_state.stopped_by_user) == "failed" for rank_state in others):
+    if errors or any(rank_status(rank_state) == "failed" for rank_state in others):
         return "failed"
     if state.done is not None and state.done.status == "stopped":
         return "stopped"

@@ -20,8 +20,17 @@ DISTRIBUTED = ("none", "ddp", "fsdp", "zero1", "zero2", "zero3")
 gradients and optimizer state sharded), DeepSpeed ZeRO stage 1 (optimizer state sharded), 2 (+ gradients),
 3 (+ weights)."""
 ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+BY_SHARDING = ("none", "ddp", "zero1", "zero2", "fsdp", "zero3")
+"""The distributed techniques by how much of the model's state each rank holds, most first (FSDP2 shards as ZeRO-3
+does, in torch, and comes first of the two)."""
 ENGINES = ("trainer", "accelerate")
 """What runs the training loop: HF Trainer, or the docs' custom loop with 🤗 Accelerate."""
+
+
+def with_distributed(config: Any, technique: str) -> Any:
+    """`config` (a RunConfig) trained with `technique`: the Accelerate loop trains with DDP only, so a sharded one
+    takes Trainer."""
+    return config.replace(distributed=technique, engine=config.engine if technique in ("none", "ddp") else "trainer")
 
 
 @dataclass(frozen=True)

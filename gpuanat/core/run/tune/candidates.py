@@ -15,7 +15,7 @@ from typing import Any
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.predict import prediction_json, unreadable_model_reason
 from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.techniques import compile_mode, with_compile_mode
+from gpuanat.core.run.techniques import compile_mode, with_compile_mode, with_distributed
 from gpuanat.core.run.tune.result import Pruned, TuneTrial
 from gpuanat.core.run.tune.space import DIMENSION_FIELDS, MEMORY_MARGIN_FRACTION, SearchSpace, searched_fields
 
@@ -118,15 +118,10 @@ class Search:
         if "distributed" in self.space.dimensions and not self.predictor.fits(self.with_batch(config, 1)):
             # no batch fits as the state is spread: the least sharding that lets one fit (ZeRO-1, …, FSDP2)
             for technique in self.space.distributed_techniques:
-                candidate = self._with_distributed(config, technique)
+                candidate = with_distributed(config, technique)
                 if self.predictor.fits(self.with_batch(candidate, 1)):
                     return candidate
         return config
-
-    @staticmethod
-    def _with_distributed(config: RunConfig, technique: str) -> RunConfig:
-        """`config` trained with `technique` (the Accelerate loop trains with DDP only: a sharded one takes Trainer)."""
-        return config.replace(distributed=technique, engine=config.engine if technique == "ddp" else "trainer")
 
     def _fitted(self, candidate: RunConfig, dimension: str) -> RunConfig | None:
         """`candidate`, or with its batch stepped down to the largest rung that fits when the batch is searched;
@@ -183,7 +178,7 @@ class Search:
             candidates.extend(self._fitted(center.replace(optim=optim), dimension) for optim in self.space.optimizers
                               if optim != center.optim)
         elif dimension == "distributed":
-            candidates.extend(self._fitted(self._with_distributed(center, technique), dimension)
+            candidates.extend(self._fitted(with_distributed(center, technique), dimension)
                               for technique in self.space.distributed_techniques if technique != center.distributed)
         elif dimension == "grad-checkpointing":
             candidates.append(self._checkpointing_move(center))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.run.techniques import BY_SHARDING, ZERO_STAGES, with_distributed
 from gpuanat.core.run.validation import refusal
 
 DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
@@ -80,9 +81,9 @@ def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[
     causal_lm = base.model is None and PRESETS[base.preset].objective == "causal-lm"
     bitsandbytes = cuda and capabilities.bitsandbytes_version is not None
     several = cuda and (base.ranks or 1) > 1
-    distributed = tuple(technique for technique in ("ddp", "zero1", "zero2", "fsdp", "zero3")
-                        if several and (not technique.startswith("zero") or capabilities.deepspeed_version)
-                        and refusal(base.replace(distributed=technique, engine="trainer")) is None)
+    distributed = tuple(technique for technique in BY_SHARDING[1:]
+                        if several and (technique not in ZERO_STAGES or capabilities.deepspeed_version)
+                        and refusal(with_distributed(base, technique)) is None)
     applicable = {
         "batch": "batch_size" not in given,
         "precision": True,
