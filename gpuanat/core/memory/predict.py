@@ -210,7 +210,7 @@ def prediction_caveat(config: RunConfig) -> str | None:
             notes.append("Liger's kernels in a mixture of experts' experts are not modelled (counted as without)")
         if config.distributed == "fsdp":
             notes.append("decoders under FSDP2 were measured on 2 H200s (llama-3.1-8b, mistral-7b): peak allocated "
-                         "within 3.1%, but the allocator reserved up to 8 GB more than predicted "
+                         "within 3.1%, but the allocator reserved up to 8.6 GB more than predicted "
                          "(docs/several-gpus.md)")
         elif config.distributed != "none":
             notes.append(f"decoders were not measured under {config.distributed} on several GPUs")
