@@ -229,3 +229,18 @@ def test_a_config_json_run_stores_its_prediction_and_its_exact_bands(tmp_path, d
     assert result["bands"]["gradients_bytes"] == predicted.gradients_at_peak_bytes
     architecture = model_architecture(str(gemma))
     assert result["params"] == parameter_shapes(architecture).params + lora_shapes(architecture, config).params
+
+
+def test_a_config_json_that_names_bf16_still_trains_the_weights_gpuanat_was_asked_for(tmp_path, db_path):
+    """Published decoders' config.json say bfloat16, and transformers 5 builds a config's model in that dtype unless
+    told otherwise: the run trains fp32 weights (the default --weights-dtype) as predicted, not the config's bf16."""
+    path = _write_config(tmp_path, "qwen3-qk-norms")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
+    completed = run_cli(["run", "--model", str(path), "--device", "cpu", "--seq-len", "16", "--batch-size", "2",
+                         "--samples", "4", "--max-steps", "2", "--json"], db_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    shapes = parameter_shapes(model_architecture(str(path)))
+    assert state_bytes(result)["weights_bytes"] == 4 * shapes.params + shapes.buffer_bytes
+    assert state_bytes(result) == {band: getattr(estimate_memory(RunConfig.from_json(result["config"])), band)
+                                   for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")}

@@ -46,8 +46,8 @@ def test_each_step_is_the_run_its_flags_make_and_only_the_last_fits(db_path):
 
 def test_several_gpus_shard_first_and_say_what_this_version_cannot_train(db_path):
     """On 2 GPUs DDP leaves each rank the whole 8B model's state; sharding the optimizer state (ZeRO-1) is the first
-    step. Already fully sharded and too long a sequence: checkpointing is tried, and the steps FSDP refuses here are
-    said, with why, instead of being skipped in silence."""
+    step. Already fully sharded and too long a sequence: checkpointing is tried, then LoRA (FSDP shards its base);
+    the steps ZeRO-3 refuses here are said, with why, instead of being skipped in silence."""
     ddp = predicted(db_path, [*LLAMA_8B, "--gpus", "2", "--distributed", "ddp", "--gpu-memory", "80GiB"])
     assert ddp["fit_ladder"][0]["flags"] == "--distributed zero1" and ddp["fit_ladder"][-1]["fits"]
     fsdp = run_cli(["predict", "--preset", "llama-3.1-8b", "--precision", "bf16", "--batch-size", "4", "--seq-len",
@@ -55,8 +55,13 @@ def test_several_gpus_shard_first_and_say_what_this_version_cannot_train(db_path
     assert fsdp.returncode == 0, fsdp.stderr
     text = fsdp.stdout
     assert "What makes it fit on 2 × 80.00 GiB" in text and "--grad-checkpointing" in text
-    assert "left out: LoRA trains on one GPU or with ddp here; not with fsdp" in text
-    assert "None of these makes it fit: a smaller --batch-size or --seq-len" in text
+    # FSDP2 trains fp32 masters of a bf16 model (accelerate upcasts them); LoRA's frozen 16-bit base shards too
+    assert "bf16 weights" in text and "left out: lowers nothing here" in text
+    assert "--lora 16" in text and "QLoRA" not in text
+    zero3 = run_cli(["predict", "--preset", "llama-3.1-8b", "--precision", "bf16", "--batch-size", "4", "--seq-len",
+                     "8192", "--gpus", "2", "--distributed", "zero3", "--gpu-memory", "80GiB"], db_path).stdout
+    assert "left out: LoRA trains on one GPU or with ddp or fsdp here; not with zero3" in zero3
+    assert "None of these makes it fit: a smaller --batch-size or --seq-len" in zero3
     ddp_text = run_cli(["predict", *LLAMA_8B, "--gpus", "2", "--distributed", "ddp", "--gpu-memory", "80GiB"],
                        db_path).stdout
     assert "--distributed zero1" in ddp_text and "None of these" not in ddp_text

@@ -84,13 +84,14 @@ def test_a_config_json_that_is_not_one_is_refused_before_torch(tmp_path, db_path
                                         "transformers writes it is needed")
 
 
-def test_lora_needs_peft_and_one_gpu_or_ddp():
+def test_lora_needs_peft_and_one_gpu_ddp_or_fsdp():
     without_peft = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_compute_capability=(9, 0),
                                 peft_error="peft is not installed")
     flag, reason = machine_unsupported_reason(RunConfig(preset="llama-tiny", lora=8), without_peft)
     assert flag == "--lora" and "gpuanat[llm]" in reason and "not installed" in reason
-    with pytest.raises(ConfigError, match="not with fsdp"):
-        validate_values(RunConfig(preset="llama-tiny", lora=8, gpus="2", distributed="fsdp"))
+    validate_values(RunConfig(preset="llama-tiny", lora=8, gpus="2", distributed="fsdp"))
+    with pytest.raises(ConfigError, match="LoRA trains on one GPU or with ddp or fsdp here; not with zero3"):
+        validate_values(RunConfig(preset="llama-tiny", lora=8, gpus="2", distributed="zero3"))
     with pytest.raises(ConfigError, match="module names"):
         validate_values(RunConfig(preset="llama-tiny", lora=8, lora_targets="q_proj,,v_proj"))
 

@@ -200,6 +200,11 @@ def train(config: Any, emit: Any) -> int:
     trainer = None
     with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:
         try:
+            arguments = None
+            if config.distributed == "zero3":  # HF's ZeRO-3 recipe: the arguments before the model, which
+                # transformers then builds inside deepspeed.zero.Init, partitioned layer by layer (never whole on a GPU)
+                arguments = TrainingArguments(**training_arguments_kwargs(config, output_dir),
+                                              **distributed_arguments(config, None))
             try:
                 model = build_model(config)
             except ConfigError as error:
@@ -214,8 +219,9 @@ def train(config: Any, emit: Any) -> int:
             reached("model built")
             dataset = build_dataset(config, model.config.vocab_size, causal_lm=is_causal_lm(model.config))
             reached("dataset built")
-            arguments = TrainingArguments(**training_arguments_kwargs(config, output_dir),
-                                          **distributed_arguments(config, model))
+            if arguments is None:
+                arguments = TrainingArguments(**training_arguments_kwargs(config, output_dir),
+                                              **distributed_arguments(config, model))
             if config.engine == "accelerate":
                 from gpuanat.worker.accelerate_loop import train_with_accelerate
 

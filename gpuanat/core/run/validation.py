@@ -166,8 +166,10 @@ def validate_values(config: RunConfig) -> None:
     _validate_ranks(config)
     _require_between("--lora", config.lora, 0, MAX_LORA_RANK, "adapters past the hidden size train no less than the "
                                                              "full weights")
-    if config.lora and config.distributed in SHARDED:
-        raise ConfigError("--lora", f"LoRA trains on one GPU or with ddp here; not with {config.distributed}")
+    if config.lora and config.distributed in SHARDED and (config.distributed != "fsdp" or config.load_in_4bit):
+        technique = "QLoRA" if config.load_in_4bit else "LoRA"
+        where = "with ddp" if config.load_in_4bit else "with ddp or fsdp"
+        raise ConfigError("--lora", f"{technique} trains on one GPU or {where} here; not with {config.distributed}")
     _require_choice("--weights-dtype", config.weights_dtype, WEIGHTS_DTYPES)
     if config.weights_dtype == "fp16":
         raise ConfigError("--weights-dtype", "fp16 weights do not train here: HF Trainer's fp16 gradient scaler "
@@ -177,9 +179,6 @@ def validate_values(config: RunConfig) -> None:
             raise ConfigError("--weights-dtype", "a bf16 model computes in bf16: give --precision bf16 too")
         if config.lora or config.load_in_4bit:
             raise ConfigError("--weights-dtype", "LoRA's frozen base is held in 16 bits already; leave it fp32")
-        if config.distributed in SHARDED:
-            raise ConfigError("--weights-dtype", f"bf16 weights train on one GPU or with ddp here; not with "
-                                                 f"{config.distributed}")
     if not 0.0 <= config.lora_dropout < 1.0:
         raise ConfigError("--lora-dropout", f"a probability in [0, 1) (got {config.lora_dropout})")
     if config.lora_dropout and not config.lora:

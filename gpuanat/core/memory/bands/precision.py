@@ -96,5 +96,8 @@ def autocast_on(config: RunConfig) -> bool:
 
 
 def parameter_element_bytes(config: RunConfig) -> int:
-    """Bytes of a trained parameter (and of its gradient, and of an AdamW moment): 2 for a model held in bf16."""
-    return 2 if config.weights_dtype != "fp32" else 4
+    """Bytes of a trained parameter (and of its gradient, and of an AdamW moment): 2 for a model held in bf16, on
+    one GPU or with DDP. Sharded in 16 bits they are fp32 whatever the model was loaded in: accelerate upcasts the
+    trained parameters before FSDP2 shards them (`fsdp2_prepare_model`; accelerate 1.13 and 1.14 meant to and did
+    not, accelerate#3979), and DeepSpeed keeps fp32 master weights of its 16-bit model."""
+    return 2 if config.weights_dtype != "fp32" and not sharded_in_16_bit(config) else 4
