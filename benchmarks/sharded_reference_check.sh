@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Decoders sharded over several GPUs against a reference outside gpuanat (issue #34), one call of the device tool on a
+# machine with 2 or more GPUs:
+#   CASES="fsdp-1024 lora-1024" bash benchmarks/sharded_reference_check.sh
+# Each case runs benchmarks/reference_sharded_trainer.py (a plain HF Trainer script: the model from a random bf16
+# checkpoint with from_pretrained, Trainer's FSDP2 or DeepSpeed ZeRO-3) under torchrun, then `gpuanat run` of the same
+# training on the same GPUs (from the checkpoint; `random-SEQ` from its config.json, random weights), and benchmarks/sharded_reference_summary.py puts each rank's peaks beside gpuanat's
+# measurement and prediction, its bands beside NVML, and counts the processes left on the GPUs.
+# Writes $OUT/sharded_reference/: reference-CASE.jsonl (a line a rank), run-CASE.json, summary.jsonl, summary.txt.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpuanat-out}/sharded_reference
+GPUS=${GPUS:-2}
+mkdir -p "$OUT" /tmp/shref
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_HUB_OFFLINE=1 GPUANAT_DB=/tmp/shref/history.sqlite NCCL_NVLS_ENABLE=0
+export OMP_NUM_THREADS=8
+{
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used --format=csv,noheader
+  python3 -c "import torch, transformers, accelerate; print('torch', torch.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__)"
+  python3 -c "import deepspeed; print('deepspeed', deepspeed.__version__)" 2>&1 | tail -1
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+checkpoint() {  # NAME: a random bf16 checkpoint of benchmarks/configs/NAME (or of a preset's config), once
+  local dir=/dev/shm/$1
+  [ -f "$dir/config.json" ] && return
+  if [ ! -d benchmarks/configs/$1 ]; then
+    python3 -c "import sys; from gpuanat.core.run.presets import PRESETS; from gpuanat.worker.model import preset_model_config
+c = preset_model_config(PRESETS[sys.argv[1]]); c.architectures = [c.model_type.capitalize() + 'ForCausalLM']
+c.save_pretrained('/tmp/shref/config-' + sys.argv[1])" "$1"
+    python3 benchmarks/random_checkpoint.py /tmp/shref/config-$1 "$dir" 2>&1 | tail -1
+  else
+    python3 benchmarks/random_checkpoint.py benchmarks/configs/$1 "$dir" 2>&1 | tail -1
+  fi
+}
+
+one_case() {  # NAME MODEL SEQ "REFERENCE FLAGS" "GPUANAT FLAGS" [config: gpuanat builds random weights]
+  local name=$1 model=$2 seq=$3 source=${6:-checkpoint}
+  checkpoint "$model"
+  local started=$(date +%s)
+  timeout ${REFERENCE_TIMEOUT_S:-200} torchrun --nproc-per-node "$GPUS" benchmarks/reference_sharded_trainer.py \
+    --checkpoint /dev/shm/$model --seq-len "$seq" --steps ${STEPS:-8} $4 > /tmp/shref/ref-$name.out 2>&1
+  echo "$name reference: exit $?, $(( $(date +%s) - started )) s"
+  grep '^{' /tmp/shref/ref-$name.out > "$OUT/reference-$name.jsonl" || tail -20 /tmp/shref/ref-$name.out \
+    > "$OUT/reference-$name.log"
+  started=$(date +%s)
+  local model_flag=(--model "/dev/shm/$model")
+  [ "$source" = config ] && model_flag=(--model "/dev/shm/$model/config.json")
+  timeout ${RUN_TIMEOUT_S:-200} python3 -m gpuanat run "${model_flag[@]}" --gpus "$GPUS" --precision bf16 \
+    --grad-checkpointing --batch-size 1 --seq-len "$seq" --samples 64 --max-steps ${STEPS:-8} $5 --json \
+    --name "$name" > "$OUT/run-$name.json" 2> /tmp/shref/run-$name.err || tail -20 /tmp/shref/run-$name.err \
+    > "$OUT/run-$name.log"
+  echo "$name gpuanat: $(( $(date +%s) - started )) s"
+  python3 benchmarks/sharded_reference_summary.py "$name" "$OUT" | tee -a "$OUT/summary.txt"
+}
+
+for case in ${CASES:-fsdp-1024}; do
+  case $case in
+    fsdp-*) one_case "$case" llama-3.1-8b "${case#fsdp-}" "--sharding fsdp" "--distributed fsdp" ;;
+    random-*) one_case "$case" llama-3.1-8b "${case#random-}" "--sharding fsdp" "--distributed fsdp" config ;;
+    bf16w-*) one_case "$case" llama-3.1-8b "${case#bf16w-}" "--sharding fsdp" "--distributed fsdp --weights-dtype bf16" ;;
+    lora-*) one_case "$case" llama-3.1-8b "${case#lora-}" "--sharding fsdp --lora 16" "--distributed fsdp --lora 16" ;;
+    zero3-*) one_case "$case" llama-3.1-8b "${case#zero3-}" "--sharding zero3" "--distributed zero3" ;;
+    mistral-*) one_case "$case" mistral-7b "${case#mistral-}" "--sharding fsdp" "--distributed fsdp" ;;
+    *) echo "unknown case $case" ;;
+  esac
+done
