@@ -40,7 +40,7 @@ one_case() {  # NAME MODEL SEQ "REFERENCE FLAGS" "GPUANAT FLAGS" [config: gpuana
   timeout ${REFERENCE_TIMEOUT_S:-200} torchrun --nproc-per-node "$GPUS" benchmarks/reference_sharded_trainer.py \
     --checkpoint /dev/shm/$model --seq-len "$seq" --steps ${STEPS:-8} $4 > /tmp/shref/ref-$name.out 2>&1
   echo "$name reference: exit $?, $(( $(date +%s) - started )) s"
-  grep '^{' /tmp/shref/ref-$name.out > "$OUT/reference-$name.jsonl" || tail -20 /tmp/shref/ref-$name.out \
+  grep '^{"' /tmp/shref/ref-$name.out > "$OUT/reference-$name.jsonl" || tail -20 /tmp/shref/ref-$name.out \
     > "$OUT/reference-$name.log"
   started=$(date +%s)
   local model_flag=(--model "/dev/shm/$model")
@@ -53,6 +53,8 @@ one_case() {  # NAME MODEL SEQ "REFERENCE FLAGS" "GPUANAT FLAGS" [config: gpuana
   python3 benchmarks/sharded_reference_summary.py "$name" "$OUT" | tee -a "$OUT/summary.txt"
 }
 
+# Cases: fsdp-SEQ, random-SEQ, bf16w-SEQ, lora-SEQ, zero3-SEQ (llama-3.1-8b), mistral-SEQ (mistral-7b), qwen-SEQ
+# (qwen2.5-7b), batch2-SEQ (llama-3.1-8b, batch 2)
 for case in ${CASES:-fsdp-1024}; do
   case $case in
     fsdp-*) one_case "$case" llama-3.1-8b "${case#fsdp-}" "--sharding fsdp" "--distributed fsdp" ;;
@@ -61,6 +63,10 @@ for case in ${CASES:-fsdp-1024}; do
     lora-*) one_case "$case" llama-3.1-8b "${case#lora-}" "--sharding fsdp --lora 16" "--distributed fsdp --lora 16" ;;
     zero3-*) one_case "$case" llama-3.1-8b "${case#zero3-}" "--sharding zero3" "--distributed zero3" ;;
     mistral-*) one_case "$case" mistral-7b "${case#mistral-}" "--sharding fsdp" "--distributed fsdp" ;;
+    qwen-*) one_case "$case" qwen2.5-7b "${case#qwen-}" "--sharding fsdp" "--distributed fsdp" ;;
+    batch2-*) one_case "$case" llama-3.1-8b "${case#batch2-}" "--sharding fsdp --batch-size 2" \
+                "--distributed fsdp --batch-size 2" ;;
     *) echo "unknown case $case" ;;
   esac
 done
+tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"  # one file back: the device tool returns few

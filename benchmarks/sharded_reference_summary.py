@@ -34,7 +34,8 @@ def main() -> None:
     predicted = (run or {}).get("predicted") or {}
     print(f"{case}: gpuanat {run['status'] if run else '—'}, {run['steps'] if run else 0} steps; predicted peak "
           f"allocated {predicted.get('peak_allocated_bytes', 0) / GB:.2f}, reserved "
-          f"{predicted.get('peak_reserved_bytes', 0) / GB:.2f}, device {predicted.get('peak_device_bytes', 0) / GB:.2f} GB")
+          f"{predicted.get('peak_reserved_bytes', 0) / GB:.2f}, "
+          f"device {predicted.get('peak_device_bytes', 0) / GB:.2f} GB")
     ranks = {rank["gpu_index"]: rank for rank in (run or {}).get("ranks") or []}
     with (out / "summary.jsonl").open("a") as summary:
         for gpu in sorted(set(references) | set(ranks)):
@@ -59,7 +60,8 @@ def main() -> None:
             summary.write(json.dumps(row) + "\n")
             measured = row["reference_peak_allocated_bytes"]
             print(f"  GPU {gpu}: reference allocated {(measured or 0) / GB:6.2f} reserved "
-                  f"{(row['reference_peak_reserved_bytes'] or 0) / GB:6.2f} NVML {(row['reference_device_used_bytes'] or 0) / GB:6.2f}"
+                  f"{(row['reference_peak_reserved_bytes'] or 0) / GB:6.2f} "
+                  f"NVML {(row['reference_device_used_bytes'] or 0) / GB:6.2f}"
                   f" | gpuanat {(row['gpuanat_peak_allocated_bytes'] or 0) / GB:6.2f} "
                   f"{(row['gpuanat_peak_reserved_bytes'] or 0) / GB:6.2f} {(used or 0) / GB:6.2f}"
                   f" | predicted vs reference: allocated {percent(row['predicted_peak_allocated_bytes'], measured)}"

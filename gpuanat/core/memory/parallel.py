@@ -104,3 +104,56 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
         return RankState(model_weights, partition, partition if accumulating else 0, state, buckets, 0)
     buckets = gradients if config.distributed == "ddp" else 0
     return RankState(weights, gradients, gradients if accumulating else 0, optimizer, buckets, half_copies)
+
+
+FSDP_TRAINED_LAYER_CACHE = 1.75
+"""Fitted, not derived: the reduce-scatter blocks of a trained layer's unsharded fp32 gradients that the cache keeps
+beyond the peak, in layers' worth (`fsdp_cache_bytes`)."""
+
+
+def _fsdp_units(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -> tuple[int, int, bool]:
+    """A decoder under FSDP2 as accelerate wraps it: one unit a layer, the input embeddings one, the final norm and
+    the LM head one (the embeddings with it where tied). (16-bit bytes of a layer, 16-bit bytes of a vocabulary
+    matrix, whether the full weights train.)"""
+    vocab_matrix = arch.vocab_size * arch.hidden_size
+    heads = 0 if arch.tie_word_embeddings else vocab_matrix
+    layer = (shapes.params - shapes.embedding_params - heads) // max(arch.num_layers, 1)
+    return 2 * layer, 2 * vocab_matrix, not config.lora
+
+
+def fsdp_decoder(config: RunConfig, arch: Architecture) -> bool:
+    return config.distributed == "fsdp" and arch.objective == "causal-lm" and is_mixed(config)
+
+
+def fsdp_tail_bytes(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -> int:
+    """The LM head's unit, gathered in 16 bits as the forward pass reaches it and kept so until backward has
+    passed it (accelerate shards it with reshard_after_forward=False). Measured on 2 H200s (llama-3.1-8b, LoRA
+    16, seq 1024): the peak, as backward begins, 0.98 GiB above the bands that one GPU would hold."""
+    return _fsdp_units(config, arch, shapes)[1] if fsdp_decoder(config, arch) else 0
+
+
+def fsdp_backward_units_bytes(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -> int:
+    """As backward reaches the embeddings, beside every sharded gradient: their unit gathered in 16 bits and, where
+    they train, its unsharded 16-bit gradient before the reduce-scatter, with the next layer still gathered. On 2
+    H200s (checkpointing, batch 1) the peak was 2.51 GiB above weights, gradients and optimizer state for
+    llama-3.1-8b at seq 1024 and 4096 alike (this: 2.36), 1.12 and 1.72 GiB for mistral-7b at 2048 and 4096 (0.89)."""
+    if not fsdp_decoder(config, arch):
+        return 0
+    layer, vocab, trained = _fsdp_units(config, arch, shapes)
+    return (2 if trained else 1) * vocab + layer
+
+
+def fsdp_cache_bytes(config: RunConfig, arch: Architecture, shapes: ParameterShapes, logits_bytes: int) -> int:
+    """What torch's allocator holds cached above the peak under FSDP2 (in place of the one-GPU cache fraction):
+    blocks of the sizes FSDP's collectives and the loss come and go in, which later, smaller requests split. Three
+    fp32 logits' worth (the logits, their upcast and their gradient), two gathered 16-bit layers (the one computing
+    and the one prefetched), and where the weights train the fp32 unsharded gradients of the embeddings and the LM
+    head and 1.75 layers' (fitted). On 2 H200s the reserve above the peak was 7.70 and 12.08 GiB for llama-3.1-8b
+    at seq 1024 and 4096 (this: 7.61, 12.02), 4.02 and 4.59 for mistral-7b at 2048 and 4096 (3.94, 4.67), 2.33 for
+    llama-3.1-8b with LoRA at 1024 (2.28): benchmarks/results/h200x2/sharded_reference/."""
+    if not fsdp_decoder(config, arch):
+        return 0
+    layer, vocab, trained = _fsdp_units(config, arch, shapes)
+    vocab_units = 1 if arch.tie_word_embeddings else 2
+    trained_bytes = 2 * vocab * vocab_units + int(FSDP_TRAINED_LAYER_CACHE * 2 * layer) if trained else 0
+    return 3 * logits_bytes + 2 * layer + trained_bytes

@@ -36,7 +36,13 @@ from gpuanat.core.memory.bands.weights import (
     half_weight_copies_bytes,
 )
 from gpuanat.core.memory.model_config import UnreadableModel, architecture_of
-from gpuanat.core.memory.parallel import RANK_COMMUNICATION_CONTEXT_BYTES, rank_state
+from gpuanat.core.memory.parallel import (
+    RANK_COMMUNICATION_CONTEXT_BYTES,
+    fsdp_backward_units_bytes,
+    fsdp_cache_bytes,
+    fsdp_tail_bytes,
+    rank_state,
+)
 from gpuanat.core.memory.shapes import parameter_shapes
 from gpuanat.core.memory.sizes import MIB
 from gpuanat.core.run.config import RunConfig
@@ -87,6 +93,8 @@ class MemoryEstimate:
     distributed: str = "none"
     logits_bytes: int = 0
     """Of the activations, a causal LM's logits (what the probe measures as `logits_bytes`)."""
+    sharded_cache_bytes: int = 0
+    """What the allocator caches above the peak under FSDP2, in place of the cache fraction (0: not modelled)."""
 
 
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
@@ -113,15 +121,17 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     # A causal LM's backward begins with the gradient of the logits, fp32, beside everything the forward kept: on the
     # H100 the peak was that far above the bands at the end of the forward pass (e.g. 3.98 GiB for 3.91 GiB of logits)
     backward_temporaries = logits if arch.objective == "causal-lm" else temporaries_bytes(config, arch)
-    temporaries = (max(backward_temporaries + dequantized_weight_bytes(config, arch),
-                       liger_transient_bytes(config, arch)) + held.communication_buffers_bytes)
+    backward_begins = (max(backward_temporaries + dequantized_weight_bytes(config, arch),
+                           liger_transient_bytes(config, arch)) + held.communication_buffers_bytes)
+    temporaries = backward_begins + fsdp_tail_bytes(config, arch, shapes)
     gradients_at_peak = held.gradients_at_peak_bytes
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
     # Late in backward with checkpointing, the kept inputs are mostly freed, but nearly all gradients exist while
     # the first layer is recomputed; then the optimizer step, with its own temporaries: at small batches, the peak.
     step_temporaries = optimizer_step_temporaries_bytes(config, shapes)
     first_step_peak = (weights + gradients + optimizer + CUBLAS_WORKSPACE_BYTES
-                       + max(temporaries if config.grad_checkpointing else 0, step_temporaries))
+                       + max(backward_begins if config.grad_checkpointing else 0, step_temporaries,
+                             fsdp_backward_units_bytes(config, arch, shapes)))
     autocast_cache = autocast_cache_bytes(config, shapes)
     # Only where the accumulated gradients are alive too does this moment exceed the others.
     forward_return_peak = weights + optimizer + activations + gradients_at_peak + autocast_cache
@@ -138,6 +148,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         cache_fraction=cache_fraction, moment_fragmentation_bytes=moment_fragmentation,
         communication_buffers_bytes=held.communication_buffers_bytes, ranks=config.ranks or 1,
         distributed=config.distributed, logits_bytes=logits,
+        sharded_cache_bytes=fsdp_cache_bytes(config, arch, shapes, logits),
     )
 
 
@@ -229,7 +240,8 @@ fitted rows: 0.14-0.84 GiB)."""
 def peak_reserved_bytes(estimate: MemoryEstimate) -> int:
     """Memory torch's allocator will have reserved at the peak. Away from the memory limit the segments that
     optimizer moments split cost nothing (the allocator just holds more), so only the cache fraction counts."""
-    cache = max(estimate.cache_fraction * estimate.peak_allocated_bytes, ALLOCATOR_CACHE_MIN_BYTES)
+    cache = estimate.sharded_cache_bytes or max(estimate.cache_fraction * estimate.peak_allocated_bytes,
+                                                ALLOCATOR_CACHE_MIN_BYTES)
     return int(estimate.peak_allocated_bytes + cache)
 
 

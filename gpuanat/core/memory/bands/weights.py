@@ -10,7 +10,7 @@ makes of its fp32 LM head; and the weight bitsandbytes dequantizes for each matm
 
 from __future__ import annotations
 
-from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed
+from gpuanat.core.memory.bands.precision import autocast_on, computes_in_16_bit, is_mixed
 from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, expert_params, quantized_matrices
 from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.presets import ModelPreset
@@ -78,8 +78,8 @@ def autocast_cache_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     before the end-of-forward hooks run. So the copies are not in the probe's activations, and backward
     (which recomputes each layer, casting again) does not hold them. Without checkpointing they are kept for
     backward anyway (`half_weight_copies_bytes`)."""
-    if not is_mixed(config) or not config.grad_checkpointing or config.lora or config.weights_dtype != "fp32":
-        return 0
+    if not autocast_on(config) or not config.grad_checkpointing or config.lora or config.weights_dtype != "fp32":
+        return 0  # (FSDP2 and DeepSpeed compute in 16 bits without autocast: no cache)
     return 2 * _matmul_params(shapes)
 
 
