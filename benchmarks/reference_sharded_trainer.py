@@ -1,15 +1,16 @@
 """The reference for a decoder sharded over several GPUs (issue #34), outside gpuanat: a plain HF Trainer script as a
 user writes it from the transformers and accelerate docs, and nothing of gpuanat's. The model comes from a checkpoint
 with `from_pretrained` onto the host in the checkpoint's dtype (transformers 5's default; a bf16 checkpoint, as
-llama-3.1-8b ships) — or from a config.json with `from_config`, in fp32 — then Trainer's own FSDP2
+llama-3.1-8b ships) — or from a config.json with `from_config`, in the dtype it names — then Trainer's own FSDP2
 (`fsdp="full_shard"`, each decoder layer wrapped: accelerate upcasts the trained parameters to fp32) or DeepSpeed
-ZeRO-3 (the TrainingArguments made first, so that transformers loads the model inside `deepspeed.zero.Init`, as the
-docs say), optionally PEFT's LoRA on the 16-bit base; bf16 autocast, checkpointing, fused AdamW, random tokens.
+ZeRO-1/2/3 (for ZeRO-3 the TrainingArguments made first, so that transformers loads the model inside
+`deepspeed.zero.Init`, as the docs say), optionally PEFT's LoRA on the 16-bit base; bf16 autocast, checkpointing,
+fused AdamW, random tokens.
 Each rank prints one JSON line: torch's peak allocated and reserved over the run, NVML's reading of its GPU and of
 its own process after the last step, and seconds per step.
 
     torchrun --nproc-per-node 2 benchmarks/reference_sharded_trainer.py --checkpoint DIR --seq-len 1024 \\
-        [--sharding fsdp|zero3] [--lora R] [--batch-size 1] [--steps 8] [--no-checkpointing]
+        [--sharding fsdp|zero1|zero2|zero3] [--lora R] [--batch-size 1] [--steps 8] [--no-checkpointing]
     torchrun --nproc-per-node 2 benchmarks/reference_sharded_trainer.py --config benchmarks/configs/llama-3.1-8b ...
     python3 benchmarks/reference_sharded_trainer.py --config benchmarks/configs/llama-3.1-8b --tiny  # smoke test
 """
@@ -58,8 +59,8 @@ def training_arguments(args: argparse.Namespace, output_dir: str, on_gpu: bool, 
     if args.sharding == "fsdp":
         sharding = {"fsdp": "full_shard", "fsdp_config": {"version": 2, "reshard_after_forward": True,
                                                           "transformer_layer_cls_to_wrap": [layer_class]}}
-    elif args.sharding == "zero3":
-        sharding = {"deepspeed": {"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"},
+    elif args.sharding.startswith("zero"):
+        sharding = {"deepspeed": {"zero_optimization": {"stage": int(args.sharding[-1])}, "bf16": {"enabled": "auto"},
                                   "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
                                   "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
                                   "zero_allow_untested_optimizer": True}}
@@ -74,7 +75,7 @@ def main() -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="a directory from save_pretrained: from_pretrained, its dtype")
     source.add_argument("--config", help="a directory with a config.json: from_config, random fp32 weights")
-    parser.add_argument("--sharding", choices=("fsdp", "zero3"), default="fsdp")
+    parser.add_argument("--sharding", choices=("fsdp", "zero1", "zero2", "zero3"), default="fsdp")
     parser.add_argument("--lora", type=int, default=0, help="PEFT LoRA of this rank on all linear layers")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=1)

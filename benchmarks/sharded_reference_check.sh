@@ -53,7 +53,7 @@ one_case() {  # NAME MODEL SEQ "REFERENCE FLAGS" "GPUANAT FLAGS" [config: gpuana
   python3 benchmarks/sharded_reference_summary.py "$name" "$OUT" | tee -a "$OUT/summary.txt"
 }
 
-# Cases: fsdp-SEQ, random-SEQ, bf16w-SEQ, lora-SEQ, zero3-SEQ (llama-3.1-8b), mistral-SEQ (mistral-7b), qwen-SEQ
+# Cases: fsdp-SEQ, random-SEQ, bf16w-SEQ, lora-SEQ, zero1-SEQ, zero2-SEQ, zero3-SEQ (llama-3.1-8b), mistral-SEQ (mistral-7b), qwen-SEQ
 # (qwen2.5-7b), batch2-SEQ (llama-3.1-8b, batch 2)
 for case in ${CASES:-fsdp-1024}; do
   case $case in
@@ -61,7 +61,7 @@ for case in ${CASES:-fsdp-1024}; do
     random-*) one_case "$case" llama-3.1-8b "${case#random-}" "--sharding fsdp" "--distributed fsdp" config ;;
     bf16w-*) one_case "$case" llama-3.1-8b "${case#bf16w-}" "--sharding fsdp" "--distributed fsdp --weights-dtype bf16" ;;
     lora-*) one_case "$case" llama-3.1-8b "${case#lora-}" "--sharding fsdp --lora 16" "--distributed fsdp --lora 16" ;;
-    zero3-*) one_case "$case" llama-3.1-8b "${case#zero3-}" "--sharding zero3" "--distributed zero3" ;;
+    zero?-*) one_case "$case" llama-3.1-8b "${case#zero?-}" "--sharding ${case%%-*}" "--distributed ${case%%-*}" ;;
     mistral-*) one_case "$case" mistral-7b "${case#mistral-}" "--sharding fsdp" "--distributed fsdp" ;;
     qwen-*) one_case "$case" qwen2.5-7b "${case#qwen-}" "--sharding fsdp" "--distributed fsdp" ;;
     batch2-*) one_case "$case" llama-3.1-8b "${case#batch2-}" "--sharding fsdp --batch-size 2" \
