@@ -231,9 +231,11 @@ def test_on_several_gpus_the_distributed_technique_is_searched_from_the_least_sh
     start = result.trials[0].config
     usable = space.usable_memory_bytes
     assert largest_batch(base, usable).batch_size == 0  # DDP: no batch fits
-    assert start.distributed == "zero1"  # the least sharding predicted to fit
+    # the least sharding predicted to fit: ZeRO-1/2's step holds the gradients' partition in fp32 beside the state
+    # (89.81 GiB measured on 2 H200s), more than an H100 has
+    assert start.distributed == "fsdp"
     tried = {trial.config.distributed for trial in result.trials}
-    assert {"zero2", "fsdp"} <= tried and "ddp" not in tried  # ddp was pruned by the prediction, never run
+    assert "zero3" in tried and not {"ddp", "zero1", "zero2"} & tried  # pruned by the prediction, never run
     assert result.best is not None and result.best.samples_per_second == max(
         trial.samples_per_second for trial in result.ok_trials)
 
@@ -244,7 +246,7 @@ def test_one_gpu_or_a_workload_sharding_cannot_train_has_no_distributed_dimensio
     assert "distributed" not in one.dimensions and one.distributed_techniques == ()
     lora = search_space(RunConfig(preset="llama-3.1-8b", gpus="2", distributed="ddp", precision="bf16", lora=16),
                         TWO_H100, frozenset(), gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
-    assert "distributed" not in lora.dimensions  # LoRA trains with ddp only here: nothing to choose
+    assert lora.distributed_techniques == ("ddp", "fsdp")  # LoRA trains with ddp or fsdp here
     no_deepspeed = search_space(RunConfig(gpus="2", distributed="ddp"),
                                 dataclasses.replace(TWO_H100, deepspeed_version=None), frozenset(),
                                 gpu_memory_bytes=H100_NVML_TOTAL_BYTES)

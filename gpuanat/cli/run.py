@@ -124,6 +124,23 @@ def command_run(args: argparse.Namespace) -> int:
         from gpuanat.core.store.report import format_bytes
 
         print(f"gpuanat: out of GPU memory at step {run_error.get('step')} "
-              f"(peak allocated {format_bytes(result['peak_allocated_bytes'])}); try a smaller --batch-size, "
-              "--grad-checkpointing or --precision bf16", file=sys.stderr)
+              f"(peak allocated {format_bytes(result['peak_allocated_bytes'])}); "
+              f"{out_of_memory_hint(config, result.get('device_memory_total_bytes'))}", file=sys.stderr)
     return exit_code_for(result["status"], args.stop_signals)
+
+
+def out_of_memory_hint(config: Any, gpu_memory_bytes: int | None) -> str:
+    """What to change after running out of memory: the fit ladder's steps up to the one predicted to fit this GPU
+    (as `gpuanat predict` lists them), else the techniques that lower memory and are not on yet."""
+    from gpuanat.core.memory.fit_ladder import fit_ladder
+
+    if gpu_memory_bytes:
+        steps = [step for step in fit_ladder(config, gpu_memory_bytes) if step.refused is None]
+        if steps and steps[-1].fits:
+            return f"add {' '.join(step.flags for step in steps)} (predicted to fit; `gpuanat predict` shows why)"
+    ideas = ["a smaller --batch-size"]
+    if not config.grad_checkpointing:
+        ideas.append("--grad-checkpointing")
+    if config.precision == "fp32":
+        ideas.append("--precision bf16")
+    return "try " + (", ".join(ideas[:-1]) + " or " + ideas[-1] if len(ideas) > 1 else ideas[0])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuanat.core.memory.architecture import Architecture
-from gpuanat.core.memory.bands.optimizer import optimizer_state_bytes
+from gpuanat.core.memory.bands.optimizer import optimizer_state_bytes, step_counter_bytes
 from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed, parameter_element_bytes
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes, qlora_base_bytes, qlora_head_copy_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, lora_shapes
@@ -36,6 +36,8 @@ class RankState:
     """AMP's 16-bit copies of the matmul weights, which a model already in 16 bits (DeepSpeed) does not make."""
     gathered_parameters_bytes: int = 0
     """ZeRO-3: the parameters gathered in full and still alive as the forward pass ends (in the activations)."""
+    step_temporaries_bytes: int = 0
+    """ZeRO-1/2: what DeepSpeed's optimizer step allocates beside the state (0: the optimizer's own, as on one GPU)."""
 
 
 def _shard(size: int, ranks: int) -> int:
@@ -70,8 +72,9 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
     optimizer = optimizer_state_bytes(config, shapes)
     accumulating = config.grad_accum > 1
     half_copies = half_weight_copies_bytes(config, shapes)
+    trained, buffers = shapes, shapes.buffer_bytes
     if config.lora:  # a frozen base in the run's precision; only the fp32 adapters have gradients and state
-        adapters = lora_shapes(arch, config)
+        adapters = trained = lora_shapes(arch, config)
         if config.load_in_4bit:  # QLoRA: NF4 matrices, the rest fp32
             weights = qlora_base_bytes(arch, shapes) + 4 * adapters.params
             half_copies = qlora_head_copy_bytes(config, arch)
@@ -83,8 +86,11 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
             half_copies = 0
         gradients, optimizer = 4 * adapters.params, optimizer_state_bytes(config, adapters)
     if config.distributed == "fsdp":  # its gathered parameters are 16-bit already: no autocast copies
-        return RankState(_shard(weights, ranks), _shard(gradients, ranks),
-                         _shard(gradients, ranks) if accumulating else 0, _shard(optimizer, ranks), 0,
+        # Buffers (rotary frequencies) and the optimizer's step counters are whole on every rank
+        counters = step_counter_bytes(config, trained)
+        return RankState(_shard(weights - buffers, ranks) + buffers, _shard(gradients, ranks),
+                         _shard(gradients, ranks) if accumulating else 0,
+                         _shard(optimizer - counters, ranks) + counters, 0,
                          0 if computes_in_16_bit(config) else half_copies)
     if config.distributed.startswith("zero"):
         sixteen_bit = is_mixed(config)
@@ -101,7 +107,12 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
         # As the ZeRO optimizer's step begins, ZeRO-1 and ZeRO-2 alike hold this rank's 16-bit partition of the
         # reduced gradients (measured on 2 H200s: 0.31 GiB each for bert-large's 0.62), and free it in the step
         partition = _shard(model_gradients, ranks)
-        return RankState(model_weights, partition, partition if accumulating else 0, state, buckets, 0)
+        # Its step copies the partition to fp32 for the fp32 master weights, beside another 16-bit copy: on 2 H200s
+        # llama-3.1-8b's ZeRO-2 peak was 22.5 GiB above its state, three partitions' worth (22.4); bert-large's peak
+        # is its forward pass's
+        step = 3 * partition if sixteen_bit else 2 * partition
+        return RankState(model_weights, partition, partition if accumulating else 0, state, buckets, 0,
+                         step_temporaries_bytes=step)
     buckets = gradients if config.distributed == "ddp" else 0
     return RankState(weights, gradients, gradients if accumulating else 0, optimizer, buckets, half_copies)
 

@@ -70,6 +70,12 @@ ALLOCATOR_SMALL_BLOCK_BYTES = 1 << 20
 from the large pool, where blocks are split off the segments that backward freed."""
 
 
+def step_counter_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
+    """Fused AdamW's step counters: a 4-byte tensor a parameter, on the GPU (the unfused one keeps them on the CPU).
+    FSDP2 leaves each rank a shard of every parameter, so every rank holds every counter."""
+    return 4 * shapes.tensors if config.optim == "adamw_torch_fused" else 0
+
+
 def large_moment_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     """Optimizer moments (`StateTensor.moment`) that the allocator places in its large pool."""
     return sum(tensor.bytes for tensor in optimizer_state_tensors(config, shapes)
