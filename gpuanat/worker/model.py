@@ -110,26 +110,6 @@ def build_model(config: Any) -> Any:
             torch.cuda.reset_peak_memory_stats()
     elif config.lora:
         model = with_lora(model, config)
-    if config.distributed in ("fsdp", "zero1", "zero2") and config.device == "cuda":
-        model = handed_over_on_the_host(model)
-    return model
-
-
-def handed_over_on_the_host(model: Any) -> Any:
-    """`model` on the host, as FSDP2 and DeepSpeed's ZeRO-1/2 take it from a user (from_pretrained loads there):
-    `fully_shard` then moves one layer at a time to the GPU and keeps its shard, DeepSpeed casts the model to 16 bits
-    before moving it. Built on the GPU instead (much faster), the whole fp32 model passed through every GPU first and
-    left its blocks in the allocator's cache: on 2 H200s llama-3.1-8b under ZeRO-1/2 held 100.16 GiB against 73.60
-    predicted (benchmarks/results/h200x2/tune_distributed/). Its peaks are forgotten: they are not the training's.
-    (ZeRO-3 builds the model inside deepspeed.zero.Init instead: see `train`.)"""
-    import gc
-
-    import torch
-
-    model = model.to("cpu")
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     return model
 
 
