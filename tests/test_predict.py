@@ -11,6 +11,8 @@ from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Con
 
 from gpuanat.core.measure.nvml_source import probe_nvml
 from gpuanat.core.memory.allocation_templates import largest_batch
+from gpuanat.core.memory.bands.optimizer import step_counter_bytes
+from gpuanat.core.memory.model_config import architecture_of
 from gpuanat.core.memory.predict import (
     CUDA_CONTEXT_BYTES,
     DRIVER_RESERVED_BYTES,
@@ -202,8 +204,12 @@ def test_each_rank_holds_what_its_distributed_technique_leaves_it():
     assert (ddp.weights_bytes, ddp.gradients_bytes, ddp.optimizer_state_bytes) == (
         one.weights_bytes, one.gradients_bytes, one.optimizer_state_bytes)
     assert ddp.communication_buffers_bytes == one.gradients_bytes  # DDP's buckets: a copy of every gradient
-    assert fsdp.weights_bytes == -(-one.weights_bytes // 4) and fsdp.optimizer_state_bytes == -(
-        -one.optimizer_state_bytes // 4)
+    # FSDP2 shards the parameters and their moments; buffers and fused AdamW's step counters stay whole on each rank
+    shapes = parameter_shapes(architecture_of(RunConfig()))
+    buffers, counters = shapes.buffer_bytes, step_counter_bytes(RunConfig(precision="bf16"), shapes)
+    assert buffers > 0 and counters == 4 * shapes.tensors
+    assert fsdp.weights_bytes == -(-(one.weights_bytes - buffers) // 4) + buffers
+    assert fsdp.optimizer_state_bytes == -(-(one.optimizer_state_bytes - counters) // 4) + counters
     # DeepSpeed trains a 16-bit model; its fp32 master weights join the optimizer state, 12 B/param with Adam, sharded.
     assert zero1.weights_bytes == zero2.weights_bytes == 4 * zero3.weights_bytes
     assert zero1.optimizer_state_bytes == zero3.optimizer_state_bytes < one.optimizer_state_bytes

@@ -138,8 +138,9 @@ def fsdp_decoder(config: RunConfig, arch: Architecture) -> bool:
 
 def fsdp_tail_bytes(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -> int:
     """The LM head's unit, gathered in 16 bits as the forward pass reaches it and kept so until backward has
-    passed it (accelerate shards it with reshard_after_forward=False). Measured on 2 H200s (llama-3.1-8b, LoRA
-    16, seq 1024): the peak, as backward begins, 0.98 GiB above the bands that one GPU would hold."""
+    passed it (accelerate shards it with reshard_after_forward=False): in the activations as the forward pass ends.
+    Measured on 2 H200s: the activations 0.98 GiB above one GPU's for llama-3.1-8b (its head's 16-bit size), less
+    the logits' 16 bits (`decoder_activations_bytes`), at every sequence length, with LoRA too."""
     return _fsdp_units(config, arch, shapes)[1] if fsdp_decoder(config, arch) else 0
 
 

@@ -28,7 +28,7 @@ from gpuanat.core.memory.bands.activations import (
     temporaries_bytes,
 )
 from gpuanat.core.memory.bands.optimizer import large_moment_bytes, optimizer_step_temporaries_bytes
-from gpuanat.core.memory.bands.precision import coefficients, is_mixed
+from gpuanat.core.memory.bands.precision import coefficients, is_mixed, sharded_in_16_bit
 from gpuanat.core.memory.bands.weights import (
     autocast_cache_bytes,
     decoder_weight_casts_bytes,
@@ -115,22 +115,25 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     else:
         activations = (activations_bytes(config, arch, shapes) - half_weight_copies_bytes(config, shapes)
                        + held.half_weight_copies_bytes)
-    activations += held.gathered_parameters_bytes
+    activations += held.gathered_parameters_bytes + fsdp_tail_bytes(config, arch, shapes)
     # Liger's chunks come and go in the forward pass, before backward's temporaries; QLoRA's dequantized weight
     # exists beside those
     # A causal LM's backward begins with the gradient of the logits, fp32, beside everything the forward kept: on the
-    # H100 the peak was that far above the bands at the end of the forward pass (e.g. 3.98 GiB for 3.91 GiB of logits)
-    backward_temporaries = logits if arch.objective == "causal-lm" else temporaries_bytes(config, arch)
-    backward_begins = (max(backward_temporaries + dequantized_weight_bytes(config, arch),
-                           liger_transient_bytes(config, arch)) + held.communication_buffers_bytes)
-    temporaries = backward_begins + fsdp_tail_bytes(config, arch, shapes)
+    # H100 the peak was that far above the bands at the end of the forward pass (e.g. 3.98 GiB for 3.91 GiB of logits).
+    # Where FSDP2 or DeepSpeed compute in 16 bits, its 16-bit cast for the LM head's backward beside it (on 2 H200s,
+    # llama-3.1-8b with LoRA at seq 4096: 15.72 GiB measured, 15.70 so)
+    fp32_logits = 2 * logits if sharded_in_16_bit(config) else logits  # (none with Liger's fused loss)
+    backward_temporaries = (fp32_logits + (logits if sharded_in_16_bit(config) else 0)
+                            if arch.objective == "causal-lm" else temporaries_bytes(config, arch))
+    temporaries = (max(backward_temporaries + dequantized_weight_bytes(config, arch),
+                       liger_transient_bytes(config, arch)) + held.communication_buffers_bytes)
     gradients_at_peak = held.gradients_at_peak_bytes
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
     # Late in backward with checkpointing, the kept inputs are mostly freed, but nearly all gradients exist while
     # the first layer is recomputed; then the optimizer step, with its own temporaries: at small batches, the peak.
     step_temporaries = held.step_temporaries_bytes or optimizer_step_temporaries_bytes(config, shapes)
     first_step_peak = (weights + gradients + optimizer + CUBLAS_WORKSPACE_BYTES
-                       + max(backward_begins if config.grad_checkpointing else 0, step_temporaries,
+                       + max(temporaries if config.grad_checkpointing else 0, step_temporaries,
                              fsdp_backward_units_bytes(config, arch, shapes)))
     autocast_cache = autocast_cache_bytes(config, shapes)
     # Only where the accumulated gradients are alive too does this moment exceed the others.
@@ -148,7 +151,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         cache_fraction=cache_fraction, moment_fragmentation_bytes=moment_fragmentation,
         communication_buffers_bytes=held.communication_buffers_bytes, ranks=config.ranks or 1,
         distributed=config.distributed, logits_bytes=logits,
-        sharded_cache_bytes=fsdp_cache_bytes(config, arch, shapes, logits),
+        sharded_cache_bytes=fsdp_cache_bytes(config, arch, shapes, fp32_logits),
     )
 
 

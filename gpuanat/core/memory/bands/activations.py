@@ -92,7 +92,9 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     and the H100 matrix (docs/llm.md): every layer's saved tensors (`decoder_layers.layer_bytes_per_token`) — with
     checkpointing only each layer's input, in the residual stream's dtype — then what the embeddings' side, the final
     norm and the LM head's input keep, the loss's fp32 log-probabilities and the logits the model returns
-    (batch × seq × vocab, fp32: accelerate converts a model's outputs to fp32 under mixed precision), with Gemma's
+    (batch × seq × vocab, fp32: accelerate converts a model's outputs to fp32 under autocast; 16-bit where FSDP2 or
+    DeepSpeed compute in 16 bits, the loss upcasting a copy it does not keep: on 2 H200s llama-3.1-8b's were 0.24 GiB
+    at seq 1024, and the activations fell by that much per 1,024 tokens under both), with Gemma's
     soft-capping its tanh. Eager attention adds its probabilities, a sliding window its boolean mask (one for all
     layers). Autocast's weight copies are `decoder_weight_casts_bytes`."""
     arch = as_architecture(model)
@@ -106,7 +108,7 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     per_token += outside_layers_bytes_per_token(config, arch)
     eager = 0 if config.grad_checkpointing else layers * arch.num_heads * s * s * eager_scores_bytes(config, arch)
     sliding_mask = s * s if arch.sliding_window_layers and not config.grad_checkpointing else 0
-    logits = b * s * arch.vocab_size * 4
+    logits = b * s * arch.vocab_size * (2 if sharded_in_16_bit(config) else 4)
     log_probabilities = b * s * arch.vocab_size * 4
     softcapping = b * s * arch.vocab_size * (2 if is_mixed(config) else 4) if arch.final_logit_softcapping else 0
     return b * (s * per_token + eager + sliding_mask) + logits + log_probabilities + softcapping, logits
