@@ -3,10 +3,11 @@
 # machine with 2 or more GPUs:
 #   CASES="fsdp-1024 lora-1024" bash benchmarks/sharded_reference_check.sh
 # Each case runs benchmarks/reference_sharded_trainer.py (a plain HF Trainer script: the model from a random bf16
-# checkpoint with from_pretrained, Trainer's FSDP2 or DeepSpeed ZeRO-3) under torchrun, then `gpuanat run` of the same
-# training on the same GPUs (from the checkpoint; `random-SEQ` from its config.json, random weights), and benchmarks/sharded_reference_summary.py puts each rank's peaks beside gpuanat's
-# measurement and prediction, its bands beside NVML, and counts the processes left on the GPUs.
-# Writes $OUT/sharded_reference/: reference-CASE.jsonl (a line a rank), run-CASE.json, summary.jsonl, summary.txt.
+# checkpoint with from_pretrained, Trainer's FSDP2, DeepSpeed ZeRO-1/2/3 or PEFT's LoRA) under torchrun, then
+# `gpuanat run` of the same training on the same GPUs (from the checkpoint; `random-SEQ` from its config.json, random
+# weights), and benchmarks/sharded_reference_summary.py puts each rank's peaks beside gpuanat's measurement and
+# prediction, and its bands beside NVML. Writes $OUT/sharded_reference.tgz (the device tool returns few files):
+# reference-CASE.jsonl (a line a rank), run-CASE.json, summary.jsonl, summary.txt, env.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpuanat-out}/sharded_reference
 GPUS=${GPUS:-2}
@@ -53,8 +54,8 @@ one_case() {  # NAME MODEL SEQ "REFERENCE FLAGS" "GPUANAT FLAGS" [config: gpuana
   python3 benchmarks/sharded_reference_summary.py "$name" "$OUT" | tee -a "$OUT/summary.txt"
 }
 
-# Cases: fsdp-SEQ, random-SEQ, bf16w-SEQ, lora-SEQ, zero1-SEQ, zero2-SEQ, zero3-SEQ (llama-3.1-8b), mistral-SEQ (mistral-7b), qwen-SEQ
-# (qwen2.5-7b), batch2-SEQ (llama-3.1-8b, batch 2)
+# Cases: fsdp-SEQ, random-SEQ, bf16w-SEQ, lora-SEQ, zero1-SEQ, zero2-SEQ, zero3-SEQ, batch2-SEQ (llama-3.1-8b;
+# batch2: batch 2), mistral-SEQ (mistral-7b), qwen-SEQ (qwen2.5-7b)
 for case in ${CASES:-fsdp-1024}; do
   case $case in
     fsdp-*) one_case "$case" llama-3.1-8b "${case#fsdp-}" "--sharding fsdp" "--distributed fsdp" ;;
