@@ -76,7 +76,8 @@ def command_predict(args: argparse.Namespace) -> int:
     if gpu_memory is None:
         print(f"Largest batch that fits: — ({source})")
     else:
-        fits = "fits" if fits_in(estimate_memory(config), gpu_memory) else "does NOT fit"
+        estimate = estimate_memory(config)
+        fits = "fits" if fits_in(estimate, gpu_memory) else "does NOT fit"
         how = (f"replaying a recorded run's allocations, {format_bytes(result['max_batch_least_left_bytes'])} left at "
                f"its tightest; the bytes model says {result['max_batch_size_model']}"
                if result["max_batch_method"] == "replay" else "the bytes model")
@@ -84,6 +85,10 @@ def command_predict(args: argparse.Namespace) -> int:
               f"largest batch that fits: {result['max_batch_size']} ({how})")
         if result["max_batch_caveat"]:
             print(f"  caveat: {result['max_batch_caveat']}")
+        if fits == "fits" and result["peak_device_bytes"] > gpu_memory:
+            cache = result["peak_device_bytes"] - result["cuda_context_bytes"] - result["peak_allocated_bytes"]
+            print(f"  (its peak device counts {format_bytes(cache)} of allocator cache above the peak allocated: near "
+                  "the limit the allocator frees its unused segments before it fails, as `fits` assumes)")
         print_fit_ladder(result["fit_ladder"], config, gpu_memory)
         recorded_with = result["max_batch_recorded_with"]
         if recorded_with:
