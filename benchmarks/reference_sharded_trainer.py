@@ -59,7 +59,7 @@ def training_arguments(args: argparse.Namespace, output_dir: str, on_gpu: bool, 
     if args.sharding == "fsdp":
         sharding = {"fsdp": "full_shard", "fsdp_config": {"version": 2, "reshard_after_forward": True,
                                                           "transformer_layer_cls_to_wrap": [layer_class]}}
-    elif args.sharding.startswith("zero"):
+    elif args.sharding and args.sharding.startswith("zero"):
         sharding = {"deepspeed": {"zero_optimization": {"stage": int(args.sharding[-1])}, "bf16": {"enabled": "auto"},
                                   "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
                                   "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,15 @@ def test_what_was_measured_is_predicted_without_a_caveat_and_the_rest_says_why()
     assert "with checkpointing only" in prediction_caveat(
         dataclasses.replace(llama, distributed="fsdp", grad_checkpointing=False))
     assert "measured on 2" in prediction_caveat(dataclasses.replace(llama, distributed="fsdp", gpus="8"))
+
+
+def test_the_reference_script_trains_on_the_cpu():
+    """benchmarks/reference_sharded_trainer.py's smoke test (2 small layers, no sharding, LoRA on): what the GPU calls
+    run, kept working between them."""
+    script = RESULTS.parents[2] / "reference_sharded_trainer.py"
+    completed = subprocess.run([sys.executable, str(script), "--config", str(RESULTS.parents[2] / "configs" /
+                                "llama-3.1-8b"), "--tiny", "--lora", "4", "--steps", "2", "--seq-len", "16"],
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = json.loads([text for text in completed.stdout.splitlines() if text.startswith('{"')][-1])
+    assert line["steps"] == 2 and line["lora"] == 4 and line["s_per_step_median"] > 0
