@@ -93,8 +93,8 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     checkpointing only each layer's input, in the residual stream's dtype — then what the embeddings' side, the final
     norm and the LM head's input keep, the loss's fp32 log-probabilities and the logits the model returns
     (batch × seq × vocab, fp32: accelerate converts a model's outputs to fp32 under autocast; 16-bit where FSDP2 or
-    DeepSpeed compute in 16 bits, the loss upcasting a copy it does not keep: on 2 H200s llama-3.1-8b's were 0.24 GiB
-    at seq 1024, and the activations fell by that much per 1,024 tokens under both), with Gemma's
+    DeepSpeed compute in 16 bits, autocast off, the loss upcasting a copy it does not keep: on 2 H200s llama-3.1-8b's
+    were 0.24 GiB at seq 1024, and the activations fell by that much per 1,024 tokens under both), with Gemma's
     soft-capping its tanh. Eager attention adds its probabilities, a sliding window its boolean mask (one for all
     layers). Autocast's weight copies are `decoder_weight_casts_bytes`."""
     arch = as_architecture(model)
