@@ -128,6 +128,24 @@ def test_a_rank_killed_mid_run_fails_the_run_and_ends_the_other_rank(db_path):
     _assert_none_left(marker, timeout_s=10)
 
 
+def test_a_rank_stuck_when_its_peer_dies_is_ended_without_waiting_for_torchrun(db_path):
+    """On GPUs a rank whose peer died waits in its collective (NCCL), and torchrun SIGKILLs it only after 30 s: on 2
+    H200s its GPU stayed held 31 s. Rank 0 stopped here (SIGSTOP: stuck, as in a collective) and rank 1 killed,
+    gpuanat's launcher ends rank 0 itself, and says so."""
+    with training_on_two_ranks(db_path) as (marker, process):
+        ranks = _ranks(marker, 2)
+        ranks[0].suspend()
+        ranks[1].kill()
+        stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr[-3000:]
+    result = last_json(stdout)
+    by_rank = {rank["rank"]: rank for rank in result["ranks"]}
+    assert result["status"] == "failed" and result["error"]["message"].startswith("rank 1")
+    assert by_rank[0]["status"] == "failed"
+    assert "was ended by gpuanat 5 s after rank 1 failed" in by_rank[0]["error"]["message"]
+    _assert_none_left(marker, timeout_s=10)
+
+
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
 def test_stopping_a_distributed_run_stops_every_rank_and_leaves_no_process(db_path, number):
     with training_on_two_ranks(db_path) as (marker, process):

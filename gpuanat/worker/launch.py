@@ -14,7 +14,9 @@ lifeline ends torchrun and every rank it knows of. SIGINT or SIGTERM (gpuanat's 
 SIGTERM, which torchrun passes to every rank; a rank stops like a single-process run.
 
 Exit code: torchrun's; 130 when stopped and every rank stopped. A rank that ended without saying `done` or
-`error` (killed, crashed in C) is reported as an `error` event of that rank.
+`error` (killed, crashed in C) is reported as an `error` event of that rank. After a rank failed either way, the
+ranks still running `RANK_LOST_GRACE_S` later are killed: on GPUs they wait in a collective for the lost peer, and
+torchrun would only SIGKILL them after its 30 s (on 2 H200s a killed rank's peer held its GPU 31 s).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -39,6 +42,9 @@ EXIT_STOPPED = 130
 RANK_HEADER_MAX_BYTES = 4096
 RANKS_GONE_GRACE_S = 10.0
 """After torchrun exited, how long the ranks' connections may stay open before the launcher stops waiting."""
+RANK_LOST_GRACE_S = 5.0
+"""After a rank failed (an error, or it ended without a word), how long the others may take to end by themselves
+(gloo's collectives fail at once; NCCL's wait) before the launcher kills them."""
 
 
 def torchrun_command(nproc: int, worker_args: list[str], socket_path: str) -> list[str]:
@@ -50,8 +56,9 @@ def torchrun_command(nproc: int, worker_args: list[str], socket_path: str) -> li
 class _Forwarder:
     """Reads each rank's connection and forwards its events, whole lines, one writer at a time."""
 
-    def __init__(self, writer: EventWriter) -> None:
+    def __init__(self, writer: EventWriter, on_rank_lost: Any = lambda rank: None) -> None:
         self._writer = writer
+        self._on_rank_lost = on_rank_lost
         self._lock = threading.Lock()
         self.finished: dict[int, str] = {}
         """Rank -> how it ended ("done" or "error"), from its own events."""
@@ -101,11 +108,13 @@ class _Forwarder:
                         self.finished[rank] = "done"
                     elif isinstance(event, Error):
                         self.finished[rank] = "error"
+                        self._on_rank_lost(rank)
                     self.send(Ranked(rank, event))
                 if not chunk:
                     if rank not in self.finished:
                         with self._lock:
                             self.ended_silently.append(rank)
+                        self._on_rank_lost(rank)
                     return
 
 
@@ -138,8 +147,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("worker_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     worker_args = args.worker_args[1:] if args.worker_args[:1] == ["--"] else args.worker_args
-    forwarder = _Forwarder(EventWriter(args.events_fd))
     stop_requested = threading.Event()
+    killed: list[int] = []
+    """Ranks this launcher killed after another failed."""
+    failed: list[int] = []
+    """Ranks that failed (an error, or ended without a word), in the order seen."""
+
+    def kill_survivors() -> None:
+        if stop_requested.is_set():
+            return
+        for rank, pid in list(forwarder.connected.items()):
+            if rank not in forwarder.finished and rank not in forwarder.ended_silently:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)  # torchrun starts each rank in a session of its own
+                    killed.append(rank)
+
+    def rank_lost(rank: int) -> None:
+        failed.append(rank)
+        if not stop_requested.is_set():
+            timer = threading.Timer(RANK_LOST_GRACE_S, kill_survivors)
+            timer.daemon = True
+            timer.start()
+
+    forwarder = _Forwarder(EventWriter(args.events_fd), on_rank_lost=rank_lost)
     with tempfile.TemporaryDirectory(prefix="gpuanat-ranks-") as folder:
         socket_path = str(Path(folder) / "ranks.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -166,11 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     if missing and not stop_requested.is_set():
         for position, rank in enumerate(missing):
             pid = forwarder.connected.get(rank)
-            never = "" if pid is not None else " (it never connected)"
-            after = f" after rank {missing[0]} did" if position else ""
+            named = f"rank {rank}{f' (pid {pid})' if pid else ''}"
+            if rank in killed:
+                how = (f"was ended by gpuanat {RANK_LOST_GRACE_S:g} s after rank {failed[0]} failed (its collectives "
+                       "would have waited for it)")
+            else:
+                never = "" if pid is not None else " (it never connected)"
+                how = f"ended without finishing{never}{f' after rank {missing[0]} did' if position else ''}"
             forwarder.send(Ranked(rank, Error(kind="exited", message=(
-                f"rank {rank}{f' (pid {pid})' if pid else ''} ended without finishing{never}{after}; torchrun "
-                f"exited with code {returncode} — see the log"))))
+                f"{named} {how}; torchrun exited with code {returncode} — see the log"))))
     if stop_requested.is_set():
         return EXIT_STOPPED
     return returncode if returncode >= 0 else 128 - returncode
