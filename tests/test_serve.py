@@ -138,6 +138,11 @@ class Browser:
             await asyncio.sleep(0.2)
 
     async def press(self, key: str) -> None:
+        if key == "escape":  # a key without text: the browser's own key event, which the page's terminal turns into ESC
+            named = {"key": "Escape", "code": "Escape", "windowsVirtualKeyCode": 27}
+            await self.call("Input.dispatchKeyEvent", type="rawKeyDown", **named)
+            await self.call("Input.dispatchKeyEvent", type="keyUp", **named)
+            return
         await self.call("Input.dispatchKeyEvent", type="keyDown", key=key, text=key)
         await self.call("Input.dispatchKeyEvent", type="keyUp", key=key)
 
@@ -239,6 +244,7 @@ async def test_the_served_dashboard_is_drawn_in_a_browser_and_outlives_its_tab(t
             await browser.wait_for_text("run 1: step", "weights", "Techniques", since=drawn_before_return)
             assert "idle" not in browser.text(drawn_before_return).split("run 1: step")[0][-200:]
             await browser.press_until_drawn("?", "Weights dtype", "LoRA adapters")  # and it takes keys again
+            await browser.press_until_drawn("escape", "run 1: step")  # the key page closed: the dashboard again
             assert history_rows(history, "SELECT count(*) FROM runs") == [(1,)]
 
             closed_before = browser.sockets_closed  # a second tab takes the dashboard over; the first is let go
