@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -27,18 +26,10 @@ from typing import Any
 
 import psutil
 import pynvml
+from fault_check import RELEASED_WITHIN_BYTES, REPO, _max_step  # this folder: the one-GPU fault check's helpers
 
-REPO = Path(__file__).resolve().parent.parent
 STEP_OF_FAULT = 3
-RELEASED_WITHIN_BYTES = 64 * 1024**2
 SCENARIOS = ("stop", "kill-rank", "oom")
-
-
-def _max_step(db: Path) -> int:
-    with contextlib.suppress(sqlite3.Error), contextlib.closing(
-            sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
-        return connection.execute("SELECT MAX(step) FROM steps").fetchone()[0] or 0
-    return 0
 
 
 def _rank_process(parent: psutil.Process, local_rank: str) -> psutil.Process | None:

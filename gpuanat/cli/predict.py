@@ -86,7 +86,7 @@ def command_predict(args: argparse.Namespace) -> int:
         if result["max_batch_caveat"]:
             print(f"  caveat: {result['max_batch_caveat']}")
         if fits == "fits" and result["peak_device_bytes"] > gpu_memory:
-            cache = result["peak_device_bytes"] - result["cuda_context_bytes"] - result["peak_allocated_bytes"]
+            cache = result["peak_reserved_bytes"] - result["peak_allocated_bytes"]
             print(f"  (its peak device counts {format_bytes(cache)} of allocator cache above the peak allocated: near "
                   "the limit the allocator frees its unused segments before it fails, as `fits` assumes)")
         print_fit_ladder(result["fit_ladder"], config, gpu_memory)

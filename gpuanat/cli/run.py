@@ -143,4 +143,5 @@ def out_of_memory_hint(config: Any, gpu_memory_bytes: int | None) -> str:
         ideas.append("--grad-checkpointing")
     if config.precision == "fp32":
         ideas.append("--precision bf16")
-    return "try " + (", ".join(ideas[:-1]) + " or " + ideas[-1] if len(ideas) > 1 else ideas[0])
+    *first, last = ideas
+    return "try " + (f"{', '.join(first)} or {last}" if first else last)

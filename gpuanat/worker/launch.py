@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def rank_lost(rank: int) -> None:
         failed.append(rank)
-        if not stop_requested.is_set():
+        if len(failed) == 1 and not stop_requested.is_set():  # one deadline, from the first failure
             timer = threading.Timer(RANK_LOST_GRACE_S, kill_survivors)
             timer.daemon = True
             timer.start()

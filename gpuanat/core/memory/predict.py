@@ -25,10 +25,11 @@ from gpuanat.core.memory.bands.activations import (
     decoder_activations_bytes,
     liger_kept_bytes,
     liger_transient_bytes,
+    logits_element_bytes,
     temporaries_bytes,
 )
 from gpuanat.core.memory.bands.optimizer import large_moment_bytes, optimizer_step_temporaries_bytes
-from gpuanat.core.memory.bands.precision import coefficients, is_mixed, sharded_in_16_bit
+from gpuanat.core.memory.bands.precision import coefficients, is_mixed
 from gpuanat.core.memory.bands.weights import (
     autocast_cache_bytes,
     decoder_weight_casts_bytes,
@@ -122,9 +123,10 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     # H100 the peak was that far above the bands at the end of the forward pass (e.g. 3.98 GiB for 3.91 GiB of logits).
     # Where FSDP2 or DeepSpeed compute in 16 bits, its 16-bit cast for the LM head's backward beside it (on 2 H200s,
     # llama-3.1-8b with LoRA at seq 4096: 15.72 GiB measured, 15.70 so)
-    fp32_logits = 2 * logits if sharded_in_16_bit(config) else logits  # (none with Liger's fused loss)
-    backward_temporaries = (fp32_logits + (logits if sharded_in_16_bit(config) else 0)
-                            if arch.objective == "causal-lm" else temporaries_bytes(config, arch))
+    fp32_logits = logits * 4 // logits_element_bytes(config)  # (none with Liger's fused loss)
+    sixteen_bit_gradient = logits if fp32_logits != logits else 0
+    backward_temporaries = (fp32_logits + sixteen_bit_gradient if arch.objective == "causal-lm"
+                            else temporaries_bytes(config, arch))
     temporaries = (max(backward_temporaries + dequantized_weight_bytes(config, arch),
                        liger_transient_bytes(config, arch)) + held.communication_buffers_bytes)
     gradients_at_peak = held.gradients_at_peak_bytes

@@ -87,6 +87,12 @@ def lora_dropout_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
     return lora_adapted_inputs_per_layer(preset, config) * (1 if is_mixed(config) else 1 + 4)
 
 
+def logits_element_bytes(config: RunConfig) -> int:
+    """Bytes per element of the logits a causal LM returns: fp32 (accelerate converts a model's outputs to fp32
+    under autocast), 16-bit where FSDP2 or DeepSpeed compute in 16 bits, autocast off."""
+    return 2 if sharded_in_16_bit(config) else 4
+
+
 def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPreset) -> tuple[int, int]:
     """(activations, of which logits) of a causal LM at the end of the forward pass, per `benchmarks/saved_tensors.py`
     and the H100 matrix (docs/llm.md): every layer's saved tensors (`decoder_layers.layer_bytes_per_token`) — with
@@ -108,7 +114,7 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     per_token += outside_layers_bytes_per_token(config, arch)
     eager = 0 if config.grad_checkpointing else layers * arch.num_heads * s * s * eager_scores_bytes(config, arch)
     sliding_mask = s * s if arch.sliding_window_layers and not config.grad_checkpointing else 0
-    logits = b * s * arch.vocab_size * (2 if sharded_in_16_bit(config) else 4)
+    logits = b * s * arch.vocab_size * logits_element_bytes(config)
     log_probabilities = b * s * arch.vocab_size * 4
     softcapping = b * s * arch.vocab_size * (2 if is_mixed(config) else 4) if arch.final_logit_softcapping else 0
     return b * (s * per_token + eager + sliding_mask) + logits + log_probabilities + softcapping, logits
