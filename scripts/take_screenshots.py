@@ -39,13 +39,20 @@ async def run_until_mid_run(app: GpuAnatApp, pilot, mid_run_s: float) -> None:
         await pilot.pause(0.25)
 
 
-async def take_live_lanes(out_dir: Path, config: RunConfig, mid_run_s: float, filename: str) -> None:
-    """The dashboard during a live run on several GPUs: one lane per GPU once every rank has measured a step."""
+async def take_live_lanes(out_dir: Path, config: RunConfig, mid_run_s: float, filename: str,
+                          other_sizes: list[tuple[int, int]]) -> None:
+    """The dashboard during a live run on several GPUs: one lane per GPU once every rank has measured a step; then
+    the same moment at each of `other_sizes` (the terminal resized, as a user does), saved as FILENAME-COLSxROWS."""
     db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
     app = GpuAnatApp(config, db_path=db_path)
     async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
         await run_until_mid_run(app, pilot, mid_run_s)
         app.save_screenshot(filename=filename, path=str(out_dir))
+        stem, _, suffix = filename.rpartition(".")
+        for columns, rows in other_sizes:
+            await pilot.resize_terminal(columns, rows)
+            await pilot.pause(1.0)
+            app.save_screenshot(filename=f"{stem}_{columns}x{rows}.{suffix}", path=str(out_dir))
         await pilot.press("q")
 
 
@@ -150,6 +157,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--lora", type=int, default=0)
+    parser.add_argument("--model", default=None, help="with --gpus: a checkpoint folder or config.json (run's --model)")
+    parser.add_argument("--grad-checkpointing", action="store_true", help="with --gpus: train with checkpointing")
+    parser.add_argument("--also-sizes", default="", help="with --gpus: more terminal sizes of the same moment, "
+                                                          "COLSxROWS comma-separated (80x24,200x50)")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.watch_pid is not None:
@@ -167,8 +178,10 @@ def main() -> None:
     if args.gpus is not None:
         config = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples,
                            gpus=args.gpus, distributed=args.distributed, precision=args.precision,
-                           batch_size=args.batch_size, seq_len=args.seq_len, lora=args.lora)
-        asyncio.run(take_live_lanes(args.out_dir, config, args.mid_run_s, args.filename))
+                           batch_size=args.batch_size, seq_len=args.seq_len, lora=args.lora, model=args.model,
+                           grad_checkpointing=args.grad_checkpointing)
+        sizes = [tuple(int(part) for part in size.split("x")) for size in args.also_sizes.split(",") if size]
+        asyncio.run(take_live_lanes(args.out_dir, config, args.mid_run_s, args.filename, sizes))
         return
     first = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples)
     asyncio.run(take(args.out_dir, first, args.second_keys.split(","), args.mid_run_s))

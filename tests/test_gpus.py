@@ -23,6 +23,7 @@ from gpuanat.core.run.gpus import (
     child_gpu_environment,
     choose_gpus,
     gpus_for_run,
+    rank_file_path,
 )
 from gpuanat.core.run.result import RankRecord
 from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
@@ -153,3 +154,20 @@ def test_bad_combinations_are_one_line_and_exit_2_before_torch(db_path):
     assert completed.returncode == 2
     assert completed.stderr.strip() == ("gpuanat: error: --gpus: this run is on the cpu; spread it over processes "
                                         "with --nproc N")
+
+
+@pytest.mark.parametrize(("path", "rank", "expected"), [
+    ("/tmp/run.pickle", None, "/tmp/run.pickle"),
+    ("/tmp/run.pickle", "0", "/tmp/run.pickle"),
+    ("/tmp/run.pickle", "3", "/tmp/run.rank3.pickle"),
+    ("/tmp/trace.json.gz", "1", "/tmp/trace.json.rank1.gz"),
+    ("/tmp/no_suffix", "2", "/tmp/no_suffix.rank2"),
+    ("/tmp/dotted.dir/file", "1", "/tmp/dotted.dir/file.rank1"),
+    ("/tmp/run.pickle", "garbage", "/tmp/run.pickle"),
+    (None, "1", None),
+])
+def test_each_rank_writes_its_own_file(path: str | None, rank: str | None, expected: str | None) -> None:
+    """A file named once for the whole run (--memory-snapshot, --profile-ops-trace) is written by every rank: rank 0
+    and a single process keep the name, rank N > 0 puts `.rankN` before the suffix."""
+    environment = {} if rank is None else {"RANK": rank}
+    assert rank_file_path(path, environment) == expected

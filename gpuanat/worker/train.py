@@ -184,6 +184,7 @@ def train(config: Any, emit: Any) -> int:
 
     from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE
     from gpuanat.core.run.errors import ConfigError
+    from gpuanat.core.run.gpus import rank_file_path
     from gpuanat.core.run.protocol import Done, Error, Hello
     from gpuanat.worker.probe.hf import AnatomyCallback
 
@@ -195,7 +196,7 @@ def train(config: Any, emit: Any) -> int:
     emit(Hello(pid=os.getpid(), versions=_versions(), device=config.device, device_name=device_name,
                config=config.to_json(), allocator_conf=os.environ.get(ALLOCATOR_CONF_VARIABLE)))
     reached("cuda ready")
-    dump_memory_snapshot = record_memory_history(os.environ.get(MEMORY_SNAPSHOT_VARIABLE))
+    dump_memory_snapshot = record_memory_history(rank_file_path(os.environ.get(MEMORY_SNAPSHOT_VARIABLE), os.environ))
     probe = AnatomyCallback(emit)
     trainer = None
     with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:

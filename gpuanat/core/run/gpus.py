@@ -168,3 +168,14 @@ def child_gpu_environment(choice: GpuChoice | None, config: RunConfig,
         visible = environment.get(VISIBLE_DEVICES_VARIABLE)
         return {VISIBLE_DEVICES_VARIABLE: visible.split(",")[0].strip() if visible and visible.strip() else "0"}
     return {}
+
+
+def rank_file_path(path: str | None, environment: Mapping[str, str]) -> str | None:
+    """Where this process writes a file the user named once for the whole run (a memory snapshot, an operations
+    trace): `path` itself for rank 0 and a single-process run, `path` with `.rankN` before its suffix for rank N > 0
+    of a distributed run, so that every rank writes its own."""
+    rank = environment.get("RANK", "0")
+    if path is None or not rank.isdigit() or int(rank) == 0:
+        return path
+    stem, dot, suffix = path.rpartition(".")
+    return f"{stem}.rank{rank}.{suffix}" if dot and "/" not in suffix else f"{path}.rank{rank}"

@@ -24,6 +24,7 @@ import torch
 from gpuanat.core.operations.classify import group_of, group_of_op
 from gpuanat.core.operations.counts import contraction_flops, estimated_flops, moved_bytes
 from gpuanat.core.run.config import PROFILE_OPS_TRACE_VARIABLE, PROFILE_OPS_VARIABLE
+from gpuanat.core.run.gpus import rank_file_path
 from gpuanat.core.run.protocol import Event, KernelRow, Operations
 from gpuanat.worker.probe.sink import warn
 
@@ -44,17 +45,7 @@ def requested_steps(environment: Mapping[str, str] | None = None) -> tuple[int, 
     environment = os.environ if environment is None else environment
     text = environment.get(PROFILE_OPS_VARIABLE, "").strip()
     steps = int(text) if text.isdigit() else 0
-    return steps, rank_trace_path(environment.get(PROFILE_OPS_TRACE_VARIABLE) or None, environment)
-
-
-def rank_trace_path(path: str | None, environment: Mapping[str, str]) -> str | None:
-    """Where this process writes its trace: `path`, or for rank N > 0 of a distributed run `path` with `.rankN`
-    before its suffix (every rank profiles; each writes its own)."""
-    rank = environment.get("RANK", "0")
-    if path is None or not rank.isdigit() or int(rank) == 0:
-        return path
-    stem, dot, suffix = path.rpartition(".")
-    return f"{stem}.rank{rank}.{suffix}" if dot and "/" not in suffix else f"{path}.rank{rank}"
+    return steps, rank_file_path(environment.get(PROFILE_OPS_TRACE_VARIABLE) or None, environment)
 
 
 class OperationsProfiler:
