@@ -68,7 +68,7 @@ def peak_of(snapshot: dict[str, Any], device: int | None = None) -> dict[str, An
                 peak_live = dict(live)
         elif action == "free_completed" and event["addr"] in live:
             allocated -= live.pop(event["addr"])["size"]
-    at_end = sum(block["allocated_size"] for segment in snapshot["segments"] if segment.get("device", device) == device
+    at_end = sum(block["size"] for segment in snapshot["segments"] if segment.get("device", device) == device
                  for block in segment["blocks"] if block["state"] == "active_allocated")
     by_place: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for block in peak_live.values():

@@ -38,6 +38,9 @@ class RankState:
     """ZeRO-3: the parameters gathered in full and still alive as the forward pass ends (in the activations)."""
     step_temporaries_bytes: int = 0
     """ZeRO-1/2: what DeepSpeed's optimizer step allocates beside the state (0: the optimizer's own, as on one GPU)."""
+    first_buckets_bytes: int = 0
+    """DDP's first buckets, which a rank may still hold beside the rebuilt ones as step 2's forward pass ends
+    (`ddp_first_buckets_may_outlive`)."""
 
 
 def _shard(size: int, ranks: int) -> int:
@@ -114,7 +117,22 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
         return RankState(model_weights, partition, partition if accumulating else 0, state, buckets, 0,
                          step_temporaries_bytes=step)
     buckets = gradients if config.distributed == "ddp" else 0
-    return RankState(weights, gradients, gradients if accumulating else 0, optimizer, buckets, half_copies)
+    return RankState(weights, gradients, gradients if accumulating else 0, optimizer, buckets, half_copies,
+                     first_buckets_bytes=buckets if ddp_first_buckets_may_outlive(config) else 0)
+
+
+def ddp_first_buckets_may_outlive(config: RunConfig) -> bool:
+    """Whether a rank may hold DDP's first gradient buckets beside the rebuilt ones as step 2's forward pass ends.
+
+    torch's reducer rebuilds the buckets once, as step 2 begins, in the order step 1's gradients became ready, unless
+    `find_unused_parameters` is set (`should_rebuild_buckets`, reducer.hpp): HF Trainer sets it where the model does
+    not checkpoint (`find_unused = not is_activation_checkpointing`), the Accelerate loop's `Accelerator` never does.
+    On 2 and 4 H200s (bert-large; benchmarks/results/h200x2/accelerate_ranks/) 18 of 32 ranks of the Accelerate loop
+    peaked one bucket set (1.245 GiB for 1.249) above the others, at step 2, at random among ranks and runs, also with
+    TORCH_NCCL_AVOID_RECORD_STREAMS=0, and none of 6 recorded with torch's allocator history (which slows the host);
+    Trainer with checkpointing rebuilds too, but none of its 6 ranks held them, and Trainer without it never
+    rebuilds. Where they may outlive the rebuild, the peak predicted is the higher one, which the GPU must hold."""
+    return config.distributed == "ddp" and config.engine == "accelerate"
 
 
 FSDP_TRAINED_LAYER_CACHE = 1.75

@@ -96,6 +96,9 @@ class MemoryEstimate:
     """Of the activations, a causal LM's logits (what the probe measures as `logits_bytes`)."""
     sharded_cache_bytes: int = 0
     """What the allocator caches above the peak under FSDP2, in place of the cache fraction (0: not modelled)."""
+    first_buckets_bytes: int = 0
+    """Of the peak, DDP's first buckets, which a rank may still hold after their rebuild
+    (`ddp_first_buckets_may_outlive`)."""
 
 
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
@@ -130,7 +133,8 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     temporaries = (max(backward_temporaries + dequantized_weight_bytes(config, arch),
                        liger_transient_bytes(config, arch)) + held.communication_buffers_bytes)
     gradients_at_peak = held.gradients_at_peak_bytes
-    forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries
+    # DDP's first buckets, which their rebuild as step 2 begins may leave to a rank (`ddp_first_buckets_may_outlive`)
+    forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries + held.first_buckets_bytes
     # Late in backward with checkpointing, the kept inputs are mostly freed, but nearly all gradients exist while
     # the first layer is recomputed; then the optimizer step, with its own temporaries: at small batches, the peak.
     step_temporaries = held.step_temporaries_bytes or optimizer_step_temporaries_bytes(config, shapes)
@@ -154,6 +158,8 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         communication_buffers_bytes=held.communication_buffers_bytes, ranks=config.ranks or 1,
         distributed=config.distributed, logits_bytes=logits,
         sharded_cache_bytes=fsdp_cache_bytes(config, arch, shapes, fp32_logits),
+        first_buckets_bytes=held.first_buckets_bytes if forward_end_peak >= max(first_step_peak, forward_return_peak)
+        else 0,
     )
 
 
@@ -174,6 +180,7 @@ def prediction_json(config: RunConfig) -> dict[str, int] | None:
         "peak_reserved_bytes": peak_reserved_bytes(estimate),
         "cuda_context_bytes": cuda_context_bytes(estimate),
         "communication_buffers_bytes": estimate.communication_buffers_bytes,
+        "ddp_first_buckets_bytes": estimate.first_buckets_bytes,
         "peak_device_bytes": peak_device_bytes(estimate),
         "ranks": estimate.ranks,
         "logits_bytes": estimate.logits_bytes,
