@@ -132,6 +132,30 @@ async def test_each_gpu_of_a_run_gets_a_lane_with_its_ranks_bands_and_nvml_readi
                                                           for rank in ddp_result()["ranks"]]
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("config", [
+    RunConfig(gpus="2", distributed="ddp", precision="bf16", batch_size=16),
+    RunConfig(preset="llama-3.1-8b", gpus="2", distributed="fsdp", precision="bf16", batch_size=1, seq_len=2048,
+              grad_checkpointing=True),
+    RunConfig(precision="bf16", batch_size=16),
+], ids=["ddp", "llama-fsdp", "one-gpu"])
+async def test_the_predicted_bands_add_up_to_the_predicted_memory_a_gpu(tmp_path, config):
+    """The predicted column's bands, the allocator's reserve beside the tensors included, sum to what the techniques
+    panel predicts a GPU holds: one number, the same in both places (other processes unknown: "≥")."""
+    from test_first_minute import screen_text
+
+    app = make_app(tmp_path / "h.sqlite", config)
+    async with app.run_test(size=(160, 60)) as pilot:  # room for every technique's row above the prediction
+        while app.capabilities is None:
+            await pilot.pause()
+        await pilot.pause()
+        text = screen_text(app)
+    panel = next(line for line in text.splitlines() if "predicted/GPU:" in line or "predicted peak:" in line)
+    predicted = panel.split(":", 1)[1].split(" of ")[0].strip()
+    used = next(line for line in text.splitlines() if line.strip().startswith("device used"))
+    assert f"≥{predicted} " in used, (panel, used)
+
+
 def test_dashboard_with_two_gpus(snap_compare, tmp_path):
     app = make_app(tmp_path / "h.sqlite", RunConfig(gpus="2", distributed="ddp", precision="bf16", batch_size=16))
 

@@ -14,7 +14,7 @@ from gpuanat.core.measure.anatomy import gradients_after_backward_bytes
 from gpuanat.core.measure.live_run import LiveRun, trainable_weights_bytes
 from gpuanat.core.measure.samples import GpuSample, Sample
 from gpuanat.core.memory.model_config import architecture_of
-from gpuanat.core.memory.predict import MemoryEstimate
+from gpuanat.core.memory.predict import MemoryEstimate, peak_reserved_bytes
 from gpuanat.core.memory.shapes import lora_shapes
 from gpuanat.core.run.config import RunConfig
 from gpuanat.tui.widgets.gpu_lanes import Lane
@@ -49,10 +49,15 @@ class MemoryView:
             self._memory_bar.update_predicted(None)
         else:
             on_gpu = config.device == "cuda"  # the activation model is of CUDA memory; none on the CPU
+            tensors = (estimate.weights_bytes + estimate.optimizer_state_bytes + estimate.activations_bytes
+                       + estimate.gradients_at_peak_bytes)
             self._memory_bar.update_predicted(
                 {"weights_bytes": estimate.weights_bytes, "optimizer_state_bytes": estimate.optimizer_state_bytes,
                  "activations_bytes": estimate.activations_bytes if on_gpu else None,
                  "gradients_bytes": estimate.gradients_at_peak_bytes,
+                 # once the peak has passed, torch keeps what it reserved for it: at every later forward pass's end
+                 # the rest of the reserve beside these tensors (so the bands add up to the predicted device memory)
+                 "temporaries_and_cache_bytes": peak_reserved_bytes(estimate) - tensors if on_gpu else None,
                  "cuda_context_bytes": context if config.device == "cuda" else None},
                 gpu_total_bytes)
 
