@@ -2,7 +2,7 @@
 user writes it from the transformers and accelerate docs, and nothing of gpuanat's. The model comes from a checkpoint
 with `from_pretrained` onto the host in the checkpoint's dtype (transformers 5's default; a bf16 checkpoint, as
 llama-3.1-8b ships) — or from a config.json with `from_config`, in the dtype it names — then Trainer's own FSDP2
-(`fsdp="full_shard"`, each decoder layer wrapped: accelerate upcasts the trained parameters to fp32) or DeepSpeed
+(`fsdp=True`, full sharding, each decoder layer wrapped: accelerate upcasts the trained parameters to fp32) or DeepSpeed
 ZeRO-1/2/3 (for ZeRO-3 the TrainingArguments made first, so that transformers loads the model inside
 `deepspeed.zero.Init`, as the docs say), optionally PEFT's LoRA on the 16-bit base; bf16 autocast, checkpointing,
 fused AdamW, random tokens.
@@ -57,8 +57,8 @@ def training_arguments(args: argparse.Namespace, output_dir: str, on_gpu: bool, 
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     sharding: dict = {}
     if args.sharding == "fsdp":
-        sharding = {"fsdp": "full_shard", "fsdp_config": {"version": 2, "reshard_after_forward": True,
-                                                          "transformer_layer_cls_to_wrap": [layer_class]}}
+        sharding = {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True,
+                                                  "transformer_layer_cls_to_wrap": [layer_class]}}
     elif args.sharding and args.sharding.startswith("zero"):
         sharding = {"deepspeed": {"zero_optimization": {"stage": int(args.sharding[-1])}, "bf16": {"enabled": "auto"},
                                   "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",

@@ -75,7 +75,10 @@ def peak_of(snapshot: dict[str, Any], device: int | None = None) -> dict[str, An
         entry = by_place[place_of(block.get("frames", []))]
         entry[0] += block["size"]
         entry[1] += 1
+    peak_event = traces[device][peak_index] if peak_index >= 0 else {}
     return {"device": device, "trace_events": len(traces[device]), "peak_index": peak_index,
+            "peak_allocation": {"bytes": peak_event.get("size"), "place": place_of(peak_event.get("frames", [])),
+                                "stack": [_frame_text(frame) for frame in peak_event.get("frames", [])[:12]]},
             "peak_traced_allocated_bytes": peak, "left_alive_by_trace_bytes": allocated,
             "allocated_at_end_bytes": at_end, "before_the_trace_bytes": max(0, at_end - allocated),
             "by_place": {place: {"bytes": size, "blocks": count} for place, (size, count) in by_place.items()}}

@@ -219,3 +219,23 @@ def test_of_two_ranks_that_ended_without_a_word_the_first_to_end_is_the_cause():
     out_of_memory = RankRecord()
     out_of_memory.observe(Error(kind="oom", message="rank 0: CUDA out of memory"))
     assert first_cause([out_of_memory, killed]).kind == "oom"  # the kind decides first
+
+
+def test_fsdp2_is_asked_of_trainer_in_its_current_form():
+    """FSDP2's TrainingArguments: `fsdp=True` with everything in `fsdp_config` (transformers 5 deprecates the string
+    form, "full_shard", and says it will remove it), each decoder layer a unit, resharded after forward."""
+    import torch
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    from gpuanat.core.run.config import RunConfig
+    from gpuanat.core.run.presets import PRESETS
+    from gpuanat.worker.model import preset_model_config
+    from gpuanat.worker.train import distributed_arguments
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(preset_model_config(PRESETS["llama-tiny"]))
+    arguments = distributed_arguments(RunConfig(preset="llama-tiny", gpus="2", distributed="fsdp"), model)
+    assert arguments["fsdp"] is True
+    built = TrainingArguments(output_dir="/tmp/gpuanat-fsdp-arguments", **arguments)
+    assert built.fsdp_config["version"] == 2 and built.fsdp_config["reshard_after_forward"] is True
+    assert built.fsdp_config["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]

@@ -67,7 +67,7 @@ def test_each_ranks_peaks_are_predicted_within_ten_percent_of_the_plain_trainer(
     estimate = estimate_memory(config)
     state = {"weights_bytes": estimate.weights_bytes, "optimizer_state_bytes": estimate.optimizer_state_bytes}
     for reference in references:
-        assert estimate.peak_allocated_bytes == pytest.approx(reference["peak_allocated_bytes"], rel=0.07)
+        assert estimate.peak_allocated_bytes == pytest.approx(reference["peak_allocated_bytes"], rel=0.035)
         assert peak_reserved_bytes(estimate) == pytest.approx(reference["peak_reserved_bytes"], rel=0.10)
         assert peak_device_bytes(estimate) == pytest.approx(reference["device_used_bytes"], rel=0.10)
     for rank in result["ranks"]:  # the state the ranks hold: exact to DeepSpeed's padding (4 KiB of 8-48 GB)
@@ -99,3 +99,29 @@ def test_the_reference_script_trains_on_the_cpu():
     assert completed.returncode == 0, completed.stderr[-3000:]
     line = json.loads([text for text in completed.stdout.splitlines() if text.startswith('{"')][-1])
     assert line["steps"] == 2 and line["lora"] == 4 and line["s_per_step_median"] > 0
+
+
+LORA_PEAK = RESULTS.parent / "lora_peak"
+
+
+@pytest.mark.parametrize(("name", "preset", "within"), [
+    ("run-lora1024.json", "llama-3.1-8b", 0.005), ("run-lora4096.json", "llama-3.1-8b", 0.005),
+    ("run-mistral-lora1024.json", "mistral-7b", 0.05), ("run-mistral-lora2048.json", "mistral-7b", 0.05),
+])
+def test_lora_under_fsdp2_peaks_at_the_loss(name, preset, within):
+    """`gpuanat run --memory-snapshot` of llama-3.1-8b with LoRA under FSDP2 (lora_peak/): the peak is inside the loss,
+    the LM head's unit held twice (its all-gather buffer and its unsharded parameters) beside the fp32 logits; the
+    model has that moment (0.5% at both lengths). mistral-7b's runs were held out from it (within 5%)."""
+    result = json.loads(Path(LORA_PEAK / name).read_text().strip().splitlines()[-1])
+    config = dataclasses.replace(RunConfig.from_json(result["config"]), model=None, preset=preset)
+    predicted = estimate_memory(config)
+    for rank in result["ranks"]:
+        assert predicted.peak_allocated_bytes == pytest.approx(rank["peak_allocated_bytes"], rel=within)
+    snapshot = LORA_PEAK / name.replace("run-", "peak-")
+    if snapshot.exists():
+        peak = next(iter(json.loads(snapshot.read_text())["snapshots"].values()))
+        assert peak["peak_allocation"]["place"].startswith("transformers/loss/loss_utils.py")
+        held = {place.split(" ")[0]: value["bytes"] for place, value in peak["by_place"].items()}
+        head_unit = 2 * 128_256 * 4096  # llama-3.1-8b's LM head in 16 bits, gathered twice
+        for place in ("_fsdp_collectives.py:59", "_fsdp_param.py:931"):  # to FSDP2's padding (8 KiB)
+            assert held[f"torch/distributed/fsdp/_fully_shard/{place}"] == pytest.approx(head_unit, abs=16384)

@@ -71,8 +71,9 @@ def distributed_arguments(config: Any, model: Any) -> dict[str, Any]:
 
     if config.distributed == "fsdp":
         layers = transformer_layer_class_names(model)
-        return {"fsdp": "full_shard", "fsdp_config": {"version": 2, "reshard_after_forward": True,
-                                                      "transformer_layer_cls_to_wrap": layers}}
+        # fsdp=True with everything in fsdp_config: the string form ("full_shard") is deprecated in transformers 5
+        return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True,
+                                              "transformer_layer_cls_to_wrap": layers}}
     if config.distributed in ZERO_STAGES:
         return {"deepspeed": deepspeed_config(ZERO_STAGES[config.distributed])}
     return {}

@@ -82,7 +82,8 @@ class MemoryEstimate:
     """The largest of: weights + optimizer state + activations + gradients alive at the end of forward +
     temporaries; weights + gradients + optimizer state + workspaces at the first optimizer step, with the
     step's temporaries or (checkpointing) the first layer's recompute, whichever is larger; and
-    weights + optimizer state + activations + gradients alive + autocast's cache as the forward returns."""
+    weights + optimizer state + activations + gradients alive + autocast's cache as the forward returns; and under
+    FSDP2, the loss being computed (the LM head's unit twice, the fp32 logits)."""
     cache_fraction: float
     """Expected allocator reservation above the peak, as a fraction of it, near the memory limit."""
     moment_fragmentation_bytes: int
@@ -119,7 +120,8 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     else:
         activations = (activations_bytes(config, arch, shapes) - half_weight_copies_bytes(config, shapes)
                        + held.half_weight_copies_bytes)
-    activations += held.gathered_parameters_bytes + fsdp_tail_bytes(config, arch, shapes)
+    head_unit = fsdp_tail_bytes(config, arch, shapes)
+    activations += held.gathered_parameters_bytes + head_unit
     # Liger's chunks come and go in the forward pass, before backward's temporaries; QLoRA's dequantized weight
     # exists beside those
     # A causal LM's backward begins with the gradient of the logits, fp32, beside everything the forward kept: on the
@@ -141,6 +143,11 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     first_step_peak = (weights + gradients + optimizer + CUBLAS_WORKSPACE_BYTES
                        + max(temporaries if config.grad_checkpointing else 0, step_temporaries,
                              fsdp_backward_units_bytes(config, arch, shapes)))
+    # Under FSDP2 the loss is computed while the LM head's unit is held twice, its all-gather buffer beside its
+    # unsharded parameters, and beside the log-softmax it keeps, the logits upcast to fp32 (a memory snapshot of
+    # llama-3.1-8b with LoRA on 2 H200s, benchmarks/results/h200x2/lora_peak/: the peak there, 11.23 GiB at seq 1024,
+    # this 11.23; 15.72 at 4096, this 15.69)
+    loss_peak = (weights + optimizer + activations + gradients_at_peak + head_unit + fp32_logits) if head_unit else 0
     autocast_cache = autocast_cache_bytes(config, shapes)
     # Only where the accumulated gradients are alive too does this moment exceed the others.
     forward_return_peak = weights + optimizer + activations + gradients_at_peak + autocast_cache
@@ -153,13 +160,13 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=optimizer,
         activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak, temporaries_bytes=temporaries,
         autocast_cache_bytes=autocast_cache, step_temporaries_bytes=step_temporaries,
-        peak_allocated_bytes=max(forward_end_peak, first_step_peak, forward_return_peak),
+        peak_allocated_bytes=max(forward_end_peak, first_step_peak, forward_return_peak, loss_peak),
         cache_fraction=cache_fraction, moment_fragmentation_bytes=moment_fragmentation,
         communication_buffers_bytes=held.communication_buffers_bytes, ranks=config.ranks or 1,
         distributed=config.distributed, logits_bytes=logits,
         sharded_cache_bytes=fsdp_cache_bytes(config, arch, shapes, fp32_logits),
-        first_buckets_bytes=held.first_buckets_bytes if forward_end_peak >= max(first_step_peak, forward_return_peak)
-        else 0,
+        first_buckets_bytes=held.first_buckets_bytes if forward_end_peak >= max(first_step_peak, forward_return_peak,
+                                                                                 loss_peak) else 0,
     )
 
 
