@@ -8,8 +8,9 @@ one rank holds and another does not stands out. One JSON object on stdout; `--to
 
     python3 benchmarks/snapshot_peak.py run.pickle run.rank1.pickle [--top 25] > peak.json
 
-Blocks allocated before the trace's first kept event (`max_entries`) are not in the trace: they are counted as
-`before the trace`, from the live bytes at the end minus what the trace left alive.
+Blocks allocated before the trace's first kept event (`max_entries`) are not in the trace (benchmarks/peak_tensors.py
+replays it; this groups by place and puts ranks side by side). The committed results of issue #34 were written when
+this also printed the bytes left alive at the end.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pickle
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from peak_tensors import peak_blocks  # this folder: the replay of one snapshot to its peak
 
 TRAINING_CODE = ("gpuanat/", "accelerate/", "transformers/", "peft/", "deepspeed/", "torch/optim/",
                  "torch/nn/parallel/", "torch/distributed/")
@@ -50,37 +53,22 @@ def place_of(frames: list[dict[str, Any]]) -> str:
 
 
 def peak_of(snapshot: dict[str, Any], device: int | None = None) -> dict[str, Any]:
-    """The peak of one device's trace: its allocated bytes, its index in the trace, and the live blocks then."""
+    """The peak of one device's trace (by default the device with the most events: a rank's own GPU): its allocated
+    bytes, its index in the trace, the allocation that reached it, and the live blocks then, summed by place."""
     traces = snapshot["device_traces"]
     if device is None:
         device = max(range(len(traces)), key=lambda index: len(traces[index]))
-    live: dict[int, dict[str, Any]] = {}
-    allocated = peak = 0
-    peak_index = -1
-    peak_live: dict[int, dict[str, Any]] = {}
-    for index, event in enumerate(traces[device]):
-        action = event["action"]
-        if action == "alloc":
-            live[event["addr"]] = event
-            allocated += event["size"]
-            if allocated > peak:
-                peak, peak_index = allocated, index
-                peak_live = dict(live)
-        elif action == "free_completed" and event["addr"] in live:
-            allocated -= live.pop(event["addr"])["size"]
-    at_end = sum(block["size"] for segment in snapshot["segments"] if segment.get("device", device) == device
-                 for block in segment["blocks"] if block["state"] == "active_allocated")
+    peak, peak_index, peak_live = peak_blocks(snapshot, device)
+    peak_event = traces[device][peak_index] if traces[device] else {}
     by_place: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for block in peak_live.values():
+    for block in peak_live:
         entry = by_place[place_of(block.get("frames", []))]
         entry[0] += block["size"]
         entry[1] += 1
-    peak_event = traces[device][peak_index] if peak_index >= 0 else {}
     return {"device": device, "trace_events": len(traces[device]), "peak_index": peak_index,
             "peak_allocation": {"bytes": peak_event.get("size"), "place": place_of(peak_event.get("frames", [])),
                                 "stack": [_frame_text(frame) for frame in peak_event.get("frames", [])[:12]]},
-            "peak_traced_allocated_bytes": peak, "left_alive_by_trace_bytes": allocated,
-            "allocated_at_end_bytes": at_end, "before_the_trace_bytes": max(0, at_end - allocated),
+            "peak_traced_allocated_bytes": peak,
             "by_place": {place: {"bytes": size, "blocks": count} for place, (size, count) in by_place.items()}}
 
 
