@@ -197,3 +197,33 @@ async def test_eight_lanes_fit_80x24_with_the_memory_legend_folded_away(tmp_path
         drawn = [lanes.render_line(row).text for row in range(8)]
         for index, line in enumerate(drawn):
             assert line.startswith(f"GPU {index} r{index}") and "/" in line, line
+
+
+@pytest.mark.asyncio
+async def test_a_short_techniques_panel_folds_rows_at_their_defaults_and_keeps_the_gpus_and_the_prediction(tmp_path):
+    """A decoder over 2 GPUs at 120×40 during a run (lanes and log below): its techniques do not all fit the panel's
+    height, so the base rows at their defaults fold into one line, and the GPUs, the distributed technique and the
+    prediction stay in sight; a technique changed by its key comes back as a row of its own."""
+    from test_first_minute import screen_text
+
+    config = RunConfig(preset="llama-3.1-8b", gpus="2", distributed="fsdp", precision="bf16", batch_size=1,
+                       seq_len=2048, grad_checkpointing=True)
+    app = make_app(tmp_path / "h.sqlite", config)
+    async with app.run_test(size=SIZE) as pilot:
+        while app.capabilities is None:
+            await pilot.pause()
+        replay_ddp_run(app)
+        await pilot.pause()
+        text = screen_text(app)
+        folded = next(line for line in text.splitlines() if "at defaults:" in line)
+        assert "exp. segments" in folded or folded.rstrip("│ ").endswith("…")  # the last rows fold first
+        rows = [line for line in text.splitlines() if "at defaults:" not in line]
+        for shown in ("GPUs", "distributed", "predicted/GPU:", "Liger layers", "batch size"):
+            assert any(shown in line for line in rows), shown
+        assert not any("exp. segments" in line for line in rows)
+        await pilot.press("x")  # expandable segments on: changed, so a row of its own again
+        await pilot.pause()
+        text = screen_text(app)
+        rows = [line for line in text.splitlines() if "at defaults:" not in line]
+        for shown in ("exp. segments", "GPUs", "distributed", "predicted/GPU:"):
+            assert any(shown in line for line in rows), shown

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
+from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -95,6 +96,19 @@ class TechniquesPanel(Widget):
         self._gpu_total_bytes: int | None = None
         self._device_peak_bytes: int | None = None
         self._several_gpus = False
+        self._available_lines: int | None = None
+        """The lines the panel's container leaves it (None until laid out): rows at their defaults fold into one
+        line where every row would not fit, so that the rows changed, the GPUs and the prediction stay in sight."""
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        available = max(1, container.height)  # for an auto height, the container less this panel's border
+        if available != self._available_lines:
+            self._available_lines = available
+            # Textual caches the content's height by width and the rendered visual until a refresh: both depend on
+            # the height left here now
+            self._content_height_cache = (None, 0)
+            self._layout_cache.pop("_render.visual", None)
+        return super().get_content_height(container, viewport, width)
 
     def show(self, config: RunConfig, *, capabilities: Capabilities | None, estimate: MemoryEstimate | None,
              gpu_total_bytes: int | None, device_peak_bytes: int | None, several_gpus: bool = False) -> None:
@@ -125,9 +139,14 @@ class TechniquesPanel(Widget):
                       + ((ENGINE_ROW,) if config.engine != defaults.engine else ())
                       + ((LORA_ROW, QLORA_ROW) if config.lora or config.load_in_4bit else ())
                       + (LIGER_ROWS if causal_lm or config.liger or config.liger_layers else ()))
-        for field, key, label in ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ()):
-            value, default = ((compile_mode(config), compile_mode(defaults)) if field == "compile"
-                              else (getattr(config, field), getattr(defaults, field)))
+        rows = ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ())
+        values = {field: ((compile_mode(config), compile_mode(defaults)) if field == "compile"
+                          else (getattr(config, field), getattr(defaults, field))) for field, _, _ in rows}
+        folded = self._rows_to_fold(rows, values, blocked_fields, bool(unsupported))
+        for field, key, label in rows:
+            if field in folded:
+                continue
+            value, default = values[field]
             style = changed_style if value != default else ""
             if field in blocked_fields:
                 style = self.get_component_rich_style("techniques-panel--unavailable")
@@ -144,6 +163,9 @@ class TechniquesPanel(Widget):
         if unavailable is not None and self.compact:  # first: at 80×24 the rows fill the panel's height
             lines.add_row(unavailable)
         lines.add_row(table)
+        if folded:
+            lines.add_row(Text("at defaults: " + ", ".join(label for field, _, label in rows if field in folded),
+                               style=muted, overflow="ellipsis", no_wrap=True))
         if not self.compact:
             lines.add_row(Text(f"{printable(config.model or config.preset)} on {config.device}, seq {config.seq_len}, "
                                f"{config.samples} samples", style=muted, overflow="ellipsis", no_wrap=True))
@@ -153,6 +175,19 @@ class TechniquesPanel(Widget):
             lines.add_row(Text("checking what this machine can run…", style=muted))
         lines.add_row(self._prediction_text())
         return lines
+
+    def _rows_to_fold(self, rows: tuple[tuple[str, str, str], ...], values: dict[str, tuple[object, object]],
+                      blocked: set[str | None], unavailable_line: bool) -> set[str]:
+        """The base rows at their defaults that give way, last first, where the panel's lines would not fit the
+        height left to it; a technique changed, unavailable, or of the rows shown on demand (GPUs, LoRA, …) stays."""
+        if self._available_lines is None:
+            return set()
+        extra_lines = 1 + unavailable_line + (not self.compact) + (self._capabilities is None)
+        overflow = len(rows) + extra_lines - self._available_lines
+        if overflow <= 0:
+            return set()
+        candidates = [field for field, _, _ in ROWS if values[field][0] == values[field][1] and field not in blocked]
+        return set(candidates[-(overflow + 1):]) if len(candidates) > overflow else set(candidates)
 
     def _prediction_text(self) -> Text:
         muted = self.get_component_rich_style("techniques-panel--muted")
