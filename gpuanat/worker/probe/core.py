@@ -373,16 +373,18 @@ class Probe(ProbeReadings):
             self._next_step_at_forward = step + 1
         if self._operations is not None:
             self._profiling(self._operations.step_ends, step)
-        phases, caught_up = self._step_phases.step_ends()
+        boundary = step == self.warmup_steps or step == max_steps
+        if boundary and self._cuda:
+            self._step_phases.waits_for_gpu()
+            self._synchronize()
+        now_s = time.perf_counter()
+        # one stamp ends the step for its phases and its step time: they add up, also when the host is preempted
+        phases, caught_up = self._step_phases.step_ends(now_s)
         if self.warmup_steps < step:  # the steady window's steps, as the steady samples/s counts them
             self._steady_steps += 1
             self._steady_caught_up_steps += bool(caught_up)
             for phase, seconds in phases.items():
                 self._steady_phases_s[phase] += seconds
-        boundary = step == self.warmup_steps or step == max_steps
-        if boundary and self._cuda:
-            self._synchronize()
-        now_s = time.perf_counter()
         if step == self.warmup_steps:
             self._steady_start = (now_s, self._samples)
         elif step == max_steps and self._steady_start is not None:

@@ -26,8 +26,8 @@ class StepPhases:
         self._forward_seen = False
         self._step_end_event: Any = None
 
-    def _enter(self, phase: str) -> None:
-        now_s = time.perf_counter()
+    def _enter(self, phase: str, now_s: float | None = None) -> None:
+        now_s = time.perf_counter() if now_s is None else now_s
         self._phases_s[self._phase] += now_s - self._mark_s
         self._mark_s, self._phase = now_s, phase
 
@@ -56,9 +56,15 @@ class StepPhases:
             self._phase = "gpu wait"
             self._enter("data")
 
-    def step_ends(self) -> tuple[dict[str, float], bool | None]:
-        """This step's phases and whether the GPU had caught up; the next step's data wait begins."""
-        self._enter("data")
+    def waits_for_gpu(self) -> None:
+        """The probe synchronises with the GPU (the steady window's bounds): the time until the step's end is the
+        GPU's."""
+        self._enter("gpu wait")
+
+    def step_ends(self, now_s: float | None = None) -> tuple[dict[str, float], bool | None]:
+        """This step's phases, up to `now_s` (the probe's stamp of the step's end, so that they add up to its step
+        time; now if None), and whether the GPU had caught up; the next step's data wait begins."""
+        self._enter("data", now_s)
         phases, caught_up = self._phases_s, self._caught_up
         self._phases_s, self._caught_up, self._forward_seen = dict.fromkeys(STEP_PHASES, 0.0), None, False
         if self._cuda:
