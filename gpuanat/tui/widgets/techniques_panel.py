@@ -142,7 +142,8 @@ class TechniquesPanel(Widget):
         rows = ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ())
         values = {field: ((compile_mode(config), compile_mode(defaults)) if field == "compile"
                           else (getattr(config, field), getattr(defaults, field))) for field, _, _ in rows}
-        folded = self._rows_to_fold(rows, values, blocked_fields, bool(unsupported))
+        prediction = self._prediction_text()
+        folded = self._rows_to_fold(rows, values, blocked_fields, bool(unsupported), prediction)
         for field, key, label in rows:
             if field in folded:
                 continue
@@ -173,16 +174,19 @@ class TechniquesPanel(Widget):
             lines.add_row(unavailable)
         elif self._capabilities is None:
             lines.add_row(Text("checking what this machine can run…", style=muted))
-        lines.add_row(self._prediction_text())
+        lines.add_row(prediction)
         return lines
 
     def _rows_to_fold(self, rows: tuple[tuple[str, str, str], ...], values: dict[str, tuple[object, object]],
-                      blocked: set[str | None], unavailable_line: bool) -> set[str]:
+                      blocked: set[str | None], unavailable_line: bool, prediction: Text) -> set[str]:
         """The base rows at their defaults that give way, last first, where the panel's lines would not fit the
         height left to it; a technique changed, unavailable, or of the rows shown on demand (GPUs, LoRA, …) stays."""
         if self._available_lines is None:
             return set()
-        extra_lines = 1 + unavailable_line + (not self.compact) + (self._capabilities is None)
+        width = self.size.width
+        wraps = width and not prediction.no_wrap  # "… will not fit" wraps; the CPU's line is cut
+        prediction_lines = -(-prediction.cell_len // width) if wraps else 1
+        extra_lines = prediction_lines + unavailable_line + (not self.compact) + (self._capabilities is None)
         overflow = len(rows) + extra_lines - self._available_lines
         if overflow <= 0:
             return set()
