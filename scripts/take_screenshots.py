@@ -42,7 +42,7 @@ async def run_until_mid_run(app: GpuAnatApp, pilot, mid_run_s: float) -> None:
 async def take_live_lanes(out_dir: Path, config: RunConfig, mid_run_s: float, filename: str,
                           other_sizes: list[tuple[int, int]]) -> None:
     """The dashboard during a live run on several GPUs: one lane per GPU once every rank has measured a step; then
-    the same moment at each of `other_sizes` (the terminal resized, as a user does), saved as FILENAME-COLSxROWS."""
+    the same moment at each of `other_sizes` (the terminal resized, as a user does), saved as STEM_COLSxROWS.svg."""
     db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
     app = GpuAnatApp(config, db_path=db_path)
     async with app.run_test(size=(COLUMNS, ROWS)) as pilot:

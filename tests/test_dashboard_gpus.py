@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_first_minute import screen_text
 
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.replay import ReplaySource
@@ -142,8 +143,6 @@ async def test_each_gpu_of_a_run_gets_a_lane_with_its_ranks_bands_and_nvml_readi
 async def test_the_predicted_bands_add_up_to_the_predicted_memory_a_gpu(tmp_path, config):
     """The predicted column's bands, the allocator's reserve beside the tensors included, sum to what the techniques
     panel predicts a GPU holds: one number, the same in both places (other processes unknown: "≥")."""
-    from test_first_minute import screen_text
-
     app = make_app(tmp_path / "h.sqlite", config)
     async with app.run_test(size=(160, 60)) as pilot:  # room for every technique's row above the prediction
         while app.capabilities is None:
@@ -204,8 +203,6 @@ async def test_a_short_techniques_panel_folds_rows_at_their_defaults_and_keeps_t
     """A decoder over 2 GPUs at 120×40 during a run (lanes and log below): its techniques do not all fit the panel's
     height, so the base rows at their defaults fold into one line, and the GPUs, the distributed technique and the
     prediction stay in sight; a technique changed by its key comes back as a row of its own."""
-    from test_first_minute import screen_text
-
     config = RunConfig(preset="llama-3.1-8b", gpus="2", distributed="fsdp", precision="bf16", batch_size=1,
                        seq_len=2048, grad_checkpointing=True)
     app = make_app(tmp_path / "h.sqlite", config)

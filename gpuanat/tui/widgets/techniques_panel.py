@@ -191,7 +191,7 @@ class TechniquesPanel(Widget):
         if overflow <= 0:
             return set()
         candidates = [field for field, _, _ in ROWS if values[field][0] == values[field][1] and field not in blocked]
-        return set(candidates[-(overflow + 1):]) if len(candidates) > overflow else set(candidates)
+        return set(candidates[-(overflow + 1):])  # one line stands for them: fold one more than the overflow
 
     def _prediction_text(self) -> Text:
         muted = self.get_component_rich_style("techniques-panel--muted")

@@ -61,9 +61,9 @@ class StepPhases:
         GPU's."""
         self._enter("gpu wait")
 
-    def step_ends(self, now_s: float | None = None) -> tuple[dict[str, float], bool | None]:
+    def step_ends(self, now_s: float) -> tuple[dict[str, float], bool | None]:
         """This step's phases, up to `now_s` (the probe's stamp of the step's end, so that they add up to its step
-        time; now if None), and whether the GPU had caught up; the next step's data wait begins."""
+        time), and whether the GPU had caught up; the next step's data wait begins."""
         self._enter("data", now_s)
         phases, caught_up = self._phases_s, self._caught_up
         self._phases_s, self._caught_up, self._forward_seen = dict.fromkeys(STEP_PHASES, 0.0), None, False
