@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import Any
@@ -117,17 +118,20 @@ def main() -> None:
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=[clock])
     trainer.train()
     steps_s = [later - earlier for earlier, later in zip(clock.ends_s, clock.ends_s[1:], strict=False)]
-    print(json.dumps({"rank": int(os.environ.get("RANK", "0")), "local_rank": local_rank,
-                      "model": args.checkpoint or args.config, "sharding": args.sharding, "lora": args.lora,
-                      "seq_len": args.seq_len, "batch_size": args.batch_size, "steps": len(clock.ends_s),
-                      "checkpointing": not args.no_checkpointing, "loaded_s": round(loaded_s, 1),
-                      "weights_dtype_loaded": str(next(model.parameters()).dtype),
-                      "peak_allocated_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
-                      "peak_reserved_bytes": torch.cuda.max_memory_reserved() if on_gpu else None,
-                      **(nvml_reading(local_rank) if on_gpu else {}),
-                      "s_per_step_median": sorted(steps_s)[len(steps_s) // 2] if steps_s else None,
-                      "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}),
-          flush=True)
+    # One write a line: the ranks share torchrun's stdout, and with PYTHONUNBUFFERED print writes the line and its
+    # newline apart (on 4 H200s two ranks' lines ran together)
+    line = {"rank": int(os.environ.get("RANK", "0")), "local_rank": local_rank,
+            "model": args.checkpoint or args.config, "sharding": args.sharding, "lora": args.lora,
+            "seq_len": args.seq_len, "batch_size": args.batch_size, "steps": len(clock.ends_s),
+            "checkpointing": not args.no_checkpointing, "loaded_s": round(loaded_s, 1),
+            "weights_dtype_loaded": str(next(model.parameters()).dtype),
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved() if on_gpu else None,
+            **(nvml_reading(local_rank) if on_gpu else {}),
+            "s_per_step_median": sorted(steps_s)[len(steps_s) // 2] if steps_s else None,
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+    sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

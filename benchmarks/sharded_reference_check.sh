@@ -52,7 +52,8 @@ one_case() {  # NAME MODEL SEQ "REFERENCE FLAGS" "GPUANAT FLAGS" [config: gpuana
     > "$OUT/run-$name.log"
   echo "$name gpuanat: $(( $(date +%s) - started )) s"
   python3 benchmarks/sharded_reference_summary.py "$name" "$OUT" | tee -a "$OUT/summary.txt"
-}
+  tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"  # one file back (the device tool returns few), after
+}                                                                 # every case: a call cut by its limit keeps the rest
 
 # Cases: fsdp-SEQ, random-SEQ, bf16w-SEQ, lora-SEQ, zero1-SEQ, zero2-SEQ, zero3-SEQ, batch2-SEQ (llama-3.1-8b;
 # batch2: batch 2), mistral-SEQ (mistral-7b), qwen-SEQ (qwen2.5-7b)
@@ -70,4 +71,4 @@ for case in ${CASES:-fsdp-1024}; do
     *) echo "unknown case $case" ;;
   esac
 done
-tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"  # one file back: the device tool returns few
+rm -rf "$OUT"

@@ -37,7 +37,10 @@ class RankState:
     gathered_parameters_bytes: int = 0
     """ZeRO-3: the parameters gathered in full and still alive as the forward pass ends (in the activations)."""
     step_temporaries_bytes: int = 0
-    """ZeRO-1/2: what DeepSpeed's optimizer step allocates beside the state (0: the optimizer's own, as on one GPU)."""
+    """DeepSpeed: what its optimizer step allocates beside the state (0: the optimizer's own, as on one GPU)."""
+    step_segments_bytes: int = 0
+    """ZeRO-3: the step's sub-group gradients, which the allocator reserves anew beside what the forward and backward
+    passes left cached (no block they freed is as large)."""
     first_buckets_bytes: int = 0
     """DDP's first buckets, which a rank may still hold beside the rebuilt ones as step 2's forward pass ends
     (`ddp_first_buckets_may_outlive`)."""
@@ -51,6 +54,34 @@ DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 """DeepSpeed's `reduce_bucket_size` default (gpuanat's config leaves it): the elements of one gradient bucket."""
 DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
 """DeepSpeed's `stage3_max_live_parameters` default: ZeRO-3 keeps up to this many parameters gathered."""
+DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
+"""DeepSpeed's `sub_group_size` default: ZeRO-3 steps a rank's partition in sub-groups of at least this many
+elements."""
+
+
+def zero3_largest_sub_group_elements(trained: ParameterShapes, ranks: int) -> int:
+    """The elements of a rank's largest ZeRO-3 sub-group (`_create_fp16_sub_groups`, `deepspeed/runtime/zero/
+    stage3.py`): each of the optimizer's parameter groups — Trainer's two: the matrices, decayed, and the vectors —
+    is cut in the model's order into sub-groups whose partitions add up to `sub_group_size` or just over it."""
+    largest = 0
+    for group in ([rows * columns for rows, columns in trained.matrices], list(trained.vectors)):
+        elements = 0
+        for size in group:
+            elements += _shard(size, ranks)
+            if elements >= DEEPSPEED_SUB_GROUP_ELEMENTS:
+                largest, elements = max(largest, elements), 0
+        largest = max(largest, elements)
+    return largest
+
+
+def zero3_step_gradients_bytes(config: RunConfig, trained: ParameterShapes) -> int:
+    """What ZeRO-3's optimizer step allocates for a sub-group before stepping it (`_prepare_fp32_grad_for_sub_group`):
+    its 16-bit gradients flattened and, from them, the fp32 gradient of its fp32 master weights (in fp32 the flat copy
+    is that gradient). A memory snapshot of llama-3.1-8b on 4 H200s (benchmarks/results/h200x4/zero3_peak/) peaked
+    there, at 4.015 + 2.007 GB for a sub-group of 1.004e9 elements, beside the state, the gradient partitions and
+    the bucket: 39.21 GB, 39.22 measured."""
+    elements = zero3_largest_sub_group_elements(trained, config.ranks or 1)
+    return elements * (2 + 4 if is_mixed(config) else 4)
 
 
 def deepspeed_bucket_bytes(config: RunConfig) -> int:
@@ -105,8 +136,11 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
             # Parameters reused within `stage3_max_reuse_distance` stay gathered: as the forward pass ends, all of
             # them up to `stage3_max_live_parameters` (measured: the activations 0.63 GiB above ZeRO-1/2's)
             gathered = min(params, DEEPSPEED_MAX_LIVE_PARAMETERS) * (2 if sixteen_bit else 4)
+            # Its step prepares one sub-group's gradients at a time, beside the bucket it keeps all run long
+            step = zero3_step_gradients_bytes(config, trained) + buckets
             return RankState(_shard(model_weights, ranks), _shard(model_gradients, ranks),
-                             _shard(model_gradients, ranks), state, buckets, 0, gathered)
+                             _shard(model_gradients, ranks), state, buckets, 0, gathered, step,
+                             step_segments_bytes=zero3_step_gradients_bytes(config, trained))
         # As the ZeRO optimizer's step begins, ZeRO-1 and ZeRO-2 alike hold this rank's 16-bit partition of the
         # reduced gradients (measured on 2 H200s: 0.31 GiB each for bert-large's 0.62), and free it in the step
         partition = _shard(model_gradients, ranks)

@@ -100,6 +100,9 @@ class MemoryEstimate:
     first_buckets_bytes: int = 0
     """Of the peak, DDP's first buckets, which a rank may still hold after their rebuild
     (`ddp_first_buckets_may_outlive`)."""
+    step_segments_above_peak_bytes: int = 0
+    """ZeRO-3: the reserve its optimizer step adds (`RankState.step_segments_bytes`) beyond the peak allocated and the
+    cache fraction: the reserve of the forward and backward passes and the step's segments beside it."""
 
 
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
@@ -151,6 +154,13 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     autocast_cache = autocast_cache_bytes(config, shapes)
     # Only where the accumulated gradients are alive too does this moment exceed the others.
     forward_return_peak = weights + optimizer + activations + gradients_at_peak + autocast_cache
+    peak_allocated = max(forward_end_peak, first_step_peak, forward_return_peak, loss_peak)
+    # ZeRO-3's step reserves its sub-group's gradients anew beside the passes' cache: on 4 H200s llama-3.1-8b reserved
+    # 45.68 GiB at seq 1024 and 51.3-51.7 at 4096, the passes' peak with its cache and the step's 6.02 GB 44.1 and 49.8
+    # (benchmarks/results/h200x4/sharded_reference/); on 2, 77.1-78.1 and 82.5 (this: 77.5, 83.3)
+    passes_peak = max(forward_end_peak, forward_return_peak, loss_peak)
+    step_segments_above_peak = max(0, passes_peak + held.step_segments_bytes - peak_allocated) \
+        if held.step_segments_bytes else 0
     if config.expandable_segments:
         cache_fraction, moment_fragmentation = EXPANDABLE_SEGMENTS_FRAGMENTATION, 0
     else:
@@ -160,13 +170,14 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=optimizer,
         activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak, temporaries_bytes=temporaries,
         autocast_cache_bytes=autocast_cache, step_temporaries_bytes=step_temporaries,
-        peak_allocated_bytes=max(forward_end_peak, first_step_peak, forward_return_peak, loss_peak),
+        peak_allocated_bytes=peak_allocated,
         cache_fraction=cache_fraction, moment_fragmentation_bytes=moment_fragmentation,
         communication_buffers_bytes=held.communication_buffers_bytes, ranks=config.ranks or 1,
         distributed=config.distributed, logits_bytes=logits,
         sharded_cache_bytes=fsdp_cache_bytes(config, arch, shapes, fp32_logits),
         first_buckets_bytes=held.first_buckets_bytes if forward_end_peak >= max(first_step_peak, forward_return_peak,
                                                                                  loss_peak) else 0,
+        step_segments_above_peak_bytes=step_segments_above_peak,
     )
 
 
@@ -275,7 +286,7 @@ def peak_reserved_bytes(estimate: MemoryEstimate) -> int:
     optimizer moments split cost nothing (the allocator just holds more), so only the cache fraction counts."""
     cache = estimate.sharded_cache_bytes or max(estimate.cache_fraction * estimate.peak_allocated_bytes,
                                                 ALLOCATOR_CACHE_MIN_BYTES)
-    return int(estimate.peak_allocated_bytes + cache)
+    return int(estimate.peak_allocated_bytes + cache + estimate.step_segments_above_peak_bytes)
 
 
 def fragmentation_bytes(estimate: MemoryEstimate) -> int:
