@@ -8,6 +8,7 @@ Regenerate the snapshot with `pytest tests/test_dashboard_gpus.py --snapshot-upd
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -224,3 +225,22 @@ async def test_a_short_techniques_panel_folds_rows_at_their_defaults_and_keeps_t
         rows = [line for line in text.splitlines() if "at defaults:" not in line]
         for shown in ("exp. segments", "GPUs", "distributed", "predicted/GPU:"):
             assert any(shown in line for line in rows), shown
+
+
+@pytest.mark.asyncio
+async def test_a_prediction_no_measurement_checked_says_so_beside_it_and_why_in_the_tooltip(tmp_path):
+    """llama-3.1-8b under FSDP2 on 2 GPUs in bf16 was measured (docs/several-gpus.md); in fp32 it was not, and on 4
+    H200s such a run held 47.42 GiB a GPU for 34.33 predicted: the panel marks that prediction "(unchecked)", and
+    its tooltip says what no measurement covered."""
+    config = RunConfig(preset="llama-3.1-8b", gpus="2", distributed="fsdp", precision="bf16", batch_size=1,
+                       seq_len=2048, grad_checkpointing=True)
+    for precision, unchecked in (("bf16", False), ("fp32", True)):
+        app = make_app(tmp_path / f"{precision}.sqlite", dataclasses.replace(config, precision=precision))
+        async with app.run_test(size=(160, 60)) as pilot:
+            while app.capabilities is None:
+                await pilot.pause()
+            await pilot.pause()
+            panel = next(line for line in screen_text(app).splitlines() if "predicted/GPU" in line)
+            tooltip = str(app.query_one(TechniquesPanel).tooltip or "")
+        assert ("unchecked" in panel) is unchecked, panel
+        assert ("decoders were measured in bf16 only" in tooltip) is unchecked, tooltip

@@ -249,8 +249,8 @@ ACCELERATE_RANKS = MULTI_GPU_RESULTS[2].parent.parent / "accelerate_ranks"
 
 def _accelerate_rank_peaks() -> list[tuple[str, RunConfig, int]]:
     """(run, config, a rank's peak allocated) for every rank of the Accelerate loop measured on H200s: 2 GPUs in
-    accelerate_ranks/ (3 runs as is, 3 with TORCH_NCCL_AVOID_RECORD_STREAMS=0, 7 of gpuanat's trees since #15), and
-    the 4- and 2-GPU runs of #15 (multi/results.jsonl)."""
+    accelerate_ranks/ (3 runs as is, 3 with TORCH_NCCL_AVOID_RECORD_STREAMS=0, 7 of gpuanat's trees since #15), 4 in
+    h200x4/accelerate_ranks/ (2 runs), and the 4- and 2-GPU runs of #15 (multi/results.jsonl)."""
     rows = []
     for path in sorted(ACCELERATE_RANKS.glob("run-accelerate*.json")):
         result = json.loads(path.read_text().strip().splitlines()[-1])
@@ -261,6 +261,10 @@ def _accelerate_rank_peaks() -> list[tuple[str, RunConfig, int]]:
                                             .strip().splitlines()[-1])["config"])
     rows += [(line["tree"], dataclasses.replace(config, max_steps=30), round(peak * 2**30))
              for line in bisect for peak in line["peak_allocated_gib"]]
+    for path in sorted((ACCELERATE_RANKS.parents[1] / "h200x4" / "accelerate_ranks").glob("run-accelerate*.json")):
+        result = json.loads(path.read_text().strip().splitlines()[-1])
+        rows += [(f"h200x4 {path.name}", RunConfig.from_json(result["config"]), rank["peak_allocated_bytes"])
+                 for rank in result["ranks"]]
     for line in MULTI_GPU_RESULTS[4].read_text().splitlines():
         result = json.loads(line)
         if result["technique"] == "accelerate":
@@ -274,7 +278,7 @@ def test_ddp_first_buckets_outlive_their_rebuild_on_some_ranks():
     still allocated as that step's forward pass ends: each rank peaks either at the bands or one bucket set above
     them, and the prediction is the higher, which the GPU must hold (benchmarks/accelerate_ranks_check.sh)."""
     rows = _accelerate_rank_peaks()
-    assert len(rows) == 32
+    assert len(rows) == 40
     above = 0
     for run, config, peak in rows:
         assert ddp_first_buckets_may_outlive(config), run
@@ -286,7 +290,7 @@ def test_ddp_first_buckets_outlive_their_rebuild_on_some_ranks():
             above += 1
         else:
             assert peak == pytest.approx(without, rel=1e-3), run
-    assert above == 18  # both happen
+    assert above == 20  # both happen
     # Recorded with torch's allocator history (`--memory-snapshot`, which slows the host), no rank held them
     recorded = sorted(ACCELERATE_RANKS.glob("snapshot*-run-accelerate*.json"))
     assert len(recorded) == 3

@@ -74,7 +74,7 @@ def command_predict(args: argparse.Namespace) -> int:
         if key == "peak_allocated_bytes" and result["ddp_first_buckets_bytes"]:
             buckets = format_bytes(result["ddp_first_buckets_bytes"])
             print(f"    of which {buckets} are DDP's first buckets, which a rank may still hold at step 2 beside the "
-                  "rebuilt ones (18 of 32 ranks did on H200s)")
+                  "rebuilt ones (20 of 40 ranks did on H200s)")
     if result["caveat"]:
         print(f"Not checked: {result['caveat']}.")
     if gpu_memory is None:

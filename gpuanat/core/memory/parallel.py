@@ -161,7 +161,7 @@ def ddp_first_buckets_may_outlive(config: RunConfig) -> bool:
     torch's reducer rebuilds the buckets once, as step 2 begins, in the order step 1's gradients became ready, unless
     `find_unused_parameters` is set (`should_rebuild_buckets`, reducer.hpp): HF Trainer sets it where the model does
     not checkpoint (`find_unused = not is_activation_checkpointing`), the Accelerate loop's `Accelerator` never does.
-    On 2 and 4 H200s (bert-large; benchmarks/results/h200x2/accelerate_ranks/) 18 of 32 ranks of the Accelerate loop
+    On 2 and 4 H200s (bert-large; h200x2/ and h200x4/accelerate_ranks/) 20 of 40 ranks of the Accelerate loop
     peaked one bucket set (1.245 GiB for 1.249) above the others, at step 2, at random among ranks and runs, also with
     TORCH_NCCL_AVOID_RECORD_STREAMS=0, and none of 6 recorded with torch's allocator history (which slows the host);
     Trainer with checkpointing rebuilds too, but none of its 6 ranks held them, and Trainer without it never

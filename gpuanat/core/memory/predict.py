@@ -258,21 +258,22 @@ def prediction_caveat(config: RunConfig) -> str | None:
 
 
 def sharded_decoder_notes(config: RunConfig) -> list[str]:
-    """What the 7-8B decoders measured on 2 H200s against a plain HF Trainer did not cover (docs/several-gpus.md):
-    FSDP2 and ZeRO-3 with checkpointing, ZeRO-1/2 once; DDP never (an 8B model's state does not fit)."""
+    """What the 7-8B decoders measured on 2 and 4 H200s against a plain HF Trainer did not cover
+    (docs/several-gpus.md): FSDP2 and ZeRO-3 with checkpointing, ZeRO-2 at one length; DDP never (an 8B model's state
+    does not fit)."""
     if config.distributed == "none":
         return []
     if config.distributed == "ddp":
         return ["decoders were not measured under ddp on several GPUs"]
     notes = []
     if config.distributed in ("zero1", "zero2"):
-        notes.append("decoders under ZeRO-1/2 were measured once (llama-3.1-8b, seq 1024), and their step's copies "
-                     "fitted to it")
+        notes.append("decoders under ZeRO-1/2 were measured at one length (llama-3.1-8b, seq 1024, ZeRO-2 on 2 and 4 "
+                     "GPUs), and their step's copies fitted on 2")
     if not config.grad_checkpointing:
         notes.append(f"decoders under {config.distributed} were measured with checkpointing only")
-    if (config.ranks or 1) > 2:
-        notes.append("decoders on several GPUs were measured on 2 (the allocator's cache under FSDP2 was fitted "
-                     "there)")
+    if (config.ranks or 1) > 4:
+        notes.append("decoders on several GPUs were measured on 2 and 4 (the allocator's cache under FSDP2 was "
+                     "fitted on 2)")
     return notes
 
 

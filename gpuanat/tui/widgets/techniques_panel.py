@@ -10,7 +10,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from gpuanat.core.memory.model_config import trains_causal_lm
-from gpuanat.core.memory.predict import MemoryEstimate
+from gpuanat.core.memory.predict import MemoryEstimate, prediction_caveat
 from gpuanat.core.printable import printable
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.techniques import compile_mode
@@ -95,6 +95,7 @@ class TechniquesPanel(Widget):
         self._estimate: MemoryEstimate | None = None
         self._gpu_total_bytes: int | None = None
         self._device_peak_bytes: int | None = None
+        self._caveat: str | None = None
         self._several_gpus = False
         self._available_lines: int | None = None
         """The lines the panel's container leaves it (None until laid out): rows at their defaults fold into one
@@ -117,9 +118,12 @@ class TechniquesPanel(Widget):
         self._config, self._capabilities, self._estimate = config, capabilities, estimate
         self._gpu_total_bytes, self._device_peak_bytes = gpu_total_bytes, device_peak_bytes
         self._several_gpus = several_gpus or config.ranks != 1
+        # What no measurement checked of this prediction (a decoder in fp32, FSDP2 on 8 GPUs, …): said beside it
+        self._caveat = prediction_caveat(config) if estimate is not None and config.device == "cuda" else None
         reasons = machine_unsupported_reasons(config, capabilities) if capabilities else []
-        # Text, not markup: a reason names packages such as gpuanat[llm].
-        tooltip = "\n".join(f"{flag}: {reason}" for flag, reason in reasons)
+        # Text, not markup: a reason names packages such as gpuanat[llm], a caveat a model's family.
+        tooltip = "\n".join([f"{flag}: {reason}" for flag, reason in reasons]
+                            + ([f"prediction unchecked: {self._caveat}"] if self._caveat else []))
         self.tooltip = Text(printable(tooltip, keep="\n")) if tooltip else None
         self.refresh(layout=True)
 
@@ -206,7 +210,10 @@ class TechniquesPanel(Widget):
                         style=muted, overflow="ellipsis", no_wrap=True)
         device_peak = self._device_peak_bytes or self._estimate.peak_allocated_bytes
         label = "predicted/GPU" if self._estimate.ranks > 1 else "predicted peak"
-        text = Text(f"{label}: {format_bytes(device_peak)}")
+        text = Text(f"{label}")
+        if self._caveat:  # first, where a narrow panel cannot cut it; why: in the tooltip, and in `gpuanat predict`
+            text.append(" (unchecked)", style=muted)
+        text.append(f": {format_bytes(device_peak)}")
         if self._gpu_total_bytes:
             text.append(f" of {format_bytes(self._gpu_total_bytes)}", style=muted)
             if device_peak > self._gpu_total_bytes:
