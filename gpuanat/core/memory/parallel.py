@@ -137,10 +137,10 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
             # them up to `stage3_max_live_parameters` (measured: the activations 0.63 GiB above ZeRO-1/2's)
             gathered = min(params, DEEPSPEED_MAX_LIVE_PARAMETERS) * (2 if sixteen_bit else 4)
             # Its step prepares one sub-group's gradients at a time, beside the bucket it keeps all run long
-            step = zero3_step_gradients_bytes(config, trained) + buckets
+            sub_group = zero3_step_gradients_bytes(config, trained)
             return RankState(_shard(model_weights, ranks), _shard(model_gradients, ranks),
-                             _shard(model_gradients, ranks), state, buckets, 0, gathered, step,
-                             step_segments_bytes=zero3_step_gradients_bytes(config, trained))
+                             _shard(model_gradients, ranks), state, buckets, 0, gathered, sub_group + buckets,
+                             step_segments_bytes=sub_group)
         # As the ZeRO optimizer's step begins, ZeRO-1 and ZeRO-2 alike hold this rank's 16-bit partition of the
         # reduced gradients (measured on 2 H200s: 0.31 GiB each for bert-large's 0.62), and free it in the step
         partition = _shard(model_gradients, ranks)

@@ -210,7 +210,7 @@ class TechniquesPanel(Widget):
                         style=muted, overflow="ellipsis", no_wrap=True)
         device_peak = self._device_peak_bytes or self._estimate.peak_allocated_bytes
         label = "predicted/GPU" if self._estimate.ranks > 1 else "predicted peak"
-        text = Text(f"{label}")
+        text = Text(label)
         if self._caveat:  # first, where a narrow panel cannot cut it; why: in the tooltip, and in `gpuanat predict`
             text.append(" (unchecked)", style=muted)
         text.append(f": {format_bytes(device_peak)}")
