@@ -4,8 +4,9 @@ segments, each grouped by the Python line whose request made the allocator reser
 The peak reserved is reached by segments; which requests created them says what the reserve above the peak is made
 of (blocks of the sizes something once asked for, which later requests could not reuse or split). Replays the
 device's trace (segment_alloc adds a segment, segment_free removes it; alloc and free_requested count the allocated)
-to the moment the reserve was highest, and lists the segments alive then by the place that created them, with how
-much of each group was allocated at that moment. One JSON object on stdout:
+to the moment the reserve was highest, and lists the segments alive then by the place that created them (the first
+block allocated at a segment's start), with how much of each group was allocated at that moment. One JSON object on
+stdout:
 
     python3 benchmarks/snapshot_reserve.py run.pickle [--top 20] > reserve.json
 
@@ -41,6 +42,10 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
             reserved -= segments.pop(event["addr"])["size"]
         elif action == "alloc":
             blocks[event["addr"]] = event
+            if event["addr"] in segments and "made_by" not in segments[event["addr"]]:
+                # The request a new segment was reserved for is the first block at its start: its frames are whole,
+                # where a segment_alloc event's may be cut short
+                segments[event["addr"]]["made_by"] = event.get("frames", [])
             allocated += event["size"]
             peak_allocated = max(peak_allocated, allocated)
         elif action == "free_requested" and event["addr"] in blocks:
@@ -51,8 +56,8 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
     index, allocated_then, alive, live_blocks = at_peak
     groups: dict[str, dict[str, int]] = defaultdict(lambda: {"segments": 0, "bytes": 0, "largest_bytes": 0,
                                                              "allocated_bytes": 0})
-    starts = sorted((segment["addr"], segment["addr"] + segment["size"], _where(segment.get("frames", [])))
-                    for segment in alive)
+    starts = sorted((segment["addr"], segment["addr"] + segment["size"],
+                     _where(segment.get("made_by") or segment.get("frames", []))) for segment in alive)
     for start, end, where in starts:
         groups[where]["segments"] += 1
         groups[where]["bytes"] += end - start
