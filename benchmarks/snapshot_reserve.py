@@ -17,6 +17,7 @@ misses (the final snapshot's segments against the trace's).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import pickle
 from collections import defaultdict
@@ -62,11 +63,10 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
         groups[where]["segments"] += 1
         groups[where]["bytes"] += end - start
         groups[where]["largest_bytes"] = max(groups[where]["largest_bytes"], end - start)
-    for block in live_blocks:  # which segment each live block lies in
-        for start, end, where in starts:
-            if start <= block["addr"] < end:
-                groups[where]["allocated_bytes"] += block["size"]
-                break
+    for block in live_blocks:  # which segment each live block lies in: the last one starting at or before it
+        index = bisect.bisect_right(starts, (block["addr"], float("inf"))) - 1
+        if index >= 0 and block["addr"] < starts[index][1]:
+            groups[starts[index][2]]["allocated_bytes"] += block["size"]
     return {"peak_reserved_bytes": peak_reserved, "event": index, "trace_events": len(trace),
             "allocated_then_bytes": allocated_then, "trace_peak_allocated_bytes": peak_allocated,
             "by_place": dict(sorted(groups.items(), key=lambda item: -item[1]["bytes"]))}

@@ -166,11 +166,12 @@ def test_zero3_peaks_in_its_step_preparing_one_sub_group():
             for place, value in peak["by_place"].items()}
     config = RunConfig(preset="llama-3.1-8b", gpus="4", distributed="zero3", precision="bf16",
                        grad_checkpointing=True, batch_size=1, seq_len=1024)
-    elements = zero3_largest_sub_group_elements(parameter_shapes(architecture_of(config)), 4)
+    shapes = parameter_shapes(architecture_of(config))
+    elements = zero3_largest_sub_group_elements(shapes, 4)
     assert held["stage3.py:2686 _prepare_fp32_grad_for_sub_group"] == 4 * elements
     assert held["stage3.py:2686 _prepare_fp32_grad_for_sub_group <- torch/_utils.py:582 _flatten_dense_tensors"] == \
         2 * elements
-    assert zero3_step_gradients_bytes(config, parameter_shapes(architecture_of(config))) == 6 * elements
+    assert zero3_step_gradients_bytes(config, shapes) == 6 * elements
     result = json.loads((ZERO3_PEAK / "run-zero3-snapshot.json").read_text().strip().splitlines()[-1])
     estimate = estimate_memory(config)
     for rank in result["ranks"]:

@@ -139,8 +139,8 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
             # Its step prepares one sub-group's gradients at a time, beside the bucket it keeps all run long
             sub_group = zero3_step_gradients_bytes(config, trained)
             return RankState(_shard(model_weights, ranks), _shard(model_gradients, ranks),
-                             _shard(model_gradients, ranks), state, buckets, 0, gathered, sub_group + buckets,
-                             step_segments_bytes=sub_group)
+                             _shard(model_gradients, ranks), state, buckets, 0, gathered_parameters_bytes=gathered,
+                             step_temporaries_bytes=sub_group + buckets, step_segments_bytes=sub_group)
         # As the ZeRO optimizer's step begins, ZeRO-1 and ZeRO-2 alike hold this rank's 16-bit partition of the
         # reduced gradients (measured on 2 H200s: 0.31 GiB each for bert-large's 0.62), and free it in the step
         partition = _shard(model_gradients, ranks)

@@ -159,8 +159,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     # 45.68 GB at seq 1024 and 51.3-51.7 at 4096, the passes' peak with its cache and the step's 6.02 GB 44.1 and 49.8
     # (benchmarks/results/h200x4/sharded_reference/); on 2, 77.1-78.1 and 82.5 (this: 77.2, 82.9)
     passes_peak = max(forward_end_peak, forward_return_peak, loss_peak)
-    step_segments_above_peak = max(0, passes_peak + held.step_segments_bytes - peak_allocated) \
-        if held.step_segments_bytes else 0
+    step_segments_above_peak = max(0, passes_peak + held.step_segments_bytes - peak_allocated)
     if config.expandable_segments:
         cache_fraction, moment_fragmentation = EXPANDABLE_SEGMENTS_FRAGMENTATION, 0
     else:
