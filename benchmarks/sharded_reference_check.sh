@@ -56,7 +56,7 @@ one_case() {  # NAME MODEL SEQ "REFERENCE FLAGS" "GPUANAT FLAGS" [config: gpuana
 }                                                                 # every case: a call cut by its limit keeps the rest
 
 # Cases: fsdp-SEQ, random-SEQ, bf16w-SEQ, lora-SEQ, zero1-SEQ, zero2-SEQ, zero3-SEQ, batch2-SEQ (llama-3.1-8b;
-# batch2: batch 2), mistral-SEQ (mistral-7b), qwen-SEQ (qwen2.5-7b)
+# batch2: batch 2), mistral-SEQ (mistral-7b), qwen-SEQ (qwen2.5-7b), mistrallora-SEQ, qwenlora-SEQ (with LoRA 16)
 for case in ${CASES:-fsdp-1024}; do
   case $case in
     fsdp-*) one_case "$case" llama-3.1-8b "${case#fsdp-}" "--sharding fsdp" "--distributed fsdp" ;;
@@ -64,6 +64,8 @@ for case in ${CASES:-fsdp-1024}; do
     bf16w-*) one_case "$case" llama-3.1-8b "${case#bf16w-}" "--sharding fsdp" "--distributed fsdp --weights-dtype bf16" ;;
     lora-*) one_case "$case" llama-3.1-8b "${case#lora-}" "--sharding fsdp --lora 16" "--distributed fsdp --lora 16" ;;
     zero?-*) one_case "$case" llama-3.1-8b "${case#zero?-}" "--sharding ${case%%-*}" "--distributed ${case%%-*}" ;;
+    mistrallora-*) one_case "$case" mistral-7b "${case#mistrallora-}" "--sharding fsdp --lora 16" "--distributed fsdp --lora 16" ;;
+    qwenlora-*) one_case "$case" qwen2.5-7b "${case#qwenlora-}" "--sharding fsdp --lora 16" "--distributed fsdp --lora 16" ;;
     mistral-*) one_case "$case" mistral-7b "${case#mistral-}" "--sharding fsdp" "--distributed fsdp" ;;
     qwen-*) one_case "$case" qwen2.5-7b "${case#qwen-}" "--sharding fsdp" "--distributed fsdp" ;;
     batch2-*) one_case "$case" llama-3.1-8b "${case#batch2-}" "--sharding fsdp --batch-size 2" \

@@ -26,6 +26,8 @@ from typing import Any
 
 from peak_tensors import _where  # this folder: the innermost frames outside torch, named
 
+LARGEST_SEGMENTS_LISTED = 24  # each with the innermost frames of the request it was reserved for
+
 
 def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
     """Replay one device's trace to its highest reserve: the reserve, what was allocated then and at the trace's
@@ -37,7 +39,7 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
     for index, event in enumerate(trace):
         action = event["action"]
         if action in ("segment_alloc", "segment_map"):
-            segments[event["addr"]] = event
+            segments[event["addr"]] = dict(event, created_event=index)
             reserved += event["size"]
         elif action in ("segment_free", "segment_unmap") and event["addr"] in segments:
             reserved -= segments.pop(event["addr"])["size"]
@@ -54,7 +56,7 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
         if reserved > peak_reserved or (reserved == peak_reserved and allocated > at_peak[1]):  # its fullest
             peak_reserved = reserved
             at_peak = (index, allocated, list(segments.values()), list(blocks.values()))
-    index, allocated_then, alive, live_blocks = at_peak
+    peak_event, allocated_then, alive, live_blocks = at_peak
     groups: dict[str, dict[str, int]] = defaultdict(lambda: {"segments": 0, "bytes": 0, "largest_bytes": 0,
                                                              "allocated_bytes": 0})
     starts = sorted((segment["addr"], segment["addr"] + segment["size"],
@@ -63,13 +65,28 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
         groups[where]["segments"] += 1
         groups[where]["bytes"] += end - start
         groups[where]["largest_bytes"] = max(groups[where]["largest_bytes"], end - start)
+    allocated_in = [0] * len(starts)
     for block in live_blocks:  # which segment each live block lies in: the last one starting at or before it
         index = bisect.bisect_right(starts, (block["addr"], float("inf"))) - 1
         if index >= 0 and block["addr"] < starts[index][1]:
             groups[starts[index][2]]["allocated_bytes"] += block["size"]
-    return {"peak_reserved_bytes": peak_reserved, "event": index, "trace_events": len(trace),
+            allocated_in[index] += block["size"]
+    by_start = {segment["addr"]: segment for segment in alive}
+    largest = sorted(range(len(starts)), key=lambda position: starts[position][0] - starts[position][1])
+    return {"peak_reserved_bytes": peak_reserved, "event": peak_event, "trace_events": len(trace),
             "allocated_then_bytes": allocated_then, "trace_peak_allocated_bytes": peak_allocated,
-            "by_place": dict(sorted(groups.items(), key=lambda item: -item[1]["bytes"]))}
+            "by_place": dict(sorted(groups.items(), key=lambda item: -item[1]["bytes"])),
+            "largest_segments": [{"bytes": starts[position][1] - starts[position][0],
+                                  "allocated_bytes": allocated_in[position],
+                                  "created_event": by_start[starts[position][0]]["created_event"],
+                                  "made_by": _frames(by_start[starts[position][0]])}
+                                 for position in largest[:LARGEST_SEGMENTS_LISTED]]}
+
+
+def _frames(segment: dict[str, Any], depth: int = 8) -> str:
+    """The innermost `depth` frames of the request a segment was reserved for, torch's own included."""
+    frames = segment.get("made_by") or segment.get("frames", [])
+    return " < ".join(f"{Path(frame['filename']).name}:{frame['line']} {frame['name']}" for frame in frames[:depth])
 
 
 def main() -> int:

@@ -207,17 +207,31 @@ def fsdp_backward_units_bytes(config: RunConfig, arch: Architecture, shapes: Par
     return (2 if trained else 1) * vocab + layer
 
 
-def fsdp_cache_bytes(config: RunConfig, arch: Architecture, shapes: ParameterShapes, logits_bytes: int) -> int:
+def fsdp_cache_bytes(config: RunConfig, arch: Architecture, shapes: ParameterShapes, logits_bytes: int, *,
+                     logits_in_use_at_peak: bool) -> int:
     """What torch's allocator holds cached above the peak under FSDP2 (in place of the one-GPU cache fraction):
-    blocks of the sizes FSDP's collectives and the loss come and go in, which later, smaller requests split. Three
-    fp32 logits' worth (the logits, their upcast and their gradient), two gathered 16-bit layers (the one computing
-    and the one prefetched), and where the weights train the fp32 unsharded gradients of the embeddings and the LM
-    head and 1.75 layers' (fitted). On 2 H200s the reserve above the peak was 7.70 and 12.08 GiB for llama-3.1-8b
-    at seq 1024 and 4096 (this: 7.61, 12.02), 4.02 and 4.59 for mistral-7b at 2048 and 4096 (3.94, 4.67), 2.33 for
-    llama-3.1-8b with LoRA at 1024 (2.28): benchmarks/results/h200x2/sharded_reference/."""
+    blocks of the sizes FSDP's collectives and the loss come and go in, which later, smaller requests split. Two
+    gathered 16-bit layers (the one computing and the one prefetched), where the weights train the fp32 unsharded
+    gradients of the embeddings and the LM head and 1.75 layers' (fitted), and the loss's blocks that are free at
+    the peak:
+    - peak at the optimizer step (full fine-tuning): the loss's three fp32 logits' worth (the logits, their upcast
+      and their gradient). On 2 H200s the reserve above the peak was 7.70 and 12.08 GiB for llama-3.1-8b at seq 1024 and
+      4096 (this: 7.61, 12.02), 4.02 and 4.59 for mistral-7b at 2048 and 4096 (3.94, 4.67):
+      benchmarks/results/h200x2/sharded_reference/.
+    - peak in the passes, at the loss or as backward begins (LoRA): those three are in use there; free are an fp32
+      logits block (the upcast, or the block its place went to), the 16-bit logits and, where the embeddings are not the
+      LM head's, the input embeddings' all-gather buffer. Memory snapshots of llama-3.1-8b with LoRA 16 on 4 H200s
+      (benchmarks/results/h200x4/lora_reserve/) held free at the peak 2.42, 4.95 and 6.77 GB at seq 1024, 4096 and
+      8192 (this: 2.71, 5.08, 8.23), in segments of those sizes: an fp32 logits (4096) or a 16-bit one (8192), one
+      to three of a vocabulary matrix, a layer's, and init's leftovers; on 2, 2.50 and 5.04 (1024, 4096), mistral-7b
+      1.15 and 1.82 (1024, 2048; this 1.33, 1.53). The three fp32 logits' worth held 13.5 at 8192."""
     if not fsdp_decoder(config, arch):
         return 0
     layer, vocab, trained = _fsdp_units(config, arch, shapes)
     vocab_units = 1 if arch.tie_word_embeddings else 2
     trained_bytes = 2 * vocab * vocab_units + int(FSDP_TRAINED_LAYER_CACHE * 2 * layer) if trained else 0
-    return 3 * logits_bytes + 2 * layer + trained_bytes
+    if logits_in_use_at_peak:
+        loss_blocks = logits_bytes + logits_bytes // 2 + (vocab_units - 1) * vocab
+    else:
+        loss_blocks = 3 * logits_bytes
+    return loss_blocks + 2 * layer + trained_bytes
