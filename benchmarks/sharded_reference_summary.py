@@ -1,6 +1,10 @@
 """One case of benchmarks/sharded_reference_check.sh, rank by rank: the reference's peaks (torch's allocated and
-reserved, NVML's reading of its GPU after the run) beside gpuanat's measured and predicted ones, and gpuanat's bands
-beside NVML. Prints a line a rank and appends them to OUT/summary.jsonl.
+reserved, NVML's reading of its process on its GPU after the run) beside gpuanat's measured and predicted ones, and
+gpuanat's bands beside NVML. Prints a line a rank and appends them to OUT/summary.jsonl.
+
+The device is compared with the reference process's own NVML reading (`process_used_bytes`), as gpuanat measures a
+rank: the reference's `device_used_bytes` is NVML's first memory query, whose `used` counts the driver's reserve
+(0.654 GB on every H200, in every reference recorded), which NVML's v2 query (gpuanat's) leaves out.
 
     python3 benchmarks/sharded_reference_summary.py CASE OUT
 """
@@ -48,6 +52,7 @@ def main() -> None:
                 "reference_peak_allocated_bytes": reference.get("peak_allocated_bytes"),
                 "reference_peak_reserved_bytes": reference.get("peak_reserved_bytes"),
                 "reference_device_used_bytes": reference.get("device_used_bytes"),
+                "reference_process_used_bytes": reference.get("process_used_bytes"),
                 "reference_s_per_step": reference.get("s_per_step_median"),
                 "gpuanat_peak_allocated_bytes": rank.get("peak_allocated_bytes"),
                 "gpuanat_peak_reserved_bytes": rank.get("peak_reserved_bytes"),
@@ -61,12 +66,12 @@ def main() -> None:
             measured = row["reference_peak_allocated_bytes"]
             print(f"  GPU {gpu}: reference allocated {(measured or 0) / GB:6.2f} reserved "
                   f"{(row['reference_peak_reserved_bytes'] or 0) / GB:6.2f} "
-                  f"NVML {(row['reference_device_used_bytes'] or 0) / GB:6.2f}"
+                  f"NVML {(row['reference_process_used_bytes'] or 0) / GB:6.2f}"
                   f" | gpuanat {(row['gpuanat_peak_allocated_bytes'] or 0) / GB:6.2f} "
                   f"{(row['gpuanat_peak_reserved_bytes'] or 0) / GB:6.2f} {(used or 0) / GB:6.2f}"
                   f" | predicted vs reference: allocated {percent(row['predicted_peak_allocated_bytes'], measured)}"
                   f" reserved {percent(row['predicted_peak_reserved_bytes'], row['reference_peak_reserved_bytes'])}"
-                  f" device {percent(row['predicted_peak_device_bytes'], row['reference_device_used_bytes'])}"
+                  f" device {percent(row['predicted_peak_device_bytes'], row['reference_process_used_bytes'])}"
                   f" | bands − NVML {percent(band_sum, used)}")
 
 

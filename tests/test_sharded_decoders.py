@@ -61,7 +61,7 @@ def test_every_case_is_recorded_for_every_rank():
     for path in CASES:
         config, result, references = _recorded(path)
         assert result["status"] == "ok" and len(result["ranks"]) == len(references) == config.ranks, path.name
-    assert len(CASES) == 23
+    assert len(CASES) == 27
 
 
 @pytest.mark.parametrize("run_path", CASES, ids=_case_id)
@@ -86,7 +86,9 @@ def test_each_ranks_peaks_are_predicted_within_ten_percent_of_the_plain_trainer(
     for reference in references:  # allocated: the worst is mistral-7b at seq 4096 on 4 GPUs, -3.7%
         assert estimate.peak_allocated_bytes == pytest.approx(reference["peak_allocated_bytes"], rel=0.04)
         assert peak_reserved_bytes(estimate) == pytest.approx(reference["peak_reserved_bytes"], rel=0.10)
-        assert peak_device_bytes(estimate) == pytest.approx(reference["device_used_bytes"], rel=0.10)
+        # the reference process's own NVML reading, as gpuanat's: the device's `used` of NVML's first query counts
+        # the driver's reserve too, 0.654 GB on every H200 here (sharded_reference_summary.py)
+        assert peak_device_bytes(estimate) == pytest.approx(reference["process_used_bytes"], rel=0.10)
     exact_to = 4096 if config.distributed.startswith("zero") else 0
     # On 4 GPUs ZeRO-2's ranks held 5-112 MB more gradient after backward than an even shard (4.015 GB): where its
     # flat partitions' bounds cut parameters, not looked into; its state is exact

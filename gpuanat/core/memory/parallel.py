@@ -219,19 +219,18 @@ def fsdp_cache_bytes(config: RunConfig, arch: Architecture, shapes: ParameterSha
       4096 (this: 7.61, 12.02), 4.02 and 4.59 for mistral-7b at 2048 and 4096 (3.94, 4.67):
       benchmarks/results/h200x2/sharded_reference/.
     - peak in the passes, at the loss or as backward begins (LoRA): those three are in use there; free are an fp32
-      logits block (the upcast, or the block its place went to), the 16-bit logits and, where the embeddings are not the
-      LM head's, the input embeddings' all-gather buffer. Memory snapshots of llama-3.1-8b with LoRA 16 on 4 H200s
+      logits block (the upcast, or the block its place went to), the 16-bit logits and an all-gather buffer of the
+      LM head's unit (made as the forward pass reached it). Memory snapshots of llama-3.1-8b with LoRA 16 on 4 H200s
       (benchmarks/results/h200x4/lora_reserve/) held free at the peak 2.42, 4.95 and 6.77 GB at seq 1024, 4096 and
       8192 (this: 2.71, 5.08, 8.23), in segments of those sizes: an fp32 logits (4096) or a 16-bit one (8192), one
       to three of a vocabulary matrix, a layer's, and init's leftovers; on 2, 2.50 and 5.04 (1024, 4096), mistral-7b
-      1.15 and 1.82 (1024, 2048; this 1.33, 1.53). The three fp32 logits' worth held 13.5 at 8192."""
+      1.15 and 1.82 (1024, 2048; this 1.33, 1.53); three fp32 logits' worth said 13.5 at 8192. Held out, four LoRA
+      cases on 4 H200s (llama-3.1-8b, qwen2.5-7b, mistral-7b; h200x4/sharded_reference/held_out/): reserved within
+      5.7%."""
     if not fsdp_decoder(config, arch):
         return 0
     layer, vocab, trained = _fsdp_units(config, arch, shapes)
     vocab_units = 1 if arch.tie_word_embeddings else 2
     trained_bytes = 2 * vocab * vocab_units + int(FSDP_TRAINED_LAYER_CACHE * 2 * layer) if trained else 0
-    if logits_in_use_at_peak:
-        loss_blocks = logits_bytes + logits_bytes // 2 + (vocab_units - 1) * vocab
-    else:
-        loss_blocks = 3 * logits_bytes
+    loss_blocks = logits_bytes + logits_bytes // 2 + vocab if logits_in_use_at_peak else 3 * logits_bytes
     return loss_blocks + 2 * layer + trained_bytes
