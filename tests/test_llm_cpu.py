@@ -102,6 +102,10 @@ def test_predict_says_what_no_measurement_has_checked():
     assert "decoders only" in prediction_json(RunConfig(preset="gpt2", lora=8))["caveat"]
     mistral = prediction_json(RunConfig(preset="mistral-7b", lora=16, precision="bf16"))
     assert mistral["confidence"] == "unchecked" and "no mistral decoder was measured" in mistral["caveat"]
+    # mistral-7b under FSDP2 on 2 and 4 H200s (docs/several-gpus.md)
+    sharded = prediction_json(RunConfig(preset="mistral-7b", lora=16, precision="bf16", grad_checkpointing=True,
+                                        gpus="2", distributed="fsdp"))
+    assert sharded["confidence"] == "checked"
     decoder = prediction_json(RunConfig(preset="llama-3.1-8b", lora=16, precision="bf16", seq_len=2048,
                                         batch_size=1, grad_checkpointing=True))
     assert decoder["confidence"] == "checked"

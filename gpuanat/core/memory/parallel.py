@@ -207,6 +207,13 @@ def fsdp_backward_units_bytes(config: RunConfig, arch: Architecture, shapes: Par
     return (2 if trained else 1) * vocab + layer
 
 
+FSDP_INIT_LEFTOVER_VOCABULARY = 0.5
+"""Fitted, not derived: in vocabulary matrices' worth, what is left free of the segments that held the embeddings and
+the LM head whole as FSDP2 moved them to the GPU to shard them (`_move_states_to_device`), which later requests fill
+only partly: 0.23, 1.26 and 0.53 GB in the snapshots of llama-3.1-8b with LoRA at seq 1024, 4096 and 8192 on 4 H200s
+(1.05 GB a matrix)."""
+
+
 def fsdp_cache_bytes(config: RunConfig, arch: Architecture, shapes: ParameterShapes, logits_bytes: int, *,
                      logits_in_use_at_peak: bool) -> int:
     """What torch's allocator holds cached above the peak under FSDP2 (in place of the one-GPU cache fraction):
@@ -214,23 +221,22 @@ def fsdp_cache_bytes(config: RunConfig, arch: Architecture, shapes: ParameterSha
     gathered 16-bit layers (the one computing and the one prefetched), where the weights train the fp32 unsharded
     gradients of the embeddings and the LM head and 1.75 layers' (fitted), and the loss's blocks that are free at
     the peak:
-    - peak at the optimizer step (full fine-tuning): the loss's three fp32 logits' worth (the logits, their upcast
-      and their gradient). On 2 H200s the reserve above the peak was 7.70 and 12.08 GiB for llama-3.1-8b at seq 1024 and
-      4096 (this: 7.61, 12.02), 4.02 and 4.59 for mistral-7b at 2048 and 4096 (3.94, 4.67):
-      benchmarks/results/h200x2/sharded_reference/.
-    - peak in the passes, at the loss or as backward begins (LoRA): those three are in use there; free are an fp32
-      logits block (the upcast, or the block its place went to), the 16-bit logits and an all-gather buffer of the
-      LM head's unit (made as the forward pass reached it). Memory snapshots of llama-3.1-8b with LoRA 16 on 4 H200s
-      (benchmarks/results/h200x4/lora_reserve/) held free at the peak 2.42, 4.95 and 6.77 GB at seq 1024, 4096 and
-      8192 (this: 2.71, 5.08, 8.23), in segments of those sizes: an fp32 logits (4096) or a 16-bit one (8192), one
-      to three of a vocabulary matrix, a layer's, and init's leftovers; on 2, 2.50 and 5.04 (1024, 4096), mistral-7b
-      1.15 and 1.82 (1024, 2048; this 1.33, 1.53); three fp32 logits' worth said 13.5 at 8192. Held out, four LoRA
-      cases on 4 H200s (llama-3.1-8b, qwen2.5-7b, mistral-7b; h200x4/sharded_reference/held_out/): reserved within
-      5.7%."""
+    - peak at the optimizer step (full fine-tuning at short sequences): the loss's three fp32 logits' worth (the
+      logits, their upcast and their gradient). On 2 H200s the reserve above the peak was 7.70 and 12.08 GiB for
+      llama-3.1-8b at seq 1024 and 4096 (this: 7.61, 12.02), 4.02 and 4.59 for mistral-7b at 2048 and 4096 (3.94,
+      4.67): benchmarks/results/h200x2/sharded_reference/.
+    - peak in the passes, at the loss or as backward begins (LoRA; a full fine-tune at large batches): those three
+      are in use there and the 16-bit logits' block holds the gradient's 16-bit cast; free are one fp32 logits' block
+      (the upcast's), an all-gather buffer of the LM head's unit and init's leftovers (`FSDP_INIT_LEFTOVER_VOCABULARY`).
+      Memory snapshots of llama-3.1-8b with LoRA 16 on 4 H200s (benchmarks/results/h200x4/lora_reserve/) held free
+      at the peak 2.42, 4.95 and 6.77 GB at seq 1024, 4096 and 8192 (this: 2.97, 4.55, 6.65) in segments of those
+      sizes; at batch 10 and 11 (seq 4096) 19.40 and 22.59 (23.45, 25.55), a full fine-tune at batch 14 and 15 (seq
+      2048) 21.43 and 23.88 (22.87, 23.93; h200x4/fit_limit/). Three fp32 logits' worth said 13.5 at seq 8192, and
+      one fp32 and one 16-bit logits +14% reserved at batch 10."""
     if not fsdp_decoder(config, arch):
         return 0
     layer, vocab, trained = _fsdp_units(config, arch, shapes)
     vocab_units = 1 if arch.tie_word_embeddings else 2
     trained_bytes = 2 * vocab * vocab_units + int(FSDP_TRAINED_LAYER_CACHE * 2 * layer) if trained else 0
-    loss_blocks = logits_bytes + logits_bytes // 2 + vocab if logits_in_use_at_peak else 3 * logits_bytes
-    return loss_blocks + 2 * layer + trained_bytes
+    passes = logits_bytes + vocab + int(FSDP_INIT_LEFTOVER_VOCABULARY * vocab)
+    return (passes if logits_in_use_at_peak else 3 * logits_bytes) + 2 * layer + trained_bytes

@@ -219,6 +219,9 @@ def unreadable_model_reason(config: RunConfig) -> str | None:
 
 MEASURED_DECODER_FAMILIES = ("llama", "qwen2")
 """Decoder families the H100 matrix measured (docs/llm.md): llama-3.2-1b, llama-3.1-8b (QLoRA), qwen2.5-0.5b."""
+MEASURED_SHARDED_DECODER_FAMILIES = ("llama", "qwen2", "mistral")
+"""Decoder families measured under FSDP2 on 2 and 4 H200s against a plain Trainer (docs/several-gpus.md):
+llama-3.1-8b, qwen2.5-7b, mistral-7b."""
 CHECKED_MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "opt", "gpt_neox", "gemma3_text", "granitemoe", "olmo2", "bert",
                           "distilbert", "phi", "stablelm", "bloom")
 """Families whose configs (--model) were checked against plain Trainer runs on the H100 (docs/any-model.md)."""
@@ -236,7 +239,8 @@ def prediction_caveat(config: RunConfig) -> str | None:
     if arch.experts and config.lora and arch.family != "granitemoe":
         notes.append("PEFT adapts some families' experts and router (Mixtral's), which the adapters here leave out")
     if arch.objective == "causal-lm":
-        if config.model is None and arch.family not in MEASURED_DECODER_FAMILIES:
+        measured = MEASURED_SHARDED_DECODER_FAMILIES if config.distributed == "fsdp" else MEASURED_DECODER_FAMILIES
+        if config.model is None and arch.family not in measured:
             notes.append(f"no {arch.family} decoder was measured (its layers are Llama's, so the model applies)")
         if not is_mixed(config):
             notes.append("decoders were measured in bf16 only")
