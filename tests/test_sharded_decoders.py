@@ -100,7 +100,7 @@ def test_each_ranks_peaks_are_predicted_within_ten_percent_of_the_plain_trainer(
 
 
 BATCHES = RESULTS_4.parent / "batches"
-LARGER_RUNS = sorted(BATCHES.glob("run-*.json")) + [RESULTS_4.parent / "lora_reserve" / "run-lora-8192-snapshot.json"]
+LARGER_RUNS = [*sorted(BATCHES.glob("run-*.json")), RESULTS_4.parent / "lora_reserve" / "run-lora-8192-snapshot.json"]
 BATCH_PRESETS = {"tied": "llama-3.2-1b", "tiedlora": "llama-3.2-1b", **PRESETS}
 RESERVE_HELD_OUT_MISS = {"run-tied-4096-b8": 0.13}
 """llama-3.2-1b (embeddings tied to the LM head) fully fine-tuned at batch 8, seq 4096, predicted before it ran: the

@@ -229,10 +229,12 @@ def fsdp_cache_bytes(config: RunConfig, arch: Architecture, shapes: ParameterSha
       are in use there and the 16-bit logits' block holds the gradient's 16-bit cast; free are one fp32 logits' block
       (the upcast's), an all-gather buffer of the LM head's unit and init's leftovers (`FSDP_INIT_LEFTOVER_VOCABULARY`).
       Memory snapshots of llama-3.1-8b with LoRA 16 on 4 H200s (benchmarks/results/h200x4/lora_reserve/) held free
-      at the peak 2.42, 4.95 and 6.77 GB at seq 1024, 4096 and 8192 (this: 2.97, 4.55, 6.65) in segments of those
-      sizes; at batch 10 and 11 (seq 4096) 19.40 and 22.59 (23.45, 25.55), a full fine-tune at batch 14 and 15 (seq
-      2048) 21.43 and 23.88 (22.87, 23.93; h200x4/fit_limit/). Three fp32 logits' worth said 13.5 at seq 8192, and
-      one fp32 and one 16-bit logits +14% reserved at batch 10."""
+      at the peak 2.42, 4.95 and 6.77 GB at seq 1024, 4096 and 8192 (this: 2.98, 4.55, 6.66) in segments of those
+      sizes; at batch 10 and 11 (seq 4096) 19.40 and 22.59 (23.47, 25.56), a full fine-tune at batch 14 and 15 (seq
+      2048) 21.43 and 23.88 (22.89, 23.94; h200x4/batches/). Three fp32 logits' worth said 13.5 at seq 8192, and
+      one fp32 and one 16-bit logits +14% reserved at batch 10. Held out at batch 8 (seq 4096): not sized where a
+      layer's transient blocks or the logits outweigh the rest (mistral-7b LoRA: 8.94 GB free, this 5.55; llama-3.2-1b
+      full: 10.67, this 19.32), docs/several-gpus.md."""
     if not fsdp_decoder(config, arch):
         return 0
     layer, vocab, trained = _fsdp_units(config, arch, shapes)
