@@ -134,3 +134,10 @@ def test_a_run_that_fits_only_once_the_cache_is_given_back_says_so(db_path):
     prediction = json.loads(run_cli([*flags, "--json"], db_path).stdout)
     assert prediction["peak_device_bytes"] > 80 * GIB and "batch 4 fits" in text
     assert "of allocator cache above the peak allocated: near the limit the allocator frees" in text
+    # a ladder step alike: LoRA makes batch 8 at seq 4096 fit 2 × 80 GiB with a peak device above it
+    ladder_flags = ["predict", "--preset", "llama-3.1-8b", "--gpus", "2", "--distributed", "fsdp", "--precision",
+                    "bf16", "--grad-checkpointing", "--seq-len", "4096", "--batch-size", "8", "--gpu-memory", "80GiB"]
+    ladder = json.loads(run_cli([*ladder_flags, "--json"], db_path).stdout)["fit_ladder"]
+    lora = next(step for step in ladder if step["flags"].startswith("--lora"))
+    assert lora["fits"] and lora["peak_device_bytes"] > 80 * GIB
+    assert "fits (its allocator cache given back near the limit)" in run_cli(ladder_flags, db_path).stdout

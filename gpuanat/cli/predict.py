@@ -116,6 +116,8 @@ def print_fit_ladder(ladder: list[dict[str, Any]], config: Any, gpu_memory: int)
             print(f"  · {step['technique']:<44} left out: {step['refused']}")
             continue
         verdict = "fits" if step["fits"] else "does not fit"
+        if step["fits"] and step["peak_device_bytes"] > gpu_memory:  # as for the run itself, above
+            verdict = "fits (its allocator cache given back near the limit)"
         print(f"  + {step['technique']:<44} {step['flags']:<40} peak {format_bytes(step['peak_device_bytes']):>10}"
               f"  {verdict}")
     if not any(step["fits"] for step in ladder):
