@@ -277,7 +277,7 @@ def sharded_decoder_notes(config: RunConfig) -> list[str]:
         notes.append(f"decoders under {config.distributed} were measured with checkpointing only")
     if (config.ranks or 1) > 4:
         notes.append("decoders on several GPUs were measured on 2 and 4 (the allocator's cache under FSDP2 was "
-                     "fitted on 2)")
+                     "fitted there)")
     return notes
 
 
