@@ -126,7 +126,7 @@ def test_running_out_of_memory_says_what_is_predicted_to_fit():
 
 
 def test_a_run_that_fits_only_once_the_cache_is_given_back_says_so(db_path):
-    """FSDP2's cache above the peak (fitted on 2 H200s) can take the peak device past the GPU; near the limit the
+    """FSDP2's cache above the peak (fitted on 2 and 4 H200s) can take the peak device past the GPU; near the limit the
     allocator frees what it caches, so the run is said to fit, and why the two numbers disagree."""
     flags = ["predict", "--preset", "llama-3.1-8b", "--gpus", "8", "--distributed", "fsdp", "--precision", "bf16",
              "--seq-len", "2048", "--gpu-memory", "80GiB"]
