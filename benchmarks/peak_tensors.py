@@ -20,9 +20,9 @@ LIBRARY_PARTS = ("/torch/", "<frozen", "/contextlib.py", "/functools.py")
 """Frames skipped when naming where a block came from: torch's and Python's own plumbing."""
 
 
-def _where(frames: list[dict[str, Any]], depth: int = 3) -> str:
-    """The innermost `depth` frames outside LIBRARY_PARTS, innermost first."""
-    chosen = [frame for frame in frames if not any(part in frame.get("filename", "") for part in LIBRARY_PARTS)]
+def _where(frames: list[dict[str, Any]], depth: int = 3, skipped: tuple[str, ...] = LIBRARY_PARTS) -> str:
+    """The innermost `depth` frames outside `skipped` (torch's and Python's plumbing), innermost first."""
+    chosen = [frame for frame in frames if not any(part in frame.get("filename", "") for part in skipped)]
     return " < ".join(f"{Path(frame['filename']).name}:{frame['line']} {frame['name']}" for frame in chosen[:depth])
 
 

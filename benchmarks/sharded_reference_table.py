@@ -20,8 +20,10 @@ from gpuanat.core.memory.predict import estimate_memory, peak_device_bytes, peak
 from gpuanat.core.run.config import RunConfig
 
 GB = 1e9
-MODELS = {"mistral": "mistral-7b", "qwen": "qwen2.5-7b", "mistrallora": "mistral-7b", "qwenlora": "qwen2.5-7b"}
-"""A case's name before its dash: the preset whose config the checkpoint had (llama-3.1-8b's otherwise)."""
+MODELS = {"mistral": "mistral-7b", "qwen": "qwen2.5-7b", "mistrallora": "mistral-7b", "qwenlora": "qwen2.5-7b",
+          "tied": "llama-3.2-1b", "tiedlora": "llama-3.2-1b"}
+"""A recorded run's name before its first dash: the preset whose config its checkpoint had (llama-3.1-8b's
+otherwise; tied: h200x4/batches/)."""
 TECHNIQUES = {"fsdp": "FSDP2", "random": "FSDP2", "bf16w": "FSDP2", "batch2": "FSDP2", "mistral": "FSDP2",
               "qwen": "FSDP2", "lora": "FSDP2 + LoRA 16", "mistrallora": "FSDP2 + LoRA 16",
               "qwenlora": "FSDP2 + LoRA 16", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
@@ -40,12 +42,19 @@ def percent(predicted: int, measured: int) -> str:
     return f"{100 * (predicted - measured) / measured:+.1f}%".replace("-", "−")
 
 
+def recorded_run(run_path: Path) -> tuple[RunConfig, dict]:
+    """A recorded `gpuanat run --json` (run-NAME.json: its last JSON line) and its configuration with the preset in
+    place of the checkpoint, so that the prediction reads the architecture without the checkpoint."""
+    result = json.loads([line for line in run_path.read_text().splitlines() if line.startswith("{")][-1])
+    kind = run_path.stem.removeprefix("run-").split("-")[0]
+    return dataclasses.replace(RunConfig.from_json(result["config"]), model=None,
+                               preset=MODELS.get(kind, "llama-3.1-8b")), result
+
+
 def row(run_path: Path, fitted: set[str]) -> tuple[tuple[bool, int, int], str]:
     case = run_path.stem.removeprefix("run-")
     kind, seq = case.split("-")[0], case.split("-")[-1]
-    result = json.loads([line for line in run_path.read_text().splitlines() if line.startswith("{")][-1])
-    config = dataclasses.replace(RunConfig.from_json(result["config"]), model=None,
-                                 preset=MODELS.get(kind, "llama-3.1-8b"))
+    config, result = recorded_run(run_path)
     references = map(json.loads, run_path.with_name(f"reference-{case}.jsonl").read_text().splitlines())
     reference = min(references, key=lambda line: line["rank"])
     rank = next(rank for rank in result["ranks"] if rank["gpu_index"] == reference["local_rank"])

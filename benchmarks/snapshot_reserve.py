@@ -60,7 +60,7 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
     groups: dict[str, dict[str, int]] = defaultdict(lambda: {"segments": 0, "bytes": 0, "largest_bytes": 0,
                                                              "allocated_bytes": 0})
     starts = sorted((segment["addr"], segment["addr"] + segment["size"],
-                     _where(segment.get("made_by") or segment.get("frames", []))) for segment in alive)
+                     _where(_made_by(segment))) for segment in alive)
     for start, end, where in starts:
         groups[where]["segments"] += 1
         groups[where]["bytes"] += end - start
@@ -79,14 +79,13 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
             "largest_segments": [{"bytes": starts[position][1] - starts[position][0],
                                   "allocated_bytes": allocated_in[position],
                                   "created_event": by_start[starts[position][0]]["created_event"],
-                                  "made_by": _frames(by_start[starts[position][0]])}
+                                  "made_by": _where(_made_by(by_start[starts[position][0]]), 8, skipped=())}
                                  for position in largest[:LARGEST_SEGMENTS_LISTED]]}
 
 
-def _frames(segment: dict[str, Any], depth: int = 8) -> str:
-    """The innermost `depth` frames of the request a segment was reserved for, torch's own included."""
-    frames = segment.get("made_by") or segment.get("frames", [])
-    return " < ".join(f"{Path(frame['filename']).name}:{frame['line']} {frame['name']}" for frame in frames[:depth])
+def _made_by(segment: dict[str, Any]) -> list[dict[str, Any]]:
+    """The frames of the request a segment was reserved for: its first block's, whole, else the segment event's."""
+    return segment.get("made_by") or segment.get("frames", [])
 
 
 def main() -> int:

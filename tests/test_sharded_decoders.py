@@ -27,20 +27,19 @@ from gpuanat.core.memory.predict import (
 from gpuanat.core.memory.shapes import parameter_shapes
 from gpuanat.core.run.config import RunConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from sharded_reference_table import recorded_run  # the recorded runs' reading, as the docs' tables make it
+
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "h200x2" / "sharded_reference"
 RESULTS_4 = RESULTS.parents[1] / "h200x4" / "sharded_reference"
 CASES = [path for folder in (RESULTS, RESULTS_4) for path in
          sorted(folder.glob("run-*.json")) + sorted((folder / "held_out").glob("run-*.json"))]
-PRESETS = {"mistral": "mistral-7b", "qwen": "qwen2.5-7b", "mistrallora": "mistral-7b", "qwenlora": "qwen2.5-7b"}
-"""The checkpoints were random weights of these presets' configs (llama-3.1-8b's from benchmarks/configs)."""
 
 
 def _recorded(run_path: Path) -> tuple[RunConfig, dict, list[dict]]:
-    result = json.loads([line for line in run_path.read_text().splitlines() if line.startswith("{")][-1])
-    case = run_path.stem.removeprefix("run-")
-    config = dataclasses.replace(RunConfig.from_json(result["config"]), model=None,
-                                 preset=PRESETS.get(case.split("-")[0], "llama-3.1-8b"))
-    reference_path = run_path.with_name(f"reference-{case}.jsonl")
+    """The run, its configuration (the preset its checkpoint's config came from) and the reference's lines."""
+    config, result = recorded_run(run_path)
+    reference_path = run_path.with_name(f"reference-{run_path.stem.removeprefix('run-')}.jsonl")
     references = [json.loads(line) for line in reference_path.read_text().splitlines()]
     return config, result, references
 
@@ -101,7 +100,6 @@ def test_each_ranks_peaks_are_predicted_within_ten_percent_of_the_plain_trainer(
 
 BATCHES = RESULTS_4.parent / "batches"
 LARGER_RUNS = [*sorted(BATCHES.glob("run-*.json")), RESULTS_4.parent / "lora_reserve" / "run-lora-8192-snapshot.json"]
-BATCH_PRESETS = {"tied": "llama-3.2-1b", "tiedlora": "llama-3.2-1b", **PRESETS}
 RESERVE_HELD_OUT_MISS = {"run-tied-4096-b8": 0.13}
 """llama-3.2-1b (embeddings tied to the LM head) fully fine-tuned at batch 8, seq 4096, predicted before it ran: the
 allocator held 10.67 GB above the peak where the model says 19.32 (one fp32 logits' block of 16.8 GB free at the
@@ -114,10 +112,7 @@ def test_larger_batches_and_sequences_peak_as_predicted(run_path):
     which measured the plain Trainer's peaks to the byte in every case above: the peak allocated predicted within
     0.1%, the reserve within 10% (the cache where the peak is in the passes was fitted on the first four and the
     snapshots; the six of 2026-11-27 held out)."""
-    result = json.loads([line for line in run_path.read_text().splitlines() if line.startswith("{")][-1])
-    kind = run_path.stem.removeprefix("run-").split("-")[0]
-    config = dataclasses.replace(RunConfig.from_json(result["config"]), model=None,
-                                 preset=BATCH_PRESETS.get(kind, "llama-3.1-8b"))
+    config, result = recorded_run(run_path)
     estimate = estimate_memory(config)
     assert result["status"] == "ok" and len(result["ranks"]) == config.ranks == 4
     for rank in result["ranks"]:

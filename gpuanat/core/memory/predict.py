@@ -219,7 +219,7 @@ def unreadable_model_reason(config: RunConfig) -> str | None:
 
 MEASURED_DECODER_FAMILIES = ("llama", "qwen2")
 """Decoder families the H100 matrix measured (docs/llm.md): llama-3.2-1b, llama-3.1-8b (QLoRA), qwen2.5-0.5b."""
-MEASURED_SHARDED_DECODER_FAMILIES = ("llama", "qwen2", "mistral")
+MEASURED_SHARDED_DECODER_FAMILIES = (*MEASURED_DECODER_FAMILIES, "mistral")
 """Decoder families measured under FSDP2 on 2 and 4 H200s against a plain Trainer (docs/several-gpus.md):
 llama-3.1-8b, qwen2.5-7b, mistral-7b."""
 CHECKED_MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "opt", "gpt_neox", "gemma3_text", "granitemoe", "olmo2", "bert",
