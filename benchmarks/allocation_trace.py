@@ -44,19 +44,37 @@ CONFIGS: tuple[dict[str, Any], ...] = (
     {"precision": "fp16", "grad_checkpointing": True, "optim": "adafactor"},
 )
 """Every technique set of the largest-batch trials on record (benchmarks/results/h100/anatomy/edge/ and before)."""
-ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-           "segment_unmap", "oom")
+ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+)
 
 
 def compact(snapshot: dict[str, Any]) -> dict[str, Any]:
     """What a replay needs of torch's snapshot: the events of device 0, in order, as [action, address, size,
     stream] (an out-of-memory event's address is the device's free memory then), and the segments alive when it was
     written."""
-    events = [[entry["action"], entry.get("addr", entry.get("device_free")), entry["size"], entry["stream"]]
-              for entry in snapshot["device_traces"][0] if entry["action"] in ACTIONS]
-    segments = [{"address": segment["address"], "total_size": segment["total_size"],
-                 "allocated_size": segment["allocated_size"], "segment_type": segment["segment_type"]}
-                for segment in snapshot["segments"] if segment["device"] == 0]
+    events = [
+        [entry["action"], entry.get("addr", entry.get("device_free")), entry["size"], entry["stream"]]
+        for entry in snapshot["device_traces"][0]
+        if entry["action"] in ACTIONS
+    ]
+    segments = [
+        {
+            "address": segment["address"],
+            "total_size": segment["total_size"],
+            "allocated_size": segment["allocated_size"],
+            "segment_type": segment["segment_type"],
+        }
+        for segment in snapshot["segments"]
+        if segment["device"] == 0
+    ]
     return {"events": events, "segments": segments, "device": snapshot.get("gpuanat", {})}
 
 
@@ -64,10 +82,22 @@ def record(overrides: dict[str, Any], batch_size: int, out_dir: Path) -> dict[st
     started_s = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         snapshot_path = Path(folder) / "snapshot.pickle"
-        completed = subprocess.run([sys.executable, "-m", "gpuanat", "run", *flags(overrides, batch_size),
-                                    "--memory-snapshot", str(snapshot_path), "--json"],
-                                   capture_output=True, text=True, check=False,
-                                   env={**os.environ, "GPUANAT_DB": str(Path(folder) / "runs.sqlite")})
+        completed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpuanat",
+                "run",
+                *flags(overrides, batch_size),
+                "--memory-snapshot",
+                str(snapshot_path),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "GPUANAT_DB": str(Path(folder) / "runs.sqlite")},
+        )
         lines = completed.stdout.strip().splitlines()
         result = json.loads(lines[-1]) if lines else {}
         if not snapshot_path.is_file():
@@ -75,27 +105,54 @@ def record(overrides: dict[str, Any], batch_size: int, out_dir: Path) -> dict[st
             return {"overrides": overrides, "batch_size": batch_size, "status": "no snapshot"}
         with snapshot_path.open("rb") as file:
             trace = compact(pickle.load(file))
-    trace.update({"overrides": overrides, "batch_size": batch_size, "status": result.get("status"),
-                  "config": result.get("config"), "peak_allocated_bytes": result.get("peak_allocated_bytes"),
-                  "peak_reserved_bytes": result.get("peak_reserved_bytes"), "error": result.get("error")})
+    trace.update(
+        {
+            "overrides": overrides,
+            "batch_size": batch_size,
+            "status": result.get("status"),
+            "config": result.get("config"),
+            "peak_allocated_bytes": result.get("peak_allocated_bytes"),
+            "peak_reserved_bytes": result.get("peak_reserved_bytes"),
+            "error": result.get("error"),
+        }
+    )
     name = "_".join(f"{key}-{value}" for key, value in sorted(overrides.items())) + f"_b{batch_size}.json.gz"
     with gzip.open(out_dir / name, "wt") as file:
         json.dump(trace, file)
     seconds = time.perf_counter() - started_s
-    print(f"{json.dumps(overrides)} batch {batch_size}: {trace['status']}, {len(trace['events'])} events "
-          f"({seconds:.0f} s)", flush=True)
-    return {"overrides": overrides, "batch_size": batch_size, "status": trace["status"], "file": name,
-            "events": len(trace["events"]), "seconds": seconds}
+    print(
+        f"{json.dumps(overrides)} batch {batch_size}: {trace['status']}, {len(trace['events'])} events "
+        f"({seconds:.0f} s)",
+        flush=True,
+    )
+    return {
+        "overrides": overrides,
+        "batch_size": batch_size,
+        "status": trace["status"],
+        "file": name,
+        "events": len(trace["events"]),
+        "seconds": seconds,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("--batches", type=lambda text: [int(part) for part in text.split(",")], default=[8, 12, 16],
-                        metavar="N,N,...", help="batch sizes to record each configuration at (8,12,16)")
+    parser.add_argument(
+        "--batches",
+        type=lambda text: [int(part) for part in text.split(",")],
+        default=[8, 12, 16],
+        metavar="N,N,...",
+        help="batch sizes to record each configuration at (8,12,16)",
+    )
     parser.add_argument("--parallel", type=int, default=1, metavar="K", help="configurations recorded at once (1)")
-    parser.add_argument("--only", type=json.loads, action="append", metavar="JSON",
-                        help="record only these configurations (RunConfig overrides)")
+    parser.add_argument(
+        "--only",
+        type=json.loads,
+        action="append",
+        metavar="JSON",
+        help="record only these configurations (RunConfig overrides)",
+    )
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     configs = args.only or CONFIGS

@@ -40,14 +40,19 @@ def main(only: list[str]) -> int:
             continue
         measured_activations = bands.get("activations_bytes")
         activations = predicted["activations_bytes"]
-        band = (f"{activations / GIB:6.2f} vs {measured_activations / GIB:6.2f} GiB "
-                f"({100 * (activations - measured_activations) / measured_activations:+6.1f}%)"
-                if measured_activations else "not measured")
+        band = (
+            f"{activations / GIB:6.2f} vs {measured_activations / GIB:6.2f} GiB "
+            f"({100 * (activations - measured_activations) / measured_activations:+6.1f}%)"
+            if measured_activations
+            else "not measured"
+        )
         errors.append(abs(predicted["error_pct"]))
         print(f"{run['key']:70s} peak {predicted['error_pct']:+6.1f}%  activations {band}")
     if errors:
-        print(f"{len(errors)} runs predicted: {sum(error <= 10 for error in errors)} within 10% of the measured peak "
-              f"allocated memory, the largest error {max(errors):.1f}%")
+        print(
+            f"{len(errors)} runs predicted: {sum(error <= 10 for error in errors)} within 10% of the measured peak "
+            f"allocated memory, the largest error {max(errors):.1f}%"
+        )
     return 0
 
 

@@ -57,14 +57,21 @@ def _read_by_child(step: dict[str, Any]) -> bool:
 
 
 def _child_reading(reading_step: dict[str, Any], step: dict[str, Any], read_by: str) -> dict[str, Any]:
-    return {"nvml_read_by": read_by, "gap_s": reading_step["monotonic_s"] - step["monotonic_s"],
-            "device_used_bytes": reading_step["nvml_device_used_bytes"],
-            "process_used_bytes": reading_step["nvml_process_used_bytes"]}
+    return {
+        "nvml_read_by": read_by,
+        "gap_s": reading_step["monotonic_s"] - step["monotonic_s"],
+        "device_used_bytes": reading_step["nvml_device_used_bytes"],
+        "process_used_bytes": reading_step["nvml_process_used_bytes"],
+    }
 
 
 def _sampler_reading(sample: Sample, step: dict[str, Any], pid: int, read_by: str) -> dict[str, Any]:
-    return {"nvml_read_by": read_by, "gap_s": sample.t_s - step["monotonic_s"],
-            "device_used_bytes": sample.gpus[0].used_bytes, "process_used_bytes": sample.process_used_bytes([pid])}
+    return {
+        "nvml_read_by": read_by,
+        "gap_s": sample.t_s - step["monotonic_s"],
+        "device_used_bytes": sample.gpus[0].used_bytes,
+        "process_used_bytes": sample.process_used_bytes([pid]),
+    }
 
 
 def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | None:
@@ -99,13 +106,19 @@ def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | No
             record.update(_child_reading(first, step, same_state))
         else:  # an older probe's run: no reading of this state at all; the nearest sample, flagged
             index = bisect.bisect_left(times, step["monotonic_s"])
-            nearest = min((i for i in (index - 1, index) if 0 <= i < len(samples)),
-                          key=lambda i: abs(times[i] - step["monotonic_s"]))
+            nearest = min(
+                (i for i in (index - 1, index) if 0 <= i < len(samples)),
+                key=lambda i: abs(times[i] - step["monotonic_s"]),
+            )
             record.update(_sampler_reading(samples[nearest], step, pid, "sampler, outside the window"))
         # The bands as gpuanat shows them, from the probe's last exact measurement and this reading.
-        memory = assemble_bands(ProbeBands.from_json(bands) if bands else None, reserved_bytes=step["reserved_bytes"],
-                                device_used_bytes=record["device_used_bytes"], device_total_bytes=None,
-                                process_used_bytes=record["process_used_bytes"])
+        memory = assemble_bands(
+            ProbeBands.from_json(bands) if bands else None,
+            reserved_bytes=step["reserved_bytes"],
+            device_used_bytes=record["device_used_bytes"],
+            device_total_bytes=None,
+            process_used_bytes=record["process_used_bytes"],
+        )
         record["other_processes_bytes"] = memory.other_processes_bytes
         record["cuda_context_bytes"] = memory.cuda_context_bytes
         if memory.temporaries_and_cache_bytes is not None:
@@ -114,19 +127,30 @@ def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | No
     context = statistics.median(record["cuda_context_bytes"] for record in records)
     for record in records:
         fixed_sum = record["other_processes_bytes"] + context + record["reserved_bytes"]
-        record["fixed_context_error_percent"] = 100.0 * (fixed_sum - record["device_used_bytes"]) / record[
-            "device_used_bytes"]
-        record["negative_bands"] = [name for name in ("other_processes_bytes", "cuda_context_bytes",
-                                                      "temporaries_and_cache_bytes") if record.get(name, 0) < 0]
+        record["fixed_context_error_percent"] = (
+            100.0 * (fixed_sum - record["device_used_bytes"]) / record["device_used_bytes"]
+        )
+        record["negative_bands"] = [
+            name
+            for name in ("other_processes_bytes", "cuda_context_bytes", "temporaries_and_cache_bytes")
+            if record.get(name, 0) < 0
+        ]
     errors = [abs(record["fixed_context_error_percent"]) for record in records]
     return {
-        "run_id": run_id, "step_records": len(records), "cuda_context_median_bytes": context,
-        "cuda_context_range_bytes": [min(r["cuda_context_bytes"] for r in records),
-                                     max(r["cuda_context_bytes"] for r in records)],
-        "max_abs_error_percent": max(errors), "within_tolerance": sum(error <= TOLERANCE_PERCENT for error in errors),
+        "run_id": run_id,
+        "step_records": len(records),
+        "cuda_context_median_bytes": context,
+        "cuda_context_range_bytes": [
+            min(r["cuda_context_bytes"] for r in records),
+            max(r["cuda_context_bytes"] for r in records),
+        ],
+        "max_abs_error_percent": max(errors),
+        "within_tolerance": sum(error <= TOLERANCE_PERCENT for error in errors),
         "max_abs_gap_s": max(abs(record["gap_s"]) for record in records),
-        "records_by_reading": {reading: sum(record["nvml_read_by"] == reading for record in records)
-                               for reading in sorted({record["nvml_read_by"] for record in records})},
+        "records_by_reading": {
+            reading: sum(record["nvml_read_by"] == reading for record in records)
+            for reading in sorted({record["nvml_read_by"] for record in records})
+        },
         "records_with_negative_bands": sum(bool(record["negative_bands"]) for record in records),
         "records": records,
     }
@@ -140,8 +164,9 @@ def _json_entries(path: Path) -> list[dict[str, Any]]:
         documents = loaded if isinstance(loaded, list) else [loaded]
     except ValueError:
         documents = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return [bands_of_one_moment(document) for document in documents
-            if isinstance(document, dict) and document.get("bands")]
+    return [
+        bands_of_one_moment(document) for document in documents if isinstance(document, dict) and document.get("bands")
+    ]
 
 
 def check_results(paths: list[Path]) -> dict[str, Any]:
@@ -154,21 +179,32 @@ def check_results(paths: list[Path]) -> dict[str, Any]:
             error = stack_sum_error_percent(entry)
             if error is not None:
                 errors.append(error)
-    return {"checked": checked, "with_device_used": len(errors),
-            "max_abs_error_percent": max(map(abs, errors)) if errors else None, "problems": problems}
+    return {
+        "checked": checked,
+        "with_device_used": len(errors),
+        "max_abs_error_percent": max(map(abs, errors)) if errors else None,
+        "problems": problems,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("db", type=Path, nargs="?")
-    parser.add_argument("--results", type=Path, nargs="+", default=[],
-                        help="JSON results (run --json) and JSON-lines records (watch --json) to check instead")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="JSON results (run --json) and JSON-lines records (watch --json) to check instead",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.results:
         report = check_results(args.results)
-        print(f"{report['checked']} results and records with bands; {report['with_device_used']} beside a device "
-              f"reading, max |sum - used| {report['max_abs_error_percent']}%; {len(report['problems'])} problems")
+        print(
+            f"{report['checked']} results and records with bands; {report['with_device_used']} beside a device "
+            f"reading, max |sum - used| {report['max_abs_error_percent']}%; {len(report['problems'])} problems"
+        )
         for problem in report["problems"]:
             print(f"  {problem}")
         args.out.write_text(json.dumps(report, indent=1))
@@ -184,13 +220,15 @@ def main() -> None:
                 continue
             checked["name"] = run.name
             report.append(checked)
-            print(f"run {run.id} {run.name!r}: {checked['within_tolerance']}/{checked['step_records']} step records "
-                  f"within {TOLERANCE_PERCENT}%, max error {checked['max_abs_error_percent']:.2f}%, context "
-                  f"{checked['cuda_context_range_bytes'][0] / 2**20:.0f}-"
-                  f"{checked['cuda_context_range_bytes'][1] / 2**20:.0f} MiB, "
-                  f"max gap {checked['max_abs_gap_s']:.2f} s, "
-                  f"NVML read by {checked['records_by_reading']}, "
-                  f"{checked['records_with_negative_bands']} with a negative band")
+            print(
+                f"run {run.id} {run.name!r}: {checked['within_tolerance']}/{checked['step_records']} step records "
+                f"within {TOLERANCE_PERCENT}%, max error {checked['max_abs_error_percent']:.2f}%, context "
+                f"{checked['cuda_context_range_bytes'][0] / 2**20:.0f}-"
+                f"{checked['cuda_context_range_bytes'][1] / 2**20:.0f} MiB, "
+                f"max gap {checked['max_abs_gap_s']:.2f} s, "
+                f"NVML read by {checked['records_by_reading']}, "
+                f"{checked['records_with_negative_bands']} with a negative band"
+            )
     args.out.write_text(json.dumps(report, indent=1))
 
 

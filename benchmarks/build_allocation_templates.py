@@ -38,10 +38,13 @@ def faithful(trace: dict[str, Any], capacity_bytes: int) -> dict[str, Any]:
     requests = requests_of(trace["events"])
     replayed = replay(requests.operations, requests.sizes, capacity_bytes)
     recorded_segments = [size for action, _address, size, _stream in trace["events"] if action == "segment_alloc"]
-    return {"batch_size": trace["batch_size"], "same_segments": list(replayed.reservations) == recorded_segments,
-            "segments": len(recorded_segments),
-            "peak_allocated_difference_bytes": replayed.peak_allocated_bytes - trace["peak_allocated_bytes"],
-            "peak_reserved_difference_bytes": replayed.peak_reserved_bytes - trace["peak_reserved_bytes"]}
+    return {
+        "batch_size": trace["batch_size"],
+        "same_segments": list(replayed.reservations) == recorded_segments,
+        "segments": len(recorded_segments),
+        "peak_allocated_difference_bytes": replayed.peak_allocated_bytes - trace["peak_allocated_bytes"],
+        "peak_reserved_difference_bytes": replayed.peak_reserved_bytes - trace["peak_reserved_bytes"],
+    }
 
 
 def main() -> int:
@@ -49,8 +52,12 @@ def main() -> int:
     parser.add_argument("traces", type=Path)
     parser.add_argument("--out", type=Path, default=TEMPLATES_DIR)
     parser.add_argument("--report", type=Path)
-    parser.add_argument("--gpu-memory-bytes", type=int, required=True,
-                        help="the recording GPU's memory as NVML reports it (the H100 80GB HBM3: 85520809984)")
+    parser.add_argument(
+        "--gpu-memory-bytes",
+        type=int,
+        required=True,
+        help="the recording GPU's memory as NVML reports it (the H100 80GB HBM3: 85520809984)",
+    )
     parser.add_argument("--gpu", required=True, help="the recording GPU's name, as NVML gives it")
     parser.add_argument("--torch", required=True, help="the recording torch's version (torch.__version__)")
     parser.add_argument("--transformers", required=True, help="the recording transformers' version")
@@ -66,8 +73,7 @@ def main() -> int:
         if trace["status"] == "ok":
             by_config.setdefault(json.dumps(trace["overrides"], sort_keys=True), []).append(trace)
     args.out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"capacity_bytes": {"fp32": capacities[False], "mixed": capacities[True]},
-                              "templates": []}
+    report: dict[str, Any] = {"capacity_bytes": {"fp32": capacities[False], "mixed": capacities[True]}, "templates": []}
     for key, recorded in sorted(by_config.items()):
         recorded.sort(key=lambda trace: trace["batch_size"])
         if len(recorded) < 2:
@@ -82,19 +88,31 @@ def main() -> int:
         config = recorded[0]["config"]
         capacity_bytes = capacities[config["precision"] != "fp32"]
         name = template_name(config)
-        document = {"config": config, "recorded_batch_sizes": list(template.recorded_batch_sizes),
-                    "gpu_memory_bytes": args.gpu_memory_bytes,
-                    "recorded_with": {"gpu": args.gpu, "torch": args.torch, "transformers": args.transformers},
-                    "capacity_bytes": capacity_bytes, "operations": list(template.operations),
-                    "base_bytes": list(template.base_bytes), "per_sample_bytes": list(template.per_sample_bytes)}
+        document = {
+            "config": config,
+            "recorded_batch_sizes": list(template.recorded_batch_sizes),
+            "gpu_memory_bytes": args.gpu_memory_bytes,
+            "recorded_with": {"gpu": args.gpu, "torch": args.torch, "transformers": args.transformers},
+            "capacity_bytes": capacity_bytes,
+            "operations": list(template.operations),
+            "base_bytes": list(template.base_bytes),
+            "per_sample_bytes": list(template.per_sample_bytes),
+        }
         with gzip.open(args.out / name, "wt") as file:
             json.dump(document, file, separators=(",", ":"))
-        entry = {"overrides": json.loads(key), "file": name, "allocations": len(template.base_bytes),
-                 "sizes_off_the_line": lines_checked,
-                 "replay_of_each_run": [faithful(trace, capacity_bytes) for trace in recorded]}
+        entry = {
+            "overrides": json.loads(key),
+            "file": name,
+            "allocations": len(template.base_bytes),
+            "sizes_off_the_line": lines_checked,
+            "replay_of_each_run": [faithful(trace, capacity_bytes) for trace in recorded],
+        }
         report["templates"].append(entry)
-        print(f"{key}: {entry['allocations']} allocations; off the line {lines_checked}; faithful "
-              f"{[run['same_segments'] for run in entry['replay_of_each_run']]}", flush=True)
+        print(
+            f"{key}: {entry['allocations']} allocations; off the line {lines_checked}; faithful "
+            f"{[run['same_segments'] for run in entry['replay_of_each_run']]}",
+            flush=True,
+        )
     if args.report:
         args.report.write_text(json.dumps(report, indent=1))
     return 0

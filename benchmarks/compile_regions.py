@@ -36,8 +36,16 @@ def train(variant: str, batch_size: int, seq_len: int, warmup_steps: int, steps:
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    config = RunConfig.from_json({"preset": preset, "batch_size": batch_size, "seq_len": seq_len, "device": device,
-                                  "precision": "bf16" if device == "cuda" else "fp32", "tf32": device == "cuda"})
+    config = RunConfig.from_json(
+        {
+            "preset": preset,
+            "batch_size": batch_size,
+            "seq_len": seq_len,
+            "device": device,
+            "precision": "bf16" if device == "cuda" else "fp32",
+            "tf32": device == "cuda",
+        }
+    )
     model = build_model(config)
     model.train()
     if variant in ("whole-attention-eager", "regions"):
@@ -51,6 +59,7 @@ def train(variant: str, batch_size: int, seq_len: int, warmup_steps: int, steps:
             BertOutput,
             BertSelfOutput,
         )
+
         for module in model.modules():
             if isinstance(module, (BertEmbeddings, BertIntermediate, BertOutput, BertSelfOutput)):
                 module.compile()
@@ -80,12 +89,19 @@ def train(variant: str, batch_size: int, seq_len: int, warmup_steps: int, steps:
     synchronize()
     elapsed_s = time.perf_counter() - started_s
     from torch._dynamo.utils import counters
-    return {"variant": variant, "batch_size": batch_size, "seq_len": seq_len,
-            "steady_samples_per_second": steps * batch_size / elapsed_s, "first_step_s": first_step_s,
-            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
-            "graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "graph_breaks": int(sum(counters["graph_break"].values())),
-            "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
+
+    return {
+        "variant": variant,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "steady_samples_per_second": steps * batch_size / elapsed_s,
+        "first_step_s": first_step_s,
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
 
 
 def main() -> None:
@@ -102,20 +118,41 @@ def main() -> None:
     args = parser.parse_args()
     if args.variant:
         try:
-            result = train(args.variant, args.batch_size, args.seq_len, args.warmup_steps, args.steps, args.preset,
-                           args.device)
+            result = train(
+                args.variant, args.batch_size, args.seq_len, args.warmup_steps, args.steps, args.preset, args.device
+            )
         except Exception as error:  # an OOM or a compile failure is a result too
-            result = {"variant": args.variant, "batch_size": args.batch_size, "error": f"{type(error).__name__}: "
-                      f"{str(error).splitlines()[0] if str(error) else ''}"}
+            result = {
+                "variant": args.variant,
+                "batch_size": args.batch_size,
+                "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+            }
         print(json.dumps(result), flush=True)
         return
     for variant in args.variants.split(","):
-        command = [sys.executable, __file__, "--variant", variant, "--batch-size", str(args.batch_size),
-                   "--seq-len", str(args.seq_len), "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps),
-                   "--preset", args.preset, "--device", args.device]
+        command = [
+            sys.executable,
+            __file__,
+            "--variant",
+            variant,
+            "--batch-size",
+            str(args.batch_size),
+            "--seq-len",
+            str(args.seq_len),
+            "--warmup-steps",
+            str(args.warmup_steps),
+            "--steps",
+            str(args.steps),
+            "--preset",
+            args.preset,
+            "--device",
+            args.device,
+        ]
         completed = subprocess.run(command, capture_output=True, text=True, check=False)
-        line = (completed.stdout.strip().splitlines() or [json.dumps({"variant": variant, "exit": completed.returncode,
-                                                                       "stderr": completed.stderr[-1500:]})])[-1]
+        line = (
+            completed.stdout.strip().splitlines()
+            or [json.dumps({"variant": variant, "exit": completed.returncode, "stderr": completed.stderr[-1500:]})]
+        )[-1]
         print(line, flush=True)
         if args.out:
             with open(args.out, "a") as file:

@@ -53,8 +53,10 @@ def _compute_pids(handle: Any) -> set[int]:
 
 
 def _max_step(db: Path) -> int:
-    with contextlib.suppress(sqlite3.Error), contextlib.closing(
-            sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+    with (
+        contextlib.suppress(sqlite3.Error),
+        contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection,
+    ):
         return connection.execute("SELECT MAX(step) FROM steps").fetchone()[0] or 0
     return 0
 
@@ -74,8 +76,14 @@ def run_scenario(name: str, handle: Any, workdir: Path) -> dict[str, Any]:
     baseline_bytes = _device_used_bytes(handle)
     stdout_path = workdir / f"{name}.stdout"
     with open(stdout_path, "w") as stdout, open(workdir / f"{name}.stderr", "w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "gpuanat", "run", *RUN], cwd=REPO, env=env, stdout=stdout,
-                                   stderr=stderr, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpuanat", "run", *RUN],
+            cwd=REPO,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+        )
     started_s = time.monotonic()
     parent = psutil.Process(process.pid)
     child = None
@@ -114,15 +122,23 @@ def run_scenario(name: str, handle: Any, workdir: Path) -> dict[str, Any]:
         (row,) = store.runs()
         stored_steps = len(store.steps(row.id))
     return {
-        "scenario": name, "signal": fault.name, "moment": moment, "steps_at_fault": steps_at_fault,
-        "gpuanat_exit_code": process.returncode, "gpuanat_exit_s": gpuanat_exit_s,
-        "training_processes_gone_s": child_gone_s, "device_memory_back_s": memory_back_s,
-        "device_used_before_run_bytes": baseline_bytes, "device_used_at_fault_bytes": used_at_fault,
+        "scenario": name,
+        "signal": fault.name,
+        "moment": moment,
+        "steps_at_fault": steps_at_fault,
+        "gpuanat_exit_code": process.returncode,
+        "gpuanat_exit_s": gpuanat_exit_s,
+        "training_processes_gone_s": child_gone_s,
+        "device_memory_back_s": memory_back_s,
+        "device_used_before_run_bytes": baseline_bytes,
+        "device_used_at_fault_bytes": used_at_fault,
         "device_used_after_bytes": _device_used_bytes(handle),
         "printed_status": printed["status"] if printed else None,
         "printed_steps": printed["steps"] if printed else None,
-        "history_status": row.status, "history_steps": stored_steps,
-        "history_result_steps": row.result.get("steps"), "history_finished_at": row.finished_at,
+        "history_status": row.status,
+        "history_steps": stored_steps,
+        "history_result_steps": row.result.get("steps"),
+        "history_finished_at": row.finished_at,
     }
 
 
@@ -133,8 +149,12 @@ def main() -> int:
     args = parser.parse_args()
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    results: dict[str, Any] = {"gpu": pynvml.nvmlDeviceGetName(handle), "driver": pynvml.nvmlSystemGetDriverVersion(),
-                               "run": RUN, "scenarios": []}
+    results: dict[str, Any] = {
+        "gpu": pynvml.nvmlDeviceGetName(handle),
+        "driver": pynvml.nvmlSystemGetDriverVersion(),
+        "run": RUN,
+        "scenarios": [],
+    }
     with tempfile.TemporaryDirectory(prefix="gpuanat-faults-") as workdir:
         for name in args.scenario or list(SCENARIOS):
             outcome = run_scenario(name, handle, Path(workdir))

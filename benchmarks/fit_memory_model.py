@@ -51,8 +51,11 @@ def is_training_row(run: dict[str, Any]) -> bool:
     return overrides.get("attn") == "eager" and overrides["batch_size"] == EAGER_FIT_BATCH
 
 
-def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None = None,
-        fp32_checkpointed_adafactor_search: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+def fit(
+    matrix: dict[str, Any],
+    mixed_checkpointed_search: dict[str, Any] | None = None,
+    fp32_checkpointed_adafactor_search: dict[str, Any] | None = None,
+) -> dict[str, dict[str, float]]:
     """Fragmentation differs between fp32 and mixed precision under checkpointing (reserved / allocated 1.10 vs
     1.03 at the largest batch): the mixed one comes from `mixed_checkpointed_search`, a `gpuanat fit --json`
     of bf16 with checkpointing, when given. With fp32 and checkpointing it also differs by optimizer (1.058 with
@@ -66,10 +69,13 @@ def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None
     for mixed in (False, True):
         for checkpointing in (False, True):
             precision = "bf16" if mixed else "fp32"
-            by_batch = {run["overrides"]["batch_size"]: run for run in rows
-                        if run["overrides"].get("precision") == precision
-                        and set(run["overrides"]) <= {"precision", "grad_checkpointing", "batch_size"}
-                        and bool(run["overrides"].get("grad_checkpointing")) == checkpointing}
+            by_batch = {
+                run["overrides"]["batch_size"]: run
+                for run in rows
+                if run["overrides"].get("precision") == precision
+                and set(run["overrides"]) <= {"precision", "grad_checkpointing", "batch_size"}
+                and bool(run["overrides"].get("grad_checkpointing")) == checkpointing
+            }
             small, large = (by_batch[batch] for batch in FIT_BATCHES)
             config = config_of(small)
             s, h = config.seq_len, preset.hidden_size
@@ -78,51 +84,77 @@ def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None
 
             def above_forward_end(run: dict[str, Any]) -> int:
                 bands = run["bands"]
-                return run["peak_allocated_bytes"] - (bands["weights_bytes"] + bands["optimizer_state_bytes"]
-                                                      + bands["activations_bytes"])
+                return run["peak_allocated_bytes"] - (
+                    bands["weights_bytes"] + bands["optimizer_state_bytes"] + bands["activations_bytes"]
+                )
 
             # The peak's excess over what is alive at the end of forward, per sample: with checkpointing a line
             # through the two largest rows, where the recompute peak binds; else through zero at the larger batch.
             if checkpointing:
                 low, high = (by_batch[batch] for batch in CHECKPOINTED_TEMPORARIES_BATCHES)
-                temporaries = ((above_forward_end(high) - above_forward_end(low))
-                               / (high["overrides"]["batch_size"] - low["overrides"]["batch_size"]) / (s * h))
+                temporaries = (
+                    (above_forward_end(high) - above_forward_end(low))
+                    / (high["overrides"]["batch_size"] - low["overrides"]["batch_size"])
+                    / (s * h)
+                )
                 temporaries_constant = above_forward_end(low) - temporaries * s * h * low["overrides"]["batch_size"]
             else:
                 temporaries = above_forward_end(large) / large["overrides"]["batch_size"] / (s * h)
                 temporaries_constant = 0.0
             key = f"{'mixed' if mixed else 'fp32'}{' checkpointed' if checkpointing else ''}"
-            entry = {"backward_temporaries": 0.0, "checkpointed": 0.0, "recompute_temporaries": 0.0,
-                     "recompute_constant_bytes": temporaries_constant, "moment_fragmentation": 0.0}
+            entry = {
+                "backward_temporaries": 0.0,
+                "checkpointed": 0.0,
+                "recompute_temporaries": 0.0,
+                "recompute_constant_bytes": temporaries_constant,
+                "moment_fragmentation": 0.0,
+            }
             if checkpointing:
                 entry["checkpointed"] = activations_slope / (s * h)
                 entry["recompute_temporaries"] = temporaries
-                eager = next(run for run in rows if run["overrides"].get("attn") == "eager"
-                             and run["overrides"]["precision"] == precision and run["overrides"]["grad_checkpointing"])
-                sdpa_peak = (large["peak_allocated_bytes"] - (large["overrides"]["batch_size"] - EAGER_FIT_BATCH)
-                             * (activations_slope + temporaries * s * h))
-                entry["eager_recompute_per_score"] = ((eager["peak_allocated_bytes"] - sdpa_peak)
-                                                      / (EAGER_FIT_BATCH * heads * s * s))
+                eager = next(
+                    run
+                    for run in rows
+                    if run["overrides"].get("attn") == "eager"
+                    and run["overrides"]["precision"] == precision
+                    and run["overrides"]["grad_checkpointing"]
+                )
+                sdpa_peak = large["peak_allocated_bytes"] - (large["overrides"]["batch_size"] - EAGER_FIT_BATCH) * (
+                    activations_slope + temporaries * s * h
+                )
+                entry["eager_recompute_per_score"] = (eager["peak_allocated_bytes"] - sdpa_peak) / (
+                    EAGER_FIT_BATCH * heads * s * s
+                )
             else:
                 entry["activations_per_layer"] = activations_slope / (layers * s * h)
                 entry["backward_temporaries"] = temporaries
-                eager = next(run for run in rows if run["overrides"].get("attn") == "eager"
-                             and run["overrides"]["precision"] == precision
-                             and not run["overrides"]["grad_checkpointing"])
-                sdpa_activations = (small["bands"]["activations_bytes"]
-                                    + activations_slope * (EAGER_FIT_BATCH - small["overrides"]["batch_size"]))
-                entry["eager_per_score"] = ((eager["bands"]["activations_bytes"] - sdpa_activations)
-                                            / (EAGER_FIT_BATCH * layers * heads * s * s))
+                eager = next(
+                    run
+                    for run in rows
+                    if run["overrides"].get("attn") == "eager"
+                    and run["overrides"]["precision"] == precision
+                    and not run["overrides"]["grad_checkpointing"]
+                )
+                sdpa_activations = small["bands"]["activations_bytes"] + activations_slope * (
+                    EAGER_FIT_BATCH - small["overrides"]["batch_size"]
+                )
+                entry["eager_per_score"] = (eager["bands"]["activations_bytes"] - sdpa_activations) / (
+                    EAGER_FIT_BATCH * layers * heads * s * s
+                )
                 entry["eager_recompute_per_score"] = 0.0
-                entry["half_copies_check_bytes"] = (small["bands"]["activations_bytes"]
-                                                    - activations_slope * small["overrides"]["batch_size"]
-                                                    - half_weight_copies_bytes(config, shapes))
+                entry["half_copies_check_bytes"] = (
+                    small["bands"]["activations_bytes"]
+                    - activations_slope * small["overrides"]["batch_size"]
+                    - half_weight_copies_bytes(config, shapes)
+                )
             fitted[key] = entry
     for name in ("fp32", "mixed"):
         fitted[f"{name} checkpointed"]["activations_per_layer"] = fitted[name]["activations_per_layer"]
         fitted[f"{name} checkpointed"]["eager_per_score"] = fitted[name]["eager_per_score"]
-    workspaces = [run["steps"][-1]["allocated_bytes"] - run["bands"]["weights_bytes"]
-                  - run["bands"]["optimizer_state_bytes"] for run in rows]
+    workspaces = [
+        run["steps"][-1]["allocated_bytes"] - run["bands"]["weights_bytes"] - run["bands"]["optimizer_state_bytes"]
+        for run in rows
+    ]
     fitted["constants"] = {"cublas_workspace_bytes": statistics.median(workspaces)}
     fp32_checkpointed_adamw: dict[str, Any] | None = None
     for search in matrix.get("max_batch", {}).get("searches", []):
@@ -136,19 +168,22 @@ def fit(matrix: dict[str, Any], mixed_checkpointed_search: dict[str, Any] | None
                 fp32_checkpointed_adamw = best
     if mixed_checkpointed_search is not None:
         largest = largest_trained(mixed_checkpointed_search["trials"], mixed_checkpointed_search["largest_batch_size"])
-        fitted["mixed checkpointed"]["cache_fraction"] = (largest["peak_reserved_bytes"]
-                                                          / largest["peak_allocated_bytes"] - 1)
+        fitted["mixed checkpointed"]["cache_fraction"] = (
+            largest["peak_reserved_bytes"] / largest["peak_allocated_bytes"] - 1
+        )
     if fp32_checkpointed_adafactor_search is not None and fp32_checkpointed_adamw is not None:
-        largest = largest_trained(fp32_checkpointed_adafactor_search["trials"],
-                                  fp32_checkpointed_adafactor_search["largest_batch_size"])
+        largest = largest_trained(
+            fp32_checkpointed_adafactor_search["trials"], fp32_checkpointed_adafactor_search["largest_batch_size"]
+        )
         fraction = largest["peak_reserved_bytes"] / largest["peak_allocated_bytes"] - 1
         adamw = fp32_checkpointed_adamw
-        adamw_config = RunConfig.from_json({"preset": "bert-large", "device": "cuda", "precision": "fp32",
-                                            "grad_checkpointing": True})
+        adamw_config = RunConfig.from_json(
+            {"preset": "bert-large", "device": "cuda", "precision": "fp32", "grad_checkpointing": True}
+        )
         fitted["fp32 checkpointed"]["cache_fraction"] = fraction
         fitted["fp32 checkpointed"]["moment_fragmentation"] = (
-            (adamw["peak_reserved_bytes"] - adamw["peak_allocated_bytes"] * (1 + fraction))
-            / large_moment_bytes(adamw_config, shapes))
+            adamw["peak_reserved_bytes"] - adamw["peak_allocated_bytes"] * (1 + fraction)
+        ) / large_moment_bytes(adamw_config, shapes)
     return fitted
 
 
@@ -157,8 +192,12 @@ def largest_trained(trials: list[dict[str, Any]], largest_batch_size: int) -> di
 
 
 def coefficient_table() -> dict[str, dict[str, float]]:
-    names = {(False, False): "fp32", (True, False): "mixed", (False, True): "fp32 checkpointed",
-             (True, True): "mixed checkpointed"}
+    names = {
+        (False, False): "fp32",
+        (True, False): "mixed",
+        (False, True): "fp32 checkpointed",
+        (True, True): "mixed checkpointed",
+    }
     return {names[key]: vars(value) for key, value in COEFFICIENTS.items()}
 
 
@@ -172,16 +211,19 @@ def evaluate(matrix: dict[str, Any]) -> dict[str, Any]:
         if run["status"] != "ok":
             continue
         estimate = estimate_memory(config_of(run))
-        rows.append({
-            "overrides": run["overrides"], "held_out": not is_training_row(run),
-            "measured_peak_allocated_bytes": run["peak_allocated_bytes"],
-            "predicted_peak_allocated_bytes": estimate.peak_allocated_bytes,
-            "peak_error_percent": percent(estimate.peak_allocated_bytes, run["peak_allocated_bytes"]),
-            "measured_activations_bytes": run["bands"]["activations_bytes"],
-            "predicted_activations_bytes": estimate.activations_bytes,
-            "measured_optimizer_state_bytes": run["bands"]["optimizer_state_bytes"],
-            "predicted_optimizer_state_bytes": estimate.optimizer_state_bytes,
-        })
+        rows.append(
+            {
+                "overrides": run["overrides"],
+                "held_out": not is_training_row(run),
+                "measured_peak_allocated_bytes": run["peak_allocated_bytes"],
+                "predicted_peak_allocated_bytes": estimate.peak_allocated_bytes,
+                "peak_error_percent": percent(estimate.peak_allocated_bytes, run["peak_allocated_bytes"]),
+                "measured_activations_bytes": run["bands"]["activations_bytes"],
+                "predicted_activations_bytes": estimate.activations_bytes,
+                "measured_optimizer_state_bytes": run["bands"]["optimizer_state_bytes"],
+                "predicted_optimizer_state_bytes": estimate.optimizer_state_bytes,
+            }
+        )
     searches = []
     total = matrix["environment"]["total_memory_bytes"]
     for search in matrix.get("max_batch", {}).get("searches", []):
@@ -189,10 +231,16 @@ def evaluate(matrix: dict[str, Any]) -> dict[str, Any]:
             continue
         config = RunConfig.from_json({"preset": "bert-large", "device": "cuda", "seq_len": 512, **search["overrides"]})
         predicted = max_batch_size(config, total)
-        searches.append({"overrides": search["overrides"], "held_out": search["overrides"] not in FIT_SEARCHES,
-                         "largest_batch_size": search["largest_batch_size"], "predicted": predicted,
-                         "predicted_fits": predicted <= search["largest_batch_size"],
-                         "plus_8_fails": predicted + 8 > search["largest_batch_size"]})
+        searches.append(
+            {
+                "overrides": search["overrides"],
+                "held_out": search["overrides"] not in FIT_SEARCHES,
+                "largest_batch_size": search["largest_batch_size"],
+                "predicted": predicted,
+                "predicted_fits": predicted <= search["largest_batch_size"],
+                "plus_8_fails": predicted + 8 > search["largest_batch_size"],
+            }
+        )
     return {"rows": rows, "max_batch": searches}
 
 
@@ -200,14 +248,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("matrix", type=Path)
     parser.add_argument("--json", type=Path, help="write the fit and the evaluation here")
-    parser.add_argument("--mixed-checkpointed-search", type=Path, help="`gpuanat fit --json` of bf16 with "
-                        "checkpointing, for that class's fragmentation")
-    parser.add_argument("--fp32-checkpointed-adafactor-search", type=Path, help="`gpuanat fit --json` of fp32 "
-                        "with checkpointing and Adafactor, for fragmentation without AdamW's moments")
+    parser.add_argument(
+        "--mixed-checkpointed-search",
+        type=Path,
+        help="`gpuanat fit --json` of bf16 with checkpointing, for that class's fragmentation",
+    )
+    parser.add_argument(
+        "--fp32-checkpointed-adafactor-search",
+        type=Path,
+        help="`gpuanat fit --json` of fp32 with checkpointing and Adafactor, for fragmentation without AdamW's moments",
+    )
     args = parser.parse_args()
     matrix = json.loads(args.matrix.read_text())
-    searches = [json.loads(path.read_text()) if path else None
-                for path in (args.mixed_checkpointed_search, args.fp32_checkpointed_adafactor_search)]
+    searches = [
+        json.loads(path.read_text()) if path else None
+        for path in (args.mixed_checkpointed_search, args.fp32_checkpointed_adafactor_search)
+    ]
     fitted = fit(matrix, *searches)
     in_code = coefficient_table()
     mismatches = []
@@ -216,24 +272,32 @@ def main() -> int:
             continue
         print(f"{name:<20} " + "  ".join(f"{key} {value:.4f}" for key, value in sorted(entry.items())))
         for key, value in entry.items():
-            decimals = {"cache_fraction": 4, "moment_fragmentation": 3,
-                        "recompute_constant_bytes": -3}.get(key, DECIMALS)
+            decimals = {"cache_fraction": 4, "moment_fragmentation": 3, "recompute_constant_bytes": -3}.get(
+                key, DECIMALS
+            )
             if key in in_code[name] and round(value, decimals) != round(in_code[name][key], decimals):
                 mismatches.append(f"{name}.{key}: fitted {value:.4f}, precision.py has {in_code[name][key]}")
-    print(f"constants: {fitted['constants']}  (predict.py: context {CUDA_CONTEXT_BYTES}, "
-          f"driver reserved {DRIVER_RESERVED_BYTES})")
+    print(
+        f"constants: {fitted['constants']}  (predict.py: context {CUDA_CONTEXT_BYTES}, "
+        f"driver reserved {DRIVER_RESERVED_BYTES})"
+    )
     evaluation = evaluate(matrix)
     for part in (False, True):
         errors = [abs(row["peak_error_percent"]) for row in evaluation["rows"] if row["held_out"] is part]
-        print(f"{'held-out' if part else 'training'} rows: {len(errors)}, peak allocated |error| "
-              f"max {max(errors):.1f}%, mean {statistics.mean(errors):.1f}%")
+        print(
+            f"{'held-out' if part else 'training'} rows: {len(errors)}, peak allocated |error| "
+            f"max {max(errors):.1f}%, mean {statistics.mean(errors):.1f}%"
+        )
     for row in evaluation["rows"]:
-        print(f"  {'H' if row['held_out'] else 'T'} {json.dumps(row['overrides']):<88} "
-              f"{row['peak_error_percent']:+6.1f}%")
+        print(
+            f"  {'H' if row['held_out'] else 'T'} {json.dumps(row['overrides']):<88} {row['peak_error_percent']:+6.1f}%"
+        )
     for search in evaluation["max_batch"]:
-        print(f"  max batch {'H' if search['held_out'] else 'T'} {json.dumps(search['overrides'])}: measured "
-              f"{search['largest_batch_size']}, predicted {search['predicted']}, fits {search['predicted_fits']}, "
-              f"+8 fails {search['plus_8_fails']}")
+        print(
+            f"  max batch {'H' if search['held_out'] else 'T'} {json.dumps(search['overrides'])}: measured "
+            f"{search['largest_batch_size']}, predicted {search['predicted']}, fits {search['predicted_fits']}, "
+            f"+8 fails {search['plus_8_fails']}"
+        )
     if args.json:
         args.json.write_text(json.dumps({"fitted": fitted, "in_code": in_code, "evaluation": evaluation}, indent=1))
     if mismatches:

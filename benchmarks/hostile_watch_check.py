@@ -45,8 +45,9 @@ ESCAPED = ["\\x1b]2;PWNE"]
 
 
 def start_holder(*argv: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, "-c", HOLD_GPU, *argv], stdout=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD_GPU, *argv], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert process.stdout is not None and process.stdout.readline().strip() == "ready"
     return process
 
@@ -56,8 +57,14 @@ def dashboard_bytes(pid: int, seconds: float) -> bytes:
     leader, follower = pty.openpty()
     ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
-    process = subprocess.Popen([sys.executable, "-m", "gpuanat", "watch", str(pid)], stdin=follower, stdout=follower,
-                               stderr=follower, env=env, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuanat", "watch", str(pid)],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=env,
+        start_new_session=True,
+    )
     os.close(follower)
     output = bytearray()
     deadline = time.monotonic() + seconds
@@ -93,11 +100,18 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     hostile = start_holder(NAME, *ARGV)
     plain = start_holder()
-    summary: dict[str, object] = {"hostile_pid": hostile.pid, "watched_pid": plain.pid,
-                                  "hostile_comm": Path(f"/proc/{hostile.pid}/comm").read_bytes().decode().rstrip("\n")}
+    summary: dict[str, object] = {
+        "hostile_pid": hostile.pid,
+        "watched_pid": plain.pid,
+        "hostile_comm": Path(f"/proc/{hostile.pid}/comm").read_bytes().decode().rstrip("\n"),
+    }
     try:
-        completed = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(plain.pid), "--json", "--duration",
-                                    "4"], capture_output=True, text=True, timeout=120)
+        completed = subprocess.run(
+            [sys.executable, "-m", "gpuanat", "watch", str(plain.pid), "--json", "--duration", "4"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         records = [json.loads(line) for line in completed.stdout.splitlines() if line.strip()]
         others = [other for record in records for other in record.get("other_gpu_processes") or []]
         summary["json_exit"] = completed.returncode
@@ -112,16 +126,21 @@ def main() -> int:
         summary["dashboard_bytes"] = len(terminal)
         summary["raw_payload_found"] = [sequence for sequence in RAW_PAYLOAD if sequence in text]
         summary["escaped_found"] = [sequence for sequence in ESCAPED if sequence in text]
-        summary["osc_sequences_in_output"] = sorted({text[i:i + 6] for i in range(len(text))
-                                                     if text.startswith("\x1b]", i)})  # Textual's own
+        summary["osc_sequences_in_output"] = sorted(
+            {text[i : i + 6] for i in range(len(text)) if text.startswith("\x1b]", i)}
+        )  # Textual's own
     finally:
         for process in (hostile, plain):
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
-    ok = (summary["hostile_named_exactly"] and not summary["raw_payload_found"] and summary["escaped_found"]
-          and summary["dashboard_exit"] == 0)
+    ok = (
+        summary["hostile_named_exactly"]
+        and not summary["raw_payload_found"]
+        and summary["escaped_found"]
+        and summary["dashboard_exit"] == 0
+    )
     return 0 if ok else 1
 
 

@@ -101,8 +101,13 @@ QLORA_FIELDS: dict[str, Any] = {"load_in_4bit": True, "qlora": True}
 LIGER_FIELDS: dict[str, Any] = {"liger": True, "liger_layers": True, "liger_kernel": True, "use_liger_kernel": True}
 """RunConfig fields that may say "Liger kernels": whichever exist are set for Liger records (`liger`, the fused loss,
 as the record's `liger_loss` says)."""
-FATAL_CUDA_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
-                     "CUDA error: an illegal", "misaligned address")
+FATAL_CUDA_ERRORS = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "CUDA error: an illegal",
+    "misaligned address",
+)
 """Errors after which the CUDA context is unusable: the set stops."""
 QLORA_BASE_ESTIMATE_S = 150.0
 """A first guess of building, saving and 4-bit loading a random 8B checkpoint, before one was measured."""
@@ -143,8 +148,13 @@ class Case:
     @property
     def key(self) -> str:
         """A unique, readable name, e.g. "llama-3.2-1b lm s1024 b4 bf16 adamw_torch_fused gc lora16"."""
-        parts = [self.preset, "lm" if self.objective == "causal-lm" else "cls", f"s{self.seq_len}",
-                 f"b{self.batch_size}", self.precision]
+        parts = [
+            self.preset,
+            "lm" if self.objective == "causal-lm" else "cls",
+            f"s{self.seq_len}",
+            f"b{self.batch_size}",
+            self.precision,
+        ]
         if self.weights != "fp32" and not self.lora:
             parts.append(f"weights-{self.weights}")
         parts.append(self.optim)
@@ -193,9 +203,12 @@ DECODER_TECHNIQUES: tuple[dict[str, Any], ...] = (
 
 
 def decoders_set(device: str) -> list[Case]:
-    cases = [_lm(preset, seq, batch, **techniques)
-             for seq, batch in _by_tokens(list(itertools.product((512, 1024, 2048), (1, 4))))
-             for preset in DECODERS for techniques in DECODER_TECHNIQUES]
+    cases = [
+        _lm(preset, seq, batch, **techniques)
+        for seq, batch in _by_tokens(list(itertools.product((512, 1024, 2048), (1, 4))))
+        for preset in DECODERS
+        for techniques in DECODER_TECHNIQUES
+    ]
     for preset in DECODERS:
         cases += [_lm(preset, 1024, batch, weights="bf16") for batch in (1, 4)]
         cases.append(_lm(preset, 1024, 4, lora=LORA_RANK, lora_dropout=0.05))
@@ -212,8 +225,12 @@ SMALL_TECHNIQUES: dict[str, dict[str, Any]] = {
     "bf16 b16 8bit": {"precision": "bf16", "batch_size": 16, "optim": "adamw_bnb_8bit"},
 }
 ISSUE_ERRORS_PCT: dict[tuple[str, str], int] = {
-    ("gpt2", "fp32 b8"): -31, ("gpt2", "bf16 b16"): -41, ("gpt2", "bf16 b16 sgd"): -47,
-    ("gpt2", "bf16 b16 eager"): -25, ("gpt2", "fp32 b8 eager"): -25, ("bert-base", "bf16 b64 gc"): 29,
+    ("gpt2", "fp32 b8"): -31,
+    ("gpt2", "bf16 b16"): -41,
+    ("gpt2", "bf16 b16 sgd"): -47,
+    ("gpt2", "bf16 b16 eager"): -25,
+    ("gpt2", "fp32 b8 eager"): -25,
+    ("bert-base", "bf16 b64 gc"): 29,
 }
 """The issue's errors of `gpuanat predict` against the held-out measurements (which eager set it was is unsaid, so
 both are listed; bert-base's other sets were within 10%)."""
@@ -236,10 +253,18 @@ what the held-out run measured, if it trained at seq 512 (or 1024)."""
 
 
 def small_set(device: str) -> list[Case]:
-    models = [("bert-base", "classification", 512), ("gpt2", "classification", 512), ("gpt2", "causal-lm", 512),
-              ("gpt2", "classification", 1024), ("gpt2", "causal-lm", 1024)]
-    return [Case(preset, objective, seq, **techniques)
-            for preset, objective, seq in models for techniques in SMALL_TECHNIQUES.values()]
+    models = [
+        ("bert-base", "classification", 512),
+        ("gpt2", "classification", 512),
+        ("gpt2", "causal-lm", 512),
+        ("gpt2", "classification", 1024),
+        ("gpt2", "causal-lm", 1024),
+    ]
+    return [
+        Case(preset, objective, seq, **techniques)
+        for preset, objective, seq in models
+        for techniques in SMALL_TECHNIQUES.values()
+    ]
 
 
 def small_technique(config: dict[str, Any]) -> str | None:
@@ -257,17 +282,26 @@ def print_issue_comparison(runs: list[dict[str, Any]]) -> None:
     lines = []
     for (preset, seq, name), predicted in ISSUE_PREDICTED_BYTES.items():
         error = ISSUE_ERRORS_PCT[(preset, name)]
-        measured = {run["config"]["objective"]: run["max_memory_allocated_bytes"] for run in runs
-                    if run.get("status") == "ok" and run.get("max_memory_allocated_bytes")
-                    and run["config"]["preset"] == preset and run["config"]["seq_len"] == seq
-                    and small_technique(run["config"]) == name}
+        measured = {
+            run["config"]["objective"]: run["max_memory_allocated_bytes"]
+            for run in runs
+            if run.get("status") == "ok"
+            and run.get("max_memory_allocated_bytes")
+            and run["config"]["preset"] == preset
+            and run["config"]["seq_len"] == seq
+            and small_technique(run["config"]) == name
+        }
         if not measured:
             continue
         implied = predicted / (1 + error / 100)
-        here = ", ".join(f"{objective} {value / GIB:.2f} GiB ({100 * (value - implied) / implied:+.0f}%)"
-                         for objective, value in sorted(measured.items()))
-        lines.append(f"  {preset} s{seq} {name}: issue {error:+d}% of {predicted / GIB:.2f} GiB -> held-out run "
-                     f"measured {implied / GIB:.2f} GiB; here: {here}")
+        here = ", ".join(
+            f"{objective} {value / GIB:.2f} GiB ({100 * (value - implied) / implied:+.0f}%)"
+            for objective, value in sorted(measured.items())
+        )
+        lines.append(
+            f"  {preset} s{seq} {name}: issue {error:+d}% of {predicted / GIB:.2f} GiB -> held-out run "
+            f"measured {implied / GIB:.2f} GiB; here: {here}"
+        )
     if lines:
         print("the issue's sets (held-out measurement implied by its error, against this run's):", flush=True)
         print("\n".join(lines), flush=True)
@@ -277,19 +311,27 @@ QLORA_RECIPE: dict[str, Any] = {"precision": "bf16", "grad_checkpointing": True,
 
 
 def qlora_set(device: str) -> list[Case]:
-    cases = [_lm("llama-3.1-8b", seq, batch, **QLORA_RECIPE)
-             for seq, batch in _by_tokens(list(itertools.product((512, 1024, 2048), (1, 2, 4))))]
-    cases += [_lm("llama-3.1-8b", seq, batch, **QLORA_RECIPE, optim="paged_adamw_8bit")
-              for seq, batch in ((1024, 1), (2048, 4))]
+    cases = [
+        _lm("llama-3.1-8b", seq, batch, **QLORA_RECIPE)
+        for seq, batch in _by_tokens(list(itertools.product((512, 1024, 2048), (1, 2, 4))))
+    ]
+    cases += [
+        _lm("llama-3.1-8b", seq, batch, **QLORA_RECIPE, optim="paged_adamw_8bit")
+        for seq, batch in ((1024, 1), (2048, 4))
+    ]
     # Last: a Liger base is loaded with Liger's classes, so it needs a load of its own.
     cases += [_lm("llama-3.1-8b", seq, 4, **QLORA_RECIPE, liger=True) for seq in (1024, 2048)]
     return cases
 
 
 def liger_set(device: str) -> list[Case]:
-    return [_lm(preset, seq, batch, lora=lora, liger=liger)
-            for seq, batch in _by_tokens(list(itertools.product((1024, 2048), (2, 4))))
-            for preset in DECODERS for lora in (0, LORA_RANK) for liger in (False, True)]
+    return [
+        _lm(preset, seq, batch, lora=lora, liger=liger)
+        for seq, batch in _by_tokens(list(itertools.product((1024, 2048), (2, 4))))
+        for preset in DECODERS
+        for lora in (0, LORA_RANK)
+        for liger in (False, True)
+    ]
 
 
 LIGER_UNSEEN = ("qwen3-0.6b", "gemma-3-1b", "olmo-2-1b", "smollm2-360m")
@@ -300,17 +342,34 @@ def liger_unseen_set(device: str) -> list[Case]:
     """Liger's layer kernels on models read from config.json (`unseen` configs): full fine-tuning under autocast,
     bf16 weights and LoRA on a bf16 base, each without Liger, with its layer kernels only and with all of them."""
     variants = ({"liger": False}, {"liger": True, "liger_loss": False}, {"liger": True})
-    return [_lm(model, 1024, 4, **techniques, **variant) for model in LIGER_UNSEEN
-            for techniques in ({}, {"weights": "bf16"}, {"lora": LORA_RANK}) for variant in variants]
+    return [
+        _lm(model, 1024, 4, **techniques, **variant)
+        for model in LIGER_UNSEEN
+        for techniques in ({}, {"weights": "bf16"}, {"lora": LORA_RANK})
+        for variant in variants
+    ]
 
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 """config.json files of published models, as a user brings them (`unseen` set; no weights, no download)."""
-UNSEEN_DECODERS = ("smollm2-360m", "opt-350m", "pythia-410m", "bloom-560m", "qwen3-0.6b", "gemma-3-1b",
-                   "granite-3.1-1b-a400m", "olmo-2-1b", "stablelm-2-1.6b", "phi-2")
+UNSEEN_DECODERS = (
+    "smollm2-360m",
+    "opt-350m",
+    "pythia-410m",
+    "bloom-560m",
+    "qwen3-0.6b",
+    "gemma-3-1b",
+    "granite-3.1-1b-a400m",
+    "olmo-2-1b",
+    "stablelm-2-1.6b",
+    "phi-2",
+)
 UNSEEN_ENCODERS = ("distilbert-base", "electra-base", "roberta-base", "modernbert-base", "deberta-v3-base")
 UNSEEN_DECODER_TECHNIQUES: tuple[dict[str, Any], ...] = (
-    {}, {"grad_checkpointing": True}, {"weights": "bf16"}, {"lora": LORA_RANK},
+    {},
+    {"grad_checkpointing": True},
+    {"weights": "bf16"},
+    {"lora": LORA_RANK},
     {"lora": LORA_RANK, "grad_checkpointing": True},
 )
 UNSEEN_ENCODER_TECHNIQUES: tuple[dict[str, Any], ...] = ({}, {"grad_checkpointing": True}, {"weights": "bf16"})
@@ -321,10 +380,17 @@ UNSEEN_ATTENTION = {"bloom-560m": "eager", "deberta-v3-base": "eager"}
 
 
 def unseen_set(device: str) -> list[Case]:
-    cases = [_lm(model, 1024, batch, **techniques, attn=UNSEEN_ATTENTION.get(model, "sdpa")) for batch in (1, 4)
-             for model in UNSEEN_DECODERS for techniques in UNSEEN_DECODER_TECHNIQUES]
-    cases += [Case(model, "classification", 512, 16, **techniques, attn=UNSEEN_ATTENTION.get(model, "sdpa"))
-              for model in UNSEEN_ENCODERS for techniques in UNSEEN_ENCODER_TECHNIQUES]
+    cases = [
+        _lm(model, 1024, batch, **techniques, attn=UNSEEN_ATTENTION.get(model, "sdpa"))
+        for batch in (1, 4)
+        for model in UNSEEN_DECODERS
+        for techniques in UNSEEN_DECODER_TECHNIQUES
+    ]
+    cases += [
+        Case(model, "classification", 512, 16, **techniques, attn=UNSEEN_ATTENTION.get(model, "sdpa"))
+        for model in UNSEEN_ENCODERS
+        for techniques in UNSEEN_ENCODER_TECHNIQUES
+    ]
     return cases
 
 
@@ -344,18 +410,27 @@ def smoke_set(device: str) -> list[Case]:
         Case("gpt2", "causal-lm", **size, precision="fp32", attn="eager", optim="sgd"),
     ]
     if device == "cuda":  # bitsandbytes and Liger need CUDA
-        cases += [_lm("llama-tiny", **size, optim="adamw_bnb_8bit"),
-                  _lm("llama-tiny", **size, liger=True), _lm("llama-tiny", **size, lora=8, liger=True)]
+        cases += [
+            _lm("llama-tiny", **size, optim="adamw_bnb_8bit"),
+            _lm("llama-tiny", **size, liger=True),
+            _lm("llama-tiny", **size, lora=8, liger=True),
+        ]
     return cases
 
 
 CONFIG_SETS: dict[str, Callable[[str], list[Case]]] = {
-    "unseen": unseen_set, "decoders": decoders_set, "small": small_set, "qlora": qlora_set, "liger": liger_set,
+    "unseen": unseen_set,
+    "decoders": decoders_set,
+    "small": small_set,
+    "qlora": qlora_set,
+    "liger": liger_set,
     "liger-unseen": liger_unseen_set,
-    "smoke": smoke_set}
+    "smoke": smoke_set,
+}
 
 
 # --- prediction (no torch) -----------------------------------------------------------------------------------------
+
 
 def run_config_for(case: Case, steps: int) -> tuple[RunConfig, list[str]]:
     """The RunConfig gpuanat would predict this configuration from, and where it cannot express it."""
@@ -364,10 +439,18 @@ def run_config_for(case: Case, steps: int) -> tuple[RunConfig, list[str]]:
     fields = {field.name for field in dataclasses.fields(RunConfig)}
     model = None if case.preset in PRESETS else str(CONFIGS_DIR / case.preset / "config.json")
     values: dict[str, Any] = {
-        "preset": case.preset if model is None else "llama-tiny", "model": model, "device": "cuda",
-        "batch_size": case.batch_size, "seq_len": case.seq_len,
-        "precision": case.precision, "optim": case.optim, "grad_checkpointing": case.grad_checkpointing,
-        "attn": case.attn, "lora": case.lora, "lora_targets": case.lora_targets, "max_steps": steps,
+        "preset": case.preset if model is None else "llama-tiny",
+        "model": model,
+        "device": "cuda",
+        "batch_size": case.batch_size,
+        "seq_len": case.seq_len,
+        "precision": case.precision,
+        "optim": case.optim,
+        "grad_checkpointing": case.grad_checkpointing,
+        "attn": case.attn,
+        "lora": case.lora,
+        "lora_targets": case.lora_targets,
+        "max_steps": steps,
         "samples": case.batch_size * steps,
     }
     caveats: list[str] = []
@@ -404,8 +487,9 @@ def run_config_for(case: Case, steps: int) -> tuple[RunConfig, list[str]]:
     return RunConfig(**values), caveats
 
 
-def predict(case: Case, steps: int, measured_bytes: int | None,
-            measured_bands: dict[str, Any] | None = None) -> dict[str, Any]:
+def predict(
+    case: Case, steps: int, measured_bytes: int | None, measured_bands: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """`gpuanat predict`'s estimate and its error against the measured peak (and bands, where measured)."""
     if case.preset in HELD_OUT and not os.environ.get("GPUANAT_PREDICT_HELD_OUT"):
         return {"error": f"held out: {case.preset} is predicted once, with GPUANAT_PREDICT_HELD_OUT=1"}
@@ -419,8 +503,7 @@ def predict(case: Case, steps: int, measured_bytes: int | None,
         except UnreadableModel as error:
             return {"error": f"unreadable: {error}"}
         estimate = estimate_memory(config)
-        result: dict[str, Any] = {"run_config": config.to_json(), "caveats": caveats,
-                                  **dataclasses.asdict(estimate)}
+        result: dict[str, Any] = {"run_config": config.to_json(), "caveats": caveats, **dataclasses.asdict(estimate)}
         with contextlib.suppress(Exception):
             result["peak_reserved_bytes"] = peak_reserved_bytes(estimate)
     except Exception as error:  # the predictor is being changed while this runs: never lose a measurement to it
@@ -429,8 +512,7 @@ def predict(case: Case, steps: int, measured_bytes: int | None,
     result["error_pct"] = 100.0 * (peak - measured_bytes) / measured_bytes if measured_bytes else None
     if measured_bands:
         band_errors = {}
-        for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
-                     "logits_bytes"):
+        for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes", "logits_bytes"):
             measured, predicted = measured_bands.get(band), result.get(band)
             if measured and measured >= 2**20 and predicted is not None:  # not a classifier's 16 bytes of logits
                 band_errors[band] = 100.0 * (predicted - measured) / measured
@@ -444,6 +526,7 @@ def case_from_json(data: dict[str, Any]) -> Case:
 
 
 # --- measurement (torch) -------------------------------------------------------------------------------------------
+
 
 def _cuda(device: str) -> bool:
     return device == "cuda"
@@ -536,8 +619,11 @@ def _make_step_peaks(device: str) -> Any:
         def _after_forward(self, module: Any, args: Any, output: Any) -> None:
             logits = getattr(output, "logits", None)
             if module.training and isinstance(logits, torch.Tensor):
-                self.logits = {"bytes": logits.untyped_storage().nbytes(), "dtype": str(logits.dtype),
-                               "shape": list(logits.shape)}
+                self.logits = {
+                    "bytes": logits.untyped_storage().nbytes(),
+                    "dtype": str(logits.dtype),
+                    "shape": list(logits.shape),
+                }
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):  # type: ignore[override]
             self.install()
@@ -563,9 +649,12 @@ def _make_step_peaks(device: str) -> Any:
             step: dict[str, Any] = {"step": state.global_step}
             if _cuda(device):
                 self._fold_into_run()
-                step.update(peak_allocated_bytes=self._floor_allocated, peak_reserved_bytes=self._floor_reserved,
-                            allocated_bytes=torch.cuda.memory_allocated(),
-                            reserved_bytes=torch.cuda.memory_reserved())
+                step.update(
+                    peak_allocated_bytes=self._floor_allocated,
+                    peak_reserved_bytes=self._floor_reserved,
+                    allocated_bytes=torch.cuda.memory_allocated(),
+                    reserved_bytes=torch.cuda.memory_reserved(),
+                )
             else:
                 step.update(peak_allocated_bytes=None, peak_reserved_bytes=None)
             self.steps.append(step)
@@ -604,8 +693,12 @@ def parameter_counts(model: Any) -> dict[str, Any]:
         storages.add(key)
         dtype = str(tensor.dtype).removeprefix("torch.")
         by_dtype[dtype] = by_dtype.get(dtype, 0) + storage.nbytes()
-    return {"params_total": total, "params_trainable": trainable, "weights_bytes_by_dtype": by_dtype,
-            "weights_bytes": sum(by_dtype.values())}
+    return {
+        "params_total": total,
+        "params_trainable": trainable,
+        "weights_bytes_by_dtype": by_dtype,
+        "weights_bytes": sum(by_dtype.values()),
+    }
 
 
 def _modeling_module(case: Case) -> Any:
@@ -632,8 +725,9 @@ def liger_patched(case: Case) -> Iterator[dict[str, Any] | None]:
     import torch.nn.functional
 
     saved_globals = dict(vars(module))
-    classes = [value for value in saved_globals.values()
-               if isinstance(value, type) and value.__module__ == module.__name__]
+    classes = [
+        value for value in saved_globals.values() if isinstance(value, type) and value.__module__ == module.__name__
+    ]
     saved_methods = {cls: cls.__dict__.get("forward") for cls in classes}
     saved_cross_entropy = torch.nn.functional.cross_entropy
     try:
@@ -656,10 +750,13 @@ def liger_patched(case: Case) -> Iterator[dict[str, Any] | None]:
 def _lora_config(case: Case) -> Any:
     from peft import LoraConfig, TaskType
 
-    return LoraConfig(r=case.lora, lora_alpha=2 * case.lora, lora_dropout=case.lora_dropout,
-                      target_modules=(case.lora_targets if case.lora_targets == "all-linear"
-                                      else case.lora_targets.split(",")),
-                      task_type=TaskType.CAUSAL_LM if case.objective == "causal-lm" else TaskType.SEQ_CLS)
+    return LoraConfig(
+        r=case.lora,
+        lora_alpha=2 * case.lora,
+        lora_dropout=case.lora_dropout,
+        target_modules=(case.lora_targets if case.lora_targets == "all-linear" else case.lora_targets.split(",")),
+        task_type=TaskType.CAUSAL_LM if case.objective == "causal-lm" else TaskType.SEQ_CLS,
+    )
 
 
 def _model_config(case: Case) -> Any:
@@ -706,11 +803,14 @@ class QloraBases:
         record["qlora_disk_free_bytes"] = free_bytes
         started_s = time.perf_counter()
         with torch.device(self.device):
-            model = AutoModelForCausalLM.from_config(_model_config(Case(preset, "causal-lm", 0, 0)),
-                                                     dtype=torch.bfloat16)
+            model = AutoModelForCausalLM.from_config(
+                _model_config(Case(preset, "causal-lm", 0, 0)), dtype=torch.bfloat16
+            )
         record["qlora_random_build_s"] = time.perf_counter() - started_s
-        _say(f"built a random {preset} in bf16 in {record['qlora_random_build_s']:.1f} s; saving to {directory} "
-             f"({free_bytes / GIB:.0f} GiB free)")
+        _say(
+            f"built a random {preset} in bf16 in {record['qlora_random_build_s']:.1f} s; saving to {directory} "
+            f"({free_bytes / GIB:.0f} GiB free)"
+        )
         started_s = time.perf_counter()
         model.save_pretrained(directory)
         record["qlora_save_s"] = time.perf_counter() - started_s
@@ -739,8 +839,11 @@ class QloraBases:
             from transformers import BitsAndBytesConfig
 
             kwargs["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=torch.bfloat16)
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=torch.bfloat16,
+            )
             kwargs["device_map"] = {"": 0}
         started_s = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
@@ -748,8 +851,10 @@ class QloraBases:
         started_s = time.perf_counter()
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=case.grad_checkpointing)
         record["qlora_prepare_s"] = time.perf_counter() - started_s
-        _say(f"loaded {case.preset} {'NF4' if quantized else 'unquantized (CPU)'} in {record['qlora_load_s']:.1f} s, "
-             f"prepared in {record['qlora_prepare_s']:.1f} s")
+        _say(
+            f"loaded {case.preset} {'NF4' if quantized else 'unquantized (CPU)'} in {record['qlora_load_s']:.1f} s, "
+            f"prepared in {record['qlora_prepare_s']:.1f} s"
+        )
         record["qlora_base"] = "loaded"
         self.loaded = (key, model)
         return model
@@ -823,11 +928,24 @@ def training_arguments(case: Case, context: Context, output_dir: str) -> Any:
     fields = {field.name for field in dataclasses.fields(TrainingArguments)}
     checkpointing_key = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     return TrainingArguments(
-        output_dir=output_dir, per_device_train_batch_size=case.batch_size, gradient_accumulation_steps=1,
-        bf16=case.precision == "bf16", fp16=case.precision == "fp16", optim=case.optim,
-        max_steps=context.steps, report_to="none", save_strategy="no", eval_strategy="no",
-        logging_strategy="steps", logging_steps=1000, dataloader_pin_memory=True, seed=42, log_level="error",
-        disable_tqdm=True, use_cpu=not _cuda(context.device), **{checkpointing_key: case.grad_checkpointing},
+        output_dir=output_dir,
+        per_device_train_batch_size=case.batch_size,
+        gradient_accumulation_steps=1,
+        bf16=case.precision == "bf16",
+        fp16=case.precision == "fp16",
+        optim=case.optim,
+        max_steps=context.steps,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1000,
+        dataloader_pin_memory=True,
+        seed=42,
+        log_level="error",
+        disable_tqdm=True,
+        use_cpu=not _cuda(context.device),
+        **{checkpointing_key: case.grad_checkpointing},
         use_liger_kernel=case.liger,
         liger_kernel_config=None if case.liger_loss else {"fused_linear_cross_entropy": False},
     ), checkpointing_key
@@ -900,9 +1018,13 @@ def measure(case: Case, context: Context) -> dict[str, Any]:
             _reset_peaks(device)  # the training's peak starts here, with the model built
             dataset = make_dataset(case, inner.config.vocab_size, case.batch_size * context.steps)
             arguments, checkpointing_key = training_arguments(case, context, output_dir)
-            record["checkpointing"] = {"training_argument": checkpointing_key, "kwargs": None,
-                                       "note": "Trainer's default kwargs (transformers 5: use_reentrant False, "
-                                               "enable_input_require_grads)" if case.grad_checkpointing else None}
+            record["checkpointing"] = {
+                "training_argument": checkpointing_key,
+                "kwargs": None,
+                "note": "Trainer's default kwargs (transformers 5: use_reentrant False, enable_input_require_grads)"
+                if case.grad_checkpointing
+                else None,
+            }
             callbacks = [peaks] + ([probe] if probe is not None else [])
             trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=callbacks)
             trainer.remove_callback(PrinterCallback)  # its log lines would drown this script's
@@ -929,8 +1051,9 @@ def measure(case: Case, context: Context) -> dict[str, Any]:
         record["max_memory_allocated_bytes"] = peaks.max_allocated if _cuda(device) else None
         record["max_memory_reserved_bytes"] = peaks.max_reserved if _cuda(device) else None
         if _cuda(device):
-            record["max_memory_allocated_incl_build_bytes"] = max(peaks.max_allocated,
-                                                                  record.get("build_peak_allocated_bytes") or 0)
+            record["max_memory_allocated_incl_build_bytes"] = max(
+                peaks.max_allocated, record.get("build_peak_allocated_bytes") or 0
+            )
             stats = torch.cuda.memory_stats()
             record["num_alloc_retries"] = stats.get("num_alloc_retries")
             record["num_ooms"] = stats.get("num_ooms")
@@ -944,9 +1067,15 @@ def measure(case: Case, context: Context) -> dict[str, Any]:
                 "peak_reserved_bytes": probe.peak_reserved_bytes if probe.started else None,
                 "disabled_reason": probe.disabled_reason,
                 "model": next((dataclasses.asdict(e) for e in events if isinstance(e, ModelInfo)), None),
-                "steps": [{"step": e.step, "peak_allocated_bytes": e.peak_allocated_bytes,
-                           "bands": dataclasses.asdict(e.bands) if e.bands is not None else None}
-                          for e in events if isinstance(e, Step)],
+                "steps": [
+                    {
+                        "step": e.step,
+                        "peak_allocated_bytes": e.peak_allocated_bytes,
+                        "bands": dataclasses.asdict(e.bands) if e.bands is not None else None,
+                    }
+                    for e in events
+                    if isinstance(e, Step)
+                ],
             }
             measured = [step["bands"] for step in record["probe"]["steps"] if step["bands"] is not None]
             record["bands"] = measured[-1] if measured else None
@@ -966,13 +1095,18 @@ def measure(case: Case, context: Context) -> dict[str, Any]:
 
 # --- the set's loop --------------------------------------------------------------------------------------------------
 
+
 def environment(device: str) -> dict[str, Any]:
     import torch
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                            "cuda": torch.version.cuda, "device": device,
-                            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-                            "host": platform.node()}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": device,
+        "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "host": platform.node(),
+    }
     for package in ("transformers", "peft", "accelerate", "datasets", "bitsandbytes", "liger_kernel"):
         try:
             module = importlib.import_module(package)
@@ -994,21 +1128,30 @@ def estimate_seconds(case: Case, runs: list[dict[str, Any]], qlora: QloraBases) 
     """How long `case` will take, from the most recent measured configuration like it (the same preset and kind):
     its time without the model's first build, scaled by tokens (capped), plus a 4-bit base's build when one is due."""
     measured = [run for run in runs if run.get("status") in ("ok", "oom", "error") and "seconds" in run]
-    like = [run for run in measured if run["config"]["preset"] == case.preset
-            and run["config"]["qlora"] == case.qlora and run["config"]["lora"] == case.lora]
+    like = [
+        run
+        for run in measured
+        if run["config"]["preset"] == case.preset
+        and run["config"]["qlora"] == case.qlora
+        and run["config"]["lora"] == case.lora
+    ]
     like = like or [run for run in measured if run["config"]["preset"] == case.preset]
     extra = 0.0
     if case.qlora:
         key = (case.preset, case.liger, case.attn, case.grad_checkpointing)
         if qlora.loaded is None or qlora.loaded[0] != key:
-            loads = [run.get("qlora_load_s", 0.0) + run.get("qlora_prepare_s", 0.0) for run in measured
-                     if run.get("qlora_base") == "loaded"]
+            loads = [
+                run.get("qlora_load_s", 0.0) + run.get("qlora_prepare_s", 0.0)
+                for run in measured
+                if run.get("qlora_base") == "loaded"
+            ]
             extra = max(loads) if loads else QLORA_BASE_ESTIMATE_S
     if not like:  # nothing measured yet: the first configuration runs if any time is left
         return (measured[-1]["seconds"] if measured else 0.0) + extra
     run = like[-1]
-    one_off = sum(run.get(name, 0.0) for name in ("qlora_random_build_s", "qlora_save_s", "qlora_load_s",
-                                                  "qlora_prepare_s"))
+    one_off = sum(
+        run.get(name, 0.0) for name in ("qlora_random_build_s", "qlora_save_s", "qlora_load_s", "qlora_prepare_s")
+    )
     ratio = min(4.0, max(1.0, case.tokens / max(1, run["config"]["seq_len"] * run["config"]["batch_size"])))
     return max(1.0, run["seconds"] - one_off) * ratio + extra
 
@@ -1022,11 +1165,14 @@ def summary_line(record: dict[str, Any]) -> str:
     error = predicted.get("error_pct")
     flag = "*" if predicted.get("caveats") else " "
     logits = record.get("logits_bytes")
-    parts = [f"{record['key']:<68}", f"{record['status']:<7}",
-             f"peak {_gib(record.get('max_memory_allocated_bytes'))} GiB",
-             f"pred {_gib(predicted.get('peak_allocated_bytes'))} GiB",
-             f"err {error:+6.1f}%{flag}" if error is not None else "err    -   " + flag,
-             f"{record.get('seconds', 0.0):6.1f} s"]
+    parts = [
+        f"{record['key']:<68}",
+        f"{record['status']:<7}",
+        f"peak {_gib(record.get('max_memory_allocated_bytes'))} GiB",
+        f"pred {_gib(predicted.get('peak_allocated_bytes'))} GiB",
+        f"err {error:+6.1f}%{flag}" if error is not None else "err    -   " + flag,
+        f"{record.get('seconds', 0.0):6.1f} s",
+    ]
     if logits is not None:
         parts.append(f"logits {logits / GIB:.2f} GiB")
     elif record.get("status") == "ok":
@@ -1060,14 +1206,22 @@ def run_set(args: argparse.Namespace) -> int:
         for run in json.loads(args.out.read_text()).get("runs", []):
             if run.get("status") in ("ok", "oom"):  # errors and skipped ones are tried again
                 previous[run["key"]] = run
-    result: dict[str, Any] = {"environment": environment(args.device), "set": args.config_set,
-                              "steps_per_config": args.steps, "probe": not args.no_probe,
-                              "budget_s": args.budget_s, "runs": []}
-    context = Context(device=args.device, steps=args.steps, probe=not args.no_probe,
-                      qlora=QloraBases(args.model_dir, args.device))
-    print(f"{len(cases)} configurations of set {args.config_set!r} on {result['environment'].get('gpu', args.device)}; "
-          f"budget {args.budget_s:.0f} s from the process start ({time.time() - STARTED_S:.0f} s spent importing)",
-          flush=True)
+    result: dict[str, Any] = {
+        "environment": environment(args.device),
+        "set": args.config_set,
+        "steps_per_config": args.steps,
+        "probe": not args.no_probe,
+        "budget_s": args.budget_s,
+        "runs": [],
+    }
+    context = Context(
+        device=args.device, steps=args.steps, probe=not args.no_probe, qlora=QloraBases(args.model_dir, args.device)
+    )
+    print(
+        f"{len(cases)} configurations of set {args.config_set!r} on {result['environment'].get('gpu', args.device)}; "
+        f"budget {args.budget_s:.0f} s from the process start ({time.time() - STARTED_S:.0f} s spent importing)",
+        flush=True,
+    )
     out_of_memory: list[Case] = []
     fatal = None
     for case in cases:
@@ -1077,8 +1231,14 @@ def run_set(args: argparse.Namespace) -> int:
                 out_of_memory.append(case)
             continue
         record: dict[str, Any] = {"key": case.key, "config": case.to_json()}
-        smaller_oom = next((oom for oom in out_of_memory if oom.family == case.family
-                            and oom.seq_len <= case.seq_len and oom.batch_size <= case.batch_size), None)
+        smaller_oom = next(
+            (
+                oom
+                for oom in out_of_memory
+                if oom.family == case.family and oom.seq_len <= case.seq_len and oom.batch_size <= case.batch_size
+            ),
+            None,
+        )
         elapsed_s = time.time() - STARTED_S
         estimate_s = estimate_seconds(case, result["runs"], context.qlora)
         if fatal is not None:
@@ -1086,8 +1246,11 @@ def run_set(args: argparse.Namespace) -> int:
         elif smaller_oom is not None:
             record.update(status="skipped", reason=f"out of memory at {smaller_oom.key}")
         elif elapsed_s + estimate_s > args.budget_s:
-            record.update(status="skipped", reason=f"time budget: {elapsed_s:.0f} s spent, about {estimate_s:.0f} s "
-                                                   f"needed, {args.budget_s:.0f} s budget")
+            record.update(
+                status="skipped",
+                reason=f"time budget: {elapsed_s:.0f} s spent, about {estimate_s:.0f} s "
+                f"needed, {args.budget_s:.0f} s budget",
+            )
         else:
             record = measure(case, context)
             if record["status"] == "oom":
@@ -1116,8 +1279,11 @@ def print_summary(runs: list[dict[str, Any]]) -> None:
         if error is not None:
             groups.setdefault((run["config"]["preset"], run["config"]["objective"]), []).append(error)
     for (preset, objective), errors in sorted(groups.items()):
-        print(f"  {preset} {objective}: predict error {min(errors):+.1f}% .. {max(errors):+.1f}%, "
-              f"mean |error| {sum(abs(e) for e in errors) / len(errors):.1f}% over {len(errors)}", flush=True)
+        print(
+            f"  {preset} {objective}: predict error {min(errors):+.1f}% .. {max(errors):+.1f}%, "
+            f"mean |error| {sum(abs(e) for e in errors) / len(errors):.1f}% over {len(errors)}",
+            flush=True,
+        )
 
 
 def selected_cases(args: argparse.Namespace) -> list[Case]:
@@ -1150,18 +1316,33 @@ def main() -> int:
     parser.add_argument("--set", choices=sorted(CONFIG_SETS), default="decoders", dest="config_set")
     parser.add_argument("--out", type=Path, help="results JSON, rewritten after every configuration")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per configuration")
-    parser.add_argument("--budget-s", type=float, default=540.0,
-                        help="seconds from the process start; a configuration that would end past it is skipped")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=540.0,
+        help="seconds from the process start; a configuration that would end past it is skipped",
+    )
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--only", help="measure only the configurations whose key matches this regular expression")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the ok and out-of-memory records already in --out and measure the others")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the ok and out-of-memory records already in --out and measure the others",
+    )
     parser.add_argument("--no-probe", action="store_true", help="train without gpuanat's AnatomyCallback")
-    parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "gpuanat-llm-matrix",
-                        help="where QLoRA's random bf16 checkpoints are saved (and found again by later runs)")
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "gpuanat-llm-matrix",
+        help="where QLoRA's random bf16 checkpoints are saved (and found again by later runs)",
+    )
     parser.add_argument("--list", action="store_true", help="print the set's configurations and exit")
-    parser.add_argument("--repredict", type=Path, metavar="RESULTS",
-                        help="recompute the predictions of a results file (written to --out when given)")
+    parser.add_argument(
+        "--repredict",
+        type=Path,
+        metavar="RESULTS",
+        help="recompute the predictions of a results file (written to --out when given)",
+    )
     args = parser.parse_args()
     if args.repredict is not None:
         return repredict(args)

@@ -38,13 +38,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--loops", nargs="+", default=list(MODULES), choices=list(MODULES))
     parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per loop (4 blocks each)")
-    parser.add_argument("--budget-s", type=float, default=480,
-                        help="stop starting rounds after this long (each loop gets its share)")
+    parser.add_argument(
+        "--budget-s", type=float, default=480, help="stop starting rounds after this long (each loop gets its share)"
+    )
     known, rest = parser.parse_known_args()
     args = options(__doc__, rest)
     started_s = time.monotonic()
-    report: dict[str, Any] = {"config": str(args.config), "seq_len": args.seq_len, "batch_size": args.batch_size,
-                              "steps_per_block": args.steps, "warmup_steps": args.warmup, "loops": {}}
+    report: dict[str, Any] = {
+        "config": str(args.config),
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "steps_per_block": args.steps,
+        "warmup_steps": args.warmup,
+        "loops": {},
+    }
     for position, loop in enumerate(known.loops):
         loop_deadline_s = started_s + known.budget_s * (position + 1) / len(known.loops)
         train = importlib.import_module(MODULES[loop]).train
@@ -71,9 +78,12 @@ def main() -> None:
                 known.out.write_text(json.dumps(report, indent=1))  # after every block: a timeout keeps them
         del model
         summary = report["loops"][loop]
-        print(f"{loop}: {summary['s_per_step_without']:.4f} s/step without, {summary['s_per_step_with']:.4f} with: "
-              f"{summary['cost_percent']:+.2f}% (pairs {', '.join(f'{p:+.2f}' for p in summary['pair_cost_percent'])}; "
-              f"spread without {summary['spread_without_percent']:.2f}%)", flush=True)
+        print(
+            f"{loop}: {summary['s_per_step_without']:.4f} s/step without, {summary['s_per_step_with']:.4f} with: "
+            f"{summary['cost_percent']:+.2f}% (pairs {', '.join(f'{p:+.2f}' for p in summary['pair_cost_percent'])}; "
+            f"spread without {summary['spread_without_percent']:.2f}%)",
+            flush=True,
+        )
 
 
 class GpuClocks:
@@ -95,9 +105,13 @@ class GpuClocks:
             return
         while not self._stop.wait(0.2):
             try:
-                self.samples.append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                                     pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
-                                     pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)))
+                self.samples.append(
+                    (
+                        pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                        pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+                        pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+                    )
+                )
             except Exception:
                 return
 
@@ -113,8 +127,12 @@ class GpuClocks:
         if not self.samples:
             return {}
         clocks, watts, temperatures = zip(*self.samples, strict=True)
-        return {"sm_clock_mhz_median": statistics.median(clocks), "sm_clock_mhz_min": min(clocks),
-                "power_w_median": statistics.median(watts), "temperature_c_max": max(temperatures)}
+        return {
+            "sm_clock_mhz_median": statistics.median(clocks),
+            "sm_clock_mhz_min": min(clocks),
+            "power_w_median": statistics.median(watts),
+            "temperature_c_max": max(temperatures),
+        }
 
 
 def summary_of(blocks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -132,8 +150,7 @@ def summary_of(blocks: list[dict[str, Any]]) -> dict[str, Any]:
         "s_per_step_with": mean_with,
         "cost_percent": 100 * (mean_with - mean_without) / mean_without if mean_without and mean_with else None,
         "pair_cost_percent": [100 * (b - a) / a for a, b in zip(without, with_probe, strict=False)],
-        "spread_without_percent": (100 * (max(without) - min(without)) / mean_without if len(without) > 1
-                                   else None),
+        "spread_without_percent": (100 * (max(without) - min(without)) / mean_without if len(without) > 1 else None),
     }
 
 

@@ -53,13 +53,15 @@ def matrix() -> list[dict[str, Any]]:
     """Configurations as RunConfig overrides, the core precision x checkpointing x batch grid first."""
     configs: list[dict[str, Any]] = []
     for precision, checkpointing in itertools.product(PRECISIONS, (False, True)):
-        configs += [{"precision": precision, "grad_checkpointing": checkpointing, "batch_size": batch}
-                    for batch in BATCH_SIZES]
+        configs += [
+            {"precision": precision, "grad_checkpointing": checkpointing, "batch_size": batch} for batch in BATCH_SIZES
+        ]
     for optim, precision, batch in itertools.product(("adamw_torch", "adafactor", "sgd"), ("fp32", "bf16"), (4, 16)):
         configs.append({"optim": optim, "precision": precision, "batch_size": batch})
     for precision, batch, checkpointing in itertools.product(("fp32", "bf16"), (4, 16), (False, True)):
-        configs.append({"attn": "eager", "precision": precision, "batch_size": batch,
-                        "grad_checkpointing": checkpointing})
+        configs.append(
+            {"attn": "eager", "precision": precision, "batch_size": batch, "grad_checkpointing": checkpointing}
+        )
     for precision, batch in itertools.product(("fp32", "bf16"), (4, 16)):
         configs.append({"grad_accum": 4, "precision": precision, "batch_size": batch})
     # Last: the Trainer registers the embeddings with bitsandbytes' global manager, which keeps them alive
@@ -76,16 +78,18 @@ def autocast_cache_set() -> list[dict[str, Any]]:
     for precision, batch in itertools.product(("bf16", "fp16"), (1, 2, 4, 8, 16, 32)):
         configs.append({"precision": precision, "grad_checkpointing": True, "grad_accum": 4, "batch_size": batch})
     for optim in ("adafactor", "sgd", "adamw_torch"):
-        configs.append({"optim": optim, "precision": "bf16", "grad_checkpointing": True, "grad_accum": 2,
-                        "batch_size": 2})
-    configs += [{"precision": "fp32", "grad_checkpointing": True, "grad_accum": 4, "batch_size": batch}
-                for batch in (2, 8)]
+        configs.append(
+            {"optim": optim, "precision": "bf16", "grad_checkpointing": True, "grad_accum": 2, "batch_size": 2}
+        )
+    configs += [
+        {"precision": "fp32", "grad_checkpointing": True, "grad_accum": 4, "batch_size": batch} for batch in (2, 8)
+    ]
     configs += [{"precision": "bf16", "grad_checkpointing": True, "batch_size": batch} for batch in (2, 8)]
-    configs.append({"attn": "eager", "precision": "bf16", "grad_checkpointing": True, "grad_accum": 4,
-                    "batch_size": 4})
+    configs.append({"attn": "eager", "precision": "bf16", "grad_checkpointing": True, "grad_accum": 4, "batch_size": 4})
     # Last (see matrix()): bitsandbytes' manager keeps memory alive after the run.
-    configs.append({"optim": "adamw_bnb_8bit", "precision": "bf16", "grad_checkpointing": True, "grad_accum": 2,
-                    "batch_size": 2})
+    configs.append(
+        {"optim": "adamw_bnb_8bit", "precision": "bf16", "grad_checkpointing": True, "grad_accum": 2, "batch_size": 2}
+    )
     return configs
 
 
@@ -115,8 +119,16 @@ def _release() -> None:
 
 def measure(overrides: dict[str, Any], steps: int) -> dict[str, Any]:
     batch = overrides["batch_size"] * overrides.get("grad_accum", 1)
-    config = RunConfig.from_json({"preset": "bert-large", "device": "cuda", "seq_len": 512, "max_steps": steps,
-                                  "samples": batch * steps, **overrides})
+    config = RunConfig.from_json(
+        {
+            "preset": "bert-large",
+            "device": "cuda",
+            "seq_len": 512,
+            "max_steps": steps,
+            "samples": batch * steps,
+            **overrides,
+        }
+    )
     events: list[Any] = []
     probe = AnatomyCallback(events.append)
     record: dict[str, Any] = {"overrides": overrides, "config": config.to_json()}
@@ -127,8 +139,12 @@ def measure(overrides: dict[str, Any], steps: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as output_dir:
             model = build_model(config)
             dataset = build_dataset(config, model.config.vocab_size)
-            trainer = Trainer(model=model, args=TrainingArguments(**training_arguments_kwargs(config, output_dir)),
-                              train_dataset=dataset, callbacks=[probe])
+            trainer = Trainer(
+                model=model,
+                args=TrainingArguments(**training_arguments_kwargs(config, output_dir)),
+                train_dataset=dataset,
+                callbacks=[probe],
+            )
             trainer.train()
         record["status"] = "ok"
     except (torch.OutOfMemoryError, RuntimeError) as error:
@@ -151,8 +167,12 @@ def measure(overrides: dict[str, Any], steps: int) -> dict[str, Any]:
 def start_guess(runs: list[dict[str, Any]], overrides: dict[str, Any], allocatable_bytes: int) -> int:
     """A first batch size from this run's measurements of the same configuration: peak memory is linear
     in the batch, so extrapolate the line through the two largest batches measured."""
-    family = [run for run in runs if run.get("status") == "ok"
-              and {key: value for key, value in run["overrides"].items() if key != "batch_size"} == overrides]
+    family = [
+        run
+        for run in runs
+        if run.get("status") == "ok"
+        and {key: value for key, value in run["overrides"].items() if key != "batch_size"} == overrides
+    ]
     family = sorted(family, key=lambda run: run["overrides"]["batch_size"])[-2:]
     if len(family) < 2:
         return 8
@@ -161,8 +181,9 @@ def start_guess(runs: list[dict[str, Any]], overrides: dict[str, Any], allocatab
     return max(1, int(b2 + (allocatable_bytes - p2) / slope)) if slope > 0 else 8
 
 
-def find_max_batches(result: dict[str, Any], steps: int, budget_s: float, started_s: float,
-                     save: Callable[[], None]) -> None:
+def find_max_batches(
+    result: dict[str, Any], steps: int, budget_s: float, started_s: float, save: Callable[[], None]
+) -> None:
     """The largest batch that trains `steps` steps, per MAX_BATCH_CONFIGS, searched as `gpuanat fit` does."""
     from gpuanat.core.memory.fit import find_largest_batch
 
@@ -174,23 +195,31 @@ def find_max_batches(result: dict[str, Any], steps: int, budget_s: float, starte
     result["max_batch"] = {"emulated_h100": emulated, "allocatable_bytes": allocatable_bytes, "searches": []}
     for overrides in MAX_BATCH_CONFIGS:
         if time.perf_counter() - started_s > budget_s:
-            result["max_batch"]["searches"].append({"overrides": overrides, "status": "skipped",
-                                                    "reason": "time budget spent"})
+            result["max_batch"]["searches"].append(
+                {"overrides": overrides, "status": "skipped", "reason": "time budget spent"}
+            )
             continue
         trials: list[dict[str, Any]] = []
 
         def trains(batch_size: int, overrides: dict[str, Any] = overrides, trials: list = trials) -> bool:
             record = measure({**overrides, "batch_size": batch_size}, steps)
-            trials.append({"batch_size": batch_size, "status": record["status"],
-                           "peak_allocated_bytes": record["peak_allocated_bytes"],
-                           "peak_reserved_bytes": record["peak_reserved_bytes"], "seconds": record["seconds"]})
+            trials.append(
+                {
+                    "batch_size": batch_size,
+                    "status": record["status"],
+                    "peak_allocated_bytes": record["peak_allocated_bytes"],
+                    "peak_reserved_bytes": record["peak_reserved_bytes"],
+                    "seconds": record["seconds"],
+                }
+            )
             print(f"  max batch {json.dumps(overrides)} {batch_size}: {record['status']}", flush=True)
             return record["status"] == "ok"
 
         start = start_guess(result["runs"], overrides, allocatable_bytes - 2**30)
         largest, _ = find_largest_batch(trains, start, limit=4096)
-        result["max_batch"]["searches"].append({"overrides": overrides, "start": start,
-                                                "largest_batch_size": largest, "trials": trials})
+        result["max_batch"]["searches"].append(
+            {"overrides": overrides, "start": start, "largest_batch_size": largest, "trials": trials}
+        )
         save()
 
 
@@ -199,10 +228,15 @@ def environment() -> dict[str, Any]:
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    info = {"gpu": pynvml.nvmlDeviceGetName(handle), "driver": pynvml.nvmlSystemGetDriverVersion(),
-            "total_memory_bytes": pynvml.nvmlDeviceGetMemoryInfo(handle).total,
-            "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "transformers": transformers.__version__}
+    info = {
+        "gpu": pynvml.nvmlDeviceGetName(handle),
+        "driver": pynvml.nvmlSystemGetDriverVersion(),
+        "total_memory_bytes": pynvml.nvmlDeviceGetMemoryInfo(handle).total,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+    }
     try:
         import bitsandbytes
 
@@ -217,21 +251,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per configuration")
-    parser.add_argument("--set", choices=sorted(CONFIG_SETS), default="grid", dest="config_set",
-                        help="which configurations: the technique grid, or the autocast-cache check (see above)")
+    parser.add_argument(
+        "--set",
+        choices=sorted(CONFIG_SETS),
+        default="grid",
+        dest="config_set",
+        help="which configurations: the technique grid, or the autocast-cache check (see above)",
+    )
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no configuration after this")
-    parser.add_argument("--max-batch", action="store_true",
-                        help="then search the largest batch that trains, on an H100's memory (emulated on bigger GPUs)")
+    parser.add_argument(
+        "--max-batch",
+        action="store_true",
+        help="then search the largest batch that trains, on an H100's memory (emulated on bigger GPUs)",
+    )
     args = parser.parse_args()
     started_s = time.perf_counter()
-    result: dict[str, Any] = {"environment": environment(), "set": args.config_set, "steps_per_config": args.steps,
-                              "runs": []}
+    result: dict[str, Any] = {
+        "environment": environment(),
+        "set": args.config_set,
+        "steps_per_config": args.steps,
+        "runs": [],
+    }
     out_of_memory: set[tuple[Any, ...]] = set()
     for overrides in CONFIG_SETS[args.config_set]():
         family = tuple(sorted((key, value) for key, value in overrides.items() if key != "batch_size"))
         if family in out_of_memory:
-            result["runs"].append({"overrides": overrides, "status": "skipped",
-                                   "reason": "a smaller batch of this configuration ran out of memory"})
+            result["runs"].append(
+                {
+                    "overrides": overrides,
+                    "status": "skipped",
+                    "reason": "a smaller batch of this configuration ran out of memory",
+                }
+            )
             continue
         if time.perf_counter() - started_s > args.budget_s:
             result["runs"].append({"overrides": overrides, "status": "skipped", "reason": "time budget spent"})
@@ -241,12 +292,15 @@ def main() -> None:
             out_of_memory.add(family)
         result["runs"].append(record)
         peak = record["peak_allocated_bytes"] or 0
-        print(f"{json.dumps(overrides)} {record['status']} peak {peak / 2**30:.2f} GiB "
-              f"{record['seconds']:.1f} s", flush=True)
+        print(
+            f"{json.dumps(overrides)} {record['status']} peak {peak / 2**30:.2f} GiB {record['seconds']:.1f} s",
+            flush=True,
+        )
         args.out.write_text(json.dumps(result, indent=1))
     if args.max_batch:
-        find_max_batches(result, 2, args.budget_s * 2, started_s,
-                         lambda: args.out.write_text(json.dumps(result, indent=1)))
+        find_max_batches(
+            result, 2, args.budget_s * 2, started_s, lambda: args.out.write_text(json.dumps(result, indent=1))
+        )
     args.out.write_text(json.dumps(result, indent=1))
 
 

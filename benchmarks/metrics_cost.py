@@ -21,8 +21,25 @@ from metrics_scrape import bands_by_rank, fetch, free_port
 
 def one_run(out: Path, name: str, steps: int, export: bool) -> dict:
     port = free_port()
-    command = [sys.executable, "-m", "gpuanat", "run", "--preset", "bert-large", "--seq-len", "512", "--batch-size",
-               "4", "--samples", "100000", "--max-steps", str(steps), "--json", "--name", name]
+    command = [
+        sys.executable,
+        "-m",
+        "gpuanat",
+        "run",
+        "--preset",
+        "bert-large",
+        "--seq-len",
+        "512",
+        "--batch-size",
+        "4",
+        "--samples",
+        "100000",
+        "--max-steps",
+        str(steps),
+        "--json",
+        "--name",
+        name,
+    ]
     if export:
         command += ["--metrics", f"127.0.0.1:{port}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -45,15 +62,28 @@ def one_run(out: Path, name: str, steps: int, export: bool) -> dict:
                 pass
         time.sleep(1.0)
     result = json.loads(process.stdout.read().strip().splitlines()[-1])
-    row = {"name": name, "export": export, "steady_samples_per_second": result["steady_samples_per_second"],
-           "parent_cpu_s": cpu_s, "scrapes": scrapes,
-           "scrape_ms_median": 1000 * sorted(scrape_s)[len(scrape_s) // 2] if scrape_s else None,
-           "last_scraped_bands": last_bands, "result_bands": result["bands"],
-           "wall_breakdown_s": result["wall_breakdown_s"]}
+    row = {
+        "name": name,
+        "export": export,
+        "steady_samples_per_second": result["steady_samples_per_second"],
+        "parent_cpu_s": cpu_s,
+        "scrapes": scrapes,
+        "scrape_ms_median": 1000 * sorted(scrape_s)[len(scrape_s) // 2] if scrape_s else None,
+        "last_scraped_bands": last_bands,
+        "result_bands": result["bands"],
+        "wall_breakdown_s": result["wall_breakdown_s"],
+    }
     with (out / "runs.jsonl").open("a") as file:
         file.write(json.dumps(row) + "\n")
-    print(json.dumps({key: row[key] for key in ("name", "steady_samples_per_second", "parent_cpu_s", "scrapes",
-                                                 "scrape_ms_median")}), flush=True)
+    print(
+        json.dumps(
+            {
+                key: row[key]
+                for key in ("name", "steady_samples_per_second", "parent_cpu_s", "scrapes", "scrape_ms_median")
+            }
+        ),
+        flush=True,
+    )
     return row
 
 

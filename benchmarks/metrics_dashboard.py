@@ -38,8 +38,11 @@ def on_screen(bar: Any) -> dict[str, int]:
 
 def compare(shown: dict[str, int], scraped: dict[str, float]) -> dict[str, Any]:
     bands = sorted(set(shown) | set(scraped))
-    differing = {band: (shown.get(band), scraped.get(band)) for band in bands
-                 if shown.get(band) is None or scraped.get(band) is None or int(scraped[band]) != shown[band]}
+    differing = {
+        band: (shown.get(band), scraped.get(band))
+        for band in bands
+        if shown.get(band) is None or scraped.get(band) is None or int(scraped[band]) != shown[band]
+    }
     return {"bands": len(bands), "differing": differing}
 
 
@@ -48,8 +51,9 @@ async def drive(steps: int, cpu: bool) -> dict[str, Any]:
 
     metrics = RunMetrics()
     server = MetricsServer(("127.0.0.1", free_port()), metrics.snapshots, job="metrics-dashboard-check")
-    workload = (dict(preset="tiny", device="cpu", seq_len=32) if cpu
-                else dict(preset="bert-large", device="cuda", seq_len=512))
+    workload = (
+        dict(preset="tiny", device="cpu", seq_len=32) if cpu else dict(preset="bert-large", device="cuda", seq_len=512)
+    )
     config = RunConfig(**workload, batch_size=4, samples=100_000, max_steps=steps)
     app = GpuAnatApp(config, db_path=Path("/tmp/metrics-dashboard.sqlite"), metrics=metrics)
     checks: list[dict[str, Any]] = []
@@ -73,9 +77,13 @@ async def drive(steps: int, cpu: bool) -> dict[str, Any]:
                 if before != after or not before:
                     moved += 1
                     continue
-                checks.append({"t_s": round(time.monotonic() - started_s, 2),
-                               "step": app.live.last_step.step if app.live and app.live.last_step else None,
-                               **compare(after, scraped)})
+                checks.append(
+                    {
+                        "t_s": round(time.monotonic() - started_s, 2),
+                        "step": app.live.last_step.step if app.live and app.live.last_step else None,
+                        **compare(after, scraped),
+                    }
+                )
             await pilot.pause(0.5)
             result = app.last_result
             final_scraped = (await asyncio.to_thread(scrape, server.url)).get("0", {})
@@ -84,11 +92,18 @@ async def drive(steps: int, cpu: bool) -> dict[str, Any]:
         server.close()
     result_bands = {band: value for band, value in result["bands"].items() if value is not None}
     equal = sum(1 for check in checks if not check["differing"])
-    return {"status": result["status"], "steps": result["steps"], "scrapes_compared": len(checks),
-            "scrapes_equal": equal, "scrapes_moved": moved, "scrape_checks": checks,
-            "final_scrape_vs_result": compare(result_bands, final_scraped),
-            "final_screen_vs_result": compare(result_bands, final_shown),
-            "result_bands": result_bands, "final_scraped": final_scraped}
+    return {
+        "status": result["status"],
+        "steps": result["steps"],
+        "scrapes_compared": len(checks),
+        "scrapes_equal": equal,
+        "scrapes_moved": moved,
+        "scrape_checks": checks,
+        "final_scrape_vs_result": compare(result_bands, final_scraped),
+        "final_screen_vs_result": compare(result_bands, final_shown),
+        "result_bands": result_bands,
+        "final_scraped": final_scraped,
+    }
 
 
 def main() -> None:
@@ -99,9 +114,23 @@ def main() -> None:
     args = parser.parse_args()
     report = asyncio.run(drive(args.steps, args.cpu))
     args.out.write_text(json.dumps(report, indent=1))
-    print(json.dumps({key: report[key] for key in ("status", "steps", "scrapes_compared", "scrapes_equal",
-                                                    "scrapes_moved", "final_scrape_vs_result",
-                                                    "final_screen_vs_result")}), flush=True)
+    print(
+        json.dumps(
+            {
+                key: report[key]
+                for key in (
+                    "status",
+                    "steps",
+                    "scrapes_compared",
+                    "scrapes_equal",
+                    "scrapes_moved",
+                    "final_scrape_vs_result",
+                    "final_screen_vs_result",
+                )
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

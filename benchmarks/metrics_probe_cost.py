@@ -45,8 +45,11 @@ def block(args: argparse.Namespace, model: Any, export: bool, port: int, scrape_
     scraper = None
     if export:
         os.environ["GPUANAT_METRICS"] = f"127.0.0.1:{port}"
-        scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, f"http://127.0.0.1:{port}/metrics", str(scrape_s)],
-                                   stdout=subprocess.PIPE, text=True)
+        scraper = subprocess.Popen(
+            [sys.executable, "-c", SCRAPER, f"http://127.0.0.1:{port}/metrics", str(scrape_s)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
     else:
         os.environ.pop("GPUANAT_METRICS", None)
     cpu_before_s, wall_before_s = time.process_time(), time.perf_counter()
@@ -56,8 +59,14 @@ def block(args: argparse.Namespace, model: Any, export: bool, port: int, scrape_
     if scraper is not None:
         scraper.kill()
         scrapes = len((scraper.communicate()[0] or "").split())
-    return {"export": export, **reading, "process_cpu_s": cpu_s, "wall_s": wall_s,
-            "cpu_s_per_wall_s": cpu_s / wall_s, "scrapes": scrapes}
+    return {
+        "export": export,
+        **reading,
+        "process_cpu_s": cpu_s,
+        "wall_s": wall_s,
+        "cpu_s_per_wall_s": cpu_s / wall_s,
+        "scrapes": scrapes,
+    }
 
 
 def summary_of(blocks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -66,12 +75,16 @@ def summary_of(blocks: list[dict[str, Any]]) -> dict[str, Any]:
         return statistics.median(values) if values else None
 
     plain, exported = median(False, "s_per_step"), median(True, "s_per_step")
-    return {"blocks": len(blocks),
-            "s_per_step_median": {"plain": plain, "export": exported},
-            "step_time_change_percent": 100 * (exported / plain - 1) if plain and exported else None,
-            "cpu_s_per_wall_s_median": {"plain": median(False, "cpu_s_per_wall_s"),
-                                        "export": median(True, "cpu_s_per_wall_s")},
-            "process_cpu_s_median": {"plain": median(False, "process_cpu_s"), "export": median(True, "process_cpu_s")}}
+    return {
+        "blocks": len(blocks),
+        "s_per_step_median": {"plain": plain, "export": exported},
+        "step_time_change_percent": 100 * (exported / plain - 1) if plain and exported else None,
+        "cpu_s_per_wall_s_median": {
+            "plain": median(False, "cpu_s_per_wall_s"),
+            "export": median(True, "cpu_s_per_wall_s"),
+        },
+        "process_cpu_s_median": {"plain": median(False, "process_cpu_s"), "export": median(True, "process_cpu_s")},
+    }
 
 
 def main() -> None:
@@ -87,8 +100,14 @@ def main() -> None:
     model = build_model(args)
     port = free_port()
     blocks: list[dict[str, Any]] = []
-    report: dict[str, Any] = {"config": str(args.config), "seq_len": args.seq_len, "batch_size": args.batch_size,
-                              "steps_per_block": args.steps, "warmup_steps": args.warmup, "scrape_s": known.scrape_s}
+    report: dict[str, Any] = {
+        "config": str(args.config),
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "steps_per_block": args.steps,
+        "warmup_steps": args.warmup,
+        "scrape_s": known.scrape_s,
+    }
     for round_index in range(known.rounds):
         if round_index and time.monotonic() - started_s > known.budget_s:
             break

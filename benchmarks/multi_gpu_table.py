@@ -14,8 +14,15 @@ from pathlib import Path
 from gpuanat.core.memory.predict import estimate_memory
 from gpuanat.core.run.config import RunConfig
 
-BANDS = ("other_processes_bytes", "cuda_context_bytes", "weights_bytes", "gradients_bytes", "optimizer_state_bytes",
-         "activations_bytes", "temporaries_and_cache_bytes")
+BANDS = (
+    "other_processes_bytes",
+    "cuda_context_bytes",
+    "weights_bytes",
+    "gradients_bytes",
+    "optimizer_state_bytes",
+    "activations_bytes",
+    "temporaries_and_cache_bytes",
+)
 GIB = 1 << 30
 
 
@@ -34,19 +41,34 @@ def rows(results: list[dict]) -> list[list[str]]:
             total = sum(at_peak[name] for name in BANDS if at_peak.get(name) is not None)
             missing = [name for name in BANDS if at_peak.get(name) is None]
             predicted = result.get("predicted") or {}
-            predicted_now = estimate_memory(RunConfig.from_json(result["config"])).peak_allocated_bytes \
-                if result.get("config") else None
+            predicted_now = (
+                estimate_memory(RunConfig.from_json(result["config"])).peak_allocated_bytes
+                if result.get("config")
+                else None
+            )
             gap = f"{100 * (total - used) / used:+.2f}%" if used and not missing else "—"
             negative = [name for name in BANDS if (bands.get(name) or 0) < 0]
-            table.append([
-                result["technique"], result.get("status", "?"), str(rank.get("rank", "—")), str(rank.get("gpu_index")),
-                *(gib(bands.get(name)) for name in BANDS), gib(used), gap, ",".join(negative) or "none",
-                f"{result.get('samples_per_second') or 0:.1f}", f"{result.get('steady_samples_per_second') or 0:.1f}",
-                gib(rank.get("peak_allocated_bytes")), gib(predicted.get("peak_allocated_bytes")),
-                _error(predicted.get("peak_allocated_bytes"), rank.get("peak_allocated_bytes")),
-                gib(predicted.get("peak_device_bytes")), _error(predicted.get("peak_device_bytes"), used),
-                gib(predicted_now), _error(predicted_now, rank.get("peak_allocated_bytes")),
-            ])
+            table.append(
+                [
+                    result["technique"],
+                    result.get("status", "?"),
+                    str(rank.get("rank", "—")),
+                    str(rank.get("gpu_index")),
+                    *(gib(bands.get(name)) for name in BANDS),
+                    gib(used),
+                    gap,
+                    ",".join(negative) or "none",
+                    f"{result.get('samples_per_second') or 0:.1f}",
+                    f"{result.get('steady_samples_per_second') or 0:.1f}",
+                    gib(rank.get("peak_allocated_bytes")),
+                    gib(predicted.get("peak_allocated_bytes")),
+                    _error(predicted.get("peak_allocated_bytes"), rank.get("peak_allocated_bytes")),
+                    gib(predicted.get("peak_device_bytes")),
+                    _error(predicted.get("peak_device_bytes"), used),
+                    gib(predicted_now),
+                    _error(predicted_now, rank.get("peak_allocated_bytes")),
+                ]
+            )
     return table
 
 
@@ -54,9 +76,31 @@ def _error(predicted: int | None, measured: int | None) -> str:
     return "—" if not predicted or not measured else f"{100 * (predicted - measured) / measured:+.1f}%"
 
 
-HEADER = ["technique", "status", "rank", "GPU", "other", "context", "weights", "grads", "optim", "activ",
-          "temp+cache", "NVML used", "bands−NVML", "negative", "samples/s (HF)", "steady samples/s", "peak alloc",
-          "predicted peak alloc", "error", "predicted device", "error", "predicted now", "error now"]
+HEADER = [
+    "technique",
+    "status",
+    "rank",
+    "GPU",
+    "other",
+    "context",
+    "weights",
+    "grads",
+    "optim",
+    "activ",
+    "temp+cache",
+    "NVML used",
+    "bands−NVML",
+    "negative",
+    "samples/s (HF)",
+    "steady samples/s",
+    "peak alloc",
+    "predicted peak alloc",
+    "error",
+    "predicted device",
+    "error",
+    "predicted now",
+    "error now",
+]
 
 
 def main() -> None:

@@ -44,25 +44,33 @@ def main() -> None:
     check: dict = {"check": name}
     if anatomy and trace.is_file():
         trace_s, by_category = trace_device_time_s(trace)
-        check.update(trace_device_time_s=trace_s, trace_by_category_s=by_category,
-                     device_time_vs_trace_percent=100 * (anatomy["device_time_s"] - trace_s) / trace_s if trace_s
-                     else None)
+        check.update(
+            trace_device_time_s=trace_s,
+            trace_by_category_s=by_category,
+            device_time_vs_trace_percent=100 * (anatomy["device_time_s"] - trace_s) / trace_s if trace_s else None,
+        )
     with results.open("a") as kept:
         kept.write(json.dumps({**result, **check}) + "\n")
-    print(f"== {name}: {result['status']}, steady {result.get('steady_samples_per_second')} samples/s, "
-          f"MFU {result.get('mfu')}")
+    print(
+        f"== {name}: {result['status']}, steady {result.get('steady_samples_per_second')} samples/s, "
+        f"MFU {result.get('mfu')}"
+    )
     if not anatomy:
         print("   no operations anatomy")
         return
-    print(f"   groups' shares sum off by {shares_sum_error_percent(anatomy)}%; device time "
-          f"{anatomy['device_time_s']:.4f} s, trace {check.get('trace_device_time_s')} s "
-          f"({check.get('device_time_vs_trace_percent')}%) {check.get('trace_by_category_s')}")
+    print(
+        f"   groups' shares sum off by {shares_sum_error_percent(anatomy)}%; device time "
+        f"{anatomy['device_time_s']:.4f} s, trace {check.get('trace_device_time_s')} s "
+        f"({check.get('device_time_vs_trace_percent')}%) {check.get('trace_by_category_s')}"
+    )
     for text in summary_lines(anatomy):
         print("   " + text)
     for group in ("contractions", "normalizations", "elementwise", "optimizer", "memory_copies", "other"):
         for kernel in anatomy[group]["top_kernels"]:
-            print(f"   {group:<15} {100 * (kernel['time_share'] or 0):5.1f}% {kernel['calls']:>6} "
-                  f"{(kernel['op'] or '-')[:40]:<40} {kernel['name'][:110]}")
+            print(
+                f"   {group:<15} {100 * (kernel['time_share'] or 0):5.1f}% {kernel['calls']:>6} "
+                f"{(kernel['op'] or '-')[:40]:<40} {kernel['name'][:110]}"
+            )
 
 
 if __name__ == "__main__":

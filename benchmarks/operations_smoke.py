@@ -29,11 +29,12 @@ def main() -> None:
     addmm = next(event for event in profile.events() if event.name == "aten::addmm")
     print("aten::addmm", addmm.input_shapes, "dtypes", getattr(addmm, "input_dtypes", "(no input_dtypes)"))
     (operations,) = events
-    print(f"wall {operations.wall_s:.4f} s, processing {operations.processing_s:.3f} s, "
-          f"{len(operations.kernels)} rows")
+    print(f"wall {operations.wall_s:.4f} s, processing {operations.processing_s:.3f} s, {len(operations.kernels)} rows")
     for row in operations.kernels:
-        print(f"{row.group:<15} {row.calls:>4} {1e6 * row.time_s:8.1f} us flops {row.flops} bytes {row.bytes} "
-              f"op {row.op} optimizer {row.optimizer} :: {row.name[:120]}")
+        print(
+            f"{row.group:<15} {row.calls:>4} {1e6 * row.time_s:8.1f} us flops {row.flops} bytes {row.bytes} "
+            f"op {row.op} optimizer {row.optimizer} :: {row.name[:120]}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,9 +36,21 @@ def plain_run(config: dict, with_probe: bool = False) -> dict:
     gpuanat's probe as its callback too (no runner, no sampler: what the probe alone costs)."""
     env = child_environment(RunConfig.from_json(config), os.environ)
     started_s = time.monotonic()
-    completed = subprocess.run([sys.executable, str(HERE / "plain_trainer.py"), "--config", json.dumps(config),
-                                "--requested-monotonic-s", repr(started_s), *(["--with-probe"] if with_probe else [])],
-                               capture_output=True, text=True, check=False, env=env)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "plain_trainer.py"),
+            "--config",
+            json.dumps(config),
+            "--requested-monotonic-s",
+            repr(started_s),
+            *(["--with-probe"] if with_probe else []),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
         raise RuntimeError(f"plain Trainer failed ({completed.returncode}): {completed.stderr[-2000:]}")
@@ -47,20 +59,29 @@ def plain_run(config: dict, with_probe: bool = False) -> dict:
 
 def gpuanat_run(config: dict, db: Path) -> dict:
     started_s = time.monotonic()
-    flags = [f"--{key.replace('_', '-')}={value}" for key, value in config.items()
-             if value is not None and not isinstance(value, bool) and key not in ("model", "seed")]
-    flags += [f"--{'' if value else 'no-'}{key.replace('_', '-')}" for key, value in config.items()
-              if isinstance(value, bool)]
-    completed = subprocess.run([sys.executable, "-m", "gpuanat", "run", "--json", "--db", str(db), *flags],
-                               capture_output=True, text=True, check=False)
+    flags = [
+        f"--{key.replace('_', '-')}={value}"
+        for key, value in config.items()
+        if value is not None and not isinstance(value, bool) and key not in ("model", "seed")
+    ]
+    flags += [
+        f"--{'' if value else 'no-'}{key.replace('_', '-')}" for key, value in config.items() if isinstance(value, bool)
+    ]
+    completed = subprocess.run(
+        [sys.executable, "-m", "gpuanat", "run", "--json", "--db", str(db), *flags],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
         raise RuntimeError(f"gpuanat run failed ({completed.returncode}): {completed.stderr[-2000:]}")
     return {**json.loads(lines[-1]), "wall_s": time.monotonic() - started_s}
 
 
-def interleaved(names: list[str], repeats: int, out: Path, base: dict, warmup_runs: int = 0,
-                probe_arm: bool = False) -> None:
+def interleaved(
+    names: list[str], repeats: int, out: Path, base: dict, warmup_runs: int = 0, probe_arm: bool = False
+) -> None:
     from gpuanat.core.run.config import RunConfig
     from gpuanat.core.store.sweep import EXPERIMENTS
 
@@ -89,7 +110,9 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict, warmup_ru
         plain_steady = [r["steady_samples_per_second"] for r in plain]
         monitored_steady = [r["steady_samples_per_second"] for r in monitored]
         row = {
-            "name": name, "config": config, "repeats": repeats,
+            "name": name,
+            "config": config,
+            "repeats": repeats,
             "plain_samples_per_second": [r["samples_per_second"] for r in plain],
             "gpuanat_samples_per_second": [r["samples_per_second"] for r in monitored],
             "samples_ratio_of_medians": statistics.median(r["samples_per_second"] for r in monitored)
@@ -112,22 +135,26 @@ def interleaved(names: list[str], repeats: int, out: Path, base: dict, warmup_ru
             "gpuanat_peak_allocated_bytes": [r["peak_allocated_bytes"] for r in monitored],
         }
         if probed:  # the plain Trainer with the probe: the probe's own share of any gap
-            row.update({
-                "plain_probe_samples_per_second": [r["samples_per_second"] for r in probed],
-                "plain_probe_steady_samples_per_second": [r["steady_samples_per_second"] for r in probed],
-                "plain_probe_wall_breakdown_s": [r.get("wall_breakdown_s") for r in probed],
-                "plain_probe_samples_ratio_of_medians": statistics.median(r["samples_per_second"] for r in probed)
-                / statistics.median(r["samples_per_second"] for r in plain),
-            })
+            row.update(
+                {
+                    "plain_probe_samples_per_second": [r["samples_per_second"] for r in probed],
+                    "plain_probe_steady_samples_per_second": [r["steady_samples_per_second"] for r in probed],
+                    "plain_probe_wall_breakdown_s": [r.get("wall_breakdown_s") for r in probed],
+                    "plain_probe_samples_ratio_of_medians": statistics.median(r["samples_per_second"] for r in probed)
+                    / statistics.median(r["samples_per_second"] for r in plain),
+                }
+            )
         rows.append(row)
         out.write_text(json.dumps(rows, indent=2))
-        print(f"{name:<32} HF samples/s ratio of medians {row['samples_ratio_of_medians']:.4f}  "
-              f"steady ratio of medians {row['steady_ratio_of_medians']:.4f}  "
-              f"plain {plain_steady}  gpuanat {monitored_steady}  wall medians: plain "
-              f"{statistics.median(row['plain_wall_s']):.1f} s, gpuanat "
-              f"{statistics.median(row['gpuanat_wall_s']):.1f} s"
-              + (f"  plain + probe HF ratio {row['plain_probe_samples_ratio_of_medians']:.4f}" if probed else ""),
-              flush=True)
+        print(
+            f"{name:<32} HF samples/s ratio of medians {row['samples_ratio_of_medians']:.4f}  "
+            f"steady ratio of medians {row['steady_ratio_of_medians']:.4f}  "
+            f"plain {plain_steady}  gpuanat {monitored_steady}  wall medians: plain "
+            f"{statistics.median(row['plain_wall_s']):.1f} s, gpuanat "
+            f"{statistics.median(row['gpuanat_wall_s']):.1f} s"
+            + (f"  plain + probe HF ratio {row['plain_probe_samples_ratio_of_medians']:.4f}" if probed else ""),
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -135,12 +162,23 @@ def main() -> None:
     parser.add_argument("--sweep-json", type=Path)
     parser.add_argument("--interleave", action="append", default=[], metavar="NAME")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--warmup-runs", type=int, default=0,
-                        help="runs of each, not counted, before the alternated ones (cold disk and kernel caches)")
-    parser.add_argument("--probe-arm", action="store_true",
-                        help="a third arm alternated with the two: the plain Trainer with gpuanat's probe")
-    parser.add_argument("--base", type=json.loads, default={"device": "cuda"},
-                        help="RunConfig fields the experiments start from, as JSON (default: bert-large on cuda)")
+    parser.add_argument(
+        "--warmup-runs",
+        type=int,
+        default=0,
+        help="runs of each, not counted, before the alternated ones (cold disk and kernel caches)",
+    )
+    parser.add_argument(
+        "--probe-arm",
+        action="store_true",
+        help="a third arm alternated with the two: the plain Trainer with gpuanat's probe",
+    )
+    parser.add_argument(
+        "--base",
+        type=json.loads,
+        default={"device": "cuda"},
+        help="RunConfig fields the experiments start from, as JSON (default: bert-large on cuda)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.interleave:
@@ -167,8 +205,11 @@ def main() -> None:
         }
         rows.append(row)
         args.out.write_text(json.dumps(rows, indent=2))
-        print(f"{row['name']:<32} steady ratio {row['steady_ratio']:.4f}  "
-              f"peak allocated ratio {row['peak_allocated_ratio']:.4f}", flush=True)
+        print(
+            f"{row['name']:<32} steady ratio {row['steady_ratio']:.4f}  "
+            f"peak allocated ratio {row['peak_allocated_ratio']:.4f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -52,12 +52,14 @@ def main() -> int:
     snapshot = pickle.loads(args.snapshot.read_bytes())
     peak, index, blocks = peak_blocks(snapshot)
     trace_length = len(snapshot["device_traces"][0])
-    print(f"peak {peak / MIB:,.1f} MiB in the trace (event {index} of {trace_length}; blocks allocated before the "
-          f"history began are not in it); {len(blocks)} blocks live")
+    print(
+        f"peak {peak / MIB:,.1f} MiB in the trace (event {index} of {trace_length}; blocks allocated before the "
+        f"history began are not in it); {len(blocks)} blocks live"
+    )
     groups: dict[str, list[int]] = defaultdict(list)
     for block in blocks:
         groups[_where(block.get("frames", []))].append(block["size"])
-    for where, sizes in sorted(groups.items(), key=lambda item: -sum(item[1]))[:args.top]:
+    for where, sizes in sorted(groups.items(), key=lambda item: -sum(item[1]))[: args.top]:
         print(f"{sum(sizes) / MIB:10.1f} MiB  {len(sizes):5d} x  {where or '(no Python frame)'}")
     return 0
 

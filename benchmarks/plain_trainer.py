@@ -63,12 +63,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     parser.add_argument("--requested-monotonic-s", type=float, help="when the caller started this script")
-    parser.add_argument("--with-probe", action="store_true",
-                        help="add gpuanat's probe (AnatomyCallback, its events dropped): the probe's cost alone")
+    parser.add_argument(
+        "--with-probe",
+        action="store_true",
+        help="add gpuanat's probe (AnatomyCallback, its events dropped): the probe's cost alone",
+    )
     args = parser.parse_args()
     config = RunConfig.from_json(json.loads(args.config))
-    points = {REQUESTED: args.requested_monotonic_s or process_started_monotonic_s() or STARTED_MONOTONIC_S,
-              "started": STARTED_MONOTONIC_S, "imported": IMPORTED_MONOTONIC_S}
+    points = {
+        REQUESTED: args.requested_monotonic_s or process_started_monotonic_s() or STARTED_MONOTONIC_S,
+        "started": STARTED_MONOTONIC_S,
+        "imported": IMPORTED_MONOTONIC_S,
+    }
     model = build_model(config)  # CUDA initialises here: the model is built on the GPU
     points["model built"] = time.monotonic()
     dataset = build_dataset(config, model.config.vocab_size)
@@ -80,22 +86,31 @@ def main() -> None:
 
         callbacks.insert(0, AnatomyCallback(lambda event: None))
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = Trainer(model=model, args=TrainingArguments(**training_arguments_kwargs(config, output_dir)),
-                          train_dataset=dataset, callbacks=callbacks)
+        trainer = Trainer(
+            model=model,
+            args=TrainingArguments(**training_arguments_kwargs(config, output_dir)),
+            train_dataset=dataset,
+            callbacks=callbacks,
+        )
         points["trainer ready"] = time.monotonic()
         metrics = trainer.train().metrics
     points.update({"first step": clock.first_step_s, "last step": clock.last_step_s, "trained": time.monotonic()})
     steady_steps = trainer.state.global_step - clock.warmup_steps
     # Every step of these configs is full (samples divide evenly), so samples = steps × batch.
-    print(json.dumps({
-        "config": config.to_json(),
-        "samples_per_second": metrics["train_samples_per_second"],
-        "train_runtime_s": metrics["train_runtime"],
-        "steady_samples_per_second": steady_steps * clock.samples_per_step / (clock.end_s - clock.start_s),
-        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
-        "wall_breakdown_s": wall_breakdown(points),
-        "time_to_first_step_s": time_to_first_step_s(points),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "config": config.to_json(),
+                "samples_per_second": metrics["train_samples_per_second"],
+                "train_runtime_s": metrics["train_runtime"],
+                "steady_samples_per_second": steady_steps * clock.samples_per_step / (clock.end_s - clock.start_s),
+                "peak_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+                "wall_breakdown_s": wall_breakdown(points),
+                "time_to_first_step_s": time_to_first_step_s(points),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -79,9 +79,12 @@ def main() -> None:
     plain, probed = statistics.median(seconds_per_step["plain"]), statistics.median(seconds_per_step["probed"])
     result = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "config": config.to_json(), "blocks": args.blocks,
-        "steps_per_block": args.steps, "seconds_per_step": seconds_per_step,
-        "median_plain_s": plain, "median_probed_s": probed,
+        "config": config.to_json(),
+        "blocks": args.blocks,
+        "steps_per_block": args.steps,
+        "seconds_per_step": seconds_per_step,
+        "median_plain_s": plain,
+        "median_probed_s": probed,
         "probe_cost_percent_of_step_time": 100.0 * (probed - plain) / plain,
         "throughput_ratio": plain / probed,
     }

@@ -34,9 +34,12 @@ def cost_row(run: dict[str, Any]) -> dict[str, Any]:
     measured_per_step_s = parts["measured steps"] / FIRST_MEASURED_STEPS
     long_run_per_step_s = ((EXACT_EVERY_STEPS - 1) * other_per_step_s + measured_per_step_s) / EXACT_EVERY_STEPS
     return {
-        "name": run["name"], "steps": steps, "step_ms": 1000 * step_s,
+        "name": run["name"],
+        "steps": steps,
+        "step_ms": 1000 * step_s,
         "probe_ms_by_part": {part: 1000 * seconds for part, seconds in parts.items()},
-        "other_step_ms": 1000 * other_per_step_s, "measured_step_ms": 1000 * measured_per_step_s,
+        "other_step_ms": 1000 * other_per_step_s,
+        "measured_step_ms": 1000 * measured_per_step_s,
         "run_cost_percent": run["probe_cost_percent"],
         "long_run_cost_percent": 100 * long_run_per_step_s / step_s,
     }
@@ -48,11 +51,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rows = [cost_row(run) for run in json.loads(args.sweep.read_text()) if run.get("probe_time_by_part_s")]
-    print(f"{'experiment':<32} {'step ms':>8} {'probe/step ms':>13} {'measured step ms':>16} "
-          f"{'this run %':>10} {'long run %':>10}")
+    print(
+        f"{'experiment':<32} {'step ms':>8} {'probe/step ms':>13} {'measured step ms':>16} "
+        f"{'this run %':>10} {'long run %':>10}"
+    )
     for row in rows:
-        print(f"{row['name']:<32} {row['step_ms']:8.1f} {row['other_step_ms']:13.3f} {row['measured_step_ms']:16.2f} "
-              f"{row['run_cost_percent']:10.3f} {row['long_run_cost_percent']:10.3f}")
+        print(
+            f"{row['name']:<32} {row['step_ms']:8.1f} {row['other_step_ms']:13.3f} {row['measured_step_ms']:16.2f} "
+            f"{row['run_cost_percent']:10.3f} {row['long_run_cost_percent']:10.3f}"
+        )
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 

@@ -52,8 +52,9 @@ def time_publish_calls(directory: Path, calls: int = 20_000) -> dict[str, float]
     step = Step(step=1, samples=4, tokens=128, step_time_s=0.01, elapsed_s=1.0, loss=0.5, monotonic_s=1.0)
     results = {}
     for label, interval_s in (("written_us", 0.0), ("throttled_us", 3600.0)):
-        publisher = Publisher(directory, pid=os.getpid() + 1_000_000 + int(interval_s),
-                              plain_step_interval_s=interval_s)
+        publisher = Publisher(
+            directory, pid=os.getpid() + 1_000_000 + int(interval_s), plain_step_interval_s=interval_s
+        )
         publisher.publish(Step(**{**step.__dict__, "bands": ProbeBands(1, 1, 1, 1, "saved_tensors", 1, 1)}))
         publisher.publish(step)
         started = time.perf_counter()
@@ -69,8 +70,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--config", type=json.loads,
-                        default={"preset": "tiny", "device": "cpu", "seq_len": 64, "batch_size": 8, "samples": 4096})
+    parser.add_argument(
+        "--config",
+        type=json.loads,
+        default={"preset": "tiny", "device": "cpu", "seq_len": 64, "batch_size": 8, "samples": 4096},
+    )
     args = parser.parse_args()
     runtime_dir = Path(tempfile.mkdtemp(prefix="gpuanat-bench-"))  # mode 0700, like $XDG_RUNTIME_DIR
     os.environ["XDG_RUNTIME_DIR"] = str(runtime_dir)
@@ -97,13 +101,22 @@ def main() -> None:
     per_round = len(ARMS_PER_ROUND) // 3
 
     def round_ratios(arm: str, baseline: str) -> list[float]:
-        return [statistics.mean(seconds_per_step[arm][r * per_round:(r + 1) * per_round])
-                / statistics.mean(seconds_per_step[baseline][r * per_round:(r + 1) * per_round])
-                for r in range(args.rounds)]
+        return [
+            statistics.mean(seconds_per_step[arm][r * per_round : (r + 1) * per_round])
+            / statistics.mean(seconds_per_step[baseline][r * per_round : (r + 1) * per_round])
+            for r in range(args.rounds)
+        ]
+
     result = {
-        "device": "cpu", "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-        "torch_threads": 1, "config": config.to_json(), "rounds": args.rounds, "steps_per_block": args.steps,
-        "seconds_per_step": seconds_per_step, "median_seconds_per_step": medians,
+        "device": "cpu",
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch_threads": 1,
+        "config": config.to_json(),
+        "rounds": args.rounds,
+        "steps_per_block": args.steps,
+        "seconds_per_step": seconds_per_step,
+        "median_seconds_per_step": medians,
         "publishing_cost_percent_of_step_time": 100.0 * (medians["published"] - medians["probe"]) / medians["probe"],
         "opt_in_cost_percent_of_step_time": 100.0 * (medians["published"] - medians["plain"]) / medians["plain"],
         "published_over_probe_per_round": round_ratios("published", "probe"),

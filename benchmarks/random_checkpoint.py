@@ -25,11 +25,14 @@ def main() -> None:
     started_s = time.perf_counter()
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.config),
-                                                 dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(args.config), dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32
+        )
     model.save_pretrained(args.output)
-    print(f"{args.output}: {sum(p.numel() for p in model.parameters()):,} parameters in {args.dtype}, "
-          f"{time.perf_counter() - started_s:.0f} s")
+    print(
+        f"{args.output}: {sum(p.numel() for p in model.parameters()):,} parameters in {args.dtype}, "
+        f"{time.perf_counter() - started_s:.0f} s"
+    )
 
 
 if __name__ == "__main__":

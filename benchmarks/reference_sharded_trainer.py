@@ -47,10 +47,15 @@ def nvml_reading(local_rank: int) -> dict[str, int | None]:
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(local_rank)
-    own = [process.usedGpuMemory for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-           if process.pid == os.getpid()]
-    return {"device_used_bytes": pynvml.nvmlDeviceGetMemoryInfo(handle).used,
-            "process_used_bytes": own[0] if own else None}
+    own = [
+        process.usedGpuMemory
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        if process.pid == os.getpid()
+    ]
+    return {
+        "device_used_bytes": pynvml.nvmlDeviceGetMemoryInfo(handle).used,
+        "process_used_bytes": own[0] if own else None,
+    }
 
 
 def training_arguments(args: argparse.Namespace, output_dir: str, on_gpu: bool, layer_class: str | None) -> Any:
@@ -58,17 +63,39 @@ def training_arguments(args: argparse.Namespace, output_dir: str, on_gpu: bool, 
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     sharding: dict = {}
     if args.sharding == "fsdp":
-        sharding = {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True,
-                                                  "transformer_layer_cls_to_wrap": [layer_class]}}
+        sharding = {
+            "fsdp": True,
+            "fsdp_config": {
+                "version": 2,
+                "reshard_after_forward": True,
+                "transformer_layer_cls_to_wrap": [layer_class],
+            },
+        }
     elif args.sharding and args.sharding.startswith("zero"):
-        sharding = {"deepspeed": {"zero_optimization": {"stage": int(args.sharding[-1])}, "bf16": {"enabled": "auto"},
-                                  "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
-                                  "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-                                  "zero_allow_untested_optimizer": True}}
+        sharding = {
+            "deepspeed": {
+                "zero_optimization": {"stage": int(args.sharding[-1])},
+                "bf16": {"enabled": "auto"},
+                "train_micro_batch_size_per_gpu": "auto",
+                "train_batch_size": "auto",
+                "gradient_accumulation_steps": "auto",
+                "gradient_clipping": "auto",
+                "zero_allow_untested_optimizer": True,
+            }
+        }
     return TrainingArguments(
-        output_dir=output_dir, per_device_train_batch_size=args.batch_size, max_steps=args.steps, bf16=on_gpu,
-        use_cpu=not on_gpu, **{checkpointing: not args.no_checkpointing}, optim="adamw_torch_fused",
-        report_to="none", save_strategy="no", logging_steps=1_000_000, **sharding)
+        output_dir=output_dir,
+        per_device_train_batch_size=args.batch_size,
+        max_steps=args.steps,
+        bf16=on_gpu,
+        use_cpu=not on_gpu,
+        **{checkpointing: not args.no_checkpointing},
+        optim="adamw_torch_fused",
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1_000_000,
+        **sharding,
+    )
 
 
 def main() -> None:
@@ -105,14 +132,21 @@ def main() -> None:
     if args.lora:
         from peft import LoraConfig, TaskType, get_peft_model
 
-        model = get_peft_model(model.to(torch.bfloat16) if on_gpu else model,
-                               LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear",
-                                          task_type=TaskType.CAUSAL_LM))
+        model = get_peft_model(
+            model.to(torch.bfloat16) if on_gpu else model,
+            LoraConfig(
+                r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear", task_type=TaskType.CAUSAL_LM
+            ),
+        )
     loaded_s = time.perf_counter() - started_s
     layer_class = type(model.get_decoder().layers[0]).__name__
     arguments = arguments or training_arguments(args, output_dir, on_gpu, layer_class)
-    tokens = torch.randint(0, config.vocab_size, (args.batch_size * args.steps * 2, args.seq_len),
-                           generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0,
+        config.vocab_size,
+        (args.batch_size * args.steps * 2, args.seq_len),
+        generator=torch.Generator().manual_seed(0),
+    )
     dataset = Dataset.from_dict({"input_ids": tokens.tolist(), "labels": tokens.tolist()}).with_format("torch")
     clock = Clock()
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=[clock])
@@ -120,16 +154,24 @@ def main() -> None:
     steps_s = [later - earlier for earlier, later in zip(clock.ends_s, clock.ends_s[1:], strict=False)]
     # One write a line: the ranks share torchrun's stdout, and with PYTHONUNBUFFERED print writes the line and its
     # newline apart (on 4 H200s two ranks' lines ran together)
-    line = {"rank": int(os.environ.get("RANK", "0")), "local_rank": local_rank,
-            "model": args.checkpoint or args.config, "sharding": args.sharding, "lora": args.lora,
-            "seq_len": args.seq_len, "batch_size": args.batch_size, "steps": len(clock.ends_s),
-            "checkpointing": not args.no_checkpointing, "loaded_s": round(loaded_s, 1),
-            "weights_dtype_loaded": str(next(model.parameters()).dtype),
-            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved() if on_gpu else None,
-            **(nvml_reading(local_rank) if on_gpu else {}),
-            "s_per_step_median": sorted(steps_s)[len(steps_s) // 2] if steps_s else None,
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+    line = {
+        "rank": int(os.environ.get("RANK", "0")),
+        "local_rank": local_rank,
+        "model": args.checkpoint or args.config,
+        "sharding": args.sharding,
+        "lora": args.lora,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "steps": len(clock.ends_s),
+        "checkpointing": not args.no_checkpointing,
+        "loaded_s": round(loaded_s, 1),
+        "weights_dtype_loaded": str(next(model.parameters()).dtype),
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if on_gpu else None,
+        **(nvml_reading(local_rank) if on_gpu else {}),
+        "s_per_step_median": sorted(steps_s)[len(steps_s) // 2] if steps_s else None,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
 

@@ -24,11 +24,13 @@ def line(name: str, result: dict) -> str:
     predicted = (result.get("predicted") or {}).get("peak_allocated_bytes")
     error = result.get("prediction_error_percent")
     bands = stack_sum_error_percent(result)
-    return (f"{name:<20} {result['status']:<6} steps {result.get('steps')!s:>4}  peak "
-            f"{peak / GIB if peak else 0:6.2f} GiB predicted {predicted / GIB if predicted else 0:6.2f} "
-            f"({'—' if error is None else f'{error:+.1f}%'})  bands {'—' if bands is None else f'{bands:+.3f}%'} of "
-            f"NVML {stack_problems(result) or ''} steady {result.get('steady_samples_per_second')} TFLOP/s "
-            f"{result.get('achieved_tflops')} MFU {result.get('mfu')} probe {result.get('probe_cost_percent')}%")
+    return (
+        f"{name:<20} {result['status']:<6} steps {result.get('steps')!s:>4}  peak "
+        f"{peak / GIB if peak else 0:6.2f} GiB predicted {predicted / GIB if predicted else 0:6.2f} "
+        f"({'—' if error is None else f'{error:+.1f}%'})  bands {'—' if bands is None else f'{bands:+.3f}%'} of "
+        f"NVML {stack_problems(result) or ''} steady {result.get('steady_samples_per_second')} TFLOP/s "
+        f"{result.get('achieved_tflops')} MFU {result.get('mfu')} probe {result.get('probe_cost_percent')}%"
+    )
 
 
 def main() -> None:

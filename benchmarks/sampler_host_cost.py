@@ -52,8 +52,12 @@ def timed(call: Callable[[], Any], repeat: int) -> dict[str, float]:
         call()
         cpu_ms.append(1000 * (time.thread_time() - cpu_start))
         wall_ms.append(1000 * (time.perf_counter() - wall_start))
-    return {"cpu_ms_median": round(statistics.median(cpu_ms), 3), "cpu_ms_min": round(min(cpu_ms), 3),
-            "cpu_ms_max": round(max(cpu_ms), 3), "wall_ms_median": round(statistics.median(wall_ms), 3)}
+    return {
+        "cpu_ms_median": round(statistics.median(cpu_ms), 3),
+        "cpu_ms_min": round(min(cpu_ms), 3),
+        "cpu_ms_max": round(max(cpu_ms), 3),
+        "wall_ms_median": round(statistics.median(wall_ms), 3),
+    }
 
 
 def main() -> None:
@@ -71,13 +75,19 @@ def main() -> None:
     from gpuanat.core.watch.session import WatchSession
     from gpuanat.core.watch.target import resolve_target
 
-    nvml = probe_nvml() if args.nvml else NvmlStatus(available=False, reason="not asked (--nvml)", driver_version=None,
-                                                     cuda_driver_version=None, gpu_names=())
+    nvml = (
+        probe_nvml()
+        if args.nvml
+        else NvmlStatus(
+            available=False, reason="not asked (--nvml)", driver_version=None, cuda_driver_version=None, gpu_names=()
+        )
+    )
     if args.nvml and not nvml.available:
         raise SystemExit(f"--nvml: {nvml.reason}")
 
-    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(child=CHILD, children=args.children)],
-                              start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT.format(child=CHILD, children=args.children)], start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 10
         while len(psutil.Process(parent.pid).children(recursive=True)) < args.children:
@@ -139,11 +149,18 @@ def main() -> None:
         "percent_of_one_core": round(100 * (sum(reads_cpu_ms) + sum(handle_cpu_ms)) / 1000 / args.seconds, 3),
     }
     result = {
-        "processes_in_tree": tree, "processes_on_machine": len(psutil.pids()),
-        "descendants_refresh_s": DEFAULT_DESCENDANTS_REFRESH_S, "interval_s": args.interval,
-        "read_of_known_tree": known_tree, "tree_walk": walk, "at_the_watch_pace": paced_result,
-        "nvml_readings_of_gpu_0": nvml_readings, "paced_source": type(paced).__name__,
-        "machine": platform.node(), "python": platform.python_version(), "psutil": psutil.__version__,
+        "processes_in_tree": tree,
+        "processes_on_machine": len(psutil.pids()),
+        "descendants_refresh_s": DEFAULT_DESCENDANTS_REFRESH_S,
+        "interval_s": args.interval,
+        "read_of_known_tree": known_tree,
+        "tree_walk": walk,
+        "at_the_watch_pace": paced_result,
+        "nvml_readings_of_gpu_0": nvml_readings,
+        "paced_source": type(paced).__name__,
+        "machine": platform.node(),
+        "python": platform.python_version(),
+        "psutil": psutil.__version__,
         "cpu_count": os.cpu_count(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -36,8 +36,12 @@ def allocated() -> int:
     return torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
 
 
-CASES = [("llama-3.2-1b", "causal-lm"), ("qwen2.5-0.5b", "causal-lm"), ("gpt2", "classification"),
-         ("bert-base", "classification")]
+CASES = [
+    ("llama-3.2-1b", "causal-lm"),
+    ("qwen2.5-0.5b", "causal-lm"),
+    ("gpt2", "classification"),
+    ("bert-base", "classification"),
+]
 
 
 def measure(preset_name: str, objective: str, regime: str, seq_len: int, batch: int) -> dict:
@@ -63,8 +67,13 @@ def measure(preset_name: str, objective: str, regime: str, seq_len: int, batch: 
         if pointer not in seen and pointer not in param_storages:
             is_cast = tuple(sorted(tensor.shape)) in param_shapes and tensor.dtype != torch.float32
             kind = "weight cast" if is_cast else "act"
-            seen[pointer] = {"module": stack[-1] if stack else "(top)", "shape": list(tensor.shape),
-                             "dtype": str(tensor.dtype).replace("torch.", ""), "bytes": storage.nbytes(), "kind": kind}
+            seen[pointer] = {
+                "module": stack[-1] if stack else "(top)",
+                "shape": list(tensor.shape),
+                "dtype": str(tensor.dtype).replace("torch.", ""),
+                "bytes": storage.nbytes(),
+                "kind": kind,
+            }
         return tensor
 
     vocab = config.vocab_size
@@ -84,8 +93,9 @@ def measure(preset_name: str, objective: str, regime: str, seq_len: int, batch: 
     for entry in seen.values():
         module = entry["module"]
         parts = module.split(".")
-        in_layer0 = any(part.isdigit() and part == "0" and parts[i - 1] in ("layers", "h", "layer")
-                        for i, part in enumerate(parts))
+        in_layer0 = any(
+            part.isdigit() and part == "0" and parts[i - 1] in ("layers", "h", "layer") for i, part in enumerate(parts)
+        )
         in_layers = any(part.isdigit() and parts[i - 1] in ("layers", "h", "layer") for i, part in enumerate(parts))
         generic = ".".join(part for part in parts if not part.isdigit())
         key = f"{entry['kind']} {generic} {entry['dtype']} {entry['shape'][-1] if entry['shape'] else ''}"
@@ -99,10 +109,18 @@ def measure(preset_name: str, objective: str, regime: str, seq_len: int, batch: 
     del model
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
-    return {"preset": preset_name, "objective": objective, "regime": regime, "seq_len": seq_len, "batch": batch,
-            "saved_activation_bytes": total, "saved_weight_cast_bytes": casts, "allocated_growth_bytes": after - before,
-            "layer0_bytes_per_token": {k: v / tokens for k, v in sorted(layer0.items())},
-            "outside_layers_bytes_per_token": {k: v / tokens for k, v in sorted(other.items())}}
+    return {
+        "preset": preset_name,
+        "objective": objective,
+        "regime": regime,
+        "seq_len": seq_len,
+        "batch": batch,
+        "saved_activation_bytes": total,
+        "saved_weight_cast_bytes": casts,
+        "allocated_growth_bytes": after - before,
+        "layer0_bytes_per_token": {k: v / tokens for k, v in sorted(layer0.items())},
+        "outside_layers_bytes_per_token": {k: v / tokens for k, v in sorted(other.items())},
+    }
 
 
 def main() -> None:
@@ -119,10 +137,12 @@ def main() -> None:
         for regime in ("amp", "bf16-base"):
             result = measure(preset_name, objective, regime, args.seq_len, args.batch)
             results.append(result)
-            print(f"== {preset_name} {objective} {regime}: saved activations"
-                  f" {result['saved_activation_bytes'] / 2**20:.1f} MiB, weight casts"
-                  f" {result['saved_weight_cast_bytes'] / 2**20:.1f} MiB, allocated growth"
-                  f" {result['allocated_growth_bytes'] / 2**20:.1f} MiB")
+            print(
+                f"== {preset_name} {objective} {regime}: saved activations"
+                f" {result['saved_activation_bytes'] / 2**20:.1f} MiB, weight casts"
+                f" {result['saved_weight_cast_bytes'] / 2**20:.1f} MiB, allocated growth"
+                f" {result['allocated_growth_bytes'] / 2**20:.1f} MiB"
+            )
             for key, value in result["layer0_bytes_per_token"].items():
                 print(f"   L0  {key:70s} {value:10.1f} B/token")
             for key, value in result["outside_layers_bytes_per_token"].items():

@@ -50,9 +50,14 @@ def run_scenario(name: str, model: str, gpus: int, handles: list[Any], workdir: 
     before = [pynvml.nvmlDeviceGetMemoryInfo(handle).used for handle in handles]
     stdout_path = workdir / f"{name}.stdout"
     with open(stdout_path, "w") as stdout, open(workdir / f"{name}.stderr", "w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "gpuanat", "run", *flags], cwd=REPO, stdout=stdout,
-                                   stderr=stderr, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, "GPUANAT_DB": str(db), "PYTHONUNBUFFERED": "1"})
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpuanat", "run", *flags],
+            cwd=REPO,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "GPUANAT_DB": str(db), "PYTHONUNBUFFERED": "1"},
+        )
     started_s = time.monotonic()
     steps_at_fault = None
     if name != "oom":
@@ -84,13 +89,22 @@ def run_scenario(name: str, model: str, gpus: int, handles: list[Any], workdir: 
         time.sleep(0.1)
     lines = [line for line in stdout_path.read_text().splitlines() if line.startswith("{")]
     printed = json.loads(lines[-1]) if lines else {}
-    return {"scenario": name, "steps_at_fault": steps_at_fault, "gpuanat_exit_code": process.poll(),
-            "gpuanat_exit_s": gpuanat_exit_s, "gpu_processes_gone_s": processes_gone_s,
-            "device_memory_back_s": memory_back_s, "printed_status": printed.get("status"),
-            "printed_steps": printed.get("steps"), "error": printed.get("error"),
-            "ranks": [{"rank": rank.get("rank"), "status": rank.get("status"), "error": rank.get("error")}
-                      for rank in printed.get("ranks") or []],
-            "stderr_tail": (workdir / f"{name}.stderr").read_text()[-600:]}
+    return {
+        "scenario": name,
+        "steps_at_fault": steps_at_fault,
+        "gpuanat_exit_code": process.poll(),
+        "gpuanat_exit_s": gpuanat_exit_s,
+        "gpu_processes_gone_s": processes_gone_s,
+        "device_memory_back_s": memory_back_s,
+        "printed_status": printed.get("status"),
+        "printed_steps": printed.get("steps"),
+        "error": printed.get("error"),
+        "ranks": [
+            {"rank": rank.get("rank"), "status": rank.get("status"), "error": rank.get("error")}
+            for rank in printed.get("ranks") or []
+        ],
+        "stderr_tail": (workdir / f"{name}.stderr").read_text()[-600:],
+    }
 
 
 def main() -> int:

@@ -36,10 +36,12 @@ def main() -> None:
     if run is None:
         print(f"{case}: gpuanat wrote no result")
     predicted = (run or {}).get("predicted") or {}
-    print(f"{case}: gpuanat {run['status'] if run else '—'}, {run['steps'] if run else 0} steps; predicted peak "
-          f"allocated {predicted.get('peak_allocated_bytes', 0) / GB:.2f}, reserved "
-          f"{predicted.get('peak_reserved_bytes', 0) / GB:.2f}, "
-          f"device {predicted.get('peak_device_bytes', 0) / GB:.2f} GB")
+    print(
+        f"{case}: gpuanat {run['status'] if run else '—'}, {run['steps'] if run else 0} steps; predicted peak "
+        f"allocated {predicted.get('peak_allocated_bytes', 0) / GB:.2f}, reserved "
+        f"{predicted.get('peak_reserved_bytes', 0) / GB:.2f}, "
+        f"device {predicted.get('peak_device_bytes', 0) / GB:.2f} GB"
+    )
     ranks = {rank["gpu_index"]: rank for rank in (run or {}).get("ranks") or []}
     with (out / "summary.jsonl").open("a") as summary:
         for gpu in sorted(set(references) | set(ranks)):
@@ -48,7 +50,8 @@ def main() -> None:
             band_sum = sum(value for name, value in bands.items() if name != "free_bytes" and value)
             used = rank.get("device_memory_used_bytes")
             row = {
-                "case": case, "gpu": gpu,
+                "case": case,
+                "gpu": gpu,
                 "reference_peak_allocated_bytes": reference.get("peak_allocated_bytes"),
                 "reference_peak_reserved_bytes": reference.get("peak_reserved_bytes"),
                 "reference_device_used_bytes": reference.get("device_used_bytes"),
@@ -56,23 +59,27 @@ def main() -> None:
                 "reference_s_per_step": reference.get("s_per_step_median"),
                 "gpuanat_peak_allocated_bytes": rank.get("peak_allocated_bytes"),
                 "gpuanat_peak_reserved_bytes": rank.get("peak_reserved_bytes"),
-                "gpuanat_device_used_bytes": used, "gpuanat_bands_sum_bytes": band_sum or None,
+                "gpuanat_device_used_bytes": used,
+                "gpuanat_bands_sum_bytes": band_sum or None,
                 "predicted_peak_allocated_bytes": predicted.get("peak_allocated_bytes"),
                 "predicted_peak_reserved_bytes": predicted.get("peak_reserved_bytes"),
                 "predicted_peak_device_bytes": predicted.get("peak_device_bytes"),
-                "bands": bands, "status": rank.get("status"),
+                "bands": bands,
+                "status": rank.get("status"),
             }
             summary.write(json.dumps(row) + "\n")
             measured = row["reference_peak_allocated_bytes"]
-            print(f"  GPU {gpu}: reference allocated {(measured or 0) / GB:6.2f} reserved "
-                  f"{(row['reference_peak_reserved_bytes'] or 0) / GB:6.2f} "
-                  f"NVML {(row['reference_process_used_bytes'] or 0) / GB:6.2f}"
-                  f" | gpuanat {(row['gpuanat_peak_allocated_bytes'] or 0) / GB:6.2f} "
-                  f"{(row['gpuanat_peak_reserved_bytes'] or 0) / GB:6.2f} {(used or 0) / GB:6.2f}"
-                  f" | predicted vs reference: allocated {percent(row['predicted_peak_allocated_bytes'], measured)}"
-                  f" reserved {percent(row['predicted_peak_reserved_bytes'], row['reference_peak_reserved_bytes'])}"
-                  f" device {percent(row['predicted_peak_device_bytes'], row['reference_process_used_bytes'])}"
-                  f" | bands − NVML {percent(band_sum, used)}")
+            print(
+                f"  GPU {gpu}: reference allocated {(measured or 0) / GB:6.2f} reserved "
+                f"{(row['reference_peak_reserved_bytes'] or 0) / GB:6.2f} "
+                f"NVML {(row['reference_process_used_bytes'] or 0) / GB:6.2f}"
+                f" | gpuanat {(row['gpuanat_peak_allocated_bytes'] or 0) / GB:6.2f} "
+                f"{(row['gpuanat_peak_reserved_bytes'] or 0) / GB:6.2f} {(used or 0) / GB:6.2f}"
+                f" | predicted vs reference: allocated {percent(row['predicted_peak_allocated_bytes'], measured)}"
+                f" reserved {percent(row['predicted_peak_reserved_bytes'], row['reference_peak_reserved_bytes'])}"
+                f" device {percent(row['predicted_peak_device_bytes'], row['reference_process_used_bytes'])}"
+                f" | bands − NVML {percent(band_sum, used)}"
+            )
 
 
 if __name__ == "__main__":

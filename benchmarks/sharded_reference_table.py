@@ -20,20 +20,40 @@ from gpuanat.core.memory.predict import estimate_memory, peak_device_bytes, peak
 from gpuanat.core.run.config import RunConfig
 
 GB = 1e9
-MODELS = {"mistral": "mistral-7b", "qwen": "qwen2.5-7b", "mistrallora": "mistral-7b", "qwenlora": "qwen2.5-7b",
-          "tied": "llama-3.2-1b", "tiedlora": "llama-3.2-1b"}
+MODELS = {
+    "mistral": "mistral-7b",
+    "qwen": "qwen2.5-7b",
+    "mistrallora": "mistral-7b",
+    "qwenlora": "qwen2.5-7b",
+    "tied": "llama-3.2-1b",
+    "tiedlora": "llama-3.2-1b",
+}
 """A recorded run's name before its first dash: the preset whose config its checkpoint had (llama-3.1-8b's
 otherwise; tied: h200x4/batches/)."""
-TECHNIQUES = {"fsdp": "FSDP2", "random": "FSDP2", "bf16w": "FSDP2", "batch2": "FSDP2", "mistral": "FSDP2",
-              "qwen": "FSDP2", "lora": "FSDP2 + LoRA 16", "mistrallora": "FSDP2 + LoRA 16",
-              "qwenlora": "FSDP2 + LoRA 16", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+TECHNIQUES = {
+    "fsdp": "FSDP2",
+    "random": "FSDP2",
+    "bf16w": "FSDP2",
+    "batch2": "FSDP2",
+    "mistral": "FSDP2",
+    "qwen": "FSDP2",
+    "lora": "FSDP2 + LoRA 16",
+    "mistrallora": "FSDP2 + LoRA 16",
+    "qwenlora": "FSDP2 + LoRA 16",
+    "zero1": "ZeRO-1",
+    "zero2": "ZeRO-2",
+    "zero3": "ZeRO-3",
+}
 ORDER = list(TECHNIQUES)
 
 
 def case_label(case: str, seq: str, held_out: bool, fitted: bool) -> str:
     kind = case.split("-")[0]
-    extra = {"random": ", random weights (`--model config.json`)", "bf16w": ", `--weights-dtype bf16`",
-             "batch2": ", batch 2"}.get(kind, "")
+    extra = {
+        "random": ", random weights (`--model config.json`)",
+        "bf16w": ", `--weights-dtype bf16`",
+        "batch2": ", batch 2",
+    }.get(kind, "")
     note = " (fitted)" if fitted else " (held out)" if held_out else ""
     return f"{MODELS.get(kind, 'llama-3.1-8b')} {TECHNIQUES[kind]}, seq {seq}{extra}{note}"
 
@@ -47,8 +67,9 @@ def recorded_run(run_path: Path) -> tuple[RunConfig, dict]:
     place of the checkpoint, so that the prediction reads the architecture without the checkpoint."""
     result = json.loads([line for line in run_path.read_text().splitlines() if line.startswith("{")][-1])
     kind = run_path.stem.removeprefix("run-").split("-")[0]
-    return dataclasses.replace(RunConfig.from_json(result["config"]), model=None,
-                               preset=MODELS.get(kind, "llama-3.1-8b")), result
+    return dataclasses.replace(
+        RunConfig.from_json(result["config"]), model=None, preset=MODELS.get(kind, "llama-3.1-8b")
+    ), result
 
 
 def row(run_path: Path, fitted: set[str]) -> tuple[tuple[bool, int, int], str]:
@@ -59,16 +80,23 @@ def row(run_path: Path, fitted: set[str]) -> tuple[tuple[bool, int, int], str]:
     reference = min(references, key=lambda line: line["rank"])
     rank = next(rank for rank in result["ranks"] if rank["gpu_index"] == reference["local_rank"])
     estimate = estimate_memory(config)
-    allocated, reserved, device = (estimate.peak_allocated_bytes, peak_reserved_bytes(estimate),
-                                   peak_device_bytes(estimate))
+    allocated, reserved, device = (
+        estimate.peak_allocated_bytes,
+        peak_reserved_bytes(estimate),
+        peak_device_bytes(estimate),
+    )
     measured = (reference["peak_allocated_bytes"], reference["peak_reserved_bytes"], reference["process_used_bytes"])
     held_out = run_path.parent.name == "held_out"
-    cells = [case_label(case, seq, held_out, case in fitted),
-             " / ".join(f"{value / GB:.2f}" for value in measured),
-             f"{rank['peak_allocated_bytes'] / GB:.2f} / {rank['peak_reserved_bytes'] / GB:.2f}",
-             " / ".join(f"{value / GB:.2f} ({percent(value, truth)})"
-                        for value, truth in zip((allocated, reserved, device), measured, strict=True)),
-             f"{reference['s_per_step_median']:.2f}"]
+    cells = [
+        case_label(case, seq, held_out, case in fitted),
+        " / ".join(f"{value / GB:.2f}" for value in measured),
+        f"{rank['peak_allocated_bytes'] / GB:.2f} / {rank['peak_reserved_bytes'] / GB:.2f}",
+        " / ".join(
+            f"{value / GB:.2f} ({percent(value, truth)})"
+            for value, truth in zip((allocated, reserved, device), measured, strict=True)
+        ),
+        f"{reference['s_per_step_median']:.2f}",
+    ]
     return (held_out, ORDER.index(kind), int(seq)), "| " + " | ".join(cells) + " |"
 
 
@@ -78,8 +106,10 @@ def main() -> int:
     parser.add_argument("--fitted", action="append", default=[], help="a held-out case the model was fitted on")
     args = parser.parse_args()
     paths = sorted(args.folder.glob("run-*.json")) + sorted((args.folder / "held_out").glob("run-*.json"))
-    print("| case | plain Trainer: peak allocated / reserved / NVML (GB) | gpuanat measured: allocated / reserved "
-          "| predicted: allocated / reserved / device (vs the plain Trainer) | s/step (Trainer) |")
+    print(
+        "| case | plain Trainer: peak allocated / reserved / NVML (GB) | gpuanat measured: allocated / reserved "
+        "| predicted: allocated / reserved / device (vs the plain Trainer) | s/step (Trainer) |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for _, line in sorted(row(path, set(args.fitted)) for path in paths):
         print(line)

@@ -24,8 +24,16 @@ from typing import Any
 
 from peak_tensors import peak_blocks  # this folder: the replay of one snapshot to its peak
 
-TRAINING_CODE = ("gpuanat/", "accelerate/", "transformers/", "peft/", "deepspeed/", "torch/optim/",
-                 "torch/nn/parallel/", "torch/distributed/")
+TRAINING_CODE = (
+    "gpuanat/",
+    "accelerate/",
+    "transformers/",
+    "peft/",
+    "deepspeed/",
+    "torch/optim/",
+    "torch/nn/parallel/",
+    "torch/distributed/",
+)
 """Frames that say which part of training allocated a block (the innermost of these is the block's place)."""
 
 
@@ -65,11 +73,18 @@ def peak_of(snapshot: dict[str, Any], device: int | None = None) -> dict[str, An
         entry = by_place[place_of(block.get("frames", []))]
         entry[0] += block["size"]
         entry[1] += 1
-    return {"device": device, "trace_events": len(traces[device]), "peak_index": peak_index,
-            "peak_allocation": {"bytes": peak_event.get("size"), "place": place_of(peak_event.get("frames", [])),
-                                "stack": [_frame_text(frame) for frame in peak_event.get("frames", [])[:12]]},
-            "peak_traced_allocated_bytes": peak,
-            "by_place": {place: {"bytes": size, "blocks": count} for place, (size, count) in by_place.items()}}
+    return {
+        "device": device,
+        "trace_events": len(traces[device]),
+        "peak_index": peak_index,
+        "peak_allocation": {
+            "bytes": peak_event.get("size"),
+            "place": place_of(peak_event.get("frames", [])),
+            "stack": [_frame_text(frame) for frame in peak_event.get("frames", [])[:12]],
+        },
+        "peak_traced_allocated_bytes": peak,
+        "by_place": {place: {"bytes": size, "blocks": count} for place, (size, count) in by_place.items()},
+    }
 
 
 def main() -> None:
@@ -88,10 +103,13 @@ def main() -> None:
         rows.append({"place": place, "bytes_by_snapshot": held, "spread_bytes": max(held) - min(held)})
     rows.sort(key=lambda row: (-row["spread_bytes"], -max(row["bytes_by_snapshot"])))
     for peak in peaks.values():
-        ranked = sorted(peak["by_place"].items(), key=lambda item: -item[1]["bytes"])[:args.top]
+        ranked = sorted(peak["by_place"].items(), key=lambda item: -item[1]["bytes"])[: args.top]
         peak["by_place"] = dict(ranked)
-    print(json.dumps({"snapshots": peaks, "differences": [row for row in rows if row["spread_bytes"]][:args.top]},
-                     indent=1))
+    print(
+        json.dumps(
+            {"snapshots": peaks, "differences": [row for row in rows if row["spread_bytes"]][: args.top]}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -57,10 +57,12 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
             peak_reserved = reserved
             at_peak = (index, allocated, list(segments.values()), list(blocks.values()))
     peak_event, allocated_then, alive, live_blocks = at_peak
-    groups: dict[str, dict[str, int]] = defaultdict(lambda: {"segments": 0, "bytes": 0, "largest_bytes": 0,
-                                                             "allocated_bytes": 0})
-    starts = sorted((segment["addr"], segment["addr"] + segment["size"],
-                     _where(_made_by(segment))) for segment in alive)
+    groups: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"segments": 0, "bytes": 0, "largest_bytes": 0, "allocated_bytes": 0}
+    )
+    starts = sorted(
+        (segment["addr"], segment["addr"] + segment["size"], _where(_made_by(segment))) for segment in alive
+    )
     for start, end, where in starts:
         groups[where]["segments"] += 1
         groups[where]["bytes"] += end - start
@@ -73,14 +75,23 @@ def reserve_peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
             allocated_in[index] += block["size"]
     by_start = {segment["addr"]: segment for segment in alive}
     largest = sorted(range(len(starts)), key=lambda position: starts[position][0] - starts[position][1])
-    return {"peak_reserved_bytes": peak_reserved, "event": peak_event, "trace_events": len(trace),
-            "allocated_then_bytes": allocated_then, "trace_peak_allocated_bytes": peak_allocated,
-            "by_place": dict(sorted(groups.items(), key=lambda item: -item[1]["bytes"])),
-            "largest_segments": [{"bytes": starts[position][1] - starts[position][0],
-                                  "allocated_bytes": allocated_in[position],
-                                  "created_event": by_start[starts[position][0]]["created_event"],
-                                  "made_by": _where(_made_by(by_start[starts[position][0]]), 8, skipped=())}
-                                 for position in largest[:LARGEST_SEGMENTS_LISTED]]}
+    return {
+        "peak_reserved_bytes": peak_reserved,
+        "event": peak_event,
+        "trace_events": len(trace),
+        "allocated_then_bytes": allocated_then,
+        "trace_peak_allocated_bytes": peak_allocated,
+        "by_place": dict(sorted(groups.items(), key=lambda item: -item[1]["bytes"])),
+        "largest_segments": [
+            {
+                "bytes": starts[position][1] - starts[position][0],
+                "allocated_bytes": allocated_in[position],
+                "created_event": by_start[starts[position][0]]["created_event"],
+                "made_by": _where(_made_by(by_start[starts[position][0]]), 8, skipped=()),
+            }
+            for position in largest[:LARGEST_SEGMENTS_LISTED]
+        ],
+    }
 
 
 def _made_by(segment: dict[str, Any]) -> list[dict[str, Any]]:
@@ -96,9 +107,12 @@ def main() -> int:
     args = parser.parse_args()
     snapshot = pickle.loads(args.snapshot.read_bytes())
     result = reserve_peak(snapshot["device_traces"][args.device])
-    result["by_place"] = dict(list(result["by_place"].items())[:args.top])
-    final = sum(segment["total_size"] for segment in snapshot.get("segments", [])
-                if segment.get("device", args.device) == args.device)
+    result["by_place"] = dict(list(result["by_place"].items())[: args.top])
+    final = sum(
+        segment["total_size"]
+        for segment in snapshot.get("segments", [])
+        if segment.get("device", args.device) == args.device
+    )
     result["final_segments_bytes"] = final
     print(json.dumps(result, indent=1))
     return 0

@@ -53,8 +53,9 @@ class Terminal:
     def __init__(self, command: list[str], columns: int, rows: int, env: dict[str, str]) -> None:
         master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-        self.process = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=env,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            command, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+        )
         os.close(slave)
         self._master = master
         self.chunks: list[tuple[float, bytes]] = []
@@ -129,8 +130,9 @@ def thread_cpu_seconds(process: psutil.Process) -> dict[int, tuple[str, float]]:
     return threads
 
 
-def cpu_percent_by_thread(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
-                          window_s: float) -> dict[str, float]:
+def cpu_percent_by_thread(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], window_s: float
+) -> dict[str, float]:
     """% of one core each thread name used between two `thread_cpu_seconds` (threads of one name summed; a thread
     that started in the window counts from zero)."""
     by_name: dict[str, float] = {}
@@ -139,8 +141,9 @@ def cpu_percent_by_thread(before: dict[int, tuple[str, float]], after: dict[int,
     return {name: round(100.0 * cpu_s / window_s, 3) for name, cpu_s in sorted(by_name.items())}
 
 
-def measure_window(command: list[str], *, columns: int, rows: int, env: dict[str, str], settle_s: float,
-                   window_s: float) -> dict[str, Any]:
+def measure_window(
+    command: list[str], *, columns: int, rows: int, env: dict[str, str], settle_s: float, window_s: float
+) -> dict[str, Any]:
     """Run `command` in a `columns`×`rows` pseudo-terminal; after `settle_s`, its CPU (% of one core, process tree)
     and the bytes it wrote to the terminal per second over `window_s`; then end it (SIGINT, then SIGTERM, SIGKILL)."""
     terminal = Terminal(command, columns, rows, env)
@@ -150,7 +153,8 @@ def measure_window(command: list[str], *, columns: int, rows: int, env: dict[str
     if terminal.process.poll() is not None:
         tail = b"".join(data for _, data in terminal.chunks)[-600:]
         result["error"] = f"ended before the window (exit {terminal.process.returncode}): " + tail.decode(
-            "utf-8", "replace")
+            "utf-8", "replace"
+        )
         return result
     threads_start = thread_cpu_seconds(process)
     cpu_start, wall_start = tree_cpu_seconds(process), time.perf_counter()
@@ -158,10 +162,12 @@ def measure_window(command: list[str], *, columns: int, rows: int, env: dict[str
     cpu_end, wall_end = tree_cpu_seconds(process), time.perf_counter()
     threads_end = thread_cpu_seconds(process)
     alive = terminal.process.poll() is None
-    result.update(window_s=round(wall_end - wall_start, 3),
-                  cpu_percent_of_one_core=round(100.0 * (cpu_end - cpu_start) / (wall_end - wall_start), 3),
-                  cpu_percent_by_thread=cpu_percent_by_thread(threads_start, threads_end, wall_end - wall_start),
-                  terminal_bytes_per_s=round(terminal.bytes_between(wall_start, wall_end) / (wall_end - wall_start), 1))
+    result.update(
+        window_s=round(wall_end - wall_start, 3),
+        cpu_percent_of_one_core=round(100.0 * (cpu_end - cpu_start) / (wall_end - wall_start), 3),
+        cpu_percent_by_thread=cpu_percent_by_thread(threads_start, threads_end, wall_end - wall_start),
+        terminal_bytes_per_s=round(terminal.bytes_between(wall_start, wall_end) / (wall_end - wall_start), 1),
+    )
     if not alive:
         result["error"] = f"ended during the window (exit {terminal.process.returncode})"
     for sig, wait_s in ((signal.SIGINT, 5), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
@@ -187,9 +193,14 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     script = Path(__file__).resolve().parent / "tui_replay.py"
     env = pty_env(Path(tempfile.mkdtemp(prefix="gpuanat-tui-cost-")))
     profile = ["--profile", str(args.profile.resolve())] if args.profile else []
-    measured = measure_window([sys.executable, str(script), args.replay, "--interval", str(args.interval), *profile],
-                              columns=args.columns, rows=args.rows, env=env, settle_s=args.settle_s,
-                              window_s=args.window_s)
+    measured = measure_window(
+        [sys.executable, str(script), args.replay, "--interval", str(args.interval), *profile],
+        columns=args.columns,
+        rows=args.rows,
+        env=env,
+        settle_s=args.settle_s,
+        window_s=args.window_s,
+    )
     return {"mode": f"replay {args.replay}", "interval_s": args.interval, **measured}
 
 
@@ -206,24 +217,42 @@ def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"mode": "side by side", "interval_s": args.interval}
     if pid is None:
         log = (scratch / "trainer.log").open("w")
-        trainer_command = [sys.executable, str(Path(__file__).resolve().parent / "plain_trainer.py"),
-                           "--config", args.trainer_config]
+        trainer_command = [
+            sys.executable,
+            str(Path(__file__).resolve().parent / "plain_trainer.py"),
+            "--config",
+            args.trainer_config,
+        ]
         trainer = subprocess.Popen(trainer_command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         pid = trainer.pid
         result["trainer"] = {"command": trainer_command, "log": str(scratch / "trainer.log")}
         time.sleep(args.trainer_warmup_s)  # model built, training under way
     result["pid"] = pid
-    nvitop = ([sys.executable, "-m", "nvitop"] if importlib.util.find_spec("nvitop") is not None
-              else [shutil.which("nvitop")] if shutil.which("nvitop") else None)
+    nvitop = (
+        [sys.executable, "-m", "nvitop"]
+        if importlib.util.find_spec("nvitop") is not None
+        else [shutil.which("nvitop")]
+        if shutil.which("nvitop")
+        else None
+    )
     gpuanat = [sys.executable, "-m", "gpuanat"]
     monitors: list[tuple[str, list[str] | None, str]] = [
-        ("nvitop --interval 0.25", nvitop and [*nvitop, "--interval", str(args.interval)],
-         "nvitop is not installed (pip install --no-index --find-links .whl nvitop)"),
+        (
+            "nvitop --interval 0.25",
+            nvitop and [*nvitop, "--interval", str(args.interval)],
+            "nvitop is not installed (pip install --no-index --find-links .whl nvitop)",
+        ),
         ("nvitop (default interval, 2 s)", nvitop, "nvitop is not installed"),
-        (f"gpuanat watch PID --interval {args.interval}",
-         [*gpuanat, "watch", str(pid), "--interval", str(args.interval)], ""),
-        (f"gpuanat watch --json PID --interval {args.interval}",
-         [*gpuanat, "watch", "--json", str(pid), "--interval", str(args.interval)], ""),
+        (
+            f"gpuanat watch PID --interval {args.interval}",
+            [*gpuanat, "watch", str(pid), "--interval", str(args.interval)],
+            "",
+        ),
+        (
+            f"gpuanat watch --json PID --interval {args.interval}",
+            [*gpuanat, "watch", "--json", str(pid), "--interval", str(args.interval)],
+            "",
+        ),
         ("nvidia-smi dmon", shutil.which("nvidia-smi") and ["nvidia-smi", "dmon"], "nvidia-smi is not on PATH"),
     ]
     rows: list[dict[str, Any]] = []
@@ -239,10 +268,14 @@ def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"tui_cost: {name}: skipped, {missing}", file=sys.stderr)
                 rows.append({"monitor": name, "skipped": missing})
                 continue
-            measured = measure_window(command, columns=args.columns, rows=args.rows, env=env,
-                                      settle_s=args.settle_s, window_s=args.window_s)
-            print(f"tui_cost: {name}: {measured.get('cpu_percent_of_one_core')}% of one core, "
-                  f"{measured.get('terminal_bytes_per_s')} B/s {measured.get('error', '')}", file=sys.stderr)
+            measured = measure_window(
+                command, columns=args.columns, rows=args.rows, env=env, settle_s=args.settle_s, window_s=args.window_s
+            )
+            print(
+                f"tui_cost: {name}: {measured.get('cpu_percent_of_one_core')}% of one core, "
+                f"{measured.get('terminal_bytes_per_s')} B/s {measured.get('error', '')}",
+                file=sys.stderr,
+            )
             rows.append({"monitor": name, **measured})
     finally:
         if trainer is not None:
@@ -262,17 +295,33 @@ def main() -> None:
     parser.add_argument("--columns", type=int, default=120)
     parser.add_argument("--rows", type=int, default=40)
     parser.add_argument("--stream-s", type=float, default=20.0, help="how long to measure while the run streams")
-    parser.add_argument("--replay", choices=("watch", "dashboard"),
-                        help="measure the app fed by a recorded trace (no GPU needed) instead of a real run")
-    parser.add_argument("--profile", type=Path,
-                        help="--replay: write the terminal bytes per widget per second here (tui_replay.py --profile)")
-    parser.add_argument("--side-by-side", action="store_true",
-                        help="measure nvitop, gpuanat watch, watch --json and nvidia-smi dmon on one training")
+    parser.add_argument(
+        "--replay",
+        choices=("watch", "dashboard"),
+        help="measure the app fed by a recorded trace (no GPU needed) instead of a real run",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="--replay: write the terminal bytes per widget per second here (tui_replay.py --profile)",
+    )
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="measure nvitop, gpuanat watch, watch --json and nvidia-smi dmon on one training",
+    )
     parser.add_argument("--pid", type=int, help="--side-by-side: the training to watch (default: start one)")
-    parser.add_argument("--trainer-config", default=PLAIN_TRAINING,
-                        help="--side-by-side without --pid: the RunConfig JSON of benchmarks/plain_trainer.py")
-    parser.add_argument("--trainer-warmup-s", type=float, default=60.0,
-                        help="--side-by-side without --pid: wait this long for the training to start")
+    parser.add_argument(
+        "--trainer-config",
+        default=PLAIN_TRAINING,
+        help="--side-by-side without --pid: the RunConfig JSON of benchmarks/plain_trainer.py",
+    )
+    parser.add_argument(
+        "--trainer-warmup-s",
+        type=float,
+        default=60.0,
+        help="--side-by-side without --pid: wait this long for the training to start",
+    )
     parser.add_argument("--interval", type=float, default=0.25, help="sampling interval of the monitors, seconds")
     parser.add_argument("--window-s", type=float, default=30.0, help="measured window of each monitor")
     parser.add_argument("--settle-s", type=float, default=5.0, help="wait before each window (start-up)")
@@ -280,8 +329,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.replay or args.side_by_side:
         result = replay(args) if args.replay else side_by_side(args)
-        result.update(columns=args.columns, rows=args.rows, machine=platform.node(),
-                      python=platform.python_version(), cpu_count=os.cpu_count())
+        result.update(
+            columns=args.columns,
+            rows=args.rows,
+            machine=platform.node(),
+            python=platform.python_version(),
+            cpu_count=os.cpu_count(),
+        )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
@@ -291,8 +345,13 @@ def main() -> None:
     env = {**os.environ, "TERM": "xterm-256color", "COLORTERM": "truecolor", "GPUANAT_DB": str(scratch / "h.sqlite")}
     terminal = Terminal([sys.executable, "-m", "gpuanat", *args.gpuanat_flags], args.columns, args.rows, env)
     tui = psutil.Process(terminal.process.pid)
-    result: dict[str, object] = {"columns": args.columns, "rows": args.rows, "flags": args.gpuanat_flags,
-                                 "machine": platform.node(), "python": platform.python_version()}
+    result: dict[str, object] = {
+        "columns": args.columns,
+        "rows": args.rows,
+        "flags": args.gpuanat_flags,
+        "machine": platform.node(),
+        "python": platform.python_version(),
+    }
     first_frame = terminal.wait_for(b"Techniques", terminal.started_s, timeout_s=30)
     result["first_frame_s"] = None if first_frame is None else first_frame - terminal.started_s
     # The first NVML sample puts a GiB figure on screen (the memory chart's legend and the memory bar);

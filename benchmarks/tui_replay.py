@@ -85,8 +85,15 @@ def profile_widgets(app: Any, out: Path) -> None:
 
     def write() -> None:
         elapsed_s = time.monotonic() - started_s
-        out.write_text(json.dumps({"elapsed_s": round(elapsed_s, 1), "bytes_per_s": {
-            name: round(count / elapsed_s, 1) for name, count in bytes_by_widget.most_common()}}, indent=2))
+        out.write_text(
+            json.dumps(
+                {
+                    "elapsed_s": round(elapsed_s, 1),
+                    "bytes_per_s": {name: round(count / elapsed_s, 1) for name, count in bytes_by_widget.most_common()},
+                },
+                indent=2,
+            )
+        )
 
     atexit.register(write)
 
@@ -102,17 +109,34 @@ def run_watch(interval_s: float, profile: Path | None) -> None:
     pid = next(sample.host.processes[0].pid for sample in source._samples if sample.host.processes)
     proc_root = Path(tempfile.mkdtemp(prefix="gpuanat-replay-proc-"))
     (proc_root / str(pid)).mkdir()
-    nvml = NvmlStatus(available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000,
-                      gpu_names=("NVIDIA H200",))
-    target = WatchTarget(pid=pid, name="python3", command="python3 plain_trainer.py (bert-large, recorded on an H200)",
-                         create_time_s=0.0, username=None)
+    nvml = NvmlStatus(
+        available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000, gpu_names=("NVIDIA H200",)
+    )
+    target = WatchTarget(
+        pid=pid,
+        name="python3",
+        command="python3 plain_trainer.py (bert-large, recorded on an H200)",
+        create_time_s=0.0,
+        username=None,
+    )
 
     def session(target: WatchTarget, nvml: NvmlStatus) -> WatchSession:
-        return WatchSession(target, nvml, publication_dirs_for=lambda pid: [], process_alive=lambda: True,
-                            resolver=PidNamespaceResolver(proc_root, check_visible_pids=False))
+        return WatchSession(
+            target,
+            nvml,
+            publication_dirs_for=lambda pid: [],
+            process_alive=lambda: True,
+            resolver=PidNamespaceResolver(proc_root, check_visible_pids=False),
+        )
 
-    app = WatchApp(target, db_path=proc_root / "h.sqlite", sampler_factory=lambda: (source, nvml),
-                   session_factory=session, interval_s=interval_s, paint_interval_s=interval_s)
+    app = WatchApp(
+        target,
+        db_path=proc_root / "h.sqlite",
+        sampler_factory=lambda: (source, nvml),
+        session_factory=session,
+        interval_s=interval_s,
+        paint_interval_s=interval_s,
+    )
     if profile is not None:
         profile_widgets(app, profile)
     app.run()
@@ -130,16 +154,30 @@ def run_dashboard(interval_s: float, profile: Path | None) -> None:
     steps = [event for event in map(decode, step_lines) if isinstance(event, Step)]
     first_training_sample = next(index for index, elapsed_s in enumerate(meta["elapsed_at_sample"]) if elapsed_s >= 0)
     config = RunConfig.from_json(meta["config"])
-    capabilities = Capabilities(torch_version="2.11.0+cu130", cuda_available=True,
-                                cuda_device_name="NVIDIA H100 80GB HBM3", cuda_compute_capability=(9, 0),
-                                cuda_total_memory_bytes=85_520_809_984, bitsandbytes_version="0.50.2")
-    nvml = NvmlStatus(available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000,
-                      gpu_names=("NVIDIA H100 80GB HBM3",))
+    capabilities = Capabilities(
+        torch_version="2.11.0+cu130",
+        cuda_available=True,
+        cuda_device_name="NVIDIA H100 80GB HBM3",
+        cuda_compute_capability=(9, 0),
+        cuda_total_memory_bytes=85_520_809_984,
+        bitsandbytes_version="0.50.2",
+    )
+    nvml = NvmlStatus(
+        available=True,
+        reason=None,
+        driver_version="580.159.04",
+        cuda_driver_version=13000,
+        gpu_names=("NVIDIA H100 80GB HBM3",),
+    )
     scratch = Path(tempfile.mkdtemp(prefix="gpuanat-replay-"))
-    app = GpuAnatApp(config, db_path=scratch / "h.sqlite",
-                     sampler_factory=lambda: (LoopedSource(RUN_TRACE, first_training_sample), nvml),
-                     capabilities_probe=lambda: capabilities, sample_interval_s=interval_s,
-                     paint_interval_s=interval_s)
+    app = GpuAnatApp(
+        config,
+        db_path=scratch / "h.sqlite",
+        sampler_factory=lambda: (LoopedSource(RUN_TRACE, first_training_sample), nvml),
+        capabilities_probe=lambda: capabilities,
+        sample_interval_s=interval_s,
+        paint_interval_s=interval_s,
+    )
 
     def feed_steps() -> None:
         """The recorded steps at their recorded pace, again and again, numbered on as one long run."""
@@ -152,9 +190,15 @@ def run_dashboard(interval_s: float, profile: Path | None) -> None:
             for step in steps:
                 elapsed_s = lap * period_s + step.elapsed_s
                 time.sleep(max(0.0, started_s + elapsed_s - time.monotonic()))
-                app._incoming_events.append(dataclasses.replace(
-                    step, step=lap * len(steps) + step.step, samples=lap * steps[-1].samples + step.samples,
-                    elapsed_s=elapsed_s, monotonic_s=time.monotonic()))
+                app._incoming_events.append(
+                    dataclasses.replace(
+                        step,
+                        step=lap * len(steps) + step.step,
+                        samples=lap * steps[-1].samples + step.samples,
+                        elapsed_s=elapsed_s,
+                        monotonic_s=time.monotonic(),
+                    )
+                )
 
     threading.Thread(target=feed_steps, name="replay-steps", daemon=True).start()
     if profile is not None:

@@ -37,7 +37,7 @@ from gpuanat.core.run.startup import WALL_PARTS
 from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.history import HistoryStore
 
-BEFORE_FIRST_STEP = [part for part, _ in WALL_PARTS[:WALL_PARTS.index(("trainer init", "trainer ready")) + 1]]
+BEFORE_FIRST_STEP = [part for part, _ in WALL_PARTS[: WALL_PARTS.index(("trainer init", "trainer ready")) + 1]]
 READY_TIMEOUT_S = 120.0
 
 
@@ -56,13 +56,19 @@ def to_first_step_start_s(result: dict[str, Any], with_model: bool) -> float:
 
 
 def summary_of(result: dict[str, Any]) -> dict[str, Any]:
-    return {"status": result["status"], "start": result.get("start"), "wall_breakdown_s": result["wall_breakdown_s"],
-            "to_first_step_start_s": to_first_step_start_s(result, with_model=False),
-            "to_first_step_start_with_model_s": to_first_step_start_s(result, with_model=True),
-            "time_to_first_step_s": result.get("time_to_first_step_s"), "train_loss": result.get("train_loss"),
-            "peak_allocated_bytes": result.get("peak_allocated_bytes"), "bands": result.get("bands"),
-            "steady_samples_per_second": result.get("steady_samples_per_second"),
-            "device_memory_used_bytes": result.get("device_memory_used_bytes")}
+    return {
+        "status": result["status"],
+        "start": result.get("start"),
+        "wall_breakdown_s": result["wall_breakdown_s"],
+        "to_first_step_start_s": to_first_step_start_s(result, with_model=False),
+        "to_first_step_start_with_model_s": to_first_step_start_s(result, with_model=True),
+        "time_to_first_step_s": result.get("time_to_first_step_s"),
+        "train_loss": result.get("train_loss"),
+        "peak_allocated_bytes": result.get("peak_allocated_bytes"),
+        "bands": result.get("bands"),
+        "steady_samples_per_second": result.get("steady_samples_per_second"),
+        "device_memory_used_bytes": result.get("device_memory_used_bytes"),
+    }
 
 
 def wait_ready(workers: WarmWorkers) -> float:
@@ -82,8 +88,13 @@ def gpu_state() -> dict[str, Any]:
         state = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            state.append({"index": index, "used_bytes": pynvml.nvmlDeviceGetMemoryInfo(handle).used,
-                          "compute_pids": [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]})
+            state.append(
+                {
+                    "index": index,
+                    "used_bytes": pynvml.nvmlDeviceGetMemoryInfo(handle).used,
+                    "compute_pids": [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)],
+                }
+            )
         return {"gpus": state}
     finally:
         pynvml.nvmlShutdown()
@@ -109,8 +120,14 @@ def execute_runs(out: Path, steps: int, store: HistoryStore, log_dir: Path) -> d
             workers.prepare(environment)
             ready_s = wait_ready(workers)
             prepared_pid = workers.prepared_pid
-            report["prepared"].append({"ready_after_s": ready_s, "pid": prepared_pid, "before": before,
-                                       "while_prepared": gpu_state() if config.device == "cuda" else None})
+            report["prepared"].append(
+                {
+                    "ready_after_s": ready_s,
+                    "pid": prepared_pid,
+                    "before": before,
+                    "while_prepared": gpu_state() if config.device == "cuda" else None,
+                }
+            )
             print("prepared", json.dumps(report["prepared"][-1]), flush=True)
             warm = execute_run(config, store=store, log_dir=log_dir, name=f"warm {pair}", warm_workers=workers)
             report["runs"].append({"kind": "warm", **summary_of(warm)})
@@ -124,10 +141,21 @@ def execute_runs(out: Path, steps: int, store: HistoryStore, log_dir: Path) -> d
             run_env = {**os.environ, MEMORY_SNAPSHOT_VARIABLE: str(snapshot)}
             workers.prepare(run_environment(short, run_env)[1])
             wait_ready(workers)
-            result = execute_run(short, store=store, log_dir=log_dir, env=run_env, warm_workers=workers,
-                                 name=f"warm expandable {expandable}")
-            report["allocator"].append({"expandable_segments": expandable, "start": result.get("start"),
-                                        "segments_expandable": expandable_of(snapshot)})
+            result = execute_run(
+                short,
+                store=store,
+                log_dir=log_dir,
+                env=run_env,
+                warm_workers=workers,
+                name=f"warm expandable {expandable}",
+            )
+            report["allocator"].append(
+                {
+                    "expandable_segments": expandable,
+                    "start": result.get("start"),
+                    "segments_expandable": expandable_of(snapshot),
+                }
+            )
             snapshot.unlink()
             print("allocator", json.dumps(report["allocator"][-1]), flush=True)
     finally:
@@ -158,29 +186,40 @@ async def dashboard_run(db: Path, steps: int, warm: bool) -> dict[str, Any]:
                 raise RuntimeError("the dashboard's run did not end")
             await pilot.pause(0.05)
         result = app.last_result
-    return {"warm": warm, "status_before_r": status_before, "r_to_first_step_seen_s": first_step_s,
-            **summary_of(result)}
+    return {
+        "warm": warm,
+        "status_before_r": status_before,
+        "r_to_first_step_seen_s": first_step_s,
+        **summary_of(result),
+    }
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["| run | r → first step's start (model aside) | with the model | r → first step's end | imports | "
-             "CUDA init | train loss | steady samples/s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | r → first step's start (model aside) | with the model | r → first step's end | imports | "
+        "CUDA init | train loss | steady samples/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     rows = [(f"execute_run {run['kind']}", run) for run in report["runs"]]
     rows += [(f"dashboard {'warm' if run['warm'] else 'cold'}", run) for run in report.get("dashboard", [])]
     for name, run in rows:
         parts = run["wall_breakdown_s"]
         loss = run["train_loss"]
         rate = run["steady_samples_per_second"]
-        lines.append(f"| {name} | {run['to_first_step_start_s']:.2f} s | "
-                     f"{run['to_first_step_start_with_model_s']:.2f} s | {run['time_to_first_step_s']:.2f} s | "
-                     f"{parts.get('imports', 0):.2f} s | "
-                     f"{parts.get('CUDA init', 0):.2f} s | {loss if loss is None else f'{loss:.4f}'} | "
-                     f"{rate if rate is None else f'{rate:.2f}'} |")
+        lines.append(
+            f"| {name} | {run['to_first_step_start_s']:.2f} s | "
+            f"{run['to_first_step_start_with_model_s']:.2f} s | {run['time_to_first_step_s']:.2f} s | "
+            f"{parts.get('imports', 0):.2f} s | "
+            f"{parts.get('CUDA init', 0):.2f} s | {loss if loss is None else f'{loss:.4f}'} | "
+            f"{rate if rate is None else f'{rate:.2f}'} |"
+        )
     for kind in ("cold", "warm"):
         values = [run["to_first_step_start_s"] for run in report["runs"] if run["kind"] == kind]
         if values:
-            lines.append(f"\nexecute_run {kind}: r → first step's start median {statistics.median(values):.2f} s "
-                         f"({', '.join(f'{v:.2f}' for v in values)})")
+            lines.append(
+                f"\nexecute_run {kind}: r → first step's start median {statistics.median(values):.2f} s "
+                f"({', '.join(f'{v:.2f}' for v in values)})"
+            )
     return "\n".join(lines)
 
 

@@ -22,11 +22,14 @@ __all__ = ["AnatomyCallback", "LightningAnatomyCallback", "LoopProbe", "track"]
 def __getattr__(name: str) -> Any:
     if name == "AnatomyCallback":
         from gpuanat.worker.probe.hf import AnatomyCallback
+
         return AnatomyCallback
     if name in ("track", "LoopProbe"):
         from gpuanat.worker.probe import plain_loop
+
         return getattr(plain_loop, name)
     if name == "LightningAnatomyCallback":
         from gpuanat.worker.probe.lightning_callback import LightningAnatomyCallback
+
         return LightningAnatomyCallback
     raise AttributeError(f"module 'gpuanat.probe' has no attribute {name!r}")

@@ -47,8 +47,14 @@ def main() -> None:
     parser.add_argument("--ready-file", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(42)
-    config = BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                        intermediate_size=4096, max_position_embeddings=512)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        max_position_embeddings=512,
+    )
     with torch.device("cuda"):
         model = AutoModelForSequenceClassification.from_config(config)
     rng = np.random.default_rng(42)
@@ -57,9 +63,16 @@ def main() -> None:
     callbacks: list[TrainerCallback] = [ReadyFile(args.ready_file)] if args.ready_file else []
     with tempfile.TemporaryDirectory() as output_dir:
         training_args = TrainingArguments(
-            output_dir=output_dir, per_device_train_batch_size=args.batch_size, max_steps=args.max_steps,
-            bf16=args.precision == "bf16", fp16=args.precision == "fp16", report_to="none", save_strategy="no",
-            logging_steps=50, log_level="error")
+            output_dir=output_dir,
+            per_device_train_batch_size=args.batch_size,
+            max_steps=args.max_steps,
+            bf16=args.precision == "bf16",
+            fp16=args.precision == "fp16",
+            report_to="none",
+            save_strategy="no",
+            logging_steps=50,
+            log_level="error",
+        )
         trainer = Trainer(model=model, args=training_args, train_dataset=dataset, callbacks=callbacks)
         if not args.no_callback:
             import gpuanat.probe

@@ -39,8 +39,9 @@ async def run_until_mid_run(app: GpuAnatApp, pilot, mid_run_s: float) -> None:
         await pilot.pause(0.25)
 
 
-async def take_live_lanes(out_dir: Path, config: RunConfig, mid_run_s: float, filename: str,
-                          other_sizes: list[tuple[int, int]]) -> None:
+async def take_live_lanes(
+    out_dir: Path, config: RunConfig, mid_run_s: float, filename: str, other_sizes: list[tuple[int, int]]
+) -> None:
     """The dashboard during a live run on several GPUs: one lane per GPU once every rank has measured a step; then
     the same moment at each of `other_sizes` (the terminal resized, as a user does), saved as STEM_COLSxROWS.svg."""
     db_path = Path(tempfile.mkdtemp(prefix="gpuanat-shots-")) / "history.sqlite"
@@ -145,12 +146,21 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--watch-pid", type=int, default=None, help="only the watch dashboard of this process")
     parser.add_argument("--watch-replay", action="store_true", help="only the watch dashboard, from the recording")
-    parser.add_argument("--dashboard-replay", action="store_true",
-                        help="only the dashboard at 80×24 from the H100 recording (dashboard_80x24.svg)")
-    parser.add_argument("--operations", action="store_true",
-                        help="only the operations panel with the H100 bert-large bf16 profile (operations.svg)")
-    parser.add_argument("--gpus", default=None, help="only the dashboard during a run on these GPUs (--gpus of run;"
-                        " 1 with --distributed none for one GPU)")
+    parser.add_argument(
+        "--dashboard-replay",
+        action="store_true",
+        help="only the dashboard at 80×24 from the H100 recording (dashboard_80x24.svg)",
+    )
+    parser.add_argument(
+        "--operations",
+        action="store_true",
+        help="only the operations panel with the H100 bert-large bf16 profile (operations.svg)",
+    )
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        help="only the dashboard during a run on these GPUs (--gpus of run; 1 with --distributed none for one GPU)",
+    )
     parser.add_argument("--distributed", default="ddp", help="with --gpus: the distributed technique")
     parser.add_argument("--filename", default="dashboard_two_gpus.svg", help="with --gpus: the screenshot's name")
     parser.add_argument("--precision", default="fp32")
@@ -159,8 +169,11 @@ def main() -> None:
     parser.add_argument("--lora", type=int, default=0)
     parser.add_argument("--model", default=None, help="with --gpus: a checkpoint folder or config.json (run's --model)")
     parser.add_argument("--grad-checkpointing", action="store_true", help="with --gpus: train with checkpointing")
-    parser.add_argument("--also-sizes", default="", help="with --gpus: more terminal sizes of the same moment, "
-                                                          "COLSxROWS comma-separated (80x24,200x50)")
+    parser.add_argument(
+        "--also-sizes",
+        default="",
+        help="with --gpus: more terminal sizes of the same moment, COLSxROWS comma-separated (80x24,200x50)",
+    )
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.watch_pid is not None:
@@ -176,10 +189,20 @@ def main() -> None:
         asyncio.run(take_operations(args.out_dir))
         return
     if args.gpus is not None:
-        config = RunConfig(preset=args.preset, device=args.device, max_steps=args.max_steps, samples=args.samples,
-                           gpus=args.gpus, distributed=args.distributed, precision=args.precision,
-                           batch_size=args.batch_size, seq_len=args.seq_len, lora=args.lora, model=args.model,
-                           grad_checkpointing=args.grad_checkpointing)
+        config = RunConfig(
+            preset=args.preset,
+            device=args.device,
+            max_steps=args.max_steps,
+            samples=args.samples,
+            gpus=args.gpus,
+            distributed=args.distributed,
+            precision=args.precision,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            lora=args.lora,
+            model=args.model,
+            grad_checkpointing=args.grad_checkpointing,
+        )
         sizes = [tuple(int(part) for part in size.split("x")) for size in args.also_sizes.split(",") if size]
         asyncio.run(take_live_lanes(args.out_dir, config, args.mid_run_s, args.filename, sizes))
         return

@@ -26,13 +26,16 @@ TINY_CPU = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples
 def state_bytes(entry: dict) -> dict[str, int | None]:
     """Weights, gradients and optimizer state of a result, record or rank entry, as counted against a reference: the
     gradients by their size after backward (the bands hold those alive at the end of forward)."""
-    return {"weights_bytes": entry["bands"]["weights_bytes"],
-            "gradients_bytes": entry["gradients_after_backward_bytes"],
-            "optimizer_state_bytes": entry["bands"]["optimizer_state_bytes"]}
+    return {
+        "weights_bytes": entry["bands"]["weights_bytes"],
+        "gradients_bytes": entry["gradients_after_backward_bytes"],
+        "optimizer_state_bytes": entry["bands"]["optimizer_state_bytes"],
+    }
 
 
-def cli_env(db: Path | None, fault: str | None = None, offline_hub: bool = False,
-            extra_env: dict[str, str] | None = None) -> dict[str, str]:
+def cli_env(
+    db: Path | None, fault: str | None = None, offline_hub: bool = False, extra_env: dict[str, str] | None = None
+) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPUANAT_")} | (extra_env or {})
     # A script run by path (tests/scripts/*.py) imports gpuanat from this checkout even without an install.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -47,14 +50,30 @@ def cli_env(db: Path | None, fault: str | None = None, offline_hub: bool = False
     return env
 
 
-def start_cli(args: list[str], db: Path | None, fault: str | None = None, offline_hub: bool = False,
-              extra_env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "gpuanat", *args], env=cli_env(db, fault, offline_hub, extra_env),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kwargs)
+def start_cli(
+    args: list[str],
+    db: Path | None,
+    fault: str | None = None,
+    offline_hub: bool = False,
+    extra_env: dict[str, str] | None = None,
+    **popen_kwargs,
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuanat", *args],
+        env=cli_env(db, fault, offline_hub, extra_env),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen_kwargs,
+    )
 
 
 def run_cli(
-    args: list[str], db: Path | None, fault: str | None = None, timeout_s: float = 240,
+    args: list[str],
+    db: Path | None,
+    fault: str | None = None,
+    timeout_s: float = 240,
     extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     process = start_cli(args, db, fault, extra_env=extra_env)
@@ -62,16 +81,18 @@ def run_cli(
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-def cli_in_terminal(args: list[str], db: Path | None, columns: int, lines: int = 40,
-                    term: str = "xterm") -> tuple[int, str, str]:
+def cli_in_terminal(
+    args: list[str], db: Path | None, columns: int, lines: int = 40, term: str = "xterm"
+) -> tuple[int, str, str]:
     """`gpuanat ARGS` with stdout on a real terminal `columns` wide: its exit code, every byte the terminal got
     (decoded; the line discipline's \\r\\n read as \\n) and stderr."""
     import pty
 
     leader, follower = pty.openpty()
     env = {**cli_env(db), "COLUMNS": str(columns), "LINES": str(lines), "TERM": term}
-    process = subprocess.Popen([sys.executable, "-m", "gpuanat", *args], cwd=REPO, env=env, stdout=follower,
-                               stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuanat", *args], cwd=REPO, env=env, stdout=follower, stderr=subprocess.PIPE
+    )
     os.close(follower)
     output = bytearray()
     try:
@@ -88,8 +109,9 @@ def tiny_model_reference() -> dict[str, int]:
     """Exact sizes of the model tests/scripts/tiny_trainer.py builds, counted here independently."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    model = BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=128))
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    )
     parameters = list(model.parameters())
     return {
         "params": sum(p.numel() for p in parameters),
@@ -100,18 +122,27 @@ def tiny_model_reference() -> dict[str, int]:
     }
 
 
-def start_torchrun_job(tmp_path: Path, script: Path, *args: str, job_env: dict[str, str] | None = None,
-                       ) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def start_torchrun_job(
+    tmp_path: Path,
+    script: Path,
+    *args: str,
+    job_env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """`torchrun --nproc-per-node=2 SCRIPT ARGS` in a session of its own, publishing into a private runtime
     directory, once both ranks publish; with the environment a watcher of it needs. `job_env`: variables for the job
     alone."""
     runtime_dir = tmp_path / "runtime"
     runtime_dir.mkdir(mode=0o700)
     env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
-    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                            str(script), *args], env={**env, **(job_env or {})}, cwd=REPO, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script), *args],
+        env={**env, **(job_env or {})},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline_s = time.monotonic() + 180
     while len(list((runtime_dir / "gpuanat").glob("*.jsonl")) if (runtime_dir / "gpuanat").exists() else []) < 2:
         if job.poll() is not None or time.monotonic() > deadline_s:

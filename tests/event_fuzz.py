@@ -26,18 +26,49 @@ from gpuanat.core.run.protocol import (
     encode,
 )
 
-BANDS = ProbeBands(weights_bytes=8, gradients_bytes=8, optimizer_state_bytes=16, activations_bytes=4,
-                   activations_method="saved_tensors", batch_bytes=2, measured_at_step=1)
+BANDS = ProbeBands(
+    weights_bytes=8,
+    gradients_bytes=8,
+    optimizer_state_bytes=16,
+    activations_bytes=4,
+    activations_method="saved_tensors",
+    batch_bytes=2,
+    measured_at_step=1,
+)
 VALID_EVENTS = [
     Hello(pid=42, versions={"torch": "2.11"}, device="cpu", device_name=None, config={"batch_size": 4}),
     ModelInfo(params=10, trainable_params=10, weights_bytes=40, dtype="float32", total_steps=8),
     Step(step=2, samples=8, tokens=256, step_time_s=0.1, elapsed_s=0.2, loss=0.7, bands=BANDS),
-    Done(status="ok", steps=8, samples=32, train_runtime_s=1.0, samples_per_second=32.0,
-         steady_samples_per_second=33.0, warmup_steps=2, bands=BANDS),
+    Done(
+        status="ok",
+        steps=8,
+        samples=32,
+        train_runtime_s=1.0,
+        samples_per_second=32.0,
+        steady_samples_per_second=33.0,
+        warmup_steps=2,
+        bands=BANDS,
+    ),
     Error(kind="exception", message="boom"),
-    Operations(device="cpu", first_step=4, profiled_steps=2, wall_s=0.1, processing_s=0.2, kernels=[
-        KernelRow(name="aten::mm", op="aten::mm", optimizer=False, group="contractions", calls=4, time_s=0.01,
-                  flops=1e6, bytes=4e5)]),
+    Operations(
+        device="cpu",
+        first_step=4,
+        profiled_steps=2,
+        wall_s=0.1,
+        processing_s=0.2,
+        kernels=[
+            KernelRow(
+                name="aten::mm",
+                op="aten::mm",
+                optimizer=False,
+                group="contractions",
+                calls=4,
+                time_s=0.01,
+                flops=1e6,
+                bytes=4e5,
+            )
+        ],
+    ),
 ]
 WRONG_VALUES = ["3", [], {}, None, True, -1, 2**64, 1.5, "x" * 50]
 """Values that are wrong for every required integer field of an event."""
@@ -52,8 +83,11 @@ def _dumps(payload: object) -> bytes:
 
 
 def _required_integer_fields(payload: dict) -> list[str]:
-    return [key for key, value in payload.items()
-            if key not in ("v", "type") and isinstance(value, int) and not isinstance(value, bool)]
+    return [
+        key
+        for key, value in payload.items()
+        if key not in ("v", "type") and isinstance(value, int) and not isinstance(value, bool)
+    ]
 
 
 def _wrong_type(rng: random.Random) -> bytes:
@@ -86,8 +120,9 @@ def _nullable(event_type: str, field: str) -> bool:
 def _wrong_field(rng: random.Random) -> bytes:
     payload = _payload_with_integers(rng)
     field = rng.choice(_required_integer_fields(payload))
-    payload[field] = rng.choice([value for value in WRONG_VALUES
-                                 if value is not None or not _nullable(payload["type"], field)])
+    payload[field] = rng.choice(
+        [value for value in WRONG_VALUES if value is not None or not _nullable(payload["type"], field)]
+    )
     return _dumps(payload)
 
 
@@ -111,8 +146,11 @@ def _bad_band(rng: random.Random) -> bytes:
 
 def _not_finite(rng: random.Random) -> bytes:
     # Python's json writes these literals, which JSON does not have; a float field must be finite.
-    return encode(VALID_EVENTS[2]).strip().replace(b'"elapsed_s":0.2', b'"elapsed_s":' + rng.choice(
-        [b"NaN", b"Infinity", b"-Infinity", b"1e400"]))
+    return (
+        encode(VALID_EVENTS[2])
+        .strip()
+        .replace(b'"elapsed_s":0.2', b'"elapsed_s":' + rng.choice([b"NaN", b"Infinity", b"-Infinity", b"1e400"]))
+    )
 
 
 def _deep(rng: random.Random) -> bytes:
@@ -123,7 +161,7 @@ def _deep(rng: random.Random) -> bytes:
 
 def _cut(rng: random.Random) -> bytes:
     line = encode(rng.choice(VALID_EVENTS)).strip()
-    return line[:rng.randrange(1, len(line) - 1)]
+    return line[: rng.randrange(1, len(line) - 1)]
 
 
 def _not_utf8_or_json(rng: random.Random) -> bytes:
@@ -141,8 +179,19 @@ def _too_long(rng: random.Random) -> bytes:
     return _dumps(payload)
 
 
-CLASSES = [_wrong_type, _wrong_version, _wrong_field, _missing_field, _bands_not_an_object, _bad_band,
-           _not_finite, _deep, _cut, _not_utf8_or_json, _not_an_object]
+CLASSES = [
+    _wrong_type,
+    _wrong_version,
+    _wrong_field,
+    _missing_field,
+    _bands_not_an_object,
+    _bad_band,
+    _not_finite,
+    _deep,
+    _cut,
+    _not_utf8_or_json,
+    _not_an_object,
+]
 """Cheap classes: drawn for most lines. `_too_long` lines are added a few at a time (megabytes each)."""
 
 

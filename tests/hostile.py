@@ -62,16 +62,22 @@ def raw_in_terminal_output(output: str) -> list[str]:
     """What in `output` (what a terminal would be sent) is not the program's own styling or cursor moves: every
     control left once SGR colours, cursor positioning and Textual's mode switches are taken out, with its context."""
     rest = TEXTUAL_OWN.sub("", CURSOR_TO.sub("", SGR.sub("", output)))
-    return [repr(rest[max(0, match.start() - 12):match.end() + 12]) for match in RAW.finditer(rest)]
+    return [repr(rest[max(0, match.start() - 12) : match.end() + 12]) for match in RAW.finditer(rest)]
 
 
 def raw_in_text(text: str) -> list[str]:
     """Every control, escape, bidi character or lone surrogate in plain `text` (no styling expected), in context."""
-    return [repr(text[max(0, match.start() - 12):match.end() + 12]) for match in RAW.finditer(text)]
+    return [repr(text[max(0, match.start() - 12) : match.end() + 12]) for match in RAW.finditer(text)]
 
 
-HOSTILE_ARGV = [CONTROL_PAYLOADS["osc0"], CONTROL_PAYLOADS["osc52"], CONTROL_PAYLOADS["clear"],
-                MARKUP_PAYLOADS["bold"], MARKUP_PAYLOADS["click"], CONTROL_PAYLOADS["bidi"]]
+HOSTILE_ARGV = [
+    CONTROL_PAYLOADS["osc0"],
+    CONTROL_PAYLOADS["osc52"],
+    CONTROL_PAYLOADS["clear"],
+    MARKUP_PAYLOADS["bold"],
+    MARKUP_PAYLOADS["click"],
+    CONTROL_PAYLOADS["bidi"],
+]
 """What the hostile process's command line carries after its script."""
 SET_NAME_AND_WAIT = (
     "import ctypes, sys, time\n"

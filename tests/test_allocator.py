@@ -151,9 +151,16 @@ def test_expandable_segments_keep_the_growing_end_for_last():
 
 
 def test_requests_of_a_trace_pair_each_free_with_its_allocation():
-    events = [["segment_alloc", 100, 2 * MIB, 0], ["alloc", 100, 700, 0], ["alloc", 1124, 300, 0],
-              ["free_requested", 100, 700, 0], ["free_completed", 100, 700, 0], ["alloc", 100, 600, 0],
-              ["free_requested", 1124, 300, 0], ["free_completed", 1124, 300, 0]]
+    events = [
+        ["segment_alloc", 100, 2 * MIB, 0],
+        ["alloc", 100, 700, 0],
+        ["alloc", 1124, 300, 0],
+        ["free_requested", 100, 700, 0],
+        ["free_completed", 100, 700, 0],
+        ["alloc", 100, 600, 0],
+        ["free_requested", 1124, 300, 0],
+        ["free_completed", 1124, 300, 0],
+    ]
     assert requests_of(events) == Requests(operations=(-1, -1, 0, -1, 1), sizes=(700, 300, 600))
 
 

@@ -73,8 +73,12 @@ def test_the_replay_grants_the_largest_request_the_h100_granted_on_a_filled_devi
     for case in measured["cases"]:
         fillers, capacity = case["fillers"], case["free_bytes"] + case["reserved_bytes"]
         request = case["free_bytes"] // (2 * MIB) * (2 * MIB)
-        while not replay([-1] * (fillers + 1), [case["filler_bytes"]] * fillers + [request], capacity,
-                         expandable_segments=allocator == "expandable").fits:
+        while not replay(
+            [-1] * (fillers + 1),
+            [case["filler_bytes"]] * fillers + [request],
+            capacity,
+            expandable_segments=allocator == "expandable",
+        ).fits:
             request -= 2 * MIB
         granted.append(request)
     assert granted == [case["largest_request_bytes"] for case in measured["cases"]]
@@ -107,10 +111,26 @@ def test_the_out_of_memory_at_819_is_replayed_at_the_request_it_happened_at():
 
 
 def test_the_packaged_templates_are_the_build_of_the_recorded_traces(tmp_path):
-    completed = subprocess.run([sys.executable, str(BUILD_SCRIPT), str(TRACES), "--out", str(tmp_path),
-                                "--gpu-memory-bytes", str(H100_MEMORY_BYTES), "--gpu", "NVIDIA H100 80GB HBM3",
-                                "--torch", "2.11.0+cu130", "--transformers", "5.17.0"],
-                               capture_output=True, text=True, check=False)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(BUILD_SCRIPT),
+            str(TRACES),
+            "--out",
+            str(tmp_path),
+            "--gpu-memory-bytes",
+            str(H100_MEMORY_BYTES),
+            "--gpu",
+            "NVIDIA H100 80GB HBM3",
+            "--torch",
+            "2.11.0+cu130",
+            "--transformers",
+            "5.17.0",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert completed.returncode == 0, completed.stderr
     built = sorted(path.name for path in tmp_path.glob("*.json.gz"))
     assert built == sorted(path.name for path in TEMPLATES_DIR.glob("*.json.gz")) and len(built) == 20
@@ -138,16 +158,19 @@ def test_the_replay_peaks_where_every_trial_that_trained_near_the_limit_did():
         for trial in _todays(trials):
             if trial["trained"] and trial["peak_allocated_bytes"] and trial["batch_size"] >= 40:
                 replayed = recorded.template.replay(trial["batch_size"], 1 << 50)
-                errors.append((replayed.peak_allocated_bytes - trial["peak_allocated_bytes"],
-                               trial["peak_allocated_bytes"]))
+                errors.append(
+                    (replayed.peak_allocated_bytes - trial["peak_allocated_bytes"], trial["peak_allocated_bytes"])
+                )
     assert len(errors) == 75
     assert sum(abs(error) <= 5 * MIB for error, _peak in errors) == 66
     assert sum(error == 0 for error, _peak in errors) == 34
     assert all(abs(error) / peak < 0.0035 for error, peak in errors)
 
 
-OOM_MESSAGE = re.compile(r"of which ([\d.]+) (GiB|MiB) is free.*?([\d.]+) GiB is allocated by PyTorch, and "
-                         r"([\d.]+) (GiB|MiB) is reserved by PyTorch but unallocated")
+OOM_MESSAGE = re.compile(
+    r"of which ([\d.]+) (GiB|MiB) is free.*?([\d.]+) GiB is allocated by PyTorch, and "
+    r"([\d.]+) (GiB|MiB) is reserved by PyTorch but unallocated"
+)
 
 
 def _gib(value: str, unit: str) -> float:
@@ -169,8 +192,7 @@ def test_the_templates_capacity_is_what_the_out_of_memory_messages_of_the_second
                 match = OOM_MESSAGE.search(trial.get("error_message") or "")
                 if match is None or recorded is None:
                     continue
-                free, allocated, unallocated = (_gib(match[1], match[2]), float(match[3]),
-                                                _gib(match[4], match[5]))
+                free, allocated, unallocated = (_gib(match[1], match[2]), float(match[3]), _gib(match[4], match[5]))
                 capacity_gib = (H100_MEMORY_BYTES - recorded.unavailable_bytes) / (1 << 30)
                 if trial["error_step"] == 2:
                     assert abs(free + allocated + unallocated - capacity_gib) <= 0.02, (path.name, trial)
@@ -186,9 +208,13 @@ def test_the_replay_agrees_with_the_trials(techniques):
     config = _config(dict(zip(TECHNIQUES, techniques, strict=True)))
     recorded = template_for(config)
     capacity = H100_MEMORY_BYTES - recorded.unavailable_bytes
-    disagree = [trial["batch_size"] for trial in _todays(h100_trials()[techniques])
-                if trial["batch_size"] >= 40 and recorded.template.replay(trial["batch_size"], capacity,
-                                             expandable_segments=config.expandable_segments).fits != trial["trained"]]
+    disagree = [
+        trial["batch_size"]
+        for trial in _todays(h100_trials()[techniques])
+        if trial["batch_size"] >= 40
+        and recorded.template.replay(trial["batch_size"], capacity, expandable_segments=config.expandable_segments).fits
+        != trial["trained"]
+    ]
     assert disagree == REPLAY_DISAGREES.get(techniques, [])
 
 
@@ -211,8 +237,11 @@ def test_every_replayed_largest_batch_verdict_is_the_one_on_record():
         config = _config(dict(zip(TECHNIQUES, techniques, strict=True)))
         predicted = largest_batch(config, H100_MEMORY_BYTES)
         assert predicted.method == "replay"
-        verdicts[techniques] = (predicted.batch_size, verdict(trials, predicted.batch_size),
-                                verdict(trials, predicted.batch_size + 8))
+        verdicts[techniques] = (
+            predicted.batch_size,
+            verdict(trials, predicted.batch_size),
+            verdict(trials, predicted.batch_size + 8),
+        )
     assert verdicts == EXPECTED_REPLAY_VERDICTS
 
 
@@ -264,12 +293,18 @@ EXPECTED_REPLAY_VERDICTS: dict[tuple, tuple] = {
 
 def test_a_replayed_answer_says_what_it_was_recorded_with_and_what_differs_here():
     predicted = largest_batch(_config({"precision": "bf16"}), H100_MEMORY_BYTES)
-    assert predicted.recorded_with == {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130",
-                                       "transformers": "5.17.0"}
+    assert predicted.recorded_with == {
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "torch": "2.11.0+cu130",
+        "transformers": "5.17.0",
+    }
     # what the installed packages' metadata says (a CUDA build's torch.__version__ carries "+cu130", its
     # package version does not)
-    here = {"gpu": "any", "torch": importlib.metadata.version("torch"),
-            "transformers": importlib.metadata.version("transformers")}
+    here = {
+        "gpu": "any",
+        "torch": importlib.metadata.version("torch"),
+        "transformers": importlib.metadata.version("transformers"),
+    }
     assert version_differences(here) == []
     other = {**here, "torch": "1.0.0"}
     assert version_differences(other) == [f"torch {here['torch']} here, 1.0.0 recorded"]

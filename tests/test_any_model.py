@@ -20,36 +20,82 @@ from gpuanat.core.run.config import RunConfig
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-TINY = {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 128,
-        "vocab_size": 512, "max_position_embeddings": 256}
+TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+}
 TINY_CONFIGS = {
     "llama-untied-gqa": {"model_type": "llama", "num_key_value_heads": 2, "tie_word_embeddings": False, **TINY},
     "qwen2-tied-qkv-bias": {"model_type": "qwen2", "num_key_value_heads": 2, "tie_word_embeddings": True, **TINY},
     "qwen3-qk-norms": {"model_type": "qwen3", "num_key_value_heads": 2, "head_dim": 32, **TINY},
-    "gemma3-sandwich-sliding": {"model_type": "gemma3_text", "num_key_value_heads": 1, "head_dim": 32,
-                                "sliding_window": 16, "hidden_activation": "gelu_pytorch_tanh",
-                                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], **TINY},
+    "gemma3-sandwich-sliding": {
+        "model_type": "gemma3_text",
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "sliding_window": 16,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        **TINY,
+    },
     "olmo2-post-norms": {"model_type": "olmo2", **TINY},
-    "granitemoe": {"model_type": "granitemoe", "num_local_experts": 4, "num_experts_per_tok": 2,
-                   "num_key_value_heads": 2, **TINY},
-    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, "num_key_value_heads": 2,
-                **TINY},
-    "qwen2-moe-shared-expert": {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2,
-                                "num_key_value_heads": 4, "moe_intermediate_size": 32,
-                                "shared_expert_intermediate_size": 96, **TINY},
+    "granitemoe": {
+        "model_type": "granitemoe",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_key_value_heads": 2,
+        **TINY,
+    },
+    "mixtral": {
+        "model_type": "mixtral",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_key_value_heads": 2,
+        **TINY,
+    },
+    "qwen2-moe-shared-expert": {
+        "model_type": "qwen2_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_key_value_heads": 4,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 96,
+        **TINY,
+    },
     "phi-parallel-dropout": {"model_type": "phi", "partial_rotary_factor": 0.5, "resid_pdrop": 0.1, **TINY},
     "phi3-fused": {"model_type": "phi3", "num_key_value_heads": 2, "pad_token_id": None, **TINY},
     "gpt-neox-fused-parallel": {"model_type": "gpt_neox", "rotary_pct": 0.25, **TINY},
-    "stablelm-qkv-bias": {"model_type": "stablelm", "num_key_value_heads": 2, "use_qkv_bias": True,
-                          "partial_rotary_factor": 0.25, **TINY},
-    "opt-post-norm-projected": {"model_type": "opt", "ffn_dim": 128, "word_embed_proj_dim": 32,
-                                "do_layer_norm_before": False, "dropout": 0.1, **TINY},
+    "stablelm-qkv-bias": {
+        "model_type": "stablelm",
+        "num_key_value_heads": 2,
+        "use_qkv_bias": True,
+        "partial_rotary_factor": 0.25,
+        **TINY,
+    },
+    "opt-post-norm-projected": {
+        "model_type": "opt",
+        "ffn_dim": 128,
+        "word_embed_proj_dim": 32,
+        "do_layer_norm_before": False,
+        "dropout": 0.1,
+        **TINY,
+    },
     "bloom-alibi": {"model_type": "bloom", "n_head": 4, "n_layer": 3, **TINY},
     "starcoder2": {"model_type": "starcoder2", "num_key_value_heads": 2, **TINY},
     "bert": {"model_type": "bert", **TINY},
     "roberta": {"model_type": "roberta", "type_vocab_size": 1, **TINY},
-    "distilbert": {"model_type": "distilbert", "dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128,
-                   "vocab_size": 512, "max_position_embeddings": 256},
+    "distilbert": {
+        "model_type": "distilbert",
+        "dim": 64,
+        "n_layers": 2,
+        "n_heads": 4,
+        "hidden_dim": 128,
+        "vocab_size": 512,
+        "max_position_embeddings": 256,
+    },
     "electra-projected": {"model_type": "electra", "embedding_size": 32, **TINY},
 }
 ENCODERS = ("bert", "roberta", "distilbert", "electra-projected")
@@ -147,10 +193,12 @@ def test_one_layer_keeps_for_backward_what_the_derivation_says(name, lora):
     batch, seq = 2, 32
     torch.manual_seed(0)
     measured = _saved_bytes_per_token_of_one_layer(model, torch.randint(0, 512, (batch, seq)))
-    config = RunConfig(preset="llama-tiny", precision="fp32", attn="eager", lora=lora, seq_len=seq, batch_size=batch,
-                       device="cpu")
-    derived = (layer_bytes_per_token(config, architecture, moe=architecture.moe_layers > 0)
-               + architecture.num_heads * seq * eager_scores_bytes(config, architecture))
+    config = RunConfig(
+        preset="llama-tiny", precision="fp32", attn="eager", lora=lora, seq_len=seq, batch_size=batch, device="cpu"
+    )
+    derived = layer_bytes_per_token(
+        config, architecture, moe=architecture.moe_layers > 0
+    ) + architecture.num_heads * seq * eager_scores_bytes(config, architecture)
     masks = architecture.residual_dropout_sites if architecture.residual_dropout else 0
     derived += masks * architecture.hidden_size * CPU_DROPOUT_MASK_EXTRA_BYTES
     if name.startswith("gemma3"):
@@ -173,39 +221,85 @@ def _write_config(tmp_path: Path, name: str) -> Path:
 
 def test_predict_reads_a_config_json_and_says_what_it_assumed(tmp_path, db_path):
     qwen3 = _write_config(tmp_path, "qwen3-qk-norms")
-    completed = run_cli(["predict", "--model", str(qwen3), "--precision", "bf16", "--seq-len", "128",
-                         "--batch-size", "4", "--gpu-memory", "24GiB", "--json"], db_path, timeout_s=60)
+    completed = run_cli(
+        [
+            "predict",
+            "--model",
+            str(qwen3),
+            "--precision",
+            "bf16",
+            "--seq-len",
+            "128",
+            "--batch-size",
+            "4",
+            "--gpu-memory",
+            "24GiB",
+            "--json",
+        ],
+        db_path,
+        timeout_s=60,
+    )
     assert completed.returncode == 0, completed.stderr
     predicted = last_json(completed.stdout)
     architecture = model_architecture(str(qwen3))
     shapes = parameter_shapes(architecture)
     assert predicted["weights_bytes"] == 4 * shapes.params + shapes.buffer_bytes
     assert predicted["gradients_bytes"] == 4 * shapes.params
-    assert predicted["optimizer_state_bytes"] == estimate_memory(RunConfig.from_json(predicted["config"])
-                                                                 ).optimizer_state_bytes >= 8 * shapes.params
+    assert (
+        predicted["optimizer_state_bytes"]
+        == estimate_memory(RunConfig.from_json(predicted["config"])).optimizer_state_bytes
+        >= 8 * shapes.params
+    )
     assert predicted["logits_bytes"] == 4 * 128 * 512 * 4
     assert predicted["max_batch_size"] > 4 and predicted["confidence"] == "checked"
     # a family gpuanat does not know: read as a Llama, and said so
     unknown = tmp_path / "unknown.json"
-    unknown.write_text(json.dumps({**json.loads(qwen3.read_text()), "model_type": "my_decoder",
-                                   "architectures": ["MyDecoderForCausalLM"]}))
-    completed = run_cli(["predict", "--model", str(unknown), "--precision", "bf16", "--seq-len", "128",
-                         "--gpu-memory", "24GiB", "--json"], db_path, timeout_s=60)
+    unknown.write_text(
+        json.dumps(
+            {**json.loads(qwen3.read_text()), "model_type": "my_decoder", "architectures": ["MyDecoderForCausalLM"]}
+        )
+    )
+    completed = run_cli(
+        [
+            "predict",
+            "--model",
+            str(unknown),
+            "--precision",
+            "bf16",
+            "--seq-len",
+            "128",
+            "--gpu-memory",
+            "24GiB",
+            "--json",
+        ],
+        db_path,
+        timeout_s=60,
+    )
     assert completed.returncode == 0, completed.stderr
     caveat = last_json(completed.stdout)["caveat"]
     assert "my_decoder is no family gpuanat knows: read as a Llama layer" in caveat
-    table = run_cli(["predict", "--model", str(unknown), "--precision", "bf16", "--seq-len", "128",
-                     "--gpu-memory", "24GiB"], db_path, timeout_s=60)
+    table = run_cli(
+        ["predict", "--model", str(unknown), "--precision", "bf16", "--seq-len", "128", "--gpu-memory", "24GiB"],
+        db_path,
+        timeout_s=60,
+    )
     assert f"Prediction for {unknown}" in table.stdout and "Not checked: my_decoder is no family" in table.stdout
 
 
-@pytest.mark.parametrize(("config", "reason"), [
-    ({"model_type": "deberta-v2", "hidden_size": 64}, "DeBERTa's disentangled attention, which gpuanat's memory "
-                                                      "model does not describe"),
-    ({"model_type": "llama", "vocab_size": 512}, "the config has no hidden_size or n_embd or d_model or dim"),
-    ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
-     "the config has no vocab_size"),
-])
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        (
+            {"model_type": "deberta-v2", "hidden_size": 64},
+            "DeBERTa's disentangled attention, which gpuanat's memory model does not describe",
+        ),
+        ({"model_type": "llama", "vocab_size": 512}, "the config has no hidden_size or n_embd or d_model or dim"),
+        (
+            {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
+            "the config has no vocab_size",
+        ),
+    ],
+)
 def test_a_config_the_model_cannot_describe_is_refused_with_why(tmp_path, db_path, config, reason):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
@@ -216,8 +310,25 @@ def test_a_config_the_model_cannot_describe_is_refused_with_why(tmp_path, db_pat
 
 def test_a_config_json_run_stores_its_prediction_and_its_exact_bands(tmp_path, db_path):
     gemma = _write_config(tmp_path, "gemma3-sandwich-sliding")
-    completed = run_cli(["run", "--model", str(gemma), "--device", "cpu", "--seq-len", "32", "--batch-size", "2",
-                         "--samples", "8", "--lora", "4", "--json"], db_path)
+    completed = run_cli(
+        [
+            "run",
+            "--model",
+            str(gemma),
+            "--device",
+            "cpu",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "2",
+            "--samples",
+            "8",
+            "--lora",
+            "4",
+            "--json",
+        ],
+        db_path,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     config = RunConfig.from_json(result["config"])
@@ -236,11 +347,30 @@ def test_a_config_json_that_names_bf16_still_trains_the_weights_gpuanat_was_aske
     told otherwise: the run trains fp32 weights (the default --weights-dtype) as predicted, not the config's bf16."""
     path = _write_config(tmp_path, "qwen3-qk-norms")
     path.write_text(json.dumps({**json.loads(path.read_text()), "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
-    completed = run_cli(["run", "--model", str(path), "--device", "cpu", "--seq-len", "16", "--batch-size", "2",
-                         "--samples", "4", "--max-steps", "2", "--json"], db_path)
+    completed = run_cli(
+        [
+            "run",
+            "--model",
+            str(path),
+            "--device",
+            "cpu",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+            "--samples",
+            "4",
+            "--max-steps",
+            "2",
+            "--json",
+        ],
+        db_path,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     shapes = parameter_shapes(model_architecture(str(path)))
     assert state_bytes(result)["weights_bytes"] == 4 * shapes.params + shapes.buffer_bytes
-    assert state_bytes(result) == {band: getattr(estimate_memory(RunConfig.from_json(result["config"])), band)
-                                   for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")}
+    assert state_bytes(result) == {
+        band: getattr(estimate_memory(RunConfig.from_json(result["config"])), band)
+        for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")
+    }

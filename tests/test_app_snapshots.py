@@ -38,9 +38,10 @@ SWEEP = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "h10
 SIZE = (120, 40)
 FROZEN_T_S = 1_000.0
 
-pytestmark = pytest.mark.skipif(not all(path.exists() for path in (TRACE, STEPS, SWEEP, SERIES, BS32_TRACE,
-                                                                   BS32_STEPS)),
-                                reason="H100 recordings not committed yet")
+pytestmark = pytest.mark.skipif(
+    not all(path.exists() for path in (TRACE, STEPS, SWEEP, SERIES, BS32_TRACE, BS32_STEPS)),
+    reason="H100 recordings not committed yet",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -55,11 +56,21 @@ def utc(monkeypatch):
 
 def h100_environment() -> tuple[dict, Capabilities, NvmlStatus]:
     trace_run = json.loads(STEPS.read_text().splitlines()[0])
-    capabilities = Capabilities(torch_version="2.11.0+cu130", cuda_available=True,
-                                cuda_device_name="NVIDIA H100 80GB HBM3", cuda_compute_capability=(9, 0),
-                                cuda_total_memory_bytes=85_520_809_984, bitsandbytes_version="0.50.2")
-    nvml = NvmlStatus(available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000,
-                      gpu_names=("NVIDIA H100 80GB HBM3",))
+    capabilities = Capabilities(
+        torch_version="2.11.0+cu130",
+        cuda_available=True,
+        cuda_device_name="NVIDIA H100 80GB HBM3",
+        cuda_compute_capability=(9, 0),
+        cuda_total_memory_bytes=85_520_809_984,
+        bitsandbytes_version="0.50.2",
+    )
+    nvml = NvmlStatus(
+        available=True,
+        reason=None,
+        driver_version="580.159.04",
+        cuda_driver_version=13000,
+        gpu_names=("NVIDIA H100 80GB HBM3",),
+    )
     return trace_run, capabilities, nvml
 
 
@@ -79,9 +90,15 @@ class ReplayClock:
 def make_app(db_path: Path, config: RunConfig, trace: Path = TRACE) -> GpuAnatApp:
     _, capabilities, nvml = h100_environment()
     clock = ReplayClock(FROZEN_T_S)
-    return GpuAnatApp(config, db_path=db_path, sampler_factory=lambda: (ReplaySource(trace), nvml),
-                      capabilities_probe=lambda: capabilities, clock=clock,
-                      sample_interval_s=None, paint_interval_s=3600)
+    return GpuAnatApp(
+        config,
+        db_path=db_path,
+        sampler_factory=lambda: (ReplaySource(trace), nvml),
+        capabilities_probe=lambda: capabilities,
+        clock=clock,
+        sample_interval_s=None,
+        paint_interval_s=3600,
+    )
 
 
 SWEEP_STARTED_AT = 1_795_294_194.0
@@ -107,8 +124,12 @@ def replay_run(app: GpuAnatApp, until_elapsed_s: float, steps_path: Path = STEPS
     meta, *lines = steps_path.read_text().splitlines()
     meta = json.loads(meta)
     samples = sum(1 for elapsed_s in meta["elapsed_at_sample"] if elapsed_s <= until_elapsed_s)
-    app.live = LiveRun(config=RunConfig.from_json(meta["config"]), stop_requested=threading.Event(),
-                       run_id=meta["run_id"], pid=meta["pid"])
+    app.live = LiveRun(
+        config=RunConfig.from_json(meta["config"]),
+        stop_requested=threading.Event(),
+        run_id=meta["run_id"],
+        pid=meta["pid"],
+    )
     app._incoming_events.append(ModelInfo(**meta["model"]))
     steps = [decode(line) for line in lines]
     assert all(isinstance(step, Step) for step in steps)
@@ -117,8 +138,11 @@ def replay_run(app: GpuAnatApp, until_elapsed_s: float, steps_path: Path = STEPS
     for index in range(samples):
         app.sample_now()
         next_s = sample_times_s[index + 1] if index + 1 < samples else until_elapsed_s
-        app._incoming_events.extend(step for step in steps if sample_times_s[index] <= step.elapsed_s < next_s
-                                    or (index == 0 and step.elapsed_s < sample_times_s[0]))
+        app._incoming_events.extend(
+            step
+            for step in steps
+            if sample_times_s[index] <= step.elapsed_s < next_s or (index == 0 and step.elapsed_s < sample_times_s[0])
+        )
         app.paint()
 
 

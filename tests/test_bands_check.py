@@ -53,8 +53,12 @@ def test_the_nearest_sample_alone_would_mix_two_states(tmp_path):
         steps = {step["step"]: step for step in store.steps(run.id)}
     times = [sample.t_s for sample in samples]
     index = bisect.bisect_left(times, steps[4]["monotonic_s"])
-    nearest = samples[min((i for i in (index - 1, index) if 0 <= i < len(samples)),
-                          key=lambda i: abs(times[i] - steps[4]["monotonic_s"]))]
+    nearest = samples[
+        min(
+            (i for i in (index - 1, index) if 0 <= i < len(samples)),
+            key=lambda i: abs(times[i] - steps[4]["monotonic_s"]),
+        )
+    ]
     assert nearest.t_s < steps[3]["monotonic_s"]
     context = checked["cuda_context_median_bytes"]
     device_used = nearest.gpus[0].used_bytes

@@ -30,8 +30,9 @@ def _plant(key: str, torch_version: str, probed_at: float) -> None:
     path = capabilities_cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     real = json.loads(path.read_text())["capabilities"] if path.exists() else {"cuda_available": False}
-    path.write_text(json.dumps({"key": key, "probed_at": probed_at,
-                                "capabilities": {**real, "torch_version": torch_version}}))
+    path.write_text(
+        json.dumps({"key": key, "probed_at": probed_at, "capabilities": {**real, "torch_version": torch_version}})
+    )
 
 
 def test_the_answer_is_reused_for_the_same_environment_and_not_for_another(cache_home, monkeypatch):

@@ -38,28 +38,31 @@ def assert_refused(completed, flag: str, words: str, db_path) -> None:
     assert history_json(db_path) == []
 
 
-@pytest.mark.parametrize(("args", "flag", "allowed"), [
-    (["run", "--batch-size", "0"], "--batch-size", "≥ 1"),
-    (["run", "--grad-accum", "-1"], "--grad-accum", "≥ 1"),
-    (["run", "--precision", "fp8"], "--precision", "'fp32', 'fp16', 'bf16'"),
-    (["run", "--optim", "nope"], "--optim", "adamw_torch"),
-    (["run", "--attn", "flash"], "--attn", "sdpa"),
-    (["run", "--batch-size", "four"], "--batch-size", "int"),
-    (["run", "--seq-len", "1024"], "--seq-len", "≤ 512"),
-    (["run", "--samples", "0"], "--samples", "≥ 1"),
-    (["run", "--workers", "-1"], "--workers", "≥ 0"),
-    (["run", "--epochs", "0"], "--epochs", "≥ 1"),
-    (["run", "--max-steps", "0"], "--max-steps", "≥ 1"),
-    (["run", "--compile", "--compile-regions"], "--compile-regions", "--compile already compiles the whole model"),
-    (["run", "--precision", "fp16"], "--precision", "needs a CUDA GPU"),
-    (["run", "--tf32"], "--tf32", "needs a CUDA GPU"),
-    (["run", "--optim", "adamw_bnb_8bit"], "--optim", "needs a CUDA GPU"),
-    (["sweep", "--precision", "bf16"], "--precision", "the sweep sets it per experiment"),
-    (["sweep", "--only", "warp drive"], "--only", "vanilla"),
-    (["run", "--memory-snapshot", "run.pickle"], "--memory-snapshot", "only on CUDA, and this run is on cpu"),
-    (["history", "--limit", "0"], "--limit", "≥ 1"),
-    (["history", "--format", "xml"], "--format", "table"),
-])
+@pytest.mark.parametrize(
+    ("args", "flag", "allowed"),
+    [
+        (["run", "--batch-size", "0"], "--batch-size", "≥ 1"),
+        (["run", "--grad-accum", "-1"], "--grad-accum", "≥ 1"),
+        (["run", "--precision", "fp8"], "--precision", "'fp32', 'fp16', 'bf16'"),
+        (["run", "--optim", "nope"], "--optim", "adamw_torch"),
+        (["run", "--attn", "flash"], "--attn", "sdpa"),
+        (["run", "--batch-size", "four"], "--batch-size", "int"),
+        (["run", "--seq-len", "1024"], "--seq-len", "≤ 512"),
+        (["run", "--samples", "0"], "--samples", "≥ 1"),
+        (["run", "--workers", "-1"], "--workers", "≥ 0"),
+        (["run", "--epochs", "0"], "--epochs", "≥ 1"),
+        (["run", "--max-steps", "0"], "--max-steps", "≥ 1"),
+        (["run", "--compile", "--compile-regions"], "--compile-regions", "--compile already compiles the whole model"),
+        (["run", "--precision", "fp16"], "--precision", "needs a CUDA GPU"),
+        (["run", "--tf32"], "--tf32", "needs a CUDA GPU"),
+        (["run", "--optim", "adamw_bnb_8bit"], "--optim", "needs a CUDA GPU"),
+        (["sweep", "--precision", "bf16"], "--precision", "the sweep sets it per experiment"),
+        (["sweep", "--only", "warp drive"], "--only", "vanilla"),
+        (["run", "--memory-snapshot", "run.pickle"], "--memory-snapshot", "only on CUDA, and this run is on cpu"),
+        (["history", "--limit", "0"], "--limit", "≥ 1"),
+        (["history", "--format", "xml"], "--format", "table"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_starts_nothing(args, flag, allowed, db_path):
     extra = TINY if args[0] in ("run", "sweep") and "--device" not in args else []
     completed = run_cli([*args, *extra], db_path, timeout_s=60)
@@ -85,37 +88,57 @@ def test_cuda_requested_on_a_machine_without_it(db_path):
 def test_help_explains_every_flag():
     completed = run_cli(["run", "--help"], None, timeout_s=60)
     assert completed.returncode == 0
-    for flag in ("--preset", "--grad-checkpointing", "--precision", "--optim", "--tf32", "--pin-memory", "--attn",
-                 "--compile", "--seq-len", "--samples", "--max-steps", "--db", "--json", "--memory-snapshot"):
+    for flag in (
+        "--preset",
+        "--grad-checkpointing",
+        "--precision",
+        "--optim",
+        "--tf32",
+        "--pin-memory",
+        "--attn",
+        "--compile",
+        "--seq-len",
+        "--samples",
+        "--max-steps",
+        "--db",
+        "--json",
+        "--memory-snapshot",
+    ):
         assert flag in completed.stdout
 
 
-@pytest.mark.parametrize(("args", "flag", "bound"), [
-    (["run", "--batch-size", "10000000000"], "--batch-size", "must be ≤ 65,536"),
-    (["run", "--batch-size", "65537"], "--batch-size", "must be ≤ 65,536"),
-    (["run", "--grad-accum", "65537"], "--grad-accum", "must be ≤ 65,536"),
-    (["run", "--samples", "10000001", "--seq-len", "1"], "--samples", "must be ≤ 10,000,000"),
-    (["run", "--samples", "3000000", "--seq-len", "512"], "--samples", "must be ≤ 1,073,741,824 tokens"),
-    (["run", "--seq-len", "200000"], "--seq-len", "must be ≤ 131,072"),
-    (["run", "--epochs", "10001"], "--epochs", "must be ≤ 10,000"),
-    (["run", "--workers", "513"], "--workers", "must be ≤ 512"),
-    (["run", "--max-steps", "10000001"], "--max-steps", "must be ≤ 10,000,000"),
-    (["sweep", "--batch-size", "65537"], "--batch-size", "must be ≤ 65,536"),
-    (["fit", "--max-batch", "65537"], "--max-batch", "≤ 65,536"),
-    (["fit", "--batch-size", "65537"], "--batch-size", "must be ≤ 65,536"),
-    (["predict", "--batch-size", "65537"], "--batch-size", "must be ≤ 65,536"),
-])
+@pytest.mark.parametrize(
+    ("args", "flag", "bound"),
+    [
+        (["run", "--batch-size", "10000000000"], "--batch-size", "must be ≤ 65,536"),
+        (["run", "--batch-size", "65537"], "--batch-size", "must be ≤ 65,536"),
+        (["run", "--grad-accum", "65537"], "--grad-accum", "must be ≤ 65,536"),
+        (["run", "--samples", "10000001", "--seq-len", "1"], "--samples", "must be ≤ 10,000,000"),
+        (["run", "--samples", "3000000", "--seq-len", "512"], "--samples", "must be ≤ 1,073,741,824 tokens"),
+        (["run", "--seq-len", "200000"], "--seq-len", "must be ≤ 131,072"),
+        (["run", "--epochs", "10001"], "--epochs", "must be ≤ 10,000"),
+        (["run", "--workers", "513"], "--workers", "must be ≤ 512"),
+        (["run", "--max-steps", "10000001"], "--max-steps", "must be ≤ 10,000,000"),
+        (["sweep", "--batch-size", "65537"], "--batch-size", "must be ≤ 65,536"),
+        (["fit", "--max-batch", "65537"], "--max-batch", "≤ 65,536"),
+        (["fit", "--batch-size", "65537"], "--batch-size", "must be ≤ 65,536"),
+        (["predict", "--batch-size", "65537"], "--batch-size", "must be ≤ 65,536"),
+    ],
+)
 def test_a_value_past_its_bound_is_refused_with_the_bound(args, flag, bound, db_path):
     extra = ["--preset", "tiny"] if args[0] != "predict" else []
     assert_refused(run_cli([*args, *extra], db_path, timeout_s=60), flag, bound, db_path)
 
 
-@pytest.mark.parametrize(("command", "size", "words"), [
-    ("predict", "24", "give a unit: 24GiB, 24G, 24GB or 24576MiB"),
-    ("fit", "24", "give a unit: 24GiB, 24G, 24GB or 24576MiB"),
-    ("predict", "24MiB", "not a GPU's memory"),
-    ("predict", "100TiB", "not a GPU's memory"),
-])
+@pytest.mark.parametrize(
+    ("command", "size", "words"),
+    [
+        ("predict", "24", "give a unit: 24GiB, 24G, 24GB or 24576MiB"),
+        ("fit", "24", "give a unit: 24GiB, 24G, 24GB or 24576MiB"),
+        ("predict", "24MiB", "not a GPU's memory"),
+        ("predict", "100TiB", "not a GPU's memory"),
+    ],
+)
 def test_a_gpu_memory_without_a_unit_or_no_gpus_size_is_refused(command, size, words, db_path):
     assert_refused(run_cli([command, "--gpu-memory", size], db_path, timeout_s=60), "--gpu-memory", words, db_path)
 
@@ -130,11 +153,14 @@ def test_predict_with_a_gpu_size_still_answers(db_path):
     assert peak_device.endswith("TiB"), peak_device  # not thousands of GiB
 
 
-@pytest.mark.parametrize(("model", "offline", "words"), [
-    ("./no-such-dir", False, "no such directory: ./no-such-dir"),
-    ("tests", False, "tests has no config.json"),  # a directory, but not a saved model
-    ("some-org/not-cached", True, "not in the local Hugging Face cache"),
-])
+@pytest.mark.parametrize(
+    ("model", "offline", "words"),
+    [
+        ("./no-such-dir", False, "no such directory: ./no-such-dir"),
+        ("tests", False, "tests has no config.json"),  # a directory, but not a saved model
+        ("some-org/not-cached", True, "not in the local Hugging Face cache"),
+    ],
+)
 def test_a_model_that_cannot_be_had_is_refused_before_torch(model, offline, words, db_path, tmp_path):
     # A torch whose import ends the process: had anything imported it first (the capability probe, the training
     # child), the answer would be "cannot start the training environment", or a failed run.
@@ -148,12 +174,15 @@ def test_a_model_that_cannot_be_had_is_refused_before_torch(model, offline, word
     assert elapsed_s < REFUSED_WITHIN_S
 
 
-@pytest.mark.parametrize(("args", "flag", "words"), [
-    (["--precision", "fp16"], "--precision", "fp16 needs a CUDA GPU"),
-    (["--tf32"], "--tf32", "tf32 needs a CUDA GPU"),
-    (["--expandable-segments"], "--expandable-segments", "an option of the CUDA allocator"),
-    (["--optim", "adamw_bnb_8bit"], "--optim", "needs a CUDA GPU"),
-])
+@pytest.mark.parametrize(
+    ("args", "flag", "words"),
+    [
+        (["--precision", "fp16"], "--precision", "fp16 needs a CUDA GPU"),
+        (["--tf32"], "--tf32", "tf32 needs a CUDA GPU"),
+        (["--expandable-segments"], "--expandable-segments", "an option of the CUDA allocator"),
+        (["--optim", "adamw_bnb_8bit"], "--optim", "needs a CUDA GPU"),
+    ],
+)
 def test_a_cuda_technique_on_device_cpu_is_refused_before_torch(args, flag, words, db_path, tmp_path):
     # --device cpu says all the machine needs to know: no capability probe (which imports torch), cached or not
     (tmp_path / "torch").mkdir()
@@ -168,8 +197,10 @@ def test_a_hub_name_not_cached_online_says_it_will_download(db_path):
     completed = run_cli(["run", "--model", "some-org/not-cached", "--device", "cuda"], db_path, timeout_s=60)
     assert completed.returncode == 2
     first, refusal = completed.stderr.strip().splitlines()
-    assert first == ("gpuanat: --model some-org/not-cached is not in the local Hugging Face cache; the run will "
-                     "download it from the Hub")
+    assert first == (
+        "gpuanat: --model some-org/not-cached is not in the local Hugging Face cache; the run will "
+        "download it from the Hub"
+    )
     assert refusal.startswith("gpuanat: error: --device: cuda is not available here")
 
 
@@ -194,8 +225,11 @@ def test_run_without_a_preset_trains_the_cpu_workload_and_says_so(db_path):
 
 
 def test_a_preset_given_on_the_cpu_is_kept(db_path):
-    completed = run_cli(["run", "--preset", "bert-base", "--max-steps", "1", "--samples", "4", "--seq-len", "32",
-                         "--json"], db_path, timeout_s=300)
+    completed = run_cli(
+        ["run", "--preset", "bert-base", "--max-steps", "1", "--samples", "4", "--seq-len", "32", "--json"],
+        db_path,
+        timeout_s=300,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     config = last_json(completed.stdout)["config"]
     assert (config["preset"], config["seq_len"], config["samples"]) == ("bert-base", 32, 4)

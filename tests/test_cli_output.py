@@ -14,13 +14,31 @@ from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import HISTORY_COLUMNS, fit_columns
 
 RUNS = [  # what real runs store: long technique strings, GPU names, every number
-    ({"preset": "bert-large", "batch_size": 16, "precision": "bf16", "grad_checkpointing": True,
-      "optim": "adamw_bnb_8bit", "expandable_segments": True, "device": "cuda"},
-     {"status": "ok", "gpu_name": "NVIDIA H100 80GB HBM3", "train_runtime_s": 41.3, "samples_per_second": 301.2,
-      "steady_samples_per_second": 412.9, "peak_allocated_bytes": 23 * 1024**3,
-      "device_memory_used_bytes": 27 * 1024**3, "prediction_error_percent": -1.4}),
-    ({"preset": "tiny", "batch_size": 4, "device": "cpu"},
-     {"status": "ok", "device_name": "x86_64", "train_runtime_s": 0.4, "samples_per_second": 420.0}),
+    (
+        {
+            "preset": "bert-large",
+            "batch_size": 16,
+            "precision": "bf16",
+            "grad_checkpointing": True,
+            "optim": "adamw_bnb_8bit",
+            "expandable_segments": True,
+            "device": "cuda",
+        },
+        {
+            "status": "ok",
+            "gpu_name": "NVIDIA H100 80GB HBM3",
+            "train_runtime_s": 41.3,
+            "samples_per_second": 301.2,
+            "steady_samples_per_second": 412.9,
+            "peak_allocated_bytes": 23 * 1024**3,
+            "device_memory_used_bytes": 27 * 1024**3,
+            "prediction_error_percent": -1.4,
+        },
+    ),
+    (
+        {"preset": "tiny", "batch_size": 4, "device": "cpu"},
+        {"status": "ok", "device_name": "x86_64", "train_runtime_s": 0.4, "samples_per_second": 420.0},
+    ),
 ]
 
 
@@ -78,15 +96,27 @@ def test_help_shows_each_techniques_default_and_no_issue_numbers():
     completed = run_cli(["run", "--help"], None, timeout_s=60)
     assert completed.returncode == 0
     text = " ".join(completed.stdout.split())
-    for flag, default in (("--batch-size", "4"), ("--precision", "fp32"), ("--grad-checkpointing", "off"),
-                          ("--seq-len", "512"), ("--optim", "adamw_torch_fused")):
+    for flag, default in (
+        ("--batch-size", "4"),
+        ("--precision", "fp32"),
+        ("--grad-checkpointing", "off"),
+        ("--seq-len", "512"),
+        ("--optim", "adamw_torch_fused"),
+    ):
         assert re.search(re.escape(flag) + r".*?\(default: " + re.escape(default) + r"\)", text), flag
     predict = run_cli(["predict", "--help"], None, timeout_s=60).stdout
     assert "issue" not in predict and "#" not in predict
 
 
-@pytest.mark.parametrize("args", [["run", "--batch-size", "four"], ["run", "--batch-size", "0", "--device", "cpu"],
-                                  ["histroy"], ["history", "--format", "xml"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--batch-size", "four"],
+        ["run", "--batch-size", "0", "--device", "cpu"],
+        ["histroy"],
+        ["history", "--format", "xml"],
+    ],
+)
 def test_argparse_and_gpuanat_errors_share_one_prefix(args, db_path):
     completed = run_cli(args, db_path, timeout_s=60)
     assert completed.returncode == 2
@@ -103,12 +133,26 @@ def test_shell_completion_knows_the_commands_and_flags(shell):
 
 
 def test_a_reader_that_stops_early_is_no_failure(history_db):
-    pipeline = subprocess.run(f"{sys.executable} -m gpuanat history --json | head -c 1", shell=True, cwd=REPO,
-                              env=cli_env(history_db), capture_output=True, text=True, timeout=60,
-                              executable="/bin/bash")
+    pipeline = subprocess.run(
+        f"{sys.executable} -m gpuanat history --json | head -c 1",
+        shell=True,
+        cwd=REPO,
+        env=cli_env(history_db),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        executable="/bin/bash",
+    )
     assert pipeline.stdout == "["
-    status = subprocess.run(f"{sys.executable} -m gpuanat history --json | head -c 1 >/dev/null; "
-                            "echo ${PIPESTATUS[0]}", shell=True, cwd=REPO, env=cli_env(history_db),
-                            capture_output=True, text=True, timeout=60, executable="/bin/bash")
+    status = subprocess.run(
+        f"{sys.executable} -m gpuanat history --json | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        shell=True,
+        cwd=REPO,
+        env=cli_env(history_db),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        executable="/bin/bash",
+    )
     assert status.stdout.strip() == "0", status.stderr
     assert "Traceback" not in status.stderr

@@ -42,31 +42,62 @@ def ddp_result() -> dict:
 
 
 def make_app(db_path: Path, config: RunConfig, gpu_names: tuple[str, ...] = ("NVIDIA H200", "NVIDIA H200")):
-    capabilities = Capabilities(torch_version="2.11.0+cu130", cuda_available=True, cuda_device_name="NVIDIA H200",
-                                cuda_compute_capability=(9, 0), cuda_total_memory_bytes=150_754_820_096,
-                                deepspeed_version="0.19.8", cuda_device_count=len(gpu_names))
-    nvml = NvmlStatus(available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000,
-                      gpu_names=gpu_names)
-    return GpuAnatApp(config, db_path=db_path, sampler_factory=lambda: (ReplaySource(TRACE), nvml),
-                      capabilities_probe=lambda: capabilities, clock=lambda: FROZEN_T_S, sample_interval_s=None,
-                      paint_interval_s=3600)
+    capabilities = Capabilities(
+        torch_version="2.11.0+cu130",
+        cuda_available=True,
+        cuda_device_name="NVIDIA H200",
+        cuda_compute_capability=(9, 0),
+        cuda_total_memory_bytes=150_754_820_096,
+        deepspeed_version="0.19.8",
+        cuda_device_count=len(gpu_names),
+    )
+    nvml = NvmlStatus(
+        available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000, gpu_names=gpu_names
+    )
+    return GpuAnatApp(
+        config,
+        db_path=db_path,
+        sampler_factory=lambda: (ReplaySource(TRACE), nvml),
+        capabilities_probe=lambda: capabilities,
+        clock=lambda: FROZEN_T_S,
+        sample_interval_s=None,
+        paint_interval_s=3600,
+    )
 
 
 def replay_ddp_run(app: GpuAnatApp) -> None:
     """The ddp run as the dashboard saw it mid-training: both ranks' hellos and a measured step each (their
     recorded bands), and the trace's NVML samples up to then."""
     result = ddp_result()
-    app.live = LiveRun(config=RunConfig.from_json(result["config"]), stop_requested=threading.Event(),
-                       run_id=result["run_id"], pid=999, gpu_indices=(0, 1))
+    app.live = LiveRun(
+        config=RunConfig.from_json(result["config"]),
+        stop_requested=threading.Event(),
+        run_id=result["run_id"],
+        pid=999,
+        gpu_indices=(0, 1),
+    )
     for rank in result["ranks"]:
         bands = rank["bands"]
-        probe = ProbeBands(weights_bytes=bands["weights_bytes"], gradients_bytes=bands["gradients_bytes"],
-                           optimizer_state_bytes=bands["optimizer_state_bytes"],
-                           activations_bytes=bands["activations_bytes"], activations_method="allocator",
-                           batch_bytes=0, measured_at_step=3, optimizer_state_at_forward_end_bytes=bands[
-                               "optimizer_state_bytes"], gradients_at_forward_end_bytes=0)
-        step = Step(step=3, samples=48, tokens=24_576, step_time_s=0.1, elapsed_s=1.0, bands=probe,
-                    reserved_bytes=rank["peak_reserved_bytes"])
+        probe = ProbeBands(
+            weights_bytes=bands["weights_bytes"],
+            gradients_bytes=bands["gradients_bytes"],
+            optimizer_state_bytes=bands["optimizer_state_bytes"],
+            activations_bytes=bands["activations_bytes"],
+            activations_method="allocator",
+            batch_bytes=0,
+            measured_at_step=3,
+            optimizer_state_at_forward_end_bytes=bands["optimizer_state_bytes"],
+            gradients_at_forward_end_bytes=0,
+        )
+        step = Step(
+            step=3,
+            samples=48,
+            tokens=24_576,
+            step_time_s=0.1,
+            elapsed_s=1.0,
+            bands=probe,
+            reserved_bytes=rank["peak_reserved_bytes"],
+        )
         hello = Hello(pid=rank["pid"], versions={}, device="cuda", device_name="NVIDIA H200", config={})
         for event in (hello, step):
             app._incoming_events.append(event if rank["rank"] == 0 else Ranked(rank["rank"], event))
@@ -130,17 +161,29 @@ async def test_each_gpu_of_a_run_gets_a_lane_with_its_ranks_bands_and_nvml_readi
         app.post_message(RunFinished(ddp_result()))
         await pilot.pause()
         finished = app.query_one(GpuLanes).lanes
-        assert [lane.used_bytes for lane in finished] == [rank["device_memory_used_bytes"]
-                                                          for rank in ddp_result()["ranks"]]
+        assert [lane.used_bytes for lane in finished] == [
+            rank["device_memory_used_bytes"] for rank in ddp_result()["ranks"]
+        ]
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("config", [
-    RunConfig(gpus="2", distributed="ddp", precision="bf16", batch_size=16),
-    RunConfig(preset="llama-3.1-8b", gpus="2", distributed="fsdp", precision="bf16", batch_size=1, seq_len=2048,
-              grad_checkpointing=True),
-    RunConfig(precision="bf16", batch_size=16),
-], ids=["ddp", "llama-fsdp", "one-gpu"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        RunConfig(gpus="2", distributed="ddp", precision="bf16", batch_size=16),
+        RunConfig(
+            preset="llama-3.1-8b",
+            gpus="2",
+            distributed="fsdp",
+            precision="bf16",
+            batch_size=1,
+            seq_len=2048,
+            grad_checkpointing=True,
+        ),
+        RunConfig(precision="bf16", batch_size=16),
+    ],
+    ids=["ddp", "llama-fsdp", "one-gpu"],
+)
 async def test_the_predicted_bands_add_up_to_the_predicted_memory_a_gpu(tmp_path, config):
     """The predicted column's bands, the allocator's reserve beside the tensors included, sum to what the techniques
     panel predicts a GPU holds: one number, the same in both places (other processes unknown: "≥")."""
@@ -173,11 +216,16 @@ async def test_eight_lanes_fit_80x24_with_the_memory_legend_folded_away(tmp_path
     """A box of 8 GPUs at an SSH session's default size: every lane shows, one row each; the memory bar keeps its
     bar and device-used row and drops its legend (each lane says its GPU's memory), and takes it back at 120×40; at
     200×50 every lane's row is drawn whole (its GPU, rank and reading)."""
-    app = make_app(tmp_path / "h.sqlite", RunConfig(gpus="8", distributed="ddp", precision="bf16", batch_size=16),
-                   gpu_names=("NVIDIA H200",) * 8)
+    app = make_app(
+        tmp_path / "h.sqlite",
+        RunConfig(gpus="8", distributed="ddp", precision="bf16", batch_size=16),
+        gpu_names=("NVIDIA H200",) * 8,
+    )
     result = ddp_result()
-    eight = {**result, "ranks": [{**result["ranks"][index % 2], "rank": index, "gpu_index": index}
-                                 for index in range(8)]}
+    eight = {
+        **result,
+        "ranks": [{**result["ranks"][index % 2], "rank": index, "gpu_index": index} for index in range(8)],
+    }
     async with app.run_test(size=(80, 24)) as pilot:
         while app.capabilities is None:
             await pilot.pause()
@@ -204,8 +252,15 @@ async def test_a_short_techniques_panel_folds_rows_at_their_defaults_and_keeps_t
     """A decoder over 2 GPUs at 120×40 during a run (lanes and log below): its techniques do not all fit the panel's
     height, so the base rows at their defaults fold into one line, and the GPUs, the distributed technique and the
     prediction stay in sight; a technique changed by its key comes back as a row of its own."""
-    config = RunConfig(preset="llama-3.1-8b", gpus="2", distributed="fsdp", precision="bf16", batch_size=1,
-                       seq_len=2048, grad_checkpointing=True)
+    config = RunConfig(
+        preset="llama-3.1-8b",
+        gpus="2",
+        distributed="fsdp",
+        precision="bf16",
+        batch_size=1,
+        seq_len=2048,
+        grad_checkpointing=True,
+    )
     app = make_app(tmp_path / "h.sqlite", config)
     async with app.run_test(size=SIZE) as pilot:
         while app.capabilities is None:
@@ -232,8 +287,15 @@ async def test_a_prediction_no_measurement_checked_says_so_beside_it_and_why_in_
     """llama-3.1-8b under FSDP2 on 2 GPUs in bf16 was measured (docs/several-gpus.md); in fp32 it was not, and on 4
     H200s such a run held 47.42 GiB a GPU for 34.33 predicted: the panel marks that prediction "(unchecked)", and
     its tooltip says what no measurement covered."""
-    config = RunConfig(preset="llama-3.1-8b", gpus="2", distributed="fsdp", precision="bf16", batch_size=1,
-                       seq_len=2048, grad_checkpointing=True)
+    config = RunConfig(
+        preset="llama-3.1-8b",
+        gpus="2",
+        distributed="fsdp",
+        precision="bf16",
+        batch_size=1,
+        seq_len=2048,
+        grad_checkpointing=True,
+    )
     for precision, unchecked in (("bf16", False), ("fp32", True)):
         app = make_app(tmp_path / f"{precision}.sqlite", dataclasses.replace(config, precision=precision))
         async with app.run_test(size=(160, 60)) as pilot:

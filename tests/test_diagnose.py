@@ -78,11 +78,17 @@ def test_memory_several_gpus_and_compile_rules_on_results_made_from_a_recorded_r
     two_gpus = {**run, "ranks": [{}, {}], "steady_samples_per_second": 1.2 * run["steady_samples_per_second"]}
     (first, *_) = diagnose(two_gpus, one_gpu_samples_per_second=run["steady_samples_per_second"])
     assert first.bottleneck == "communication-bound" and "60%" in first.evidence
-    scaled = diagnose({**two_gpus, "steady_samples_per_second": 1.9 * run["steady_samples_per_second"]},
-                      one_gpu_samples_per_second=run["steady_samples_per_second"])
+    scaled = diagnose(
+        {**two_gpus, "steady_samples_per_second": 1.9 * run["steady_samples_per_second"]},
+        one_gpu_samples_per_second=run["steady_samples_per_second"],
+    )
     assert "communication-bound" not in [f.bottleneck for f in scaled]
-    compiled = {**run, "config": {**run["config"], "compile": True}, "compile_stats": {"graphs": 5, "graph_breaks": 2},
-                "steady_samples_per_second": 163.0}
+    compiled = {
+        **run,
+        "config": {**run["config"], "compile": True},
+        "compile_stats": {"graphs": 5, "graph_breaks": 2},
+        "steady_samples_per_second": 163.0,
+    }
     compile_findings = [f for f in diagnose(compiled, eager_samples_per_second=247.0) if f.bottleneck == "compile"]
     assert len(compile_findings) == 2
     assert "2 graph break(s)" in compile_findings[0].evidence and "2 recompilation(s)" in compile_findings[0].evidence
@@ -94,7 +100,8 @@ def test_the_summary_lines_and_compare_rows_of_a_recorded_run():
     assert diagnosis_line(diagnose(run)).startswith("host-bound — no kernel ran on the GPU 42% of the time")
     line = breakdown_line(run["step_time_breakdown"])
     assert line.startswith("data 2%, forward 9%, backward 40%, optimizer 48%, gpu wait 0% of ") and line.endswith(
-        " ms a step")
+        " ms a step"
+    )
     comparison = compare_runs([1, 2], [RUNS["vanilla"]["config"], run["config"]], [RUNS["vanilla"], run])
     rows = {row.key: row for row in comparison.metrics}
     assert rows["step_optimizer_s"].values[1] == pytest.approx(run["step_time_breakdown"]["per_step_s"]["optimizer"])
@@ -113,8 +120,10 @@ def test_the_same_training_eager_or_on_one_gpu_is_found_in_earlier_runs():
         (config, "ok", {"steady_samples_per_second": 240.0}),  # an older eager run: the newest counts
     ]
     assert reference_rates(compiled, earlier) == {"one_gpu_samples_per_second": None, "eager_samples_per_second": 250.0}
-    assert reference_rates(compiled, [(config, "oom", {"steady_samples_per_second": 1.0})])[
-        "eager_samples_per_second"] is None
+    assert (
+        reference_rates(compiled, [(config, "oom", {"steady_samples_per_second": 1.0})])["eager_samples_per_second"]
+        is None
+    )
     on_two = {**config, "gpus": "2", "distributed": "ddp"}
     assert reference_rates(on_two, earlier)["one_gpu_samples_per_second"] == 250.0
 
@@ -132,8 +141,11 @@ def recorded_steps_and_busy(tmp_path, name: str):
     with HistoryStore(tmp_path / "history.sqlite", read_only=True) as store:
         run = next(row for row in store.runs() if row.name == name)
         steps = [decode(json.dumps({**record, "type": "step", "v": 1})) for record in store.steps(run.id)]
-        busy = [(sample["t_s"], sample["gpus"][0]["gpu_util_percent"]) for sample in store.samples(run.id)
-                if sample["gpus"] and sample["gpus"][0]["gpu_util_percent"] is not None]
+        busy = [
+            (sample["t_s"], sample["gpus"][0]["gpu_util_percent"])
+            for sample in store.samples(run.id)
+            if sample["gpus"] and sample["gpus"][0]["gpu_util_percent"] is not None
+        ]
     return steps, busy
 
 
@@ -192,20 +204,26 @@ def test_the_compiled_runs_on_the_h100_whole_model_slower_regions_not():
     whole_64 = next(r for r in runs if r["config"]["batch_size"] == 64 and r["config"]["compile"])
     assert whole_64["compile_stats"] == {"graphs": 1, "graph_breaks": 0}
     assert [f["bottleneck"] for f in whole_64["diagnosis"]] == ["gpu-bound", "compile"]
-    (finding,) = [f for f in diagnose(whole_64, eager_samples_per_second=eager_64["steady_samples_per_second"])
-                  if f.bottleneck == "compile"]
+    (finding,) = [
+        f
+        for f in diagnose(whole_64, eager_samples_per_second=eager_64["steady_samples_per_second"])
+        if f.bottleneck == "compile"
+    ]
     assert finding.evidence == "compiled it trained 250.1 samples/s, eager 302.1/s"
     assert finding.fix == "leave --compile off for this configuration"
     regions = compile_speed_runs("regions_bs128.jsonl")
     eager_128 = next(r for r in regions if r["config"]["engine"] == "accelerate" and not r["config"]["compile_regions"])
     regions_128 = next(r for r in regions if r["config"]["engine"] == "accelerate" and r["config"]["compile_regions"])
     assert regions_128["compile_stats"] == {"graphs": 4, "graph_breaks": 0, "frames": 4}
-    assert [f.bottleneck for f in diagnose(regions_128,
-                                           eager_samples_per_second=eager_128["steady_samples_per_second"])] == [
-        "gpu-bound"]
+    assert [
+        f.bottleneck for f in diagnose(regions_128, eager_samples_per_second=eager_128["steady_samples_per_second"])
+    ] == ["gpu-bound"]
     slower = {**regions_128, "steady_samples_per_second": 300.0}
-    assert [f.fix for f in diagnose(slower, eager_samples_per_second=eager_128["steady_samples_per_second"])
-            if f.bottleneck == "compile"] == ["leave --compile-regions off for this configuration"]
+    assert [
+        f.fix
+        for f in diagnose(slower, eager_samples_per_second=eager_128["steady_samples_per_second"])
+        if f.bottleneck == "compile"
+    ] == ["leave --compile-regions off for this configuration"]
 
 
 def test_a_gpu_bound_run_is_told_the_next_thing_that_helped_on_the_h100():

@@ -92,7 +92,8 @@ def test_ddp_on_two_cpu_ranks_holds_the_whole_model_on_each_and_counts_every_sam
         assert rank["samples"] == 16  # the sampler gives each rank half of the 32
     assert result["samples"] == 32
     assert result["steady_samples_per_second"] == pytest.approx(
-        sum(rank["steady_samples_per_second"] for rank in ranks))
+        sum(rank["steady_samples_per_second"] for rank in ranks)
+    )
     assert result["bands"] == ranks[0]["bands"]  # the top level is rank 0's
     _assert_none_left(marker, timeout_s=10)
 
@@ -171,7 +172,10 @@ def test_a_rank_whose_collective_broke_as_the_user_stopped_the_run_says_stopped(
     out_of_memory.observe(Error(kind="oom", message="CUDA out of memory", step=7))
     silent = RankEvents()
     assert [rank_status(state, stopped_by_user=True) for state in (broken, out_of_memory, silent)] == [
-        "stopped", "oom", "stopped"]
+        "stopped",
+        "oom",
+        "stopped",
+    ]
     assert [rank_status(state) for state in (broken, out_of_memory, silent)] == ["failed", "oom", "failed"]
 
 
@@ -188,8 +192,11 @@ def test_the_accelerate_engine_trains_the_docs_loop_with_the_same_probe(db_path,
     """--engine accelerate: the docs' custom loop, alone and over 2 CPU ranks (the Accelerator picks DDP up from
     torchrun), measured by the same probe: the same exact bands as Trainer, every sample counted."""
     marker, env = _marker()
-    completed = run_cli(["run", *TINY_CPU, "--nproc", str(ranks), "--engine", "accelerate", "--grad-accum", "2",
-                         "--json"], db_path, extra_env=env)
+    completed = run_cli(
+        ["run", *TINY_CPU, "--nproc", str(ranks), "--engine", "accelerate", "--grad-accum", "2", "--json"],
+        db_path,
+        extra_env=env,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     assert result["status"] == "ok" and result["config"]["engine"] == "accelerate"

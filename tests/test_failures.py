@@ -74,8 +74,22 @@ def test_a_malformed_event_is_counted_and_the_run_goes_on(faulted):
 
 def test_ctrl_c_stops_the_child_and_its_dataloader_workers(db_path):
     # A long run with two DataLoader worker processes; Ctrl-C arrives as SIGINT to gpuanat itself.
-    args = ["run", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "100000",
-            "--batch-size", "4", "--workers", "2", "--json"]
+    args = [
+        "run",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--seq-len",
+        "32",
+        "--samples",
+        "100000",
+        "--batch-size",
+        "4",
+        "--workers",
+        "2",
+        "--json",
+    ]
     process = start_cli(args, db_path)
     try:
         wait_for_steps(db_path, 2, psutil.Process(process.pid))

@@ -59,13 +59,18 @@ time.sleep(60)
 
 def _fingerprint(path: Path) -> dict[str, tuple[str, int]]:
     """sha256 and mtime of every file in the history's directory (so a created -wal or -shm shows too)."""
-    return {entry.name: (hashlib.sha256(entry.read_bytes()).hexdigest(), entry.stat().st_mtime_ns)
-            for entry in sorted(path.parent.iterdir()) if entry.is_file() and not entry.is_symlink()}
+    return {
+        entry.name: (hashlib.sha256(entry.read_bytes()).hexdigest(), entry.stat().st_mtime_ns)
+        for entry in sorted(path.parent.iterdir())
+        if entry.is_file() and not entry.is_symlink()
+    }
 
 
 def _start(code: str, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent),
-                                                                     os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")])),
+    }
     return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, env=env)
 
 
@@ -94,6 +99,7 @@ def _history_with_runs(db: Path, runs: int = 2) -> list[int]:
 
 
 # --- (a) another process holds the write lock -------------------------------------------------------------------
+
 
 def test_a_write_blocked_by_another_process_fails_fast_and_succeeds_once_the_lock_is_released(tmp_path):
     db = tmp_path / "h.sqlite"
@@ -144,8 +150,10 @@ def test_write_with_backoff_gives_up_at_its_deadline(tmp_path):
 def test_processes_creating_one_new_history_at_once_share_it(tmp_path):
     """The history is built beside its path and linked in whole: every process ends up in the same file."""
     db = tmp_path / "new" / "history.sqlite"
-    code = ("import sys\nfrom gpuanat.core.store.history import HistoryStore\n"
-            "with HistoryStore(sys.argv[1]) as store: print(store.create_run({}))\n")
+    code = (
+        "import sys\nfrom gpuanat.core.store.history import HistoryStore\n"
+        "with HistoryStore(sys.argv[1]) as store: print(store.create_run({}))\n"
+    )
     creators = [_start(code, str(db)) for _ in range(4)]
     run_ids = sorted(int(creator.communicate(timeout=60)[0]) for creator in creators)
     assert all(creator.returncode == 0 for creator in creators)
@@ -154,6 +162,7 @@ def test_processes_creating_one_new_history_at_once_share_it(tmp_path):
 
 
 # --- (b) a full database, a full disk ----------------------------------------------------------------------------
+
 
 def test_a_full_database_refuses_writes_whole_while_the_history_stays_readable(tmp_path):
     """PRAGMA max_page_count makes SQLite answer SQLITE_FULL as on a full disk, on every system."""
@@ -212,6 +221,7 @@ def test_a_full_disk_fails_writes_with_one_line_and_history_still_lists_the_runs
 
 # --- (c) files that are not a usable gpuanat history -------------------------------------------------------------
 
+
 def _truncated(path: Path) -> Path:
     _history_with_runs(path, runs=20)
     os.truncate(path, path.stat().st_size // 2 + 100)
@@ -267,8 +277,17 @@ def _link_to_a_history(path: Path) -> Path:
     return path
 
 
-BAD_FILES = [_truncated, _cut_at_a_page, _random_bytes, _directory, _another_application_s,
-             _another_application_s_in_wal_mode, _empty_file, _link_to_an_empty_file, _link_to_a_history]
+BAD_FILES = [
+    _truncated,
+    _cut_at_a_page,
+    _random_bytes,
+    _directory,
+    _another_application_s,
+    _another_application_s_in_wal_mode,
+    _empty_file,
+    _link_to_an_empty_file,
+    _link_to_a_history,
+]
 
 
 @pytest.mark.parametrize("make", BAD_FILES, ids=[make.__name__.strip("_") for make in BAD_FILES])
@@ -357,6 +376,7 @@ def test_a_history_in_a_read_only_directory_is_listed_and_refused_for_writing(re
 
 # --- (d) a recorder that died, a PID that names another process ----------------------------------------------------
 
+
 def test_a_recorder_killed_with_sigkill_has_its_run_finalised_by_the_next_writable_open(tmp_path):
     db = tmp_path / "history.sqlite"
     recorder = _start(RECORDER, str(db))
@@ -379,17 +399,33 @@ def test_a_recorder_killed_with_sigkill_has_its_run_finalised_by_the_next_writab
     assert row["finished_at"] == row["last_recorded_at"] and row["created_at"] <= row["finished_at"] <= time.time()
     result = json.loads(row["result_json"])
     assert result == {
-        "run_id": run_id, "status": "interrupted", "config": {"batch_size": 4, "preset": "tiny"},
-        "steps": 3, "samples": 12, "train_runtime_s": 4.0, "samples_per_second": 3.0, "train_loss": 2.25,
-        "peak_allocated_bytes": 1500, "peak_reserved_bytes": 4096,
+        "run_id": run_id,
+        "status": "interrupted",
+        "config": {"batch_size": 4, "preset": "tiny"},
+        "steps": 3,
+        "samples": 12,
+        "train_runtime_s": 4.0,
+        "samples_per_second": 3.0,
+        "train_loss": 2.25,
+        "peak_allocated_bytes": 1500,
+        "peak_reserved_bytes": 4096,
         # step 1's probe bands as one moment's, the end of its forward pass: no gradients nor optimizer state yet
-        "bands": {"other_processes_bytes": None, "cuda_context_bytes": None, "weights_bytes": 64, "gradients_bytes": 0,
-                  "optimizer_state_bytes": 0, "activations_bytes": 32, "temporaries_and_cache_bytes": None,
-                  "free_bytes": None},
+        "bands": {
+            "other_processes_bytes": None,
+            "cuda_context_bytes": None,
+            "weights_bytes": 64,
+            "gradients_bytes": 0,
+            "optimizer_state_bytes": 0,
+            "activations_bytes": 32,
+            "temporaries_and_cache_bytes": None,
+            "free_bytes": None,
+        },
         "gradients_after_backward_bytes": 64,
-        "error": {"kind": "interrupted",
-                  "message": f"the recorder (PID {recorder.pid}) stopped before the run finished; this result was "
-                             "rebuilt from its 3 recorded steps"},
+        "error": {
+            "kind": "interrupted",
+            "message": f"the recorder (PID {recorder.pid}) stopped before the run finished; this result was "
+            "rebuilt from its 3 recorded steps",
+        },
     }
     assert [run["status"] for run in _history_json(db)] == ["interrupted", "running"]
 
@@ -403,8 +439,10 @@ def test_a_pid_reused_by_a_live_process_of_another_start_time_reads_interrupted(
             reused = store.create_run({"batch_size": 4})
             alive = store.create_run({"batch_size": 8})
             for run_id, recorder_started_at in ((reused, started_at - 50), (alive, started_at)):
-                store._db.execute("UPDATE runs SET recorder_pid = ?, recorder_started_at = ? WHERE id = ?",
-                                  (other.pid, recorder_started_at, run_id))
+                store._db.execute(
+                    "UPDATE runs SET recorder_pid = ?, recorder_started_at = ? WHERE id = ?",
+                    (other.pid, recorder_started_at, run_id),
+                )
         before = _fingerprint(db)
         assert [run["status"] for run in _history_json(db)] == ["interrupted", "running"]
         assert _fingerprint(db) == before

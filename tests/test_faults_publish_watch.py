@@ -49,8 +49,15 @@ class PublishingProcess:
         self.directory = self.runtime_dir / "gpuanat"
         self.directory.mkdir(mode=0o700, exist_ok=True)
         env = {**cli_env(None), "XDG_RUNTIME_DIR": str(self.runtime_dir)}
-        self.process = subprocess.Popen([sys.executable, "-c", PUBLISHER], env=env, cwd=REPO, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", PUBLISHER],
+            env=env,
+            cwd=REPO,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert self.process.stdout is not None
         self.pid = int(self.process.stdout.readline())
         self.path = self.directory / f"{self.pid}.jsonl"
@@ -82,16 +89,21 @@ def other_users_file(path: Path) -> None:
     os.chown(path, 65534, 65534)
 
 
-@pytest.mark.parametrize(("what", "prepare", "words"), [
-    ("a hard link to another file", lambda path, victim: os.link(victim, path), "has 2 hard links"),
-    ("a symlink to another file", lambda path, victim: path.symlink_to(victim), "is a symbolic link"),
-    ("a directory", lambda path, victim: path.mkdir(), "is a directory"),
-    ("another user's file", lambda path, victim: other_users_file(path), "belongs to uid 65534"),
-    ("a file written since the process started", lambda path, victim: path.write_text("someone's\n"),
-     "was written since process"),
-])
-def test_what_is_already_at_the_publication_path_is_refused_and_left_untouched(tmp_path, victim, what, prepare,
-                                                                               words):
+@pytest.mark.parametrize(
+    ("what", "prepare", "words"),
+    [
+        ("a hard link to another file", lambda path, victim: os.link(victim, path), "has 2 hard links"),
+        ("a symlink to another file", lambda path, victim: path.symlink_to(victim), "is a symbolic link"),
+        ("a directory", lambda path, victim: path.mkdir(), "is a directory"),
+        ("another user's file", lambda path, victim: other_users_file(path), "belongs to uid 65534"),
+        (
+            "a file written since the process started",
+            lambda path, victim: path.write_text("someone's\n"),
+            "was written since process",
+        ),
+    ],
+)
+def test_what_is_already_at_the_publication_path_is_refused_and_left_untouched(tmp_path, victim, what, prepare, words):
     if what == "another user's file" and os.getuid() != 0:
         pytest.skip("giving a file to another user needs root")
     publisher = PublishingProcess(tmp_path)
@@ -105,7 +117,11 @@ def test_what_is_already_at_the_publication_path_is_refused_and_left_untouched(t
     # untouched, also by the cleanup at exit
     after = os.lstat(publisher.path)
     assert (after.st_ino, after.st_mode, after.st_uid, after.st_mtime_ns) == (
-        before.st_ino, before.st_mode, before.st_uid, before.st_mtime_ns)
+        before.st_ino,
+        before.st_mode,
+        before.st_uid,
+        before.st_mtime_ns,
+    )
     if content is not None:
         assert publisher.path.read_bytes() == content
     assert victim.read_text() == "precious data\n"
@@ -136,8 +152,14 @@ def test_the_cleanup_at_exit_removes_only_the_file_it_created(tmp_path):
 def test_files_of_dead_processes_are_removed_only_when_plainly_ours(tmp_path, victim):
     """At its first publication a process removes what processes killed before it left: only regular files
     of ours with no other name."""
-    dead = [int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                               text=True, check=True).stdout) for _ in range(5)]
+    dead = [
+        int(
+            subprocess.run(
+                [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(5)
+    ]
     publisher = PublishingProcess(tmp_path)
     directory = publisher.directory
     left = {name: directory / name for name in (f"{dead[0]}.jsonl", f"{dead[1]}.jsonl.new")}
@@ -158,9 +180,16 @@ def test_files_of_dead_processes_are_removed_only_when_plainly_ours(tmp_path, vi
 
 # --- `gpuanat watch PID --json` reading a hostile publication ------------------------------------------------
 
-BANDS = ProbeBands(weights_bytes=4_000, gradients_bytes=4_000, optimizer_state_bytes=8_000, activations_bytes=1_234,
-                   activations_method="saved_tensors", batch_bytes=64, measured_at_step=2,
-                   optimizer_state_at_forward_end_bytes=8_000)
+BANDS = ProbeBands(
+    weights_bytes=4_000,
+    gradients_bytes=4_000,
+    optimizer_state_bytes=8_000,
+    activations_bytes=1_234,
+    activations_method="saved_tensors",
+    batch_bytes=64,
+    measured_at_step=2,
+    optimizer_state_at_forward_end_bytes=8_000,
+)
 VALID = [
     Hello(pid=0, versions={"torch": "test"}, device="cpu", device_name=None, config={"batch_size": 4}),
     ModelInfo(params=1_000, trainable_params=1_000, weights_bytes=4_000, dtype="float32", total_steps=100),
@@ -239,9 +268,14 @@ def test_watch_json_goes_on_through_every_kind_of_malformed_line_in_bounded_memo
     try:
         malformed_lines = write_hostile_publication(publication)
         garbage_bytes = publication.stat().st_size
-        watcher = subprocess.Popen([sys.executable, "-m", "gpuanat", "watch", str(publisher.pid), "--json",
-                                    "--duration", "3"], env=env, cwd=REPO, text=True, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE)
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "gpuanat", "watch", str(publisher.pid), "--json", "--duration", "3"],
+            env=env,
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         peak: list[int] = []
         measuring = threading.Thread(target=lambda: peak.append(peak_rss_while_running(watcher)))
         measuring.start()
@@ -281,14 +315,21 @@ def test_watch_json_distrusts_a_publication_that_is_a_hard_link(tmp_path):
         publication.write_bytes(b"".join(encode(event) for event in VALID))
         publication.chmod(0o600)
         os.link(publication, tmp_path / "second-name.jsonl")
-        watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(publisher.pid), "--json",
-                                  "--duration", "1"], env=env, cwd=REPO, capture_output=True, text=True,
-                                 timeout=120)
+        watcher = subprocess.run(
+            [sys.executable, "-m", "gpuanat", "watch", str(publisher.pid), "--json", "--duration", "1"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         publisher.kill()
         publisher.wait()
     assert watcher.returncode == 0, watcher.stderr
     records = [json.loads(line) for line in watcher.stdout.splitlines()]
     assert records and not any(record["published"] for record in records)
-    assert all("not trusted" in record["publication_reason"] and "2 hard links" in record["publication_reason"]
-               for record in records)
+    assert all(
+        "not trusted" in record["publication_reason"] and "2 hard links" in record["publication_reason"]
+        for record in records
+    )

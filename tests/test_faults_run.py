@@ -87,12 +87,14 @@ def _stored_run(db: Path) -> tuple[object, list[dict]]:
 
 # --- garbage on the events pipe --------------------------------------------------------------------------------
 
+
 def test_thousands_of_garbage_lines_on_the_real_pipe_are_counted_and_the_run_finishes(tmp_path, db_path):
     lines = malformed_lines(5_000, seed=1)
     fuzz_file = tmp_path / "fuzz.bin"
     fuzz_file.write_bytes(b"".join(line + b"\n" for line in lines))
-    process = start_cli(["run", *TINY_CPU, "--json"], db_path, fault="fuzz@2",
-                        extra_env={"GPUANAT_TEST_FUZZ_FILE": str(fuzz_file)})
+    process = start_cli(
+        ["run", *TINY_CPU, "--json"], db_path, fault="fuzz@2", extra_env={"GPUANAT_TEST_FUZZ_FILE": str(fuzz_file)}
+    )
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr[-3000:]
     result = last_json(stdout)
@@ -109,8 +111,12 @@ def test_garbage_then_a_killed_child_mid_line_still_ends_with_a_status_steps_and
     lines = malformed_lines(1_000, seed=2, too_long=0)
     fuzz_file = tmp_path / "fuzz.bin"
     fuzz_file.write_bytes(b"".join(line + b"\n" for line in lines) + b'{"v":1,"type":"step","x":"' + b"y" * 5_000_000)
-    process = start_cli(["run", *TINY_CPU, "--json"], db_path, fault="fuzz-crash@2",
-                        extra_env={"GPUANAT_TEST_FUZZ_FILE": str(fuzz_file)})
+    process = start_cli(
+        ["run", *TINY_CPU, "--json"],
+        db_path,
+        fault="fuzz-crash@2",
+        extra_env={"GPUANAT_TEST_FUZZ_FILE": str(fuzz_file)},
+    )
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 1, stderr[-3000:]
     result = last_json(stdout)
@@ -123,8 +129,12 @@ def test_garbage_then_a_killed_child_mid_line_still_ends_with_a_status_steps_and
 
 # --- stop signals ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGTERM]],
-                         ids=["SIGTERM", "SIGHUP", "SIGINT-then-SIGTERM"])
+
+@pytest.mark.parametrize(
+    "signals",
+    [[signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGTERM]],
+    ids=["SIGTERM", "SIGHUP", "SIGINT-then-SIGTERM"],
+)
 def test_a_stop_signal_stops_the_run_and_records_it_as_stopped(db_path, signals):
     process = start_cli(["run", *LONG_CPU_RUN, "--workers", "2", "--json"], db_path)
     try:
@@ -150,6 +160,7 @@ def test_a_stop_signal_stops_the_run_and_records_it_as_stopped(db_path, signals)
 
 
 # --- a killed parent ----------------------------------------------------------------------------------------------
+
 
 def test_a_sigkilled_gpuanat_takes_its_training_processes_with_it(db_path):
     process = start_cli(["run", *LONG_CPU_RUN, "--workers", "2", "--json"], db_path)
@@ -181,11 +192,13 @@ def test_a_child_still_starting_dies_with_its_sigkilled_parent(db_path):
 def test_a_script_busy_before_its_trainer_dies_with_its_sigkilled_parent(tmp_path, db_path):
     ready = tmp_path / "ready"
     script = tmp_path / "slow_start.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, pathlib, time
         pathlib.Path({str(ready)!r}).write_text(str(os.getpid()))
         time.sleep(120)  # data preparation, say, before any Trainer exists
-    """))
+    """)
+    )
     process = start_cli(["run", "--script", str(script)], db_path)
     try:
         deadline = time.monotonic() + 60
@@ -200,6 +213,7 @@ def test_a_script_busy_before_its_trainer_dies_with_its_sigkilled_parent(tmp_pat
 
 
 # --- the dashboard in a real terminal -------------------------------------------------------------------------------
+
 
 class _Terminal:
     """A real pseudo-terminal running the dashboard as its session leader, as an SSH login would."""
@@ -234,8 +248,9 @@ class _Terminal:
         while self.exit_code is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
-                self.exit_code = (os.waitstatus_to_exitcode(status) if os.WIFEXITED(status)
-                                  else 128 + os.WTERMSIG(status))
+                self.exit_code = (
+                    os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+                )
             elif time.monotonic() >= deadline:
                 break
             else:
@@ -294,8 +309,9 @@ def test_a_history_locked_by_another_process_delays_the_records_but_never_ends_t
     process = start_cli(["run", *MEDIUM_CPU_RUN, "--json"], db_path)
     try:
         wait_for_steps(db_path, 2, psutil.Process(process.pid))
-        holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db_path), "15"], stdout=subprocess.PIPE,
-                                  text=True)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", LOCK_HOLDER, str(db_path), "15"], stdout=subprocess.PIPE, text=True
+        )
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         locked_at_step = max_step(db_path)
         stdout, stderr = process.communicate(timeout=240)

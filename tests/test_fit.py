@@ -10,8 +10,9 @@ from gpuanat.core.run.config import RunConfig
 from gpuanat.core.store.history import HistoryStore
 
 
-@pytest.mark.parametrize(("largest_that_fits", "start"),
-                         [(120, 85), (120, 200), (5, 1), (1, 4), (0, 4), (64, 64), (800, 100), (120, 118)])
+@pytest.mark.parametrize(
+    ("largest_that_fits", "start"), [(120, 85), (120, 200), (5, 1), (1, 4), (0, 4), (64, 64), (800, 100), (120, 118)]
+)
 def test_search_finds_the_boundary(largest_that_fits, start):
     largest, trials = find_largest_batch(lambda batch: batch <= largest_that_fits, start, limit=4096)
     assert largest == largest_that_fits
@@ -25,7 +26,12 @@ def test_search_finds_the_boundary(largest_that_fits, start):
 def test_a_good_prediction_costs_five_trials():
     largest, trials = find_largest_batch(lambda batch: batch <= 120, 118, limit=4096)
     assert largest == 120 and [(trial.batch_size, trial.trained) for trial in trials] == [
-        (118, True), (126, False), (122, False), (120, True), (121, False)]
+        (118, True),
+        (126, False),
+        (122, False),
+        (120, True),
+        (121, False),
+    ]
 
 
 def test_search_stops_at_the_limit():
@@ -39,14 +45,30 @@ def test_fit_confirms_with_real_runs(db_path):
     # tests/fault_injection); the trial runs, the search and the history are the real ones.
     base = RunConfig(preset="tiny", device="cpu", seq_len=16, batch_size=2)
     with HistoryStore(db_path) as store:
-        fit = run_fit(base, store=store, log_dir=db_path.parent / "logs", start=2, trial_steps=2, max_batch=64,
-                      env=cli_env(db_path, fault="oom-above@6"))
+        fit = run_fit(
+            base,
+            store=store,
+            log_dir=db_path.parent / "logs",
+            start=2,
+            trial_steps=2,
+            max_batch=64,
+            env=cli_env(db_path, fault="oom-above@6"),
+        )
         runs = store.runs()
     assert fit.failure is None
     assert fit.largest_batch_size == 6
     assert [(trial.batch_size, trial.trained) for trial in fit.trials] == [
-        (2, True), (10, False), (6, True), (8, False), (7, False)]
+        (2, True),
+        (10, False),
+        (6, True),
+        (8, False),
+        (7, False),
+    ]
     assert [(run.name, run.status) for run in runs] == [
-        ("fit batch 2", "ok"), ("fit batch 10", "oom"), ("fit batch 6", "ok"), ("fit batch 8", "oom"),
-        ("fit batch 7", "oom")]
+        ("fit batch 2", "ok"),
+        ("fit batch 10", "oom"),
+        ("fit batch 6", "ok"),
+        ("fit batch 8", "oom"),
+        ("fit batch 7", "oom"),
+    ]
     assert all(run.result["steps"] == 2 for run in runs if run.status == "ok")

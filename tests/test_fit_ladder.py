@@ -54,20 +54,57 @@ def test_several_gpus_shard_first_and_say_what_this_version_cannot_train(db_path
     first = ddp["fit_ladder"][0]
     assert first["flags"] == "--distributed zero1" and not first["fits"]
     assert any(step["flags"] == "--distributed fsdp" and step["fits"] for step in ddp["fit_ladder"])
-    fsdp = run_cli(["predict", "--preset", "llama-3.1-8b", "--precision", "bf16", "--batch-size", "4", "--seq-len",
-                    "8192", "--gpus", "2", "--distributed", "fsdp", "--gpu-memory", "80GiB"], db_path)
+    fsdp = run_cli(
+        [
+            "predict",
+            "--preset",
+            "llama-3.1-8b",
+            "--precision",
+            "bf16",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "8192",
+            "--gpus",
+            "2",
+            "--distributed",
+            "fsdp",
+            "--gpu-memory",
+            "80GiB",
+        ],
+        db_path,
+    )
     assert fsdp.returncode == 0, fsdp.stderr
     text = fsdp.stdout
     assert "What makes it fit on 2 × 80.00 GiB" in text and "--grad-checkpointing" in text
     # FSDP2 trains fp32 masters of a bf16 model (accelerate upcasts them); LoRA's frozen 16-bit base shards too
     assert "bf16 weights" in text and "left out: lowers nothing here" in text
     assert "--lora 16" in text and "QLoRA" not in text
-    zero3 = run_cli(["predict", "--preset", "llama-3.1-8b", "--precision", "bf16", "--batch-size", "4", "--seq-len",
-                     "8192", "--gpus", "2", "--distributed", "zero3", "--gpu-memory", "80GiB"], db_path).stdout
+    zero3 = run_cli(
+        [
+            "predict",
+            "--preset",
+            "llama-3.1-8b",
+            "--precision",
+            "bf16",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "8192",
+            "--gpus",
+            "2",
+            "--distributed",
+            "zero3",
+            "--gpu-memory",
+            "80GiB",
+        ],
+        db_path,
+    ).stdout
     assert "left out: LoRA trains on one GPU or with ddp or fsdp here; not with zero3" in zero3
     assert "None of these makes it fit: a smaller --batch-size or --seq-len" in zero3
-    ddp_text = run_cli(["predict", *LLAMA_8B, "--gpus", "2", "--distributed", "ddp", "--gpu-memory", "80GiB"],
-                       db_path).stdout
+    ddp_text = run_cli(
+        ["predict", *LLAMA_8B, "--gpus", "2", "--distributed", "ddp", "--gpu-memory", "80GiB"], db_path
+    ).stdout
     assert "--distributed zero1" in ddp_text and "None of these" not in ddp_text
 
 
@@ -97,7 +134,9 @@ def test_a_technique_that_never_helped_is_said_after_the_one_that_fits(db_path):
     checkpointing step is listed last as left out, and the answer is still that it fits."""
     ladder = fit_ladder(RunConfig(preset="llama-3.1-8b", precision="bf16", batch_size=1, seq_len=1024), 80 * GIB)
     assert [(step.flags, step.fits, step.refused is None) for step in ladder] == [
-        ("--precision bf16 --weights-dtype bf16", True, True), ("--grad-checkpointing", False, False)]
+        ("--precision bf16 --weights-dtype bf16", True, True),
+        ("--grad-checkpointing", False, False),
+    ]
     assert "lowers nothing here" in ladder[1].refused
     text = run_cli(["predict", *LLAMA_8B, "--gpu-memory", "80GiB"], db_path).stdout
     assert "left out: lowers nothing here" in text and "None of these" not in text
@@ -115,8 +154,7 @@ def test_sharding_on_the_accelerate_loop_takes_trainer_and_says_so(db_path):
 def test_running_out_of_memory_says_what_is_predicted_to_fit():
     """The OOM an H200 pair measured (llama-3.1-8b under FSDP, batch 8 at seq 8192, no checkpointing): the hint is
     the fit ladder's, up to the step predicted to fit; without a GPU's size, only what is not on yet."""
-    oom = RunConfig(preset="llama-3.1-8b", gpus="2", distributed="fsdp", precision="bf16", batch_size=8,
-                    seq_len=8192)
+    oom = RunConfig(preset="llama-3.1-8b", gpus="2", distributed="fsdp", precision="bf16", batch_size=8, seq_len=8192)
     hint = out_of_memory_hint(oom, 150_754_820_096)
     flags = [step.flags for step in fit_ladder(oom, 150_754_820_096) if step.refused is None]
     assert hint == f"add {' '.join(flags)} (predicted to fit; `gpuanat predict` shows why)"
@@ -128,15 +166,44 @@ def test_running_out_of_memory_says_what_is_predicted_to_fit():
 def test_a_run_that_fits_only_once_the_cache_is_given_back_says_so(db_path):
     """FSDP2's cache above the peak (fitted on 2 and 4 H200s) can take the peak device past the GPU; near the limit the
     allocator frees what it caches, so the run is said to fit, and why the two numbers disagree."""
-    flags = ["predict", "--preset", "llama-3.1-8b", "--gpus", "8", "--distributed", "fsdp", "--precision", "bf16",
-             "--seq-len", "2048", "--gpu-memory", "80GiB"]
+    flags = [
+        "predict",
+        "--preset",
+        "llama-3.1-8b",
+        "--gpus",
+        "8",
+        "--distributed",
+        "fsdp",
+        "--precision",
+        "bf16",
+        "--seq-len",
+        "2048",
+        "--gpu-memory",
+        "80GiB",
+    ]
     text = run_cli(flags, db_path).stdout
     prediction = json.loads(run_cli([*flags, "--json"], db_path).stdout)
     assert prediction["peak_device_bytes"] > 80 * GIB and "batch 4 fits" in text
     assert "of allocator cache above the peak allocated: near the limit the allocator frees" in text
     # a ladder step alike: LoRA makes batch 8 at seq 4096 fit 2 × 80 GiB with a peak device above it
-    ladder_flags = ["predict", "--preset", "llama-3.1-8b", "--gpus", "2", "--distributed", "fsdp", "--precision",
-                    "bf16", "--grad-checkpointing", "--seq-len", "4096", "--batch-size", "8", "--gpu-memory", "80GiB"]
+    ladder_flags = [
+        "predict",
+        "--preset",
+        "llama-3.1-8b",
+        "--gpus",
+        "2",
+        "--distributed",
+        "fsdp",
+        "--precision",
+        "bf16",
+        "--grad-checkpointing",
+        "--seq-len",
+        "4096",
+        "--batch-size",
+        "8",
+        "--gpu-memory",
+        "80GiB",
+    ]
     ladder = json.loads(run_cli([*ladder_flags, "--json"], db_path).stdout)["fit_ladder"]
     lora = next(step for step in ladder if step["flags"].startswith("--lora"))
     assert lora["fits"] and lora["peak_device_bytes"] > 80 * GIB

@@ -34,21 +34,25 @@ def test_a_frozen_base_costs_four_flops_a_weight_and_a_tied_head_counts_as_a_mat
     assert flops_per_sample(RunConfig(model="some/checkpoint")) is None
 
 
-@pytest.mark.parametrize(("name", "config", "peak"), [
-    ("NVIDIA H100 80GB HBM3", RunConfig(precision="bf16"), 989.4),
-    ("NVIDIA H100 80GB HBM3", RunConfig(precision="fp32", tf32=True), 494.7),
-    ("NVIDIA H100 80GB HBM3", RunConfig(precision="fp32"), 66.9),
-    ("NVIDIA H100 PCIe", RunConfig(precision="fp16"), 756.5),
-    ("NVIDIA H200", RunConfig(precision="bf16"), 989.4),
-    ("NVIDIA A100-SXM4-80GB", RunConfig(precision="bf16"), 312.0),
-])
+@pytest.mark.parametrize(
+    ("name", "config", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", RunConfig(precision="bf16"), 989.4),
+        ("NVIDIA H100 80GB HBM3", RunConfig(precision="fp32", tf32=True), 494.7),
+        ("NVIDIA H100 80GB HBM3", RunConfig(precision="fp32"), 66.9),
+        ("NVIDIA H100 PCIe", RunConfig(precision="fp16"), 756.5),
+        ("NVIDIA H200", RunConfig(precision="bf16"), 989.4),
+        ("NVIDIA A100-SXM4-80GB", RunConfig(precision="bf16"), 312.0),
+    ],
+)
 def test_the_dense_peak_of_each_gpu_kind_and_math_mode(name, config, peak):
     assert dense_peak_tflops(name, math_mode(config)) == peak
 
 
 def test_what_is_said_where_the_mfu_is_not_known():
     assert utilization(RunConfig(precision="bf16"), 100, "NVIDIA GeForce GTX 1080", 1).reason == (
-        "no dense peak known for NVIDIA GeForce GTX 1080")
+        "no dense peak known for NVIDIA GeForce GTX 1080"
+    )
     cpu = utilization(RunConfig(device="cpu"), 2.0, None, 1)
     assert cpu.achieved_tflops == pytest.approx(2.0 * flops_per_sample(RunConfig()) / 1e12) and cpu.mfu is None
     assert cpu.reason == "no peak known for a CPU"
@@ -57,20 +61,23 @@ def test_what_is_said_where_the_mfu_is_not_known():
 
 
 def test_a_cpu_run_reports_its_achieved_flops_and_why_no_mfu(db_path):
-    completed = run_cli(["run", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "64",
-                         "--json"], db_path)
+    completed = run_cli(
+        ["run", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "64", "--json"], db_path
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = last_json(completed.stdout)
     config = RunConfig.from_json(result["config"])
     assert result["flops_per_sample"] == flops_per_sample(config)
     assert result["achieved_tflops"] == pytest.approx(
-        flops_per_sample(config) * result["steady_samples_per_second"] / 1e12)
+        flops_per_sample(config) * result["steady_samples_per_second"] / 1e12
+    )
     assert result["mfu"] is None and result["unavailable"]["mfu"] == "no peak known for a CPU"
     human = run_cli(["history", "--format", "csv"], db_path).stdout
     assert "achieved_tflops" in human.splitlines()[0] or "TFLOP/s" in human.splitlines()[0]
 
 
 # --- any model: the FLOPs the probe counts in the model itself (issue #29) -----------------------------------------
+
 
 def _meta_model(model_config, causal: bool, lora: int = 0):
     """The model on the meta device (shapes, no memory), with LoRA as gpuanat adds it."""
@@ -92,16 +99,20 @@ def _counted(model, seq_len: int) -> int | None:
     from gpuanat.core.run.protocol import ModelInfo
     from gpuanat.worker.probe.model_flops import model_flops
 
-    info = ModelInfo(params=0, trainable_params=0, weights_bytes=0, dtype="float32", total_steps=1,
-                     **model_flops(model))
+    info = ModelInfo(
+        params=0, trainable_params=0, weights_bytes=0, dtype="float32", total_steps=1, **model_flops(model)
+    )
     return flops_per_sample_of_model(info, seq_len)
 
 
-@pytest.mark.parametrize(("preset", "lora"), [
-    *((preset, 0) for preset in ("bert-base", "gpt2", "tiny", "llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b")),
-    # LoRA on the decoders (on a classifier the formula estimates its adapters: PEFT also trains a copy of the head)
-    *((preset, 16) for preset in ("llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b")),
-])
+@pytest.mark.parametrize(
+    ("preset", "lora"),
+    [
+        *((preset, 0) for preset in ("bert-base", "gpt2", "tiny", "llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b")),
+        # LoRA on the decoders (on a classifier the formula estimates its adapters: PEFT also trains a copy of the head)
+        *((preset, 16) for preset in ("llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b")),
+    ],
+)
 def test_counted_in_the_model_a_preset_s_flops_are_its_formula_s(preset, lora):
     """Two counts that share nothing: the preset's formula from its dimensions, and the probe's walk of the model
     transformers builds (its linear layers, its config's attention)."""
@@ -142,11 +153,28 @@ def test_a_run_of_a_config_json_reports_its_flops_and_a_short_run_says_why_it_ha
     from transformers import LlamaConfig
 
     model_dir = tmp_path / "tiny-llama"
-    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=512, max_position_embeddings=64,
-                tie_word_embeddings=False).save_pretrained(model_dir)
-    args = ["run", "--model", str(model_dir / "config.json"), "--device", "cpu", "--seq-len", "32", "--batch-size", "4",
-            "--json"]
+    LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    ).save_pretrained(model_dir)
+    args = [
+        "run",
+        "--model",
+        str(model_dir / "config.json"),
+        "--device",
+        "cpu",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--json",
+    ]
     completed = run_cli([*args, "--samples", "96"], db_path, extra_env={"HF_HUB_OFFLINE": "1"})
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = last_json(completed.stdout)
@@ -154,7 +182,8 @@ def test_a_run_of_a_config_json_reports_its_flops_and_a_short_run_says_why_it_ha
     matmul = 2 * (h * q + 2 * h * kv + q * h + 3 * h * i) + vocab * h  # the untied LM head
     assert result["flops_per_sample"] == (6 * matmul + 3 * 2 * 2 * 2 * q * seq) * seq
     assert result["achieved_tflops"] == pytest.approx(
-        result["flops_per_sample"] * result["steady_samples_per_second"] / 1e12)
+        result["flops_per_sample"] * result["steady_samples_per_second"] / 1e12
+    )
     short = last_json(run_cli([*args, "--samples", "8"], db_path, extra_env={"HF_HUB_OFFLINE": "1"}).stdout)
     assert short["achieved_tflops"] is None and short["flops_per_sample"] == result["flops_per_sample"]
     assert short["unavailable"]["achieved_tflops"].startswith("no steady samples/s: ")

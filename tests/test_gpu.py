@@ -22,8 +22,11 @@ def bert_base_counts() -> dict[str, int]:
 
     model = AutoModelForSequenceClassification.from_config(BertConfig())  # BertConfig() is bert-base
     parameters = list(model.parameters())
-    return {"params": sum(p.numel() for p in parameters), "tensors": len(parameters),
-            "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers())}
+    return {
+        "params": sum(p.numel() for p in parameters),
+        "tensors": len(parameters),
+        "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+    }
 
 
 def test_exact_bytes_on_the_gpu(db_path):
@@ -56,8 +59,10 @@ def test_eager_attention_keeps_the_s_squared_probabilities(db_path):
 def test_real_oom_is_recorded_and_the_memory_released(db_path):
     import pynvml
 
-    completed = run_cli(["run", "--preset", "bert-large", "--device", "cuda", "--batch-size", "512",
-                         "--max-steps", "2", "--json"], db_path)
+    completed = run_cli(
+        ["run", "--preset", "bert-large", "--device", "cuda", "--batch-size", "512", "--max-steps", "2", "--json"],
+        db_path,
+    )
     assert completed.returncode == 3, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     assert result["status"] == "oom" and result["error"]["kind"] == "oom"

@@ -40,9 +40,17 @@ def _samples() -> list[Sample]:
 def _recorded_gpus(processes: tuple[int, ...] = (0, 0), count: int = 2) -> list[Gpu]:
     """The trace's GPUs, `processes[i]` compute processes on GPU i (more GPUs: copies with higher indices)."""
     first = _samples()[0].gpus[0]
-    return [Gpu(index=i, uuid=f"GPU-{i:08x}-h200", name=first.name, total_bytes=first.total_bytes,
-                used_bytes=(processes[i] if i < len(processes) else 0) * (4 << 30) + (3 << 20),
-                processes=processes[i] if i < len(processes) else 0) for i in range(count)]
+    return [
+        Gpu(
+            index=i,
+            uuid=f"GPU-{i:08x}-h200",
+            name=first.name,
+            total_bytes=first.total_bytes,
+            used_bytes=(processes[i] if i < len(processes) else 0) * (4 << 30) + (3 << 20),
+            processes=processes[i] if i < len(processes) else 0,
+        )
+        for i in range(count)
+    ]
 
 
 def test_the_default_is_one_gpu_the_first_idle_one():
@@ -74,9 +82,16 @@ def test_the_users_cuda_visible_devices_narrows_the_choice():
         choose_gpus("3", gpus, {VISIBLE_DEVICES_VARIABLE: "2,3"})
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("0,0", "listed twice"), ("x", "a count"), ("0", "a count"), ("1,a", "NVML indices"), ("65", "at most 64"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("0,0", "listed twice"),
+        ("x", "a count"),
+        ("0", "a count"),
+        ("1,a", "NVML indices"),
+        ("65", "at most 64"),
+    ],
+)
 def test_bad_specs_are_refused_with_what_to_write(spec, message):
     with pytest.raises(ConfigError, match=message):
         parse_gpus(spec)
@@ -113,8 +128,12 @@ def test_each_rank_reads_its_own_gpu_from_the_recorded_h200_trace():
     samples = _samples()
     for rank, state in ranks.items():
         device_peak = max(sample.gpus[rank].used_bytes for sample in samples)
-        process_peak = max(process.used_bytes for sample in samples for process in sample.gpus[rank].processes
-                           if process.pid == RANK_PIDS[rank])
+        process_peak = max(
+            process.used_bytes
+            for sample in samples
+            for process in sample.gpus[rank].processes
+            if process.pid == RANK_PIDS[rank]
+        )
         assert state.peak_device_used_bytes == device_peak
         assert state.peak_process_used_bytes == process_peak
     # Each rank held ~15.6 GiB on its own GPU; summed over both GPUs (the old reading) it would be twice that.
@@ -142,8 +161,12 @@ def test_gpus_nproc_and_distributed_must_agree():
 
 
 def test_zero_without_deepspeed_is_refused_with_how_to_install_it():
-    capabilities = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_compute_capability=(9, 0),
-                                deepspeed_error="deepspeed is not installed")
+    capabilities = Capabilities(
+        torch_version="2.11.0",
+        cuda_available=True,
+        cuda_compute_capability=(9, 0),
+        deepspeed_error="deepspeed is not installed",
+    )
     flag, reason = machine_unsupported_reason(RunConfig(gpus="2", distributed="zero2"), capabilities)
     assert flag == "--distributed" and "pip install deepspeed" in reason and "not installed" in reason
     assert machine_unsupported_reason(RunConfig(gpus="2", distributed="ddp"), capabilities) is None
@@ -152,20 +175,24 @@ def test_zero_without_deepspeed_is_refused_with_how_to_install_it():
 def test_bad_combinations_are_one_line_and_exit_2_before_torch(db_path):
     completed = run_cli(["run", "--device", "cpu", "--gpus", "2"], db_path, timeout_s=60)
     assert completed.returncode == 2
-    assert completed.stderr.strip() == ("gpuanat: error: --gpus: this run is on the cpu; spread it over processes "
-                                        "with --nproc N")
+    assert completed.stderr.strip() == (
+        "gpuanat: error: --gpus: this run is on the cpu; spread it over processes with --nproc N"
+    )
 
 
-@pytest.mark.parametrize(("path", "rank", "expected"), [
-    ("/tmp/run.pickle", None, "/tmp/run.pickle"),
-    ("/tmp/run.pickle", "0", "/tmp/run.pickle"),
-    ("/tmp/run.pickle", "3", "/tmp/run.rank3.pickle"),
-    ("/tmp/trace.json.gz", "1", "/tmp/trace.json.rank1.gz"),
-    ("/tmp/no_suffix", "2", "/tmp/no_suffix.rank2"),
-    ("/tmp/dotted.dir/file", "1", "/tmp/dotted.dir/file.rank1"),
-    ("/tmp/run.pickle", "garbage", "/tmp/run.pickle"),
-    (None, "1", None),
-])
+@pytest.mark.parametrize(
+    ("path", "rank", "expected"),
+    [
+        ("/tmp/run.pickle", None, "/tmp/run.pickle"),
+        ("/tmp/run.pickle", "0", "/tmp/run.pickle"),
+        ("/tmp/run.pickle", "3", "/tmp/run.rank3.pickle"),
+        ("/tmp/trace.json.gz", "1", "/tmp/trace.json.rank1.gz"),
+        ("/tmp/no_suffix", "2", "/tmp/no_suffix.rank2"),
+        ("/tmp/dotted.dir/file", "1", "/tmp/dotted.dir/file.rank1"),
+        ("/tmp/run.pickle", "garbage", "/tmp/run.pickle"),
+        (None, "1", None),
+    ],
+)
 def test_each_rank_writes_its_own_file(path: str | None, rank: str | None, expected: str | None) -> None:
     """A file named once for the whole run (--memory-snapshot, --profile-ops-trace) is written by every rank: rank 0
     and a single process keep the name, rank N > 0 puts `.rankN` before the suffix."""

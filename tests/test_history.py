@@ -31,9 +31,11 @@ RECORDED_V1 = Path(__file__).parent / "data" / "h100_history_tf32.sqlite"
 
 def _fingerprint(path: Path) -> dict[str, tuple[str, int]]:
     """sha256 and mtime of the database and whichever of its -wal and -shm exist."""
-    return {companion.name: (hashlib.sha256(companion.read_bytes()).hexdigest(), companion.stat().st_mtime_ns)
-            for companion in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
-            if companion.exists()}
+    return {
+        companion.name: (hashlib.sha256(companion.read_bytes()).hexdigest(), companion.stat().st_mtime_ns)
+        for companion in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
+        if companion.exists()
+    }
 
 
 def _raw_run(path: Path, run_id: int) -> dict:
@@ -60,11 +62,13 @@ def test_run_lifecycle(tmp_path):
 
 def test_a_run_whose_recorder_exited_is_finalised_once_by_the_next_writable_open(tmp_path):
     db = tmp_path / "h.sqlite"
-    code = ("from gpuanat.core.store.history import HistoryStore\n"
-            f"s = HistoryStore({str(db)!r}); r = s.create_run({{'batch_size': 4}})\n"
-            "s.add_steps(r, [{'step': 1, 'elapsed_s': 0.5, 'samples': 4, 'loss': 2.5},"
-            " {'step': 2, 'elapsed_s': 1.0, 'samples': 8}])\n"
-            "import os; os._exit(0)\n")
+    code = (
+        "from gpuanat.core.store.history import HistoryStore\n"
+        f"s = HistoryStore({str(db)!r}); r = s.create_run({{'batch_size': 4}})\n"
+        "s.add_steps(r, [{'step': 1, 'elapsed_s': 0.5, 'samples': 4, 'loss': 2.5},"
+        " {'step': 2, 'elapsed_s': 1.0, 'samples': 8}])\n"
+        "import os; os._exit(0)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     before = _fingerprint(db)
     with HistoryStore(db, read_only=True) as reader:  # shown interrupted, nothing written
@@ -100,10 +104,25 @@ def test_a_live_pid_that_started_at_another_time_is_not_the_recorder(tmp_path):
 
 def test_result_from_steps_takes_each_figure_from_the_steps_that_have_it():
     steps = [
-        {"step": 1, "elapsed_s": 2.0, "samples": 4, "loss": 3.0, "peak_allocated_bytes": 900, "reserved_bytes": 2000,
-         "bands": {"weights_bytes": 100, "gradients_bytes": 100, "optimizer_state_bytes": 200, "activations_bytes": 50,
-                   "activations_method": "allocator", "batch_bytes": 8, "measured_at_step": 1,
-                   "gradients_at_forward_end_bytes": 0, "optimizer_state_at_forward_end_bytes": 0}},
+        {
+            "step": 1,
+            "elapsed_s": 2.0,
+            "samples": 4,
+            "loss": 3.0,
+            "peak_allocated_bytes": 900,
+            "reserved_bytes": 2000,
+            "bands": {
+                "weights_bytes": 100,
+                "gradients_bytes": 100,
+                "optimizer_state_bytes": 200,
+                "activations_bytes": 50,
+                "activations_method": "allocator",
+                "batch_bytes": 8,
+                "measured_at_step": 1,
+                "gradients_at_forward_end_bytes": 0,
+                "optimizer_state_at_forward_end_bytes": 0,
+            },
+        },
         {"step": 2, "elapsed_s": 3.0, "samples": 8, "loss": 2.0, "allocated_bytes": 500, "reserved_bytes": 4000},
         {"step": 3, "elapsed_s": 4.0, "samples": 12, "loss": None, "peak_allocated_bytes": 1200},
     ]
@@ -114,26 +133,34 @@ def test_result_from_steps_takes_each_figure_from_the_steps_that_have_it():
     assert result["train_loss"] == 2.0  # the last step that had a loss
     assert (result["peak_allocated_bytes"], result["peak_reserved_bytes"]) == (1200, 4000)
     # step 1's probe bands as one moment's, the end of its forward pass, the gradients' maximum beside them
-    assert {band: result["bands"][band] for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
-                                                     "activations_bytes")} == {
-        "weights_bytes": 100, "gradients_bytes": 0, "optimizer_state_bytes": 0, "activations_bytes": 50}
+    assert {
+        band: result["bands"][band]
+        for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes")
+    } == {"weights_bytes": 100, "gradients_bytes": 0, "optimizer_state_bytes": 0, "activations_bytes": 50}
     assert result["gradients_after_backward_bytes"] == 100
     assert result["error"] == {
         "kind": "interrupted",
         "message": "the recorder (PID 4242) stopped before the run finished; this result was rebuilt from its 3 "
-                   "recorded steps"}
+        "recorded steps",
+    }
     empty = result_from_steps({}, [])
-    assert (empty["steps"], empty["samples"], empty["train_runtime_s"], empty["samples_per_second"]) == (0, 0, None,
-                                                                                                         None)
+    assert (empty["steps"], empty["samples"], empty["train_runtime_s"], empty["samples_per_second"]) == (
+        0,
+        0,
+        None,
+        None,
+    )
 
 
 def test_what_a_partial_result_stored_wins_over_the_rebuilt_one(tmp_path):
     db = tmp_path / "h.sqlite"
-    code = ("from gpuanat.core.store.history import HistoryStore\n"
-            f"s = HistoryStore({str(db)!r}); r = s.create_run({{'batch_size': 4}})\n"
-            "s.add_steps(r, [{'step': 1, 'elapsed_s': 0.5, 'samples': 4}])\n"
-            "s.update_result(r, {'status': 'running', 'params': 110, 'gpu_name': 'H100', 'train_loss': None})\n"
-            "import os; os._exit(0)\n")
+    code = (
+        "from gpuanat.core.store.history import HistoryStore\n"
+        f"s = HistoryStore({str(db)!r}); r = s.create_run({{'batch_size': 4}})\n"
+        "s.add_steps(r, [{'step': 1, 'elapsed_s': 0.5, 'samples': 4}])\n"
+        "s.update_result(r, {'status': 'running', 'params': 110, 'gpu_name': 'H100', 'train_loss': None})\n"
+        "import os; os._exit(0)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     with HistoryStore(db) as store:
         (run,) = store.runs()
@@ -147,12 +174,23 @@ def test_a_new_history_is_private_whatever_the_umask(tmp_path):
     try:
         with HistoryStore(db) as store:
             store.create_run({"batch_size": 4})
-            modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in (db.parent.parent, db.parent, *(
-                db.with_name(db.name + suffix) for suffix in ("", "-wal", "-shm")))}
+            modes = {
+                path.name: stat.S_IMODE(path.stat().st_mode)
+                for path in (
+                    db.parent.parent,
+                    db.parent,
+                    *(db.with_name(db.name + suffix) for suffix in ("", "-wal", "-shm")),
+                )
+            }
     finally:
         os.umask(previous)
-    assert modes == {"data": 0o700, "gpuanat": 0o700, "history.sqlite": 0o600, "history.sqlite-wal": 0o600,
-                     "history.sqlite-shm": 0o600}
+    assert modes == {
+        "data": 0o700,
+        "gpuanat": 0o700,
+        "history.sqlite": 0o600,
+        "history.sqlite-wal": 0o600,
+        "history.sqlite-shm": 0o600,
+    }
     assert sorted(path.name for path in db.parent.iterdir()) == ["history.sqlite"]  # no staging file left
 
 
@@ -228,8 +266,7 @@ def test_a_read_only_store_sees_what_a_writer_added_after_it_opened(tmp_path):
     HistoryStore(db).close()
     with HistoryStore(db, read_only=True) as reader:
         assert reader.runs() == []
-        add_a_run = ("from gpuanat.core.store.history import HistoryStore\n"
-                     f"HistoryStore({str(db)!r}).create_run({{}})\n")
+        add_a_run = f"from gpuanat.core.store.history import HistoryStore\nHistoryStore({str(db)!r}).create_run({{}})\n"
         subprocess.run([sys.executable, "-c", add_a_run], check=True)  # closed: checkpointed into the file
         assert len(reader.runs()) == 1
         with HistoryStore(db) as writer:  # still open: the run is in its -wal

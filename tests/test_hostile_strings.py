@@ -61,8 +61,11 @@ def test_a_log_line_keeps_its_colours_and_nothing_else():
     line = "\x1b[31mred\x1b[0m " + CONTROL_PAYLOADS["osc52"] + CONTROL_PAYLOADS["clear"]
     shown = printable_keeping_colours(line)
     assert shown.startswith("\x1b[31mred\x1b[0m ")
-    assert "\\x1b]52;c;" in shown and "\\x1b[2J" in shown and not raw_in_text(shown.replace("\x1b[31m", "")
-                                                                                    .replace("\x1b[0m", ""))
+    assert (
+        "\\x1b]52;c;" in shown
+        and "\\x1b[2J" in shown
+        and not raw_in_text(shown.replace("\x1b[31m", "").replace("\x1b[0m", ""))
+    )
 
 
 @pytest.fixture
@@ -73,10 +76,14 @@ def hostile_history(tmp_path):
     names = [*STORABLE.values(), LONG_NAME, EVIL_NAME]
     with HistoryStore(db) as store:
         for name in names:
-            run_id = store.create_run({"preset": "tiny", "model": HOSTILE_MODEL, "batch_size": 4, "device": "cpu"},
-                                      name=name)
-            store.update_result(run_id, {"status": "ok", "run_id": run_id, "device_name": "x86_64" + TITLE,
-                                         "samples_per_second": 12.5}, status="ok")
+            run_id = store.create_run(
+                {"preset": "tiny", "model": HOSTILE_MODEL, "batch_size": 4, "device": "cpu"}, name=name
+            )
+            store.update_result(
+                run_id,
+                {"status": "ok", "run_id": run_id, "device_name": "x86_64" + TITLE, "samples_per_second": 12.5},
+                status="ok",
+            )
     return db, names
 
 
@@ -150,9 +157,13 @@ def test_help_and_a_hostile_history_path_print_nothing_raw(tmp_path):
 
 
 def test_a_run_name_that_is_not_utf8_is_refused_in_one_line(tmp_path):
-    completed = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(os.getpid()), "--json", "--save",
-                                b"name\xff\x1b]0;PWNED\x07"], cwd=REPO, env=cli_env(tmp_path / "h.sqlite"),
-                               capture_output=True, timeout=60)
+    completed = subprocess.run(
+        [sys.executable, "-m", "gpuanat", "watch", str(os.getpid()), "--json", "--save", b"name\xff\x1b]0;PWNED\x07"],
+        cwd=REPO,
+        env=cli_env(tmp_path / "h.sqlite"),
+        capture_output=True,
+        timeout=60,
+    )
     stderr = completed.stderr.decode()
     assert completed.returncode == 2 and not completed.stdout
     assert len(stderr.strip().splitlines()) == 1 and "UTF-8" in stderr
@@ -164,9 +175,25 @@ def test_a_run_name_that_is_not_utf8_is_refused_in_one_line(tmp_path):
 def test_watch_json_keeps_a_hostile_process_exact_and_history_shows_it_escaped(tmp_path, process_name):
     db = tmp_path / "h.sqlite"
     with hostile_process(process_name) as child:
-        watcher = subprocess.Popen([sys.executable, "-m", "gpuanat", "watch", str(child.pid), "--json",
-                                    "--interval", "0.1", "--save", EVIL_NAME], cwd=REPO, env=cli_env(db),
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        watcher = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuanat",
+                "watch",
+                str(child.pid),
+                "--json",
+                "--interval",
+                "0.1",
+                "--save",
+                EVIL_NAME,
+            ],
+            cwd=REPO,
+            env=cli_env(db),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 60
             record = {}
@@ -192,8 +219,9 @@ def test_a_keymap_naming_a_hostile_key_is_refused_in_one_escaped_line(tmp_path):
     config = tmp_path / "config" / "gpuanat" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text('[keymap]\nrun = "\\u001b]0;PWNED\\u0007[bold]B[/]"\n')  # TOML's escapes: ESC and BEL
-    completed = run_cli([], tmp_path / "h.sqlite", timeout_s=120,
-                        extra_env={"XDG_CONFIG_HOME": str(tmp_path / "config")})
+    completed = run_cli(
+        [], tmp_path / "h.sqlite", timeout_s=120, extra_env={"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    )
     assert completed.returncode == 2 and completed.stdout == ""
     (line,) = completed.stderr.splitlines()
     assert not raw_in_text(line) and "\\x1b]0;PWNED\\x07[bold]B[/]" in line

@@ -28,13 +28,15 @@ from hostile import CONTROL_PAYLOADS, HOSTILE_ARGV, MARKUP_PAYLOADS, TITLE, host
 COLUMNS, ROWS = 120, 40
 TITLE_BEFORE = "before-gpuanat"
 PANE = "hostile:0.0"
-TMUX_CONF = "\n".join([
-    "set -g default-terminal xterm-256color",
-    "set -g status off",  # the pane is the whole 120x40 terminal
-    "set -g set-clipboard on",  # an OSC 52 written into the pane becomes a tmux paste buffer: visible to the test
-    "set -g monitor-bell on",
-    "",
-])
+TMUX_CONF = "\n".join(
+    [
+        "set -g default-terminal xterm-256color",
+        "set -g status off",  # the pane is the whole 120x40 terminal
+        "set -g set-clipboard on",  # an OSC 52 written into the pane becomes a tmux paste buffer: visible to the test
+        "set -g monitor-bell on",
+        "",
+    ]
+)
 
 
 class Tmux:
@@ -90,8 +92,9 @@ def tmux(tmp_path: Path) -> Iterator[Tmux]:
         pytest.skip("tmux is not installed")
     conf = tmp_path / "tmux.conf"
     conf.write_text(TMUX_CONF)
-    env = {key: value for key, value in cli_env(tmp_path / "history.sqlite").items()
-           if key not in ("TMUX", "TMUX_PANE")} | {"TERM": "xterm-256color", "PS1": "$ "}
+    env = {
+        key: value for key, value in cli_env(tmp_path / "history.sqlite").items() if key not in ("TMUX", "TMUX_PANE")
+    } | {"TERM": "xterm-256color", "PS1": "$ "}
     server = Tmux(f"gpuanat-test-{os.getpid()}-{uuid.uuid4().hex[:8]}", conf, env)
     try:
         server("new-session", "-d", "-s", "hostile", "-x", str(COLUMNS), "-y", str(ROWS), "-c", str(REPO), "sh")
@@ -112,14 +115,16 @@ def test_watching_a_hostile_process_in_a_real_terminal_shows_its_name_and_comman
     with hostile_process(TITLE) as child:
         # the kernel really holds the escape as the name, and the command line really carries the payloads
         assert Path(f"/proc/{child.pid}/comm").read_bytes() == TITLE.encode() + b"\n"
-        assert Path(f"/proc/{child.pid}/cmdline").read_bytes().split(b"\0")[-len(HOSTILE_ARGV) - 1:-1] == [
-            argument.encode() for argument in HOSTILE_ARGV]
+        assert Path(f"/proc/{child.pid}/cmdline").read_bytes().split(b"\0")[-len(HOSTILE_ARGV) - 1 : -1] == [
+            argument.encode() for argument in HOSTILE_ARGV
+        ]
 
         tmux.type_line(f"{shlex.quote(sys.executable)} -m gpuanat watch {child.pid}; echo EXIT=$?")
         # the process panel's row of it (whatever its name shows as: a regression fails below, with the evidence)
         row_of_the_process = re.compile(rf"^│ +{child.pid} ", re.MULTILINE)
-        shown = tmux.wait_for_screen("the process panel's row of the hostile process",
-                                     lambda screen: bool(row_of_the_process.search(screen)))
+        shown = tmux.wait_for_screen(
+            "the process panel's row of the hostile process", lambda screen: bool(row_of_the_process.search(screen))
+        )
         # two more repaints (the charts move on every sample): the dashboard lives on after painting the strings
         for repaint in range(2):
             shown = tmux.wait_for_screen(f"repaint {repaint + 1}", lambda screen, before=shown: screen != before)
@@ -131,8 +136,14 @@ def test_watching_a_hostile_process_in_a_real_terminal_shows_its_name_and_comman
         assert lines[0].startswith(" gpuanat watching PID") and r"\x1b]2;PWNED\x07\x1b[5m" in lines[0], lines[0]
         assert re.search(rf"^│ +{child.pid} \\x1b\]2;PWNE ", screen, re.MULTILINE), screen
         # every token of the command line shows, escaped or (markup) literally, as it was given
-        for shown_as in (r"\x1b]0;PWNED\x07", r"\x1b]52;c;cm0gLXJmIH4K\x07", r"\x1b[2J\x1b[H",
-                         MARKUP_PAYLOADS["bold"], MARKUP_PAYLOADS["click"], r"abc\u202edcba\u2066x\u2069"):
+        for shown_as in (
+            r"\x1b]0;PWNED\x07",
+            r"\x1b]52;c;cm0gLXJmIH4K\x07",
+            r"\x1b[2J\x1b[H",
+            MARKUP_PAYLOADS["bold"],
+            MARKUP_PAYLOADS["click"],
+            r"abc\u202edcba\u2066x\u2069",
+        ):
             assert shown_as in screen, f"{shown_as!r} not on the screen:\n{screen}"
         assert CONTROL_PAYLOADS["bidi"] not in screen and "\x1b" not in screen and "\x07" not in screen
         # neither cleared nor moved: the status line on the first row, the key bar on the last, the panel between
@@ -150,7 +161,12 @@ def test_watching_a_hostile_process_in_a_real_terminal_shows_its_name_and_comman
         assert _tmux_state(tmux) == (TITLE_BEFORE, "0", "")
 
     # the control: the same payloads written raw into the same pane do reach tmux, so each check above could fail
-    tmux.type_line(f"printf '{CONTROL_PAYLOADS['osc2']}{CONTROL_PAYLOADS['osc52']}\\a'".replace("\x1b", r"\033")
-                   .replace("\x07", r"\007"))
-    tmux.wait_for("tmux acting on the raw title, clipboard write and bell",
-                  lambda: _tmux_state(tmux)[:2] == ("PWNED", "1") and "rm -rf ~" in tmux("list-buffers"))
+    tmux.type_line(
+        f"printf '{CONTROL_PAYLOADS['osc2']}{CONTROL_PAYLOADS['osc52']}\\a'".replace("\x1b", r"\033").replace(
+            "\x07", r"\007"
+        )
+    )
+    tmux.wait_for(
+        "tmux acting on the raw title, clipboard write and bell",
+        lambda: _tmux_state(tmux)[:2] == ("PWNED", "1") and "rm -rf ~" in tmux("list-buffers"),
+    )

@@ -29,10 +29,15 @@ from gpuanat.tui.watch_app import WatchApp
 from gpuanat.tui.widgets.log_pane import LogPane
 
 recorded = pytest.mark.skipif(not (TRACE.exists() and STEPS.exists()), reason="H100 recordings not committed")
-NO_NVML = NvmlStatus(available=False, reason="no NVML in this test", driver_version=None, cuda_driver_version=None,
-                     gpu_names=())
-CPU = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build",
-                   bitsandbytes_error="ModuleNotFoundError: No module named 'bitsandbytes'")
+NO_NVML = NvmlStatus(
+    available=False, reason="no NVML in this test", driver_version=None, cuda_driver_version=None, gpu_names=()
+)
+CPU = Capabilities(
+    torch_version="2.13.0+cpu",
+    cuda_available=False,
+    reason="CPU-only build",
+    bitsandbytes_error="ModuleNotFoundError: No module named 'bitsandbytes'",
+)
 HOSTILE_MODEL = "/models/" + "\x1b]2;PWNED\x07[bold]B[/]\u202eevil"
 HOSTILE_COMMAND = f"python3 train.py --run {EVIL_NAME} {MARKUP_PAYLOADS['click']} {MARKUP_PAYLOADS['link']}"
 CREATED_AT = 1_795_294_194.0
@@ -54,22 +59,36 @@ def fill_hostile_history(db_path: Path) -> None:
         for index, name in enumerate([EVIL_NAME, TITLE, MARKUP_PAYLOADS["click"], LONG_NAME]):
             config = {"preset": "tiny", "model": HOSTILE_MODEL + str(index), "batch_size": 4, "device": "cpu"}
             run_id = store.create_run(config, name=name, created_at=CREATED_AT + 60 * index)
-            store.update_result(run_id, {"status": "ok", "run_id": run_id, "samples_per_second": 10.0 + index,
-                                         "device_name": "x86_64"}, status="ok")
+            store.update_result(
+                run_id,
+                {"status": "ok", "run_id": run_id, "samples_per_second": 10.0 + index, "device_name": "x86_64"},
+                status="ok",
+            )
 
 
 def cpu_dashboard(db_path: Path, config: RunConfig) -> GpuAnatApp:
-    return GpuAnatApp(config, db_path=db_path, sampler_factory=lambda: (HostOnlySource(), NO_NVML),
-                      capabilities_probe=lambda: CPU, sample_interval_s=None, paint_interval_s=3600,
-                      clock=lambda: 1_000.0)
+    return GpuAnatApp(
+        config,
+        db_path=db_path,
+        sampler_factory=lambda: (HostOnlySource(), NO_NVML),
+        capabilities_probe=lambda: CPU,
+        sample_interval_s=None,
+        paint_interval_s=3600,
+        clock=lambda: 1_000.0,
+    )
 
 
 @pytest.mark.asyncio
 async def test_the_watch_of_a_process_named_by_prctl_shows_its_name_and_command_as_data(tmp_path):
     with hostile_process() as child:
-        app = WatchApp(resolve_target(child.pid), db_path=tmp_path / "h.sqlite", interval_s=0.1,
-                       paint_interval_s=0.1, save_name=EVIL_NAME,
-                       sampler_factory=lambda: (HostOnlySource(per_process=True), NO_NVML))
+        app = WatchApp(
+            resolve_target(child.pid),
+            db_path=tmp_path / "h.sqlite",
+            interval_s=0.1,
+            paint_interval_s=0.1,
+            save_name=EVIL_NAME,
+            sampler_factory=lambda: (HostOnlySource(per_process=True), NO_NVML),
+        )
         async with app.run_test(size=(160, 50), notifications=True) as pilot:
             deadline = time.monotonic() + 30
             while app.last_record is None or not app.last_record.get("processes"):
@@ -106,8 +125,13 @@ class HostileRecording(RecordedTreeSource):
 
     def read(self, pids):
         sample = super().read(pids)
-        process = HostProcess(pid=PID, parent_pid=1, name=self._tree_name, cpu_percent=sample.host.cpu_percent or 0,
-                              rss_bytes=sample.host.rss_bytes or 0)
+        process = HostProcess(
+            pid=PID,
+            parent_pid=1,
+            name=self._tree_name,
+            cpu_percent=sample.host.cpu_percent or 0,
+            rss_bytes=sample.host.rss_bytes or 0,
+        )
         gpus = sample.gpus
         if self._other_pid is not None:
             other = ProcessGpuMemory(pid=self._other_pid, used_bytes=2 * 1024**3)
@@ -123,13 +147,24 @@ def hostile_watch_app(tmp_path: Path, other_pid: int | None = None) -> WatchApp:
     target = WatchTarget(pid=PID, name=TITLE, command=HOSTILE_COMMAND, create_time_s=0.0, username=None)
 
     def session(target: WatchTarget, nvml: NvmlStatus) -> WatchSession:
-        return WatchSession(target, nvml, clock=lambda: FIRST_T_S, publication_dirs_for=lambda pid: [],
-                            process_alive=lambda: True,
-                            resolver=PidNamespaceResolver(proc_root, check_visible_pids=False))
+        return WatchSession(
+            target,
+            nvml,
+            clock=lambda: FIRST_T_S,
+            publication_dirs_for=lambda pid: [],
+            process_alive=lambda: True,
+            resolver=PidNamespaceResolver(proc_root, check_visible_pids=False),
+        )
 
-    return WatchApp(target, db_path=tmp_path / "h.sqlite", session_factory=session, clock=lambda: FIRST_T_S,
-                    sampler_factory=lambda: (HostileRecording(TITLE, other_pid), NVML), interval_s=None,
-                    paint_interval_s=3600)
+    return WatchApp(
+        target,
+        db_path=tmp_path / "h.sqlite",
+        session_factory=session,
+        clock=lambda: FIRST_T_S,
+        sampler_factory=lambda: (HostileRecording(TITLE, other_pid), NVML),
+        interval_s=None,
+        paint_interval_s=3600,
+    )
 
 
 @recorded
@@ -236,13 +271,18 @@ class LogApp(App[None]):
 @pytest.mark.asyncio
 async def test_a_child_s_log_keeps_its_colours_and_shows_every_other_escape(tmp_path):
     log = tmp_path / ("run" + "\x1b]2;PWNED\x07[b]x[@click=app.quit].log")
-    log.write_bytes(b"\n".join([
-        b"\x1b[31mred\x1b[0m plain",
-        f"step 1 {TITLE} \x1b]52;c;eA==\x07 \x1b[2J".encode(),
-        b'"x" [bold]B[/]',
-        b"bad utf-8: \xff\xfe",
-        "bidi \u202eevil".encode(),
-    ]) + b"\n")
+    log.write_bytes(
+        b"\n".join(
+            [
+                b"\x1b[31mred\x1b[0m plain",
+                f"step 1 {TITLE} \x1b]52;c;eA==\x07 \x1b[2J".encode(),
+                b'"x" [bold]B[/]',
+                b"bad utf-8: \xff\xfe",
+                "bidi \u202eevil".encode(),
+            ]
+        )
+        + b"\n"
+    )
     app = LogApp(log)
     async with app.run_test(size=(120, 20)) as pilot:
         pane = app.query_one(LogPane)
@@ -256,4 +296,3 @@ async def test_a_child_s_log_keeps_its_colours_and_shows_every_other_escape(tmp_
         red_line = pane.lines[0]
         assert red_line.text == "red plain"
         assert [segment.style.color is not None for segment in red_line if segment.text.strip()] == [True, False]
-

@@ -34,7 +34,7 @@ def imported_modules(node: ast.Import | ast.ImportFrom, package: str, modules: C
     else:
         base = node.module or ""
         if node.level:
-            parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+            parent = package.split(".")[: len(package.split(".")) - node.level + 1]
             base = ".".join([*parent, base] if base else parent)
         # `from a.b import c`: the module a.b.c where c is one, else a.b, which holds the name c
         names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
@@ -53,9 +53,12 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        graph[name] = {imported for node in ast.walk(ast.parse(path.read_text(), str(path)))
-                       if isinstance(node, ast.Import | ast.ImportFrom)
-                       for imported in imported_modules(node, package, modules)} - {name}
+        graph[name] = {
+            imported
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for imported in imported_modules(node, package, modules)
+        } - {name}
     return graph
 
 
@@ -76,8 +79,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             elif imported in stack:
                 low[module] = min(low[module], order[imported])
         if low[module] == order[module]:
-            component = stack[stack.index(module):]
-            del stack[stack.index(module):]
+            component = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
             if len(component) > 1:
                 found.append(sorted(component))
 

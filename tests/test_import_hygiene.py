@@ -7,8 +7,9 @@ from pathlib import Path
 import gpuanat.core
 
 CORE = Path(gpuanat.core.__file__).parent
-CORE_MODULES = sorted(".".join(path.relative_to(CORE).with_suffix("").parts) for path in CORE.rglob("*.py")
-                      if path.name != "__init__.py")
+CORE_MODULES = sorted(
+    ".".join(path.relative_to(CORE).with_suffix("").parts) for path in CORE.rglob("*.py") if path.name != "__init__.py"
+)
 """Every module under gpuanat/core, found on disk, so a new one cannot be left out."""
 
 

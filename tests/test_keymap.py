@@ -53,8 +53,12 @@ def test_missing_file_means_no_remapping(tmp_path):
 
 def test_keys_come_back_in_textuals_names(tmp_path):
     path = write_config(tmp_path, '[keymap]\nrun = "f5"\nbatch_up = "u, +"\nhelp = "?"\nsave_watched = "ctrl+s"\n')
-    assert load_keymap(path, APPS) == {"run": "f5", "batch_up": "u,plus", "help": "question_mark",
-                                       "save_watched": "ctrl+s"}
+    assert load_keymap(path, APPS) == {
+        "run": "f5",
+        "batch_up": "u,plus",
+        "help": "question_mark",
+        "save_watched": "ctrl+s",
+    }
 
 
 @pytest.mark.asyncio
@@ -63,8 +67,11 @@ async def test_the_bindings_checked_are_every_binding_in_force_in_the_running_ap
     """Whatever has the focus, each key the running app answers (its own, Textual's, the screen's, the
     focused widget's) is among the bindings the keymap is checked against."""
     if name == "dashboard":
-        app = GpuAnatApp(RunConfig(preset="tiny", device="cpu"), db_path=tmp_path / "h.sqlite",
-                         sampler_factory=lambda: open_source(prefer_nvml=False))
+        app = GpuAnatApp(
+            RunConfig(preset="tiny", device="cpu"),
+            db_path=tmp_path / "h.sqlite",
+            sampler_factory=lambda: open_source(prefer_nvml=False),
+        )
     else:
         app = WatchApp(resolve_target(os.getpid()), db_path=tmp_path / "h.sqlite", interval_s=None)
     checked = {(binding.key, binding.action) for binding in APPS[name]}
@@ -79,40 +86,61 @@ async def test_the_bindings_checked_are_every_binding_in_force_in_the_running_ap
     assert in_force <= checked
 
 
-@pytest.mark.parametrize(("keys", "words"), [
-    ("enterr", "Textual has no key named 'enterr' (did you mean 'enter'?)"),
-    ("F5", "did you mean 'f5'?"),
-    ("ctrll+r", "'ctrll' is not a modifier"),
-    ("shift+ctrl+up", "write 'ctrl+shift+up'"),
-    ("ctrl+ctrl+r", "once each"),
-    ("shift+a", "write 'A'"),
-    ("ctrl+A", "write 'ctrl+shift+a'"),
-    ("ctrl++", "write '+' as 'plus'"),
-    ("u,,v", "a key name is empty"),
-    ("", "a key name is empty"),
-    ("hyphen_minus", "Textual names that key 'minus'"),
-    ("latin_small_letter_u", "Textual names that key 'u'"),
-    ("\\u0007", "not a printable character"),  # a TOML escape: the file holds no control character
-])
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ("enterr", "Textual has no key named 'enterr' (did you mean 'enter'?)"),
+        ("F5", "did you mean 'f5'?"),
+        ("ctrll+r", "'ctrll' is not a modifier"),
+        ("shift+ctrl+up", "write 'ctrl+shift+up'"),
+        ("ctrl+ctrl+r", "once each"),
+        ("shift+a", "write 'A'"),
+        ("ctrl+A", "write 'ctrl+shift+a'"),
+        ("ctrl++", "write '+' as 'plus'"),
+        ("u,,v", "a key name is empty"),
+        ("", "a key name is empty"),
+        ("hyphen_minus", "Textual names that key 'minus'"),
+        ("latin_small_letter_u", "Textual names that key 'u'"),
+        ("\\u0007", "not a printable character"),  # a TOML escape: the file holds no control character
+    ],
+)
 def test_a_key_textual_never_reports_is_refused(tmp_path, keys, words):
     path = write_config(tmp_path, f'[keymap]\nbatch_up = "{keys}"\n')
     message = refusal(path)
     assert "batch_up" in message and words in message
 
 
-@pytest.mark.parametrize(("keys", "textual_name"), [
-    ("f5", "f5"), ("ctrl+up", "ctrl+up"), ("ctrl+shift+up", "ctrl+shift+up"), ("shift+pageup", "shift+pageup"),
-    ("U", "U"), ("+", "plus"), ("plus", "plus"), ("!", "exclamation_mark"), ("alt+?", "alt+question_mark"),
-    ("comma", "comma"), ("€", "euro_sign"), ("insert", "insert"), ("ctrl+f12", "ctrl+f12"),
-    ("shift+space", "shift+space"), ("alt+ctrl+u", "alt+ctrl+u"),
-])
+@pytest.mark.parametrize(
+    ("keys", "textual_name"),
+    [
+        ("f5", "f5"),
+        ("ctrl+up", "ctrl+up"),
+        ("ctrl+shift+up", "ctrl+shift+up"),
+        ("shift+pageup", "shift+pageup"),
+        ("U", "U"),
+        ("+", "plus"),
+        ("plus", "plus"),
+        ("!", "exclamation_mark"),
+        ("alt+?", "alt+question_mark"),
+        ("comma", "comma"),
+        ("€", "euro_sign"),
+        ("insert", "insert"),
+        ("ctrl+f12", "ctrl+f12"),
+        ("shift+space", "shift+space"),
+        ("alt+ctrl+u", "alt+ctrl+u"),
+    ],
+)
 @pytest.mark.asyncio
 async def test_a_key_textual_reports_is_accepted_and_drives_the_action(tmp_path, keys, textual_name):
     path = write_config(tmp_path, f'[keymap]\nbatch_up = "{keys}"\n')
     keymap = load_keymap(path, APPS)
     assert keymap == {"batch_up": textual_name}
-    app = GpuAnatApp(RunConfig(preset="tiny", device="cpu"), db_path=tmp_path / "h.sqlite",
-                     sampler_factory=lambda: open_source(prefer_nvml=False), keymap=keymap)
+    app = GpuAnatApp(
+        RunConfig(preset="tiny", device="cpu"),
+        db_path=tmp_path / "h.sqlite",
+        sampler_factory=lambda: open_source(prefer_nvml=False),
+        keymap=keymap,
+    )
     async with app.run_test() as pilot:
         await pilot.press(textual_name)
         assert app.config.batch_size == 8
@@ -120,16 +148,19 @@ async def test_a_key_textual_reports_is_accepted_and_drives_the_action(tmp_path,
         assert (app.config.batch_size > 8) == (textual_name == "plus")
 
 
-@pytest.mark.parametrize(("config", "key", "first", "second", "app"), [
-    ('run = "q"', "q", "run", "quit", "dashboard"),  # the tester's: `q` started a run
-    ('run = "s"', "s", "run", "stop", "dashboard"),  # and `r` no longer ran
-    ('run = "f5"\nstop = "f5"', "f5", "stop", "run", "dashboard"),
-    ('batch_up = "u,="\nbatch_down = "="', "equals_sign", "batch_down", "batch_up", "dashboard"),
-    ('run = "ctrl+q"', "ctrl+q", "run", "quit", "dashboard"),  # Textual's own quit
-    ('run = "tab"', "tab", "run", "app.focus_next", "dashboard"),  # the screen's focus key
-    ('save_watched = "h"', "h", "save_watched", "history", "watch dashboard"),
-    ('run = "up"', "up", "run", "scroll_up", "dashboard"),  # the log pane, focused, scrolls with it
-])
+@pytest.mark.parametrize(
+    ("config", "key", "first", "second", "app"),
+    [
+        ('run = "q"', "q", "run", "quit", "dashboard"),  # the tester's: `q` started a run
+        ('run = "s"', "s", "run", "stop", "dashboard"),  # and `r` no longer ran
+        ('run = "f5"\nstop = "f5"', "f5", "stop", "run", "dashboard"),
+        ('batch_up = "u,="\nbatch_down = "="', "equals_sign", "batch_down", "batch_up", "dashboard"),
+        ('run = "ctrl+q"', "ctrl+q", "run", "quit", "dashboard"),  # Textual's own quit
+        ('run = "tab"', "tab", "run", "app.focus_next", "dashboard"),  # the screen's focus key
+        ('save_watched = "h"', "h", "save_watched", "history", "watch dashboard"),
+        ('run = "up"', "up", "run", "scroll_up", "dashboard"),  # the log pane, focused, scrolls with it
+    ],
+)
 def test_two_actions_on_one_key_are_refused_naming_both(tmp_path, config, key, first, second, app):
     path = write_config(tmp_path, f"[keymap]\n{config}\n")
     message = refusal(path)
@@ -138,25 +169,31 @@ def test_two_actions_on_one_key_are_refused_naming_both(tmp_path, config, key, f
     assert f"in the {app};" in message
 
 
-@pytest.mark.parametrize("config", [
-    'run = "s"\nstop = "r"',  # swapped: each key keeps one action
-    'quit = "ctrl+q"',  # the same action as Textual's own ctrl+q
-    'run = "r"',  # its own default
-    'save_watched = "r"',  # `r` is the dashboard's, and save_watched is only the watch dashboard's
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        'run = "s"\nstop = "r"',  # swapped: each key keeps one action
+        'quit = "ctrl+q"',  # the same action as Textual's own ctrl+q
+        'run = "r"',  # its own default
+        'save_watched = "r"',  # `r` is the dashboard's, and save_watched is only the watch dashboard's
+    ],
+)
 def test_keys_that_keep_one_action_each_are_accepted(tmp_path, config):
     path = write_config(tmp_path, f"[keymap]\n{config}\n")
     assert set(load_keymap(path, APPS)) == {line.split(" = ")[0] for line in config.splitlines()}
 
 
-@pytest.mark.parametrize(("content", "words"), [
-    (b'[keymap]\nrun = "f5"\nstop = "\xff"\n', "not UTF-8 text (byte 0xff on line 3)"),
-    (b"\xef\xbb\xbf[keymap\n", "not valid TOML"),
-    (b'[keymap]\nrun = "f5\n', "not valid TOML"),
-    (b'[keymap]\nrnu = "f5"\n', "unknown binding id 'rnu'"),
-    (b"[keymap]\nrun = 5\n", "must map binding ids to key strings"),
-    (b"keymap = 3\n", "must map binding ids to key strings"),
-])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b'[keymap]\nrun = "f5"\nstop = "\xff"\n', "not UTF-8 text (byte 0xff on line 3)"),
+        (b"\xef\xbb\xbf[keymap\n", "not valid TOML"),
+        (b'[keymap]\nrun = "f5\n', "not valid TOML"),
+        (b'[keymap]\nrnu = "f5"\n', "unknown binding id 'rnu'"),
+        (b"[keymap]\nrun = 5\n", "must map binding ids to key strings"),
+        (b"keymap = 3\n", "must map binding ids to key strings"),
+    ],
+)
 def test_a_file_that_cannot_be_read_says_where_and_why_in_one_line(tmp_path, content, words):
     assert words in refusal(write_config(tmp_path, content))
 
@@ -182,23 +219,31 @@ CLI_FAULTS = [
 def test_the_cli_refuses_a_bad_keymap_with_one_line_and_exit_2(tmp_path, content, words, command):
     path = write_config(tmp_path / "config", content)
     args = [] if command == "dashboard" else ["watch", str(os.getpid())]
-    completed = run_cli(args, tmp_path / "h.sqlite", timeout_s=120,
-                        extra_env={"XDG_CONFIG_HOME": str(tmp_path / "config")})
+    completed = run_cli(
+        args, tmp_path / "h.sqlite", timeout_s=120, extra_env={"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    )
     assert completed.returncode == 2, completed.stderr
     (line,) = completed.stderr.splitlines()
     assert line.startswith(f"gpuanat: error: {path}: ") and words in line
     assert completed.stdout == ""
 
 
-def start_in_terminal(args: list[str], env: dict[str, str], *,
-                      stderr_to_terminal: bool) -> tuple[subprocess.Popen[bytes], int]:
+def start_in_terminal(
+    args: list[str], env: dict[str, str], *, stderr_to_terminal: bool
+) -> tuple[subprocess.Popen[bytes], int]:
     """The real CLI with a pseudo-terminal as stdin and stdout, and as stderr when `stderr_to_terminal` (Textual
     draws on stderr), else stderr is a pipe, to be read whole."""
     controller, terminal = pty.openpty()
     ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    process = subprocess.Popen([sys.executable, "-m", "gpuanat", *args], env={**env, "TERM": "xterm-256color"},
-                               cwd=REPO, stdin=terminal, stdout=terminal,
-                               stderr=terminal if stderr_to_terminal else subprocess.PIPE, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuanat", *args],
+        env={**env, "TERM": "xterm-256color"},
+        cwd=REPO,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal if stderr_to_terminal else subprocess.PIPE,
+        start_new_session=True,
+    )
     os.close(terminal)
     return process, controller
 

@@ -23,6 +23,7 @@ async def until_probed(app, pilot) -> None:
     while app.capabilities is None:
         await pilot.pause()
 
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])
 async def test_question_mark_lists_every_key_grouped_with_what_each_technique_does(tmp_path, size):
@@ -83,13 +84,24 @@ def cpu_app(tmp_path, config: RunConfig):
     from gpuanat.core.run.config import Capabilities
     from gpuanat.tui.app import GpuAnatApp
 
-    cpu = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build",
-                       bitsandbytes_error="ModuleNotFoundError: No module named 'bitsandbytes'")
-    no_nvml = NvmlStatus(available=False, reason="no NVIDIA driver", driver_version=None, cuda_driver_version=None,
-                         gpu_names=())
-    return GpuAnatApp(config, db_path=tmp_path / "h.sqlite", sampler_factory=lambda: (HostOnlySource(), no_nvml),
-                      capabilities_probe=lambda: cpu, sample_interval_s=None, paint_interval_s=3600,
-                      clock=lambda: 1_000.0)
+    cpu = Capabilities(
+        torch_version="2.13.0+cpu",
+        cuda_available=False,
+        reason="CPU-only build",
+        bitsandbytes_error="ModuleNotFoundError: No module named 'bitsandbytes'",
+    )
+    no_nvml = NvmlStatus(
+        available=False, reason="no NVIDIA driver", driver_version=None, cuda_driver_version=None, gpu_names=()
+    )
+    return GpuAnatApp(
+        config,
+        db_path=tmp_path / "h.sqlite",
+        sampler_factory=lambda: (HostOnlySource(), no_nvml),
+        capabilities_probe=lambda: cpu,
+        sample_interval_s=None,
+        paint_interval_s=3600,
+        clock=lambda: 1_000.0,
+    )
 
 
 def panel_text(app) -> str:
@@ -109,8 +121,9 @@ async def test_every_unavailable_value_is_red_with_its_reason(tmp_path):
     """On a CPU box, fp16, tf32, expandable segments and 8-bit Adam are each marked, and the panel says how many."""
     from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
 
-    config = RunConfig(device="cpu", preset="tiny", precision="fp16", tf32=True, expandable_segments=True,
-                       optim="adamw_bnb_8bit")
+    config = RunConfig(
+        device="cpu", preset="tiny", precision="fp16", tf32=True, expandable_segments=True, optim="adamw_bnb_8bit"
+    )
     app = cpu_app(tmp_path, config)
     async with app.run_test(size=(120, 40)) as pilot:
         await until_probed(app, pilot)

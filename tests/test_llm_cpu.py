@@ -29,10 +29,16 @@ def _config(result: dict) -> RunConfig:
     return RunConfig.from_json(result["config"])
 
 
-@pytest.mark.parametrize("extra", [[], ["--lora", "8"], ["--lora", "4", "--lora-targets", "q_proj,v_proj",
-                                                          "--precision", "bf16"],
-                                   ["--weights-dtype", "bf16", "--precision", "bf16"]],
-                         ids=["full", "lora", "lora-qv-bf16", "bf16-weights"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["--lora", "8"],
+        ["--lora", "4", "--lora-targets", "q_proj,v_proj", "--precision", "bf16"],
+        ["--weights-dtype", "bf16", "--precision", "bf16"],
+    ],
+    ids=["full", "lora", "lora-qv-bf16", "bf16-weights"],
+)
 def test_a_causal_lm_trains_and_its_exact_bands_are_what_predict_says(db_path, extra):
     completed = run_cli(["run", *LLAMA_TINY, *extra, "--json"], db_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -66,8 +72,9 @@ def test_a_bare_config_json_trains_with_random_weights_and_the_head_its_architec
     llama = tmp_path / "llama" / "config.json"
     llama.parent.mkdir()
     preset_model_config(PRESETS["llama-tiny"]).to_json_file(llama)
-    completed = run_cli(["run", "--model", str(llama), "--device", "cpu", "--seq-len", "16", "--samples", "8",
-                         "--json"], db_path)
+    completed = run_cli(
+        ["run", "--model", str(llama), "--device", "cpu", "--seq-len", "16", "--samples", "8", "--json"], db_path
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     assert result["status"] == "ok"
@@ -80,13 +87,15 @@ def test_a_config_json_that_is_not_one_is_refused_before_torch(tmp_path, db_path
     broken.write_text(json.dumps({"hidden_size": 64}))
     completed = run_cli(["run", "--model", str(broken), "--device", "cpu"], db_path, timeout_s=60)
     assert completed.returncode == 2
-    assert completed.stderr.strip() == (f"gpuanat: error: --model: {broken} has no model_type: a config.json as "
-                                        "transformers writes it is needed")
+    assert completed.stderr.strip() == (
+        f"gpuanat: error: --model: {broken} has no model_type: a config.json as transformers writes it is needed"
+    )
 
 
 def test_lora_needs_peft_and_one_gpu_ddp_or_fsdp():
-    without_peft = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_compute_capability=(9, 0),
-                                peft_error="peft is not installed")
+    without_peft = Capabilities(
+        torch_version="2.11.0", cuda_available=True, cuda_compute_capability=(9, 0), peft_error="peft is not installed"
+    )
     flag, reason = machine_unsupported_reason(RunConfig(preset="llama-tiny", lora=8), without_peft)
     assert flag == "--lora" and "gpuanat[llm]" in reason and "not installed" in reason
     validate_values(RunConfig(preset="llama-tiny", lora=8, gpus="2", distributed="fsdp"))
@@ -103,11 +112,13 @@ def test_predict_says_what_no_measurement_has_checked():
     mistral = prediction_json(RunConfig(preset="mistral-7b", lora=16, precision="bf16"))
     assert mistral["confidence"] == "unchecked" and "no mistral decoder was measured" in mistral["caveat"]
     # mistral-7b under FSDP2 on 2 and 4 H200s (docs/several-gpus.md)
-    sharded = prediction_json(RunConfig(preset="mistral-7b", lora=16, precision="bf16", grad_checkpointing=True,
-                                        gpus="2", distributed="fsdp"))
+    sharded = prediction_json(
+        RunConfig(preset="mistral-7b", lora=16, precision="bf16", grad_checkpointing=True, gpus="2", distributed="fsdp")
+    )
     assert sharded["confidence"] == "checked"
-    decoder = prediction_json(RunConfig(preset="llama-3.1-8b", lora=16, precision="bf16", seq_len=2048,
-                                        batch_size=1, grad_checkpointing=True))
+    decoder = prediction_json(
+        RunConfig(preset="llama-3.1-8b", lora=16, precision="bf16", seq_len=2048, batch_size=1, grad_checkpointing=True)
+    )
     assert decoder["confidence"] == "checked"
     # exact: a 16-bit base of 8.03B parameters and 42M fp32 adapters with their gradients and AdamW's moments
     adapters = lora_shapes(PRESETS["llama-3.1-8b"], RunConfig(preset="llama-3.1-8b", lora=16)).params
@@ -145,15 +156,33 @@ async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_
         assert "of which logits" in html.unescape(app.export_screenshot()).replace("\xa0", " ")
     assert result["status"] == "ok", result.get("error")
     assert (result["config"]["preset"], result["config"]["lora"]) == ("llama-tiny", 8)
-    assert result["trainable_params"] == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny",
-                                                                                      lora=8)).params
+    assert (
+        result["trainable_params"] == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny", lora=8)).params
+    )
 
 
 def test_the_gpt2_preset_trains_the_docs_classifier_not_a_language_model(db_path):
     """GPT-2's config is a decoder's, but the preset is the HF docs' 2-label classifier: the H100 showed the worker
     training a causal LM for it (1.53 GiB of logits) while predict counted a classifier."""
-    completed = run_cli(["run", "--preset", "gpt2", "--device", "cpu", "--seq-len", "16", "--samples", "6",
-                         "--batch-size", "2", "--max-steps", "3", "--json"], db_path)
+    completed = run_cli(
+        [
+            "run",
+            "--preset",
+            "gpt2",
+            "--device",
+            "cpu",
+            "--seq-len",
+            "16",
+            "--samples",
+            "6",
+            "--batch-size",
+            "2",
+            "--max-steps",
+            "3",
+            "--json",
+        ],
+        db_path,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     assert result["status"] == "ok"
@@ -177,8 +206,9 @@ def test_lora_dropout_trains_and_adds_what_predict_says_to_the_activations(db_pa
         runs[dropout] = last_json(completed.stdout)
     assert runs["0.1"]["config"]["lora_dropout"] == 0.1 and "dropout0.1" in _config(runs["0.1"]).techniques_summary()
     measured = runs["0.1"]["bands"]["activations_bytes"] - runs["0"]["bands"]["activations_bytes"]
-    predicted = (estimate_memory(_config(runs["0.1"])).activations_bytes
-                 - estimate_memory(_config(runs["0"])).activations_bytes)
+    predicted = (
+        estimate_memory(_config(runs["0.1"])).activations_bytes - estimate_memory(_config(runs["0"])).activations_bytes
+    )
     assert predicted == 512 * 5 * 128 * 2
     assert measured == pytest.approx(predicted, rel=0.10)
 
@@ -195,8 +225,27 @@ def test_lora_dropout_is_a_probability_on_lora_adapters():
 def test_a_classifier_held_in_bf16_has_the_bands_predict_says(db_path):
     """--weights-dtype bf16 on the BERT-shaped tiny preset: weights, gradients and AdamW's moments at 2 bytes a
     parameter, counted by the probe from the real tensors, equal to predict's."""
-    completed = run_cli(["run", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "32",
-                         "--batch-size", "4", "--weights-dtype", "bf16", "--precision", "bf16", "--json"], db_path)
+    completed = run_cli(
+        [
+            "run",
+            "--preset",
+            "tiny",
+            "--device",
+            "cpu",
+            "--seq-len",
+            "32",
+            "--samples",
+            "32",
+            "--batch-size",
+            "4",
+            "--weights-dtype",
+            "bf16",
+            "--precision",
+            "bf16",
+            "--json",
+        ],
+        db_path,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     predicted = estimate_memory(_config(result))
@@ -209,11 +258,14 @@ def test_a_classifier_held_in_bf16_has_the_bands_predict_says(db_path):
     assert predicted.gradients_bytes * 2 == fp32.gradients_bytes
 
 
-@pytest.mark.parametrize(("changes", "words"), [
-    ({"weights_dtype": "bf16"}, "give --precision bf16 too"),
-    ({"weights_dtype": "bf16", "precision": "bf16", "lora": 8}, "held in 16 bits already"),
-    ({"weights_dtype": "fp16", "precision": "bf16"}, "use bf16"),
-])
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"weights_dtype": "bf16"}, "give --precision bf16 too"),
+        ({"weights_dtype": "bf16", "precision": "bf16", "lora": 8}, "held in 16 bits already"),
+        ({"weights_dtype": "fp16", "precision": "bf16"}, "use bf16"),
+    ],
+)
 def test_a_weights_dtype_that_cannot_train_is_refused_with_its_reason(changes, words):
     with pytest.raises(ConfigError, match="--weights-dtype") as raised:
         validate_values(RunConfig(preset="llama-tiny", **changes))

@@ -15,17 +15,49 @@ import llm_matrix
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
-RECORD_KEYS = {"key", "config", "status", "steps", "max_memory_allocated_bytes", "max_memory_reserved_bytes",
-               "params_total", "params_trainable", "weights_bytes_by_dtype", "logits_bytes", "bands", "seconds",
-               "build_s", "train_s", "predicted", "allocated_at_start_bytes", "build_peak_allocated_bytes"}
+RECORD_KEYS = {
+    "key",
+    "config",
+    "status",
+    "steps",
+    "max_memory_allocated_bytes",
+    "max_memory_reserved_bytes",
+    "params_total",
+    "params_trainable",
+    "weights_bytes_by_dtype",
+    "logits_bytes",
+    "bands",
+    "seconds",
+    "build_s",
+    "train_s",
+    "predicted",
+    "allocated_at_start_bytes",
+    "build_peak_allocated_bytes",
+}
 
 
 def test_the_smoke_set_trains_every_configuration_on_the_cpu(tmp_path):
     out = tmp_path / "smoke.json"
     completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "llm_matrix.py"), "--set", "smoke", "--device", "cpu", "--steps", "1",
-         "--out", str(out), "--model-dir", str(tmp_path / "models")],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            str(BENCHMARKS / "llm_matrix.py"),
+            "--set",
+            "smoke",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--out",
+            str(out),
+            "--model-dir",
+            str(tmp_path / "models"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     assert [run["key"] for run in runs] == [case.key for case in llm_matrix.smoke_set("cpu")]
@@ -67,10 +99,13 @@ def test_liger_patches_are_put_back_after_the_configuration(tmp_path):
     assert modeling_llama.LlamaMLP is original_mlp
     assert modeling_llama.LlamaForCausalLM.__dict__["forward"] is original_forward
     assert not hasattr(modeling_llama, "liger_added_global")
-    with llm_matrix.liger_patched(llm_matrix.Case("qwen3-0.6b", "causal-lm", 64, 2, liger=True,
-                                                  liger_loss=False)) as info:  # a config.json's family
+    with llm_matrix.liger_patched(
+        llm_matrix.Case("qwen3-0.6b", "causal-lm", 64, 2, liger=True, liger_loss=False)
+    ) as info:  # a config.json's family
         assert not info["fused_linear_cross_entropy"]
         arguments, _ = llm_matrix.training_arguments(
             llm_matrix.Case("qwen3-0.6b", "causal-lm", 64, 2, liger=True, liger_loss=False),
-            llm_matrix.Context(device="cpu", steps=1, probe=False, qlora=None), str(tmp_path))
+            llm_matrix.Context(device="cpu", steps=1, probe=False, qlora=None),
+            str(tmp_path),
+        )
         assert arguments.use_liger_kernel and arguments.liger_kernel_config == {"fused_linear_cross_entropy": False}

@@ -23,8 +23,10 @@ from gpuanat.core.measure.anatomy import stack_problems
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.watch.loop_kind import probe_hint, script_of
 
-SCRIPTS = {"plain": REPO / "tests" / "scripts" / "tiny_plain_loop.py",
-           "lightning": REPO / "tests" / "scripts" / "tiny_lightning.py"}
+SCRIPTS = {
+    "plain": REPO / "tests" / "scripts" / "tiny_plain_loop.py",
+    "lightning": REPO / "tests" / "scripts" / "tiny_lightning.py",
+}
 RUNS = {  # 64 samples in batches of 4: 16 optimizer steps, 8 with accumulation over 2
     "plain": (SCRIPTS["plain"], ["--probe"]),
     "plain_accum": (SCRIPTS["plain"], ["--probe", "--grad-accum", "2"]),
@@ -38,8 +40,10 @@ RUNS = {  # 64 samples in batches of 4: 16 optimizer steps, 8 with accumulation 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     db = tmp_path_factory.mktemp("loops") / "history.sqlite"
-    processes = {name: start_cli(["run", "--json", "--script", str(script), "--", *args], db)
-                 for name, (script, args) in RUNS.items()}
+    processes = {
+        name: start_cli(["run", "--json", "--script", str(script), "--", *args], db)
+        for name, (script, args) in RUNS.items()
+    }
     outputs = {}
     for name, process in processes.items():
         stdout, stderr = process.communicate(timeout=600)
@@ -89,14 +93,26 @@ def _start_script(tmp_path: Path, script: Path, *args: str) -> tuple[subprocess.
     runtime_dir = tmp_path / "runtime"
     runtime_dir.mkdir(mode=0o700, exist_ok=True)
     env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
-    process = subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return process, env
 
 
 def _watch(pid: int, env: dict[str, str], *args: str, timeout_s: float = 240) -> list[dict]:
-    watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(pid), "--json", *args], env=env,
-                             cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    watcher = subprocess.run(
+        [sys.executable, "-m", "gpuanat", "watch", str(pid), "--json", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     assert watcher.returncode == 0, watcher.stderr
     return [json.loads(line) for line in watcher.stdout.splitlines()]
 
@@ -138,9 +154,12 @@ def test_an_fsdp2_loop_under_torchrun_is_watched_rank_by_rank(tmp_path):
     finally:
         os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=60)
-    both = [record for record in records if len(record.get("ranks") or []) == 2
-            and all(rank["step"] is not None and rank["bands"]["weights_bytes"] is not None
-                    for rank in record["ranks"])]
+    both = [
+        record
+        for record in records
+        if len(record.get("ranks") or []) == 2
+        and all(rank["step"] is not None and rank["bands"]["weights_bytes"] is not None for rank in record["ranks"])
+    ]
     assert both, "no record showed both ranks with their bands"
     reference = tiny_model_reference()
     for record in both:
@@ -188,7 +207,8 @@ def test_a_loop_that_does_not_say_how_long_it_runs_is_measured_all_the_same():
 
 SLEEP_FIRST = "import time\n\ntime.sleep(30)  # a slow start: the watch reads the script meanwhile\n"
 NO_PROBE_SCRIPTS = {  # scripts as users write them, without gpuanat; read by the watch, never run that far
-    "plain": SLEEP_FIRST + """import torch
+    "plain": SLEEP_FIRST
+    + """import torch
 
 model = torch.nn.Linear(4, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -197,7 +217,8 @@ for _ in range(10):
     optimizer.step()
     optimizer.zero_grad()
 """,
-    "lightning": SLEEP_FIRST + """import lightning as L
+    "lightning": SLEEP_FIRST
+    + """import lightning as L
 from transformers import AutoModelForCausalLM
 
 class Module(L.LightningModule):
@@ -205,16 +226,19 @@ class Module(L.LightningModule):
 
 L.Trainer(max_steps=10).fit(Module())
 """,
-    "trainer": SLEEP_FIRST + """from datasets import load_dataset
+    "trainer": SLEEP_FIRST
+    + """from datasets import load_dataset
 from trl import SFTConfig, SFTTrainer
 
 trainer = SFTTrainer(model="Qwen/Qwen3-0.6B", args=SFTConfig(output_dir="out"), train_dataset=load_dataset("x"))
 trainer.train()
 """,
 }
-PROBES = {"plain": "gpuanat.probe.track(model, optimizer)",
-          "lightning": "gpuanat.probe.LightningAnatomyCallback()",
-          "trainer": "trainer.add_callback(gpuanat.probe.AnatomyCallback())"}
+PROBES = {
+    "plain": "gpuanat.probe.track(model, optimizer)",
+    "lightning": "gpuanat.probe.LightningAnatomyCallback()",
+    "trainer": "trainer.add_callback(gpuanat.probe.AnatomyCallback())",
+}
 
 
 @pytest.mark.parametrize("loop", ["plain", "lightning", "trainer"])
@@ -249,17 +273,24 @@ def test_a_script_with_a_probe_that_is_still_starting_is_waited_for(tmp_path):
     assert waiting and all(not record["published"] for record in waiting)
     for record in waiting:
         assert record["publication_reason"].startswith("waiting for the probe")
-        assert record["probe_hint"] == {"script": str(SCRIPTS["plain"]), "loop": "plain", "has_probe": True,
-                                        "short": "waiting for the probe…"}
+        assert record["probe_hint"] == {
+            "script": str(SCRIPTS["plain"]),
+            "loop": "plain",
+            "has_probe": True,
+            "short": "waiting for the probe…",
+        }
 
 
-@pytest.mark.parametrize("command", [
-    ["python3", "train.py", "--lr", "1e-4"],
-    ["/usr/bin/python3", "-u", "train.py"],
-    ["torchrun", "--nproc-per-node", "8", "train.py", "--config", "x.yaml"],
-    ["python", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"],
-    ["accelerate", "launch", "--num_processes", "2", "train.py"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["python3", "train.py", "--lr", "1e-4"],
+        ["/usr/bin/python3", "-u", "train.py"],
+        ["torchrun", "--nproc-per-node", "8", "train.py", "--config", "x.yaml"],
+        ["python", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"],
+        ["accelerate", "launch", "--num_processes", "2", "train.py"],
+    ],
+)
 def test_the_script_of_a_launcher_s_command_line_is_found(tmp_path, command):
     (tmp_path / "train.py").write_text("import lightning\n")
     assert script_of(command, str(tmp_path)) == tmp_path / "train.py"

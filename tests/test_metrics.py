@@ -42,13 +42,26 @@ class Prometheus:
     def __init__(self, folder: Path, targets: list[str]) -> None:
         self.port = free_port()
         config = folder / "prometheus.yml"
-        config.write_text(json.dumps({  # YAML is a superset of JSON
-            "global": {"scrape_interval": "500ms", "scrape_timeout": "400ms"},
-            "scrape_configs": [{"job_name": "gpuanat", "honor_labels": True,
-                                "static_configs": [{"targets": targets}]}]}))
+        config.write_text(
+            json.dumps(
+                {  # YAML is a superset of JSON
+                    "global": {"scrape_interval": "500ms", "scrape_timeout": "400ms"},
+                    "scrape_configs": [
+                        {"job_name": "gpuanat", "honor_labels": True, "static_configs": [{"targets": targets}]}
+                    ],
+                }
+            )
+        )
         self.process = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -97,8 +110,10 @@ def test_prometheus_scrapes_a_run_and_its_bands_equal_the_result(tmp_path):
     prometheus = Prometheus(tmp_path, [f"127.0.0.1:{port}"])
     try:
         prometheus.wait_for_scraping(f"127.0.0.1:{port}")
-        run = start_cli(["run", *TINY_CPU, "--samples", "400", "--json", "--metrics", f"127.0.0.1:{port}",
-                         "--name", "scraped"], tmp_path / "history.sqlite")
+        run = start_cli(
+            ["run", *TINY_CPU, "--samples", "400", "--json", "--metrics", f"127.0.0.1:{port}", "--name", "scraped"],
+            tmp_path / "history.sqlite",
+        )
         stdout, stderr = run.communicate(timeout=300)
         assert run.returncode == 0, stderr[-3000:]
         assert f"gpuanat: Prometheus metrics at http://127.0.0.1:{port}/metrics" in stderr
@@ -135,13 +150,25 @@ def test_prometheus_scrapes_every_rank_of_a_torchrun_job_through_its_probes_and_
     prometheus = Prometheus(tmp_path, targets)
     for target in targets:
         prometheus.wait_for_scraping(target)
-    job, env = start_torchrun_job(tmp_path, REPO / "tests" / "scripts" / "tiny_plain_loop.py", "--probe",
-                                  "--samples", "4000", "--hold-s", "1",
-                                  job_env={"GPUANAT_METRICS": f"127.0.0.1:{base}", "GPUANAT_METRICS_JOB": "ddp-job"})
+    job, env = start_torchrun_job(
+        tmp_path,
+        REPO / "tests" / "scripts" / "tiny_plain_loop.py",
+        "--probe",
+        "--samples",
+        "4000",
+        "--hold-s",
+        "1",
+        job_env={"GPUANAT_METRICS": f"127.0.0.1:{base}", "GPUANAT_METRICS_JOB": "ddp-job"},
+    )
     try:
-        watch = subprocess.run([*WATCH, str(job.pid), "--json", "--duration", "5", "--metrics",
-                                f"127.0.0.1:{watch_port}"], env=env, cwd=REPO, capture_output=True, text=True,
-                               timeout=120)
+        watch = subprocess.run(
+            [*WATCH, str(job.pid), "--json", "--duration", "5", "--metrics", f"127.0.0.1:{watch_port}"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         records = [json.loads(line) for line in watch.stdout.splitlines()]
         deadline = time.monotonic() + 30
         while not all(prometheus.scrapes_of(target) >= 2 for target in targets) and time.monotonic() < deadline:
@@ -162,9 +189,17 @@ def test_prometheus_scrapes_every_rank_of_a_torchrun_job_through_its_probes_and_
 
 
 def test_the_exposition_parses_with_prometheus_client_and_labels_match_dcgm():
-    snapshot = RankSnapshot(rank=1, run_id="7", gpu_index=3, gpu_uuid="GPU-abc", bands={
-        "weights_bytes": 100, "gradients_bytes": 0, "free_bytes": None}, samples_per_second=2.5,
-        step_phase_seconds={"forward": 0.1, "gpu wait": 0.0}, model="bert-large", techniques="bs4 bf16")
+    snapshot = RankSnapshot(
+        rank=1,
+        run_id="7",
+        gpu_index=3,
+        gpu_uuid="GPU-abc",
+        bands={"weights_bytes": 100, "gradients_bytes": 0, "free_bytes": None},
+        samples_per_second=2.5,
+        step_phase_seconds={"forward": 0.1, "gpu wait": 0.0},
+        model="bert-large",
+        techniques="bs4 bf16",
+    )
     from prometheus_client import CollectorRegistry, generate_latest
 
     class Source:
@@ -178,21 +213,34 @@ def test_the_exposition_parses_with_prometheus_client_and_labels_match_dcgm():
     assert bands == {"weights": 100.0, "gradients": 0.0}  # a band not known now is no sample, never 0
     labels = families["gpuanat_memory_band_bytes"].samples[0].labels
     assert {key: labels[key] for key in ("gpu", "UUID", "Hostname", "rank", "job", "run_id")} == {
-        "gpu": "3", "UUID": "GPU-abc", "Hostname": "node-7", "rank": "1", "job": "j", "run_id": "7"}
+        "gpu": "3",
+        "UUID": "GPU-abc",
+        "Hostname": "node-7",
+        "rank": "1",
+        "job": "j",
+        "run_id": "7",
+    }
     assert families["gpuanat_step_phase_seconds"].samples[1].labels["phase"] == "gpu wait"
     assert families["gpuanat_run_status"].samples[0].labels["status"] == "training"
 
 
-@pytest.mark.parametrize(("text", "expected"), [("9400", ("127.0.0.1", 9400)), ("0.0.0.0:9400", ("0.0.0.0", 9400)),
-                                                ("[::1]:0", ("::1", 0))])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("9400", ("127.0.0.1", 9400)), ("0.0.0.0:9400", ("0.0.0.0", 9400)), ("[::1]:0", ("::1", 0))]
+)
 def test_addresses(text, expected):
     assert parse_address(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "x", "70000", "host:", "-1"])
 def test_a_bad_address_is_refused_at_the_command_line(text, tmp_path):
-    completed = subprocess.run([sys.executable, "-m", "gpuanat", "run", "--metrics", text], env=cli_env(None),
-                               cwd=REPO, capture_output=True, text=True, timeout=60)
+    completed = subprocess.run(
+        [sys.executable, "-m", "gpuanat", "run", "--metrics", text],
+        env=cli_env(None),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert completed.returncode == 2 and "--metrics" in completed.stderr and "[HOST:]PORT" in completed.stderr
 
 
@@ -201,9 +249,14 @@ def test_a_port_taken_is_a_clear_error(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        completed = subprocess.run([sys.executable, "-m", "gpuanat", "run", *TINY_CPU, "--metrics", str(port)],
-                                   env=cli_env(tmp_path / "h.sqlite"), cwd=REPO, capture_output=True, text=True,
-                                   timeout=120)
+        completed = subprocess.run(
+            [sys.executable, "-m", "gpuanat", "run", *TINY_CPU, "--metrics", str(port)],
+            env=cli_env(tmp_path / "h.sqlite"),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert completed.returncode == 2
     assert f"--metrics: cannot listen on 127.0.0.1:{port}" in completed.stderr
 
@@ -211,11 +264,28 @@ def test_a_port_taken_is_a_clear_error(tmp_path):
 def test_the_grafana_dashboard_queries_only_what_gpuanat_exports():
     dashboard = json.loads((REPO / "deploy" / "grafana" / "gpuanat.json").read_text())
     queried = set(re.findall(r"gpuanat_[a-z_]+", json.dumps(dashboard)))
-    families = metric_families([RankSnapshot(rank=0, bands={"weights_bytes": 1}, gradients_after_backward_bytes=1,
-                                             device_used_bytes=1, device_total_bytes=1, gpu_util_percent=1, step=1,
-                                             total_steps=1, samples_per_second=1, tokens_per_second=1,
-                                             achieved_tflops=1, mfu=0.1, step_phase_seconds={"data": 1},
-                                             predicted_peak_bytes=1)], hostname="h", job="j")
+    families = metric_families(
+        [
+            RankSnapshot(
+                rank=0,
+                bands={"weights_bytes": 1},
+                gradients_after_backward_bytes=1,
+                device_used_bytes=1,
+                device_total_bytes=1,
+                gpu_util_percent=1,
+                step=1,
+                total_steps=1,
+                samples_per_second=1,
+                tokens_per_second=1,
+                achieved_tflops=1,
+                mfu=0.1,
+                step_phase_seconds={"data": 1},
+                predicted_peak_bytes=1,
+            )
+        ],
+        hostname="h",
+        job="j",
+    )
     exported = {family.name for family in families}
     assert queried and queried <= exported, queried - exported
     assert {"gpuanat_memory_band_bytes", "gpuanat_mfu_ratio", "gpuanat_step_phase_seconds"} <= queried
@@ -244,9 +314,21 @@ async def test_the_dashboard_tells_its_metrics_about_its_runs(db_path):
 
 def test_a_script_run_with_metrics_has_its_probe_serve_them(tmp_path):
     port = free_port()
-    completed = run_cli(["run", "--json", "--metrics", f"127.0.0.1:{port}", "--name", "served script", "--script",
-                         str(REPO / "tests" / "scripts" / "tiny_plain_loop.py"), "--", "--probe"],
-                        tmp_path / "history.sqlite")
+    completed = run_cli(
+        [
+            "run",
+            "--json",
+            "--metrics",
+            f"127.0.0.1:{port}",
+            "--name",
+            "served script",
+            "--script",
+            str(REPO / "tests" / "scripts" / "tiny_plain_loop.py"),
+            "--",
+            "--probe",
+        ],
+        tmp_path / "history.sqlite",
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     log = Path(last_json(completed.stdout)["log_path"]).read_text()
     assert f"gpuanat: rank 0 metrics at http://127.0.0.1:{port}/metrics" in log

@@ -32,8 +32,9 @@ def profiled(tmp_path_factory):
     history), its trace, the history, and the summary it printed."""
     folder = tmp_path_factory.mktemp("profiled")
     trace = folder / "trace.json"
-    completed = run_cli(["run", *TINY, "--profile-ops", "2", "--profile-ops-trace", str(trace)],
-                        folder / "history.sqlite")
+    completed = run_cli(
+        ["run", *TINY, "--profile-ops", "2", "--profile-ops-trace", str(trace)], folder / "history.sqlite"
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     listed = run_cli(["history", "--json"], folder / "history.sqlite")
     (row,) = json.loads(listed.stdout)
@@ -93,19 +94,22 @@ def test_the_summary_prints_the_table_beside_the_paper(profiled):
     *_, stdout = profiled
     lines = stdout.splitlines()
     start = next(index for index, line in enumerate(lines) if line.startswith("Operations: 2 profiled steps"))
-    table = lines[start + 1:start + 8]
+    table = lines[start + 1 : start + 8]
     assert "paper time" in table[0]
     assert table[1].split()[:2] == ["tensor", "contractions"] and "61.0%" in table[1] and "99.80%" in table[1]
     assert "25.5%" in table[2] and "13.5%" in table[3]
     assert "left out of the steady samples/s" in lines[start + 8]
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--profile-ops-trace", "/tmp/x.json"], "give --profile-ops too"),
-    (["--profile-ops", "0"], "profile 1 to 50 steps"),
-    (["--profile-ops", "lots"], "profile 1 to 50 steps"),
-    (["--profile-ops", "--profile-ops-trace", "/no/such/folder/x.json"], "no such folder"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--profile-ops-trace", "/tmp/x.json"], "give --profile-ops too"),
+        (["--profile-ops", "0"], "profile 1 to 50 steps"),
+        (["--profile-ops", "lots"], "profile 1 to 50 steps"),
+        (["--profile-ops", "--profile-ops-trace", "/no/such/folder/x.json"], "no such folder"),
+    ],
+)
 def test_bad_profile_options_get_one_line_and_exit_2(tmp_path, args, words):
     completed = run_cli(["run", *TINY, *args], tmp_path / "history.sqlite", timeout_s=60)
     assert completed.returncode == 2
@@ -121,8 +125,9 @@ def test_contraction_flops_follow_torchs_flop_counter():
     assert contraction_flops("aten::bmm", [[8, 512, 64], [8, 64, 512]]) == 2 * 8 * 512 * 64 * 512
     q = [4, 16, 512, 64]
     assert contraction_flops("aten::_scaled_dot_product_flash_attention", [q, q, q]) == sdpa_flop_count(q, q, q)
-    assert contraction_flops("aten::_scaled_dot_product_efficient_attention_backward", [q, q, q, q]) \
-        == sdpa_backward_flop_count(q, q, q, q)
+    assert contraction_flops(
+        "aten::_scaled_dot_product_efficient_attention_backward", [q, q, q, q]
+    ) == sdpa_backward_flop_count(q, q, q, q)
     kv = [4, 4, 512, 64]  # grouped-query attention: fewer key/value heads
     assert contraction_flops("aten::_scaled_dot_product_cudnn_attention", [q, kv, kv]) == sdpa_flop_count(q, kv, kv)
     assert contraction_flops("aten::gelu", [[4, 512]]) is None
@@ -135,22 +140,32 @@ def test_memory_bound_operators_are_counted_from_their_elements_and_bytes():
     assert estimated_flops("other", [[4, 512]]) is None
     assert estimated_flops("normalizations", [[4, 512, 1024]], "aten::sum") == 4 * 512 * 1024  # a reduction
     assert moved_bytes("aten::add", [[1024], [1024]], ["float", "float"]) == 3 * 4096
-    assert moved_bytes("aten::mm", [[256, 64], [64, 128]], ["c10::BFloat16", "c10::BFloat16"]) \
-        == 2 * (256 * 64 + 64 * 128 + 256 * 128)
+    assert moved_bytes("aten::mm", [[256, 64], [64, 128]], ["c10::BFloat16", "c10::BFloat16"]) == 2 * (
+        256 * 64 + 64 * 128 + 256 * 128
+    )
     assert moved_bytes("aten::add", [[1024]], []) is None  # a profiler that records no dtypes
 
 
 def _row(name, group, time_s, flops=None, op=None):
-    return KernelRow(name=name, op=op, optimizer=group == "optimizer", group=group, calls=1, time_s=time_s,
-                     flops=flops)
+    return KernelRow(name=name, op=op, optimizer=group == "optimizer", group=group, calls=1, time_s=time_s, flops=flops)
 
 
 def test_groups_share_the_device_time_and_the_counted_flops():
-    event = Operations(device="cuda", first_step=6, profiled_steps=3, wall_s=0.5, processing_s=1.0, kernels=[
-        _row("gemm", "contractions", 0.6, 9.98e11), _row("softmax", "normalizations", 0.25, 1.7e9),
-        _row("gelu", "elementwise", 0.1, 3e8), _row("adam", "optimizer", 0.04),
-        _row("Memset (Device)", "memory_copies", 0.01), _row("weird", "not-a-group", 0.0),
-    ])
+    event = Operations(
+        device="cuda",
+        first_step=6,
+        profiled_steps=3,
+        wall_s=0.5,
+        processing_s=1.0,
+        kernels=[
+            _row("gemm", "contractions", 0.6, 9.98e11),
+            _row("softmax", "normalizations", 0.25, 1.7e9),
+            _row("gelu", "elementwise", 0.1, 3e8),
+            _row("adam", "optimizer", 0.04),
+            _row("Memset (Device)", "memory_copies", 0.01),
+            _row("weird", "not-a-group", 0.0),
+        ],
+    )
     anatomy = operations_anatomy(event)
     assert [anatomy[group]["time_share"] for group in GROUPS] == pytest.approx([0.6, 0.25, 0.1, 0.04, 0.01, 0.0])
     assert anatomy["contractions"]["flop_share"] == pytest.approx(9.98e11 / (9.98e11 + 1.7e9 + 3e8))
@@ -162,32 +177,53 @@ def test_groups_share_the_device_time_and_the_counted_flops():
 
 
 def test_a_hostile_kernel_name_is_printed_escaped():
-    event = Operations(device="cuda", first_step=6, profiled_steps=1, wall_s=0.1, processing_s=0.1, kernels=[
-        _row("triton_poi_\x1b[31mred\x1b]0;title\x07", "elementwise", 0.1)], trace_path="/tmp/\x1b[2Jtrace")
+    event = Operations(
+        device="cuda",
+        first_step=6,
+        profiled_steps=1,
+        wall_s=0.1,
+        processing_s=0.1,
+        kernels=[_row("triton_poi_\x1b[31mred\x1b]0;title\x07", "elementwise", 0.1)],
+        trace_path="/tmp/\x1b[2Jtrace",
+    )
     text = "\n".join(summary_lines(operations_anatomy(event)))
     assert "\x1b" not in text and "\x07" not in text and "\\x1b[31mred" in text
 
 
-@pytest.mark.parametrize("name, op, group", [
-    ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, [lambda(float) (instance 1)]>>(…)",
-     "aten::sum", "normalizations"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)", None, "elementwise"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)",
-     "aten::embedding_dense_backward", "other"),
-    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>(int)", "aten::_to_copy",
-     "elementwise"),
-    ("triton_per_fused_add_native_layer_norm_3", None, "normalizations"),
-    ("triton_poi_fused_gelu_1", None, "elementwise"),
-    ("triton_tem_fused_mm_0", None, "contractions"),
-    ("Memcpy HtoD (Pageable -> Device)", "aten::to", "memory_copies"),
-])
+@pytest.mark.parametrize(
+    "name, op, group",
+    [
+        (
+            "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, [lambda(float) (instance 1)]>>(…)",
+            "aten::sum",
+            "normalizations",
+        ),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)", None, "elementwise"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)",
+            "aten::embedding_dense_backward",
+            "other",
+        ),
+        (
+            "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>(int)",
+            "aten::_to_copy",
+            "elementwise",
+        ),
+        ("triton_per_fused_add_native_layer_norm_3", None, "normalizations"),
+        ("triton_poi_fused_gelu_1", None, "elementwise"),
+        ("triton_tem_fused_mm_0", None, "contractions"),
+        ("Memcpy HtoD (Pageable -> Device)", "aten::to", "memory_copies"),
+    ],
+)
 def test_kernel_rules(name, op, group):
     assert group_of(name, op, optimizer=False, device="cuda") == group
 
 
 def test_a_kernel_is_matched_by_its_function_name_not_its_template_arguments():
-    assert kernel_function("void at::native::(anonymous namespace)::softmax_warp_forward<float, 9>(float*)") \
+    assert (
+        kernel_function("void at::native::(anonymous namespace)::softmax_warp_forward<float, 9>(float*)")
         == "at::native::softmax_warp_forward"
+    )
     # a lambda in the arguments is no LAMB optimizer, an index type no indexing kernel
     name = "void at::native::elementwise_kernel<128, 2, [lambda(int) (instance 1)], IndexType>(int)"
     assert group_of(name, None, optimizer=False, device="cuda") == "elementwise"
@@ -201,13 +237,31 @@ def test_a_watched_loop_whose_probe_was_asked_to_profile_publishes_its_operation
     runtime_dir = tmp_path / "runtime"
     runtime_dir.mkdir(mode=0o700)
     env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
-    script = subprocess.Popen([sys.executable, str(REPO / "tests" / "scripts" / "tiny_plain_loop.py"), "--probe",
-                               "--samples", "240", "--hold-s", "1"],
-                              env={**env, "GPUANAT_PROFILE_OPS": "2"}, cwd=REPO, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    script = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "tests" / "scripts" / "tiny_plain_loop.py"),
+            "--probe",
+            "--samples",
+            "240",
+            "--hold-s",
+            "1",
+        ],
+        env={**env, "GPUANAT_PROFILE_OPS": "2"},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(script.pid), "--json"], env=env,
-                                 cwd=REPO, capture_output=True, text=True, timeout=240)
+        watcher = subprocess.run(
+            [sys.executable, "-m", "gpuanat", "watch", str(script.pid), "--json"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     finally:
         script.kill()
         script.wait()
@@ -223,15 +277,18 @@ def test_a_watched_loop_whose_probe_was_asked_to_profile_publishes_its_operation
 
 
 def test_a_profile_that_cannot_be_read_costs_the_run_its_operations_and_nothing_else(tmp_path):
-    completed = run_cli(["run", *TINY, "--profile-ops", "2", "--json"], tmp_path / "history.sqlite",
-                        fault="profile-read@0")
+    completed = run_cli(
+        ["run", *TINY, "--profile-ops", "2", "--json"], tmp_path / "history.sqlite", fault="profile-read@0"
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     assert result["status"] == "ok" and result["operations_anatomy"] is None
     assert result["bands"]["weights_bytes"] > 0 and result["steady_samples_per_second"] is not None
     log = Path(result["log_path"]).read_text()
-    assert "profiling the operations failed (training goes on, without them): RuntimeError: the profile cannot be " \
-           "read (injected by test)" in log
+    assert (
+        "profiling the operations failed (training goes on, without them): RuntimeError: the profile cannot be "
+        "read (injected by test)" in log
+    )
 
 
 def test_the_history_lists_a_profiled_runs_shares(profiled):
@@ -241,6 +298,7 @@ def test_the_history_lists_a_profiled_runs_shares(profiled):
     header, *rows = completed.stdout.strip().splitlines()
     column = header.split(",").index("operations")
     anatomy = result["operations_anatomy"]
-    expected = "/".join(f"{100 * anatomy[group]['time_share']:.0f}"
-                        for group in ("contractions", "normalizations", "elementwise"))
+    expected = "/".join(
+        f"{100 * anatomy[group]['time_share']:.0f}" for group in ("contractions", "normalizations", "elementwise")
+    )
     assert any(row.split(",")[column] == expected for row in rows)

@@ -21,20 +21,36 @@ PROFILED = {run["check"]: run for run in DATA["runs"]}
 
 
 def reclassified(run: dict) -> list[KernelRow]:
-    return [KernelRow(**{**row, "group": group_of(row["name"], row["op"], optimizer=row["optimizer"],
-                                                  device="cuda")}) for row in run["kernels"]]
+    return [
+        KernelRow(**{**row, "group": group_of(row["name"], row["op"], optimizer=row["optimizer"], device="cuda")})
+        for row in run["kernels"]
+    ]
 
 
 def anatomy_of(name: str) -> dict:
     run = PROFILED[name]
-    return operations_anatomy(Operations(device="cuda", first_step=run["first_step"],
-                                         profiled_steps=run["profiled_steps"], wall_s=run["wall_s"],
-                                         processing_s=run["processing_s"], kernels=reclassified(run)))
+    return operations_anatomy(
+        Operations(
+            device="cuda",
+            first_step=run["first_step"],
+            profiled_steps=run["profiled_steps"],
+            wall_s=run["wall_s"],
+            processing_s=run["processing_s"],
+            kernels=reclassified(run),
+        )
+    )
 
 
 def test_the_recorded_runs_are_the_ones_the_issue_names():
-    assert set(PROFILED) == {"bert-fp32", "bert-bf16", "bert-fp32-compile-regions", "bert-bf16-compile-regions",
-                             "bert-bf16-eager-attention", "llama-3.2-1b-bf16", "llama-3.2-1b-bf16-liger"}
+    assert set(PROFILED) == {
+        "bert-fp32",
+        "bert-bf16",
+        "bert-fp32-compile-regions",
+        "bert-bf16-compile-regions",
+        "bert-bf16-eager-attention",
+        "llama-3.2-1b-bf16",
+        "llama-3.2-1b-bf16-liger",
+    }
     assert all(run["gpu_name"] == "NVIDIA H100 80GB HBM3" for run in DATA["runs"])
 
 
@@ -63,8 +79,14 @@ def test_kernels_go_where_their_operator_and_their_name_say(name):
             expected = "normalizations"
         elif kernel.startswith(("nvjet_", "sm80_xmma_gemm", "sm90_xmma_gemm")) or "flash_" in kernel:
             expected = "contractions"
-        elif base in ("native_layer_norm", "native_layer_norm_backward", "_softmax", "_softmax_backward_data",
-                      "_log_softmax", "_log_softmax_backward_data"):
+        elif base in (
+            "native_layer_norm",
+            "native_layer_norm_backward",
+            "_softmax",
+            "_softmax_backward_data",
+            "_log_softmax",
+            "_log_softmax_backward_data",
+        ):
             expected = "normalizations"
         elif base in ("embedding_dense_backward", "embedding", "gather"):
             expected = "other"

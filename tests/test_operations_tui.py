@@ -31,8 +31,9 @@ async def test_o_profiles_the_next_run_and_shows_its_operations_beside_the_paper
         anatomy = result["operations_anatomy"]
         assert anatomy["profiled_steps"] == 3
         lines = panel_lines(app, 76)
-        assert lines[0].startswith(f"Operations of run {result['run_id']}: 3 profiled steps from step "
-                                   f"{anatomy['first_step']}")
+        assert lines[0].startswith(
+            f"Operations of run {result['run_id']}: 3 profiled steps from step {anatomy['first_step']}"
+        )
         rows = {line.split()[0]: line for line in lines[2:8]}
         assert set(rows) == {"contractions", "normalizations", "element-wise", "optimizer", "memory", "other"}
         assert "61.0%" in rows["contractions"] and "99.80%" in rows["contractions"]  # the paper's, beside
@@ -54,9 +55,12 @@ async def test_the_panel_fits_a_narrow_terminal_without_cutting_a_row(tmp_path):
         width = panel.size.width - 2
         table = panel_lines(app, width)[1:8]  # after the heading (wrapped on screen, not cut)
         assert table[0].startswith("kind")
-        rows = [line for line in table if line.split() and line.split()[0] in ("contractions", "normalizations",
-                                                                              "element-wise", "optimizer", "memory",
-                                                                              "other")]
+        rows = [
+            line
+            for line in table
+            if line.split()
+            and line.split()[0] in ("contractions", "normalizations", "element-wise", "optimizer", "memory", "other")
+        ]
         assert len(rows) == 6 and all(len(line) <= width for line in table), (width, table)
         assert all("│" in row for row in rows)  # the paper's time share kept, after the measured shares
         assert not any("TFLOP/s" in line for line in table)  # the narrow layout drops TFLOP/s first

@@ -31,13 +31,24 @@ from gpuanat.core.run.presets import PRESETS
 def real_model(name: str):
     preset = PRESETS[name]
     if preset.family == "bert":
-        config = BertConfig(vocab_size=preset.vocab_size, hidden_size=preset.hidden_size,
-                            num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
-                            intermediate_size=preset.intermediate_size, max_position_embeddings=preset.max_positions)
+        config = BertConfig(
+            vocab_size=preset.vocab_size,
+            hidden_size=preset.hidden_size,
+            num_hidden_layers=preset.num_layers,
+            num_attention_heads=preset.num_heads,
+            intermediate_size=preset.intermediate_size,
+            max_position_embeddings=preset.max_positions,
+        )
     else:
-        config = GPT2Config(vocab_size=preset.vocab_size, n_embd=preset.hidden_size, n_layer=preset.num_layers,
-                            n_head=preset.num_heads, n_inner=preset.intermediate_size,
-                            n_positions=preset.max_positions, pad_token_id=preset.vocab_size - 1)
+        config = GPT2Config(
+            vocab_size=preset.vocab_size,
+            n_embd=preset.hidden_size,
+            n_layer=preset.num_layers,
+            n_head=preset.num_heads,
+            n_inner=preset.intermediate_size,
+            n_positions=preset.max_positions,
+            pad_token_id=preset.vocab_size - 1,
+        )
     return AutoModelForSequenceClassification.from_config(config)
 
 
@@ -66,8 +77,14 @@ def test_techniques_move_the_estimate_the_right_way():
     vanilla = estimate_memory(RunConfig())
     per_four_samples = estimate_memory(RunConfig(batch_size=8)).activations_bytes - vanilla.activations_bytes
     assert per_four_samples > 0
-    assert abs(estimate_memory(RunConfig(batch_size=12)).activations_bytes - 2 * per_four_samples
-               - vanilla.activations_bytes) <= 2  # linear in the batch (integer rounding)
+    assert (
+        abs(
+            estimate_memory(RunConfig(batch_size=12)).activations_bytes
+            - 2 * per_four_samples
+            - vanilla.activations_bytes
+        )
+        <= 2
+    )  # linear in the batch (integer rounding)
     assert estimate_memory(RunConfig(grad_checkpointing=True)).activations_bytes < vanilla.activations_bytes / 5
     assert estimate_memory(RunConfig(attn="eager")).activations_bytes > vanilla.activations_bytes
     assert estimate_memory(RunConfig(optim="adafactor")).peak_allocated_bytes < vanilla.peak_allocated_bytes
@@ -75,15 +92,24 @@ def test_techniques_move_the_estimate_the_right_way():
     assert accumulating.peak_allocated_bytes == vanilla.peak_allocated_bytes + vanilla.gradients_bytes
     # batch 1 without accumulation peaks at the first optimizer step: weights, gradients, state, workspaces
     single = estimate_memory(RunConfig(batch_size=1))
-    assert single.peak_allocated_bytes > (single.weights_bytes + single.optimizer_state_bytes
-                                          + single.activations_bytes + single.temporaries_bytes)
+    assert single.peak_allocated_bytes > (
+        single.weights_bytes + single.optimizer_state_bytes + single.activations_bytes + single.temporaries_bytes
+    )
     assert estimate_memory(RunConfig(precision="bf16")).activations_bytes < vanilla.activations_bytes
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("80GiB", 80 * 1024**3), ("80G", 80 * 1024**3), ("40GB", 40 * 1000**3), ("81559MiB", 81559 * 1024**2),
-    ("1.5 GiB", int(1.5 * 1024**3)), ("64MiB", 64 * 1024**2), ("64TiB", 64 * 1024**4),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("80GiB", 80 * 1024**3),
+        ("80G", 80 * 1024**3),
+        ("40GB", 40 * 1000**3),
+        ("81559MiB", 81559 * 1024**2),
+        ("1.5 GiB", int(1.5 * 1024**3)),
+        ("64MiB", 64 * 1024**2),
+        ("64TiB", 64 * 1024**4),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -94,20 +120,25 @@ def test_parse_size_refuses_nonsense(text):
         parse_size(text)
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ("24", "give a unit: 24GiB, 24G, 24GB or 24576MiB"),  # 24 bytes was read before: "largest batch 0"
-    ("4096", "give a unit"),
-    ("63MiB", "not a GPU's memory"),
-    ("24B", "not a GPU's memory"),
-    ("65TiB", "not a GPU's memory"),
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("24", "give a unit: 24GiB, 24G, 24GB or 24576MiB"),  # 24 bytes was read before: "largest batch 0"
+        ("4096", "give a unit"),
+        ("63MiB", "not a GPU's memory"),
+        ("24B", "not a GPU's memory"),
+        ("65TiB", "not a GPU's memory"),
+    ],
+)
 def test_parse_size_refuses_what_no_gpu_has(text, words):
     with pytest.raises(ValueError, match=words):
         parse_size(text)
 
 
-@pytest.mark.parametrize("config", [RunConfig(), RunConfig(precision="bf16", grad_checkpointing=True),
-                                    RunConfig(optim="adafactor", attn="eager")])
+@pytest.mark.parametrize(
+    "config",
+    [RunConfig(), RunConfig(precision="bf16", grad_checkpointing=True), RunConfig(optim="adafactor", attn="eager")],
+)
 def test_max_batch_size_is_the_boundary_of_what_fits(config):
     gpu_memory = 80 * 1024**3
     largest = max_batch_size(config, gpu_memory)
@@ -121,8 +152,15 @@ def test_predict_command(db_path):
     completed = run_cli(["predict", "--gpu-memory", "80GiB", "--precision", "bf16", "--json"], db_path)
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout)
-    for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
-                "peak_allocated_bytes", "peak_device_bytes", "max_batch_size"):
+    for key in (
+        "weights_bytes",
+        "gradients_bytes",
+        "optimizer_state_bytes",
+        "activations_bytes",
+        "peak_allocated_bytes",
+        "peak_device_bytes",
+        "max_batch_size",
+    ):
         assert isinstance(result[key], int)
     assert result["gpu_memory_bytes"] == 80 * 1024**3 and result["gpu_memory_source"] == "--gpu-memory"
     # bert-large at seq 512 in bf16 has a recorded template: the largest batch is the replay's, the model's beside it.
@@ -149,8 +187,22 @@ def test_predict_command(db_path):
 def test_predict_says_where_its_largest_batch_was_refuted(db_path):
     """The bytes model's caveats, where it answers: at a sequence length no template was recorded at."""
     flags = ["predict", "--gpu-memory", "81559MiB", "--precision", "bf16", "--grad-checkpointing", "--seq-len", "384"]
-    replayed = json.loads(run_cli(["predict", "--gpu-memory", "81559MiB", "--precision", "bf16", "--grad-checkpointing",
-                                   "--optim", "adafactor", "--json"], db_path).stdout)
+    replayed = json.loads(
+        run_cli(
+            [
+                "predict",
+                "--gpu-memory",
+                "81559MiB",
+                "--precision",
+                "bf16",
+                "--grad-checkpointing",
+                "--optim",
+                "adafactor",
+                "--json",
+            ],
+            db_path,
+        ).stdout
+    )
     assert replayed["max_batch_method"] == "replay" and replayed["max_batch_caveat"] is None
     refuted = run_cli([*flags, "--optim", "adafactor"], db_path).stdout
     assert "caveat:" in refuted and "gpuanat fit" in refuted
@@ -193,18 +245,25 @@ def test_the_users_expandable_segments_setting_is_the_default_on_cuda(db_path):
     assert config("--device", "cpu")["expandable_segments"] is False  # an option of the CUDA allocator only
 
 
-MULTI_GPU_RESULTS = {gpus: Path(__file__).resolve().parent.parent / "benchmarks" / "results" / f"h200x{gpus}" / "multi"
-                     / "results.jsonl" for gpus in (2, 4)}
+MULTI_GPU_RESULTS = {
+    gpus: Path(__file__).resolve().parent.parent / "benchmarks" / "results" / f"h200x{gpus}" / "multi" / "results.jsonl"
+    for gpus in (2, 4)
+}
 ZERO_GRADIENTS_RESULTS = MULTI_GPU_RESULTS[2].parent.parent / "zero_gradients" / "results.jsonl"
 
 
 def test_each_rank_holds_what_its_distributed_technique_leaves_it():
     one = estimate_memory(RunConfig(precision="bf16", batch_size=16))
-    ranks = {technique: estimate_memory(RunConfig(precision="bf16", batch_size=16, gpus="4", distributed=technique))
-             for technique in ("ddp", "fsdp", "zero1", "zero2", "zero3")}
+    ranks = {
+        technique: estimate_memory(RunConfig(precision="bf16", batch_size=16, gpus="4", distributed=technique))
+        for technique in ("ddp", "fsdp", "zero1", "zero2", "zero3")
+    }
     ddp, fsdp, zero1, zero2, zero3 = (ranks[name] for name in ("ddp", "fsdp", "zero1", "zero2", "zero3"))
     assert (ddp.weights_bytes, ddp.gradients_bytes, ddp.optimizer_state_bytes) == (
-        one.weights_bytes, one.gradients_bytes, one.optimizer_state_bytes)
+        one.weights_bytes,
+        one.gradients_bytes,
+        one.optimizer_state_bytes,
+    )
     assert ddp.communication_buffers_bytes == one.gradients_bytes  # DDP's buckets: a copy of every gradient
     # FSDP2 shards the parameters and their moments; buffers and fused AdamW's step counters stay whole on each rank
     shapes = parameter_shapes(architecture_of(RunConfig()))
@@ -225,8 +284,11 @@ def test_per_rank_predictions_against_the_h200_measurements(gpus):
     (docs/several-gpus.md). The DeepSpeed buckets and the 16-bit compute of FSDP and ZeRO were derived from DeepSpeed's
     source and autocast's rules and checked against both machines' runs; nothing here was fitted to them."""
     lines = MULTI_GPU_RESULTS[gpus].read_text().splitlines()
-    results = {json.loads(line)["technique"]: json.loads(line) for line in lines
-               if json.loads(line).get("gpus_asked", "2") == str(gpus) and json.loads(line)["status"] == "ok"}
+    results = {
+        json.loads(line)["technique"]: json.loads(line)
+        for line in lines
+        if json.loads(line).get("gpus_asked", "2") == str(gpus) and json.loads(line)["status"] == "ok"
+    }
     techniques = [name for name in ("default", "ddp", "fsdp", "zero1", "zero2", "zero3") if name in results]
     assert len(techniques) >= 4
     for technique in techniques:
@@ -238,8 +300,9 @@ def test_per_rank_predictions_against_the_h200_measurements(gpus):
             # What the technique shards is exact, to the tolerance of buffers the model does not list (< 0.2%).
             assert bands["weights_bytes"] == pytest.approx(predicted.weights_bytes, rel=2e-3), technique
             assert bands["optimizer_state_bytes"] == pytest.approx(predicted.optimizer_state_bytes, rel=2e-3), technique
-            assert rank["gradients_at_forward_end_bytes"] == pytest.approx(predicted.gradients_at_peak_bytes,
-                                                                           rel=2e-3, abs=1 << 20), technique
+            assert rank["gradients_at_forward_end_bytes"] == pytest.approx(
+                predicted.gradients_at_peak_bytes, rel=2e-3, abs=1 << 20
+            ), technique
             assert bands["activations_bytes"] == pytest.approx(predicted.activations_bytes, rel=0.02), technique
             assert rank["peak_allocated_bytes"] == pytest.approx(predicted.peak_allocated_bytes, rel=0.01), technique
 
@@ -254,22 +317,35 @@ def _accelerate_rank_peaks() -> list[tuple[str, RunConfig, int]]:
     rows = []
     for path in sorted(ACCELERATE_RANKS.glob("run-accelerate*.json")):
         result = json.loads(path.read_text().strip().splitlines()[-1])
-        rows += [(path.name, RunConfig.from_json(result["config"]), rank["peak_allocated_bytes"])
-                 for rank in result["ranks"]]
+        rows += [
+            (path.name, RunConfig.from_json(result["config"]), rank["peak_allocated_bytes"]) for rank in result["ranks"]
+        ]
     bisect = [json.loads(line) for line in (ACCELERATE_RANKS / "bisect.jsonl").read_text().splitlines()]
-    config = RunConfig.from_json(json.loads((ACCELERATE_RANKS / "run-accelerate-1.json").read_text()
-                                            .strip().splitlines()[-1])["config"])
-    rows += [(line["tree"], dataclasses.replace(config, max_steps=30), round(peak * 2**30))
-             for line in bisect for peak in line["peak_allocated_gib"]]
+    config = RunConfig.from_json(
+        json.loads((ACCELERATE_RANKS / "run-accelerate-1.json").read_text().strip().splitlines()[-1])["config"]
+    )
+    rows += [
+        (line["tree"], dataclasses.replace(config, max_steps=30), round(peak * 2**30))
+        for line in bisect
+        for peak in line["peak_allocated_gib"]
+    ]
     for path in sorted((ACCELERATE_RANKS.parents[1] / "h200x4" / "accelerate_ranks").glob("run-accelerate*.json")):
         result = json.loads(path.read_text().strip().splitlines()[-1])
-        rows += [(f"h200x4 {path.name}", RunConfig.from_json(result["config"]), rank["peak_allocated_bytes"])
-                 for rank in result["ranks"]]
+        rows += [
+            (f"h200x4 {path.name}", RunConfig.from_json(result["config"]), rank["peak_allocated_bytes"])
+            for rank in result["ranks"]
+        ]
     for line in MULTI_GPU_RESULTS[4].read_text().splitlines():
         result = json.loads(line)
         if result["technique"] == "accelerate":
-            rows += [(f"h200x4 {result['gpus_asked']} GPUs", RunConfig.from_json(result["config"]),
-                      rank["peak_allocated_bytes"]) for rank in result["ranks"]]
+            rows += [
+                (
+                    f"h200x4 {result['gpus_asked']} GPUs",
+                    RunConfig.from_json(result["config"]),
+                    rank["peak_allocated_bytes"],
+                )
+                for rank in result["ranks"]
+            ]
     return rows
 
 
@@ -299,7 +375,8 @@ def test_ddp_first_buckets_outlive_their_rebuild_on_some_ranks():
         predicted = estimate_memory(RunConfig.from_json(result["config"]))
         for rank in result["ranks"]:
             assert rank["peak_allocated_bytes"] == pytest.approx(
-                predicted.peak_allocated_bytes - predicted.first_buckets_bytes, rel=1e-3), path.name
+                predicted.peak_allocated_bytes - predicted.first_buckets_bytes, rel=1e-3
+            ), path.name
     # When rank 0 held them, it was at step 2 (its history's peak a step), the rebuild's step
     for line in (ACCELERATE_RANKS / "bisect.jsonl").read_text().splitlines():
         steps = json.loads(line)["rank0_step_peak_allocated_gib"]
@@ -307,8 +384,23 @@ def test_ddp_first_buckets_outlive_their_rebuild_on_some_ranks():
 
 
 def test_predict_says_where_the_first_ddp_buckets_are_in_the_peak(db_path):
-    flags = ["predict", "--preset", "bert-large", "--precision", "bf16", "--batch-size", "16", "--seq-len", "512",
-             "--gpus", "2", "--distributed", "ddp", "--gpu-memory", "141GiB"]
+    flags = [
+        "predict",
+        "--preset",
+        "bert-large",
+        "--precision",
+        "bf16",
+        "--batch-size",
+        "16",
+        "--seq-len",
+        "512",
+        "--gpus",
+        "2",
+        "--distributed",
+        "ddp",
+        "--gpu-memory",
+        "141GiB",
+    ]
     accelerate = run_cli([*flags, "--engine", "accelerate"], db_path)
     trainer = run_cli(flags, db_path)
     assert accelerate.returncode == 0 and trainer.returncode == 0, accelerate.stderr + trainer.stderr
@@ -371,8 +463,9 @@ def test_lora_dropout_adds_its_masks_a_byte_an_adapted_input_element():
     added = estimate_memory(dropped).activations_bytes - estimate_memory(plain).activations_bytes
     assert added == (3 * 2048 + 2048 + 2 * 2048 + 8192) * 16 * 4096
     q_only = dropped.replace(lora_targets="q_proj,v_proj")
-    assert (estimate_memory(q_only).activations_bytes - estimate_memory(q_only.replace(lora_dropout=0.0))
-            .activations_bytes) == 2 * 2048 * 16 * 4096
+    assert (
+        estimate_memory(q_only).activations_bytes - estimate_memory(q_only.replace(lora_dropout=0.0)).activations_bytes
+    ) == 2 * 2048 * 16 * 4096
 
 
 def test_peaks_against_the_h100_matrix_of_plain_trainer_runs():
@@ -402,8 +495,13 @@ def test_peaks_against_the_h100_matrix_of_plain_trainer_runs():
             errors.append((record["key"], (estimate_memory(config).peak_allocated_bytes - peak) / peak))
     assert len(errors) >= 91
     assert sum("dropout" in key for key, _ in errors) == 2 and sum("weights-bf16" in key for key, _ in errors) == 4
-    assert {key.split()[0] for key, _ in errors} == {"bert-base", "gpt2", "llama-3.2-1b", "qwen2.5-0.5b",
-                                                     "llama-3.1-8b"}
+    assert {key.split()[0] for key, _ in errors} == {
+        "bert-base",
+        "gpt2",
+        "llama-3.2-1b",
+        "qwen2.5-0.5b",
+        "llama-3.1-8b",
+    }
     assert [(key, f"{error:+.1%}") for key, error in errors if abs(error) > 0.10] == []
 
 
@@ -417,6 +515,6 @@ def test_zero_gradient_partitions_are_read_before_deepspeeds_step_frees_them():
         predicted = estimate_memory(RunConfig.from_json(result["config"]))
         assert len(result["ranks"]) == 2
         for rank in result["ranks"]:
-            assert rank["bands"]["gradients_bytes"] == pytest.approx(predicted.gradients_bytes, rel=0.02), (
-                result["technique"])
-
+            assert rank["bands"]["gradients_bytes"] == pytest.approx(predicted.gradients_bytes, rel=0.02), result[
+                "technique"
+            ]

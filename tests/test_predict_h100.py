@@ -53,10 +53,22 @@ def error_percent(predicted: int, measured: int) -> float:
 
 
 def test_the_coefficients_are_the_fit_of_the_training_rows(tmp_path):
-    completed = subprocess.run([sys.executable, str(FIT_SCRIPT), str(MATRIX), "--mixed-checkpointed-search",
-                                str(MIXED_CHECKPOINTED_SEARCH), "--fp32-checkpointed-adafactor-search",
-                                str(FP32_CHECKPOINTED_ADAFACTOR_SEARCH), "--json", str(tmp_path / "fit.json")],
-                               capture_output=True, text=True, check=False)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(FIT_SCRIPT),
+            str(MATRIX),
+            "--mixed-checkpointed-search",
+            str(MIXED_CHECKPOINTED_SEARCH),
+            "--fp32-checkpointed-adafactor-search",
+            str(FP32_CHECKPOINTED_ADAFACTOR_SEARCH),
+            "--json",
+            str(tmp_path / "fit.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert completed.returncode == 0, completed.stderr
     fitted = json.loads((tmp_path / "fit.json").read_text())
     assert len([row for row in fitted["evaluation"]["rows"] if row["held_out"]]) >= 50
@@ -65,9 +77,12 @@ def test_the_coefficients_are_the_fit_of_the_training_rows(tmp_path):
 def test_held_out_peaks_are_within_ten_percent():
     rows = [run for run in measured_rows() if not is_training_row(run)]
     assert len(rows) >= 50
-    errors = {json.dumps(run["overrides"]): error_percent(estimate_memory(RunConfig.from_json(run["config"]))
-                                                          .peak_allocated_bytes, run["peak_allocated_bytes"])
-              for run in rows}
+    errors = {
+        json.dumps(run["overrides"]): error_percent(
+            estimate_memory(RunConfig.from_json(run["config"])).peak_allocated_bytes, run["peak_allocated_bytes"]
+        )
+        for run in rows
+    }
     worst = max(errors, key=lambda key: abs(errors[key]))
     assert abs(errors[worst]) <= TARGET_PERCENT, f"{worst}: {errors[worst]:+.1f}%"
     # every technique class is represented among the held-out rows
@@ -92,14 +107,24 @@ def test_gradients_alive_at_the_end_of_forward_only_when_accumulating():
 REPLAY_CHECK = RESULTS / "allocator" / "replay_check"
 REPLAY_FIT = RESULTS / "allocator" / "fit" / "fit_fp32_ckpt_sgd.json"
 """`gpuanat fit` of fp32 + checkpointing + SGD, starting from the replay's 818 (with the driver's page)."""
-CHECK_FILES = (MAX_BATCH_CHECK, RESULTS / "predict" / "max_batch_check_mixed_checkpointed.json", CHECKPOINTED_CHECK,
-               OPTIMIZERS_CHECK, *sorted(path for path in EDGE.glob("*.json") if not path.name.startswith("fit_")),
-               *sorted(REPLAY_CHECK.glob("*.json")))
+CHECK_FILES = (
+    MAX_BATCH_CHECK,
+    RESULTS / "predict" / "max_batch_check_mixed_checkpointed.json",
+    CHECKPOINTED_CHECK,
+    OPTIMIZERS_CHECK,
+    *sorted(path for path in EDGE.glob("*.json") if not path.name.startswith("fit_")),
+    *sorted(REPLAY_CHECK.glob("*.json")),
+)
 """Real `gpuanat run` trials at the largest batch predicted by the model of the day and at 8 more, or (anatomy/edge/)
 at chosen batches, some under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or (allocator/replay_check/) at the
 largest batch the allocator replay predicts, where no trial had said."""
-SEARCH_FILES = (RESULTS / "predict" / "fit_bf16.json", MIXED_CHECKPOINTED_SEARCH, FP32_CHECKPOINTED_ADAFACTOR_SEARCH,
-                EDGE / "fit_bf16_checkpointed_expandable.json", REPLAY_FIT)
+SEARCH_FILES = (
+    RESULTS / "predict" / "fit_bf16.json",
+    MIXED_CHECKPOINTED_SEARCH,
+    FP32_CHECKPOINTED_ADAFACTOR_SEARCH,
+    EDGE / "fit_bf16_checkpointed_expandable.json",
+    REPLAY_FIT,
+)
 """`gpuanat fit --json` searches."""
 H100_MEMORY_BYTES = 85_520_809_984
 TECHNIQUES = ("precision", "grad_checkpointing", "optim", "attn", "grad_accum", "expandable_segments")
@@ -118,11 +143,15 @@ def h100_trials() -> dict[tuple, list[dict]]:
     it is recorded in."""
     trials: dict[tuple, list[dict]] = {}
 
-    def add(config: RunConfig, batch_size: int, trained: bool, peak_allocated_bytes: int | None,
-            source: str) -> None:
+    def add(config: RunConfig, batch_size: int, trained: bool, peak_allocated_bytes: int | None, source: str) -> None:
         trials.setdefault(_techniques(config), []).append(
-            {"batch_size": batch_size, "trained": trained, "peak_allocated_bytes": peak_allocated_bytes,
-             "source": source})
+            {
+                "batch_size": batch_size,
+                "trained": trained,
+                "peak_allocated_bytes": peak_allocated_bytes,
+                "source": source,
+            }
+        )
 
     for path in CHECK_FILES:
         report = json.loads(path.read_text())
@@ -137,12 +166,22 @@ def h100_trials() -> dict[tuple, list[dict]]:
     for path in SEARCH_FILES:
         search = json.loads(path.read_text())
         for trial in search["trials"]:
-            add(RunConfig.from_json(search["config"]), trial["batch_size"], trial["trained"],
-                trial.get("peak_allocated_bytes"), path.name)
+            add(
+                RunConfig.from_json(search["config"]),
+                trial["batch_size"],
+                trial["trained"],
+                trial.get("peak_allocated_bytes"),
+                path.name,
+            )
     for search in json.loads(MATRIX.read_text())["max_batch"]["searches"]:
         for trial in search.get("trials", []):
-            add(_config(search["overrides"]), trial["batch_size"], trial["status"] == "ok",
-                trial["peak_allocated_bytes"], MATRIX.name)
+            add(
+                _config(search["overrides"]),
+                trial["batch_size"],
+                trial["status"] == "ok",
+                trial["peak_allocated_bytes"],
+                MATRIX.name,
+            )
     return trials
 
 
@@ -155,7 +194,8 @@ def verdict(trials: list[dict], batch_size: int) -> str:
         exact = {True for trial in trials if trial["trained"] and trial["batch_size"] > batch_size}
         exact |= {False for trial in trials if not trial["trained"] and trial["batch_size"] < batch_size}
         return {frozenset({True}): "trains?", frozenset({False}): "oom?", frozenset(): "unknown"}.get(
-            frozenset(exact), "both")
+            frozenset(exact), "both"
+        )
     return {frozenset({True}): "trains", frozenset({False}): "oom"}.get(frozenset(exact), "both")
 
 
@@ -284,16 +324,29 @@ def _freed_before_forward_returns(run: dict) -> int:
     """The forward pass's peak above what is alive at its end (weights, gradients, optimizer state, activations
     and the batch, all as the probe measured them at the end of forward)."""
     bands = run["bands"]
-    alive = (bands["weights_bytes"] + bands["gradients_at_forward_end_bytes"]
-             + bands["optimizer_state_at_forward_end_bytes"] + bands["activations_bytes"] + bands["batch_bytes"])
+    alive = (
+        bands["weights_bytes"]
+        + bands["gradients_at_forward_end_bytes"]
+        + bands["optimizer_state_at_forward_end_bytes"]
+        + bands["activations_bytes"]
+        + bands["batch_bytes"]
+    )
     return bands["forward_peak_allocated_bytes"] - alive
 
 
 def test_autocast_keeps_the_weight_copies_until_the_forward_pass_returns():
     def by_batch(precision: str) -> dict[int, int]:
-        return {run["overrides"]["batch_size"]: _freed_before_forward_returns(run) for run in _autocast_rows()
-                if run["overrides"] == {"precision": precision, "grad_checkpointing": True, "grad_accum": 4,
-                                        "batch_size": run["overrides"]["batch_size"]}}
+        return {
+            run["overrides"]["batch_size"]: _freed_before_forward_returns(run)
+            for run in _autocast_rows()
+            if run["overrides"]
+            == {
+                "precision": precision,
+                "grad_checkpointing": True,
+                "grad_accum": 4,
+                "batch_size": run["overrides"]["batch_size"],
+            }
+        }
 
     for precision in ("bf16", "fp16"):
         freed = by_batch(precision)

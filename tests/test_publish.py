@@ -27,13 +27,21 @@ from gpuanat.core.measure.publish import (
 )
 from gpuanat.core.run.protocol import MAX_EVENT_LINE_BYTES, Done, Hello, Malformed, ModelInfo, ProbeBands, Step, encode
 
-BANDS = ProbeBands(weights_bytes=8, gradients_bytes=8, optimizer_state_bytes=16, activations_bytes=4,
-                   activations_method="saved_tensors", batch_bytes=2, measured_at_step=1)
+BANDS = ProbeBands(
+    weights_bytes=8,
+    gradients_bytes=8,
+    optimizer_state_bytes=16,
+    activations_bytes=4,
+    activations_method="saved_tensors",
+    batch_bytes=2,
+    measured_at_step=1,
+)
 
 
 def step(number: int, bands: ProbeBands | None = None) -> Step:
-    return Step(step=number, samples=4 * number, tokens=128 * number, step_time_s=0.01, elapsed_s=0.01 * number,
-                bands=bands)
+    return Step(
+        step=number, samples=4 * number, tokens=128 * number, step_time_s=0.01, elapsed_s=0.01 * number, bands=bands
+    )
 
 
 class FakeClock:
@@ -50,7 +58,9 @@ def mode(path: Path) -> int:
 
 def test_directory_comes_from_xdg_runtime_dir_else_tmp_per_uid():
     assert publication_dirs({"XDG_RUNTIME_DIR": "/run/user/1000"}, 1000) == [
-        Path("/run/user/1000/gpuanat"), Path("/tmp/gpuanat-1000")]
+        Path("/run/user/1000/gpuanat"),
+        Path("/tmp/gpuanat-1000"),
+    ]
     assert publication_dirs({}, 1000) == [Path("/tmp/gpuanat-1000")]
     assert publication_dirs({"XDG_RUNTIME_DIR": "relative"}, 7) == [Path("/tmp/gpuanat-7")]
 
@@ -90,8 +100,17 @@ def test_plain_steps_are_throttled_and_measured_steps_model_and_done_always_kept
     for number in range(1, 101):
         clock.now_s = number / 16  # 16 steps per second, exact in binary
         written.append(publisher.publish(step(number, BANDS if number in (1, 2, 3, 50) else None)))
-    publisher.publish(Done(status="ok", steps=100, samples=400, train_runtime_s=1.0, samples_per_second=400.0,
-                           steady_samples_per_second=410.0, warmup_steps=10))
+    publisher.publish(
+        Done(
+            status="ok",
+            steps=100,
+            samples=400,
+            train_runtime_s=1.0,
+            samples_per_second=400.0,
+            steady_samples_per_second=410.0,
+            warmup_steps=10,
+        )
+    )
     events = reader.read()
     steps = [event.step for event in events if isinstance(event, Step)]
     # every measured step, and plain steps at most every 0.25 s (4 steps) after the last step written
@@ -156,8 +175,9 @@ def test_reader_returns_only_complete_lines(tmp_path):
 def test_files_of_dead_processes_are_removed(tmp_path):
     directory = tmp_path / "g"
     directory.mkdir(mode=0o700)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead_file = directory / f"{dead.stdout.strip()}.jsonl"
     live_file = directory / f"{os.getpid()}.jsonl"
     for path in (dead_file, live_file):
@@ -175,7 +195,12 @@ def test_a_script_whose_publication_directory_is_unsafe_trains_on_with_one_warni
     env = {**cli_env(None, offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
     completed = subprocess.run(
         [sys.executable, str(REPO / "tests" / "scripts" / "tiny_trainer.py"), "--callback", "--samples", "32"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     warnings = [line for line in completed.stderr.splitlines() if line.startswith("gpuanat:")]
     assert len(warnings) == 1
@@ -265,8 +290,14 @@ def test_dead_processes_files_that_are_not_plainly_ours_are_left(tmp_path):
     directory = private_dir(tmp_path)
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
-    pids = [int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                               text=True, check=True).stdout) for _ in range(4)]
+    pids = [
+        int(
+            subprocess.run(
+                [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(4)
+    ]
     plain, temporary = directory / f"{pids[0]}.jsonl", directory / f"{pids[1]}.jsonl.new"
     linked, symlinked = directory / f"{pids[2]}.jsonl", directory / f"{pids[3]}.jsonl"
     plain.write_text("")

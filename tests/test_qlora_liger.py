@@ -34,25 +34,47 @@ from gpuanat.core.run.validation import machine_unsupported_reasons, validate_va
 
 GIB = 1024**3
 CPU_ONLY = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build")
-HOPPER_BARE = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_compute_capability=(9, 0),
-                           peft_version="0.21.2", bitsandbytes_error="ModuleNotFoundError: No module named "
-                           "'bitsandbytes'", liger_error="liger_kernel is not installed")
-HOPPER_EQUIPPED = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_compute_capability=(9, 0),
-                               peft_version="0.21.2", bitsandbytes_version="0.50.2", liger_version="0.8.5")
+HOPPER_BARE = Capabilities(
+    torch_version="2.11.0",
+    cuda_available=True,
+    cuda_compute_capability=(9, 0),
+    peft_version="0.21.2",
+    bitsandbytes_error="ModuleNotFoundError: No module named 'bitsandbytes'",
+    liger_error="liger_kernel is not installed",
+)
+HOPPER_EQUIPPED = Capabilities(
+    torch_version="2.11.0",
+    cuda_available=True,
+    cuda_compute_capability=(9, 0),
+    peft_version="0.21.2",
+    bitsandbytes_version="0.50.2",
+    liger_version="0.8.5",
+)
 QLORA_8B = RunConfig(preset="llama-3.1-8b", lora=16, load_in_4bit=True, precision="bf16", seq_len=2048)
 """The issue's question: llama-3.1-8b, QLoRA rank 16, bf16, seq 2048."""
 
 
 # --- refused where it cannot run, with the reason -----------------------------------------------------------------
 
-@pytest.mark.parametrize(("changes", "flag", "words"), [
-    ({"preset": "llama-tiny", "load_in_4bit": True}, "--load-in-4bit", "add --lora R"),
-    ({"preset": "bert-large", "lora": 8, "load_in_4bit": True}, "--load-in-4bit", "bert-large is a bert classifier"),
-    ({"preset": "llama-tiny", "lora": 8, "load_in_4bit": True, "gpus": "2", "distributed": "fsdp"}, "--lora",
-     "not with fsdp"),
-    ({"preset": "bert-large", "liger": True}, "--liger", "replaces a causal LM's loss"),
-    ({"preset": "llama-tiny", "liger": True, "gpus": "2", "distributed": "zero3"}, "--liger", "zero3 shards"),
-])
+
+@pytest.mark.parametrize(
+    ("changes", "flag", "words"),
+    [
+        ({"preset": "llama-tiny", "load_in_4bit": True}, "--load-in-4bit", "add --lora R"),
+        (
+            {"preset": "bert-large", "lora": 8, "load_in_4bit": True},
+            "--load-in-4bit",
+            "bert-large is a bert classifier",
+        ),
+        (
+            {"preset": "llama-tiny", "lora": 8, "load_in_4bit": True, "gpus": "2", "distributed": "fsdp"},
+            "--lora",
+            "not with fsdp",
+        ),
+        ({"preset": "bert-large", "liger": True}, "--liger", "replaces a causal LM's loss"),
+        ({"preset": "llama-tiny", "liger": True, "gpus": "2", "distributed": "zero3"}, "--liger", "zero3 shards"),
+    ],
+)
 def test_values_that_cannot_train_are_refused_with_the_flag_to_fix(changes, flag, words):
     with pytest.raises(ConfigError) as refused:
         validate_values(RunConfig(**changes))
@@ -63,13 +85,17 @@ def test_a_machine_without_cuda_or_the_libraries_refuses_each_with_its_reason():
     config = RunConfig(preset="llama-tiny", device="cpu", lora=8, load_in_4bit=True, liger=True)
     validate_values(config)  # the values are fine; the machine is not
     on_cpu = dict(machine_unsupported_reasons(config, CPU_ONLY))
-    assert on_cpu["--load-in-4bit"] == ("QLoRA's 4-bit base (bitsandbytes NF4) needs a CUDA GPU and bitsandbytes (pip "
-                                        "install 'gpuanat[bnb]')")
-    assert on_cpu["--liger"] == ("Liger's fused linear cross-entropy (Triton kernels) needs a CUDA GPU and "
-                                 "liger-kernel (pip install 'gpuanat[llm]')")
+    assert on_cpu["--load-in-4bit"] == (
+        "QLoRA's 4-bit base (bitsandbytes NF4) needs a CUDA GPU and bitsandbytes (pip install 'gpuanat[bnb]')"
+    )
+    assert on_cpu["--liger"] == (
+        "Liger's fused linear cross-entropy (Triton kernels) needs a CUDA GPU and "
+        "liger-kernel (pip install 'gpuanat[llm]')"
+    )
     on_bare_gpu = dict(machine_unsupported_reasons(config.replace(device="cuda"), HOPPER_BARE))
-    assert on_bare_gpu["--load-in-4bit"].endswith("needs bitsandbytes (pip install 'gpuanat[bnb]'; "
-                                                  "ModuleNotFoundError: No module named 'bitsandbytes')")
+    assert on_bare_gpu["--load-in-4bit"].endswith(
+        "needs bitsandbytes (pip install 'gpuanat[bnb]'; ModuleNotFoundError: No module named 'bitsandbytes')"
+    )
     assert "needs liger-kernel" in on_bare_gpu["--liger"] and "CUDA" not in on_bare_gpu["--liger"].split("needs")[1]
     assert machine_unsupported_reasons(config.replace(device="cuda"), HOPPER_EQUIPPED) == []
 
@@ -81,8 +107,10 @@ def test_the_run_says_what_it_trains_and_the_history_keeps_it():
 
 
 def test_a_run_with_adapters_says_how_its_parameters_split(db_path):
-    completed = run_cli(["run", "--preset", "llama-tiny", "--device", "cpu", "--lora", "8", "--seq-len", "32",
-                         "--samples", "16"], db_path)
+    completed = run_cli(
+        ["run", "--preset", "llama-tiny", "--device", "cpu", "--lora", "8", "--seq-len", "32", "--samples", "16"],
+        db_path,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     adapters = lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny", lora=8)).params
     base = parameter_shapes(PRESETS["llama-tiny"]).params
@@ -90,6 +118,7 @@ def test_a_run_with_adapters_says_how_its_parameters_split(db_path):
 
 
 # --- predicted from the shapes --------------------------------------------------------------------------------------
+
 
 def _nf4_bytes(values: int) -> int:
     """bitsandbytes' NF4 with double quantization, written out: the values two a byte, one 8-bit scale per 64, one
@@ -132,8 +161,9 @@ def test_qlora_keeps_the_fp32_heads_16_bit_copy_for_backward_under_mixed_precisi
 
 
 def test_liger_takes_the_logits_and_the_losss_copies_out_of_the_activations():
-    base = RunConfig(preset="llama-3.1-8b", lora=16, precision="bf16", seq_len=2048, batch_size=2,
-                     grad_checkpointing=True)
+    base = RunConfig(
+        preset="llama-3.1-8b", lora=16, precision="bf16", seq_len=2048, batch_size=2, grad_checkpointing=True
+    )
     plain, fused = estimate_memory(base), estimate_memory(base.replace(liger=True))
     assert plain.logits_bytes == 2 * 2048 * 128_256 * 4 and fused.logits_bytes == 0
     # the logits and the loss's vocabulary-sized tensors are gone; the hidden states' gradient (16-bit on LoRA's
@@ -162,14 +192,33 @@ def test_the_issues_question_answers_in_milliseconds_with_bands_peak_and_the_lar
     started_s = time.perf_counter()
     largest = max_batch_size(QLORA_8B.replace(grad_checkpointing=True), 24 * GIB)
     assert time.perf_counter() - started_s < 1.0 and largest >= 1
-    command = ["predict", "--preset", "llama-3.1-8b", "--lora", "16", "--load-in-4bit", "--precision", "bf16",
-               "--seq-len", "2048", "--gpu-memory", "24GiB"]
+    command = [
+        "predict",
+        "--preset",
+        "llama-3.1-8b",
+        "--lora",
+        "16",
+        "--load-in-4bit",
+        "--precision",
+        "bf16",
+        "--seq-len",
+        "2048",
+        "--gpu-memory",
+        "24GiB",
+    ]
     completed = run_cli(command, db_path, timeout_s=60)
     assert completed.returncode == 0, completed.stderr
     lines = completed.stdout.splitlines()
     assert lines[0] == "Prediction for llama-3.1-8b bs4 bf16 qlora16, seq 2048:"
-    for band in ("weights", "gradients", "optimizer state", "activations", "of which logits", "peak allocated",
-                 "peak device"):
+    for band in (
+        "weights",
+        "gradients",
+        "optimizer state",
+        "activations",
+        "of which logits",
+        "peak allocated",
+        "peak device",
+    ):
         assert any(line.strip().startswith(band) for line in lines), band
     assert any("largest batch that fits:" in line for line in lines)
     as_json = last_json(run_cli([*command, "--json"], db_path, timeout_s=60).stdout)
@@ -179,6 +228,7 @@ def test_the_issues_question_answers_in_milliseconds_with_bands_peak_and_the_lar
 
 
 # --- the dashboard's keys -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.asyncio
 async def test_keys_4_and_K_choose_qlora_and_liger_and_the_cpu_marks_them_unavailable(tmp_path):
@@ -207,8 +257,10 @@ async def test_keys_4_and_K_choose_qlora_and_liger_and_the_cpu_marks_them_unavai
         await pilot.press("Y")
         assert app.config.liger_layers
         await pilot.pause()
-        assert "--liger-layers: Liger's layer kernels (Triton kernels) needs a CUDA GPU" in app.query_one(
-            TechniquesPanel).tooltip
+        assert (
+            "--liger-layers: Liger's layer kernels (Triton kernels) needs a CUDA GPU"
+            in app.query_one(TechniquesPanel).tooltip
+        )
         await pilot.press("Y")
         assert not app.config.liger_layers
         await pilot.press("L", "L", "L")  # 16 → 32 → 64 → 0: without adapters the 4-bit base goes too
@@ -219,8 +271,10 @@ async def test_keys_4_and_K_choose_qlora_and_liger_and_the_cpu_marks_them_unavai
         await pilot.press("M")
         assert app.config.preset == "tiny"  # a BERT classifier, which cannot take Liger: said at once, not at `r`
         await pilot.press("K")
-        assert any(notification.message.startswith("--liger: Liger's fused linear cross-entropy replaces a causal "
-                                                   "LM's loss") for notification in app._notifications)
+        assert any(
+            notification.message.startswith("--liger: Liger's fused linear cross-entropy replaces a causal LM's loss")
+            for notification in app._notifications
+        )
     assert changed_config(RunConfig(lora=8), "load_in_4bit").lora == 8  # a rank chosen stays
 
 
@@ -229,10 +283,15 @@ def test_the_compile_key_cycles_eager_regions_whole_model():
     for _ in range(3):
         modes.append(changed_config(modes[-1], "compile"))
     assert [(config.compile_regions, config.compile) for config in modes] == [
-        (False, False), (True, False), (False, True), (False, False)]
+        (False, False),
+        (True, False),
+        (False, True),
+        (False, False),
+    ]
 
 
 # --- built by the real worker on the CPU ----------------------------------------------------------------------------
+
 
 def _installed(*modules: str) -> bool:
     return all(importlib.util.find_spec(module) is not None for module in modules)
@@ -243,9 +302,14 @@ def train_in_the_worker(config: RunConfig, tmp_path, extra_env: dict[str, str] |
     checks; returns its model and done events."""
     read_fd, write_fd = os.pipe()
     with open(tmp_path / "worker.log", "wb") as log:
-        process = subprocess.Popen(worker_command(json.dumps(config.to_json()), write_fd), pass_fds=(write_fd,),
-                                   env=cli_env(None, extra_env=extra_env), cwd=REPO, stdout=log,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            worker_command(json.dumps(config.to_json()), write_fd),
+            pass_fds=(write_fd,),
+            env=cli_env(None, extra_env=extra_env),
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         os.close(write_fd)
         with os.fdopen(read_fd, "rb") as pipe:
             events = [decode(line) for line in pipe.read().splitlines()]
@@ -269,8 +333,10 @@ def test_the_worker_builds_qlora_as_predicted_to_the_byte(tmp_path, grad_checkpo
     assert model.weights_bytes == done.bands.weights_bytes == predicted.weights_bytes  # NF4 + scales + fp32 rest
     assert done.bands.gradients_bytes == predicted.gradients_bytes == 4 * adapters
     assert done.bands.optimizer_state_bytes == predicted.optimizer_state_bytes
-    assert (model.params, model.trainable_params) == (parameter_shapes(PRESETS["llama-tiny"]).params + adapters,
-                                                      adapters)
+    assert (model.params, model.trainable_params) == (
+        parameter_shapes(PRESETS["llama-tiny"]).params + adapters,
+        adapters,
+    )
     assert done.bands.logits_bytes == predicted.logits_bytes == 4 * 32 * 32_000 * 4
 
 
@@ -327,8 +393,14 @@ def test_liger_kernels_against_plain_trainer_runs_on_the_h100():
             peak = record["max_memory_allocated_bytes"]
             errors[record["key"]] = (estimate_memory(config).peak_allocated_bytes - peak) / peak
     assert len(errors) == 16 + 24
-    assert {key.split()[0] for key in errors} == {"llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "gemma-3-1b",
-                                                  "olmo-2-1b", "smollm2-360m"}
+    assert {key.split()[0] for key in errors} == {
+        "llama-3.2-1b",
+        "qwen2.5-0.5b",
+        "qwen3-0.6b",
+        "gemma-3-1b",
+        "olmo-2-1b",
+        "smollm2-360m",
+    }
     assert [(key, f"{error:+.1%}") for key, error in errors.items() if abs(error) > 0.05] == []
     layers_only = {key: error for key, error in errors.items() if key.endswith("liger-layers")}
     assert len(layers_only) == 12

@@ -8,10 +8,24 @@ import io
 from gpuanat.core.store.report import SWEEP_COLUMNS, format_bytes, render_csv, render_markdown, sweep_rows
 
 RESULTS = [
-    {"name": "vanilla", "status": "ok", "train_runtime_s": 60.0, "samples_per_second": 8.0,
-     "steady_samples_per_second": 9.0, "device_memory_used_bytes": 15_000 * 1024**2, "peak_allocated_bytes": 1},
-    {"name": "fp16", "status": "ok", "train_runtime_s": 30.0, "samples_per_second": 16.0,
-     "steady_samples_per_second": 18.9, "device_memory_used_bytes": 12_000 * 1024**2, "peak_allocated_bytes": 1},
+    {
+        "name": "vanilla",
+        "status": "ok",
+        "train_runtime_s": 60.0,
+        "samples_per_second": 8.0,
+        "steady_samples_per_second": 9.0,
+        "device_memory_used_bytes": 15_000 * 1024**2,
+        "peak_allocated_bytes": 1,
+    },
+    {
+        "name": "fp16",
+        "status": "ok",
+        "train_runtime_s": 30.0,
+        "samples_per_second": 16.0,
+        "steady_samples_per_second": 18.9,
+        "device_memory_used_bytes": 12_000 * 1024**2,
+        "peak_allocated_bytes": 1,
+    },
     {"name": "8-bit adam", "status": "skipped", "reason": "8-bit Adam needs bitsandbytes"},
 ]
 
@@ -41,9 +55,9 @@ def test_markdown_and_csv():
 
 
 def test_sizes_print_in_the_largest_unit_that_is_at_least_one():
-    assert [format_bytes(value) for value in (None, 512 * 1024**2, 80 * 1024**3, 1023 * 1024**3, 1024**4,
-                                              114 * 1024**4)] == [
-        "—", "512 MiB", "80.00 GiB", "1023.00 GiB", "1.00 TiB", "114.00 TiB"]
+    assert [
+        format_bytes(value) for value in (None, 512 * 1024**2, 80 * 1024**3, 1023 * 1024**3, 1024**4, 114 * 1024**4)
+    ] == ["—", "512 MiB", "80.00 GiB", "1023.00 GiB", "1.00 TiB", "114.00 TiB"]
 
 
 def test_the_history_names_a_run_only_with_what_says_something():
@@ -53,8 +67,18 @@ def test_the_history_names_a_run_only_with_what_says_something():
     from gpuanat.core.store.report import display_value, history_rows
 
     def row(run_id: int, kind: str, name: str | None) -> RunRow:
-        return RunRow(id=run_id, kind=kind, name=name, status="ok", created_at=1_795_294_194.0, finished_at=None,
-                      config={"preset": "tiny", "device": "cpu"}, environment={}, result={}, log_path=None)
+        return RunRow(
+            id=run_id,
+            kind=kind,
+            name=name,
+            status="ok",
+            created_at=1_795_294_194.0,
+            finished_at=None,
+            config={"preset": "tiny", "device": "cpu"},
+            environment={},
+            result={},
+            log_path=None,
+        )
 
     rows = history_rows([row(1, "launched", None), row(2, "launched", "bf16"), row(3, "watched", None)])
     assert [display_value("name", entry["name"]) for entry in rows] == ["—", "bf16", "watched"]

@@ -40,8 +40,9 @@ def history_db(tmp_path_factory):
 def results(history_db):
     # The user's allocator options reach the child; the technique decides expandable_segments.
     allocator_conf = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.9,expandable_segments:True"}
-    processes = {name: start_cli(["run", *args, "--json"], history_db, extra_env=allocator_conf)
-                 for name, args in RUNS.items()}
+    processes = {
+        name: start_cli(["run", *args, "--json"], history_db, extra_env=allocator_conf) for name, args in RUNS.items()
+    }
     outputs = {}
     for name, process in processes.items():
         stdout, stderr = process.communicate(timeout=600)
@@ -53,10 +54,16 @@ def results(history_db):
 def tiny_model_counts() -> dict[str, int]:
     """Parameters and buffers of the tiny preset, counted here with numel × element size."""
     preset = PRESETS["tiny"]
-    model = AutoModelForSequenceClassification.from_config(BertConfig(
-        vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, num_hidden_layers=preset.num_layers,
-        num_attention_heads=preset.num_heads, intermediate_size=preset.intermediate_size,
-        max_position_embeddings=preset.max_positions))
+    model = AutoModelForSequenceClassification.from_config(
+        BertConfig(
+            vocab_size=preset.vocab_size,
+            hidden_size=preset.hidden_size,
+            num_hidden_layers=preset.num_layers,
+            num_attention_heads=preset.num_heads,
+            intermediate_size=preset.intermediate_size,
+            max_position_embeddings=preset.max_positions,
+        )
+    )
     parameters = list(model.parameters())
     return {
         "params": sum(p.numel() for p in parameters),
@@ -68,13 +75,36 @@ def tiny_model_counts() -> dict[str, int]:
 
 def test_json_contract(results):
     result = results["adamw_bs8"]
-    for key in ("run_id", "status", "config", "params", "train_runtime_s", "samples_per_second",
-                "steady_samples_per_second", "peak_allocated_bytes", "device_memory_used_bytes", "bands"):
+    for key in (
+        "run_id",
+        "status",
+        "config",
+        "params",
+        "train_runtime_s",
+        "samples_per_second",
+        "steady_samples_per_second",
+        "peak_allocated_bytes",
+        "device_memory_used_bytes",
+        "bands",
+    ):
         assert key in result
     assert result["status"] == "ok"
     assert result["config"]["batch_size"] == 8 and result["config"]["optim"] == "adamw_torch_fused"
-    assert set(result["config"]) >= {"grad_accum", "grad_checkpointing", "precision", "tf32", "optim", "workers",
-                                     "pin_memory", "attn", "compile", "seq_len", "samples", "epochs", "max_steps"}
+    assert set(result["config"]) >= {
+        "grad_accum",
+        "grad_checkpointing",
+        "precision",
+        "tf32",
+        "optim",
+        "workers",
+        "pin_memory",
+        "attn",
+        "compile",
+        "seq_len",
+        "samples",
+        "epochs",
+        "max_steps",
+    }
     assert result["train_runtime_s"] > 0 and result["samples_per_second"] > 0
     assert result["steady_samples_per_second"] > 0
     assert result["steps"] == 8 and result["samples"] == 64
@@ -148,8 +178,10 @@ def test_every_result_s_bands_are_one_moment_s(results):
     for name, result in results.items():
         assert stack_problems(result) == [], name
         for rank in result["ranks"]:
-            assert rank["bands"] == result["bands"] and rank["gradients_after_backward_bytes"] == result[
-                "gradients_after_backward_bytes"]
+            assert (
+                rank["bands"] == result["bands"]
+                and rank["gradients_after_backward_bytes"] == result["gradients_after_backward_bytes"]
+            )
 
 
 def test_history_lists_every_run_in_each_format(results, history_db):
@@ -181,7 +213,8 @@ def test_the_probe_reports_its_own_time(results):
     assert 0 < result["probe_time_s"] < result["train_runtime_s"]
     in_steps_s = parts["measured steps"] + parts["other steps"]
     assert result["probe_cost_percent"] == pytest.approx(
-        100 * in_steps_s / (result["train_runtime_s"] - result["probe_time_s"]))
+        100 * in_steps_s / (result["train_runtime_s"] - result["probe_time_s"])
+    )
 
 
 def test_the_wall_time_is_broken_down_from_the_request_to_the_result(results):
@@ -218,7 +251,7 @@ def test_each_steady_step_is_timed_by_phase_on_the_host(results, history_db):
     # every step's phases add up to its wall time: one stamp ends both (to the phases' rounding to the microsecond)
     for step in steps[1:]:
         assert sum(step["phases_s"].values()) == pytest.approx(step["step_time_s"], rel=0, abs=5e-6)
-    steady = steps[result["warmup_steps"]:]
+    steady = steps[result["warmup_steps"] :]
     assert breakdown["step_s"] == pytest.approx(sum(step["step_time_s"] for step in steady) / len(steady), rel=0.05)
     assert result["diagnosis"] == []  # nothing to say of a CPU run that waits for nothing
 
@@ -236,7 +269,9 @@ def test_steps_are_recorded_with_the_run(results, history_db):
     assert [step["step"] for step in measured] == [1, 2, 3]
     # The optimizer state is created by the first optimizer step, after step 1's forward pass.
     assert [step["bands"]["optimizer_state_at_forward_end_bytes"] for step in measured] == [
-        0, *[measured[0]["bands"]["optimizer_state_bytes"]] * 2]
+        0,
+        *[measured[0]["bands"]["optimizer_state_bytes"]] * 2,
+    ]
     assert all(step["nvml_device_used_bytes"] is None for step in steps)  # no GPU
     assert all(later["elapsed_s"] > earlier["elapsed_s"] for earlier, later in itertools.pairwise(steps))
     # The sampler recorded host metrics of the training process while it ran.
@@ -277,8 +312,14 @@ def test_model_flag_loads_local_weights_and_refuses_a_missing_model(tmp_path, db
     from transformers import AutoModelForSequenceClassification, BertConfig
 
     checkpoint = tmp_path / "my-bert"
-    config = BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=1000,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     model = AutoModelForSequenceClassification.from_config(config)
     model.save_pretrained(checkpoint)
     common = ["run", "--device", "cpu", "--seq-len", "32", "--samples", "16", "--batch-size", "4", "--json"]
@@ -291,9 +332,11 @@ def test_model_flag_loads_local_weights_and_refuses_a_missing_model(tmp_path, db
     assert result["bands"]["weights_bytes"] == 4 * result["params"] + sum(b.nbytes for b in model.buffers())
     _, stderr = missing.communicate(timeout=300)
     assert missing.returncode == 2
-    assert stderr.strip().splitlines() == [f"gpuanat: error: --model: no such directory: {tmp_path / 'no-such-model'} "
-                                           "(a local model is a directory with config.json, as save_pretrained "
-                                           "writes it)"]
+    assert stderr.strip().splitlines() == [
+        f"gpuanat: error: --model: no such directory: {tmp_path / 'no-such-model'} "
+        "(a local model is a directory with config.json, as save_pretrained "
+        "writes it)"
+    ]
     too_long = run_cli([*common, "--model", str(checkpoint), "--seq-len", "256"], db_path)
     assert too_long.returncode == 2 and f"≤ 128, the position embeddings of {checkpoint}" in too_long.stderr
 
@@ -308,8 +351,11 @@ def test_a_compiled_run_is_one_graph_with_the_probe_outside_it(results):
     assert result["samples"] == 64 and result["steps"] == 8
     assert result["step_time_breakdown"]["share"]["forward"] > 0
     # No break or recompilation to report (whether it beat eager is a CPU timing of a tiny model: not asserted)
-    assert not [finding for finding in result["diagnosis"]
-                if finding["bottleneck"] == "compile" and "graph break" in finding["evidence"]]
+    assert not [
+        finding
+        for finding in result["diagnosis"]
+        if finding["bottleneck"] == "compile" and "graph break" in finding["evidence"]
+    ]
 
 
 def test_compiled_regions_are_one_graph_a_kind_of_block_outside_attention(results):
@@ -321,5 +367,8 @@ def test_compiled_regions_are_one_graph_a_kind_of_block_outside_attention(result
     assert result["status"] == "ok" and result["samples"] == 64
     assert result["config"]["compile_regions"] is True and result["config"]["compile"] is False
     assert result["compile_stats"] == {"graphs": 4, "graph_breaks": 0, "frames": 4}
-    assert not [finding for finding in result["diagnosis"]
-                if finding["bottleneck"] == "compile" and "graph break" in finding["evidence"]]
+    assert not [
+        finding
+        for finding in result["diagnosis"]
+        if finding["bottleneck"] == "compile" and "graph break" in finding["evidence"]
+    ]

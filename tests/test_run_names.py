@@ -27,8 +27,9 @@ from gpuanat.tui.screens.rename import RenameScreen
 
 MARKUP_NAME = "[red]x[/]"
 TINY_RUN = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "16", "--batch-size", "8"]
-NO_NVML = NvmlStatus(available=False, reason="no NVML in this test", driver_version=None, cuda_driver_version=None,
-                     gpu_names=())
+NO_NVML = NvmlStatus(
+    available=False, reason="no NVML in this test", driver_version=None, cuda_driver_version=None, gpu_names=()
+)
 CPU = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build")
 
 
@@ -40,10 +41,12 @@ def fill_history(db: Path) -> None:
     """Three finished runs: no name, a plain one, a hostile one (a title, a screen clear and markup)."""
     with HistoryStore(db) as store:
         for index, name in enumerate([None, "Sweep bf16", EVIL_NAME]):
-            run_id = store.create_run({"preset": "tiny", "batch_size": 4, "device": "cpu"}, name=name,
-                                      created_at=1_795_294_194.0 + 60 * index)
-            store.update_result(run_id, {"status": "ok", "run_id": run_id, "name": name, "samples_per_second": 10.0},
-                                status="ok")
+            run_id = store.create_run(
+                {"preset": "tiny", "batch_size": 4, "device": "cpu"}, name=name, created_at=1_795_294_194.0 + 60 * index
+            )
+            store.update_result(
+                run_id, {"status": "ok", "run_id": run_id, "name": name, "samples_per_second": 10.0}, status="ok"
+            )
 
 
 def test_run_name_is_recorded_and_in_the_json_exactly(db_path):
@@ -102,16 +105,19 @@ def test_history_rename_saves_the_name_as_given_and_shows_it_escaped(db_path):
         assert [run.name for run in store.runs()] == [None, EVIL_NAME, None]
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--rename", "99", "x"], "there is no run 99 in history"),
-    (["--rename", "two", "x"], "RUN_ID must be a run's number"),
-    (["--rename", "0", "x"], "RUN_ID must be a run's number ≥ 1"),
-    (["--rename", "1"], "expected 2 arguments"),
-    (["--rename", "1", "x", "--json"], "--json shapes a listing"),
-    (["--rename", "1", "x", "--name", "y"], "--name shapes a listing"),
-    (["--rename", "1", "name\udcff"], "is not UTF-8 text"),
-    (["--name", "name\udcff"], "is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--rename", "99", "x"], "there is no run 99 in history"),
+        (["--rename", "two", "x"], "RUN_ID must be a run's number"),
+        (["--rename", "0", "x"], "RUN_ID must be a run's number ≥ 1"),
+        (["--rename", "1"], "expected 2 arguments"),
+        (["--rename", "1", "x", "--json"], "--json shapes a listing"),
+        (["--rename", "1", "x", "--name", "y"], "--name shapes a listing"),
+        (["--rename", "1", "name\udcff"], "is not UTF-8 text"),
+        (["--name", "name\udcff"], "is not UTF-8 text"),
+    ],
+)
 def test_every_bad_rename_or_filter_is_one_line_and_exit_2(db_path, args, expected):
     fill_history(db_path)
     before = history_files(db_path)
@@ -129,9 +135,15 @@ def test_renaming_in_a_history_that_does_not_exist_creates_none(tmp_path):
 
 
 def cpu_dashboard(db_path: Path) -> GpuAnatApp:
-    return GpuAnatApp(RunConfig(preset="tiny", device="cpu"), db_path=db_path,
-                      sampler_factory=lambda: (HostOnlySource(), NO_NVML), capabilities_probe=lambda: CPU,
-                      sample_interval_s=None, paint_interval_s=3600, clock=lambda: 1_000.0)
+    return GpuAnatApp(
+        RunConfig(preset="tiny", device="cpu"),
+        db_path=db_path,
+        sampler_factory=lambda: (HostOnlySource(), NO_NVML),
+        capabilities_probe=lambda: CPU,
+        sample_interval_s=None,
+        paint_interval_s=3600,
+        clock=lambda: 1_000.0,
+    )
 
 
 def frame(app: App) -> str:

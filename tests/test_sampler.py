@@ -287,7 +287,7 @@ def test_a_listener_gets_the_samples_until_removed_and_a_failing_one_stops_nobod
     assert heard_before_removal >= 5
     assert len(listened) <= heard_before_removal + 1  # one sample may have been in hand at the removal
     assert len(taken) >= len(listened) + 4  # the sampler's own consumer went on
-    assert listened == taken[:len(listened)]  # the same samples, in the same order
+    assert listened == taken[: len(listened)]  # the same samples, in the same order
     assert sampler.last_error == "RuntimeError: a consumer broke"
 
 
@@ -520,14 +520,22 @@ class RecordedNvml:
         return self._gpu(handle)["temperature_c"]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
-        return [SimpleNamespace(pid=entry["pid"], usedGpuMemory=entry["used_bytes"])
-                for entry in self._gpu(handle)["processes"]]
+        return [
+            SimpleNamespace(pid=entry["pid"], usedGpuMemory=entry["used_bytes"])
+            for entry in self._gpu(handle)["processes"]
+        ]
 
     def nvmlDeviceGetProcessUtilization(self, handle: int, since_us: int) -> list[SimpleNamespace]:
         self.process_utilization_asked_from_us.append(since_us)
-        return [SimpleNamespace(pid=entry["pid"], smUtil=entry["sm_util_percent"], memUtil=entry["memory_util_percent"],
-                                timeStamp=1_000_000 + 250_000 * self.at)
-                for entry in self._gpu(handle)["process_utilization"]]
+        return [
+            SimpleNamespace(
+                pid=entry["pid"],
+                smUtil=entry["sm_util_percent"],
+                memUtil=entry["memory_util_percent"],
+                timeStamp=1_000_000 + 250_000 * self.at,
+            )
+            for entry in self._gpu(handle)["process_utilization"]
+        ]
 
 
 def test_per_process_gpu_utilization_is_read_once_a_second_and_carried_between():

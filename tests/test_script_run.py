@@ -16,8 +16,9 @@ TINY_TRAINER = REPO / "tests" / "scripts" / "tiny_trainer.py"
 
 
 def test_a_script_without_the_callback_is_recorded_with_its_bands(db_path):
-    completed = run_cli(["run", "--json", "--script", str(TINY_TRAINER), "--", "--samples", "32",
-                         "--batch-size", "8"], db_path)
+    completed = run_cli(
+        ["run", "--json", "--script", str(TINY_TRAINER), "--", "--samples", "32", "--batch-size", "8"], db_path
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
     reference = tiny_model_reference()
@@ -29,7 +30,11 @@ def test_a_script_without_the_callback_is_recorded_with_its_bands(db_path):
     assert result["steps"] == 12 and result["samples"] == 96
     assert result["samples_per_second"] > 0 and result["steady_samples_per_second"] > 0
     assert result["config"]["script"] == str(TINY_TRAINER) and result["config"]["args"] == [
-        "--samples", "32", "--batch-size", "8"]
+        "--samples",
+        "32",
+        "--batch-size",
+        "8",
+    ]
     assert result["config"]["batch_size"] == 8  # read off the script's TrainingArguments by the probe
     with HistoryStore(db_path) as store:
         (run,) = store.runs()
@@ -62,8 +67,14 @@ def test_the_probe_is_added_once_even_when_the_script_has_its_own():
             counts.append(sum(isinstance(c, AnatomyCallback) for c in trainer.callback_handler.callbacks))
         print(counts)
     """)
-    completed = subprocess.run([sys.executable, "-c", code], env=cli_env(None, offline_hub=True), cwd=REPO,
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [sys.executable, "-c", code],
+        env=cli_env(None, offline_hub=True),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert completed.stdout.strip().splitlines()[-1] == "[1, 1]"
 

@@ -41,9 +41,15 @@ def free_port() -> int:
 def start_server(tmp_path: Path, *served: str) -> tuple[subprocess.Popen[str], str]:
     """`gpuanat serve` on a free port; its process and the URL it printed."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "gpuanat", "serve", "--port", str(port), *served], cwd=REPO,
-                              env=cli_env(tmp_path / "history.sqlite"), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gpuanat", "serve", "--port", str(port), *served],
+        cwd=REPO,
+        env=cli_env(tmp_path / "history.sqlite"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     line = server.stdout.readline()
     match = re.search(r"open (http://\S+) ", line)
     assert match, (line, server.stderr.read() if server.poll() is not None else "")
@@ -82,10 +88,25 @@ class Browser:
 
         profile = self.folder / "chromium-profile"
         self.process = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-             "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--remote-debugging-port=0", "--window-size=1280,820", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "--remote-debugging-port=0",
+                "--window-size=1280,820",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not port_file.exists() or len(port_file.read_text().splitlines()) < 2:
@@ -183,8 +204,12 @@ async def taken_over_by_another_tab(url: str) -> str:
 
     bare, token = url.split("?token=")
     drawn = bytearray()
-    async with aiohttp.ClientSession() as session, session.ws_connect(
-            f"{bare.replace('http', 'ws', 1).rstrip('/')}/ws?width=120&height=40&token={token}") as socket:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(
+            f"{bare.replace('http', 'ws', 1).rstrip('/')}/ws?width=120&height=40&token={token}"
+        ) as socket,
+    ):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -213,8 +238,20 @@ def wait_until(condition, what: str, timeout_s: float = 60):  # type: ignore[no-
 @pytest.mark.asyncio
 async def test_the_served_dashboard_is_drawn_in_a_browser_and_outlives_its_tab(tmp_path):
     history = tmp_path / "history.sqlite"
-    server, url = start_server(tmp_path, "--", "--preset", "tiny", "--device", "cpu", "--seq-len", "32",
-                               "--samples", "400000", "--batch-size", "4")
+    server, url = start_server(
+        tmp_path,
+        "--",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--seq-len",
+        "32",
+        "--samples",
+        "400000",
+        "--batch-size",
+        "4",
+    )
     try:
         bare = url.split("?")[0]
         assert refused(bare) == 403 and refused(bare + "?token=wrong") == 403
@@ -235,8 +272,10 @@ async def test_the_served_dashboard_is_drawn_in_a_browser_and_outlives_its_tab(t
 
             await browser.open("about:blank")  # the tab goes mid-run: the run goes on, unseen
             steps_then = history_rows(history, "SELECT max(step) FROM steps")[0][0] or 0
-            wait_until(lambda: (history_rows(history, "SELECT max(step) FROM steps")[0][0] or 0) > steps_then + 20,
-                       "the run stopped training when its tab closed")
+            wait_until(
+                lambda: (history_rows(history, "SELECT max(step) FROM steps")[0][0] or 0) > steps_then + 20,
+                "the run stopped training when its tab closed",
+            )
             assert history_rows(history, "SELECT status FROM runs") == [("running",)]
 
             drawn_before_return = len(browser.drawn)
@@ -253,25 +292,45 @@ async def test_the_served_dashboard_is_drawn_in_a_browser_and_outlives_its_tab(t
             await asyncio.sleep(1)
             assert browser.sockets_closed > closed_before
         stop(server)  # stopping the server quits the dashboard as q does: the run stopped and recorded
-        rows = wait_until(lambda: [row for row in history_rows(history, "SELECT status, result_json FROM runs")
-                                   if row[0] not in ("running", None)], "the run was never recorded")
+        rows = wait_until(
+            lambda: [
+                row
+                for row in history_rows(history, "SELECT status, result_json FROM runs")
+                if row[0] not in ("running", None)
+            ],
+            "the run was never recorded",
+        )
         assert rows[0][0] == "stopped" and json.loads(rows[0][1])["steps"] > steps_then + 20, rows
     finally:
         stop(server)
 
 
 def test_serve_refuses_what_it_cannot_serve(tmp_path):
-    for served, message in ((["history"], "not `history`"), (["watch", "1", "--json"], "--json prints records"),
-                            (["--", "--batch-size", "x"], "cannot serve")):
-        completed = subprocess.run([sys.executable, "-m", "gpuanat", "serve", *served], cwd=REPO,
-                                   env=cli_env(tmp_path / "h.sqlite"), capture_output=True, text=True, timeout=60)
+    for served, message in (
+        (["history"], "not `history`"),
+        (["watch", "1", "--json"], "--json prints records"),
+        (["--", "--batch-size", "x"], "cannot serve"),
+    ):
+        completed = subprocess.run(
+            [sys.executable, "-m", "gpuanat", "serve", *served],
+            cwd=REPO,
+            env=cli_env(tmp_path / "h.sqlite"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert completed.returncode == 2 and message in completed.stderr, (served, completed.stderr)
 
 
 def test_serving_beyond_loopback_warns(tmp_path):
-    server = subprocess.Popen([sys.executable, "-m", "gpuanat", "serve", "--host", "0.0.0.0", "--port",
-                               str(free_port())], cwd=REPO, env=cli_env(tmp_path / "h.sqlite"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gpuanat", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+        cwd=REPO,
+        env=cli_env(tmp_path / "h.sqlite"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert "open http://0.0.0.0:" in server.stdout.readline()
     finally:

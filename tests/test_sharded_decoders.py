@@ -32,8 +32,11 @@ from sharded_reference_table import recorded_run  # the recorded runs' reading, 
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "h200x2" / "sharded_reference"
 RESULTS_4 = RESULTS.parents[1] / "h200x4" / "sharded_reference"
-CASES = [path for folder in (RESULTS, RESULTS_4) for path in
-         sorted(folder.glob("run-*.json")) + sorted((folder / "held_out").glob("run-*.json"))]
+CASES = [
+    path
+    for folder in (RESULTS, RESULTS_4)
+    for path in sorted(folder.glob("run-*.json")) + sorted((folder / "held_out").glob("run-*.json"))
+]
 
 
 def _recorded(run_path: Path) -> tuple[RunConfig, dict, list[dict]]:
@@ -53,8 +56,15 @@ def _case_id(path: Path) -> str:
 def test_every_case_is_recorded_for_every_rank():
     """The issue's cases on 2 and 4 GPUs: llama-3.1-8b under FSDP2, ZeRO-3 and with LoRA, mistral-7b, at two
     sequence lengths each."""
-    issue_cases = {"run-fsdp-4096", "run-lora-1024", "run-lora-4096", "run-zero3-1024", "run-zero3-4096",
-                   "run-mistral-2048", "run-mistral-4096"}
+    issue_cases = {
+        "run-fsdp-4096",
+        "run-lora-1024",
+        "run-lora-4096",
+        "run-zero3-1024",
+        "run-zero3-4096",
+        "run-mistral-2048",
+        "run-mistral-4096",
+    }
     assert issue_cases | {"run-random-1024"} <= {path.stem for path in CASES if path.is_relative_to(RESULTS)}
     assert issue_cases | {"run-fsdp-1024"} <= {path.stem for path in CASES if path.is_relative_to(RESULTS_4)}
     for path in CASES:
@@ -118,7 +128,8 @@ def test_larger_batches_and_sequences_peak_as_predicted(run_path):
     for rank in result["ranks"]:
         assert estimate.peak_allocated_bytes == pytest.approx(rank["peak_allocated_bytes"], rel=0.001)
         assert peak_reserved_bytes(estimate) == pytest.approx(
-            rank["peak_reserved_bytes"], rel=RESERVE_HELD_OUT_MISS.get(run_path.stem, 0.10))
+            rank["peak_reserved_bytes"], rel=RESERVE_HELD_OUT_MISS.get(run_path.stem, 0.10)
+        )
 
 
 def test_what_was_measured_is_predicted_without_a_caveat_and_the_rest_says_why():
@@ -128,7 +139,8 @@ def test_what_was_measured_is_predicted_without_a_caveat_and_the_rest_says_why()
     assert "measured at one length" in prediction_caveat(dataclasses.replace(llama, distributed="zero2"))
     assert "not measured under ddp" in prediction_caveat(dataclasses.replace(llama, distributed="ddp"))
     assert "with checkpointing only" in prediction_caveat(
-        dataclasses.replace(llama, distributed="fsdp", grad_checkpointing=False))
+        dataclasses.replace(llama, distributed="fsdp", grad_checkpointing=False)
+    )
     assert "measured on 2 and 4" in prediction_caveat(dataclasses.replace(llama, distributed="fsdp", gpus="8"))
     assert prediction_caveat(dataclasses.replace(llama, distributed="zero3", gpus="4")) is None
 
@@ -137,9 +149,24 @@ def test_the_reference_script_trains_on_the_cpu():
     """benchmarks/reference_sharded_trainer.py's smoke test (2 small layers, no sharding, LoRA on): what the GPU calls
     run, kept working between them."""
     script = RESULTS.parents[2] / "reference_sharded_trainer.py"
-    completed = subprocess.run([sys.executable, str(script), "--config", str(RESULTS.parents[2] / "configs" /
-                                "llama-3.1-8b"), "--tiny", "--lora", "4", "--steps", "2", "--seq-len", "16"],
-                               capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--config",
+            str(RESULTS.parents[2] / "configs" / "llama-3.1-8b"),
+            "--tiny",
+            "--lora",
+            "4",
+            "--steps",
+            "2",
+            "--seq-len",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     line = json.loads([text for text in completed.stdout.splitlines() if text.startswith('{"')][-1])
     assert line["steps"] == 2 and line["lora"] == 4 and line["s_per_step_median"] > 0
@@ -148,10 +175,15 @@ def test_the_reference_script_trains_on_the_cpu():
 LORA_PEAK = RESULTS.parent / "lora_peak"
 
 
-@pytest.mark.parametrize(("name", "preset", "within"), [
-    ("run-lora1024.json", "llama-3.1-8b", 0.005), ("run-lora4096.json", "llama-3.1-8b", 0.005),
-    ("run-mistral-lora1024.json", "mistral-7b", 0.05), ("run-mistral-lora2048.json", "mistral-7b", 0.05),
-])
+@pytest.mark.parametrize(
+    ("name", "preset", "within"),
+    [
+        ("run-lora1024.json", "llama-3.1-8b", 0.005),
+        ("run-lora4096.json", "llama-3.1-8b", 0.005),
+        ("run-mistral-lora1024.json", "mistral-7b", 0.05),
+        ("run-mistral-lora2048.json", "mistral-7b", 0.05),
+    ],
+)
 def test_lora_under_fsdp2_peaks_at_the_loss(name, preset, within):
     """`gpuanat run --memory-snapshot` of llama-3.1-8b with LoRA under FSDP2 (lora_peak/): the peak is inside the loss,
     the LM head's unit held twice (its all-gather buffer and its unsharded parameters) beside the fp32 logits; the
@@ -180,15 +212,26 @@ def test_zero3_peaks_in_its_step_preparing_one_sub_group():
     DeepSpeed cuts it (to the element), and the moment adds up to the measured peak."""
     peak = next(iter(json.loads((ZERO3_PEAK / "peak-zero3-1024.json").read_text())["snapshots"].values()))
     assert peak["peak_allocation"]["place"].endswith("stage3.py:2686 _prepare_fp32_grad_for_sub_group")
-    held = {place.removeprefix("/tmp/site/deepspeed/runtime/zero/"): value["bytes"]
-            for place, value in peak["by_place"].items()}
-    config = RunConfig(preset="llama-3.1-8b", gpus="4", distributed="zero3", precision="bf16",
-                       grad_checkpointing=True, batch_size=1, seq_len=1024)
+    held = {
+        place.removeprefix("/tmp/site/deepspeed/runtime/zero/"): value["bytes"]
+        for place, value in peak["by_place"].items()
+    }
+    config = RunConfig(
+        preset="llama-3.1-8b",
+        gpus="4",
+        distributed="zero3",
+        precision="bf16",
+        grad_checkpointing=True,
+        batch_size=1,
+        seq_len=1024,
+    )
     shapes = parameter_shapes(architecture_of(config))
     elements = zero3_largest_sub_group_elements(shapes, 4)
     assert held["stage3.py:2686 _prepare_fp32_grad_for_sub_group"] == 4 * elements
-    assert held["stage3.py:2686 _prepare_fp32_grad_for_sub_group <- torch/_utils.py:582 _flatten_dense_tensors"] == \
-        2 * elements
+    assert (
+        held["stage3.py:2686 _prepare_fp32_grad_for_sub_group <- torch/_utils.py:582 _flatten_dense_tensors"]
+        == 2 * elements
+    )
     assert zero3_step_gradients_bytes(config, shapes) == 6 * elements
     result = json.loads((ZERO3_PEAK / "run-zero3-snapshot.json").read_text().strip().splitlines()[-1])
     estimate = estimate_memory(config)

@@ -15,9 +15,21 @@ from gpuanat.core.run.startup import (
     wall_breakdown,
 )
 
-POINTS = {"requested": 100.0, "spawned": 100.25, "started": 100.32, "imported": 104.32, "cuda ready": 105.0,
-          "model built": 106.5, "dataset built": 106.6, "trainer ready": 107.0, "first step": 109.0,
-          "last step": 119.0, "trained": 119.1, "exited": 119.2, "recorded": 119.25}
+POINTS = {
+    "requested": 100.0,
+    "spawned": 100.25,
+    "started": 100.32,
+    "imported": 104.32,
+    "cuda ready": 105.0,
+    "model built": 106.5,
+    "dataset built": 106.6,
+    "trainer ready": 107.0,
+    "first step": 109.0,
+    "last step": 119.0,
+    "trained": 119.1,
+    "exited": 119.2,
+    "recorded": 119.25,
+}
 
 
 def test_every_part_is_the_time_between_its_points():
@@ -42,8 +54,10 @@ def test_a_point_not_reached_gives_its_time_to_the_next_part():
 def test_the_summary_line_names_the_start_up_parts_only():
     breakdown = wall_breakdown(POINTS)
     line = startup_line(breakdown, time_to_first_step_s(POINTS))
-    assert line == ("9.0 s to the first step (gpuanat 0.2, child start 0.1, imports 4.0, CUDA init 0.7, model 1.5, "
-                    "dataset 0.1, trainer init 0.4, first step 2.0)")
+    assert line == (
+        "9.0 s to the first step (gpuanat 0.2, child start 0.1, imports 4.0, CUDA init 0.7, model 1.5, "
+        "dataset 0.1, trainer init 0.4, first step 2.0)"
+    )
 
 
 def test_this_process_started_before_now_on_the_monotonic_clock():

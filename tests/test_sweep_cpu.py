@@ -36,8 +36,9 @@ def test_sweep_runs_the_docs_table_and_skips_what_needs_a_gpu(db_path):
     vanilla = by_name["vanilla"]
     for row in rows:
         if row["status"] == "ok":
-            assert row["samples_per_second_delta"] == percent_delta(row["samples_per_second"],
-                                                                    vanilla["samples_per_second"])
+            assert row["samples_per_second_delta"] == percent_delta(
+                row["samples_per_second"], vanilla["samples_per_second"]
+            )
             assert row["time_delta"] == percent_delta(row["train_runtime_s"], vanilla["train_runtime_s"])
     assert vanilla["time_delta"] == 0.0
     # The accumulating experiments train the same 16 samples as 1 × 4 micro-batches per step.
@@ -46,17 +47,27 @@ def test_sweep_runs_the_docs_table_and_skips_what_needs_a_gpu(db_path):
     assert by_name["bf16"]["config"]["precision"] == "bf16"
     # Each experiment ran in its own process and landed in the history under its name.
     history = json.loads(run_cli(["history", "--json"], db_path).stdout)
-    assert [run["name"] for run in history] == ["vanilla", "grad accumulation", "+ grad checkpointing", "bf16",
-                                                "adafactor"]
+    assert [run["name"] for run in history] == [
+        "vanilla",
+        "grad accumulation",
+        "+ grad checkpointing",
+        "bf16",
+        "adafactor",
+    ]
     with HistoryStore(db_path) as store:
         training_pids = {run.environment["pid"] for run in store.runs()}
     assert len(training_pids) == 5
     # The first run starts cold; each later one is taken by the process prepared as the one before ran or ended
     # (gpuanat.core.run.warm): a process of its own still, as the pids above say.
-    started = [by_name[name]["start"] for name in ("vanilla", "grad accumulation", "+ grad checkpointing", "bf16",
-                                                   "adafactor")]
-    assert started[0] == {"warm": False, "prepared_for_s": None, "imports_done": None,
-                          "cold_reason": "no process was prepared"}
+    started = [
+        by_name[name]["start"] for name in ("vanilla", "grad accumulation", "+ grad checkpointing", "bf16", "adafactor")
+    ]
+    assert started[0] == {
+        "warm": False,
+        "prepared_for_s": None,
+        "imports_done": None,
+        "cold_reason": "no process was prepared",
+    }
     assert all(start["warm"] and start["cold_reason"] is None for start in started[1:]), started
     table = run_cli([*SWEEP, "--only", "vanilla", "--only", "tf32"], db_path, timeout_s=300)
     assert table.returncode == 0

@@ -56,8 +56,14 @@ async def test_keys_change_the_config_the_child_receives(db_path):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
         await pilot.press("g", "p", "p", "plus", "a", "o", "o", "o", "e")
-        assert (app.config.grad_checkpointing, app.config.precision, app.config.batch_size, app.config.grad_accum,
-                app.config.optim, app.config.attn) == (True, "bf16", 8, 2, "sgd", "eager")
+        assert (
+            app.config.grad_checkpointing,
+            app.config.precision,
+            app.config.batch_size,
+            app.config.grad_accum,
+            app.config.optim,
+            app.config.attn,
+        ) == (True, "bf16", 8, 2, "sgd", "eager")
         await pilot.press("A")
         assert app.config.grad_accum == 1
         result = await run_to_completion(app, pilot)
@@ -65,8 +71,13 @@ async def test_keys_change_the_config_the_child_receives(db_path):
     with HistoryStore(db_path) as store:
         run = store.run(result["run_id"])
     received = run.environment["config_received"]
-    assert (received["grad_checkpointing"], received["precision"], received["batch_size"], received["optim"],
-            received["attn"]) == (True, "bf16", 8, "sgd", "eager")
+    assert (
+        received["grad_checkpointing"],
+        received["precision"],
+        received["batch_size"],
+        received["optim"],
+        received["attn"],
+    ) == (True, "bf16", 8, "sgd", "eager")
     assert result["steps"] == 4  # 32 samples / batch 8
     assert result["bands"]["optimizer_state_bytes"] == 0  # SGD keeps no state
 
@@ -144,10 +155,13 @@ async def test_every_key_the_techniques_panel_shows_is_an_active_binding(db_path
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("key", "changed", "reason"), [
-    ("p", {"precision": "fp16"}, "fp16 needs a CUDA GPU"),
-    ("x", {"expandable_segments": True}, "expandable segments are an option of the CUDA allocator"),
-])
+@pytest.mark.parametrize(
+    ("key", "changed", "reason"),
+    [
+        ("p", {"precision": "fp16"}, "fp16 needs a CUDA GPU"),
+        ("x", {"expandable_segments": True}, "expandable segments are an option of the CUDA allocator"),
+    ],
+)
 async def test_a_cuda_only_technique_on_the_cpu_is_refused_with_the_reason(db_path, key, changed, reason):
     app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -185,10 +199,13 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
         assert comparison.run_ids == (first["run_id"], second["run_id"])
         assert dict(comparison.differing)["batch_size"] == (4, 8)
         rows = {row.key: row for row in comparison.metrics}
-        assert rows["samples_per_second"].deltas_percent[1] == percent_delta(second["samples_per_second"],
-                                                                             first["samples_per_second"])
-        assert rows["activations_bytes"].values == (first["bands"]["activations_bytes"],
-                                                    second["bands"]["activations_bytes"])
+        assert rows["samples_per_second"].deltas_percent[1] == percent_delta(
+            second["samples_per_second"], first["samples_per_second"]
+        )
+        assert rows["activations_bytes"].values == (
+            first["bands"]["activations_bytes"],
+            second["bands"]["activations_bytes"],
+        )
         await pilot.press("escape")
         assert not isinstance(app.screen, CompareScreen)
 
@@ -199,8 +216,11 @@ async def test_quitting_during_a_run_stops_the_child(db_path):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
         await pilot.press("r")
-        await wait_for(pilot, lambda: app.live is not None and app.live.last_step is not None
-                       and app.live.last_step.step >= 2, what="two training steps")
+        await wait_for(
+            pilot,
+            lambda: app.live is not None and app.live.last_step is not None and app.live.last_step.step >= 2,
+            what="two training steps",
+        )
         child = psutil.Process(app.live.pid)
         await pilot.press("q")
         assert isinstance(app.screen, ConfirmScreen)
@@ -224,8 +244,10 @@ async def test_f_on_a_cpu_run_is_refused_with_the_reason(db_path):
         await pilot.pause(0.2)
         assert app.live is None
         errors = [n.message for n in app._notifications if n.severity == "error"]
-        assert any(message.startswith("fit needs a CUDA GPU") and "gpuanat predict --gpu-memory" in message
-                   for message in errors), errors
+        assert any(
+            message.startswith("fit needs a CUDA GPU") and "gpuanat predict --gpu-memory" in message
+            for message in errors
+        ), errors
     if db_path.exists():
         with HistoryStore(db_path, read_only=True) as store:
             assert store.runs() == []
@@ -248,8 +270,11 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
         assert shown.startswith(f"step {step_ms} ms ") and "fwd" in shown and "bwd" in shown, shown
         # T: a real search of short runs from the current set; s stops it and the best found so far becomes current
         await pilot.press("T")
-        await wait_for(pilot, lambda: any(n.message.startswith("tune 1: ") for n in app._notifications),
-                       what="the first tune trial")
+        await wait_for(
+            pilot,
+            lambda: any(n.message.startswith("tune 1: ") for n in app._notifications),
+            what="the first tune trial",
+        )
         await pilot.press("s")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the stop question")
         await pilot.press("y")
@@ -263,31 +288,56 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
     best = max(ok, key=lambda run: run.result.get("steady_samples_per_second") or run.result["samples_per_second"])
     lasting = ("samples", "epochs", "max_steps")
     assert {key: value for key, value in app.config.to_json().items() if key not in lasting} == {
-        key: value for key, value in best.config.items() if key not in lasting}
+        key: value for key, value in best.config.items() if key not in lasting
+    }
     assert app.config.samples == 64  # the workload's length stays the user's, not the trial's
 
 
 EVERY_FIELD = frozenset(technique.field for technique in TECHNIQUES)
 NO_CUDA = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="a CPU-only build")
-WITH_CUDA = Capabilities(torch_version="2.11.0", cuda_available=True, cuda_device_name="NVIDIA H100",
-                         cuda_compute_capability=(9, 0), cuda_total_memory_bytes=80 * 1024**3)
+WITH_CUDA = Capabilities(
+    torch_version="2.11.0",
+    cuda_available=True,
+    cuda_device_name="NVIDIA H100",
+    cuda_compute_capability=(9, 0),
+    cuda_total_memory_bytes=80 * 1024**3,
+)
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("capabilities", "given", "expected", "note"), [
-    (NO_CUDA, {}, {"device": "cpu", "preset": "tiny", "seq_len": 64, "samples": 64},
-     "training the tiny preset, seq 64, 64 samples"),
-    (NO_CUDA, {"seq_len": 128}, {"device": "cpu", "preset": "tiny", "seq_len": 128, "samples": 64},
-     "training the tiny preset, seq 128, 64 samples"),
-    (NO_CUDA, {"preset": "bert-base"}, {"device": "cpu", "preset": "bert-base", "seq_len": 512, "samples": 512},
-     None),
-    (WITH_CUDA, {}, {"device": "cuda", "preset": "bert-large", "seq_len": 512, "samples": 512}, None),
-])
-async def test_without_cuda_the_workload_left_to_the_defaults_is_the_cpus(db_path, capabilities, given, expected,
-                                                                          note):
+@pytest.mark.parametrize(
+    ("capabilities", "given", "expected", "note"),
+    [
+        (
+            NO_CUDA,
+            {},
+            {"device": "cpu", "preset": "tiny", "seq_len": 64, "samples": 64},
+            "training the tiny preset, seq 64, 64 samples",
+        ),
+        (
+            NO_CUDA,
+            {"seq_len": 128},
+            {"device": "cpu", "preset": "tiny", "seq_len": 128, "samples": 64},
+            "training the tiny preset, seq 128, 64 samples",
+        ),
+        (
+            NO_CUDA,
+            {"preset": "bert-base"},
+            {"device": "cpu", "preset": "bert-base", "seq_len": 512, "samples": 512},
+            None,
+        ),
+        (WITH_CUDA, {}, {"device": "cuda", "preset": "bert-large", "seq_len": 512, "samples": 512}, None),
+    ],
+)
+async def test_without_cuda_the_workload_left_to_the_defaults_is_the_cpus(db_path, capabilities, given, expected, note):
     """As `gpuanat` started with these flags: what the user did not give is the capability probe's to settle."""
-    app = GpuAnatApp(RunConfig(**given), db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False),
-                     capabilities_probe=lambda: capabilities, untouched_fields=EVERY_FIELD - set(given))
+    app = GpuAnatApp(
+        RunConfig(**given),
+        db_path=db_path,
+        sampler_factory=lambda: open_source(prefer_nvml=False),
+        capabilities_probe=lambda: capabilities,
+        untouched_fields=EVERY_FIELD - set(given),
+    )
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
         await pilot.pause()
@@ -327,8 +377,9 @@ async def test_without_nvml_the_charts_show_the_runs_host_memory_and_cpu(db_path
     instead of waiting forever for GPU samples, and say once why."""
     from gpuanat.tui.widgets.line_chart import LineChart
 
-    app = GpuAnatApp(TINY, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False),
-                     sample_interval_s=0.1)
+    app = GpuAnatApp(
+        TINY, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False), sample_interval_s=0.1
+    )
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
         memory_chart = app.query_one("#memory-chart", LineChart)

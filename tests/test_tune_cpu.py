@@ -21,8 +21,23 @@ from gpuanat.core.store.history import HistoryStore
 GPU_MEMORY = "1509MiB"
 """Small enough that the prediction bounds the tiny BERT at seq 32: batch 34 fits with SDPA, 31 with eager
 attention (the CUDA context and the driver's share take 1.35 GiB of it); 64 does not."""
-TUNE = ["tune", "--device", "cpu", "--preset", "tiny", "--seq-len", "32", "--gpu-memory", GPU_MEMORY,
-        "--search", "batch,attn", "--trial-steps", "4", "--budget", "3"]
+TUNE = [
+    "tune",
+    "--device",
+    "cpu",
+    "--preset",
+    "tiny",
+    "--seq-len",
+    "32",
+    "--gpu-memory",
+    GPU_MEMORY,
+    "--search",
+    "batch,attn",
+    "--trial-steps",
+    "4",
+    "--budget",
+    "3",
+]
 TRIAL_STEPS = 4
 
 
@@ -43,17 +58,44 @@ def tuned(tmp_path_factory):
 
 def test_json_contract(tuned):
     summary, _, _ = tuned
-    assert set(summary) >= {"status", "device", "gpu_memory_bytes", "usable_memory_bytes", "budget_s", "trial_steps",
-                            "elapsed_s", "searched", "held", "memory_source", "memory_source_description", "trials",
-                            "pruned", "front", "best"}
+    assert set(summary) >= {
+        "status",
+        "device",
+        "gpu_memory_bytes",
+        "usable_memory_bytes",
+        "budget_s",
+        "trial_steps",
+        "elapsed_s",
+        "searched",
+        "held",
+        "memory_source",
+        "memory_source_description",
+        "trials",
+        "pruned",
+        "front",
+        "best",
+    }
     assert summary["status"] in ("converged", "budget") and summary["device"] == "cpu"
     assert summary["searched"] == ["batch", "attn"] and summary["held"] == []
     assert summary["gpu_memory_bytes"] == 1509 * 2**20 and summary["trial_steps"] == TRIAL_STEPS
     # a CPU run measures no GPU memory: the front's memory axis is the prediction, and says so
     assert summary["memory_source"] == "predicted_peak_allocated_bytes"
     for trial in summary["trials"]:
-        assert set(trial) >= {"index", "name", "run_id", "status", "dimension", "kept", "config", "techniques",
-                              "samples_per_second", "rate_source", "peak_memory_bytes", "wall_s", "error"}
+        assert set(trial) >= {
+            "index",
+            "name",
+            "run_id",
+            "status",
+            "dimension",
+            "kept",
+            "config",
+            "techniques",
+            "samples_per_second",
+            "rate_source",
+            "peak_memory_bytes",
+            "wall_s",
+            "error",
+        }
         assert trial["name"].startswith(f"tune {trial['index']}: ")
     assert summary["best"]["command"].startswith("gpuanat run ")
 
@@ -62,7 +104,9 @@ def test_an_oom_start_steps_down_and_rules_the_batch_out(tuned):
     summary, _, stderr = tuned
     trials = summary["trials"]
     assert [(t["config"]["batch_size"], t["status"], t["dimension"]) for t in trials[:2]] == [
-        (32, "oom", "start"), (16, "ok", "start")]
+        (32, "oom", "start"),
+        (16, "ok", "start"),
+    ]
     assert "out of memory" in trials[0]["error"].lower() or "OutOfMemory" in trials[0]["error"]
     assert trials[1]["kept"]
     # after the OOM no batch of 32 or more with the same techniques was tried again
@@ -105,8 +149,11 @@ def test_every_point_of_the_front_is_a_recorded_run(tuned):
     # nothing on the front is beaten on both counts by another ok trial
     ok = [trial for trial in summary["trials"] if trial["status"] == "ok"]
     for point in summary["front"]:
-        assert not any(other["samples_per_second"] > point["samples_per_second"]
-                       and other["peak_memory_bytes"] <= point["peak_memory_bytes"] for other in ok)
+        assert not any(
+            other["samples_per_second"] > point["samples_per_second"]
+            and other["peak_memory_bytes"] <= point["peak_memory_bytes"]
+            for other in ok
+        )
 
 
 def test_the_best_is_the_fastest_trial_and_runs_as_printed(tuned):
@@ -133,8 +180,26 @@ def test_ctrl_c_stops_the_search_and_prints_the_front_so_far(db_path):
     # Two candidates, batch 2 (the start) and batch 1; Ctrl-C comes as soon as the second trial is recorded as
     # started, while its child starts (seconds of imports), whatever the CPU's speed. The budget is ample, so that
     # only Ctrl-C ends the search early.
-    process = start_cli(["tune", "--device", "cpu", "--preset", "tiny", "--seq-len", "32", "--search", "batch",
-                         "--max-batch", "2", "--trial-steps", "30", "--budget", "60"], db_path)
+    process = start_cli(
+        [
+            "tune",
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--seq-len",
+            "32",
+            "--search",
+            "batch",
+            "--max-batch",
+            "2",
+            "--trial-steps",
+            "30",
+            "--budget",
+            "60",
+        ],
+        db_path,
+    )
     deadline = time.monotonic() + 300
     while _runs_created(db_path) < 2:
         assert process.poll() is None, process.communicate()[1][-3000:]

@@ -21,8 +21,14 @@ from gpuanat.core.run.tune.runs import run_flags
 from gpuanat.core.run.tune.search import moves_in_order, run_tune
 from gpuanat.core.run.tune.space import DIMENSIONS, search_space
 
-H100 = Capabilities(torch_version="2.11", cuda_available=True, cuda_device_name="NVIDIA H100 80GB HBM3",
-                    cuda_compute_capability=(9, 0), cuda_total_memory_bytes=81559 * 2**20, cuda_device_count=1)
+H100 = Capabilities(
+    torch_version="2.11",
+    cuda_available=True,
+    cuda_device_name="NVIDIA H100 80GB HBM3",
+    cuda_compute_capability=(9, 0),
+    cuda_total_memory_bytes=81559 * 2**20,
+    cuda_device_count=1,
+)
 H100_NVML_TOTAL_BYTES = 81559 * 2**20
 TRIAL_S = 40.0
 
@@ -31,8 +37,14 @@ class FakeTrials:
     """Runs that take TRIAL_S of a fake clock and train at a rate made up from the techniques; `oom` decides
     which run out of memory."""
 
-    def __init__(self, oom=lambda config: False, stop_at: int | None = None, stop: threading.Event | None = None,
-                 speedup=lambda config: 1.0, bottleneck=lambda config: None):
+    def __init__(
+        self,
+        oom=lambda config: False,
+        stop_at: int | None = None,
+        stop: threading.Event | None = None,
+        speedup=lambda config: 1.0,
+        bottleneck=lambda config: None,
+    ):
         self.now_s = 0.0
         self.bottleneck = bottleneck
         self.speedup = speedup
@@ -51,32 +63,61 @@ class FakeTrials:
         if self.stop_at == run_id:
             assert self.stop is not None
             self.stop.set()
-            return {"run_id": run_id, "status": "stopped", "steady_samples_per_second": None,
-                    "samples_per_second": None}
+            return {
+                "run_id": run_id,
+                "status": "stopped",
+                "steady_samples_per_second": None,
+                "samples_per_second": None,
+            }
         if self.oom(config):
             return {"run_id": run_id, "status": "oom", "steady_samples_per_second": None, "samples_per_second": None}
         rate = {"bf16": 300.0, "fp16": 300.0, "fp32": 150.0}[config.precision] * (1.05 if config.tf32 else 1.0)
         rate *= min(1.0, config.batch_size / 64) ** 0.1 * (0.75 if config.grad_checkpointing else 1.0)
         rate *= (0.8 if config.attn == "eager" else 1.0) * (0.7 if config.compile else 1.0) * self.speedup(config)
         bottleneck = self.bottleneck(config)
-        return {"run_id": run_id, "status": "ok", "steady_samples_per_second": rate, "samples_per_second": rate * 0.9,
-                "peak_reserved_bytes": config.batch_size * 2**28,
-                "diagnosis": [{"bottleneck": bottleneck, "evidence": "", "fix": ""}] if bottleneck else []}
+        return {
+            "run_id": run_id,
+            "status": "ok",
+            "steady_samples_per_second": rate,
+            "samples_per_second": rate * 0.9,
+            "peak_reserved_bytes": config.batch_size * 2**28,
+            "diagnosis": [{"bottleneck": bottleneck, "evidence": "", "fix": ""}] if bottleneck else [],
+        }
 
 
 BERT_LARGE = RunConfig()
 
 
-def tune(trials: FakeTrials, base: RunConfig = BERT_LARGE, given: frozenset[str] = frozenset(),
-         budget_s: float = 3600.0, **options: Any):
+def tune(
+    trials: FakeTrials,
+    base: RunConfig = BERT_LARGE,
+    given: frozenset[str] = frozenset(),
+    budget_s: float = 3600.0,
+    **options: Any,
+):
     space = search_space(base, H100, given, gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
-    return space, run_tune(base, space, store=None, log_dir=Path("unused"), trial_steps=20, budget_s=budget_s,
-                           run_trial=trials, clock=trials.clock, **options)
+    return space, run_tune(
+        base,
+        space,
+        store=None,
+        log_dir=Path("unused"),
+        trial_steps=20,
+        budget_s=budget_s,
+        run_trial=trials,
+        clock=trials.clock,
+        **options,
+    )
 
 
 def test_the_front_keeps_what_nothing_beats_on_both_counts():
-    points = [(100.0, 10, "a"), (90.0, 12, "dominated"), (150.0, 20, "b"), (150.0, 25, "slower for more"),
-              (80.0, 5, "c"), (150.0, 20, "same point again")]
+    points = [
+        (100.0, 10, "a"),
+        (90.0, 12, "dominated"),
+        (150.0, 20, "b"),
+        (150.0, 25, "slower for more"),
+        (80.0, 5, "c"),
+        (150.0, 20, "same point again"),
+    ]
     assert pareto_front(points) == ["c", "a", "b"]
     assert pareto_front([]) == []
 
@@ -92,7 +133,13 @@ def test_bert_large_on_an_h100_starts_strong_and_prunes_before_running():
     space, result = tune(trials, on_pruned=pruned.append)
     start = result.trials[0].config
     assert (start.precision, start.tf32, start.attn, start.optim, start.grad_checkpointing, start.compile) == (
-        "bf16", True, "sdpa", "adamw_torch_fused", False, False)
+        "bf16",
+        True,
+        "sdpa",
+        "adamw_torch_fused",
+        False,
+        False,
+    )
     usable = space.usable_memory_bytes
     assert usable == H100_NVML_TOTAL_BYTES - int(0.02 * H100_NVML_TOTAL_BYTES)
     largest_bf16 = largest_batch(start, usable).batch_size
@@ -101,8 +148,9 @@ def test_bert_large_on_an_h100_starts_strong_and_prunes_before_running():
         search = RunConfig.from_json({**config.to_json(), "samples": 512, "max_steps": None})
         assert search.batch_size <= largest_batch(search, usable).batch_size  # nothing ran that was predicted over
         assert search.optim != "sgd"
-    assert pruned and all(refused.config.batch_size > largest_batch(refused.config, usable).batch_size
-                          for refused in pruned)
+    assert pruned and all(
+        refused.config.batch_size > largest_batch(refused.config, usable).batch_size for refused in pruned
+    )
     tried = {trial.config for trial in result.trials}
     assert not tried & {refused.config for refused in pruned}
     # checkpointing only where it lets a larger batch fit than without it
@@ -136,9 +184,14 @@ def test_an_oom_at_the_start_steps_down_the_ladder():
     _, result = tune(trials)
     assert [(trial.config.batch_size, trial.status) for trial in result.trials[:2]] == [(128, "oom"), (64, "ok")]
     assert result.kept[0] == 2
-    same_techniques = [trial for trial in result.trials[2:] if trial.config.precision == "bf16"
-                       and not trial.config.grad_checkpointing and trial.config.attn == "sdpa"
-                       and not trial.config.compile]
+    same_techniques = [
+        trial
+        for trial in result.trials[2:]
+        if trial.config.precision == "bf16"
+        and not trial.config.grad_checkpointing
+        and trial.config.attn == "sdpa"
+        and not trial.config.compile
+    ]
     assert all(trial.config.batch_size < 128 for trial in same_techniques)
 
 
@@ -165,11 +218,23 @@ def test_a_stop_returns_the_front_so_far():
     assert [trial.index for trial in result.ok_trials] == [1, 2] and result.best in result.front
 
 
-@pytest.mark.parametrize("config", [
-    RunConfig(precision="bf16", tf32=True, batch_size=128, expandable_segments=True),
-    RunConfig(preset="tiny", device="cpu", seq_len=32, batch_size=16, attn="eager", workers=2, grad_accum=4,
-              pin_memory=False, samples=64),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        RunConfig(precision="bf16", tf32=True, batch_size=128, expandable_segments=True),
+        RunConfig(
+            preset="tiny",
+            device="cpu",
+            seq_len=32,
+            batch_size=16,
+            attn="eager",
+            workers=2,
+            grad_accum=4,
+            pin_memory=False,
+            samples=64,
+        ),
+    ],
+)
 def test_the_best_prints_as_run_flags_that_give_it_back(config):
     args = build_parser().parse_args(["run", *run_flags(config)])
     assert config_from_args(args, cuda_available=True) == config
@@ -181,8 +246,9 @@ def test_the_cpu_searches_what_it_can_run():
     space = search_space(base, cpu, set(), gpu_memory_bytes=None)
     assert space.dimensions == ("batch", "precision", "attn", "workers", "engine", "compile")
     assert space.half_precision == "bf16" and space.max_batch == 64
-    older = Capabilities(torch_version="2.11", cuda_available=True, cuda_compute_capability=(7, 5),
-                         bitsandbytes_version="0.45")
+    older = Capabilities(
+        torch_version="2.11", cuda_available=True, cuda_compute_capability=(7, 5), bitsandbytes_version="0.45"
+    )
     space = search_space(RunConfig(), older, set(), gpu_memory_bytes=16 * 2**30)
     assert space.half_precision == "fp16" and "tf32" not in space.dimensions
     assert space.optimizers == ("adamw_torch_fused", "adamw_bnb_8bit")
@@ -192,8 +258,9 @@ def test_the_cpu_searches_what_it_can_run():
 def test_a_gpu_bound_run_tries_the_fused_kernels_first_regions_before_the_whole_model():
     """The H100's bert-large at batch 128 is GPU-bound (98% busy): only less GPU work a sample helps, so the
     round tries compile first (its regions, then the whole model) instead of last; regions are kept."""
-    trials = FakeTrials(bottleneck=lambda config: "gpu-bound",
-                        speedup=lambda config: 1.1 if config.compile_regions else 1.0)
+    trials = FakeTrials(
+        bottleneck=lambda config: "gpu-bound", speedup=lambda config: 1.1 if config.compile_regions else 1.0
+    )
     _, result = tune(trials)
     moves = [(trial.dimension, trial.config.compile_regions, trial.config.compile) for trial in result.trials[1:3]]
     assert moves == [("compile", True, False), ("compile", False, True)]
@@ -205,12 +272,22 @@ def test_without_a_diagnosis_the_moves_keep_their_order():
     assert moves_in_order(DIMENSIONS, {}) == list(DIMENSIONS)
     host_bound = {"diagnosis": [{"bottleneck": "host-bound"}, {"bottleneck": "compile"}]}
     assert moves_in_order(("batch", "precision", "engine", "compile"), host_bound) == [
-        "batch", "engine", "compile", "precision"]
+        "batch",
+        "engine",
+        "compile",
+        "precision",
+    ]
 
 
-TWO_H100 = Capabilities(torch_version="2.11", cuda_available=True, cuda_device_name="NVIDIA H100 80GB HBM3",
-                        cuda_compute_capability=(9, 0), cuda_total_memory_bytes=81559 * 2**20, cuda_device_count=2,
-                        deepspeed_version="0.18.0")
+TWO_H100 = Capabilities(
+    torch_version="2.11",
+    cuda_available=True,
+    cuda_device_name="NVIDIA H100 80GB HBM3",
+    cuda_compute_capability=(9, 0),
+    cuda_total_memory_bytes=81559 * 2**20,
+    cuda_device_count=2,
+    deepspeed_version="0.18.0",
+)
 SHARDING_SPEED = {"ddp": 1.0, "zero1": 0.97, "zero2": 0.95, "fsdp": 0.9, "zero3": 0.85}
 """Made up: each step of sharding costs some communication."""
 
@@ -219,15 +296,29 @@ def test_on_several_gpus_the_distributed_technique_is_searched_from_the_least_sh
     """llama-3.1-8b on 2 H100s: DDP holds the whole model's state on each GPU and is predicted not to fit at any
     batch, so the start takes the least sharding that does; the other techniques are moves like any other, each
     fitted to the memory, and the fastest that fits is kept."""
-    base = RunConfig(preset="llama-3.1-8b", gpus="2", distributed="ddp", precision="bf16", seq_len=1024,
-                     batch_size=1, samples=64)
-    space = search_space(base, TWO_H100, frozenset({"seq_len"}), gpu_memory_bytes=H100_NVML_TOTAL_BYTES,
-                         only=["batch", "distributed", "grad-checkpointing"])
+    base = RunConfig(
+        preset="llama-3.1-8b", gpus="2", distributed="ddp", precision="bf16", seq_len=1024, batch_size=1, samples=64
+    )
+    space = search_space(
+        base,
+        TWO_H100,
+        frozenset({"seq_len"}),
+        gpu_memory_bytes=H100_NVML_TOTAL_BYTES,
+        only=["batch", "distributed", "grad-checkpointing"],
+    )
     assert space.dimensions == ("batch", "distributed", "grad-checkpointing")
     assert space.distributed_techniques == ("ddp", "zero1", "zero2", "fsdp", "zero3")
     trials = FakeTrials(speedup=lambda config: SHARDING_SPEED[config.distributed])
-    result = run_tune(base, space, store=None, log_dir=Path("unused"), trial_steps=20, budget_s=3600.0,
-                      run_trial=trials, clock=trials.clock)
+    result = run_tune(
+        base,
+        space,
+        store=None,
+        log_dir=Path("unused"),
+        trial_steps=20,
+        budget_s=3600.0,
+        run_trial=trials,
+        clock=trials.clock,
+    )
     start = result.trials[0].config
     usable = space.usable_memory_bytes
     assert largest_batch(base, usable).batch_size == 0  # DDP: no batch fits
@@ -237,17 +328,26 @@ def test_on_several_gpus_the_distributed_technique_is_searched_from_the_least_sh
     tried = {trial.config.distributed for trial in result.trials}
     assert "zero3" in tried and not {"ddp", "zero1", "zero2"} & tried  # pruned by the prediction, never run
     assert result.best is not None and result.best.samples_per_second == max(
-        trial.samples_per_second for trial in result.ok_trials)
+        trial.samples_per_second for trial in result.ok_trials
+    )
 
 
 def test_one_gpu_or_a_workload_sharding_cannot_train_has_no_distributed_dimension():
-    one = search_space(RunConfig(preset="llama-3.1-8b", precision="bf16"), H100, frozenset(),
-                       gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
+    one = search_space(
+        RunConfig(preset="llama-3.1-8b", precision="bf16"), H100, frozenset(), gpu_memory_bytes=H100_NVML_TOTAL_BYTES
+    )
     assert "distributed" not in one.dimensions and one.distributed_techniques == ()
-    lora = search_space(RunConfig(preset="llama-3.1-8b", gpus="2", distributed="ddp", precision="bf16", lora=16),
-                        TWO_H100, frozenset(), gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
+    lora = search_space(
+        RunConfig(preset="llama-3.1-8b", gpus="2", distributed="ddp", precision="bf16", lora=16),
+        TWO_H100,
+        frozenset(),
+        gpu_memory_bytes=H100_NVML_TOTAL_BYTES,
+    )
     assert lora.distributed_techniques == ("ddp", "fsdp")  # LoRA trains with ddp or fsdp here
-    no_deepspeed = search_space(RunConfig(gpus="2", distributed="ddp"),
-                                dataclasses.replace(TWO_H100, deepspeed_version=None), frozenset(),
-                                gpu_memory_bytes=H100_NVML_TOTAL_BYTES)
+    no_deepspeed = search_space(
+        RunConfig(gpus="2", distributed="ddp"),
+        dataclasses.replace(TWO_H100, deepspeed_version=None),
+        frozenset(),
+        gpu_memory_bytes=H100_NVML_TOTAL_BYTES,
+    )
     assert no_deepspeed.distributed_techniques == ("ddp", "fsdp")

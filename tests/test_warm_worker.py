@@ -57,8 +57,13 @@ def test_a_prepared_worker_takes_the_run_and_trains_as_a_cold_start_does(tmp_pat
             workers.prepare(environment())
             wait_until(lambda: workers.status() == "ready", READY_TIMEOUT_S, "the prepared worker")
             prepared_pid = workers.prepared_pid
-            warm = execute_run(TINY, store=store, log_dir=tmp_path / "logs", warm_workers=workers,
-                               env=environment(**{PROFILE_OPS_VARIABLE: "2"}))
+            warm = execute_run(
+                TINY,
+                store=store,
+                log_dir=tmp_path / "logs",
+                warm_workers=workers,
+                env=environment(**{PROFILE_OPS_VARIABLE: "2"}),
+            )
     finally:
         workers.close()
     assert cold["status"] == warm["status"] == "ok"
@@ -84,8 +89,7 @@ def test_a_run_the_prepared_worker_cannot_take_starts_cold_and_says_why(tmp_path
         workers.prepare(environment(CUDA_VISIBLE_DEVICES="1"))
         unusable = workers.prepared_pid
         with HistoryStore(tmp_path / "history.sqlite") as store:
-            result = execute_run(TINY, store=store, log_dir=tmp_path / "logs", warm_workers=workers,
-                                 env=cli_env(None))
+            result = execute_run(TINY, store=store, log_dir=tmp_path / "logs", warm_workers=workers, env=cli_env(None))
         assert result["status"] == "ok"
         assert result["start"]["warm"] is False
         assert "CUDA_VISIBLE_DEVICES" in result["start"]["cold_reason"]
@@ -107,8 +111,7 @@ def test_a_prepared_worker_that_died_leaves_the_run_to_a_cold_start(tmp_path):
         os.kill(workers.prepared_pid, signal.SIGKILL)
         wait_until(lambda: workers.status() is None, 10, "the death to be seen")
         with HistoryStore(tmp_path / "history.sqlite") as store:
-            result = execute_run(TINY, store=store, log_dir=tmp_path / "logs", warm_workers=workers,
-                                 env=cli_env(None))
+            result = execute_run(TINY, store=store, log_dir=tmp_path / "logs", warm_workers=workers, env=cli_env(None))
     finally:
         workers.close()
     assert result["status"] == "ok" and result["start"]["warm"] is False
@@ -129,8 +132,9 @@ def test_a_prepared_worker_dies_with_gpuanat(tmp_path, moment):
         "print(workers.status(), flush=True)\n"
         "time.sleep(600)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=cli_env(None), stdout=subprocess.PIPE,
-                              text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, env=cli_env(None), stdout=subprocess.PIPE, text=True
+    )
     try:
         worker_pid = int(parent.stdout.readline())
         assert parent.stdout.readline().strip() == ("ready" if moment == "ready" else "preparing")
@@ -177,10 +181,13 @@ def test_a_worker_retired_unused_leaves_quietly_and_garbage_handed_over_is_an_er
 
 def test_output_before_the_log_is_named_lands_in_it_first(tmp_path):
     """A prepared process's output (import warnings) is kept until its run names the log, then written there first."""
-    script = ("import os, sys\nprint('while preparing', flush=True)\n"
-              "data = os.read(int(sys.argv[1]), 100)\nprint('handed', data.decode().strip(), flush=True)\n")
-    child = ChildProcess(lambda events_fd, handoff_fd: [sys.executable, "-c", script, str(handoff_fd)],
-                         log_path=None, handoff=True)
+    script = (
+        "import os, sys\nprint('while preparing', flush=True)\n"
+        "data = os.read(int(sys.argv[1]), 100)\nprint('handed', data.decode().strip(), flush=True)\n"
+    )
+    child = ChildProcess(
+        lambda events_fd, handoff_fd: [sys.executable, "-c", script, str(handoff_fd)], log_path=None, handoff=True
+    )
     child.start()
     wait_until(lambda: child.early_output() == b"while preparing\n", 30, "the early output")
     log = tmp_path / "logs" / "run-1.log"
@@ -194,14 +201,21 @@ def test_output_before_the_log_is_named_lands_in_it_first(tmp_path):
 def test_cold_start_reasons():
     prepared = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     # the allocator's options and gpuanat's measurement requests are applied by the worker itself
-    assert cold_start_reason(prepared, {**prepared, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
-                                        PROFILE_OPS_VARIABLE: "3"}, ranks=1) is None
+    assert (
+        cold_start_reason(
+            prepared,
+            {**prepared, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False", PROFILE_OPS_VARIABLE: "3"},
+            ranks=1,
+        )
+        is None
+    )
     assert "CUDA_VISIBLE_DEVICES=1" in cold_start_reason(prepared, {**prepared, "CUDA_VISIBLE_DEVICES": "1"}, 1)
     assert cold_start_reason(prepared, prepared, ranks=4) == "4 ranks start through torchrun"
     changed = cold_start_reason(prepared, {**prepared, "HF_HOME": "/x", "A": "1", "B": "2", "C": "3"}, 1)
     assert changed == "the environment changed since the process was prepared (A, B, C and 1 more)"
-    assert WarmWorkers(enabled=False).take(prepared, 1, 0.0)[1].cold_reason == ("warm starts are off "
-                                                                                 "(GPUANAT_WARM_WORKER=0)")
+    assert WarmWorkers(enabled=False).take(prepared, 1, 0.0)[1].cold_reason == (
+        "warm starts are off (GPUANAT_WARM_WORKER=0)"
+    )
 
 
 def test_warm_starts_can_be_turned_off(monkeypatch):
@@ -225,8 +239,9 @@ async def test_the_dashboard_starts_warm_says_so_and_ends_its_worker(db_path):
     from gpuanat.tui.widgets.status_line import StatusLine
 
     workers = WarmWorkers(enabled=True)
-    app = GpuAnatApp(DASHBOARD_TINY, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False),
-                     warm_workers=workers)
+    app = GpuAnatApp(
+        DASHBOARD_TINY, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False), warm_workers=workers
+    )
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: workers.status() == "ready", READY_TIMEOUT_S, "the prepared worker")
         await pilot.pause(0.3)

@@ -41,10 +41,16 @@ H100_TRACE = Path(__file__).parent / "data" / "nvml_trace_h100.jsonl"
 H100_PID = 2348
 """The training process's PID in the H100 trace."""
 TINY_TRAINER = REPO / "tests" / "scripts" / "tiny_trainer.py"
-H100_NVML = NvmlStatus(available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000,
-                       gpu_names=("NVIDIA H100 80GB HBM3",))
-NO_NVML = NvmlStatus(available=False, reason="NVML not used in this test", driver_version=None,
-                     cuda_driver_version=None, gpu_names=())
+H100_NVML = NvmlStatus(
+    available=True,
+    reason=None,
+    driver_version="580.159.04",
+    cuda_driver_version=13000,
+    gpu_names=("NVIDIA H100 80GB HBM3",),
+)
+NO_NVML = NvmlStatus(
+    available=False, reason="NVML not used in this test", driver_version=None, cuda_driver_version=None, gpu_names=()
+)
 
 # Holds 80 MiB of touched memory, starts a sleeping grandchild with 30 MiB of its own, reports both PIDs, spins.
 SPINNER = textwrap.dedent(
@@ -64,8 +70,7 @@ SPINNER = textwrap.dedent(
 
 @pytest.fixture
 def spinner() -> Iterator[tuple[subprocess.Popen[str], int]]:
-    child = subprocess.Popen([sys.executable, "-c", SPINNER], stdout=subprocess.PIPE, text=True,
-                             start_new_session=True)
+    child = subprocess.Popen([sys.executable, "-c", SPINNER], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert child.stdout is not None
         grandchild_pid = int(child.stdout.readline())
@@ -81,8 +86,9 @@ def unused_pid() -> int:
 
 
 def dead_pid() -> int:
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, check=True)
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(finished.stdout)
 
 
@@ -110,14 +116,22 @@ def test_the_other_processes_on_the_gpu_are_named_once_while_nvml_lists_them(spi
         return name_of(pid)
 
     monkeypatch.setattr(watch_records, "_process_name", counted_name_of)
-    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [],
-                           resolver=REPLAYED)
+    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [], resolver=REPLAYED)
 
     def on_the_gpu(pids: list[int]) -> Sample:
         processes = tuple(ProcessGpuMemory(pid=pid, used_bytes=MIB) for pid in pids)
-        gpu = GpuSample(index=0, name="NVIDIA H100 80GB HBM3", used_bytes=4 * MIB, total_bytes=80 * 1024 * MIB,
-                        reserved_bytes=None, gpu_util_percent=50.0, memory_util_percent=10.0, power_w=None,
-                        temperature_c=None, processes=processes)
+        gpu = GpuSample(
+            index=0,
+            name="NVIDIA H100 80GB HBM3",
+            used_bytes=4 * MIB,
+            total_bytes=80 * 1024 * MIB,
+            reserved_bytes=None,
+            gpu_util_percent=50.0,
+            memory_util_percent=10.0,
+            power_w=None,
+            temperature_c=None,
+            processes=processes,
+        )
         return Sample(t_s=time.monotonic(), gpus=(gpu,), host=HostSample(cpu_percent=None, rss_bytes=None))
 
     try:
@@ -126,7 +140,8 @@ def test_the_other_processes_on_the_gpu_are_named_once_while_nvml_lists_them(spi
         assert sorted(named_pids) == sorted(both)
         for record in records:
             assert [(entry["pid"], entry["name"]) for entry in record["other_gpu_processes"]] == [
-                (pid, psutil.Process(pid).name()) for pid in both]
+                (pid, psutil.Process(pid).name()) for pid in both
+            ]
         session.handle(on_the_gpu(both[:1]))  # the second leaves the GPU
         session.handle(on_the_gpu(both))  # and comes back: named again
         assert named_pids.count(both[0]) == 1 and named_pids.count(both[1]) == 2
@@ -180,8 +195,9 @@ def test_host_metrics_of_a_watched_tree_match_psutil(spinner):
 
 def test_the_cli_watches_for_the_duration_and_leaves_the_process_running(spinner, tmp_path):
     child, _ = spinner
-    completed = run_cli(["watch", str(child.pid), "--json", "--duration", "1.5", "--interval", "0.25"], None,
-                        timeout_s=60)
+    completed = run_cli(
+        ["watch", str(child.pid), "--json", "--duration", "1.5", "--interval", "0.25"], None, timeout_s=60
+    )
     assert completed.returncode == 0, completed.stderr
     records = [json.loads(line) for line in completed.stdout.splitlines()]
     # one record at t=0 and every 0.25 s until 1.5 s have passed: 7, give or take a slow read
@@ -216,8 +232,7 @@ def h100_samples() -> list[Sample]:
 def test_gpu_fields_follow_the_recorded_h100_trace(spinner):
     child, _ = spinner
     recorded = h100_samples()
-    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [],
-                           resolver=REPLAYED)
+    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [], resolver=REPLAYED)
     source = ReplayGpuSource(ReplaySource(H100_TRACE, remap_pids={H100_PID: child.pid}))
     records = collect(session, source, interval_s=0.005)
     assert len(records) == len(recorded)
@@ -238,7 +253,8 @@ def test_gpu_fields_follow_the_recorded_h100_trace(spinner):
         assert record["rss_bytes"] >= 110 * MIB
         assert record["bands"] is None and record["publication_reason"] == NOT_PUBLISHED
     assert max(record["gpu_memory_bytes"] for record in records) == max(
-        sample.process_used_bytes([H100_PID]) or 0 for sample in recorded)
+        sample.process_used_bytes([H100_PID]) or 0 for sample in recorded
+    )
 
 
 def test_per_process_utilization_is_used_when_nvml_reports_it(spinner, tmp_path):
@@ -251,13 +267,12 @@ def test_per_process_utilization_is_used_when_nvml_reports_it(spinner, tmp_path)
             sample = json.loads(line)
             for gpu in sample["gpus"]:
                 gpu["process_utilization"] = [
-                    {"pid": process["pid"], "sm_util_percent": gpu["gpu_util_percent"] / 3,
-                     "memory_util_percent": 0.0} for process in gpu["processes"]]
+                    {"pid": process["pid"], "sm_util_percent": gpu["gpu_util_percent"] / 3, "memory_util_percent": 0.0}
+                    for process in gpu["processes"]
+                ]
             out.write(json.dumps(sample) + "\n")
-    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [],
-                           resolver=REPLAYED)
-    records = collect(session, ReplayGpuSource(ReplaySource(trace, remap_pids={H100_PID: child.pid})),
-                      interval_s=0.005)
+    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [], resolver=REPLAYED)
+    records = collect(session, ReplayGpuSource(ReplaySource(trace, remap_pids={H100_PID: child.pid})), interval_s=0.005)
     on_gpu = [record for record in records if record["gpu_memory_bytes"]]
     assert on_gpu and len(on_gpu) < len(records)
     for record in on_gpu:
@@ -271,8 +286,9 @@ def test_nvml_pids_from_another_namespace_are_detected_and_not_guessed(spinner):
     child, _ = spinner
     foreign_pid = unused_pid()
     session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [])
-    records = collect(session, ReplayGpuSource(ReplaySource(H100_TRACE, remap_pids={H100_PID: foreign_pid})),
-                      interval_s=0.005)
+    records = collect(
+        session, ReplayGpuSource(ReplaySource(H100_TRACE, remap_pids={H100_PID: foreign_pid})), interval_s=0.005
+    )
     listed = [record for record in records if record["other_gpu_processes"]]
     assert listed
     for record in listed:
@@ -304,11 +320,16 @@ def test_foreign_nvml_pids_are_mapped_where_proc_allows(spinner, tmp_path, how):
     else:
         # /proc shows both levels of the process's PID: ours, then the one NVML reports
         fake_proc(tmp_path, child.pid, nspid=[child.pid, foreign_pid], fds={"0": "/dev/null"})
-    session = WatchSession(resolve_target(child.pid), H100_NVML, publication_dirs_for=lambda pid: [],
-                           resolver=PidNamespaceResolver(tmp_path))
+    session = WatchSession(
+        resolve_target(child.pid),
+        H100_NVML,
+        publication_dirs_for=lambda pid: [],
+        resolver=PidNamespaceResolver(tmp_path),
+    )
     recorded = h100_samples()
-    records = collect(session, ReplayGpuSource(ReplaySource(H100_TRACE, remap_pids={H100_PID: foreign_pid})),
-                      interval_s=0.005)
+    records = collect(
+        session, ReplayGpuSource(ReplaySource(H100_TRACE, remap_pids={H100_PID: foreign_pid})), interval_s=0.005
+    )
     for record, sample in zip(records, recorded, strict=True):
         assert record["gpu_memory_bytes"] == (sample.process_used_bytes([H100_PID]) or 0)
         if record["gpu_memory_bytes"]:
@@ -323,8 +344,11 @@ def test_foreign_nvml_pids_are_mapped_where_proc_allows(spinner, tmp_path, how):
 # --- a real HF Trainer run that publishes --------------------------------------------------------
 
 
-def start_tiny_trainer(tmp_path: Path, *args: str, watch_args: list[str] | None = None,
-                       ) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:
+def start_tiny_trainer(
+    tmp_path: Path,
+    *args: str,
+    watch_args: list[str] | None = None,
+) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:
     """The tiny trainer with the callback, once it has trained a step. With `watch_args`, `gpuanat watch PID
     *watch_args` is started the moment the trainer is, before it publishes anything (a watcher started later can
     miss a short run on a loaded machine), as `trainer.watcher`."""
@@ -332,12 +356,23 @@ def start_tiny_trainer(tmp_path: Path, *args: str, watch_args: list[str] | None 
     runtime_dir.mkdir(mode=0o700)
     env = {**cli_env(tmp_path / "history.sqlite", offline_hub=True), "XDG_RUNTIME_DIR": str(runtime_dir)}
     ready = tmp_path / "ready"
-    trainer = subprocess.Popen([sys.executable, str(TINY_TRAINER), "--callback", "--ready-file", str(ready), *args],
-                               env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, str(TINY_TRAINER), "--callback", "--ready-file", str(ready), *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if watch_args is not None:
         trainer.watcher = subprocess.Popen(  # type: ignore[attr-defined]
-            [sys.executable, "-m", "gpuanat", "watch", str(trainer.pid), *watch_args], env=env, cwd=REPO,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [sys.executable, "-m", "gpuanat", "watch", str(trainer.pid), *watch_args],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     deadline_s = time.monotonic() + 120
     while not ready.exists():
         assert trainer.poll() is None, trainer.stderr.read() if trainer.stderr else ""
@@ -347,8 +382,9 @@ def start_tiny_trainer(tmp_path: Path, *args: str, watch_args: list[str] | None 
 
 
 def test_watching_a_real_trainer_run_that_publishes(tmp_path):
-    trainer, runtime_dir, _env = start_tiny_trainer(tmp_path, "--samples", "400", "--hold-s", "1",
-                                                   watch_args=["--json", "--save", "tiny external"])
+    trainer, runtime_dir, _env = start_tiny_trainer(
+        tmp_path, "--samples", "400", "--hold-s", "1", watch_args=["--json", "--save", "tiny external"]
+    )
     publication = runtime_dir / "gpuanat" / f"{trainer.pid}.jsonl"
     try:
         # private: the directory 0700 and the file 0600, both ours
@@ -446,12 +482,23 @@ def test_events_pushed_by_a_launcher_are_used_without_publication_files(spinner)
     sampler = Sampler(HostOnlySource(per_process=True), interval_s=0.1, on_sample=lambda sample: None)
     sampler.track(child.pid)
     assert session.handle(sampler.sample_once())["publication_reason"] == "the process has sent no probe events yet"
-    bands = ProbeBands(weights_bytes=40, gradients_bytes=40, optimizer_state_bytes=80, activations_bytes=12,
-                       activations_method="saved_tensors", batch_bytes=4, measured_at_step=1)
-    session.add_events(child.pid, [ModelInfo(params=10, trainable_params=10, weights_bytes=40, dtype="float32",
-                                             total_steps=2),
-                                   Step(step=1, samples=4, tokens=16, step_time_s=0.1, elapsed_s=0.1, bands=bands),
-                                   Step(step=2, samples=8, tokens=32, step_time_s=0.1, elapsed_s=0.3)])
+    bands = ProbeBands(
+        weights_bytes=40,
+        gradients_bytes=40,
+        optimizer_state_bytes=80,
+        activations_bytes=12,
+        activations_method="saved_tensors",
+        batch_bytes=4,
+        measured_at_step=1,
+    )
+    session.add_events(
+        child.pid,
+        [
+            ModelInfo(params=10, trainable_params=10, weights_bytes=40, dtype="float32", total_steps=2),
+            Step(step=1, samples=4, tokens=16, step_time_s=0.1, elapsed_s=0.1, bands=bands),
+            Step(step=2, samples=8, tokens=32, step_time_s=0.1, elapsed_s=0.3),
+        ],
+    )
     record = session.handle(sampler.sample_once())
     assert record["published"] and record["step"] == 2
     assert record["samples_per_second"] == pytest.approx(4 / 0.2)
@@ -484,12 +531,20 @@ def test_the_recorded_gpu_watch_trace_replays_into_the_same_records(tmp_path):
     # the recording machine's /proc, as far as it matters: the watched process, holding the GPU device
     fake_proc(tmp_path, root_pid, nspid=[root_pid], fds={"3": "/dev/nvidia0"})
     target = WatchTarget(pid=root_pid, name="python3", command="", create_time_s=0.0, username=None)
-    session = WatchSession(target, H100_NVML, publication_dirs_for=lambda pid: [], process_alive=lambda: True,
-                           resolver=PidNamespaceResolver(tmp_path, check_visible_pids=False))
+    session = WatchSession(
+        target,
+        H100_NVML,
+        publication_dirs_for=lambda pid: [],
+        process_alive=lambda: True,
+        resolver=PidNamespaceResolver(tmp_path, check_visible_pids=False),
+    )
     records = [session.handle(sample) for sample in recorded]
     listed = any(process.pid == root_pid for sample in recorded for gpu in sample.gpus for process in gpu.processes)
-    on_gpu = [(record, sample) for record, sample in zip(records, recorded, strict=True)
-              if any(gpu.processes for gpu in sample.gpus)]
+    on_gpu = [
+        (record, sample)
+        for record, sample in zip(records, recorded, strict=True)
+        if any(gpu.processes for gpu in sample.gpus)
+    ]
     assert on_gpu, "no process on the GPU in the trace"
     for record, sample in on_gpu:
         assert record["rss_bytes"] == sample.host.rss_bytes
@@ -513,9 +568,14 @@ def test_an_event_the_session_cannot_take_is_counted_and_the_watch_goes_on(spinn
     session = WatchSession(resolve_target(child.pid), NO_NVML, publication_dirs_for=None)
     sampler = Sampler(HostOnlySource(per_process=True), interval_s=0.1, on_sample=lambda sample: None)
     sampler.track(child.pid)
-    session.add_events(child.pid, [Step(step=1, samples=4, tokens=16, step_time_s=0.1, elapsed_s=0.1),
-                                   Step(step="2", samples="8", tokens=32, step_time_s=0.1, elapsed_s="0.2"),
-                                   Step(step=3, samples=12, tokens=48, step_time_s=0.1, elapsed_s=0.3)])
+    session.add_events(
+        child.pid,
+        [
+            Step(step=1, samples=4, tokens=16, step_time_s=0.1, elapsed_s=0.1),
+            Step(step="2", samples="8", tokens=32, step_time_s=0.1, elapsed_s="0.2"),
+            Step(step=3, samples=12, tokens=48, step_time_s=0.1, elapsed_s=0.3),
+        ],
+    )
     record = session.handle(sampler.sample_once())
     assert record["malformed_events"] == 1
     assert (record["step"], record["samples"]) == (3, 12)
@@ -527,8 +587,14 @@ def test_watching_a_torchrun_job_shows_every_ranks_anatomy(tmp_path):
     `gpuanat watch` of the torchrun process shows both ranks, each with its own bands."""
     job, env = start_torchrun_job(tmp_path, TINY_TRAINER, "--callback", "--samples", "20000", "--hold-s", "1")
     try:
-        watcher = subprocess.run([sys.executable, "-m", "gpuanat", "watch", str(job.pid), "--json", "--duration",
-                                  "6"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        watcher = subprocess.run(
+            [sys.executable, "-m", "gpuanat", "watch", str(job.pid), "--json", "--duration", "6"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=60)
@@ -536,9 +602,12 @@ def test_watching_a_torchrun_job_shows_every_ranks_anatomy(tmp_path):
     records = [json.loads(line) for line in watcher.stdout.splitlines()]
     # A rank's bands come with its first measured step: a record read between its start and that step shows the
     # rank without them yet.
-    both = [record for record in records if len(record["ranks"]) == 2
-            and all(rank["step"] is not None and rank["bands"]["weights_bytes"] is not None
-                    for rank in record["ranks"])]
+    both = [
+        record
+        for record in records
+        if len(record["ranks"]) == 2
+        and all(rank["step"] is not None and rank["bands"]["weights_bytes"] is not None for rank in record["ranks"])
+    ]
     assert both, "no record showed both ranks with their bands"
     reference = tiny_model_reference()
     for record in both:
@@ -566,10 +635,18 @@ def test_a_rank_is_placed_on_the_gpu_that_holds_most_of_its_memory():
     mib = 1 << 20
 
     def gpu(index: int, processes: dict[int, int]) -> GpuSample:
-        return GpuSample(index=index, name="NVIDIA H200", used_bytes=sum(processes.values()) * mib,
-                         total_bytes=143771 * mib, reserved_bytes=None, gpu_util_percent=None,
-                         memory_util_percent=None, power_w=None, temperature_c=None,
-                         processes=tuple(ProcessGpuMemory(pid, used * mib) for pid, used in processes.items()))
+        return GpuSample(
+            index=index,
+            name="NVIDIA H200",
+            used_bytes=sum(processes.values()) * mib,
+            total_bytes=143771 * mib,
+            reserved_bytes=None,
+            gpu_util_percent=None,
+            memory_util_percent=None,
+            power_w=None,
+            temperature_c=None,
+            processes=tuple(ProcessGpuMemory(pid, used * mib) for pid, used in processes.items()),
+        )
 
     gpus = [gpu(0, {}), gpu(1, {}), gpu(2, {978: 11738, 979: 610}), gpu(3, {979: 11736})]
     assert _gpu_of(gpus, {979}).index == 3

@@ -42,7 +42,7 @@ def test_watch_reads_a_cuda_process_through_real_nvml():
         child.wait()
     assert completed.returncode == 0, completed.stderr
     records = [json.loads(line) for line in completed.stdout.splitlines()]
-    late = records[len(records) // 2:]
+    late = records[len(records) // 2 :]
     print(json.dumps(records[-1], indent=1))
     for record in late:
         if record["pid_namespace"] is not None and record["gpu_memory_bytes"] is None:

@@ -58,18 +58,25 @@ def test_watch_mode_has_no_launch_or_technique_keys():
 
 @pytest.mark.asyncio
 async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", "b = b'x' * (64 * 1024 * 1024)\nwhile True: pass"],
-                             start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "b = b'x' * (64 * 1024 * 1024)\nwhile True: pass"], start_new_session=True
+    )
     db_path = tmp_path / "history.sqlite"
-    nvml = NvmlStatus(available=False, reason="no NVML in this test", driver_version=None, cuda_driver_version=None,
-                      gpu_names=())
+    nvml = NvmlStatus(
+        available=False, reason="no NVML in this test", driver_version=None, cuda_driver_version=None, gpu_names=()
+    )
     try:
         started = time.monotonic()  # the child has its 64 MiB (a loaded machine starts Python slowly)
         while psutil.Process(child.pid).memory_info().rss < 64 * 1024 * 1024:
             assert time.monotonic() < started + 30, "the child never held its 64 MiB"
             time.sleep(0.05)
-        app = WatchApp(resolve_target(child.pid), db_path=db_path, interval_s=0.1, paint_interval_s=0.1,
-                       sampler_factory=lambda: (HostOnlySource(per_process=True), nvml))
+        app = WatchApp(
+            resolve_target(child.pid),
+            db_path=db_path,
+            interval_s=0.1,
+            paint_interval_s=0.1,
+            sampler_factory=lambda: (HostOnlySource(per_process=True), nvml),
+        )
         async with app.run_test(size=(120, 40)) as pilot:
             deadline = time.monotonic() + 30
             while app.last_record is None or not app.last_record.get("processes"):
@@ -107,7 +114,6 @@ async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tm
     assert not psutil.pid_exists(child.pid) or psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
 
 
-
 @pytest.mark.asyncio
 async def test_samples_that_leave_the_picture_as_it_was_repaint_nothing(tmp_path, monkeypatch):
     """Issue #18: over SSH every repainted cell costs bytes. The H100 recording replayed, then its last reading
@@ -124,8 +130,7 @@ async def test_samples_that_leave_the_picture_as_it_was_repaint_nothing(tmp_path
         replay(app, until_elapsed_s=3.0)
         await pilot.pause()
         widgets = list(app.query(CachedRows))
-        assert {type(widget).__name__ for widget in widgets} >= {"LineChart", "MemoryBar", "ProcessPanel",
-                                                                 "StatusLine"}
+        assert {type(widget).__name__ for widget in widgets} >= {"LineChart", "MemoryBar", "ProcessPanel", "StatusLine"}
         last = app._sampler.sample_once()
         app._on_sample(last)
         app.paint()
@@ -171,6 +176,7 @@ async def test_the_process_panel_renders_only_its_changed_lines_as_the_whole_tex
             def make(widget, text, width, *place):
                 rendered_lines.append(text.plain)
                 return make_rows(widget, text, width, *place)
+
             return make
 
         monkeypatch.setattr(process_panel, "text_rows", counted(process_panel.text_rows))

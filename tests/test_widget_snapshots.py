@@ -91,16 +91,28 @@ class MemoryApp(App[None]):
         peak = dict(measured, activations_bytes=3600 * MIB, temporaries_and_cache_bytes=2100 * MIB)
         gpu = self.query_one("#gpu", MemoryBar)
         gpu.update_bands(measured, peak, H100_TOTAL_BYTES, {})
-        gpu.update_predicted({"cuda_context_bytes": 500 * MIB, "weights_bytes": 1340583944,
-                              "gradients_bytes": 1340575752, "optimizer_state_bytes": 2681153076,
-                              "activations_bytes": 3 * GIB}, H100_TOTAL_BYTES)
+        gpu.update_predicted(
+            {
+                "cuda_context_bytes": 500 * MIB,
+                "weights_bytes": 1340583944,
+                "gradients_bytes": 1340575752,
+                "optimizer_state_bytes": 2681153076,
+                "activations_bytes": 3 * GIB,
+            },
+            H100_TOTAL_BYTES,
+        )
         no_gpu = "CPU run: no GPU memory"
         self.query_one("#cpu", MemoryBar).update_bands(
             {"weights_bytes": 1340583944, "gradients_bytes": 1340575752, "optimizer_state_bytes": 2681153076},
             None,
             None,
-            {"other_processes_bytes": no_gpu, "cuda_context_bytes": no_gpu, "temporaries_and_cache_bytes": no_gpu,
-             "free_bytes": no_gpu, "activations_bytes": "not measurable with torch.compile on CPU"},
+            {
+                "other_processes_bytes": no_gpu,
+                "cuda_context_bytes": no_gpu,
+                "temporaries_and_cache_bytes": no_gpu,
+                "free_bytes": no_gpu,
+                "activations_bytes": "not measurable with torch.compile on CPU",
+            },
         )
 
 

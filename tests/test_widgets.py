@@ -37,6 +37,7 @@ def ramp(count: int, step_s: float = 1.0, capacity: int = 2048, reduce: Reduce =
 
 # --- TimeSeries ----------------------------------------------------------------------------------
 
+
 def test_series_stays_bounded_and_covers_the_whole_run():
     series = ramp(100_000, step_s=0.25, capacity=64)
     assert 32 <= len(series) <= 64
@@ -106,6 +107,7 @@ def test_series_last_max_version_copy_clear():
 
 
 # --- LineChart -----------------------------------------------------------------------------------
+
 
 class ChartApp(App[None]):
     def __init__(self, chart: LineChart, height: int = 10) -> None:
@@ -195,8 +197,11 @@ def test_line_chart_fixed_y_max_and_two_layered_series():
         line_rows = [index for index, row in enumerate(plot) if is_dot(row[last])]
         assert line_rows == [2, 4]
         colours = {y: last_drawn(chart, y + 1).style.color for y in line_rows}
-        assert colours == {2: chart.get_component_rich_style("line-chart--series-0").color,
-                           4: chart.get_component_rich_style("line-chart--series-1").color}
+        assert colours == {
+            2: chart.get_component_rich_style("line-chart--series-0").color,
+            4: chart.get_component_rich_style("line-chart--series-1").color,
+        }
+
     run_app(ChartApp(chart), check)
 
 
@@ -384,6 +389,7 @@ def test_format_duration():
 
 # --- MemoryBar -----------------------------------------------------------------------------------
 
+
 class BarApp(App[None]):
     def compose(self) -> ComposeResult:
         yield MemoryBar()
@@ -417,8 +423,8 @@ def test_memory_bar_legend_values_and_proportional_bar():
         rows = bar_rows(bar)
         assert len(rows) == 1 + 1 + len(BAND_NAMES) + 1
         assert rows[0].startswith("measured ")
-        legend = rows[2:2 + len(BAND_NAMES)]
-        assert [row[3:3 + 20].strip() for row in legend] == [BAND_LABELS[band] for band in BAND_NAMES]
+        legend = rows[2 : 2 + len(BAND_NAMES)]
+        assert [row[3 : 3 + 20].strip() for row in legend] == [BAND_LABELS[band] for band in BAND_NAMES]
         weights_row = legend[BAND_NAMES.index("weights_bytes")]
         assert format_bytes(bands["weights_bytes"]) in weights_row
         assert format_bytes(peak["weights_bytes"]) in weights_row
@@ -443,8 +449,12 @@ def test_memory_bar_unmeasured_bands_show_dash_and_reason():
 
     async def check(pilot) -> None:
         bar = pilot.app.query_one(MemoryBar)
-        bar.update_bands({"weights_bytes": 4 * GIB, "activations_bytes": None}, None, None,
-                         {"activations_bytes": reason, "free_bytes": "no GPU"})
+        bar.update_bands(
+            {"weights_bytes": 4 * GIB, "activations_bytes": None},
+            None,
+            None,
+            {"activations_bytes": reason, "free_bytes": "no GPU"},
+        )
         await pilot.pause()
         rows = bar_rows(bar)
         activations = rows[2 + BAND_NAMES.index("activations_bytes")]
@@ -499,9 +509,14 @@ def test_memory_bar_draws_a_causal_lms_logits_as_a_band_of_their_own():
     from gpuanat.tui.widgets.memory_bar import LOGITS_COMPONENT, LOGITS_GLYPH
 
     logits = 2 * 1024 * 128_256 * 4
-    bands = {"cuda_context_bytes": 758 * MIB, "weights_bytes": 4_943_257_856, "gradients_bytes": 0,
-             "optimizer_state_bytes": 9_886_515_784, "activations_bytes": 8_912_000_000,
-             "temporaries_and_cache_bytes": 2_830_000_000}
+    bands = {
+        "cuda_context_bytes": 758 * MIB,
+        "weights_bytes": 4_943_257_856,
+        "gradients_bytes": 0,
+        "optimizer_state_bytes": 9_886_515_784,
+        "activations_bytes": 8_912_000_000,
+        "temporaries_and_cache_bytes": 2_830_000_000,
+    }
     predicted = dict(bands, activations_bytes=8_920_000_000, temporaries_and_cache_bytes=None)
 
     async def check(pilot) -> None:
@@ -515,8 +530,10 @@ def test_memory_bar_draws_a_causal_lms_logits_as_a_band_of_their_own():
             segments = [segment for segment in bar.render_line(row) if segment.text.strip()][1:]
             glyphs = [segment.text[0] for segment in segments]
             at = glyphs.index(LOGITS_GLYPH)
-            assert segments[at - 1].style.color == bar.get_component_rich_style(
-                band_component_class("activations_bytes")).color  # right after the activations
+            assert (
+                segments[at - 1].style.color
+                == bar.get_component_rich_style(band_component_class("activations_bytes")).color
+            )  # right after the activations
             assert segments[at].style.color == bar.get_component_rich_style(LOGITS_COMPONENT).color
             assert abs(len(segments[at].text) - expected_logits / H100_TOTAL_BYTES * bar_width) <= 1
             activations = (bands if row == 0 else predicted)["activations_bytes"] - expected_logits

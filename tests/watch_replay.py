@@ -27,10 +27,20 @@ DATA = Path(__file__).resolve().parent / "data"
 TRACE = DATA / "nvml_trace_h100.jsonl"
 STEPS = DATA / "h100_trace_run_steps.jsonl"
 PID = 2348
-TARGET = WatchTarget(pid=PID, name="python3", command="python3 train.py --model bert-large-uncased --bf16 --batch 8",
-                     create_time_s=0.0, username=None)
-NVML = NvmlStatus(available=True, reason=None, driver_version="580.159.04", cuda_driver_version=13000,
-                  gpu_names=("NVIDIA H100 80GB HBM3",))
+TARGET = WatchTarget(
+    pid=PID,
+    name="python3",
+    command="python3 train.py --model bert-large-uncased --bf16 --batch 8",
+    create_time_s=0.0,
+    username=None,
+)
+NVML = NvmlStatus(
+    available=True,
+    reason=None,
+    driver_version="580.159.04",
+    cuda_driver_version=13000,
+    gpu_names=("NVIDIA H100 80GB HBM3",),
+)
 FIRST_T_S = json.loads(TRACE.read_text().splitlines()[0])["t_s"] if TRACE.exists() else 0.0
 
 
@@ -45,8 +55,9 @@ class RecordedTreeSource:
     def read(self, pids: Iterable[int]) -> Sample:
         sample = self._replay.read(pids)
         host = sample.host
-        process = HostProcess(pid=PID, parent_pid=1, name="python3", cpu_percent=host.cpu_percent or 0.0,
-                              rss_bytes=host.rss_bytes or 0)
+        process = HostProcess(
+            pid=PID, parent_pid=1, name="python3", cpu_percent=host.cpu_percent or 0.0, rss_bytes=host.rss_bytes or 0
+        )
         return dataclasses.replace(sample, host=dataclasses.replace(host, processes=(process,)))
 
     def close(self) -> None:
@@ -58,11 +69,24 @@ def make_watch_app(db_path: Path, proc_root: Path, clock: Callable[[], float] = 
     (proc_root / str(PID)).mkdir(parents=True, exist_ok=True)
 
     def session(target: WatchTarget, nvml: NvmlStatus) -> WatchSession:
-        return WatchSession(target, nvml, clock=clock, publication_dirs_for=lambda pid: [], process_alive=lambda: True,
-                            resolver=PidNamespaceResolver(proc_root, check_visible_pids=False))
+        return WatchSession(
+            target,
+            nvml,
+            clock=clock,
+            publication_dirs_for=lambda pid: [],
+            process_alive=lambda: True,
+            resolver=PidNamespaceResolver(proc_root, check_visible_pids=False),
+        )
 
-    return WatchApp(TARGET, db_path=db_path, sampler_factory=lambda: (RecordedTreeSource(), NVML),
-                    session_factory=session, clock=clock, interval_s=None, paint_interval_s=3600)
+    return WatchApp(
+        TARGET,
+        db_path=db_path,
+        sampler_factory=lambda: (RecordedTreeSource(), NVML),
+        session_factory=session,
+        clock=clock,
+        interval_s=None,
+        paint_interval_s=3600,
+    )
 
 
 def replay(app: WatchApp, until_elapsed_s: float, *, published: bool = True) -> None:
@@ -77,11 +101,32 @@ def replay(app: WatchApp, until_elapsed_s: float, *, published: bool = True) -> 
         if elapsed_s > until_elapsed_s:
             break
         if published and index == 0:
-            config = {key: meta["config"][key] for key in ("batch_size", "grad_accum", "grad_checkpointing",
-                                                           "precision", "tf32", "optim", "attn", "compile")}
-            session.add_events(PID, [Hello(pid=PID, versions={}, device="cuda", device_name=NVML.gpu_names[0],
-                                           config={"model": "bert-large-uncased", **config}),
-                                     ModelInfo(**meta["model"])])
+            config = {
+                key: meta["config"][key]
+                for key in (
+                    "batch_size",
+                    "grad_accum",
+                    "grad_checkpointing",
+                    "precision",
+                    "tf32",
+                    "optim",
+                    "attn",
+                    "compile",
+                )
+            }
+            session.add_events(
+                PID,
+                [
+                    Hello(
+                        pid=PID,
+                        versions={},
+                        device="cuda",
+                        device_name=NVML.gpu_names[0],
+                        config={"model": "bert-large-uncased", **config},
+                    ),
+                    ModelInfo(**meta["model"]),
+                ],
+            )
         if published:
             due = [step for step in steps[sent:] if step.elapsed_s <= elapsed_s]
             session.add_events(PID, due)

@@ -44,10 +44,15 @@ def largest_request(keep_free_bytes: int, filler_bytes: int) -> dict[str, int]:
     request = free_bytes // PAGE * PAGE
     while request > 0 and not fits(request):
         request -= PAGE
-    result = {"filler_bytes": filler_bytes, "fillers": len(fillers), "free_bytes": free_bytes,
-              "reserved_bytes": reserved_bytes,
-              "largest_request_bytes": request, "left_bytes": free_bytes - request,
-              "free_after_bytes": torch.cuda.mem_get_info()[0]}
+    result = {
+        "filler_bytes": filler_bytes,
+        "fillers": len(fillers),
+        "free_bytes": free_bytes,
+        "reserved_bytes": reserved_bytes,
+        "largest_request_bytes": request,
+        "left_bytes": free_bytes - request,
+        "free_after_bytes": torch.cuda.mem_get_info()[0],
+    }
     del fillers
     torch.cuda.empty_cache()
     return result
@@ -63,9 +68,11 @@ def main() -> None:
     for keep_free_mib, filler_mib in ((6600, 6552), (200, 6552), (30000, 20), (200, 20), (6600, 1638)):
         case = largest_request(keep_free_mib * MIB, filler_mib * MIB)
         results["cases"].append(case)
-        print(f"fillers of {filler_mib} MiB x{case['fillers']}: {case['free_bytes'] / MIB:.4f} MiB free, largest "
-              f"request {case['largest_request_bytes'] / MIB:.0f} MiB, {case['left_bytes'] / MIB:.4f} MiB left",
-              flush=True)
+        print(
+            f"fillers of {filler_mib} MiB x{case['fillers']}: {case['free_bytes'] / MIB:.4f} MiB free, largest "
+            f"request {case['largest_request_bytes'] / MIB:.0f} MiB, {case['left_bytes'] / MIB:.4f} MiB left",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)

@@ -72,10 +72,13 @@ def main() -> None:
     milliseconds = [1000 * value for value in latencies]
     result = {
         "what": "gpuanat key press to screen through tmux (send-keys, then capture-pane until the new value shows)",
-        "size": args.size, "presses": args.presses, "gpuanat_args": args.gpuanat_args,
+        "size": args.size,
+        "presses": args.presses,
+        "gpuanat_args": args.gpuanat_args,
         "dashboard_shown_after_s": round(started_s, 2),
         "key_to_screen_ms": [round(value, 1) for value in milliseconds],
-        "median_ms": round(statistics.median(milliseconds), 1), "max_ms": round(max(milliseconds), 1),
+        "median_ms": round(statistics.median(milliseconds), 1),
+        "max_ms": round(max(milliseconds), 1),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "tmux": tmux("-V").strip()},
     }
     print(json.dumps(result, indent=1))

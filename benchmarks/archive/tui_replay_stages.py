@@ -78,8 +78,10 @@ def report() -> None:
     wall_s = time.perf_counter() - started_s
     lines = [f"wall {wall_s:.1f}s process cpu {100 * (time.process_time() - started_cpu_s) / wall_s:.2f}%"]
     for label in sorted(spent_s):
-        lines.append(f"{label:55s} {1000 * spent_s[label] / wall_s:7.2f} ms/s  "
-                     f"{1000 * spent_s[label] / max(1, calls[label]):.3f} ms/call  {calls[label]}")
+        lines.append(
+            f"{label:55s} {1000 * spent_s[label] / wall_s:7.2f} ms/s  "
+            f"{1000 * spent_s[label] / max(1, calls[label]):.3f} ms/call  {calls[label]}"
+        )
     Path(os.environ.get("TIMED_OUT", "/tmp/tui_replay_stages.txt")).write_text("\n".join(lines) + "\n")
 
 

@@ -26,12 +26,18 @@ def options(description: str, argv: list[str] | None = None) -> argparse.Namespa
     parser.add_argument("--warmup", type=int, default=10, help="steps before the steady clock starts")
     parser.add_argument("--probe", action="store_true", help="add gpuanat's probe for this loop")
     parser.add_argument("--tiny", action="store_true", help="2 small layers, for a CPU smoke test")
-    parser.add_argument("--fsdp", action="store_true",
-                        help="under torchrun: FSDP2 (`fully_shard`) of every decoder layer and the model, one GPU a "
-                             "rank over NCCL (gloo on the CPU); plain_loop.py only")
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="under torchrun: FSDP2 (`fully_shard`) of every decoder layer and the model, one GPU a "
+        "rank over NCCL (gloo on the CPU); plain_loop.py only",
+    )
     parser.add_argument("--hold-s", type=float, default=0.0, help="stay alive this long after training")
-    parser.add_argument("--step-times", action="store_true",
-                        help="also time every steady step (a CUDA sync at each step's end) and report their median")
+    parser.add_argument(
+        "--step-times",
+        action="store_true",
+        help="also time every steady step (a CUDA sync at each step's end) and report their median",
+    )
     parser.add_argument("--result", type=Path, default=None, help="write the steady clock's reading here (JSON)")
     return parser.parse_args(argv)
 
@@ -86,8 +92,10 @@ class SteadyClock:
     def reading(self) -> dict[str, Any]:
         if self.start_s is None or self.end_s is None:
             return {"s_per_step": None, "steps_timed": 0}
-        reading: dict[str, Any] = {"s_per_step": (self.end_s - self.start_s) / (self.steps - self.warmup),
-                                   "steps_timed": self.steps - self.warmup}
+        reading: dict[str, Any] = {
+            "s_per_step": (self.end_s - self.start_s) / (self.steps - self.warmup),
+            "steps_timed": self.steps - self.warmup,
+        }
         if self.every_step and self.step_s:
             reading["median_step_s"] = statistics.median(self.step_s)
         return reading

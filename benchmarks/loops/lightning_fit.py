@@ -43,17 +43,27 @@ class ClockCallback(lightning.Callback):
 def train(args: Any, model: torch.nn.Module | None = None) -> dict[str, Any]:
     model = model if model is not None else build_model(args)
     tokens = random_tokens(args, model.config.vocab_size, args.batch_size * args.steps)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=args.batch_size,
-                                         pin_memory=device().type == "cuda")
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(tokens), batch_size=args.batch_size, pin_memory=device().type == "cuda"
+    )
     clock = SteadyClock(args.warmup, args.steps, args.step_times)
     callbacks: list[Any] = [ClockCallback(clock)]
     if args.probe:
         import gpuanat.probe
 
         callbacks.append(gpuanat.probe.LightningAnatomyCallback())
-    trainer = lightning.Trainer(accelerator=device().type, devices=1, precision="bf16-true", max_steps=args.steps,
-                                logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                                enable_model_summary=False, log_every_n_steps=10, callbacks=callbacks)
+    trainer = lightning.Trainer(
+        accelerator=device().type,
+        devices=1,
+        precision="bf16-true",
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=10,
+        callbacks=callbacks,
+    )
     trainer.fit(CausalLM(model), loader)
     return {"loop": "lightning", "probe": args.probe, **clock.reading()}
 

@@ -25,8 +25,12 @@ from common import SteadyClock, build_model, device, options, random_tokens, rep
 
 def word_level_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     vocab = {f"w{index}": index for index in range(vocab_size)}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0")),
-                                   pad_token="w0", eos_token="w1", unk_token="w0")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0")),
+        pad_token="w0",
+        eos_token="w1",
+        unk_token="w0",
+    )
 
 
 class ClockCallback(TrainerCallback):
@@ -48,13 +52,27 @@ def train(args: Any, model: torch.nn.Module | None = None) -> dict[str, Any]:
 
         callbacks.append(AnatomyCallback())
     with tempfile.TemporaryDirectory() as output_dir:
-        config = SFTConfig(output_dir=output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
-                           bf16=device().type == "cuda", use_cpu=device().type != "cuda", max_length=args.seq_len,
-                           logging_steps=10, report_to="none", save_strategy="no", learning_rate=1e-5,
-                           optim="adamw_torch_fused" if device().type == "cuda" else "adamw_torch",
-                           dataloader_pin_memory=device().type == "cuda")
-        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset,
-                             processing_class=word_level_tokenizer(model.config.vocab_size), callbacks=callbacks)
+        config = SFTConfig(
+            output_dir=output_dir,
+            max_steps=args.steps,
+            per_device_train_batch_size=args.batch_size,
+            bf16=device().type == "cuda",
+            use_cpu=device().type != "cuda",
+            max_length=args.seq_len,
+            logging_steps=10,
+            report_to="none",
+            save_strategy="no",
+            learning_rate=1e-5,
+            optim="adamw_torch_fused" if device().type == "cuda" else "adamw_torch",
+            dataloader_pin_memory=device().type == "cuda",
+        )
+        trainer = SFTTrainer(
+            model=model,
+            args=config,
+            train_dataset=dataset,
+            processing_class=word_level_tokenizer(model.config.vocab_size),
+            callbacks=callbacks,
+        )
         trainer.train()
     return {"loop": "trl", "probe": args.probe, **clock.reading()}
 

@@ -33,7 +33,7 @@ def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """`gpuanat run --script train.py -- ARGS`: what follows the first `--` belongs to the script."""
     if "--" in argv:
         split = argv.index("--")
-        return argv[:split], argv[split + 1:]
+        return argv[:split], argv[split + 1 :]
     return argv, []
 
 
@@ -54,9 +54,17 @@ def _run_command(argv: list[str] | None) -> int:
         args.served, script_args = [*args.served, *script_args], []
     if script_args and args.command != "run":
         parser.error("arguments after -- are only for `gpuanat run --script SCRIPT.py -- ARGS`")
-    handlers = {"run": command_run, "sweep": command_sweep, "predict": command_predict, "fit": command_fit,
-                "tune": command_tune, "history": command_history, "watch": command_watch, "serve": command_serve,
-                None: command_dashboard}
+    handlers = {
+        "run": command_run,
+        "sweep": command_sweep,
+        "predict": command_predict,
+        "fit": command_fit,
+        "tune": command_tune,
+        "history": command_history,
+        "watch": command_watch,
+        "serve": command_serve,
+        None: command_dashboard,
+    }
     # The dashboards handle stop signals on their event loop; the headless commands here.
     args.stop_signals = StopSignals() if args.command is None else StopSignals().install()
     try:

@@ -93,18 +93,27 @@ class ProgressView:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-            TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
         )
         self._task = self._progress.add_task(f"{self.label}: starting", total=None, rate="")
         self._progress.start()
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, ModelInfo):
-            trains = (f"{event.params / 1e6:.0f}M params" if event.trainable_params == event.params
-                      else f"{event.trainable_params / 1e6:.1f}M of {event.params / 1e6:.0f}M params")
-            self._progress.update(self._task, total=event.total_steps or None,
-                                  description=f"{self.label}: training {trains}")
+            trains = (
+                f"{event.params / 1e6:.0f}M params"
+                if event.trainable_params == event.params
+                else f"{event.trainable_params / 1e6:.1f}M of {event.params / 1e6:.0f}M params"
+            )
+            self._progress.update(
+                self._task, total=event.total_steps or None, description=f"{self.label}: training {trains}"
+            )
         elif isinstance(event, Step):
             rate = f"{event.samples / event.elapsed_s:.1f} samples/s" if event.elapsed_s > 0 else ""
             loss = f" loss {event.loss:.3f}" if event.loss is not None else ""
@@ -116,9 +125,14 @@ class ProgressView:
         self._progress.stop()
 
 
-def measurement_environment(*, memory_snapshot: Path | None = None, profile_ops: int = 0,
-                            profile_ops_trace: Path | None = None, metrics: tuple[str, int] | None = None,
-                            name: str | None = None) -> dict[str, str] | None:
+def measurement_environment(
+    *,
+    memory_snapshot: Path | None = None,
+    profile_ops: int = 0,
+    profile_ops_trace: Path | None = None,
+    metrics: tuple[str, int] | None = None,
+    name: str | None = None,
+) -> dict[str, str] | None:
     """The training process's environment when a measurement of its own was asked (`--memory-snapshot`,
     `--profile-ops`; `metrics`: its probe serves them, as in a job gpuanat did not start), else None (the parent's,
     unchanged)."""
@@ -140,24 +154,44 @@ def measurement_environment(*, memory_snapshot: Path | None = None, profile_ops:
     return {**os.environ, **asked} if asked else None
 
 
-def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *, label: str,
-                  name: str | None = None, trace_path: Path | None = None,
-                  memory_snapshot: Path | None = None, requested_monotonic_s: float | None = None,
-                  profile_ops: int = 0, profile_ops_trace: Path | None = None,
-                  warm_workers: WarmWorkers | None = None, metrics: RunMetrics | None = None) -> dict[str, Any]:
+def run_recorded(
+    config: RunConfig,
+    store: HistoryStore,
+    signals: StopSignals,
+    *,
+    label: str,
+    name: str | None = None,
+    trace_path: Path | None = None,
+    memory_snapshot: Path | None = None,
+    requested_monotonic_s: float | None = None,
+    profile_ops: int = 0,
+    profile_ops_trace: Path | None = None,
+    warm_workers: WarmWorkers | None = None,
+    metrics: RunMetrics | None = None,
+) -> dict[str, Any]:
     """One run with its progress on stderr; with `warm_workers` (sweep, tune, fit) a process prepared during the
     previous run takes it."""
     from gpuanat.core.run.session import execute_run
 
-    env = measurement_environment(memory_snapshot=memory_snapshot, profile_ops=profile_ops,
-                                  profile_ops_trace=profile_ops_trace)
+    env = measurement_environment(
+        memory_snapshot=memory_snapshot, profile_ops=profile_ops, profile_ops_trace=profile_ops_trace
+    )
     view = ProgressView(label)
     try:
         with signals.polled() as stop_requested:
-            result = execute_run(config, store=store, log_dir=store.path.parent / "logs", name=name,
-                                 on_event=view, trace_path=trace_path, env=env, stop_requested=stop_requested,
-                                 requested_monotonic_s=requested_monotonic_s, warm_workers=warm_workers,
-                                 metrics=metrics)
+            result = execute_run(
+                config,
+                store=store,
+                log_dir=store.path.parent / "logs",
+                name=name,
+                on_event=view,
+                trace_path=trace_path,
+                env=env,
+                stop_requested=stop_requested,
+                requested_monotonic_s=requested_monotonic_s,
+                warm_workers=warm_workers,
+                metrics=metrics,
+            )
     except ConfigError as error:  # the GPUs asked for cannot be had: nothing was started or recorded
         view.close()
         fail_usage(str(error))
@@ -168,8 +202,9 @@ def run_recorded(config: RunConfig, store: HistoryStore, signals: StopSignals, *
 
 
 @contextlib.contextmanager
-def metrics_endpoint(address: tuple[str, int] | None, snapshots: Callable[[], list[Any]] | None = None,
-                     name: str | None = None) -> Iterator[RunMetrics | None]:
+def metrics_endpoint(
+    address: tuple[str, int] | None, snapshots: Callable[[], list[Any]] | None = None, name: str | None = None
+) -> Iterator[RunMetrics | None]:
     """With `--metrics`: a Prometheus endpoint for the command's runs (their `RunMetrics`, yielded for execute_run), or
     for `snapshots` when given (the watch: then None is yielded); one line on stderr says where. Without: None."""
     if address is None:
@@ -229,11 +264,15 @@ def print_summary(result: dict[str, Any]) -> None:
     script = result["config"].get("script")
     if script is not None:
         arguments = " ".join(result["config"].get("args") or [])
-        print(f"Run {result['run_id']}: {result['status']} — script {script} {arguments}".rstrip()
-              + f" on {where or 'the machine it ran on'}")
+        print(
+            f"Run {result['run_id']}: {result['status']} — script {script} {arguments}".rstrip()
+            + f" on {where or 'the machine it ran on'}"
+        )
     else:
-        print(f"Run {result['run_id']}: {result['status']} — {config.model or config.preset} "
-              f"{config.techniques_summary()} on {where}")
+        print(
+            f"Run {result['run_id']}: {result['status']} — {config.model or config.preset} "
+            f"{config.techniques_summary()} on {where}"
+        )
     if result.get("error"):
         print(f"  {result['error']['kind']}: {result['error']['message']}")
     if "training" in result["unavailable"]:  # a script that trained nothing gpuanat could see
@@ -246,8 +285,11 @@ def print_summary(result: dict[str, Any]) -> None:
     print(f"Samples/second: {format_number(result['samples_per_second'])}")
     print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MiB.")
     steady = result["steady_samples_per_second"]
-    note = (f"after {result['warmup_steps']} warm-up steps" if steady is not None
-            else result["unavailable"].get("steady_samples_per_second", ""))
+    note = (
+        f"after {result['warmup_steps']} warm-up steps"
+        if steady is not None
+        else result["unavailable"].get("steady_samples_per_second", "")
+    )
     print(f"Steady samples/second: {format_number(steady)} ({note})")
     print(f"Achieved: {compute_text(result)}")
     print(f"Peak allocated: {format_bytes(result['peak_allocated_bytes'])}")
@@ -255,13 +297,17 @@ def print_summary(result: dict[str, Any]) -> None:
     if params and trainable is not None and trainable != params:  # adapters on a frozen base: say how it splits
         print(f"Parameters: {trainable:,} trainable, {params - trainable:,} frozen ({100 * trainable / params:.2f}%)")
     if result.get("probe_cost_percent") is not None:
-        print(f"gpuanat's probe: {result['probe_cost_percent']:.2f}% of the training time "
-              f"({format_number(result['probe_time_s'])} s in its callbacks)")
+        print(
+            f"gpuanat's probe: {result['probe_cost_percent']:.2f}% of the training time "
+            f"({format_number(result['probe_time_s'])} s in its callbacks)"
+        )
     step_time = breakdown_line(result.get("step_time_breakdown"))
     if step_time is not None:
         caught_up = result["step_time_breakdown"].get("gpu_caught_up_share")
-        print(f"Step time: {step_time}" + (f"; the GPU had caught up at {100 * caught_up:.0f}% of the steps"
-                                           if caught_up is not None else ""))
+        print(
+            f"Step time: {step_time}"
+            + (f"; the GPU had caught up at {100 * caught_up:.0f}% of the steps" if caught_up is not None else "")
+        )
     for line in operations_summary_lines(result.get("operations_anatomy")):
         print(line)
     for finding in result.get("diagnosis") or []:
@@ -276,13 +322,15 @@ def print_summary(result: dict[str, Any]) -> None:
         reason = result["unavailable"].get(band)
         print(f"  {label:<22} {format_bytes(value):>11}" + (f"  ({reason})" if value is None and reason else ""))
     if result.get("gradients_after_backward_bytes"):
-        print(f"  (at the end of the forward pass; after backward the gradients take "
-              f"{format_bytes(result['gradients_after_backward_bytes'])})")
+        print(
+            f"  (at the end of the forward pass; after backward the gradients take "
+            f"{format_bytes(result['gradients_after_backward_bytes'])})"
+        )
     print(f"Log: {result['log_path']}")
 
 
 def compute_text(result: dict[str, Any]) -> str:
-    """"311.6 TFLOP/s, 31.5% of NVIDIA H100 80GB HBM3's 989 TFLOP/s dense peak (MFU)": model FLOPs at the steady
+    """ "311.6 TFLOP/s, 31.5% of NVIDIA H100 80GB HBM3's 989 TFLOP/s dense peak (MFU)": model FLOPs at the steady
     rate; the MFU or why it is missing."""
     achieved = result.get("achieved_tflops")
     if achieved is None:
@@ -312,16 +360,24 @@ def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
     shown, cut_widths = fit_columns(columns, rows, width) if sys.stdout.isatty() else (list(columns), {})
     table = Table(show_edge=False, header_style="bold")
     for column in shown:
-        table.add_column(column.title, justify="right" if column.numeric else "left", no_wrap=column.key != "reason",
-                         max_width=cut_widths.get(column.key), overflow="ellipsis")
+        table.add_column(
+            column.title,
+            justify="right" if column.numeric else "left",
+            no_wrap=column.key != "reason",
+            max_width=cut_widths.get(column.key),
+            overflow="ellipsis",
+        )
     for row in rows:
         # Text, not markup: a name reads as given, brackets and all; display_value made it printable.
         table.add_row(*(Text(display_value(column.key, row.get(column.key))) for column in shown))
     Console(file=unguarded(sys.stdout), width=width).print(table)  # the cells are printable; Rich adds styles
     dropped = [column.title for column in columns if column not in shown]
     if dropped:
-        print(f"({len(dropped)} more columns at a wider terminal: {', '.join(dropped)}; all of them with "
-              "--format md, csv or json)", file=sys.stderr)
+        print(
+            f"({len(dropped)} more columns at a wider terminal: {', '.join(dropped)}; all of them with "
+            "--format md, csv or json)",
+            file=sys.stderr,
+        )
 
 
 def validated_config(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
@@ -341,9 +397,15 @@ def check_values(args: argparse.Namespace) -> None:
     config = validated_config(args, cuda_available=True)  # the device is the probe's to settle
     if getattr(args, "device", None) == "cpu":  # no probe needed to know that a CUDA-only technique cannot run
         installed = "not yet probed"  # what the CPU run needs of the packages, the probe tells after this
-        cpu_only = Capabilities(torch_version=installed, cuda_available=False, bitsandbytes_version=installed,
-                                peft_version=installed, liger_version=installed, deepspeed_version=installed,
-                                reason="--device cpu")
+        cpu_only = Capabilities(
+            torch_version=installed,
+            cuda_available=False,
+            bitsandbytes_version=installed,
+            peft_version=installed,
+            liger_version=installed,
+            deepspeed_version=installed,
+            reason="--device cpu",
+        )
         unsupported = machine_unsupported_reason(config.replace(device="cpu"), cpu_only)
         if unsupported is not None:
             fail_usage(f"{unsupported[0]}: {unsupported[1]}")
@@ -359,11 +421,13 @@ def check_values(args: argparse.Namespace) -> None:
 def machine_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:
     """The config to train on this machine: the device from the probe, and on the CPU a workload sized for it
     in place of what the user left to the defaults (one line on stderr says so). Values as in `check_values`."""
-    config, workload = workload_for_device(config_from_args(args, capabilities.cuda_available),
-                                           untouched_fields(args))
+    config, workload = workload_for_device(config_from_args(args, capabilities.cuda_available), untouched_fields(args))
     if workload is not None:
-        why = ("no CUDA GPU here" + (f" ({capabilities.reason})" if capabilities.reason else "")
-               if not capabilities.cuda_available else "--device cpu")
+        why = (
+            "no CUDA GPU here" + (f" ({capabilities.reason})" if capabilities.reason else "")
+            if not capabilities.cuda_available
+            else "--device cpu"
+        )
         print(f"gpuanat: {why}; {workload} — give --preset to choose", file=sys.stderr)
     try:
         validate_values(config)

@@ -31,7 +31,13 @@ def command_dashboard(args: argparse.Namespace) -> int:
     if not sys.stdout.isatty() and not served_in_a_browser():
         fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
     with metrics_endpoint(args.metrics, name="dashboard") as metrics:
-        app = GpuAnatApp(config, db_path=args.db.expanduser() if args.db else default_db_path(), keymap=keymap,
-                         untouched_fields=untouched_fields(args), warm_workers=WarmWorkers(), metrics=metrics)
+        app = GpuAnatApp(
+            config,
+            db_path=args.db.expanduser() if args.db else default_db_path(),
+            keymap=keymap,
+            untouched_fields=untouched_fields(args),
+            warm_workers=WarmWorkers(),
+            metrics=metrics,
+        )
         app.run()
     return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal

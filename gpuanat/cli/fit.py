@@ -48,8 +48,9 @@ def command_fit(args: argparse.Namespace) -> int:
     check_values(args)
     # fit needs CUDA: --device cpu says so before the capability probe, otherwise the probe does.
     capabilities = None if args.device == "cpu" else detect_capabilities()
-    cannot_fit = fit_unsupported_reason(config_from_args(args, capabilities is not None and
-                                                         capabilities.cuda_available))
+    cannot_fit = fit_unsupported_reason(
+        config_from_args(args, capabilities is not None and capabilities.cuda_available)
+    )
     if cannot_fit is not None:
         fail_usage(cannot_fit)
     assert capabilities is not None
@@ -60,39 +61,71 @@ def command_fit(args: argparse.Namespace) -> int:
     if gpu_memory is None:
         nvml = probe_nvml()
         gpu_memory = nvml.gpu_total_bytes[0] if nvml.available and nvml.gpu_total_bytes else None
-    predicted = (largest_batch(base, gpu_memory).batch_size
-                 if gpu_memory is not None and unreadable_model_reason(base) is None else None)
+    predicted = (
+        largest_batch(base, gpu_memory).batch_size
+        if gpu_memory is not None and unreadable_model_reason(base) is None
+        else None
+    )
     start = predicted or base.batch_size
-    print(f"fit: starting from batch {start}" + (" (the prediction)" if predicted else "") +
-          f", {args.trial_steps} steps per trial, up to batch {args.max_batch}", file=sys.stderr)
+    print(
+        f"fit: starting from batch {start}"
+        + (" (the prediction)" if predicted else "")
+        + f", {args.trial_steps} steps per trial, up to batch {args.max_batch}",
+        file=sys.stderr,
+    )
+
     def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
-        return run_recorded(config, store, args.stop_signals, label=name, name=name, warm_workers=workers,
-                            metrics=metrics)
+        return run_recorded(
+            config, store, args.stop_signals, label=name, name=name, warm_workers=workers, metrics=metrics
+        )
 
     def trial_done(batch_size: int, result: dict[str, Any]) -> None:
         print(f"fit: batch {batch_size}: {result['status']}", file=sys.stderr)
 
-    with (open_store(args) as store, prepared_workers() as workers,
-          metrics_endpoint(args.metrics, name="fit") as metrics):
-        fit = run_fit(base, store=store, log_dir=store.path.parent / "logs", start=start,
-                      trial_steps=args.trial_steps, max_batch=args.max_batch, run_trial=trial_with_progress,
-                      on_trial=trial_done)
+    with (
+        open_store(args) as store,
+        prepared_workers() as workers,
+        metrics_endpoint(args.metrics, name="fit") as metrics,
+    ):
+        fit = run_fit(
+            base,
+            store=store,
+            log_dir=store.path.parent / "logs",
+            start=start,
+            trial_steps=args.trial_steps,
+            max_batch=args.max_batch,
+            run_trial=trial_with_progress,
+            on_trial=trial_done,
+        )
     if args.stop_signals.requested.is_set():
         print("gpuanat: fit stopped before it found the largest batch", file=sys.stderr)
         return args.stop_signals.exit_code or EXIT_STOPPED
     if fit.failure is not None:
         failed = fit.failure
         message = (failed.get("error") or {}).get("message", failed["status"]).splitlines()[0]
-        print(f"gpuanat: fit stopped: the trial at batch {failed['config']['batch_size']} ended {failed['status']} "
-              f"({message}), not out of memory", file=sys.stderr)
+        print(
+            f"gpuanat: fit stopped: the trial at batch {failed['config']['batch_size']} ended {failed['status']} "
+            f"({message}), not out of memory",
+            file=sys.stderr,
+        )
         return STATUS_EXIT_CODES.get(failed["status"], EXIT_FAILED)
     largest, trials, results = fit.largest_batch_size, fit.trials, fit.results
     summary = {
-        "config": base.to_json(), "largest_batch_size": largest, "predicted_max_batch_size": predicted,
-        "gpu_memory_bytes": gpu_memory, "reached_max_batch": largest == args.max_batch,
-        "trials": [{"batch_size": t.batch_size, "trained": t.trained, "run_id": results[t.batch_size]["run_id"],
-                    "peak_allocated_bytes": results[t.batch_size]["peak_allocated_bytes"],
-                    "peak_reserved_bytes": results[t.batch_size]["peak_reserved_bytes"]} for t in trials],
+        "config": base.to_json(),
+        "largest_batch_size": largest,
+        "predicted_max_batch_size": predicted,
+        "gpu_memory_bytes": gpu_memory,
+        "reached_max_batch": largest == args.max_batch,
+        "trials": [
+            {
+                "batch_size": t.batch_size,
+                "trained": t.trained,
+                "run_id": results[t.batch_size]["run_id"],
+                "peak_allocated_bytes": results[t.batch_size]["peak_allocated_bytes"],
+                "peak_reserved_bytes": results[t.batch_size]["peak_reserved_bytes"],
+            }
+            for t in trials
+        ],
     }
     if args.json:
         print(json.dumps(summary))

@@ -27,9 +27,24 @@ def command_history(args: argparse.Namespace) -> int:
     with open_store(args, read_only=True) as store:
         runs = store.runs(limit=args.limit, name_contains=args.name)
     if output_format == "json":
-        print(json.dumps([{"id": run.id, "kind": run.kind, "name": run.name, "status": run.status,
-                           "created_at": run.created_at, "finished_at": run.finished_at, "config": run.config,
-                           "result": run.result} for run in runs], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": run.id,
+                        "kind": run.kind,
+                        "name": run.name,
+                        "status": run.status,
+                        "created_at": run.created_at,
+                        "finished_at": run.finished_at,
+                        "config": run.config,
+                        "result": run.result,
+                    }
+                    for run in runs
+                ],
+                indent=2,
+            )
+        )
         return EXIT_OK
     rows = history_rows(runs)
     if output_format == "md":
@@ -39,8 +54,7 @@ def command_history(args: argparse.Namespace) -> int:
     elif not runs and args.name is not None:
         print(f"No run's name contains “{printable(args.name)}” (history: {args.db or default_db_path()}).")
     elif not runs:
-        print("No runs recorded yet. Start one with `gpuanat run` (history: "
-              f"{args.db or default_db_path()}).")
+        print(f"No runs recorded yet. Start one with `gpuanat run` (history: {args.db or default_db_path()}).")
     else:
         print_table(HISTORY_COLUMNS, rows)
     return EXIT_OK
@@ -51,8 +65,12 @@ def command_rename(args: argparse.Namespace) -> int:
     from gpuanat.core.store.history import RENAME_DEADLINE_S
     from gpuanat.core.store.history_errors import write_with_backoff
 
-    given = {"--format": args.format is not None, "--json": args.json, "--limit": args.limit is not None,
-             "--name": args.name is not None}
+    given = {
+        "--format": args.format is not None,
+        "--json": args.json,
+        "--limit": args.limit is not None,
+        "--name": args.name is not None,
+    }
     listing = [flag for flag in LISTING_FLAGS if given[flag]]
     if listing:
         fail_usage(f"--rename: {listing[0]} shapes a listing and does not apply to a rename; give --rename alone")
@@ -60,8 +78,9 @@ def command_rename(args: argparse.Namespace) -> int:
     try:
         run_id = int(run_id_text)
     except ValueError:
-        fail_usage(f"--rename: RUN_ID must be a run's number, as `gpuanat history` lists it (got "
-                   f"{printable(run_id_text)})")
+        fail_usage(
+            f"--rename: RUN_ID must be a run's number, as `gpuanat history` lists it (got {printable(run_id_text)})"
+        )
     if run_id < 1:
         fail_usage(f"--rename: RUN_ID must be a run's number ≥ 1 (got {run_id})")
     try:

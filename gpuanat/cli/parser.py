@@ -27,16 +27,17 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"gpuanat: error: {command + ': ' if command else ''}{message}\n")
 
 
-
 def run_name(text: str) -> str:
     """A run's name as given, control characters and all (shown escaped); one that is not UTF-8 is refused, since
     the history keeps names as text."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError(f"the name {printable(text)!s} is not UTF-8 text, which the history keeps "
-                                         "names as; give it in UTF-8") from None
+        raise argparse.ArgumentTypeError(
+            f"the name {printable(text)!s} is not UTF-8 text, which the history keeps names as; give it in UTF-8"
+        ) from None
     return text
+
 
 def profiled_steps(text: str) -> int:
     """`--profile-ops N`: a step count from 1 to 50."""
@@ -47,16 +48,27 @@ def profiled_steps(text: str) -> int:
 
 def add_profile_ops(parser: argparse.ArgumentParser, *, trace: bool) -> None:
     """`--profile-ops [N]` (and `--profile-ops-trace FILE` where one run writes one trace)."""
-    parser.add_argument("--profile-ops", type=profiled_steps, nargs="?", const=DEFAULT_PROFILE_OPS_STEPS, default=0,
-                        metavar="N",
-                        help=f"profile N steps after warm-up ({DEFAULT_PROFILE_OPS_STEPS} without N) with "
-                             "torch.profiler and show the operations anatomy: GPU time and FLOPs by kind of "
-                             "operation (contractions, normalizations, element-wise, ...) beside the paper's "
-                             "BERT-large table; the profiled steps are left out of the steady samples/s")
+    parser.add_argument(
+        "--profile-ops",
+        type=profiled_steps,
+        nargs="?",
+        const=DEFAULT_PROFILE_OPS_STEPS,
+        default=0,
+        metavar="N",
+        help=f"profile N steps after warm-up ({DEFAULT_PROFILE_OPS_STEPS} without N) with "
+        "torch.profiler and show the operations anatomy: GPU time and FLOPs by kind of "
+        "operation (contractions, normalizations, element-wise, ...) beside the paper's "
+        "BERT-large table; the profiled steps are left out of the steady samples/s",
+    )
     if trace:
-        parser.add_argument("--profile-ops-trace", type=Path, default=None, metavar="FILE.json",
-                            help="with --profile-ops: also write the profiled steps' Chrome/Perfetto trace here "
-                                 "(for ui.perfetto.dev or Holistic Trace Analysis)")
+        parser.add_argument(
+            "--profile-ops-trace",
+            type=Path,
+            default=None,
+            metavar="FILE.json",
+            help="with --profile-ops: also write the profiled steps' Chrome/Perfetto trace here "
+            "(for ui.perfetto.dev or Holistic Trace Analysis)",
+        )
 
 
 def _with_default(technique: Any) -> str:
@@ -93,9 +105,14 @@ def metrics_address(text: str) -> tuple[str, int]:
 
 
 def add_metrics(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics", type=metrics_address, default=None, metavar="[HOST:]PORT",
-                        help="serve every rank's anatomy as Prometheus metrics at http://HOST:PORT/metrics while it "
-                             "runs (HOST default 127.0.0.1; 0 picks a free port); labels match DCGM exporter's")
+    parser.add_argument(
+        "--metrics",
+        type=metrics_address,
+        default=None,
+        metavar="[HOST:]PORT",
+        help="serve every rank's anatomy as Prometheus metrics at http://HOST:PORT/metrics while it "
+        "runs (HOST default 127.0.0.1; 0 picks a free port); labels match DCGM exporter's",
+    )
 
 
 def port_number(text: str) -> int:
@@ -105,97 +122,142 @@ def port_number(text: str) -> int:
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", type=Path, default=None,
-                        help="history database (default: $GPUANAT_DB, else $XDG_DATA_HOME/gpuanat/history.sqlite)")
+    parser.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help="history database (default: $GPUANAT_DB, else $XDG_DATA_HOME/gpuanat/history.sqlite)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="gpuanat",
         description="GPU anatomy: where transformer training memory goes and how fast it trains, per "
-                    "technique. Without a command, opens the live dashboard (keys toggle techniques, r runs, "
-                    "? shows every key); the commands run headless and print tables or JSON.",
+        "technique. Without a command, opens the live dashboard (keys toggle techniques, r runs, "
+        "? shows every key); the commands run headless and print tables or JSON.",
         epilog="Examples:\n  gpuanat run --precision bf16 --batch-size 8\n  gpuanat sweep --max-steps 60\n"
-               "  gpuanat history --format md\n  gpuanat tune --budget 12\n"
-               "  gpuanat run --preset tiny --device cpu --seq-len 64",
+        "  gpuanat history --format md\n  gpuanat tune --budget 12\n"
+        "  gpuanat run --preset tiny --device cpu --seq-len 64",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"gpuanat {__version__}")
-    shtab.add_argument_to(parser, ["--print-completion"],
-                          help="print a shell completion script: eval \"$(gpuanat --print-completion bash)\" (also "
-                               "zsh, tcsh)")
+    shtab.add_argument_to(
+        parser,
+        ["--print-completion"],
+        help='print a shell completion script: eval "$(gpuanat --print-completion bash)" (also zsh, tcsh)',
+    )
     # Without a subcommand gpuanat opens the dashboard; these flags set its starting techniques.
     add_technique_flags(parser)
     add_common(parser)
     add_metrics(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
-    run = commands.add_parser("run", help="train one configuration in a child process and report it",
-                              description="Train one configuration in a child process (HF Trainer), show "
-                                          "progress, print the docs' summary and the memory bands, record it. "
-                                          "With --script, run your own training script the same way: "
-                                          "gpuanat run --script train.py -- --its --own args")
+    run = commands.add_parser(
+        "run",
+        help="train one configuration in a child process and report it",
+        description="Train one configuration in a child process (HF Trainer), show "
+        "progress, print the docs' summary and the memory bands, record it. "
+        "With --script, run your own training script the same way: "
+        "gpuanat run --script train.py -- --its --own args",
+    )
     add_technique_flags(run)
     add_common(run)
     add_metrics(run)
     run.add_argument("--json", action="store_true", help="print the result as one JSON object (last stdout line)")
-    run.add_argument("--name", type=run_name, default=None, metavar="TEXT",
-                     help="record the run in the history under this name (with --script too, whose runs are named "
-                          "`script FILE.py` otherwise); kept as given, shown with any control characters escaped")
-    run.add_argument("--trace-out", type=Path, default=None,
-                     help="also write every NVML/host sample as JSON lines to this file")
-    run.add_argument("--memory-snapshot", type=Path, default=None, metavar="FILE.pickle",
-                     help="record torch's allocator history (CUDA only) and write it here when the run ends, out "
-                          "of memory included: every allocation with its Python stack, for pytorch.org/memory_viz")
-    run.add_argument("--script", type=Path, default=None, metavar="SCRIPT.py",
-                     help="run your own training script instead (`gpuanat run --script train.py -- ARGS`): gpuanat's "
-                          "probe is attached to every HF Trainer it creates, without editing it; the technique "
-                          "flags do not apply (the script sets its own TrainingArguments)")
+    run.add_argument(
+        "--name",
+        type=run_name,
+        default=None,
+        metavar="TEXT",
+        help="record the run in the history under this name (with --script too, whose runs are named "
+        "`script FILE.py` otherwise); kept as given, shown with any control characters escaped",
+    )
+    run.add_argument(
+        "--trace-out", type=Path, default=None, help="also write every NVML/host sample as JSON lines to this file"
+    )
+    run.add_argument(
+        "--memory-snapshot",
+        type=Path,
+        default=None,
+        metavar="FILE.pickle",
+        help="record torch's allocator history (CUDA only) and write it here when the run ends, out "
+        "of memory included: every allocation with its Python stack, for pytorch.org/memory_viz",
+    )
+    run.add_argument(
+        "--script",
+        type=Path,
+        default=None,
+        metavar="SCRIPT.py",
+        help="run your own training script instead (`gpuanat run --script train.py -- ARGS`): gpuanat's "
+        "probe is attached to every HF Trainer it creates, without editing it; the technique "
+        "flags do not apply (the script sets its own TrainingArguments)",
+    )
     add_profile_ops(run, trace=True)
 
     sweep = commands.add_parser(
-        "sweep", help="run the HF docs' whole experiment table, one fresh process each",
+        "sweep",
+        help="run the HF docs' whole experiment table, one fresh process each",
         description="Run the docs' experiment table (vanilla, accumulation, checkpointing, fp16, bf16, tf32, "
-                    "Adafactor, 8-bit Adam and their combinations), each in a fresh process, and print one "
-                    "table with Δ%% against vanilla. --batch-size sets the effective batch (default 4): "
-                    "accumulating experiments train 1 × that many steps. The experiments set precision, "
-                    "tf32, optimizer, checkpointing and accumulation themselves.")
+        "Adafactor, 8-bit Adam and their combinations), each in a fresh process, and print one "
+        "table with Δ%% against vanilla. --batch-size sets the effective batch (default 4): "
+        "accumulating experiments train 1 × that many steps. The experiments set precision, "
+        "tf32, optimizer, checkpointing and accumulation themselves.",
+    )
     add_technique_flags(sweep)
     add_common(sweep)
     add_metrics(sweep)
     sweep.add_argument("--json", action="store_true", help="print the rows as one JSON list")
-    sweep.add_argument("--only", action="append", default=None, metavar="NAME",
-                       help="run only this experiment (repeatable); names as in the table")
+    sweep.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="run only this experiment (repeatable); names as in the table",
+    )
     add_profile_ops(sweep, trace=False)
 
     predict = commands.add_parser(
-        "predict", help="predict memory bands, peaks and the largest batch that fits, without running",
+        "predict",
+        help="predict memory bands, peaks and the largest batch that fits, without running",
         description="Predict every memory band, the peak allocated and peak device memory, and the largest "
-                    "per-device batch that fits the GPU, from the model's shape and the techniques alone "
-                    "(no torch, milliseconds). Where a run of the same techniques was recorded, the largest batch "
-                    "comes from replaying its allocations (docs/allocator-replay.md); else from the bytes model "
-                    "(docs/memory-model.md).")
+        "per-device batch that fits the GPU, from the model's shape and the techniques alone "
+        "(no torch, milliseconds). Where a run of the same techniques was recorded, the largest batch "
+        "comes from replaying its allocations (docs/allocator-replay.md); else from the bytes model "
+        "(docs/memory-model.md).",
+    )
     add_technique_flags(predict)
-    predict.add_argument("--gpu-memory", metavar="SIZE", default=None,
-                         help="GPU memory to fit, e.g. 80GiB, 24G, 40GB (default: GPU 0's total, read through NVML)")
+    predict.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        default=None,
+        help="GPU memory to fit, e.g. 80GiB, 24G, 40GB (default: GPU 0's total, read through NVML)",
+    )
     predict.add_argument("--json", action="store_true", help="print the prediction as one JSON object")
 
     fit = commands.add_parser(
-        "fit", help="find the largest batch that trains without running out of GPU memory",
+        "fit",
+        help="find the largest batch that trains without running out of GPU memory",
         description="Find the largest per-device batch that trains on this GPU with these techniques: start "
-                    "from the prediction, then confirm with short real runs (a few steps each; doubling, "
-                    "then bisecting). Every trial is recorded in the history.")
+        "from the prediction, then confirm with short real runs (a few steps each; doubling, "
+        "then bisecting). Every trial is recorded in the history.",
+    )
     add_technique_flags(fit)
     add_common(fit)
     add_metrics(fit)
-    fit.add_argument("--gpu-memory", metavar="SIZE", default=None,
-                     help="memory the prediction should fit (default: GPU 0's total, read through NVML)")
+    fit.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        default=None,
+        help="memory the prediction should fit (default: GPU 0's total, read through NVML)",
+    )
     fit.add_argument("--trial-steps", type=int, default=3, metavar="N", help="optimizer steps per trial (3)")
     fit.add_argument("--max-batch", type=int, default=4096, metavar="N", help="stop searching at this batch (4096)")
     fit.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
     tune = commands.add_parser(
-        "tune", help="search the techniques for the fastest training that fits, with short real runs",
+        "tune",
+        help="search the techniques for the fastest training that fits, with short real runs",
         description=(
             "Search for the fastest training of this workload that fits the GPU's memory.\n\n"
             "Held: the workload (--preset/--model, --seq-len, --lora, --gpus, ...) and every technique you give a\n"
@@ -210,106 +272,173 @@ def build_parser() -> argparse.ArgumentParser:
             "helps or the budget is spent. Pruned: before a candidate runs, the memory prediction (gpuanat\n"
             "predict) refuses it if it would not fit the GPU's memory less a 2% margin. torch.compile's memory is\n"
             "not predicted: it is tried, last.\n\n"
-            "Each trial is a real run of --trial-steps steps, recorded in the history as \"tune N: ...\" (on an\n"
+            'Each trial is a real run of --trial-steps steps, recorded in the history as "tune N: ..." (on an\n'
             "H100, bert-large: about 20-40 s of start-up and training each, so 15 minutes is 20-30 trials); one\n"
             "that runs out of memory or fails rules that direction out. A progress line per trial on stderr says\n"
             "the time left; then the Pareto front of samples/s against peak memory (every point a recorded run)\n"
             "and the best set as a `gpuanat run` command. Ctrl-C stops the running trial and prints the front\n"
             "found so far (exit 130). Without a GPU, --device cpu tunes on the CPU: no memory limit unless\n"
-            "--gpu-memory is given (then pruned as for a GPU of that size)."),
+            "--gpu-memory is given (then pruned as for a GPU of that size)."
+        ),
         epilog="Examples:\n  gpuanat tune --budget 12\n  gpuanat tune --preset bert-large --seq-len 512 --json\n"
-               "  gpuanat tune --effective-batch 256 --search batch,precision,attn\n"
-               "  gpuanat tune --device cpu --preset tiny --seq-len 32 --budget 1\n\n"
-               "Exit codes: 0 a best set was found, 1 no trial trained (a failure), 2 bad input, 3 nothing fits "
-               "(predicted, or every trial ran out of memory), 130 stopped (the front so far is printed).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  gpuanat tune --effective-batch 256 --search batch,precision,attn\n"
+        "  gpuanat tune --device cpu --preset tiny --seq-len 32 --budget 1\n\n"
+        "Exit codes: 0 a best set was found, 1 no trial trained (a failure), 2 bad input, 3 nothing fits "
+        "(predicted, or every trial ran out of memory), 130 stopped (the front so far is printed).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_technique_flags(tune)
     add_common(tune)
     add_metrics(tune)
-    tune.add_argument("--gpu-memory", metavar="SIZE", default=None,
-                      help="memory the candidates must fit, e.g. 80GiB (default: GPU 0's total, read through NVML; "
-                           "on the CPU none)")
-    tune.add_argument("--budget", type=float, default=15.0, metavar="MINUTES",
-                      help="stop before a trial would end past this many minutes (15)")
-    tune.add_argument("--trial-steps", type=int, default=20, metavar="N",
-                      help="optimizer steps per trial; the first 2 are warm-up (20)")
-    tune.add_argument("--effective-batch", type=int, default=None, metavar="N",
-                      help="keep N samples per optimizer step: each batch b tried trains with accumulation N/b "
-                           "(default: no accumulation, the effective batch follows the batch)")
-    tune.add_argument("--search", default=None, metavar="NAMES",
-                      help="search only these, separated by commas: batch, precision, tf32, attn, optim, "
-                           "distributed, grad-checkpointing, workers, expandable-segments, liger, engine, compile "
-                           "(default: all that apply here)")
-    tune.add_argument("--max-batch", type=int, default=None, metavar="N",
-                      help="try no batch above N (default: 4096 on a GPU; on the CPU without --gpu-memory 64)")
-    tune.add_argument("--json", action="store_true",
-                      help="print the front, every trial, what was not tried and the best set as one JSON object")
+    tune.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        default=None,
+        help="memory the candidates must fit, e.g. 80GiB (default: GPU 0's total, read through NVML; on the CPU none)",
+    )
+    tune.add_argument(
+        "--budget",
+        type=float,
+        default=15.0,
+        metavar="MINUTES",
+        help="stop before a trial would end past this many minutes (15)",
+    )
+    tune.add_argument(
+        "--trial-steps",
+        type=int,
+        default=20,
+        metavar="N",
+        help="optimizer steps per trial; the first 2 are warm-up (20)",
+    )
+    tune.add_argument(
+        "--effective-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep N samples per optimizer step: each batch b tried trains with accumulation N/b "
+        "(default: no accumulation, the effective batch follows the batch)",
+    )
+    tune.add_argument(
+        "--search",
+        default=None,
+        metavar="NAMES",
+        help="search only these, separated by commas: batch, precision, tf32, attn, optim, "
+        "distributed, grad-checkpointing, workers, expandable-segments, liger, engine, compile "
+        "(default: all that apply here)",
+    )
+    tune.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="try no batch above N (default: 4096 on a GPU; on the CPU without --gpu-memory 64)",
+    )
+    tune.add_argument(
+        "--json",
+        action="store_true",
+        help="print the front, every trial, what was not tried and the best set as one JSON object",
+    )
     add_profile_ops(tune, trace=False)
 
     watch = commands.add_parser(
-        "watch", help="watch any process by PID: GPU memory and utilization, host CPU/RSS, its anatomy if published",
+        "watch",
+        help="watch any process by PID: GPU memory and utilization, host CPU/RSS, its anatomy if published",
         description="Watch a training process gpuanat did not start (a colleague's job, a torchrun launched from a "
-                    "script, a notebook kernel) and its children: NVML per-process GPU memory on every GPU it uses, "
-                    "GPU utilization (per process where NVML can say, else device-wide, labelled), host CPU % and "
-                    "RSS, the process tree and the device's other processes. If the script adds gpuanat's probe for "
-                    "its loop — trainer.add_callback(gpuanat.probe.AnatomyCallback()) for HF Trainer and TRL, "
-                    "Trainer(callbacks=[gpuanat.probe.LightningAnatomyCallback()]) for Lightning, "
-                    "gpuanat.probe.track(model, optimizer) around a loop of its own — its memory bands "
-                    "(weights, gradients, optimizer state, activations) and throughput show too, as for runs "
-                    "gpuanat launched: the probe publishes them to $XDG_RUNTIME_DIR/gpuanat/PID.jsonl (else "
-                    "/tmp/gpuanat-UID/), a file only that user can read; until then the watch names the probe "
-                    "the script needs, or says it waits for it. Without --json opens the dashboard.",
+        "script, a notebook kernel) and its children: NVML per-process GPU memory on every GPU it uses, "
+        "GPU utilization (per process where NVML can say, else device-wide, labelled), host CPU % and "
+        "RSS, the process tree and the device's other processes. If the script adds gpuanat's probe for "
+        "its loop — trainer.add_callback(gpuanat.probe.AnatomyCallback()) for HF Trainer and TRL, "
+        "Trainer(callbacks=[gpuanat.probe.LightningAnatomyCallback()]) for Lightning, "
+        "gpuanat.probe.track(model, optimizer) around a loop of its own — its memory bands "
+        "(weights, gradients, optimizer state, activations) and throughput show too, as for runs "
+        "gpuanat launched: the probe publishes them to $XDG_RUNTIME_DIR/gpuanat/PID.jsonl (else "
+        "/tmp/gpuanat-UID/), a file only that user can read; until then the watch names the probe "
+        "the script needs, or says it waits for it. Without --json opens the dashboard.",
         epilog="Examples:\n  gpuanat watch 12345\n  gpuanat watch 12345 --json --duration 60 > samples.jsonl\n"
-               "  gpuanat watch 12345 --json --save bert-large-colleague\n\n"
-               "Exit codes: 0 ok (the process exited, or --duration passed), 2 bad PID or usage (one line on stderr), "
-               "130 interrupted.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  gpuanat watch 12345 --json --save bert-large-colleague\n\n"
+        "Exit codes: 0 ok (the process exited, or --duration passed), 2 bad PID or usage (one line on stderr), "
+        "130 interrupted.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     watch.add_argument("pid", type=int, metavar="PID", help="the process to watch (its children are included)")
-    watch.add_argument("--json", action="store_true",
-                       help="print one JSON object per sample on stdout instead of opening the dashboard; ends when "
-                            "the process exits (with a final record that says so) or after --duration")
+    watch.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per sample on stdout instead of opening the dashboard; ends when "
+        "the process exits (with a final record that says so) or after --duration",
+    )
     watch.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     watch.add_argument("--interval", type=float, default=0.25, metavar="S", help="seconds between samples (0.25)")
-    watch.add_argument("--save", nargs="?", const="", default=None, metavar="NAME", type=run_name,
-                       help="record the watched session in the history as a run of kind `watched` (optionally "
-                            "named), to compare it with launched runs; the name is kept as given and shown with "
-                            "any control characters escaped")
-    watch.add_argument("--trace-out", type=Path, default=None,
-                       help="also write every NVML/host sample as JSON lines to this file")
+    watch.add_argument(
+        "--save",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="NAME",
+        type=run_name,
+        help="record the watched session in the history as a run of kind `watched` (optionally "
+        "named), to compare it with launched runs; the name is kept as given and shown with "
+        "any control characters escaped",
+    )
+    watch.add_argument(
+        "--trace-out", type=Path, default=None, help="also write every NVML/host sample as JSON lines to this file"
+    )
     add_common(watch)
     add_metrics(watch)
 
     serve = commands.add_parser(
-        "serve", help="the dashboard (or `watch PID`) in a browser, behind a token",
+        "serve",
+        help="the dashboard (or `watch PID`) in a browser, behind a token",
         description="Serve the dashboard in a browser through textual-serve: each tab runs its own dashboard, drawn\n"
-                    "in the page. Bound to 127.0.0.1 by default (reach it with ssh -L); every page needs the token\n"
-                    "printed at start (…/?token=…). Closing a tab quits that dashboard: a run in progress is stopped\n"
-                    "and recorded, as after an SSH drop. Needs pip install 'gpuanat[serve]'.",
+        "in the page. Bound to 127.0.0.1 by default (reach it with ssh -L); every page needs the token\n"
+        "printed at start (…/?token=…). Closing a tab quits that dashboard: a run in progress is stopped\n"
+        "and recorded, as after an SSH drop. Needs pip install 'gpuanat[serve]'.",
         epilog="Examples:\n  gpuanat serve\n  gpuanat serve -- --preset gpt2 --precision bf16\n"
-               "  gpuanat serve watch 4242\n  gpuanat serve --port 8080\n\n"
-               "Then, on your laptop: ssh -L 8000:localhost:8000 GPU-BOX, and open the printed URL.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to listen on (default 127.0.0.1; another one warns: the page can start runs)")
+        "  gpuanat serve watch 4242\n  gpuanat serve --port 8080\n\n"
+        "Then, on your laptop: ssh -L 8000:localhost:8000 GPU-BOX, and open the printed URL.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; another one warns: the page can start runs)",
+    )
     serve.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
-    serve.add_argument("served", nargs=argparse.REMAINDER, metavar="watch PID",
-                       help="serve `gpuanat watch PID` instead of the dashboard; dashboard flags go after --")
+    serve.add_argument(
+        "served",
+        nargs=argparse.REMAINDER,
+        metavar="watch PID",
+        help="serve `gpuanat watch PID` instead of the dashboard; dashboard flags go after --",
+    )
 
     history = commands.add_parser(
-        "history", help="list recorded runs, or rename one",
+        "history",
+        help="list recorded runs, or rename one",
         description="List recorded runs, oldest first (reading the history, never writing it); or, with --rename,\n"
-                    "give one run a new name.",
+        "give one run a new name.",
         epilog="Examples:\n  gpuanat history --format md\n  gpuanat history --name bf16 --limit 5\n"
-               "  gpuanat history --rename 12 \"bf16, batch 16\"\n  gpuanat history --rename 12 \"\"   # no name",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        '  gpuanat history --rename 12 "bf16, batch 16"\n  gpuanat history --rename 12 ""   # no name',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common(history)
-    history.add_argument("--format", choices=("table", "md", "csv", "json"), default=None,
-                         help="table (default), md, csv or json")
+    history.add_argument(
+        "--format", choices=("table", "md", "csv", "json"), default=None, help="table (default), md, csv or json"
+    )
     history.add_argument("--json", action="store_true", help="same as --format json")
     history.add_argument("--limit", type=int, default=None, metavar="N", help="only the last N runs")
-    history.add_argument("--name", type=run_name, default=None, metavar="TEXT",
-                         help="only the runs whose name contains TEXT (in any case)")
-    history.add_argument("--rename", nargs=2, default=None, metavar=("RUN_ID", "NAME"),
-                         help="name run RUN_ID NAME instead of listing (an empty or blank NAME removes its name); the "
-                              "name is kept as given and shown with any control characters escaped")
+    history.add_argument(
+        "--name",
+        type=run_name,
+        default=None,
+        metavar="TEXT",
+        help="only the runs whose name contains TEXT (in any case)",
+    )
+    history.add_argument(
+        "--rename",
+        nargs=2,
+        default=None,
+        metavar=("RUN_ID", "NAME"),
+        help="name run RUN_ID NAME instead of listing (an empty or blank NAME removes its name); the "
+        "name is kept as given and shown with any control characters escaped",
+    )
     return parser

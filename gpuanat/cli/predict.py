@@ -51,30 +51,41 @@ def command_predict(args: argparse.Namespace) -> int:
     assert prediction is not None
     largest = largest_batch(config, gpu_memory) if gpu_memory is not None else None
     result: dict[str, Any] = {
-        "config": config.to_json(), **prediction, "gpu_memory_bytes": gpu_memory, "gpu_memory_source": source,
+        "config": config.to_json(),
+        **prediction,
+        "gpu_memory_bytes": gpu_memory,
+        "gpu_memory_source": source,
         "max_batch_size": largest.batch_size if largest else None,
         "max_batch_method": largest.method if largest else None,
         "max_batch_least_left_bytes": largest.least_left_bytes if largest else None,
         "max_batch_recorded_with": largest.recorded_with if largest else None,
         "max_batch_size_model": largest.model_batch_size if largest else None,
         "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
-        "fit_ladder": ([step.to_json() for step in fit_ladder(config, gpu_memory)] if gpu_memory is not None
-                       else None),
+        "fit_ladder": ([step.to_json() for step in fit_ladder(config, gpu_memory)] if gpu_memory is not None else None),
     }
     if args.json:
         print(json.dumps(result))
         return EXIT_OK
     each = f", each of {prediction['ranks']} ranks" if prediction["ranks"] > 1 else ""
     print(f"Prediction for {config.model or config.preset} {config.techniques_summary()}, seq {config.seq_len}{each}:")
-    for key in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
-                "cuda_context_bytes", "peak_allocated_bytes", "peak_device_bytes"):
+    for key in (
+        "weights_bytes",
+        "gradients_bytes",
+        "optimizer_state_bytes",
+        "activations_bytes",
+        "cuda_context_bytes",
+        "peak_allocated_bytes",
+        "peak_device_bytes",
+    ):
         print(f"  {key.removesuffix('_bytes').replace('_', ' '):<22} {format_bytes(result[key]):>11}")
         if key == "activations_bytes" and result["logits_bytes"]:
             print(f"    {'of which logits':<20} {format_bytes(result['logits_bytes']):>11}")
         if key == "peak_allocated_bytes" and result["ddp_first_buckets_bytes"]:
             buckets = format_bytes(result["ddp_first_buckets_bytes"])
-            print(f"    of which {buckets} are DDP's first buckets, which a rank may still hold at step 2 beside the "
-                  "rebuilt ones (20 of 40 ranks did on H200s)")
+            print(
+                f"    of which {buckets} are DDP's first buckets, which a rank may still hold at step 2 beside the "
+                "rebuilt ones (20 of 40 ranks did on H200s)"
+            )
     if result["caveat"]:
         print(f"Not checked: {result['caveat']}.")
     if gpu_memory is None:
@@ -82,24 +93,33 @@ def command_predict(args: argparse.Namespace) -> int:
     else:
         estimate = estimate_memory(config)
         fits = "fits" if fits_in(estimate, gpu_memory) else "does NOT fit"
-        how = (f"replaying a recorded run's allocations, {format_bytes(result['max_batch_least_left_bytes'])} left at "
-               f"its tightest; the bytes model says {result['max_batch_size_model']}"
-               if result["max_batch_method"] == "replay" else "the bytes model")
-        print(f"On {format_bytes(gpu_memory)} ({source}): batch {config.batch_size} {fits}; "
-              f"largest batch that fits: {result['max_batch_size']} ({how})")
+        how = (
+            f"replaying a recorded run's allocations, {format_bytes(result['max_batch_least_left_bytes'])} left at "
+            f"its tightest; the bytes model says {result['max_batch_size_model']}"
+            if result["max_batch_method"] == "replay"
+            else "the bytes model"
+        )
+        print(
+            f"On {format_bytes(gpu_memory)} ({source}): batch {config.batch_size} {fits}; "
+            f"largest batch that fits: {result['max_batch_size']} ({how})"
+        )
         if result["max_batch_caveat"]:
             print(f"  caveat: {result['max_batch_caveat']}")
         if fits == "fits" and result["peak_device_bytes"] > gpu_memory:
             cache = result["peak_reserved_bytes"] - result["peak_allocated_bytes"]
-            print(f"  (its peak device counts {format_bytes(cache)} of allocator cache above the peak allocated: near "
-                  "the limit the allocator frees its unused segments before it fails, as `fits` assumes)")
+            print(
+                f"  (its peak device counts {format_bytes(cache)} of allocator cache above the peak allocated: near "
+                "the limit the allocator frees its unused segments before it fails, as `fits` assumes)"
+            )
         print_fit_ladder(result["fit_ladder"], config, gpu_memory)
         recorded_with = result["max_batch_recorded_with"]
         if recorded_with:
             differences = version_differences(recorded_with)
-            print(f"  the replayed run: {recorded_with['gpu']}, torch {recorded_with['torch']}, transformers "
-                  f"{recorded_with['transformers']}" + (f" ({'; '.join(differences)}: its allocations may differ)"
-                                                         if differences else ""))
+            print(
+                f"  the replayed run: {recorded_with['gpu']}, torch {recorded_with['torch']}, transformers "
+                f"{recorded_with['transformers']}"
+                + (f" ({'; '.join(differences)}: its allocations may differ)" if differences else "")
+            )
     return EXIT_OK
 
 
@@ -118,8 +138,10 @@ def print_fit_ladder(ladder: list[dict[str, Any]], config: Any, gpu_memory: int)
         verdict = "fits" if step["fits"] else "does not fit"
         if step["fits"] and step["peak_device_bytes"] > gpu_memory:  # as for the run itself, above
             verdict = "fits (its allocator cache given back near the limit)"
-        print(f"  + {step['technique']:<44} {step['flags']:<40} peak {format_bytes(step['peak_device_bytes']):>10}"
-              f"  {verdict}")
+        print(
+            f"  + {step['technique']:<44} {step['flags']:<40} peak {format_bytes(step['peak_device_bytes']):>10}"
+            f"  {verdict}"
+        )
     if not any(step["fits"] for step in ladder):
         smaller = "a smaller --batch-size or --seq-len" if config.batch_size > 1 else "a shorter --seq-len"
         print(f"  None of these makes it fit: {smaller}, more GPUs (--gpus N), or a larger GPU.")

@@ -41,24 +41,39 @@ def command_run_script(args: argparse.Namespace) -> int:
 
     given = [t.flag for t in TECHNIQUES if getattr(args, t.field, None) is not None]
     if given:
-        fail_usage(f"{given[0]}: technique flags do not apply to --script (the script sets its own "
-                    "TrainingArguments); give the script its own arguments after --")
+        fail_usage(
+            f"{given[0]}: technique flags do not apply to --script (the script sets its own "
+            "TrainingArguments); give the script its own arguments after --"
+        )
     script: Path = args.script
     if not script.is_file():
         fail_usage(f"--script: no such file: {script}")
     if args.metrics is not None:  # the script's own probe serves them, as in a job gpuanat did not start
-        print(f"gpuanat: the script's probe serves Prometheus metrics on {args.metrics[0]}:{args.metrics[1]} (its "
-              "log says so once it does)", file=sys.stderr)
+        print(
+            f"gpuanat: the script's probe serves Prometheus metrics on {args.metrics[0]}:{args.metrics[1]} (its "
+            "log says so once it does)",
+            file=sys.stderr,
+        )
     with open_store(args) as store:
         view = ProgressView(f"script {script.name}")
         try:
             with args.stop_signals.polled() as stop_requested:
-                result = execute_script(script, args.script_args, store=store, log_dir=store.path.parent / "logs",
-                                        name=args.name, on_event=view, trace_path=args.trace_out,
-                                        stop_requested=stop_requested,
-                                        env=measurement_environment(profile_ops=args.profile_ops,
-                                                                    profile_ops_trace=args.profile_ops_trace,
-                                                                    metrics=args.metrics, name=args.name))
+                result = execute_script(
+                    script,
+                    args.script_args,
+                    store=store,
+                    log_dir=store.path.parent / "logs",
+                    name=args.name,
+                    on_event=view,
+                    trace_path=args.trace_out,
+                    stop_requested=stop_requested,
+                    env=measurement_environment(
+                        profile_ops=args.profile_ops,
+                        profile_ops_trace=args.profile_ops_trace,
+                        metrics=args.metrics,
+                        name=args.name,
+                    ),
+                )
         finally:
             view.close()
     warn_if_not_saved(result)
@@ -67,8 +82,9 @@ def command_run_script(args: argparse.Namespace) -> int:
     else:
         print_named_summary(result, args.name)
     if result["status"] == "oom":
-        print(f"gpuanat: the script ran out of GPU memory: {(result.get('error') or {}).get('message')}",
-              file=sys.stderr)
+        print(
+            f"gpuanat: the script ran out of GPU memory: {(result.get('error') or {}).get('message')}", file=sys.stderr
+        )
     return exit_code_for(result["status"], args.stop_signals)
 
 
@@ -99,23 +115,35 @@ def command_run(args: argparse.Namespace) -> int:
     if unsupported is not None:
         fail_usage(f"{unsupported[0]}: {unsupported[1]}")
     if args.memory_snapshot is not None and config.device != "cuda":
-        fail_usage(f"--memory-snapshot: torch records its allocator's history only on CUDA, and this run is on "
-                   f"{config.device}")
+        fail_usage(
+            f"--memory-snapshot: torch records its allocator's history only on CUDA, and this run is on {config.device}"
+        )
     with open_store(args) as store, metrics_endpoint(args.metrics, name=args.name) as metrics:
-        result = run_recorded(config, store, args.stop_signals, label="run", name=args.name,
-                               trace_path=args.trace_out, memory_snapshot=args.memory_snapshot,
-                               requested_monotonic_s=process_started_monotonic_s(),
-                               profile_ops=args.profile_ops, profile_ops_trace=args.profile_ops_trace,
-                               metrics=metrics)
+        result = run_recorded(
+            config,
+            store,
+            args.stop_signals,
+            label="run",
+            name=args.name,
+            trace_path=args.trace_out,
+            memory_snapshot=args.memory_snapshot,
+            requested_monotonic_s=process_started_monotonic_s(),
+            profile_ops=args.profile_ops,
+            profile_ops_trace=args.profile_ops_trace,
+            metrics=metrics,
+        )
     if args.json:
         print(json.dumps(result))
     else:
         print_named_summary(result, args.name)
     if args.memory_snapshot is not None:
         written = args.memory_snapshot.is_file()
-        print(f"Memory snapshot: {args.memory_snapshot} (drop it on pytorch.org/memory_viz)" if written
-              else f"gpuanat: no memory snapshot was written to {args.memory_snapshot} (see the log)",
-              file=sys.stderr if args.json or not written else sys.stdout)
+        print(
+            f"Memory snapshot: {args.memory_snapshot} (drop it on pytorch.org/memory_viz)"
+            if written
+            else f"gpuanat: no memory snapshot was written to {args.memory_snapshot} (see the log)",
+            file=sys.stderr if args.json or not written else sys.stdout,
+        )
     run_error = result.get("error") or {}
     if run_error.get("kind") == "config":
         print(f"gpuanat: error: {run_error.get('flag')}: {run_error.get('message')}", file=sys.stderr)
@@ -123,9 +151,12 @@ def command_run(args: argparse.Namespace) -> int:
     if result["status"] == "oom":
         from gpuanat.core.store.report import format_bytes
 
-        print(f"gpuanat: out of GPU memory at step {run_error.get('step')} "
-              f"(peak allocated {format_bytes(result['peak_allocated_bytes'])}); "
-              f"{out_of_memory_hint(config, result.get('device_memory_total_bytes'))}", file=sys.stderr)
+        print(
+            f"gpuanat: out of GPU memory at step {run_error.get('step')} "
+            f"(peak allocated {format_bytes(result['peak_allocated_bytes'])}); "
+            f"{out_of_memory_hint(config, result.get('device_memory_total_bytes'))}",
+            file=sys.stderr,
+        )
     return exit_code_for(result["status"], args.stop_signals)
 
 

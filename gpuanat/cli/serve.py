@@ -79,8 +79,10 @@ def _server_class() -> Any:
                 return response
             if hmac.compare_digest(request.cookies.get(self.cookie, ""), self.token):
                 return await handler(request)
-            raise web.HTTPForbidden(text="gpuanat serve: open the URL with the token that `gpuanat serve` printed "
-                                         "when it started (…/?token=…)\n")
+            raise web.HTTPForbidden(
+                text="gpuanat serve: open the URL with the token that `gpuanat serve` printed "
+                "when it started (…/?token=…)\n"
+            )
 
         async def handle_index(self, request: Any) -> Any:
             self.public_url = f"{request.scheme}://{request.host}"
@@ -94,8 +96,9 @@ def _server_class() -> Any:
             socket = web.WebSocketResponse(heartbeat=15)
             await socket.prepare(request)
             try:
-                service = await self.session.attach(socket, to_int(request.query.get("width", "80"), 80),
-                                                    to_int(request.query.get("height", "24"), 24))
+                service = await self.session.attach(
+                    socket, to_int(request.query.get("width", "80"), 80), to_int(request.query.get("height", "24"), 24)
+                )
                 await self._process_messages(socket, service)
             except asyncio.CancelledError:
                 pass
@@ -119,8 +122,11 @@ def command_serve(args: argparse.Namespace) -> int:
     if warning:
         print(f"gpuanat: {warning}", file=sys.stderr)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"gpuanat serve: open http://{host}:{args.port}/?token={token} (over SSH: ssh -L "
-          f"{args.port}:localhost:{args.port} THIS-HOST, then that URL); Ctrl+C stops the server", flush=True)
+    print(
+        f"gpuanat serve: open http://{host}:{args.port}/?token={token} (over SSH: ssh -L "
+        f"{args.port}:localhost:{args.port} THIS-HOST, then that URL); Ctrl+C stops the server",
+        flush=True,
+    )
     try:
         server.serve()
     except OSError as error:

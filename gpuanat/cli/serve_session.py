@@ -16,10 +16,12 @@ import asyncio
 import contextlib
 from typing import Any
 
-TERMINAL_MODES = ("\x1b[?1049h"  # the alternate screen
-                  "\x1b[?1000h\x1b[?1003h\x1b[?1015h\x1b[?1006h"  # mouse reporting, as Textual's web driver asks
-                  "\x1b[?25l"  # no cursor
-                  "\x1b[?2004h")  # bracketed paste
+TERMINAL_MODES = (
+    "\x1b[?1049h"  # the alternate screen
+    "\x1b[?1000h\x1b[?1003h\x1b[?1015h\x1b[?1006h"  # mouse reporting, as Textual's web driver asks
+    "\x1b[?25l"  # no cursor
+    "\x1b[?2004h"
+)  # bracketed paste
 """What Textual's web driver writes once when its app starts (`WebDriver.start_application_mode`): a tab that attaches
 later needs it too."""
 
@@ -54,8 +56,13 @@ class DashboardSession:
                 with contextlib.suppress(Exception):
                     await previous.close(message=TAKEN_OVER.encode())
             if not self.running:
-                self.service = AppService(self.command, write_bytes=self._write_bytes, write_str=self._write_str,
-                                          close=self._close, download_manager=self.download_manager)
+                self.service = AppService(
+                    self.command,
+                    write_bytes=self._write_bytes,
+                    write_str=self._write_str,
+                    close=self._close,
+                    download_manager=self.download_manager,
+                )
                 await self.service.start(width, height)
                 return self.service
             await self._write_bytes(TERMINAL_MODES.encode())

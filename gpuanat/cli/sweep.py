@@ -29,8 +29,11 @@ def command_sweep(args: argparse.Namespace) -> int:
     from gpuanat.core.store.report import SWEEP_COLUMNS, sweep_rows
     from gpuanat.core.store.sweep import BASE_TECHNIQUE_FIELDS, EXPERIMENTS
 
-    fixed = [t.flag for t in TECHNIQUES
-             if t.field in BASE_TECHNIQUE_FIELDS and t.field != "batch_size" and getattr(args, t.field) is not None]
+    fixed = [
+        t.flag
+        for t in TECHNIQUES
+        if t.field in BASE_TECHNIQUE_FIELDS and t.field != "batch_size" and getattr(args, t.field) is not None
+    ]
     if fixed:
         fail_usage(f"{fixed[0]}: the sweep sets it per experiment; use `gpuanat run` for one configuration")
     experiments = EXPERIMENTS
@@ -45,19 +48,31 @@ def command_sweep(args: argparse.Namespace) -> int:
     base = machine_config(args, capabilities)  # on the CPU, every experiment trains the CPU's workload
     results: list[dict[str, Any]] = []
     interrupted = False
-    with (open_store(args) as store, prepared_workers() as workers,
-          metrics_endpoint(args.metrics, name="sweep") as metrics):
+    with (
+        open_store(args) as store,
+        prepared_workers() as workers,
+        metrics_endpoint(args.metrics, name="sweep") as metrics,
+    ):
         for index, experiment in enumerate(experiments, start=1):
             config = experiment.config(base)
             label = f"[{index}/{len(experiments)}] {experiment.name}"
             unsupported = machine_unsupported_reason(config, capabilities)
             if unsupported is not None:
-                results.append({"name": experiment.name, "status": "skipped", "reason": unsupported[1],
-                                "config": config.to_json()})
+                results.append(
+                    {"name": experiment.name, "status": "skipped", "reason": unsupported[1], "config": config.to_json()}
+                )
                 print(f"{label}: skipped — {unsupported[1]}", file=sys.stderr)
                 continue
-            result = run_recorded(config, store, args.stop_signals, label=label, name=experiment.name,
-                                  profile_ops=args.profile_ops, warm_workers=workers, metrics=metrics)
+            result = run_recorded(
+                config,
+                store,
+                args.stop_signals,
+                label=label,
+                name=experiment.name,
+                profile_ops=args.profile_ops,
+                warm_workers=workers,
+                metrics=metrics,
+            )
             run_error = result.get("error")
             result["reason"] = run_error["message"].splitlines()[0] if run_error else ""
             results.append(result)

@@ -54,8 +54,10 @@ def _parse_search(text: str | None) -> list[str] | None:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in DIMENSIONS]
     if not names or unknown:
-        fail_usage(f"--search: {', '.join(repr(name) for name in unknown) or 'nothing given'}: choose from "
-                   f"{', '.join(DIMENSIONS)}, separated by commas")
+        fail_usage(
+            f"--search: {', '.join(repr(name) for name in unknown) or 'nothing given'}: choose from "
+            f"{', '.join(DIMENSIONS)}, separated by commas"
+        )
     return names
 
 
@@ -63,14 +65,17 @@ def _check_numbers(args: argparse.Namespace) -> None:
     if not 0 < args.budget <= MAX_BUDGET_MINUTES:
         fail_usage(f"--budget: minutes, more than 0 and at most {MAX_BUDGET_MINUTES:.0f} (got {args.budget})")
     if not MIN_TRIAL_STEPS <= args.trial_steps <= MAX_STEPS:
-        fail_usage(f"--trial-steps: must be an integer ≥ {MIN_TRIAL_STEPS} (2 warm-up steps and at least one timed) "
-                   f"and ≤ {MAX_STEPS:,} (got {args.trial_steps})")
+        fail_usage(
+            f"--trial-steps: must be an integer ≥ {MIN_TRIAL_STEPS} (2 warm-up steps and at least one timed) "
+            f"and ≤ {MAX_STEPS:,} (got {args.trial_steps})"
+        )
     if args.max_batch is not None and not 1 <= args.max_batch <= MAX_BATCH_SIZE:
         fail_usage(f"--max-batch: must be an integer ≥ 1 and ≤ {MAX_BATCH_SIZE:,} (got {args.max_batch})")
     if args.effective_batch is not None:
         if not 1 <= args.effective_batch <= MAX_BATCH_SIZE:
-            fail_usage(f"--effective-batch: must be an integer ≥ 1 and ≤ {MAX_BATCH_SIZE:,} "
-                       f"(got {args.effective_batch})")
+            fail_usage(
+                f"--effective-batch: must be an integer ≥ 1 and ≤ {MAX_BATCH_SIZE:,} (got {args.effective_batch})"
+            )
         if args.grad_accum is not None:
             fail_usage("--effective-batch: the search sets --grad-accum to keep it; give one or the other")
         if args.batch_size is not None and args.effective_batch % args.batch_size:
@@ -117,10 +122,16 @@ def trial_json(trial: Any, source: str | None, kept: list[int]) -> dict[str, Any
     result = trial.result
     error = result.get("error") or {}
     return {
-        "index": trial.index, "name": trial.name, "run_id": trial.run_id, "status": trial.status,
-        "dimension": trial.dimension, "kept": trial.index in kept, "config": trial.config.to_json(),
+        "index": trial.index,
+        "name": trial.name,
+        "run_id": trial.run_id,
+        "status": trial.status,
+        "dimension": trial.dimension,
+        "kept": trial.index in kept,
+        "config": trial.config.to_json(),
         "techniques": trial.config.techniques_summary(),
-        "samples_per_second": trial.samples_per_second, "rate_source": trial.rate_source,
+        "samples_per_second": trial.samples_per_second,
+        "rate_source": trial.rate_source,
         "steady_samples_per_second": result.get("steady_samples_per_second"),
         "peak_memory_bytes": trial.memory_bytes(source) if source is not None else None,
         "peak_reserved_bytes": result.get("peak_reserved_bytes"),
@@ -128,13 +139,15 @@ def trial_json(trial: Any, source: str | None, kept: list[int]) -> dict[str, Any
         "process_memory_used_bytes": result.get("process_memory_used_bytes"),
         "predicted_peak_device_bytes": (result.get("predicted") or {}).get("peak_device_bytes"),
         "predicted_peak_allocated_bytes": (result.get("predicted") or {}).get("peak_allocated_bytes"),
-        "steps": result.get("steps"), "wall_s": trial.wall_s,
+        "steps": result.get("steps"),
+        "wall_s": trial.wall_s,
         "error": (error.get("message") or "").splitlines()[0] if error else None,
     }
 
 
-def tune_json(outcome: Any, *, base: RunConfig, space: Any, budget_s: float, trial_steps: int,
-              held: list[str]) -> dict[str, Any]:
+def tune_json(
+    outcome: Any, *, base: RunConfig, space: Any, budget_s: float, trial_steps: int, held: list[str]
+) -> dict[str, Any]:
     from gpuanat.core.run.tune.result import MEMORY_SOURCES
     from gpuanat.core.run.tune.runs import run_command, run_flags
 
@@ -142,17 +155,34 @@ def tune_json(outcome: Any, *, base: RunConfig, space: Any, budget_s: float, tri
     best = outcome.best
     best_json = None
     if best is not None:
-        best_json = {**trial_json(best, source, outcome.kept), "run_flags": run_flags(best.config),
-                     "command": run_command(best.config)}
+        best_json = {
+            **trial_json(best, source, outcome.kept),
+            "run_flags": run_flags(best.config),
+            "command": run_command(best.config),
+        }
     return {
-        "status": outcome.stop_reason, "device": base.device, "gpu_memory_bytes": space.gpu_memory_bytes,
-        "usable_memory_bytes": space.usable_memory_bytes, "budget_s": budget_s, "trial_steps": trial_steps,
-        "elapsed_s": outcome.elapsed_s, "searched": list(space.dimensions), "held": held,
-        "memory_source": source, "memory_source_description": dict(MEMORY_SOURCES).get(source) if source else None,
+        "status": outcome.stop_reason,
+        "device": base.device,
+        "gpu_memory_bytes": space.gpu_memory_bytes,
+        "usable_memory_bytes": space.usable_memory_bytes,
+        "budget_s": budget_s,
+        "trial_steps": trial_steps,
+        "elapsed_s": outcome.elapsed_s,
+        "searched": list(space.dimensions),
+        "held": held,
+        "memory_source": source,
+        "memory_source_description": dict(MEMORY_SOURCES).get(source) if source else None,
         "trials": [trial_json(trial, source, outcome.kept) for trial in outcome.trials],
-        "pruned": [{"dimension": pruned.dimension, "config": pruned.config.to_json(),
-                    "techniques": pruned.config.techniques_summary(), "reason": pruned.reason,
-                    "predicted_peak_device_bytes": pruned.predicted_peak_device_bytes} for pruned in outcome.pruned],
+        "pruned": [
+            {
+                "dimension": pruned.dimension,
+                "config": pruned.config.to_json(),
+                "techniques": pruned.config.techniques_summary(),
+                "reason": pruned.reason,
+                "predicted_peak_device_bytes": pruned.predicted_peak_device_bytes,
+            }
+            for pruned in outcome.pruned
+        ],
         "front": [trial_json(trial, source, outcome.kept) for trial in outcome.front],
         "best": best_json,
     }
@@ -166,22 +196,35 @@ def _held_flags(args: argparse.Namespace, searchable: set[str]) -> list[str]:
 def _print_front(summary: dict[str, Any]) -> None:
     from gpuanat.core.store.report import Column
 
-    columns = (Column("run_id", "run", numeric=True), Column("trial", "trial"),
-               Column("rate", "samples/s", numeric=True), Column("memory", "peak memory", numeric=True),
-               Column("techniques", "techniques", shrinks=True))
-    rows = [{"run_id": entry["run_id"], "trial": entry["name"].partition(":")[0],
-             "rate": f"{entry['samples_per_second']:.2f}" + ("" if entry["rate_source"] == "steady" else " *"),
-             "memory": _gib(entry["peak_memory_bytes"]), "techniques": entry["techniques"]}
-            for entry in summary["front"]]
-    print(f"Pareto front: samples/s against peak memory ({summary['memory_source_description']}), "
-          f"{len(summary['front'])} of {sum(1 for t in summary['trials'] if t['status'] == 'ok')} ok trials")
+    columns = (
+        Column("run_id", "run", numeric=True),
+        Column("trial", "trial"),
+        Column("rate", "samples/s", numeric=True),
+        Column("memory", "peak memory", numeric=True),
+        Column("techniques", "techniques", shrinks=True),
+    )
+    rows = [
+        {
+            "run_id": entry["run_id"],
+            "trial": entry["name"].partition(":")[0],
+            "rate": f"{entry['samples_per_second']:.2f}" + ("" if entry["rate_source"] == "steady" else " *"),
+            "memory": _gib(entry["peak_memory_bytes"]),
+            "techniques": entry["techniques"],
+        }
+        for entry in summary["front"]
+    ]
+    print(
+        f"Pareto front: samples/s against peak memory ({summary['memory_source_description']}), "
+        f"{len(summary['front'])} of {sum(1 for t in summary['trials'] if t['status'] == 'ok')} ok trials"
+    )
     print_table(columns, rows)
     if any(entry["rate_source"] != "steady" for entry in summary["front"]):
         print("* the whole run's rate, warm-up included: the trial had no steady window")
     best = summary["best"]
     if best is not None:
-        print(f"Best: {best['command']}  ({best['samples_per_second']:.2f} samples/s, "
-              f"{_gib(best['peak_memory_bytes'])})")
+        print(
+            f"Best: {best['command']}  ({best['samples_per_second']:.2f} samples/s, {_gib(best['peak_memory_bytes'])})"
+        )
 
 
 def command_tune(args: argparse.Namespace) -> int:
@@ -201,63 +244,118 @@ def command_tune(args: argparse.Namespace) -> int:
     if args.effective_batch is not None and args.batch_size is not None:
         base = base.replace(grad_accum=args.effective_batch // args.batch_size)
     given = given_fields(args)
-    space = search_space(base, capabilities, given, gpu_memory_bytes=gpu_memory, only=only,
-                         max_batch=args.max_batch, effective_batch=args.effective_batch)
+    space = search_space(
+        base,
+        capabilities,
+        given,
+        gpu_memory_bytes=gpu_memory,
+        only=only,
+        max_batch=args.max_batch,
+        effective_batch=args.effective_batch,
+    )
     searchable = {name for fields in DIMENSION_FIELDS.values() for name in fields}
     held = _held_flags(args, searchable)
     if not space.dimensions:
-        fail_usage("nothing to search: every technique it searches is given a flag or has no alternative here "
-                   "(see gpuanat tune --help)")
+        fail_usage(
+            "nothing to search: every technique it searches is given a flag or has no alternative here "
+            "(see gpuanat tune --help)"
+        )
     budget_s = args.budget * 60.0
     if gpu_memory is None:
-        limit = (f"on the {base.device}, no memory limit: nothing is pruned by prediction (give --gpu-memory SIZE to "
-                 "prune as for a GPU of that size)")
+        limit = (
+            f"on the {base.device}, no memory limit: nothing is pruned by prediction (give --gpu-memory SIZE to "
+            "prune as for a GPU of that size)"
+        )
     elif base.device != "cuda":
-        limit = (f"on the {base.device}, pruning by what the prediction says for a GPU of {_gib(gpu_memory)} "
-                 f"(--gpu-memory), {_gib(space.usable_memory_bytes)} of it usable")
+        limit = (
+            f"on the {base.device}, pruning by what the prediction says for a GPU of {_gib(gpu_memory)} "
+            f"(--gpu-memory), {_gib(space.usable_memory_bytes)} of it usable"
+        )
     else:
         limit = f"pruning by prediction to {_gib(space.usable_memory_bytes)} of the GPU's {_gib(gpu_memory)}"
-    print(f"tune: {base.model or base.preset} seq {base.seq_len}; searching {', '.join(space.dimensions)}; "
-          + (f"holding {' '.join(held)} as given; " if held else "")
-          + f"{limit}; {args.trial_steps} steps a trial, budget {_minutes(budget_s)}", file=sys.stderr)
+    print(
+        f"tune: {base.model or base.preset} seq {base.seq_len}; searching {', '.join(space.dimensions)}; "
+        + (f"holding {' '.join(held)} as given; " if held else "")
+        + f"{limit}; {args.trial_steps} steps a trial, budget {_minutes(budget_s)}",
+        file=sys.stderr,
+    )
 
     def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
-        return run_recorded(config, store, args.stop_signals, label=name, name=name,
-                            profile_ops=args.profile_ops, warm_workers=workers, metrics=metrics)
+        return run_recorded(
+            config,
+            store,
+            args.stop_signals,
+            label=name,
+            name=name,
+            profile_ops=args.profile_ops,
+            warm_workers=workers,
+            metrics=metrics,
+        )
 
     def trial_done(done: Any, progress: Any) -> None:
         memory, _ = _trial_memory(done)
         if done.ok:
-            outcome = f"ok, {done.samples_per_second:.2f} samples/s" + (
-                "" if done.rate_source == "steady" else " (whole run)") + f", {_gib(memory)}"
+            outcome = (
+                f"ok, {done.samples_per_second:.2f} samples/s"
+                + ("" if done.rate_source == "steady" else " (whole run)")
+                + f", {_gib(memory)}"
+            )
         else:
             error = (done.result.get("error") or {}).get("message") or ""
-            outcome = done.status + (f" ({error.splitlines()[0][:80]})" if error else "") + (
-                "" if done.status == "stopped" else "; not tried this way again")
-        print(f"{done.name} — {outcome} · run {done.run_id} · {done.wall_s:.0f} s | {_minutes(progress.elapsed_s)} "
-              f"of {_minutes(progress.budget_s)}, about {_minutes(progress.estimated_left_s)} left at least",
-              file=sys.stderr)
+            outcome = (
+                done.status
+                + (f" ({error.splitlines()[0][:80]})" if error else "")
+                + ("" if done.status == "stopped" else "; not tried this way again")
+            )
+        print(
+            f"{done.name} — {outcome} · run {done.run_id} · {done.wall_s:.0f} s | {_minutes(progress.elapsed_s)} "
+            f"of {_minutes(progress.budget_s)}, about {_minutes(progress.estimated_left_s)} left at least",
+            file=sys.stderr,
+        )
 
     def pruned(refused: Any) -> None:
-        print(f"tune: not tried ({refused.dimension}): {refused.config.techniques_summary()}: {refused.reason}",
-              file=sys.stderr)
+        print(
+            f"tune: not tried ({refused.dimension}): {refused.config.techniques_summary()}: {refused.reason}",
+            file=sys.stderr,
+        )
 
     def kept(trial_kept: Any, gain: float) -> None:
         if trial_kept.dimension != "start":
             print(f"tune: best so far: {trial_kept.name} (+{100 * gain:.1f}%)", file=sys.stderr)
 
-    with (open_store(args) as store, args.stop_signals.polled() as stop, prepared_workers() as workers,
-          metrics_endpoint(args.metrics, name="tune") as metrics):
-        outcome = run_tune(base, space, store=store, log_dir=store.path.parent / "logs",
-                           trial_steps=args.trial_steps, budget_s=budget_s, run_trial=trial, on_trial=trial_done,
-                           on_pruned=pruned, on_kept=kept, stop=stop)
+    with (
+        open_store(args) as store,
+        args.stop_signals.polled() as stop,
+        prepared_workers() as workers,
+        metrics_endpoint(args.metrics, name="tune") as metrics,
+    ):
+        outcome = run_tune(
+            base,
+            space,
+            store=store,
+            log_dir=store.path.parent / "logs",
+            trial_steps=args.trial_steps,
+            budget_s=budget_s,
+            run_trial=trial,
+            on_trial=trial_done,
+            on_pruned=pruned,
+            on_kept=kept,
+            stop=stop,
+        )
     summary = tune_json(outcome, base=base, space=space, budget_s=budget_s, trial_steps=args.trial_steps, held=held)
-    why = {"converged": "no move helped", "budget": "the next trial would overrun the budget",
-           "interrupted": "interrupted", "failed": "a trial failed (see its log)",
-           "nothing fits": "the prediction says no start fits the memory"}[outcome.stop_reason]
+    why = {
+        "converged": "no move helped",
+        "budget": "the next trial would overrun the budget",
+        "interrupted": "interrupted",
+        "failed": "a trial failed (see its log)",
+        "nothing fits": "the prediction says no start fits the memory",
+    }[outcome.stop_reason]
     count = len(outcome.trials)
-    print(f"tune: {why}: {count} trial{'' if count == 1 else 's'} in {_minutes(outcome.elapsed_s)}, "
-          f"{len(outcome.pruned)} not tried by prediction", file=sys.stderr)
+    print(
+        f"tune: {why}: {count} trial{'' if count == 1 else 's'} in {_minutes(outcome.elapsed_s)}, "
+        f"{len(outcome.pruned)} not tried by prediction",
+        file=sys.stderr,
+    )
     if args.json:
         print(json.dumps(summary))
     elif summary["front"]:
@@ -266,7 +364,10 @@ def command_tune(args: argparse.Namespace) -> int:
         return args.stop_signals.exit_code or EXIT_STOPPED
     if summary["best"] is None:
         statuses = {trial.status for trial in outcome.trials}
-        print("gpuanat: tune found nothing that trains" + (f" (trials: {', '.join(sorted(statuses))})"
-                                                           if statuses else ""), file=sys.stderr)
+        print(
+            "gpuanat: tune found nothing that trains"
+            + (f" (trials: {', '.join(sorted(statuses))})" if statuses else ""),
+            file=sys.stderr,
+        )
         return EXIT_OOM if outcome.stop_reason == "nothing fits" or statuses == {"oom"} else EXIT_FAILED
     return EXIT_OK

@@ -53,8 +53,7 @@ def _watch_metrics(args: argparse.Namespace) -> Any:
     return WatchMetrics({gpu.index: gpu.uuid for gpu in read_gpus()})
 
 
-def _watch_json(args: argparse.Namespace, target: Any, db_path: Path, save_name: str | None,
-                watch_metrics: Any) -> int:
+def _watch_json(args: argparse.Namespace, target: Any, db_path: Path, save_name: str | None, watch_metrics: Any) -> int:
     from gpuanat.core.measure.nvml_source import open_source
     from gpuanat.core.measure.sampler import Sampler
     from gpuanat.core.watch.session import WatchSession, follow
@@ -75,8 +74,14 @@ def _watch_json(args: argparse.Namespace, target: Any, db_path: Path, save_name:
     ended = "stopped"
     try:
         with args.stop_signals.polled() as stop_requested:
-            ended = follow(session, sampler, interval_s=args.interval, on_record=emit, duration_s=args.duration,
-                           stop_requested=stop_requested)
+            ended = follow(
+                session,
+                sampler,
+                interval_s=args.interval,
+                on_record=emit,
+                duration_s=args.duration,
+                stop_requested=stop_requested,
+            )
     except KeyboardInterrupt:
         print("gpuanat: interrupted", file=sys.stderr)
         return args.stop_signals.exit_code or EXIT_STOPPED
@@ -100,8 +105,15 @@ def _watch_dashboard(args: argparse.Namespace, target: Any, db_path: Path, watch
     keymap = user_keymap(WatchApp)
     if not sys.stdout.isatty() and not served_in_a_browser():
         fail_usage("the dashboard needs a terminal; add --json for one JSON object per sample")
-    app = WatchApp(target, db_path=db_path, interval_s=args.interval, save_name=args.save or None,
-                   save_on_start=args.save is not None, trace_path=args.trace_out, keymap=keymap,
-                   on_record=watch_metrics.observe if watch_metrics is not None else None)
+    app = WatchApp(
+        target,
+        db_path=db_path,
+        interval_s=args.interval,
+        save_name=args.save or None,
+        save_on_start=args.save is not None,
+        trace_path=args.trace_out,
+        keymap=keymap,
+        on_record=watch_metrics.observe if watch_metrics is not None else None,
+    )
     app.run()
     return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal

@@ -47,8 +47,9 @@ def printable(text: object, *, keep: str = "") -> str:
     text = text if isinstance(text, str) else str(text)
     if text.isprintable():
         return text
-    return "".join(character if character.isprintable() or character in keep else _escaped(character)
-                   for character in text)
+    return "".join(
+        character if character.isprintable() or character in keep else _escaped(character) for character in text
+    )
 
 
 def printable_keeping_colours(line: str) -> str:
@@ -58,7 +59,7 @@ def printable_keeping_colours(line: str) -> str:
     parts: list[str] = []
     shown_from = 0
     for match in SGR.finditer(line):
-        parts.append(printable(line[shown_from:match.start()], keep="\t"))
+        parts.append(printable(line[shown_from : match.start()], keep="\t"))
         parts.append(match.group())
         shown_from = match.end()
     parts.append(printable(line[shown_from:], keep="\t"))

@@ -77,7 +77,7 @@ def _rate_label(value: float) -> str:
 
 
 def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str:
-    """"run 3: step 9/64 · 12s · ETA 1m13s": where the run is, how long it has trained, and — at the mean pace of
+    """ "run 3: step 9/64 · 12s · ETA 1m13s": where the run is, how long it has trained, and — at the mean pace of
     its steps so far — how long it has left."""
     text = f"run {run_id}: step {step.step}" + (f"/{total_steps}" if total_steps else "")
     text += f" · {format_duration(step.elapsed_s)}"
@@ -88,8 +88,10 @@ def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str
 
 WORKER_STATES = {"preparing": "training process warming up…", "ready": "training process warm"}
 """The status line's word for the prepared worker (gpuanat.core.run.warm), while no run is in progress."""
-WORKER_NOTES = {"preparing": "preparing the next training process ahead (torch and transformers imports)",
-                "ready": "the next training process is ready: r starts training without the imports"}
+WORKER_NOTES = {
+    "preparing": "preparing the next training process ahead (torch and transformers imports)",
+    "ready": "the next training process is ready: r starts training without the imports",
+}
 
 
 class GpuAnatApp(SearchActions):
@@ -111,8 +113,9 @@ class GpuAnatApp(SearchActions):
         Binding("m", "toggle_technique('pin_memory')", "Pin memory", id="pin_memory", show=False),
         Binding("c", "toggle_technique('compile')", "Compile: off, regions, model", id="compile", show=False),
         Binding("e", "toggle_technique('attn')", "Attention", id="attn", show=False),
-        Binding("x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments",
-                show=False),
+        Binding(
+            "x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments", show=False
+        ),
         Binding("f", "fit", "Fit batch", id="fit"),
         Binding("T", "tune", "Tune: the fastest set that fits (short real runs)", id="tune", show=False),
         Binding("E", "toggle_technique('engine')", "Engine", id="engine", show=False),
@@ -173,12 +176,23 @@ class GpuAnatApp(SearchActions):
         self._latest_sample: Sample | None = None
         self._quit_after_run = False
         # Memory keeps its peaks when downsampled; rates are averaged.
-        self.series = {"device_used": TimeSeries(), "run_used": TimeSeries(), "gpu_util": TimeSeries(),
-                       "throughput": TimeSeries(reduce="mean"), "host_rss": TimeSeries(),
-                       "host_cpu": TimeSeries(reduce="mean")}
-        self._run_control = RunControl(db_path, post=self.post_message, on_event=self._incoming_events.append,
-                                       run_env=run_env, shared_sampler=self._shared_sampler,
-                                       warm_workers=warm_workers, metrics=metrics)
+        self.series = {
+            "device_used": TimeSeries(),
+            "run_used": TimeSeries(),
+            "gpu_util": TimeSeries(),
+            "throughput": TimeSeries(reduce="mean"),
+            "host_rss": TimeSeries(),
+            "host_cpu": TimeSeries(reduce="mean"),
+        }
+        self._run_control = RunControl(
+            db_path,
+            post=self.post_message,
+            on_event=self._incoming_events.append,
+            run_env=run_env,
+            shared_sampler=self._shared_sampler,
+            warm_workers=warm_workers,
+            metrics=metrics,
+        )
         self._worker_status: str | None = None
         """The prepared worker's last status shown ("preparing", "ready"), to log its changes once."""
         self._stop_dialog: ConfirmScreen | None = None
@@ -193,9 +207,12 @@ class GpuAnatApp(SearchActions):
             with Vertical(id="charts"):
                 yield LineChart("GPU memory used", formatter=_bytes_label, id="memory-chart")
                 yield LineChart("GPU utilization", formatter=_percent_label, y_max=100, id="util-chart")
-                yield LineChart(f"Throughput (samples/s, mean of {THROUGHPUT_WINDOW_STEPS} steps)",
-                                formatter=_rate_label, id="throughput-chart",
-                                empty_message="a run's samples/s show here")
+                yield LineChart(
+                    f"Throughput (samples/s, mean of {THROUGHPUT_WINDOW_STEPS} steps)",
+                    formatter=_rate_label,
+                    id="throughput-chart",
+                    empty_message="a run's samples/s show here",
+                )
                 yield AnatomyTimeline(id="timeline")
                 yield OperationsPanel(id="operations")
         yield MemoryBar(id="memory")
@@ -230,8 +247,12 @@ class GpuAnatApp(SearchActions):
         else:
             self._chart_the_host()
         self._charts_by_id["throughput-chart"].set_series("samples/s", self.series["throughput"])
-        self._sampler = Sampler(source, interval_s=self._sample_interval_s or SAMPLE_INTERVAL_S,
-                                on_sample=self._incoming_samples.append, clock=self._clock)
+        self._sampler = Sampler(
+            source,
+            interval_s=self._sample_interval_s or SAMPLE_INTERVAL_S,
+            on_sample=self._incoming_samples.append,
+            clock=self._clock,
+        )
         self._sampler_started_s = self._clock()
         if self._sample_interval_s is not None:
             self._sampler.start()
@@ -289,8 +310,11 @@ class GpuAnatApp(SearchActions):
     def _shared_sampler(self) -> SharedSampler | None:
         """The dashboard's sampler while it runs, for the runs it starts to listen to."""
         sampler = self._sampler
-        return (SharedSampler(sampler, self.nvml) if sampler is not None and sampler.running
-                and self.nvml is not None else None)
+        return (
+            SharedSampler(sampler, self.nvml)
+            if sampler is not None and sampler.running and self.nvml is not None
+            else None
+        )
 
     # --- messages ---------------------------------------------------------------------------------
     def on_capabilities_found(self, message: CapabilitiesFound) -> None:
@@ -383,8 +407,9 @@ class GpuAnatApp(SearchActions):
             self._log_pane.poll()
             if self.live is not None:
                 self._log_startup(self.live)
-            self._status_line.show(nvml=self.nvml, run_state=self._run_state(),
-                                            sampler_cpu_percent=self._sampler_cpu_percent())
+            self._status_line.show(
+                nvml=self.nvml, run_state=self._run_state(), sampler_cpu_percent=self._sampler_cpu_percent()
+            )
 
     def _show_step_strip(self, live: LiveRun) -> None:
         """The latest steps' time by phase and what bounds them, live."""
@@ -403,8 +428,11 @@ class GpuAnatApp(SearchActions):
         speed = utilization(live.config, rank_rate * ranks, gpu.name if gpu else None, ranks, model=model)
         if speed.achieved_tflops is None:
             return title
-        achieved = (f"{speed.achieved_tflops:.1f} TFLOP/s" if speed.achieved_tflops >= 1
-                    else f"{speed.achieved_tflops * 1000:.1f} GFLOP/s")
+        achieved = (
+            f"{speed.achieved_tflops:.1f} TFLOP/s"
+            if speed.achieved_tflops >= 1
+            else f"{speed.achieved_tflops * 1000:.1f} GFLOP/s"
+        )
         return f"{title} · {achieved}" + (f", {100 * speed.mfu:.0f}% MFU" if speed.mfu is not None else "")
 
     def _add_anatomy_points(self, live: LiveRun, step: Step) -> None:
@@ -412,20 +440,36 @@ class GpuAnatApp(SearchActions):
         if live.model is None:
             return
         known = live.probe_bands.optimizer_state_bytes if live.probe_bands is not None else 0
-        before = (step.bands.optimizer_state_at_forward_end_bytes if step.bands is not None
-                  and step.bands.optimizer_state_at_forward_end_bytes is not None else 0 if step.step <= 1 else known)
+        before = (
+            step.bands.optimizer_state_at_forward_end_bytes
+            if step.bands is not None and step.bands.optimizer_state_at_forward_end_bytes is not None
+            else 0
+            if step.step <= 1
+            else known
+        )
         context = (live.peak_bands or {}).get("cuda_context_bytes")
-        self._anatomy_timeline.add_points(anatomy_points(
-            step.step, step.peak_allocated_bytes, step.allocated_bytes, step.reserved_bytes, live.model.weights_bytes,
-            before, known, context))
+        self._anatomy_timeline.add_points(
+            anatomy_points(
+                step.step,
+                step.peak_allocated_bytes,
+                step.allocated_bytes,
+                step.reserved_bytes,
+                live.model.weights_bytes,
+                before,
+                known,
+                context,
+            )
+        )
 
     def _charts_window(self) -> tuple[float, float] | None:
         """One time axis for every chart: from the first to the last sample any of them shows."""
         shown = [series for series in self.series.values() if series]
         if not shown:
             return None
-        return (min(series.first_t_s for series in shown if series.first_t_s is not None),
-                max(series.last_t_s for series in shown if series.last_t_s is not None))
+        return (
+            min(series.first_t_s for series in shown if series.first_t_s is not None),
+            max(series.last_t_s for series in shown if series.last_t_s is not None),
+        )
 
     def _shown_gpu_index(self) -> int | None:
         """The GPU the charts and the memory bar show: rank 0's of the run in progress, else of the last run."""
@@ -464,8 +508,9 @@ class GpuAnatApp(SearchActions):
             return
         self._add_anatomy_points(live, observed.step)
         throughput = self.series["throughput"]
-        if observed.samples_per_second is not None and (throughput.last_t_s is None
-                                                         or observed.t_s > throughput.last_t_s):
+        if observed.samples_per_second is not None and (
+            throughput.last_t_s is None or observed.t_s > throughput.last_t_s
+        ):
             throughput.append(observed.t_s, observed.samples_per_second)  # on the sampler's clock, as the other charts
 
     def _sampler_now_s(self) -> float:
@@ -481,7 +526,8 @@ class GpuAnatApp(SearchActions):
             return idle if worker is None else f"{idle} · {WORKER_STATES[worker]}"
         if live.last_step is None:
             return (f"run {live.run_id}: " if live.run_id is not None else "run: ") + startup_status(
-                live.startup_points, time.monotonic())
+                live.startup_points, time.monotonic()
+            )
         return run_progress(live.run_id, live.last_step, live.model.total_steps if live.model else None)
 
     def _prepared_worker_status(self) -> str | None:
@@ -514,12 +560,18 @@ class GpuAnatApp(SearchActions):
             estimate = None
         context = CUDA_CONTEXT_BYTES if estimate is None else cuda_context_bytes(estimate)  # until measured here
         last_config = RunConfig.from_json(self.last_result["config"]) if self.last_result else None
-        if (last_config is not None and self.last_result["bands"].get("cuda_context_bytes")
-                and (last_config.ranks, last_config.distributed) == (self.config.ranks, self.config.distributed)):
+        if (
+            last_config is not None
+            and self.last_result["bands"].get("cuda_context_bytes")
+            and (last_config.ranks, last_config.distributed) == (self.config.ranks, self.config.distributed)
+        ):
             context = self.last_result["bands"]["cuda_context_bytes"]
-        self.query_one(TechniquesPanel).show(self.config, capabilities=self.capabilities, estimate=estimate,
-                                             gpu_total_bytes=self._gpu_total_bytes(),
-                                             device_peak_bytes=None if estimate is None else
-                                             peak_reserved_bytes(estimate) + context,
-                                             several_gpus=self._gpu_count() > 1)
+        self.query_one(TechniquesPanel).show(
+            self.config,
+            capabilities=self.capabilities,
+            estimate=estimate,
+            gpu_total_bytes=self._gpu_total_bytes(),
+            device_peak_bytes=None if estimate is None else peak_reserved_bytes(estimate) + context,
+            several_gpus=self._gpu_count() > 1,
+        )
         self._memory_view.show_predicted(self.config, estimate, context, self._gpu_total_bytes(), self.compact)

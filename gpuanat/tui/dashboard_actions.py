@@ -93,13 +93,21 @@ class DashboardActions(App[None]):
     def _status_line(self) -> StatusLine:
         return self.query_one(StatusLine)
 
-    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
-               timeout: float | None = None, markup: bool = False) -> None:
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
         """Every notification as plain text: it quotes names, paths and children's errors, which are data (their
         controls escaped, their brackets shown), and gpuanat's own words keep their brackets too. `markup` is
         Textual's signature, and ignored."""
-        super().notify(printable(message, keep="\n"), title=printable(title), severity=severity, timeout=timeout,
-                       markup=False)
+        super().notify(
+            printable(message, keep="\n"), title=printable(title), severity=severity, timeout=timeout, markup=False
+        )
 
     def _listen_for_stop_signals(self) -> None:
         """SIGTERM, SIGHUP (the SSH connection dropped) and a SIGINT sent from outside end the dashboard as
@@ -189,8 +197,12 @@ class DashboardActions(App[None]):
         """The memory and utilization charts, or in their place the anatomy timeline: the bands over the last steps."""
         self.screen.toggle_class("-timeline")
         shown = self.screen.has_class("-timeline")
-        self.notify("Anatomy over time: each step at its peak and its end (v: the charts)." if shown
-                    else "Charts (v: the anatomy over time).", timeout=3)
+        self.notify(
+            "Anatomy over time: each step at its peak and its end (v: the charts)."
+            if shown
+            else "Charts (v: the anatomy over time).",
+            timeout=3,
+        )
 
     def action_pause(self) -> None:
         self.charts_paused = not self.charts_paused
@@ -250,5 +262,8 @@ class DashboardActions(App[None]):
         for binding in self.BINDINGS:
             if isinstance(binding, Binding) and binding.description:
                 # The palette parses help as markup: escaped, "pip install 'gpuanat[llm]'" keeps its brackets.
-                yield SystemCommand(f"{binding.description} ({binding.key_display or binding.key})",
-                                    escape_markup(_palette_help(binding)), lambda b=binding: self.run_action(b.action))
+                yield SystemCommand(
+                    f"{binding.description} ({binding.key_display or binding.key})",
+                    escape_markup(_palette_help(binding)),
+                    lambda b=binding: self.run_action(b.action),
+                )

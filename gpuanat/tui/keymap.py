@@ -70,23 +70,32 @@ def textual_key(key: str) -> str:
     why when Textual never reports such a key."""
     *modifiers, base = key.split("+") if len(key) > 1 else [key]
     if not base:
-        raise ValueError("a key name is empty (write '+' as 'plus')" if modifiers
-                         else "a key name is empty (keys are separated by commas: write ',' as 'comma')")
+        raise ValueError(
+            "a key name is empty (write '+' as 'plus')"
+            if modifiers
+            else "a key name is empty (keys are separated by commas: write ',' as 'comma')"
+        )
     unknown = [modifier for modifier in modifiers if modifier not in MODIFIERS]
     if unknown:
         raise ValueError(f"{unknown[0]!r} is not a modifier (they are {', '.join(MODIFIERS)})")
     if len(set(modifiers)) != len(modifiers) or modifiers != sorted(modifiers):
-        raise ValueError(f"Textual reports modifiers once each and in the order {'+'.join(MODIFIERS)}: "
-                         f"write {'+'.join([*sorted(set(modifiers)), base])!r}")
+        raise ValueError(
+            f"Textual reports modifiers once each and in the order {'+'.join(MODIFIERS)}: "
+            f"write {'+'.join([*sorted(set(modifiers)), base])!r}"
+        )
     if len(base) == 1:
         if not base.isprintable():
             raise ValueError(f"{base!r} is not a printable character")
         if modifiers == ["shift"] and not base.isspace():
-            raise ValueError("Textual reports shift and a character as the character typed"
-                             + (f": write {base.upper()!r}" if base.isalpha() else ""))
+            raise ValueError(
+                "Textual reports shift and a character as the character typed"
+                + (f": write {base.upper()!r}" if base.isalpha() else "")
+            )
         if modifiers and base.isupper():
-            raise ValueError("after a modifier Textual reports a letter in lower case: write "
-                             f"{'+'.join([*sorted({*modifiers, 'shift'}), base.lower()])!r}")
+            raise ValueError(
+                "after a modifier Textual reports a letter in lower case: write "
+                f"{'+'.join([*sorted({*modifiers, 'shift'}), base.lower()])!r}"
+            )
         base = _character_to_key(base)
     elif base not in NAMED_KEYS:
         character = _named_character(base)
@@ -94,8 +103,7 @@ def textual_key(key: str) -> str:
             raise ValueError(f"Textual names that key {_character_to_key(character)!r}, not {base!r}")
         if character is None:
             close = difflib.get_close_matches(base.lower(), sorted(NAMED_KEYS), n=1)
-            raise ValueError(f"Textual has no key named {base!r}"
-                             + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ValueError(f"Textual has no key named {base!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     return "+".join([*modifiers, base])
 
 
@@ -115,7 +123,8 @@ def app_bindings(app_class: type[DOMNode], *focusable: type[DOMNode]) -> list[Bi
                 by_key.update(of_class)
         bindings.extend(binding for key_bindings in by_key.values() for binding in key_bindings)
     if getattr(app_class, "ENABLE_COMMAND_PALETTE", False) and not any(
-            binding.action in ("command_palette", "app.command_palette") for binding in bindings):
+        binding.action in ("command_palette", "app.command_palette") for binding in bindings
+    ):
         # added by App.__init__, not in any BINDINGS
         bindings.append(Binding(app_class.COMMAND_PALETTE_BINDING, "command_palette", priority=True))  # type: ignore[attr-defined]
     return bindings
@@ -142,8 +151,9 @@ def _read_table(path: Path) -> dict[str, object] | None:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
-        raise KeymapError(f"{path}: not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}); "
-                          "a TOML file is UTF-8") from None
+        raise KeymapError(
+            f"{path}: not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}); a TOML file is UTF-8"
+        ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -167,8 +177,9 @@ def load_keymap(path: Path, apps: Mapping[str, Iterable[Binding]]) -> dict[str, 
     known_ids = {binding.id for bindings in app_bindings_by_name.values() for binding in bindings if binding.id}
     unknown = sorted(set(table) - known_ids)
     if unknown:
-        raise KeymapError(_one_line(f"{path}: unknown binding id {unknown[0]!r} in [keymap]; "
-                                    f"known: {', '.join(sorted(known_ids))}"))
+        raise KeymapError(
+            _one_line(f"{path}: unknown binding id {unknown[0]!r} in [keymap]; known: {', '.join(sorted(known_ids))}")
+        )
     keymap: dict[str, list[str]] = {}
     for binding_id, keys in table.items():
         assert isinstance(keys, str)
@@ -195,10 +206,13 @@ def _refuse_conflicts(path: Path, app_name: str, bindings: list[Binding], keymap
         if binding_id not in ids:
             continue
         for key in keys:
-            others = {action: name for action, name in actions_by_key.get(key, {}).items()
-                      if action != remapped[binding_id]}
+            others = {
+                action: name for action, name in actions_by_key.get(key, {}).items() if action != remapped[binding_id]
+            }
             if others:
                 other = next(iter(others.values()))
-                raise KeymapError(f"{path}: [keymap] key {key!r} would run both {binding_id!r} and {other!r} "
-                                  f"in the {app_name}; give one of them another key")
+                raise KeymapError(
+                    f"{path}: [keymap] key {key!r} would run both {binding_id!r} and {other!r} "
+                    f"in the {app_name}; give one of them another key"
+                )
             actions_by_key.setdefault(key, {})[remapped[binding_id]] = binding_id

@@ -33,13 +33,21 @@ class MemoryView:
         self._predicted_gradients_bytes: int | None = None
         self._measured_gradients_bytes: int | None = None
 
-    def show_predicted(self, config: RunConfig, estimate: MemoryEstimate | None, context: int,
-                       gpu_total_bytes: int | None, compact: bool) -> None:
+    def show_predicted(
+        self,
+        config: RunConfig,
+        estimate: MemoryEstimate | None,
+        context: int,
+        gpu_total_bytes: int | None,
+        compact: bool,
+    ) -> None:
         """The configured run's predicted bands (none in the compact layout), with `context` bytes of CUDA context."""
         self._predicted_logits_bytes = estimate.logits_bytes if estimate is not None and not compact else None
         self._predicted_trainable_bytes = (
             4 * lora_shapes(architecture_of(config), config).params
-            if config.lora and estimate is not None and not compact else None)
+            if config.lora and estimate is not None and not compact
+            else None
+        )
         now, peak, _ = self._memory_bar.logits
         self._show_logits(now, peak)
         self._show_trainable(self._memory_bar.trainable[0])  # what was measured stays
@@ -49,17 +57,25 @@ class MemoryView:
             self._memory_bar.update_predicted(None)
         else:
             on_gpu = config.device == "cuda"  # the activation model is of CUDA memory; none on the CPU
-            tensors = (estimate.weights_bytes + estimate.optimizer_state_bytes + estimate.activations_bytes
-                       + estimate.gradients_at_peak_bytes)
+            tensors = (
+                estimate.weights_bytes
+                + estimate.optimizer_state_bytes
+                + estimate.activations_bytes
+                + estimate.gradients_at_peak_bytes
+            )
             self._memory_bar.update_predicted(
-                {"weights_bytes": estimate.weights_bytes, "optimizer_state_bytes": estimate.optimizer_state_bytes,
-                 "activations_bytes": estimate.activations_bytes if on_gpu else None,
-                 "gradients_bytes": estimate.gradients_at_peak_bytes,
-                 # once the peak has passed, torch keeps what it reserved for it: at every later forward pass's end
-                 # the rest of the reserve beside these tensors (so the bands add up to the predicted device memory)
-                 "temporaries_and_cache_bytes": peak_reserved_bytes(estimate) - tensors if on_gpu else None,
-                 "cuda_context_bytes": context if config.device == "cuda" else None},
-                gpu_total_bytes)
+                {
+                    "weights_bytes": estimate.weights_bytes,
+                    "optimizer_state_bytes": estimate.optimizer_state_bytes,
+                    "activations_bytes": estimate.activations_bytes if on_gpu else None,
+                    "gradients_bytes": estimate.gradients_at_peak_bytes,
+                    # once the peak has passed, torch keeps what it reserved for it: at every later forward pass's end
+                    # the rest of the reserve beside these tensors (so the bands add up to the predicted device memory)
+                    "temporaries_and_cache_bytes": peak_reserved_bytes(estimate) - tensors if on_gpu else None,
+                    "cuda_context_bytes": context if config.device == "cuda" else None,
+                },
+                gpu_total_bytes,
+            )
 
     def _show_logits(self, now: int | None, peak: int | None) -> None:
         """The logits row under the activations: measured, and predicted for the configured run."""
@@ -80,8 +96,9 @@ class MemoryView:
         gpu = sample.gpus[0]
         self._show_lanes([])
         free = gpu.total_bytes - gpu.used_bytes if gpu.total_bytes is not None and gpu.used_bytes is not None else None
-        self._memory_bar.update_bands({"other_processes_bytes": gpu.used_bytes, "free_bytes": free}, None,
-                                      gpu.total_bytes, {})
+        self._memory_bar.update_bands(
+            {"other_processes_bytes": gpu.used_bytes, "free_bytes": free}, None, gpu.total_bytes, {}
+        )
 
     def show_live(self, live: LiveRun, sample: Sample | None, gpu_index: int | None) -> None:
         """The run in progress: rank 0's bands on GPU `gpu_index` of `sample`, now and at the peak; a lane per rank."""
@@ -90,15 +107,17 @@ class MemoryView:
         for rank, index in enumerate(live.gpu_indices):
             rank_gpu, rank_values, _ = live.rank_bands(rank, sample, index)
             reading = rank_gpu or GpuSample(index, "", None, None, None, None, None, None, None, ())
-            lanes.append(Lane(index, rank, rank_values, reading.used_bytes, reading.total_bytes,
-                              reading.gpu_util_percent))
+            lanes.append(
+                Lane(index, rank, rank_values, reading.used_bytes, reading.total_bytes, reading.gpu_util_percent)
+            )
         self._show_lanes(lanes)
         live.observe_peak(values, gpu.used_bytes if gpu else None)
         self._memory_bar.update_bands(values, live.peak_bands, gpu.total_bytes if gpu else None, unavailable)
         logits = live.probe_bands.logits_bytes if live.probe_bands else None
         self._show_logits(logits, logits)
-        self._show_trainable(trainable_weights_bytes(live.model.params, live.model.trainable_params)
-                             if live.model else None)
+        self._show_trainable(
+            trainable_weights_bytes(live.model.params, live.model.trainable_params) if live.model else None
+        )
         self._show_gradients_after_backward(gradients_after_backward_bytes(live.probe_bands))
 
     def show_result(self, result: dict[str, Any]) -> None:
@@ -108,7 +127,17 @@ class MemoryView:
         self._show_logits(result.get("logits_bytes"), result.get("logits_bytes"))
         self._show_trainable(trainable_weights_bytes(result.get("params"), result.get("trainable_params")))
         self._show_gradients_after_backward(result.get("gradients_after_backward_bytes"))
-        self._show_lanes([
-            Lane(rank["gpu_index"], rank["rank"], rank["bands"],
-                 rank.get("device_memory_used_bytes"), rank.get("device_memory_total_bytes"), None)
-            for rank in result.get("ranks") or [] if rank.get("gpu_index") is not None])
+        self._show_lanes(
+            [
+                Lane(
+                    rank["gpu_index"],
+                    rank["rank"],
+                    rank["bands"],
+                    rank.get("device_memory_used_bytes"),
+                    rank.get("device_memory_total_bytes"),
+                    None,
+                )
+                for rank in result.get("ranks") or []
+                if rank.get("gpu_index") is not None
+            ]
+        )

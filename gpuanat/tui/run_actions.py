@@ -49,9 +49,13 @@ class RunActions(DashboardActions):
         self._run_control.profile_ops_steps = steps
         self.screen.set_class(bool(steps), "-operations")
         self._show_operations()
-        self.notify(f"Operations anatomy: the next runs profile {steps} steps after warm-up, left out of their "
-                    "steady samples/s (O: off)." if steps else "Operations profiling off; the charts are back.",
-                    timeout=4)
+        self.notify(
+            f"Operations anatomy: the next runs profile {steps} steps after warm-up, left out of their "
+            "steady samples/s (O: off)."
+            if steps
+            else "Operations profiling off; the charts are back.",
+            timeout=4,
+        )
 
     def _log_startup(self, live: LiveRun) -> None:
         """Each part of the run's start-up, as it passes, in the log (the status line shows the one under way)."""
@@ -72,8 +76,11 @@ class RunActions(DashboardActions):
     def _show_operations(self) -> None:
         anatomy, run_id = self.operations_shown or (None, None)
         steps = self._run_control.profile_ops_steps
-        note = (f"The next run profiles {steps} steps after warm-up (O: off)." if steps
-                else "O: profile the next run's operations.")
+        note = (
+            f"The next run profiles {steps} steps after warm-up (O: off)."
+            if steps
+            else "O: profile the next run's operations."
+        )
         self.query_one(OperationsPanel).show(anatomy, run_id, note)
 
     def action_run(self) -> None:

@@ -31,9 +31,17 @@ from gpuanat.tui.messages import CapabilitiesFound, RunFinished, RunStarted
 class RunControl:
     """The thread of the dashboard's run or search (one at a time), and what every run it starts is given."""
 
-    def __init__(self, db_path: Path, *, post: Callable[[Message], None], on_event: Callable[[Event], None],
-                 run_env: dict[str, str] | None, shared_sampler: Callable[[], SharedSampler | None],
-                 warm_workers: WarmWorkers | None = None, metrics: RunMetrics | None = None) -> None:
+    def __init__(
+        self,
+        db_path: Path,
+        *,
+        post: Callable[[Message], None],
+        on_event: Callable[[Event], None],
+        run_env: dict[str, str] | None,
+        shared_sampler: Callable[[], SharedSampler | None],
+        warm_workers: WarmWorkers | None = None,
+        metrics: RunMetrics | None = None,
+    ) -> None:
         """`post` hands a message to the app (from any thread), `on_event` a run's event to its inbox;
         `shared_sampler` is the dashboard's sampler while it runs, asked for when a run starts; `warm_workers` keeps
         the next training process prepared (gpuanat.core.run.warm); `metrics` is told about every run (--metrics)."""
@@ -50,8 +58,9 @@ class RunControl:
 
     def probe_capabilities(self, probe: Callable[[], Capabilities]) -> None:
         """What the machine can train, asked on a thread of its own; the answer comes as `CapabilitiesFound`."""
-        threading.Thread(target=self._probe_capabilities, args=(probe,), name="gpuanat-capabilities",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._probe_capabilities, args=(probe,), name="gpuanat-capabilities", daemon=True
+        ).start()
 
     def _probe_capabilities(self, probe: Callable[[], Capabilities]) -> None:
         try:
@@ -114,9 +123,13 @@ class RunControl:
         try:
             with HistoryStore(self.db_path) as store:
                 result = execute_run(
-                    live.config, store=store, log_dir=self.db_path.parent / "logs",
-                    on_event=self.on_event, **self.run_options(),
-                    stop_requested=live.stop_requested, requested_monotonic_s=live.parent_points.get(REQUESTED),
+                    live.config,
+                    store=store,
+                    log_dir=self.db_path.parent / "logs",
+                    on_event=self.on_event,
+                    **self.run_options(),
+                    stop_requested=live.stop_requested,
+                    requested_monotonic_s=live.parent_points.get(REQUESTED),
                     on_start=self.started,
                 )
         except Exception as error:  # the dashboard must survive any failure of a run

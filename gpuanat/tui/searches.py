@@ -39,17 +39,25 @@ FIT_MAX_BATCH = 1024
 def fit_search(control: RunControl, live: LiveRun, gpu_total: int | None) -> None:
     """The largest batch that trains, from the predicted largest batch on a GPU of `gpu_total` bytes."""
     try:
-        predicted = (largest_batch(live.config, gpu_total)
-                     if gpu_total and unreadable_model_reason(live.config) is None
-                     else None)  # a replay takes a second: not on the UI thread
+        predicted = (
+            largest_batch(live.config, gpu_total)
+            if gpu_total and unreadable_model_reason(live.config) is None
+            else None
+        )  # a replay takes a second: not on the UI thread
         start = predicted.batch_size if predicted and predicted.batch_size else live.config.batch_size
         control.post(FitStarting(start, predicted.method if predicted and predicted.batch_size else None))
         with HistoryStore(control.db_path) as store:
             fit = run_fit(
-                live.config, store=store, log_dir=control.db_path.parent / "logs", start=start,
-                trial_steps=FIT_TRIAL_STEPS, max_batch=FIT_MAX_BATCH,
+                live.config,
+                store=store,
+                log_dir=control.db_path.parent / "logs",
+                start=start,
+                trial_steps=FIT_TRIAL_STEPS,
+                max_batch=FIT_MAX_BATCH,
                 on_trial=lambda batch_size, result: control.post(FitTrialDone(batch_size, result["status"])),
-                on_event=control.on_event, **control.run_options(), stop_requested=live.stop_requested,
+                on_event=control.on_event,
+                **control.run_options(),
+                stop_requested=live.stop_requested,
                 on_start=control.started,
             )
     except Exception as error:  # the dashboard must survive any failure of a run
@@ -67,11 +75,19 @@ def tune_search(control: RunControl, live: LiveRun, gpu_total: int | None, capab
         space = search_space(live.config, capabilities, set(), gpu_memory_bytes=gpu_total)
         with HistoryStore(control.db_path) as store:
             outcome = run_tune(
-                live.config, space, store=store, log_dir=control.db_path.parent / "logs",
-                trial_steps=DEFAULT_TRIAL_STEPS, budget_s=60 * DEFAULT_BUDGET_MINUTES, stop=live.stop_requested,
-                on_trial=lambda trial, progress: control.post(TuneTrialDone(
-                    trial.name, trial.status, trial.samples_per_second, progress.estimated_left_s)),
-                on_event=control.on_event, **control.run_options(), stop_requested=live.stop_requested,
+                live.config,
+                space,
+                store=store,
+                log_dir=control.db_path.parent / "logs",
+                trial_steps=DEFAULT_TRIAL_STEPS,
+                budget_s=60 * DEFAULT_BUDGET_MINUTES,
+                stop=live.stop_requested,
+                on_trial=lambda trial, progress: control.post(
+                    TuneTrialDone(trial.name, trial.status, trial.samples_per_second, progress.estimated_left_s)
+                ),
+                on_event=control.on_event,
+                **control.run_options(),
+                stop_requested=live.stop_requested,
                 on_start=control.started,
             )
     except Exception as error:  # the dashboard must survive any failure of a search
@@ -81,8 +97,10 @@ def tune_search(control: RunControl, live: LiveRun, gpu_total: int | None, capab
     if best is None:
         control.post(TuneFinished(None, None, f"no trial trained ({outcome.stop_reason})"))
         return
-    summary = (f"{len(outcome.trials)} trials, {len(outcome.front)} on the front; best {best.name} at "
-               f"{best.samples_per_second or 0:.1f} samples/s: {run_command(best.config)}")
+    summary = (
+        f"{len(outcome.trials)} trials, {len(outcome.front)} on the front; best {best.name} at "
+        f"{best.samples_per_second or 0:.1f} samples/s: {run_command(best.config)}"
+    )
     control.post(TuneFinished(best.config, summary, None))
 
 
@@ -108,12 +126,16 @@ class SearchActions(RunActions, TechniqueActions):
         if not self._can_start():
             return
         if self.capabilities is None:
-            self.notify("tune waits for the capability probe (a few seconds after start); press T again then.",
-                        severity="warning")
+            self.notify(
+                "tune waits for the capability probe (a few seconds after start); press T again then.",
+                severity="warning",
+            )
             return
-        self.notify(f"tune: short real runs of {DEFAULT_TRIAL_STEPS} steps, at most "
-                    f"{format_duration(60 * DEFAULT_BUDGET_MINUTES)}; s stops and keeps the best found so far",
-                    timeout=6)
+        self.notify(
+            f"tune: short real runs of {DEFAULT_TRIAL_STEPS} steps, at most "
+            f"{format_duration(60 * DEFAULT_BUDGET_MINUTES)}; s stops and keeps the best found so far",
+            timeout=6,
+        )
         self._start_search(tune_search, "gpuanat-tune", self.capabilities)
 
     def _start_search(self, search: Callable[..., None], thread_name: str, *args: Any) -> None:
@@ -127,8 +149,7 @@ class SearchActions(RunActions, TechniqueActions):
     def on_tune_trial_done(self, message: TuneTrialDone) -> None:
         self._untrack_trial()
         rate = f", {message.samples_per_second:.1f} samples/s" if message.samples_per_second else ""
-        self.notify(f"{message.name}: {message.status}{rate} · about {format_duration(message.left_s)} left",
-                    timeout=6)
+        self.notify(f"{message.name}: {message.status}{rate} · about {format_duration(message.left_s)} left", timeout=6)
 
     def on_tune_finished(self, message: TuneFinished) -> None:
         self._end_search()
@@ -136,8 +157,9 @@ class SearchActions(RunActions, TechniqueActions):
             self.notify(f"tune: {message.failure}", severity="warning", timeout=10)
         else:
             base = self.config
-            self._change_config(message.best.replace(samples=base.samples, epochs=base.epochs,
-                                                     max_steps=base.max_steps))
+            self._change_config(
+                message.best.replace(samples=base.samples, epochs=base.epochs, max_steps=base.max_steps)
+            )
             self.notify(f"tune: {message.summary}. It is the current set now (r runs it).", timeout=15)
         self._after_search()
 
@@ -168,10 +190,11 @@ class SearchActions(RunActions, TechniqueActions):
     def on_fit_finished(self, message: FitFinished) -> None:
         self._end_search()
         if message.failure is not None or not message.largest_batch_size:
-            self.notify(f"fit stopped: {message.failure or 'not even batch 1 trains'}", severity="warning",
-                        timeout=8)
+            self.notify(f"fit stopped: {message.failure or 'not even batch 1 trains'}", severity="warning", timeout=8)
         else:
             self._change_config(self.config.replace(batch_size=message.largest_batch_size))
-            self.notify(f"fit: the largest batch that trains is {message.largest_batch_size}; it is the batch "
-                        "size now", timeout=8)
+            self.notify(
+                f"fit: the largest batch that trains is {message.largest_batch_size}; it is the batch size now",
+                timeout=8,
+            )
         self._after_search()

@@ -171,7 +171,8 @@ class TimeSeries:
         else:
             committed_samples = points_per_column[column] * self._stride
             columns[column] = (existing * committed_samples + pending * self._pending_count) / (
-                committed_samples + self._pending_count)
+                committed_samples + self._pending_count
+            )
 
     @staticmethod
     def _column(t_s: float, start_s: float, span_s: float, width: int) -> int:

@@ -51,8 +51,12 @@ class TechniqueActions(DashboardActions):
 
     def action_cycle_gpus(self) -> None:
         if self.config.device != "cuda" or self._gpu_count() < 2:
-            self.notify(f"One GPU here ({self._gpu_count()} listed by NVML): nothing to choose."
-                        if self.config.device == "cuda" else "CPU runs use no GPU.", timeout=4)
+            self.notify(
+                f"One GPU here ({self._gpu_count()} listed by NVML): nothing to choose."
+                if self.config.device == "cuda"
+                else "CPU runs use no GPU.",
+                timeout=4,
+            )
             return
         self._change_config(next_gpu_count(self.config, self._gpu_count()))
 

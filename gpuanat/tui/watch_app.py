@@ -41,10 +41,15 @@ from gpuanat.tui.widgets.status_line import StatusLine
 
 PAINT_INTERVAL_S = 0.25
 SAMPLE_INTERVAL_S = 0.25
-WATCH_PROFILE_NOTE = ("The probe profiles its operations when asked: GPUANAT_PROFILE_OPS=3 in the script's "
-                      "environment, or profile_ops=3 on its probe.")
-UTIL_TITLES = {"process": "GPU utilization (this process)", "device": "GPU utilization (whole device)",
-               None: "GPU utilization"}
+WATCH_PROFILE_NOTE = (
+    "The probe profiles its operations when asked: GPUANAT_PROFILE_OPS=3 in the script's "
+    "environment, or profile_ops=3 on its probe."
+)
+UTIL_TITLES = {
+    "process": "GPU utilization (this process)",
+    "device": "GPU utilization (whole device)",
+    None: "GPU utilization",
+}
 
 
 def _bytes_label(value: float) -> str:
@@ -57,8 +62,9 @@ class WatchApp(DashboardActions):
     BINDINGS = [
         *FIRST_BINDINGS,
         Binding("s", "save", "Save to history", id="save_watched"),
-        Binding("O", "toggle_operations", "Operations anatomy (when the probe profiled them)", id="operations",
-                show=False),
+        Binding(
+            "O", "toggle_operations", "Operations anatomy (when the probe profiled them)", id="operations", show=False
+        ),
         *SHARED_BINDINGS,
     ]
 
@@ -106,8 +112,13 @@ class WatchApp(DashboardActions):
         self._started_s = clock()
         self._peak_bands: dict[str, int | None] | None = None
         self._peak_device_used_bytes = -1
-        self.series = {"device_used": TimeSeries(), "process_used": TimeSeries(), "gpu_util": TimeSeries(),
-                       "cpu": TimeSeries(reduce="mean"), "throughput": TimeSeries(reduce="mean")}
+        self.series = {
+            "device_used": TimeSeries(),
+            "process_used": TimeSeries(),
+            "gpu_util": TimeSeries(),
+            "cpu": TimeSeries(reduce="mean"),
+            "throughput": TimeSeries(reduce="mean"),
+        }
         if keymap:
             self.set_keymap(keymap)
 
@@ -118,11 +129,13 @@ class WatchApp(DashboardActions):
             yield ProcessPanel(id="processes")
             with Vertical(id="charts"):
                 yield LineChart("GPU memory", formatter=_bytes_label, id="memory-chart")
-                yield LineChart(UTIL_TITLES[None], formatter=lambda value: f"{value:.0f}%", y_max=100,
-                                id="util-chart")
+                yield LineChart(UTIL_TITLES[None], formatter=lambda value: f"{value:.0f}%", y_max=100, id="util-chart")
                 yield LineChart("Host CPU (% of one core)", formatter=lambda value: f"{value:.0f}%", id="cpu-chart")
-                yield LineChart("Throughput (samples/s, when published)", formatter=lambda value: f"{value:.1f}/s",
-                                id="throughput-chart")
+                yield LineChart(
+                    "Throughput (samples/s, when published)",
+                    formatter=lambda value: f"{value:.1f}/s",
+                    id="throughput-chart",
+                )
                 yield OperationsPanel(id="operations")
         yield MemoryBar(id="memory")
         yield GpuLanes(id="lanes")
@@ -141,8 +154,13 @@ class WatchApp(DashboardActions):
         self._charts_by_id["throughput-chart"].set_series("samples/s", self.series["throughput"])
         self._source, self.nvml = self._sampler_factory()
         self.session = self._session_factory(self.target, self.nvml)
-        self._sampler = Sampler(self._source, interval_s=self._interval_s or SAMPLE_INTERVAL_S,
-                                on_sample=self._on_sample, clock=self._clock, trace_path=self._trace_path)
+        self._sampler = Sampler(
+            self._source,
+            interval_s=self._interval_s or SAMPLE_INTERVAL_S,
+            on_sample=self._on_sample,
+            clock=self._clock,
+            trace_path=self._trace_path,
+        )
         self._sampler.track(self.target.pid)
         if self._interval_s is not None:
             self._sampler.start()
@@ -204,14 +222,19 @@ class WatchApp(DashboardActions):
             for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
                 chart.refresh_data(now_s)
             self._process_panel.show(self.last_record, self.target.command or self.target.name)
-            self._status_line.show(nvml=self.nvml, run_state=self._state_text(),
-                                            sampler_cpu_percent=self._sampler_cpu_percent())
+            self._status_line.show(
+                nvml=self.nvml, run_state=self._state_text(), sampler_cpu_percent=self._sampler_cpu_percent()
+            )
 
     def _add_record(self, record: dict[str, Any]) -> None:
         if record["exited"]:
-            self.last_record = {**(self.last_record or {"pid": record["pid"], "published": False,
-                                                        "publication_reason": "", "processes": []}),
-                                "exited": True}
+            self.last_record = {
+                **(
+                    self.last_record
+                    or {"pid": record["pid"], "published": False, "publication_reason": "", "processes": []}
+                ),
+                "exited": True,
+            }
             return
         self.last_record = record
         if record.get("operations_anatomy"):
@@ -251,13 +274,19 @@ class WatchApp(DashboardActions):
             unavailable = dict(record["bands_unavailable"] or {})
         else:
             reason = record["publication_reason"]
-            bands = {"other_processes_bytes": main["other_processes_bytes"] if main else None,
-                     "free_bytes": total - used if total is not None and used is not None else None}
+            bands = {
+                "other_processes_bytes": main["other_processes_bytes"] if main else None,
+                "free_bytes": total - used if total is not None and used is not None else None,
+            }
             no_gpu = record["gpu_memory_reason"] or "no GPU"
-            unavailable = {name: reason for name in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
-                                                     "activations_bytes")}
-            unavailable.update(cuda_context_bytes="needs torch's reserved memory, which only the probe reports",
-                               temporaries_and_cache_bytes="needs the probe's tensor bands")
+            unavailable = {
+                name: reason
+                for name in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes")
+            }
+            unavailable.update(
+                cuda_context_bytes="needs torch's reserved memory, which only the probe reports",
+                temporaries_and_cache_bytes="needs the probe's tensor bands",
+            )
             if main is None:
                 unavailable.update(other_processes_bytes=no_gpu, free_bytes=no_gpu)
             unattributed = record["gpu_memory_bytes"] if main is not None else None
@@ -266,9 +295,13 @@ class WatchApp(DashboardActions):
             self._peak_bands = dict(bands)
         self._memory_bar.update_bands(bands, self._peak_bands, total, unavailable, unattributed)
         self._memory_bar.update_gradients_after_backward(record.get("gradients_after_backward_bytes"), None)
-        self._show_lanes([  # every publishing rank of a distributed job, on its own GPU
-            Lane(rank["gpu_index"], rank["rank"], rank["bands"], rank["used_bytes"], rank["total_bytes"], None)
-            for rank in record.get("ranks") or [] if rank["gpu_index"] is not None])
+        self._show_lanes(
+            [  # every publishing rank of a distributed job, on its own GPU
+                Lane(rank["gpu_index"], rank["rank"], rank["bands"], rank["used_bytes"], rank["total_bytes"], None)
+                for rank in record.get("ranks") or []
+                if rank["gpu_index"] is not None
+            ]
+        )
 
     def _state_text(self) -> str:
         record = self.last_record
@@ -307,8 +340,9 @@ class WatchApp(DashboardActions):
 
         session.request_save(self.db_path, self._save_name, saved)
         if self.exited or (self._sampler is not None and not self._sampler.running and self._interval_s is not None):
-            threading.Thread(target=self._save_after_exit, args=(session, saved), name="gpuanat-save",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._save_after_exit, args=(session, saved), name="gpuanat-save", daemon=True
+            ).start()
 
     def _save_after_exit(self, session: WatchSession, saved: Callable[[int | None, str | None], None]) -> None:
         """The process is gone, so no sample will serve the request: save what was observed, on this thread."""
@@ -328,8 +362,9 @@ class WatchApp(DashboardActions):
             return
         self.saved_run_id = message.run_id
         ending = "" if self.exited else " (until the process exits or you quit)"
-        self.notify(f"Recording into the history as run {message.run_id}{ending}; h lists it, enter compares.",
-                    timeout=6)
+        self.notify(
+            f"Recording into the history as run {message.run_id}{ending}; h lists it, enter compares.", timeout=6
+        )
 
 
 def _main_gpu(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -337,6 +372,6 @@ def _main_gpu(record: dict[str, Any]) -> dict[str, Any] | None:
     process uses, else the first GPU."""
     rank_gpus = [rank["gpu_index"] for rank in record.get("ranks") or [] if rank["gpu_index"] is not None]
     gpus = record["gpus"]
-    return (next((gpu for gpu in gpus if rank_gpus and gpu["index"] == rank_gpus[0]), None)
-            or next((gpu for gpu in gpus if gpu["uses_it"]), gpus[0] if gpus else None))
-
+    return next((gpu for gpu in gpus if rank_gpus and gpu["index"] == rank_gpus[0]), None) or next(
+        (gpu for gpu in gpus if gpu["uses_it"]), gpus[0] if gpus else None
+    )

@@ -21,8 +21,15 @@ from types import SimpleNamespace
 from typing import Any
 
 
-def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arguments: Any,
-                          logging_steps: int, on_ready: Callable[[], None] = lambda: None) -> dict[str, Any]:
+def train_with_accelerate(
+    config: Any,
+    model: Any,
+    dataset: Any,
+    probe: Any,
+    arguments: Any,
+    logging_steps: int,
+    on_ready: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
     """Train `model` on `dataset` as the docs' Accelerate loop does; returns Trainer-like metrics. `on_ready` is
     called once model, optimizer and loader are prepared, before the first step."""
     import torch
@@ -33,9 +40,12 @@ def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arg
     # From pinned memory the batch's copy to the GPU need not wait: a blocking copy queues behind the step's kernels
     # and holds the host there, so the next step's kernels start late (the H100 at batch 136: 98% busy, the host in
     # the data phase)
-    accelerator = Accelerator(mixed_precision=config.precision if config.precision != "fp32" else "no",
-                              gradient_accumulation_steps=config.grad_accum, cpu=config.device == "cpu",
-                              dataloader_config=DataLoaderConfiguration(non_blocking=config.pin_memory))
+    accelerator = Accelerator(
+        mixed_precision=config.precision if config.precision != "fp32" else "no",
+        gradient_accumulation_steps=config.grad_accum,
+        cpu=config.device == "cpu",
+        dataloader_config=DataLoaderConfiguration(non_blocking=config.pin_memory),
+    )
     if config.tf32 and config.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -43,8 +53,14 @@ def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arg
         model.gradient_checkpointing_enable()
     optimizer_class, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(arguments, model)
     optimizer = optimizer_class(model.parameters(), **optimizer_kwargs)
-    loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=True, pin_memory=config.pin_memory,
-                        num_workers=config.workers, generator=torch.Generator().manual_seed(config.seed))
+    loader = DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=True,
+        pin_memory=config.pin_memory,
+        num_workers=config.workers,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
     if config.compile:
         model = torch.compile(model)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -53,8 +69,11 @@ def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arg
     total_steps = config.max_steps if config.max_steps is not None else steps_per_epoch * config.epochs
     epochs = math.ceil(total_steps / steps_per_epoch)
     state = SimpleNamespace(global_step=0, max_steps=total_steps)
-    args = SimpleNamespace(torch_compile=config.compile, per_device_train_batch_size=config.batch_size,
-                           gradient_accumulation_steps=config.grad_accum)
+    args = SimpleNamespace(
+        torch_compile=config.compile,
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.grad_accum,
+    )
     control = SimpleNamespace(should_training_stop=False)
     probe.on_train_begin(args, state, control, model=accelerator.unwrap_model(model), optimizer=optimizer)
     model.train()
@@ -96,5 +115,9 @@ def train_with_accelerate(config: Any, model: Any, dataset: Any, probe: Any, arg
     runtime_s = time.perf_counter() - started_s
     probe.on_train_end(args, state, control)
     train_loss = float(run_loss_sum) / run_batches if run_batches else None
-    return {"train_runtime": runtime_s, "train_samples_per_second": samples * accelerator.num_processes / runtime_s,
-            "train_loss": train_loss, "global_step": state.global_step}
+    return {
+        "train_runtime": runtime_s,
+        "train_samples_per_second": samples * accelerator.num_processes / runtime_s,
+        "train_loss": train_loss,
+        "global_step": state.global_step,
+    }

@@ -40,12 +40,21 @@ def detect() -> Capabilities:
     peft_version, peft_error = _installed_version("peft")
     liger_version, liger_error = _installed_version("liger_kernel")
     return Capabilities(
-        torch_version=torch.__version__, cuda_available=cuda_available, cuda_device_name=name,
-        cuda_compute_capability=capability, cuda_total_memory_bytes=total,
-        bitsandbytes_version=bnb_version, bitsandbytes_error=bnb_error, peft_version=peft_version,
-        peft_error=peft_error, liger_version=liger_version, liger_error=liger_error,
-        deepspeed_version=deepspeed_version, deepspeed_error=deepspeed_error,
-        cuda_device_count=torch.cuda.device_count() if cuda_available else 0, reason=reason,
+        torch_version=torch.__version__,
+        cuda_available=cuda_available,
+        cuda_device_name=name,
+        cuda_compute_capability=capability,
+        cuda_total_memory_bytes=total,
+        bitsandbytes_version=bnb_version,
+        bitsandbytes_error=bnb_error,
+        peft_version=peft_version,
+        peft_error=peft_error,
+        liger_version=liger_version,
+        liger_error=liger_error,
+        deepspeed_version=deepspeed_version,
+        deepspeed_error=deepspeed_error,
+        cuda_device_count=torch.cuda.device_count() if cuda_available else 0,
+        reason=reason,
     )
 
 

@@ -49,8 +49,19 @@ RANK_LOST_GRACE_S = 5.0
 
 def torchrun_command(nproc: int, worker_args: list[str], socket_path: str) -> list[str]:
     """torchrun on this host alone: a free port, no restarts (a failed rank fails the run)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--max-restarts=0", "-m", "gpuanat.worker", *worker_args, "--rank-socket", socket_path]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--max-restarts=0",
+        "-m",
+        "gpuanat.worker",
+        *worker_args,
+        "--rank-socket",
+        socket_path,
+    ]
 
 
 class _Forwarder:
@@ -191,20 +202,30 @@ def main(argv: list[str] | None = None) -> int:
         listener.close()
     ended = forwarder.ended_silently
     # the rank that ended first is the cause, so it is reported first (the parent takes the first of equal kinds)
-    missing = sorted((rank for rank in range(args.nproc) if rank not in forwarder.finished),
-                     key=lambda rank: ended.index(rank) if rank in ended else len(ended) + rank)
+    missing = sorted(
+        (rank for rank in range(args.nproc) if rank not in forwarder.finished),
+        key=lambda rank: ended.index(rank) if rank in ended else len(ended) + rank,
+    )
     if missing and not stop_requested.is_set():
         for position, rank in enumerate(missing):
             pid = forwarder.connected.get(rank)
             named = f"rank {rank}{f' (pid {pid})' if pid else ''}"
             if rank in killed:
-                how = (f"was ended by gpuanat {RANK_LOST_GRACE_S:g} s after rank {failed[0]} failed (its collectives "
-                       "would have waited for it)")
+                how = (
+                    f"was ended by gpuanat {RANK_LOST_GRACE_S:g} s after rank {failed[0]} failed (its collectives "
+                    "would have waited for it)"
+                )
             else:
                 never = "" if pid is not None else " (it never connected)"
                 how = f"ended without finishing{never}{f' after rank {missing[0]} did' if position else ''}"
-            forwarder.send(Ranked(rank, Error(kind="exited", message=(
-                f"{named} {how}; torchrun exited with code {returncode} — see the log"))))
+            forwarder.send(
+                Ranked(
+                    rank,
+                    Error(
+                        kind="exited", message=(f"{named} {how}; torchrun exited with code {returncode} — see the log")
+                    ),
+                )
+            )
     if stop_requested.is_set():
         return EXIT_STOPPED
     return returncode if returncode >= 0 else 128 - returncode

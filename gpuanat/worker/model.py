@@ -17,20 +17,32 @@ def preset_model_config(preset: Any) -> Any:
     if preset.family in ("llama", "qwen2", "mistral"):
         config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[preset.family]
         return config_class(
-            vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, intermediate_size=preset.intermediate_size,
-            num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
-            num_key_value_heads=preset.kv_heads, max_position_embeddings=preset.max_positions,
+            vocab_size=preset.vocab_size,
+            hidden_size=preset.hidden_size,
+            intermediate_size=preset.intermediate_size,
+            num_hidden_layers=preset.num_layers,
+            num_attention_heads=preset.num_heads,
+            num_key_value_heads=preset.kv_heads,
+            max_position_embeddings=preset.max_positions,
             tie_word_embeddings=preset.tie_word_embeddings,
         )
     if preset.family == "bert":
         return BertConfig(
-            vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, num_hidden_layers=preset.num_layers,
-            num_attention_heads=preset.num_heads, intermediate_size=preset.intermediate_size,
+            vocab_size=preset.vocab_size,
+            hidden_size=preset.hidden_size,
+            num_hidden_layers=preset.num_layers,
+            num_attention_heads=preset.num_heads,
+            intermediate_size=preset.intermediate_size,
             max_position_embeddings=preset.max_positions,
         )
     return GPT2Config(
-        vocab_size=preset.vocab_size, n_embd=preset.hidden_size, n_layer=preset.num_layers, n_head=preset.num_heads,
-        n_inner=preset.intermediate_size, n_positions=preset.max_positions, pad_token_id=preset.vocab_size - 1,
+        vocab_size=preset.vocab_size,
+        n_embd=preset.hidden_size,
+        n_layer=preset.num_layers,
+        n_head=preset.num_heads,
+        n_inner=preset.intermediate_size,
+        n_positions=preset.max_positions,
+        pad_token_id=preset.vocab_size - 1,
     )
 
 
@@ -73,23 +85,37 @@ def build_model(config: Any) -> Any:
         model_config = AutoConfig.from_pretrained(config.model)
         head = AutoModelForCausalLM if is_causal_lm(model_config) else AutoModelForSequenceClassification
         if quantization is not None:  # transformers quantizes each weight of the checkpoint as it reaches the GPU
-            model = head.from_pretrained(config.model, attn_implementation=config.attn,
-                                         quantization_config=quantization, dtype=quantization.bnb_4bit_compute_dtype,
-                                         device_map={"": training_device(config)})
+            model = head.from_pretrained(
+                config.model,
+                attn_implementation=config.attn,
+                quantization_config=quantization,
+                dtype=quantization.bnb_4bit_compute_dtype,
+                device_map={"": training_device(config)},
+            )
         else:  # in the dtype --weights-dtype asks for, not the checkpoint's (transformers 5 loads that by default)
-            model = head.from_pretrained(config.model, attn_implementation=config.attn,
-                                         dtype=torch.bfloat16 if config.weights_dtype == "bf16" else torch.float32)
+            model = head.from_pretrained(
+                config.model,
+                attn_implementation=config.attn,
+                dtype=torch.bfloat16 if config.weights_dtype == "bf16" else torch.float32,
+            )
     else:
-        model_config = (AutoConfig.from_pretrained(config.model) if config.model is not None
-                        else preset_model_config(PRESETS[config.preset]))
+        model_config = (
+            AutoConfig.from_pretrained(config.model)
+            if config.model is not None
+            else preset_model_config(PRESETS[config.preset])
+        )
         # A preset says what it trains (gpt2 is the docs' classifier, though its config is a decoder's)
-        causal = (PRESETS[config.preset].objective == "causal-lm" if config.model is None
-                  else is_causal_lm(model_config))
+        causal = PRESETS[config.preset].objective == "causal-lm" if config.model is None else is_causal_lm(model_config)
         head = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
         # The dtype always given: transformers 5 builds a config.json's model in the dtype the config names
         # (bf16 for most decoders' own), and --weights-dtype says fp32 unless asked
-        dtype = (quantization.bnb_4bit_compute_dtype if quantization is not None
-                 else torch.bfloat16 if config.weights_dtype == "bf16" else torch.float32)
+        dtype = (
+            quantization.bnb_4bit_compute_dtype
+            if quantization is not None
+            else torch.bfloat16
+            if config.weights_dtype == "bf16"
+            else torch.float32
+        )
         # Initialising on the target device is much faster than on the CPU and gives the same model.
         with torch.device(training_device(config)):
             model = head.from_config(model_config, attn_implementation=config.attn, dtype=dtype)
@@ -119,8 +145,13 @@ def lora_config(model: Any, config: Any) -> Any:
 
     targets = config.lora_targets if config.lora_targets == "all-linear" else config.lora_targets.split(",")
     task = TaskType.CAUSAL_LM if is_causal_lm(model.config) else TaskType.SEQ_CLS
-    return LoraConfig(r=config.lora, lora_alpha=2 * config.lora, lora_dropout=config.lora_dropout,
-                      target_modules=targets, task_type=task)
+    return LoraConfig(
+        r=config.lora,
+        lora_alpha=2 * config.lora,
+        lora_dropout=config.lora_dropout,
+        target_modules=targets,
+        task_type=task,
+    )
 
 
 def with_lora(model: Any, config: Any) -> Any:
@@ -140,8 +171,12 @@ def bnb_4bit_config(config: Any) -> Any:
     import torch
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=torch.float16 if config.precision == "fp16" else torch.bfloat16)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.float16 if config.precision == "fp16" else torch.bfloat16,
+    )
 
 
 def quantized_in_place(model: Any, quantization: Any, device: str) -> Any:
@@ -158,10 +193,16 @@ def quantized_in_place(model: Any, quantization: Any, device: str) -> Any:
 
     quantizer = AutoHfQuantizer.from_config(quantization, pre_quantized=False)
     quantizer.validate_environment(device_map={"": device})
-    originals = {name: module for name, module in model.named_modules()
-                 if isinstance(module, (torch.nn.Linear, Conv1D))}
-    quantizer.preprocess_model(model=model, dtype=quantization.bnb_4bit_compute_dtype, device_map={"": device},
-                               checkpoint_files=None, use_kernels=False)
+    originals = {
+        name: module for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))
+    }
+    quantizer.preprocess_model(
+        model=model,
+        dtype=quantization.bnb_4bit_compute_dtype,
+        device_map={"": device},
+        checkpoint_files=None,
+        use_kernels=False,
+    )
     for name, module in model.named_modules():
         if not isinstance(module, bnb.nn.Linear4bit):
             continue
@@ -192,8 +233,15 @@ def liger_kernels(config: Any) -> dict[str, bool]:
     for --liger, RMSNorm, SwiGLU/GeGLU and RoPE for --liger-layers, so that each differs from a run without it in
     its own kernels alone (Liger keeps the arguments its family's function takes)."""
     layers = bool(config.liger_layers)
-    return {"fused_linear_cross_entropy": bool(config.liger), "cross_entropy": False, "rope": layers,
-            "rms_norm": layers, "swiglu": layers, "geglu": layers, "layer_norm": False}
+    return {
+        "fused_linear_cross_entropy": bool(config.liger),
+        "cross_entropy": False,
+        "rope": layers,
+        "rms_norm": layers,
+        "swiglu": layers,
+        "geglu": layers,
+        "layer_norm": False,
+    }
 
 
 def with_liger_kernels(model: Any, config: Any) -> None:
@@ -208,8 +256,11 @@ def with_liger_kernels(model: Any, config: Any) -> None:
     flag = "--liger" if config.liger else "--liger-layers"
     model_type = getattr(model.config, "model_type", None)
     if not is_causal_lm(model.config) or model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
-        raise ConfigError(flag, f"Liger Kernel has no kernels for this model ({model_type}, "
-                                f"{type(model).__name__}): it patches causal LMs of the types it knows")
+        raise ConfigError(
+            flag,
+            f"Liger Kernel has no kernels for this model ({model_type}, "
+            f"{type(model).__name__}): it patches causal LMs of the types it knows",
+        )
     _apply_liger_kernel_to_instance(model=model, **liger_kernels(config))
 
 
@@ -235,8 +286,9 @@ def compile_regions(model: Any) -> list[Any]:
     code in every layer: one compilation serves all). Attention stays SDPA's fused kernel, which a whole compiled
     model loses to the unfused math once attention has dropout (1.7× the memory, slower, on the H100). Returns the
     modules it compiled."""
-    block_names = next((set(inner._no_split_modules) for inner in model.modules()
-                        if getattr(inner, "_no_split_modules", None)), set())
+    block_names = next(
+        (set(inner._no_split_modules) for inner in model.modules() if getattr(inner, "_no_split_modules", None)), set()
+    )
     blocks = [inner for inner in model.modules() if type(inner).__name__ in block_names]
     return [compiled for block in blocks for compiled in _compile_outside_attention(block)]
 
@@ -247,6 +299,8 @@ def compile_stats(frames: int) -> dict[str, int]:
     breaks + frames are recompilations: new shapes, guards that failed."""
     from torch._dynamo.utils import counters
 
-    return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "graph_breaks": int(sum(counters["graph_break"].values())), "frames": frames}
-
+    return {
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "frames": frames,
+    }

@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         if emit is not None:
             kind = "oom" if type(error).__name__ == "OutOfMemoryError" else "exception"
-            event: Event = Error(kind=kind, message=f"{type(error).__name__}: {error}".splitlines()[0],
-                                 traceback=traceback.format_exc())
+            event: Event = Error(
+                kind=kind, message=f"{type(error).__name__}: {error}".splitlines()[0], traceback=traceback.format_exc()
+            )
             with contextlib.suppress(ParentGone, OSError):
                 emit(event)
         traceback.print_exc()

@@ -72,8 +72,10 @@ def distributed_arguments(config: Any, model: Any) -> dict[str, Any]:
     if config.distributed == "fsdp":
         layers = transformer_layer_class_names(model)
         # fsdp=True with everything in fsdp_config: the string form ("full_shard") is deprecated in transformers 5
-        return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True,
-                                              "transformer_layer_cls_to_wrap": layers}}
+        return {
+            "fsdp": True,
+            "fsdp_config": {"version": 2, "reshard_after_forward": True, "transformer_layer_cls_to_wrap": layers},
+        }
     if config.distributed in ZERO_STAGES:
         return {"deepspeed": deepspeed_config(ZERO_STAGES[config.distributed])}
     return {}
@@ -88,10 +90,12 @@ def build_dataset(config: Any, vocab_size: int, causal_lm: bool = False) -> Any:
     rng = np.random.default_rng(config.seed)
     high = min(TOKEN_ID_HIGH, vocab_size)
     input_ids = rng.integers(min(TOKEN_ID_LOW, high - 1), high, (config.samples, config.seq_len))
-    dataset = Dataset.from_dict({
-        "input_ids": input_ids,
-        "labels": input_ids.copy() if causal_lm else rng.integers(0, 1, config.samples),
-    })
+    dataset = Dataset.from_dict(
+        {
+            "input_ids": input_ids,
+            "labels": input_ids.copy() if causal_lm else rng.integers(0, 1, config.samples),
+        }
+    )
     dataset.set_format("pt")
     return dataset
 
@@ -135,8 +139,12 @@ def _versions() -> dict[str, str]:
     import torch
     import transformers
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__,
-                "transformers": transformers.__version__, "datasets": datasets.__version__}
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "datasets": datasets.__version__,
+    }
     if torch.version.cuda:
         versions["cuda"] = torch.version.cuda
     return versions
@@ -162,8 +170,11 @@ def record_memory_history(path: str | None) -> Any:
     def dump() -> None:
         snapshot = torch.cuda.memory._snapshot()
         free_bytes, total_bytes = torch.cuda.mem_get_info()
-        snapshot["gpuanat"] = {"device_free_bytes": free_bytes, "device_total_bytes": total_bytes,
-                               "reserved_bytes": torch.cuda.memory_reserved()}
+        snapshot["gpuanat"] = {
+            "device_free_bytes": free_bytes,
+            "device_total_bytes": total_bytes,
+            "reserved_bytes": torch.cuda.memory_reserved(),
+        }
         with open(path, "wb") as file:
             pickle.dump(snapshot, file)
 
@@ -194,8 +205,16 @@ def train(config: Any, emit: Any) -> int:
     if config.device == "cuda":
         torch.cuda.set_device(training_device(config))  # before anything touches CUDA: one context, on our GPU
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else platform.processor() or None
-    emit(Hello(pid=os.getpid(), versions=_versions(), device=config.device, device_name=device_name,
-               config=config.to_json(), allocator_conf=os.environ.get(ALLOCATOR_CONF_VARIABLE)))
+    emit(
+        Hello(
+            pid=os.getpid(),
+            versions=_versions(),
+            device=config.device,
+            device_name=device_name,
+            config=config.to_json(),
+            allocator_conf=os.environ.get(ALLOCATOR_CONF_VARIABLE),
+        )
+    )
     reached("cuda ready")
     dump_memory_snapshot = record_memory_history(rank_file_path(os.environ.get(MEMORY_SNAPSHOT_VARIABLE), os.environ))
     probe = AnatomyCallback(emit)
@@ -205,8 +224,9 @@ def train(config: Any, emit: Any) -> int:
             arguments = None
             if config.distributed == "zero3":  # HF's ZeRO-3 recipe: the arguments before the model, which
                 # transformers then builds inside deepspeed.zero.Init, partitioned layer by layer (never whole on a GPU)
-                arguments = TrainingArguments(**training_arguments_kwargs(config, output_dir),
-                                              **distributed_arguments(config, None))
+                arguments = TrainingArguments(
+                    **training_arguments_kwargs(config, output_dir), **distributed_arguments(config, None)
+                )
             try:
                 model = build_model(config)
             except ConfigError as error:
@@ -222,13 +242,15 @@ def train(config: Any, emit: Any) -> int:
             dataset = build_dataset(config, model.config.vocab_size, causal_lm=is_causal_lm(model.config))
             reached("dataset built")
             if arguments is None:
-                arguments = TrainingArguments(**training_arguments_kwargs(config, output_dir),
-                                              **distributed_arguments(config, model))
+                arguments = TrainingArguments(
+                    **training_arguments_kwargs(config, output_dir), **distributed_arguments(config, model)
+                )
             if config.engine == "accelerate":
                 from gpuanat.worker.accelerate_loop import train_with_accelerate
 
-                metrics = train_with_accelerate(config, model, dataset, probe, arguments, LOGGING_STEPS,
-                                                on_ready=lambda: reached("trainer ready"))
+                metrics = train_with_accelerate(
+                    config, model, dataset, probe, arguments, LOGGING_STEPS, on_ready=lambda: reached("trainer ready")
+                )
                 global_step = metrics["global_step"]
             else:
                 trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=[probe])
@@ -246,38 +268,58 @@ def train(config: Any, emit: Any) -> int:
             trainer = model = None
             gc.collect()
             torch.cuda.empty_cache()
-            emit(Error(kind="oom", message=str(error).splitlines()[0], step=step,
-                       peak_allocated_bytes=peak_allocated, reserved_bytes=reserved))
+            emit(
+                Error(
+                    kind="oom",
+                    message=str(error).splitlines()[0],
+                    step=step,
+                    peak_allocated_bytes=peak_allocated,
+                    reserved_bytes=reserved,
+                )
+            )
             return EXIT_OOM
         except KeyboardInterrupt:
             dump_memory_snapshot()
-            emit(Done(status="stopped", steps=probe.steps, samples=probe.samples,
-                      train_runtime_s=None, samples_per_second=None, steady_samples_per_second=None,
-                      warmup_steps=getattr(probe, "warmup_steps", 0), steady_reason="stopped before the end",
-                      peak_allocated_bytes=probe.peak_allocated_bytes,
-                      peak_reserved_bytes=probe.peak_reserved_bytes, bands=probe.last_bands,
-                      probe_time_s=probe.probe_time_s, probe_time_by_part_s=dict(probe.probe_time_by_part_s)))
+            emit(
+                Done(
+                    status="stopped",
+                    steps=probe.steps,
+                    samples=probe.samples,
+                    train_runtime_s=None,
+                    samples_per_second=None,
+                    steady_samples_per_second=None,
+                    warmup_steps=getattr(probe, "warmup_steps", 0),
+                    steady_reason="stopped before the end",
+                    peak_allocated_bytes=probe.peak_allocated_bytes,
+                    peak_reserved_bytes=probe.peak_reserved_bytes,
+                    bands=probe.last_bands,
+                    probe_time_s=probe.probe_time_s,
+                    probe_time_by_part_s=dict(probe.probe_time_by_part_s),
+                )
+            )
             return EXIT_STOPPED
     dump_memory_snapshot()
     steady = probe.steady_state()
-    emit(Done(
-        status="ok",
-        steps=global_step,
-        samples=probe.samples,
-        train_runtime_s=metrics.get("train_runtime"),
-        samples_per_second=metrics.get("train_samples_per_second"),
-        steady_samples_per_second=steady["steady_samples_per_second"],
-        warmup_steps=steady["warmup_steps"],
-        steady_reason=steady["steady_reason"],
-        train_loss=metrics.get("train_loss"),
-        peak_allocated_bytes=probe.peak_allocated_bytes,
-        peak_reserved_bytes=probe.peak_reserved_bytes,
-        bands=probe.last_bands,
-        probe_time_s=probe.probe_time_s,
-        probe_time_by_part_s=dict(probe.probe_time_by_part_s),
-        **probe.steady_phases(),
-        compile_stats=compile_stats(compiled_frames) if compiled_frames else None,
-    ))
+    emit(
+        Done(
+            status="ok",
+            steps=global_step,
+            samples=probe.samples,
+            train_runtime_s=metrics.get("train_runtime"),
+            samples_per_second=metrics.get("train_samples_per_second"),
+            steady_samples_per_second=steady["steady_samples_per_second"],
+            warmup_steps=steady["warmup_steps"],
+            steady_reason=steady["steady_reason"],
+            train_loss=metrics.get("train_loss"),
+            peak_allocated_bytes=probe.peak_allocated_bytes,
+            peak_reserved_bytes=probe.peak_reserved_bytes,
+            bands=probe.last_bands,
+            probe_time_s=probe.probe_time_s,
+            probe_time_by_part_s=dict(probe.probe_time_by_part_s),
+            **probe.steady_phases(),
+            compile_stats=compile_stats(compiled_frames) if compiled_frames else None,
+        )
+    )
     return EXIT_OK
 
 
@@ -331,8 +373,9 @@ def main(argv: list[str] | None = None, started_monotonic_s: float | None = None
         return EXIT_STOPPED
     except Exception as error:
         with contextlib.suppress(ParentGone):
-            writer.emit(Error(kind="exception", message=f"{type(error).__name__}: {error}",
-                              traceback=traceback.format_exc()))
+            writer.emit(
+                Error(kind="exception", message=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
+            )
         traceback.print_exc()
         return EXIT_EXCEPTION
 

@@ -55,9 +55,12 @@ class Handoff:
             payload = json.loads(self._data.decode())
         except ValueError as error:  # not UTF-8, or not JSON
             raise ValueError(f"the hand-over is not a run: {error}") from None
-        if (not isinstance(payload, dict) or not isinstance(payload.get("config"), dict)
-                or not isinstance(payload.get("environ"), dict)):
-            raise ValueError("the hand-over is not a run: not {\"config\": {...}, \"environ\": {...}}")
+        if (
+            not isinstance(payload, dict)
+            or not isinstance(payload.get("config"), dict)
+            or not isinstance(payload.get("environ"), dict)
+        ):
+            raise ValueError('the hand-over is not a run: not {"config": {...}, "environ": {...}}')
         assert self.received_monotonic_s is not None
         return payload, self.received_monotonic_s
 
@@ -88,7 +91,8 @@ def apply_environment(environ: dict[str, Any]) -> None:
         import torch
 
         # Not torch.cuda.is_available(): it would initialise the driver here, in the run's "imports" part.
-        setter = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-                  or getattr(torch.cuda.memory, "_set_allocator_settings", None))
+        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
+            torch.cuda.memory, "_set_allocator_settings", None
+        )
         if setter is not None and not torch.cuda.is_initialized():
             setter(conf)

@@ -45,7 +45,7 @@ if _FAULT and "GPUANAT_EVENTS_FD" in os.environ:  # only in the training child, 
                 with open(os.environ["GPUANAT_TEST_FUZZ_FILE"], "rb") as fuzz:
                     data = fuzz.read()
                 while data:
-                    data = data[os.write(int(os.environ["GPUANAT_EVENTS_FD"]), data):]
+                    data = data[os.write(int(os.environ["GPUANAT_EVENTS_FD"]), data) :]
                 if _kind == "fuzz-crash":
                     os.kill(os.getpid(), signal.SIGKILL)
         return _original_training_step(self, *args, **kwargs)

@@ -42,9 +42,18 @@ def main() -> None:
         import gpuanat.probe
 
         callbacks.append(gpuanat.probe.LightningAnatomyCallback())
-    trainer = lightning.Trainer(accelerator="cpu", devices=1, max_epochs=args.epochs, logger=False,
-                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                                accumulate_grad_batches=args.grad_accum, log_every_n_steps=5, callbacks=callbacks)
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accumulate_grad_batches=args.grad_accum,
+        log_every_n_steps=5,
+        callbacks=callbacks,
+    )
     trainer.fit(Classifier(), loader)
     time.sleep(args.hold_s)
 

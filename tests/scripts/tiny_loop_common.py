@@ -21,24 +21,31 @@ def options(description: str) -> argparse.Namespace:
     parser.add_argument("--accelerate", action="store_true", help="(plain loop) Accelerate's loop, wrapped optimizer")
     parser.add_argument("--fsdp", action="store_true", help="(plain loop, under torchrun) FSDP2 over gloo")
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--ready-file", type=Path, default=None,
-                        help="written with the PID after the first optimizer step (tests wait for it)")
+    parser.add_argument(
+        "--ready-file",
+        type=Path,
+        default=None,
+        help="written with the PID after the first optimizer step (tests wait for it)",
+    )
     parser.add_argument("--hold-s", type=float, default=0.0, help="stay alive this long after training")
-    parser.add_argument("--start-delay-s", type=float, default=0.0,
-                        help="sleep this long before building the model (a slow start)")
+    parser.add_argument(
+        "--start-delay-s", type=float, default=0.0, help="sleep this long before building the model (a slow start)"
+    )
     parser.add_argument("--fail-at-step", type=int, default=None, help="raise in this step's forward pass")
     return parser.parse_args()
 
 
 def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.utils.data.DataLoader]:
     torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=128))
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    )
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randint(100, 30000, (args.samples, args.seq_len), generator=generator)
     labels = torch.zeros(args.samples, dtype=torch.long)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, labels), batch_size=args.batch_size,
-                                         shuffle=True, generator=generator)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(inputs, labels), batch_size=args.batch_size, shuffle=True, generator=generator
+    )
     return model, loader
 
 

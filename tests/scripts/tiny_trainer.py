@@ -41,11 +41,16 @@ def main() -> None:
     parser.add_argument("--hold-s", type=float, default=0.0)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=128))
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    )
     rng = np.random.default_rng(0)
-    dataset = Dataset.from_dict({"input_ids": rng.integers(100, 30000, (args.samples, args.seq_len)),
-                                 "labels": rng.integers(0, 1, args.samples)})
+    dataset = Dataset.from_dict(
+        {
+            "input_ids": rng.integers(100, 30000, (args.samples, args.seq_len)),
+            "labels": rng.integers(0, 1, args.samples),
+        }
+    )
     dataset.set_format("pt")
     callbacks: list[TrainerCallback] = [ReadyFile(args.ready_file)] if args.ready_file else []
     if args.callback:
@@ -53,8 +58,14 @@ def main() -> None:
 
         callbacks.append(AnatomyCallback())
     with tempfile.TemporaryDirectory() as output_dir:
-        training_args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=args.batch_size,
-                                          use_cpu=True, report_to="none", save_strategy="no", logging_steps=5)
+        training_args = TrainingArguments(
+            output_dir=output_dir,
+            per_device_train_batch_size=args.batch_size,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=5,
+        )
         Trainer(model=model, args=training_args, train_dataset=dataset, callbacks=callbacks).train()
     time.sleep(args.hold_s)
 

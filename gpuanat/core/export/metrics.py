@@ -72,13 +72,14 @@ def job_label(name: str | None = None, environ: Mapping[str, str] | None = None)
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    """"9400" → (127.0.0.1, 9400); "0.0.0.0:9400", "[::1]:9400" → as given; port 0: a free one. Raises ValueError
+    """ "9400" → (127.0.0.1, 9400); "0.0.0.0:9400", "[::1]:9400" → as given; port 0: a free one. Raises ValueError
     with what is wrong."""
     host, _, port_text = text.rpartition(":")
     host = host.strip("[]") or DEFAULT_HOST
     if not port_text.isdigit() or not 0 <= int(port_text) < 65536:
-        raise ValueError(f"{text!r}: give [HOST:]PORT, a port from 0 (any free one) to 65535 (e.g. 9400 or "
-                         "0.0.0.0:9400)")
+        raise ValueError(
+            f"{text!r}: give [HOST:]PORT, a port from 0 (any free one) to 65535 (e.g. 9400 or 0.0.0.0:9400)"
+        )
     return host, int(port_text)
 
 
@@ -95,8 +96,10 @@ def beyond_loopback_warning(host: str, what: str) -> str | None:
     """A warning when `host` makes `what` reachable from other machines."""
     if is_loopback(host):
         return None
-    return (f"warning: {what} is bound to {host}, reachable from other machines; anyone who can reach it reads it "
-            "(use the default 127.0.0.1 with ssh -L, or a firewall)")
+    return (
+        f"warning: {what} is bound to {host}, reachable from other machines; anyone who can reach it reads it "
+        "(use the default 127.0.0.1 with ssh -L, or a firewall)"
+    )
 
 
 def _gauge(name: str, documentation: str, labels: list[str], unit: str = "") -> Any:
@@ -111,10 +114,16 @@ LABELS = ["rank", "gpu", "UUID", "Hostname", "job", "run_id"]
 def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: str) -> list[Any]:
     """The metric families of `snapshots`: each a gauge with one sample per rank (per band, phase or status)."""
     families = {
-        "bands": _gauge("memory_band", "GPU memory of one band of the anatomy at one moment (the end of a forward "
-                        "pass), bytes; the used bands add up to the device's used memory", [*LABELS, "band"], "bytes"),
-        "gradients": _gauge("gradients_after_backward", "The gradients' size after backward (not part of the stack)",
-                            LABELS, "bytes"),
+        "bands": _gauge(
+            "memory_band",
+            "GPU memory of one band of the anatomy at one moment (the end of a forward "
+            "pass), bytes; the used bands add up to the device's used memory",
+            [*LABELS, "band"],
+            "bytes",
+        ),
+        "gradients": _gauge(
+            "gradients_after_backward", "The gradients' size after backward (not part of the stack)", LABELS, "bytes"
+        ),
         "used": _gauge("gpu_memory_used", "Device memory used, as NVML reads it", LABELS, "bytes"),
         "total": _gauge("gpu_memory_total", "Device memory in all", LABELS, "bytes"),
         "util": _gauge("gpu_utilization_percent", "NVML's GPU utilization of the rank's GPU", LABELS),
@@ -124,26 +133,45 @@ def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: st
         "tokens": _gauge("tokens_per_second", "Training tokens per second, the latest steps", LABELS),
         "tflops": _gauge("achieved_tflops", "Model TFLOP/s achieved (6·params·tokens and attention)", LABELS),
         "mfu": _gauge("mfu_ratio", "Model FLOPs utilization: achieved over the GPUs' dense peak", LABELS),
-        "phases": _gauge("step_phase", "Mean seconds of the latest steps by phase, on the training loop's thread",
-                         [*LABELS, "phase"], "seconds"),
+        "phases": _gauge(
+            "step_phase",
+            "Mean seconds of the latest steps by phase, on the training loop's thread",
+            [*LABELS, "phase"],
+            "seconds",
+        ),
         "predicted": _gauge("predicted_peak", "gpuanat's predicted peak GPU memory for the run", LABELS, "bytes"),
-        "status": _gauge("run_status", "1 for the run's status now (training, ok, stopped, failed, oom)",
-                         [*LABELS, "status"]),
-        "info": _gauge("run_info", "1, with the run's model and techniques as labels", [*LABELS, "model",
-                                                                                        "techniques"]),
+        "status": _gauge(
+            "run_status", "1 for the run's status now (training, ok, stopped, failed, oom)", [*LABELS, "status"]
+        ),
+        "info": _gauge(
+            "run_info", "1, with the run's model and techniques as labels", [*LABELS, "model", "techniques"]
+        ),
     }
     for snapshot in snapshots:
-        labels = [str(snapshot.rank), "" if snapshot.gpu_index is None else str(snapshot.gpu_index),
-                  snapshot.gpu_uuid or "", hostname, job, snapshot.run_id]
+        labels = [
+            str(snapshot.rank),
+            "" if snapshot.gpu_index is None else str(snapshot.gpu_index),
+            snapshot.gpu_uuid or "",
+            hostname,
+            job,
+            snapshot.run_id,
+        ]
         for band, value in snapshot.bands.items():
             if value is not None:
                 families["bands"].add_metric([*labels, band.removesuffix("_bytes")], value)
-        for key, value in (("gradients", snapshot.gradients_after_backward_bytes), ("used", snapshot.device_used_bytes),
-                           ("total", snapshot.device_total_bytes), ("util", snapshot.gpu_util_percent),
-                           ("step", snapshot.step), ("total_steps", snapshot.total_steps),
-                           ("samples", snapshot.samples_per_second), ("tokens", snapshot.tokens_per_second),
-                           ("tflops", snapshot.achieved_tflops), ("mfu", snapshot.mfu),
-                           ("predicted", snapshot.predicted_peak_bytes)):
+        for key, value in (
+            ("gradients", snapshot.gradients_after_backward_bytes),
+            ("used", snapshot.device_used_bytes),
+            ("total", snapshot.device_total_bytes),
+            ("util", snapshot.gpu_util_percent),
+            ("step", snapshot.step),
+            ("total_steps", snapshot.total_steps),
+            ("samples", snapshot.samples_per_second),
+            ("tokens", snapshot.tokens_per_second),
+            ("tflops", snapshot.achieved_tflops),
+            ("mfu", snapshot.mfu),
+            ("predicted", snapshot.predicted_peak_bytes),
+        ):
             if value is not None:
                 families[key].add_metric(labels, value)
         for phase, seconds in snapshot.step_phase_seconds.items():
@@ -156,8 +184,14 @@ def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: st
 class MetricsServer:
     """An HTTP endpoint (`prometheus-client`'s) that asks `snapshots()` at every scrape."""
 
-    def __init__(self, address: tuple[str, int], snapshots: Callable[[], list[RankSnapshot]], *,
-                 job: str, hostname: str | None = None) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        snapshots: Callable[[], list[RankSnapshot]],
+        *,
+        job: str,
+        hostname: str | None = None,
+    ) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
 
         self.host, self.port = address

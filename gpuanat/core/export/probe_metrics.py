@@ -58,23 +58,35 @@ class ProbeMetrics:
                 return []
             on_gpu = hello is not None and hello.device == "cuda"
             bands = assemble_bands(
-                state.probe_bands, reserved_bytes=step.reserved_bytes if step else None,
-                device_used_bytes=step.nvml_device_used_bytes if step else None, device_total_bytes=total,
+                state.probe_bands,
+                reserved_bytes=step.reserved_bytes if step else None,
+                device_used_bytes=step.nvml_device_used_bytes if step else None,
+                device_total_bytes=total,
                 process_used_bytes=step.nvml_process_used_bytes if step else None,
-                no_gpu_reason=None if on_gpu else "CPU run: it uses no GPU memory")
+                no_gpu_reason=None if on_gpu else "CPU run: it uses no GPU memory",
+            )
             rate = state.samples_per_second(THROUGHPUT_WINDOW_S)
             if isinstance(state.done, Done) and state.done.steady_samples_per_second is not None:
                 rate = state.done.steady_samples_per_second
             status = "training" if state.error is None and state.done is None else rank_status(state)
-            return [RankSnapshot(
-                rank=self.rank, status=status, gpu_index=index, gpu_uuid=uuid,
-                gpu_name=name or (hello.device_name if hello else None), bands=bands.values(),
-                gradients_after_backward_bytes=gradients_after_backward_bytes(state.probe_bands),
-                device_used_bytes=step.nvml_device_used_bytes if step else None, device_total_bytes=total,
-                step=step.step if step else None, total_steps=state.model.total_steps if state.model else None,
-                samples_per_second=rate, tokens_per_second=tokens_per_second(rate, step),
-                step_phase_seconds=dict(step.phases_s) if step and step.phases_s else {},
-            )]
+            return [
+                RankSnapshot(
+                    rank=self.rank,
+                    status=status,
+                    gpu_index=index,
+                    gpu_uuid=uuid,
+                    gpu_name=name or (hello.device_name if hello else None),
+                    bands=bands.values(),
+                    gradients_after_backward_bytes=gradients_after_backward_bytes(state.probe_bands),
+                    device_used_bytes=step.nvml_device_used_bytes if step else None,
+                    device_total_bytes=total,
+                    step=step.step if step else None,
+                    total_steps=state.model.total_steps if state.model else None,
+                    samples_per_second=rate,
+                    tokens_per_second=tokens_per_second(rate, step),
+                    step_phase_seconds=dict(step.phases_s) if step and step.phases_s else {},
+                )
+            ]
 
 
 _served: ProbeMetrics | None = None
@@ -95,8 +107,9 @@ def exported(emit: Callable[[Event], None], environ: Mapping[str, str] | None = 
             host, port = parse_address(asked)
             local_rank = int(environ.get("LOCAL_RANK", "0") or 0)
             served = ProbeMetrics(int(environ.get("RANK", "0") or 0))
-            _server = MetricsServer((host, port + local_rank if port else 0), served.snapshots,
-                                    job=job_label(None, environ))
+            _server = MetricsServer(
+                (host, port + local_rank if port else 0), served.snapshots, job=job_label(None, environ)
+            )
             _served = served
         except (ValueError, OSError) as error:
             _failed = True
@@ -123,8 +136,12 @@ def served_metrics() -> ProbeMetrics | None:
 def gpu_identity(nvml: Any, handle: Any) -> tuple[int | None, str | None, str | None, int | None]:
     """(NVML index, UUID, name, total bytes) of a GPU, from NVML; what NVML refuses is None."""
     values: list[Any] = []
-    for read in (lambda: nvml.nvmlDeviceGetIndex(handle), lambda: nvml.nvmlDeviceGetUUID(handle),
-                 lambda: nvml.nvmlDeviceGetName(handle), lambda: nvml.nvmlDeviceGetMemoryInfo(handle).total):
+    for read in (
+        lambda: nvml.nvmlDeviceGetIndex(handle),
+        lambda: nvml.nvmlDeviceGetUUID(handle),
+        lambda: nvml.nvmlDeviceGetName(handle),
+        lambda: nvml.nvmlDeviceGetMemoryInfo(handle).total,
+    ):
         try:
             value = read()
             values.append(value.decode() if isinstance(value, bytes) else value)

@@ -85,8 +85,9 @@ class RunMetrics:
             self._predicted[key] = predicted.get("peak_device_bytes") if predicted else None
         return self._predicted[key]
 
-    def _snapshot(self, live: LiveRun, rank: int, sample: Sample | None, gpus: tuple[Gpu, ...],
-                  result: Mapping[str, Any] | None) -> RankSnapshot:
+    def _snapshot(
+        self, live: LiveRun, rank: int, sample: Sample | None, gpus: tuple[Gpu, ...], result: Mapping[str, Any] | None
+    ) -> RankSnapshot:
         config, state = live.config, live.rank(rank)
         gpu_index = live.gpu_indices[rank] if rank < len(live.gpu_indices) else None
         gpu_listed = next((gpu for gpu in gpus if gpu.index == gpu_index), None)
@@ -111,13 +112,24 @@ class RunMetrics:
         gpu_name = gpu.name if gpu else (gpu_listed.name if gpu_listed else None)
         flops = utilization(config, rate, gpu_name, 1, model=state.model)
         return RankSnapshot(
-            rank=rank, run_id=str(live.run_id or ""), status=status, gpu_index=gpu_index,
-            gpu_uuid=gpu_listed.uuid if gpu_listed else None, gpu_name=gpu_name, bands=bands,
-            gradients_after_backward_bytes=gradients, device_used_bytes=used,
+            rank=rank,
+            run_id=str(live.run_id or ""),
+            status=status,
+            gpu_index=gpu_index,
+            gpu_uuid=gpu_listed.uuid if gpu_listed else None,
+            gpu_name=gpu_name,
+            bands=bands,
+            gradients_after_backward_bytes=gradients,
+            device_used_bytes=used,
             device_total_bytes=gpu.total_bytes if gpu else None,
             gpu_util_percent=gpu.gpu_util_percent if gpu else None,
-            step=step.step if step else None, total_steps=state.model.total_steps if state.model else None,
-            samples_per_second=rate, tokens_per_second=tokens_per_second(rate, step),
-            achieved_tflops=flops.achieved_tflops, mfu=flops.mfu, step_phase_seconds=phases,
-            model=config.model or config.preset, techniques=config.techniques_summary(),
+            step=step.step if step else None,
+            total_steps=state.model.total_steps if state.model else None,
+            samples_per_second=rate,
+            tokens_per_second=tokens_per_second(rate, step),
+            achieved_tflops=flops.achieved_tflops,
+            mfu=flops.mfu,
+            step_phase_seconds=phases,
+            model=config.model or config.preset,
+            techniques=config.techniques_summary(),
         )

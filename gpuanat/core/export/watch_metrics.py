@@ -35,23 +35,38 @@ class WatchMetrics:
         ranks = record.get("ranks") or []
         if not ranks:  # nothing published: the tree's GPU as NVML sees it
             used = next((entry for entry in gpus.values() if entry.get("uses_it")), None)
-            ranks = [{"rank": 0, "gpu_index": used["index"] if used else None, "bands": record.get("bands") or {},
-                      "step": record.get("step"), "used_bytes": used["used_bytes"] if used else None,
-                      "total_bytes": used["total_bytes"] if used else None,
-                      "gradients_after_backward_bytes": record.get("gradients_after_backward_bytes")}]
+            ranks = [
+                {
+                    "rank": 0,
+                    "gpu_index": used["index"] if used else None,
+                    "bands": record.get("bands") or {},
+                    "step": record.get("step"),
+                    "used_bytes": used["used_bytes"] if used else None,
+                    "total_bytes": used["total_bytes"] if used else None,
+                    "gradients_after_backward_bytes": record.get("gradients_after_backward_bytes"),
+                }
+            ]
         snapshots = []
         for entry in ranks:
             index = entry.get("gpu_index")
             gpu = gpus.get(index) or {}
             first = entry["rank"] == ranks[0]["rank"]
-            snapshots.append(RankSnapshot(
-                rank=entry["rank"], run_id=str(record.get("saved_run_id") or ""), status=status, gpu_index=index,
-                gpu_uuid=self._uuids.get(index) if index is not None else None, gpu_name=gpu.get("name"),
-                bands=entry.get("bands") or {},
-                gradients_after_backward_bytes=entry.get("gradients_after_backward_bytes"),
-                device_used_bytes=entry.get("used_bytes"), device_total_bytes=entry.get("total_bytes"),
-                gpu_util_percent=gpu.get("device_util_percent"), step=entry.get("step"),
-                total_steps=record.get("total_steps"),
-                samples_per_second=record.get("samples_per_second") if first else None,
-            ))
+            snapshots.append(
+                RankSnapshot(
+                    rank=entry["rank"],
+                    run_id=str(record.get("saved_run_id") or ""),
+                    status=status,
+                    gpu_index=index,
+                    gpu_uuid=self._uuids.get(index) if index is not None else None,
+                    gpu_name=gpu.get("name"),
+                    bands=entry.get("bands") or {},
+                    gradients_after_backward_bytes=entry.get("gradients_after_backward_bytes"),
+                    device_used_bytes=entry.get("used_bytes"),
+                    device_total_bytes=entry.get("total_bytes"),
+                    gpu_util_percent=gpu.get("device_util_percent"),
+                    step=entry.get("step"),
+                    total_steps=record.get("total_steps"),
+                    samples_per_second=record.get("samples_per_second") if first else None,
+                )
+            )
         return snapshots

@@ -84,17 +84,25 @@ def assemble_bands(
     """Combine the probe's tensor bands with allocator and NVML readings taken at the same moment."""
     unavailable: dict[str, str] = {}
     tensor_bands: dict[str, int | None] = dict.fromkeys(
-        ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes"))
+        ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes")
+    )
     if probe is None:
         for name in tensor_bands:
             unavailable[name] = "the probe has not measured a step yet"
     else:
         # The optimizer state as at the end of forward, like the other bands: none yet in the first step.
-        optimizer_state = (probe.optimizer_state_at_forward_end_bytes
-                           if probe.optimizer_state_at_forward_end_bytes is not None else probe.optimizer_state_bytes)
+        optimizer_state = (
+            probe.optimizer_state_at_forward_end_bytes
+            if probe.optimizer_state_at_forward_end_bytes is not None
+            else probe.optimizer_state_bytes
+        )
         # The gradients alive at the end of forward, like the activations: those kept by accumulation.
-        tensor_bands.update(weights_bytes=probe.weights_bytes, gradients_bytes=probe.gradients_at_forward_end_bytes,
-                            optimizer_state_bytes=optimizer_state, activations_bytes=probe.activations_bytes)
+        tensor_bands.update(
+            weights_bytes=probe.weights_bytes,
+            gradients_bytes=probe.gradients_at_forward_end_bytes,
+            optimizer_state_bytes=optimizer_state,
+            activations_bytes=probe.activations_bytes,
+        )
         if probe.activations_bytes is None:
             unavailable["activations_bytes"] = "not measurable with torch.compile on CPU"
     if no_gpu_reason is not None:
@@ -104,8 +112,13 @@ def assemble_bands(
 
     other = _difference(device_used_bytes, process_used_bytes)
     context = _difference(process_used_bytes, reserved_bytes)
-    cache = _difference(reserved_bytes, tensor_bands["weights_bytes"], tensor_bands["gradients_bytes"],
-                        tensor_bands["optimizer_state_bytes"], tensor_bands["activations_bytes"])
+    cache = _difference(
+        reserved_bytes,
+        tensor_bands["weights_bytes"],
+        tensor_bands["gradients_bytes"],
+        tensor_bands["optimizer_state_bytes"],
+        tensor_bands["activations_bytes"],
+    )
     free = _difference(device_total_bytes, device_used_bytes)
     for name, value, reason in (
         ("other_processes_bytes", other, "NVML did not report this run's per-process memory"),
@@ -118,22 +131,32 @@ def assemble_bands(
     # A negative band is a measurement that cannot be explained (readings of different moments or devices): it is
     # never shown, only reported, with the numbers that gave it.
     if other is not None and other < 0:
-        unavailable["other_processes_bytes"] = (f"this run's processes used more ({process_used_bytes:,} B) than NVML "
-                                                f"counted on the device ({device_used_bytes:,} B)")
+        unavailable["other_processes_bytes"] = (
+            f"this run's processes used more ({process_used_bytes:,} B) than NVML "
+            f"counted on the device ({device_used_bytes:,} B)"
+        )
         other = None
     if context is not None and context < 0:
-        unavailable["cuda_context_bytes"] = (f"torch reserved more ({reserved_bytes:,} B) than NVML counted for the "
-                                             f"process ({process_used_bytes:,} B)")
+        unavailable["cuda_context_bytes"] = (
+            f"torch reserved more ({reserved_bytes:,} B) than NVML counted for the process ({process_used_bytes:,} B)"
+        )
         context = None
     if cache is not None and cache < 0:
-        unavailable["temporaries_and_cache_bytes"] = (f"the tensor bands add up to more than torch reserved "
-                                                      f"({reserved_bytes:,} B), by {-cache:,} B")
+        unavailable["temporaries_and_cache_bytes"] = (
+            f"the tensor bands add up to more than torch reserved ({reserved_bytes:,} B), by {-cache:,} B"
+        )
         cache = None
     if free is not None and free < 0:
         unavailable["free_bytes"] = f"NVML counted more used ({device_used_bytes:,} B) than total memory"
         free = None
-    return MemoryBands(other_processes_bytes=other, cuda_context_bytes=context, **tensor_bands,
-                       temporaries_and_cache_bytes=cache, free_bytes=free, unavailable=unavailable)
+    return MemoryBands(
+        other_processes_bytes=other,
+        cuda_context_bytes=context,
+        **tensor_bands,
+        temporaries_and_cache_bytes=cache,
+        free_bytes=free,
+        unavailable=unavailable,
+    )
 
 
 USED_BAND_NAMES = BAND_NAMES[:-1]
@@ -164,12 +187,16 @@ def stack_problems(entry: dict[str, Any], where: str = "result") -> list[str]:
             problems.append(f"{where}: {name} is negative ({value:,} B)")
     error_percent = stack_sum_error_percent(entry)
     if error_percent is not None and abs(error_percent) > STACK_TOLERANCE_PERCENT:
-        problems.append(f"{where}: the bands sum to {stack_total_bytes(bands):,} B, {error_percent:+.2f}% off the "
-                        f"device's {_device_used_bytes(entry):,} B")
+        problems.append(
+            f"{where}: the bands sum to {stack_total_bytes(bands):,} B, {error_percent:+.2f}% off the "
+            f"device's {_device_used_bytes(entry):,} B"
+        )
     after_backward, alive = entry.get("gradients_after_backward_bytes"), bands.get("gradients_bytes")
     if after_backward is not None and alive is not None and alive > after_backward:
-        problems.append(f"{where}: gradients alive at the end of forward ({alive:,} B) exceed their maximum after "
-                        f"backward ({after_backward:,} B)")
+        problems.append(
+            f"{where}: gradients alive at the end of forward ({alive:,} B) exceed their maximum after "
+            f"backward ({after_backward:,} B)"
+        )
     for rank in entry.get("ranks") or []:
         problems.extend(stack_problems(rank, f"{where}, rank {rank.get('rank')}"))
     return problems
@@ -206,6 +233,7 @@ def bands_of_one_moment(result: dict[str, Any]) -> dict[str, Any]:
         bands["gradients_bytes"] = at_forward_end
         upgraded["bands"] = bands
     if isinstance(upgraded.get("ranks"), list):
-        upgraded["ranks"] = [bands_of_one_moment(rank) if isinstance(rank, dict) else rank
-                             for rank in upgraded["ranks"]]
+        upgraded["ranks"] = [
+            bands_of_one_moment(rank) if isinstance(rank, dict) else rank for rank in upgraded["ranks"]
+        ]
     return upgraded

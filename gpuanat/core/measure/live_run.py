@@ -61,10 +61,12 @@ class LiveRun:
     clock_offset_s: float | None = None
     """For steps without `monotonic_s`: the sampler's time at the run's elapsed 0 s, from its first step."""
     timed_steps: collections.deque[Step] = field(
-        default_factory=lambda: collections.deque(maxlen=LIVE_WINDOW_STEPS + 2))
+        default_factory=lambda: collections.deque(maxlen=LIVE_WINDOW_STEPS + 2)
+    )
     """Rank 0's latest steps, for the step strip's breakdown."""
     gpu_busy: collections.deque[tuple[float, float]] = field(
-        default_factory=lambda: collections.deque(maxlen=GPU_BUSY_SAMPLES_KEPT))
+        default_factory=lambda: collections.deque(maxlen=GPU_BUSY_SAMPLES_KEPT)
+    )
     """(sampler time, NVML utilization %) of rank 0's GPU, the last 10 minutes at 4 Hz."""
     parent_points: dict[str, float] = field(default_factory=dict)
     """The dashboard's points of the run's start-up (`startup.WALL_PARTS`): when it was asked for ("requested") and
@@ -124,8 +126,11 @@ class LiveRun:
             if self.clock_offset_s is None:
                 self.clock_offset_s = now_s() - step.elapsed_s
             t_s = self.clock_offset_s + step.elapsed_s
-        rate = ((step.samples - first_samples) / (step.elapsed_s - first_elapsed_s)
-                if step.elapsed_s > first_elapsed_s else None)
+        rate = (
+            (step.samples - first_samples) / (step.elapsed_s - first_elapsed_s)
+            if step.elapsed_s > first_elapsed_s
+            else None
+        )
         return ObservedStep(step, t_s, rate)
 
     def observe_sample(self, sample: Sample, gpu: GpuSample | None) -> int | None:
@@ -140,8 +145,9 @@ class LiveRun:
         pids = [self.pid, *self.rank_pids.values()]  # the run's processes on the GPU shown
         return dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes(pids)
 
-    def rank_bands(self, rank: int, sample: Sample | None,
-                   gpu_index: int | None) -> tuple[GpuSample | None, dict[str, Any], dict[str, str]]:
+    def rank_bands(
+        self, rank: int, sample: Sample | None, gpu_index: int | None
+    ) -> tuple[GpuSample | None, dict[str, Any], dict[str, str]]:
         """One rank's bands now, of one moment (the end of forward: only accumulated gradients alive), from its
         own events and NVML's reading of its GPU and its PID; with why a band is missing."""
         gpu = gpu_of(sample, gpu_index)
@@ -153,8 +159,11 @@ class LiveRun:
             reserved_bytes=step.reserved_bytes if step else None,
             device_used_bytes=gpu.used_bytes if gpu else None,
             device_total_bytes=gpu.total_bytes if gpu else None,
-            process_used_bytes=(dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes([pid])
-                                if sample is not None and gpu is not None and pid else None),
+            process_used_bytes=(
+                dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes([pid])
+                if sample is not None and gpu is not None and pid
+                else None
+            ),
             no_gpu_reason=no_gpu,
         )
         return gpu, bands.values(), bands.unavailable
@@ -162,7 +171,8 @@ class LiveRun:
     def observe_peak(self, bands: dict[str, Any], device_used_bytes: int | None) -> None:
         """Keep rank 0's `bands` as the peak's when the device uses as much memory as it ever did in this run."""
         if device_used_bytes is not None and (
-                self.peak_bands is None or device_used_bytes >= (self.peak_bands.get("device_used_bytes") or 0)):
+            self.peak_bands is None or device_used_bytes >= (self.peak_bands.get("device_used_bytes") or 0)
+        ):
             self.peak_bands = {**bands, "device_used_bytes": device_used_bytes}
 
 

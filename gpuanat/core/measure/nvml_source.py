@@ -136,8 +136,14 @@ class NvmlSource:
 
     keeps_recorded_time: ClassVar[bool] = False
 
-    def __init__(self, *, descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S,
-                 per_process: bool = False, nvml: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S,
+        per_process: bool = False,
+        nvml: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`nvml` is the NVML binding (default: `pynvml`); `clock` paces the per-process utilization reads
         (`PROCESS_UTILIZATION_REFRESH_S`) and stamps the samples."""
         if nvml is None:
@@ -165,8 +171,9 @@ class NvmlSource:
         t_s = self._clock()
         if self._per_process and t_s - self._process_utilization_read_at_s >= PROCESS_UTILIZATION_REFRESH_S:
             self._process_utilization_read_at_s = t_s
-            self._process_utilization = {index: self._read_process_utilization(index, handle)
-                                         for index, handle, _name in self._devices}
+            self._process_utilization = {
+                index: self._read_process_utilization(index, handle) for index, handle, _name in self._devices
+            }
         gpus = tuple(self._read_gpu(index, handle, name) for index, handle, name in self._devices)
         return Sample(t_s=t_s, gpus=gpus, host=self._host.measure(pids))
 
@@ -210,8 +217,11 @@ class NvmlSource:
             by_pid.setdefault(int(sample.pid), []).append((float(sample.smUtil), float(sample.memUtil)))
             self._utilization_seen_us[index] = max(self._utilization_seen_us[index], int(sample.timeStamp))
         return tuple(
-            ProcessUtilization(pid=pid, sm_util_percent=sum(sm for sm, _ in values) / len(values),
-                               memory_util_percent=sum(memory for _, memory in values) / len(values))
+            ProcessUtilization(
+                pid=pid,
+                sm_util_percent=sum(sm for sm, _ in values) / len(values),
+                memory_util_percent=sum(memory for _, memory in values) / len(values),
+            )
             for pid, values in sorted(by_pid.items())
         )
 

@@ -86,8 +86,9 @@ class ObservedRun:
         if pid not in self.publishers:
             self.publishers[pid] = Publisher(pid, rank=_rank_of(pid))
         new_step = self.publishers[pid].state.observe(event)
-        if self.publisher_pid is None or (self.publishers[pid].rank == 0
-                                          and self.publishers[self.publisher_pid].rank != 0):
+        if self.publisher_pid is None or (
+            self.publishers[pid].rank == 0 and self.publishers[self.publisher_pid].rank != 0
+        ):
             self.publisher_pid = pid  # rank 0 speaks for the run; without ranks, the first publisher
         if pid != self.publisher_pid or new_step is None:
             return None

@@ -47,8 +47,14 @@ class PidMapping:
 class PidNamespaceResolver:
     """Maps NVML PIDs onto local ones (see the module docstring), remembering what it read for a while."""
 
-    def __init__(self, proc_root: Path = Path("/proc"), *, clock: Callable[[], float] = time.monotonic,
-                 fd_rescan_s: float = FD_RESCAN_S, check_visible_pids: bool = True) -> None:
+    def __init__(
+        self,
+        proc_root: Path = Path("/proc"),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        fd_rescan_s: float = FD_RESCAN_S,
+        check_visible_pids: bool = True,
+    ) -> None:
         """`check_visible_pids=False` takes an NVML PID that exists here for the same process without looking
         at its open files: for NVML data replayed onto a live process that never opened a GPU."""
         self._proc_root = proc_root
@@ -129,11 +135,14 @@ class PidNamespaceResolver:
             on_gpu = [pid for pid in tree if pid not in mapped.values() and self.holds_gpu_device(pid)]
             if len(on_gpu) == 1:
                 mapped[unplaced[0]] = on_gpu[0]
-                how.append(f"{unplaced[0]}→{on_gpu[0]}, the only process of the watched tree with a /dev/nvidia* "
-                           "device open")
+                how.append(
+                    f"{unplaced[0]}→{on_gpu[0]}, the only process of the watched tree with a /dev/nvidia* device open"
+                )
                 unplaced = []
-        note = (f"NVML lists PIDs from another PID namespace (a container?): {not_here} of {len(nvml)} are "
-                "not processes here")
+        note = (
+            f"NVML lists PIDs from another PID namespace (a container?): {not_here} of {len(nvml)} are "
+            "not processes here"
+        )
         if coincidences:
             note += f" ({coincidences} number{'s' if coincidences > 1 else ''} taken here by a process without a GPU)"
         if how:

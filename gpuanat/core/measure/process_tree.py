@@ -34,8 +34,9 @@ class HostProcessMeter:
     so the objects are kept between reads; a process met for the first time reads 0.0.
     """
 
-    def __init__(self, descendants_refresh_s: float, per_process: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, descendants_refresh_s: float, per_process: bool = False, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._descendants_refresh_s = descendants_refresh_s
         self._per_process = per_process
         self._clock = clock
@@ -50,8 +51,11 @@ class HostProcessMeter:
         if roots != self._roots or now_s - self._tree_walked_at_s >= self._walk_wait_s:
             walked = self._walk_tree(roots)
             unchanged = roots == self._roots and walked.keys() == self._processes.keys()
-            self._walk_wait_s = (min(2 * self._walk_wait_s, max(DESCENDANTS_REFRESH_MAX_S, self._descendants_refresh_s))
-                                 if unchanged else self._descendants_refresh_s)
+            self._walk_wait_s = (
+                min(2 * self._walk_wait_s, max(DESCENDANTS_REFRESH_MAX_S, self._descendants_refresh_s))
+                if unchanged
+                else self._descendants_refresh_s
+            )
             self._processes = walked
             self._roots = roots
             self._tree_walked_at_s = now_s
@@ -65,8 +69,15 @@ class HostProcessMeter:
                     process_cpu_percent = process.cpu_percent(interval=None)
                     process_rss_bytes = process.memory_info().rss
                     if self._per_process:
-                        details.append(HostProcess(pid=pid, parent_pid=process.ppid(), name=process.name(),
-                                                   cpu_percent=process_cpu_percent, rss_bytes=process_rss_bytes))
+                        details.append(
+                            HostProcess(
+                                pid=pid,
+                                parent_pid=process.ppid(),
+                                name=process.name(),
+                                cpu_percent=process_cpu_percent,
+                                rss_bytes=process_rss_bytes,
+                            )
+                        )
             except psutil.NoSuchProcess:
                 del self._processes[pid]
                 continue
@@ -110,8 +121,9 @@ class HostOnlySource:
 
     keeps_recorded_time: ClassVar[bool] = False
 
-    def __init__(self, *, descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S,
-                 per_process: bool = False) -> None:
+    def __init__(
+        self, *, descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S, per_process: bool = False
+    ) -> None:
         self._host = HostProcessMeter(descendants_refresh_s, per_process)
 
     def read(self, pids: Iterable[int]) -> Sample:

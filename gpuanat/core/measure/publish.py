@@ -213,7 +213,7 @@ def _process_start_s(pid: int) -> float | None:
 
 def _write_all(fd: int, data: bytes) -> None:
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 class Publisher:
@@ -223,10 +223,16 @@ class Publisher:
     what to do (the probe turns publishing off, never training).
     """
 
-    def __init__(self, directory: Path, *, pid: int | None = None, uid: int | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 plain_step_interval_s: float = PLAIN_STEP_INTERVAL_S,
-                 max_file_bytes: int = MAX_PUBLICATION_BYTES) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        pid: int | None = None,
+        uid: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        plain_step_interval_s: float = PLAIN_STEP_INTERVAL_S,
+        max_file_bytes: int = MAX_PUBLICATION_BYTES,
+    ) -> None:
         self.directory = directory
         self.pid = os.getpid() if pid is None else pid
         self._uid = os.getuid() if uid is None else uid
@@ -279,8 +285,9 @@ class Publisher:
             try:
                 fd = os.open(path, _CREATE_FLAGS, 0o600)
             except FileExistsError:
-                raise PublishRefused(f"{path} was created again by someone else while we replaced it; "
-                                     "left untouched") from None
+                raise PublishRefused(
+                    f"{path} was created again by someone else while we replaced it; left untouched"
+                ) from None
         st = os.fstat(fd)
         identity = _identity(st)
         problem = _file_problem(st, self._uid, path)
@@ -319,8 +326,9 @@ class Publisher:
 
     def _rewrite(self) -> None:
         """Start the file over from the header events, atomically: a reader sees the old or the new file."""
-        header = b"".join(self._header[kind] for kind in ("hello", "model", "step", "operations")
-                          if kind in self._header)
+        header = b"".join(
+            self._header[kind] for kind in ("hello", "model", "step", "operations") if kind in self._header
+        )
         temporary = self.path.with_name(self.path.name + TEMPORARY_SUFFIX)
         fd, identity = self._create(temporary)
         try:
@@ -330,8 +338,9 @@ class Publisher:
             except FileNotFoundError:
                 current = None
             if current != self._identity:
-                raise PublishRefused(f"{self.path} was replaced by a file this publisher did not create; "
-                                     "left untouched")
+                raise PublishRefused(
+                    f"{self.path} was replaced by a file this publisher did not create; left untouched"
+                )
             os.replace(temporary, self.path)
         except BaseException:
             os.close(fd)
@@ -429,4 +438,3 @@ class PublicationReader:
 
     def close(self) -> None:
         self._close()
-

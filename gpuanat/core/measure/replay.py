@@ -60,7 +60,9 @@ class ReplaySource:
                     dataclasses.replace(process, pid=self._remap_pids.get(process.pid, process.pid))
                     for process in gpu.processes
                 ),
-                process_utilization=None if gpu.process_utilization is None else tuple(
+                process_utilization=None
+                if gpu.process_utilization is None
+                else tuple(
                     dataclasses.replace(entry, pid=self._remap_pids.get(entry.pid, entry.pid))
                     for entry in gpu.process_utilization
                 ),
@@ -88,8 +90,13 @@ class ReplayGpuSource:
 
     keeps_recorded_time: ClassVar[bool] = False
 
-    def __init__(self, replay: ReplaySource, *, per_process: bool = True,
-                 descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S) -> None:
+    def __init__(
+        self,
+        replay: ReplaySource,
+        *,
+        per_process: bool = True,
+        descendants_refresh_s: float = DEFAULT_DESCENDANTS_REFRESH_S,
+    ) -> None:
         self._replay = replay
         self._host = HostProcessMeter(descendants_refresh_s, per_process)
 

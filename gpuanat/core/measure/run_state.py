@@ -40,8 +40,14 @@ RECENT_STEPS_KEPT = 256
 def _merged(first: Error, later: Error) -> Error:
     """One error told twice — by the probe, with its step and memory, then by gpuanat's script runner, with the
     traceback — as one: the first's figures, and what only the later one has."""
-    return dataclasses.replace(first, **{item.name: getattr(later, item.name) for item in dataclasses.fields(first)
-                                         if getattr(first, item.name) is None})
+    return dataclasses.replace(
+        first,
+        **{
+            item.name: getattr(later, item.name)
+            for item in dataclasses.fields(first)
+            if getattr(first, item.name) is None
+        },
+    )
 
 
 @dataclass
@@ -68,7 +74,8 @@ class RankEvents:
     """Milestone name → time.monotonic() when the training process reached it; "first step" and "last step" from
     the steps' own times."""
     recent_steps: collections.deque[tuple[float, int]] = field(
-        default_factory=lambda: collections.deque(maxlen=RECENT_STEPS_KEPT))
+        default_factory=lambda: collections.deque(maxlen=RECENT_STEPS_KEPT)
+    )
     """(elapsed s, samples) of the latest steps, for the current samples/s."""
 
     def observe(self, event: Event | Malformed) -> Step | None:
@@ -98,8 +105,9 @@ class RankEvents:
         return None
 
     def _observe_step(self, step: Step) -> Step | None:
-        if step.bands is not None and (self.probe_bands is None
-                                       or step.bands.measured_at_step >= self.probe_bands.measured_at_step):
+        if step.bands is not None and (
+            self.probe_bands is None or step.bands.measured_at_step >= self.probe_bands.measured_at_step
+        ):
             self.probe_bands = step.bands
         if step.reserved_bytes is not None:
             self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, step.reserved_bytes)

@@ -76,9 +76,15 @@ class GpuSample:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GpuSample:
         utilization = d.get("process_utilization")
-        return cls(**{**d, "processes": tuple(ProcessGpuMemory(**p) for p in d["processes"]),
-                      "process_utilization": None if utilization is None
-                      else tuple(ProcessUtilization(**entry) for entry in utilization)})
+        return cls(
+            **{
+                **d,
+                "processes": tuple(ProcessGpuMemory(**p) for p in d["processes"]),
+                "process_utilization": None
+                if utilization is None
+                else tuple(ProcessUtilization(**entry) for entry in utilization),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -111,8 +117,11 @@ class HostSample:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HostSample:
-        return cls(cpu_percent=d["cpu_percent"], rss_bytes=d["rss_bytes"],
-                   processes=tuple(HostProcess(**process) for process in d.get("processes", ())))
+        return cls(
+            cpu_percent=d["cpu_percent"],
+            rss_bytes=d["rss_bytes"],
+            processes=tuple(HostProcess(**process) for process in d.get("processes", ())),
+        )
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,15 @@ def load_template(name: str) -> RecordedTemplate | None:
         return None
     with gzip.open(path, "rt") as file:
         document = json.load(file)
-    template = AllocationTemplate(operations=tuple(document["operations"]), base_bytes=tuple(document["base_bytes"]),
-                                  per_sample_bytes=tuple(document["per_sample_bytes"]),
-                                  recorded_batch_sizes=tuple(document["recorded_batch_sizes"]))
-    return RecordedTemplate(template, document["gpu_memory_bytes"] - document["capacity_bytes"],
-                            document["recorded_with"])
+    template = AllocationTemplate(
+        operations=tuple(document["operations"]),
+        base_bytes=tuple(document["base_bytes"]),
+        per_sample_bytes=tuple(document["per_sample_bytes"]),
+        recorded_batch_sizes=tuple(document["recorded_batch_sizes"]),
+    )
+    return RecordedTemplate(
+        template, document["gpu_memory_bytes"] - document["capacity_bytes"], document["recorded_with"]
+    )
 
 
 def template_for(config: RunConfig) -> RecordedTemplate | None:
@@ -89,8 +93,9 @@ def _replayed(name: str, gpu_memory_bytes: int, expandable_segments: bool, start
 
     def fits(batch_size: int) -> bool:
         if batch_size not in replays:
-            replays[batch_size] = recorded.template.replay(batch_size, capacity,
-                                                           expandable_segments=expandable_segments)
+            replays[batch_size] = recorded.template.replay(
+                batch_size, capacity, expandable_segments=expandable_segments
+            )
         return replays[batch_size].fits
 
     if not fits(1):
@@ -111,8 +116,9 @@ def largest_batch(config: RunConfig, gpu_memory_bytes: int) -> LargestBatch:
     recorded = template_for(config) if config.distributed == "none" else None  # recorded on one GPU alone
     if recorded is None:
         return LargestBatch(estimate, "model", model_batch_size=estimate)
-    batch_size, least_left = _replayed(template_name(config.to_json()), gpu_memory_bytes, config.expandable_segments,
-                                       max(1, estimate))
+    batch_size, least_left = _replayed(
+        template_name(config.to_json()), gpu_memory_bytes, config.expandable_segments, max(1, estimate)
+    )
     return LargestBatch(batch_size, "replay", least_left, recorded.recorded_with, estimate)
 
 

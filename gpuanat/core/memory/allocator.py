@@ -75,8 +75,9 @@ class Block:
 
 class OutOfMemory(Exception):
     def __init__(self, request_index: int, size: int, reserved_bytes: int, allocated_bytes: int) -> None:
-        super().__init__(f"request {request_index}: {size} bytes, with {allocated_bytes} allocated of "
-                         f"{reserved_bytes} reserved")
+        super().__init__(
+            f"request {request_index}: {size} bytes, with {allocated_bytes} allocated of {reserved_bytes} reserved"
+        )
         self.request_index, self.size = request_index, size
         self.reserved_bytes, self.allocated_bytes = reserved_bytes, allocated_bytes
 
@@ -184,8 +185,9 @@ class CachingAllocator:
         """The pool's unmapped blocks by address: holes that were unmapped, then the rest of its address space."""
         if small not in self._unmapped:
             # The segment starts on a page of either pool (20 MiB is a multiple of 2 MiB).
-            self._lowest_address = ((self._lowest_address - 2 * EXPANDABLE_ADDRESS_SPACE_BYTES)
-                                    // LARGE_SEGMENT_BYTES * LARGE_SEGMENT_BYTES)
+            self._lowest_address = (
+                (self._lowest_address - 2 * EXPANDABLE_ADDRESS_SPACE_BYTES) // LARGE_SEGMENT_BYTES * LARGE_SEGMENT_BYTES
+            )
             self._unmapped[small] = [Block(self._lowest_address, EXPANDABLE_ADDRESS_SPACE_BYTES, small, mapped=False)]
         return self._unmapped[small]
 
@@ -356,8 +358,13 @@ class Replay:
     """The least the device had left after any reservation: how near the replay came to running out."""
 
 
-def replay(operations: Iterable[int], sizes: list[int] | tuple[int, ...], capacity_bytes: int, *,
-           expandable_segments: bool = False) -> Replay:
+def replay(
+    operations: Iterable[int],
+    sizes: list[int] | tuple[int, ...],
+    capacity_bytes: int,
+    *,
+    expandable_segments: bool = False,
+) -> Replay:
     """Run the requests through a `CachingAllocator` that can reserve `capacity_bytes`."""
     allocator = CachingAllocator(capacity_bytes, expandable_segments=expandable_segments)
     blocks: list[Block | None] = []
@@ -371,10 +378,14 @@ def replay(operations: Iterable[int], sizes: list[int] | tuple[int, ...], capaci
                 blocks[operation] = None
     except OutOfMemory as error:
         out_of_memory = error
-    return Replay(fits=out_of_memory is None, out_of_memory=out_of_memory,
-                  peak_allocated_bytes=allocator.peak_allocated_bytes,
-                  peak_reserved_bytes=allocator.peak_reserved_bytes, reservations=tuple(allocator.reservations),
-                  least_left_bytes=allocator.least_left_bytes)
+    return Replay(
+        fits=out_of_memory is None,
+        out_of_memory=out_of_memory,
+        peak_allocated_bytes=allocator.peak_allocated_bytes,
+        peak_reserved_bytes=allocator.peak_reserved_bytes,
+        reservations=tuple(allocator.reservations),
+        least_left_bytes=allocator.least_left_bytes,
+    )
 
 
 @dataclass(frozen=True)
@@ -389,12 +400,13 @@ class AllocationTemplate:
     recorded_batch_sizes: tuple[int, ...]
 
     def sizes(self, batch_size: int) -> list[int]:
-        return [max(1, round(base + per_sample * batch_size))
-                for base, per_sample in zip(self.base_bytes, self.per_sample_bytes, strict=True)]
+        return [
+            max(1, round(base + per_sample * batch_size))
+            for base, per_sample in zip(self.base_bytes, self.per_sample_bytes, strict=True)
+        ]
 
     def replay(self, batch_size: int, capacity_bytes: int, *, expandable_segments: bool = False) -> Replay:
-        return replay(self.operations, self.sizes(batch_size), capacity_bytes,
-                      expandable_segments=expandable_segments)
+        return replay(self.operations, self.sizes(batch_size), capacity_bytes, expandable_segments=expandable_segments)
 
 
 class TemplateError(ValueError):
@@ -414,8 +426,13 @@ def build_template(recorded: dict[int, Requests]) -> AllocationTemplate:
     if len(set(counts.values())) != 1:
         raise TemplateError(f"the runs made different numbers of allocations: {counts}")
     low, high = batches[-2:]
-    per_sample = tuple((large - small) / (high - low)
-                       for small, large in zip(recorded[low].sizes, recorded[high].sizes, strict=True))
+    per_sample = tuple(
+        (large - small) / (high - low) for small, large in zip(recorded[low].sizes, recorded[high].sizes, strict=True)
+    )
     base = tuple(size - slope * high for size, slope in zip(recorded[high].sizes, per_sample, strict=True))
-    return AllocationTemplate(operations=recorded[high].operations, base_bytes=base, per_sample_bytes=per_sample,
-                              recorded_batch_sizes=tuple(batches))
+    return AllocationTemplate(
+        operations=recorded[high].operations,
+        base_bytes=base,
+        per_sample_bytes=per_sample,
+        recorded_batch_sizes=tuple(batches),
+    )

@@ -29,8 +29,10 @@ def fit_unsupported_reason(config: RunConfig) -> str | None:
     the CPU it would only climb to its cap (memory there is the host's, and swaps before it runs out)."""
     if config.device == "cuda":
         return None
-    return (f"fit needs a CUDA GPU: it finds the largest batch that fits GPU memory, and this run is on "
-            f"{config.device}; gpuanat predict --gpu-memory 24GiB predicts it for a GPU of that size")
+    return (
+        f"fit needs a CUDA GPU: it finds the largest batch that fits GPU memory, and this run is on "
+        f"{config.device}; gpuanat predict --gpu-memory 24GiB predicts it for a GPU of that size"
+    )
 
 
 FIRST_STEP = 8
@@ -93,9 +95,18 @@ class FitResult:
     """The first trial that ended otherwise than trained or out of memory; the search stopped there."""
 
 
-def run_fit(base: RunConfig, *, store: HistoryStore, log_dir: Path, start: int, trial_steps: int, max_batch: int,
-            run_trial: Callable[..., dict[str, Any]] = execute_run,
-            on_trial: Callable[[int, dict[str, Any]], None] | None = None, **run_options: Any) -> FitResult:
+def run_fit(
+    base: RunConfig,
+    *,
+    store: HistoryStore,
+    log_dir: Path,
+    start: int,
+    trial_steps: int,
+    max_batch: int,
+    run_trial: Callable[..., dict[str, Any]] = execute_run,
+    on_trial: Callable[[int, dict[str, Any]], None] | None = None,
+    **run_options: Any,
+) -> FitResult:
     """Search with real runs of `trial_steps` steps, each recorded as "fit batch N"."""
     results: dict[int, dict[str, Any]] = {}
     failures: list[dict[str, Any]] = []
@@ -103,8 +114,9 @@ def run_fit(base: RunConfig, *, store: HistoryStore, log_dir: Path, start: int, 
     def trains(batch_size: int) -> bool:
         if failures:
             return False
-        config = base.replace(batch_size=batch_size, max_steps=trial_steps,
-                              samples=batch_size * base.grad_accum * trial_steps)
+        config = base.replace(
+            batch_size=batch_size, max_steps=trial_steps, samples=batch_size * base.grad_accum * trial_steps
+        )
         result = run_trial(config, store=store, log_dir=log_dir, name=f"fit batch {batch_size}", **run_options)
         results[batch_size] = result
         if on_trial is not None:

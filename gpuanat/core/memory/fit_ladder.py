@@ -37,8 +37,13 @@ class LadderStep:
     """Why the step was left out: this version cannot train it, or it lowers nothing here; None when taken."""
 
     def to_json(self) -> dict[str, object]:
-        return {"technique": self.technique, "flags": self.flags, "peak_device_bytes": self.peak_device_bytes,
-                "fits": self.fits, "refused": self.refused}
+        return {
+            "technique": self.technique,
+            "flags": self.flags,
+            "peak_device_bytes": self.peak_device_bytes,
+            "fits": self.fits,
+            "refused": self.refused,
+        }
 
 
 @dataclass(frozen=True)
@@ -61,23 +66,48 @@ def _rungs(config: RunConfig) -> list[Rung]:
     """The ladder's techniques in order, for a run like `config`."""
     rungs: list[Rung] = []
     if (config.ranks or 1) > 1:
-        for stage in BY_SHARDING[BY_SHARDING.index(config.distributed) + 1:BY_SHARDING.index("fsdp") + 1]:
-            rungs.append(Rung(f"shard ({stage})", lambda run, stage=stage: with_distributed(run, stage),
-                              lambda run, stage=stage: f"--distributed {stage}"
-                              + (" --engine trainer" if run.engine != "trainer" else "")))
+        for stage in BY_SHARDING[BY_SHARDING.index(config.distributed) + 1 : BY_SHARDING.index("fsdp") + 1]:
+            rungs.append(
+                Rung(
+                    f"shard ({stage})",
+                    lambda run, stage=stage: with_distributed(run, stage),
+                    lambda run, stage=stage: (
+                        f"--distributed {stage}" + (" --engine trainer" if run.engine != "trainer" else "")
+                    ),
+                )
+            )
     if not config.grad_checkpointing:
-        rungs.append(Rung("gradient checkpointing", lambda run: run.replace(grad_checkpointing=True),
-                          lambda run: "--grad-checkpointing"))
+        rungs.append(
+            Rung(
+                "gradient checkpointing",
+                lambda run: run.replace(grad_checkpointing=True),
+                lambda run: "--grad-checkpointing",
+            )
+        )
     if config.weights_dtype == "fp32" and not config.lora and not config.load_in_4bit:
-        rungs.append(Rung("bf16 weights", lambda run: run.replace(precision="bf16", weights_dtype="bf16"),
-                          lambda run: "--precision bf16 --weights-dtype bf16"))
+        rungs.append(
+            Rung(
+                "bf16 weights",
+                lambda run: run.replace(precision="bf16", weights_dtype="bf16"),
+                lambda run: "--precision bf16 --weights-dtype bf16",
+            )
+        )
     if not config.lora:
-        rungs.append(Rung(f"LoRA rank {LORA_RANK}, its frozen base in 16 bits",
-                          lambda run: run.replace(lora=LORA_RANK, weights_dtype="fp32"), _lora_flags))
+        rungs.append(
+            Rung(
+                f"LoRA rank {LORA_RANK}, its frozen base in 16 bits",
+                lambda run: run.replace(lora=LORA_RANK, weights_dtype="fp32"),
+                _lora_flags,
+            )
+        )
     if not config.load_in_4bit:
-        rungs.append(Rung("QLoRA (4-bit base)",
-                          lambda run: run.replace(load_in_4bit=True, lora=run.lora or LORA_RANK, weights_dtype="fp32"),
-                          lambda run: _lora_flags(run, "--load-in-4bit ") if not run.lora else "--load-in-4bit"))
+        rungs.append(
+            Rung(
+                "QLoRA (4-bit base)",
+                lambda run: run.replace(load_in_4bit=True, lora=run.lora or LORA_RANK, weights_dtype="fp32"),
+                lambda run: _lora_flags(run, "--load-in-4bit ") if not run.lora else "--load-in-4bit",
+            )
+        )
     return rungs
 
 
@@ -108,8 +138,15 @@ def fit_ladder(config: RunConfig, gpu_memory_bytes: int) -> list[LadderStep]:
             continue
         peak, fits = _fits(candidate, gpu_memory_bytes)
         if peak >= current_peak and not fits:  # e.g. checkpointing where the model's state, not activations, peaks
-            waiting[rung.technique] = LadderStep(rung.technique, flags, peak, False, refused=(
-                f"lowers nothing here (peak {peak / GIB:.2f} GiB with it, {current_peak / GIB:.2f} GiB without)"))
+            waiting[rung.technique] = LadderStep(
+                rung.technique,
+                flags,
+                peak,
+                False,
+                refused=(
+                    f"lowers nothing here (peak {peak / GIB:.2f} GiB with it, {current_peak / GIB:.2f} GiB without)"
+                ),
+            )
             continue
         waiting.pop(rung.technique, None)
         steps.append(LadderStep(rung.technique, flags, peak, fits))

@@ -29,13 +29,33 @@ class UnreadableModel(Exception):
 
 LLAMA_LAYOUT: dict[str, Any] = {}
 """A Llama decoder layer: RMSNorm before attention and before the MLP, separate q/k/v/o, a gated SiLU MLP, rotary."""
-LAYER_NORM_PLAIN_MLP: dict[str, Any] = {"norm": "layer", "gated_mlp": False, "attention_bias": True,
-                                        "output_bias": True, "mlp_bias": True}
+LAYER_NORM_PLAIN_MLP: dict[str, Any] = {
+    "norm": "layer",
+    "gated_mlp": False,
+    "attention_bias": True,
+    "output_bias": True,
+    "mlp_bias": True,
+}
 
 FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
     # Llama's layer, as is
-    **dict.fromkeys(("llama", "mistral", "ministral", "granite", "smollm3", "exaone4", "helium", "arcee",
-                     "seed_oss", "glm", "hunyuan_v1_dense", "ernie4_5"), LLAMA_LAYOUT),
+    **dict.fromkeys(
+        (
+            "llama",
+            "mistral",
+            "ministral",
+            "granite",
+            "smollm3",
+            "exaone4",
+            "helium",
+            "arcee",
+            "seed_oss",
+            "glm",
+            "hunyuan_v1_dense",
+            "ernie4_5",
+        ),
+        LLAMA_LAYOUT,
+    ),
     "qwen2": {"attention_bias": True},
     "qwen3": {"qk_norm": "head"},
     "mixtral": {"moe": True},
@@ -46,41 +66,91 @@ FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
     "phi3": {"fused_qkv": True, "fused_gate_up": True},
     "gemma": {"norm": "rms_fp32", "tie_default": True, "scaled_embedding": True},
     "gemma2": {"norm": "rms_fp32", "post_norms": 2, "tie_default": True, "scaled_embedding": True},
-    "gemma3_text": {"norm": "rms_fp32", "post_norms": 2, "qk_norm": "head", "qk_norm_kind": "rms_fp32",
-                    "rotary_buffers": 2, "tie_default": True, "scaled_embedding": True},
+    "gemma3_text": {
+        "norm": "rms_fp32",
+        "post_norms": 2,
+        "qk_norm": "head",
+        "qk_norm_kind": "rms_fp32",
+        "rotary_buffers": 2,
+        "tie_default": True,
+        "scaled_embedding": True,
+    },
     "olmo": {"norm": "layer_no_bias"},
     "olmo2": {"norm": "rms_fp32", "pre_norms": 0, "post_norms": 2, "qk_norm": "full", "qk_norm_kind": "rms_fp32"},
-    "phi": {**LAYER_NORM_PLAIN_MLP, "pre_norms": 1, "parallel_residual": True, "lm_head_bias": True,
-            "residual_dropout_key": "resid_pdrop", "embedding_dropout_key": "embd_pdrop"},
+    "phi": {
+        **LAYER_NORM_PLAIN_MLP,
+        "pre_norms": 1,
+        "parallel_residual": True,
+        "lm_head_bias": True,
+        "residual_dropout_key": "resid_pdrop",
+        "embedding_dropout_key": "embd_pdrop",
+    },
     "stablelm": {"norm": "layer", "residual_dropout_key": "hidden_dropout", "residual_dropout_sites": 1},
-    "gpt_neox": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "parallel_residual": True,
-                 "residual_dropout_key": "hidden_dropout"},
-    "bloom": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "positions": "alibi", "embedding_norm": True, "mlp_ratio": 4,
-              "residual_dropout_key": "hidden_dropout", "tie_default": True},
-    "opt": {**LAYER_NORM_PLAIN_MLP, "positions": "learned", "position_offset": 2, "residual_dropout_key": "dropout",
-            "tie_default": True},
-    "starcoder2": {**LAYER_NORM_PLAIN_MLP, "residual_dropout_key": "residual_dropout",
-                   "embedding_dropout_key": "embedding_dropout"},
-    "gpt2": {**LAYER_NORM_PLAIN_MLP, "fused_qkv": True, "positions": "learned", "residual_dropout_key": "resid_pdrop",
-             "embedding_dropout_key": "embd_pdrop", "tie_default": True},
+    "gpt_neox": {
+        **LAYER_NORM_PLAIN_MLP,
+        "fused_qkv": True,
+        "parallel_residual": True,
+        "residual_dropout_key": "hidden_dropout",
+    },
+    "bloom": {
+        **LAYER_NORM_PLAIN_MLP,
+        "fused_qkv": True,
+        "positions": "alibi",
+        "embedding_norm": True,
+        "mlp_ratio": 4,
+        "residual_dropout_key": "hidden_dropout",
+        "tie_default": True,
+    },
+    "opt": {
+        **LAYER_NORM_PLAIN_MLP,
+        "positions": "learned",
+        "position_offset": 2,
+        "residual_dropout_key": "dropout",
+        "tie_default": True,
+    },
+    "starcoder2": {
+        **LAYER_NORM_PLAIN_MLP,
+        "residual_dropout_key": "residual_dropout",
+        "embedding_dropout_key": "embedding_dropout",
+    },
+    "gpt2": {
+        **LAYER_NORM_PLAIN_MLP,
+        "fused_qkv": True,
+        "positions": "learned",
+        "residual_dropout_key": "resid_pdrop",
+        "embedding_dropout_key": "embd_pdrop",
+        "tie_default": True,
+    },
 }
 """What each decoder family's modeling code fixes and its config does not say (transformers 5)."""
 
 ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert")
 """BERT-style encoders (post-norm LayerNorm layers, learned positions), trained as 2-label classifiers."""
 REFUSED_FAMILIES = {
-    "deberta": "DeBERTa's disentangled attention", "deberta-v2": "DeBERTa's disentangled attention",
-    "modernbert": "ModernBERT's unpadded, alternating attention", "t5": "an encoder-decoder",
-    "bart": "an encoder-decoder", "mamba": "a state-space model, not attention layers",
-    "mamba2": "a state-space model", "jamba": "a hybrid of attention and Mamba layers",
-    "deepseek_v2": "DeepSeek's latent attention (MLA)", "deepseek_v3": "DeepSeek's latent attention (MLA)",
+    "deberta": "DeBERTa's disentangled attention",
+    "deberta-v2": "DeBERTa's disentangled attention",
+    "modernbert": "ModernBERT's unpadded, alternating attention",
+    "t5": "an encoder-decoder",
+    "bart": "an encoder-decoder",
+    "mamba": "a state-space model, not attention layers",
+    "mamba2": "a state-space model",
+    "jamba": "a hybrid of attention and Mamba layers",
+    "deepseek_v2": "DeepSeek's latent attention (MLA)",
+    "deepseek_v3": "DeepSeek's latent attention (MLA)",
 }
 """Families whose layers this model does not describe, and why."""
 
 ACTIVATIONS = {
-    "silu": "saves_input", "swish": "saves_input", "gelu": "saves_input", "gelu_pytorch_tanh": "saves_input",
-    "gelu_python": "saves_input", "gelu_accurate": "tanh_composed", "relu": "saves_output",
-    "gelu_new": "tanh_composed", "gelu_fast": "tanh_composed", "quick_gelu": "sigmoid_composed",
+    "silu": "saves_input",
+    "swish": "saves_input",
+    "gelu": "saves_input",
+    "gelu_pytorch_tanh": "saves_input",
+    "gelu_python": "saves_input",
+    "gelu_accurate": "tanh_composed",
+    "relu": "saves_output",
+    "gelu_new": "tanh_composed",
+    "gelu_fast": "tanh_composed",
+    "quick_gelu": "sigmoid_composed",
     "bloom_gelu": "saves_input",
 }
 """transformers' ACT2FN names by what they keep for backward (`architecture.ACTIVATION_KINDS`)."""
@@ -141,11 +211,14 @@ def read_architecture(data: dict[str, Any], name: str) -> Architecture:
     if not isinstance(family, str) or not family:
         raise UnreadableModel(f"{name}: the config has no model_type, so its architecture is unknown")
     if family in REFUSED_FAMILIES:
-        raise UnreadableModel(f"{name}: {family} is {REFUSED_FAMILIES[family]}, which gpuanat's memory model does not "
-                              "describe; `gpuanat run --model` still trains and measures it")
+        raise UnreadableModel(
+            f"{name}: {family} is {REFUSED_FAMILIES[family]}, which gpuanat's memory model does not "
+            "describe; `gpuanat run --model` still trains and measures it"
+        )
     if isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
-        raise UnreadableModel(f"{name}: a multimodal config ({family}); give the text model's config "
-                              "(its text_config as a config.json)")
+        raise UnreadableModel(
+            f"{name}: a multimodal config ({family}); give the text model's config (its text_config as a config.json)"
+        )
     if not is_causal_lm_config(data) or family in ENCODER_FAMILIES:
         return _read_encoder(data, name, family)
     return _read_decoder(data, name, family)
@@ -156,8 +229,10 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     assumed: tuple[str, ...] = ()
     if layout is None:
         layout = LLAMA_LAYOUT
-        assumed = (f"{family} is no family gpuanat knows: read as a Llama layer (RMSNorm before attention and "
-                   "MLP, separate q/k/v projections, a gated MLP, rotary positions)",)
+        assumed = (
+            f"{family} is no family gpuanat knows: read as a Llama layer (RMSNorm before attention and "
+            "MLP, separate q/k/v projections, a gated MLP, rotary positions)",
+        )
         if data.get("auto_map"):
             assumed += ("the model runs custom code, which gpuanat cannot read",)
     h = _positive_int(data, "hidden_size", name)
@@ -195,42 +270,68 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         qk_norm = "head"
     mlp_bias = bool(data.get("mlp_bias", data.get("use_bias", layout.get("mlp_bias", False))))
     return Architecture(
-        family=family, objective="causal-lm", hidden_size=h, num_layers=layers, num_heads=heads,
-        kv_heads=int(kv_heads), head_dim=int(head_dim), intermediate_size=int(intermediate), vocab_size=vocab,
+        family=family,
+        objective="causal-lm",
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        kv_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        intermediate_size=int(intermediate),
+        vocab_size=vocab,
         max_positions=int(_first(data, "max_positions") or 0),
         tie_word_embeddings=bool(data.get("tie_word_embeddings", layout.get("tie_default", False))),
         attention_bias=attention_bias,
         output_bias=layout.get("output_bias", False),
-        mlp_bias=mlp_bias, gated_mlp=layout.get("gated_mlp", True), activation=activation,
-        fused_qkv=layout.get("fused_qkv", False), fused_gate_up=layout.get("fused_gate_up", False),
-        norm=layout.get("norm", "rms"), pre_norms=pre_norms, post_norms=layout.get("post_norms", 0),
-        post_layer_norm=post_norm, parallel_residual=parallel, qk_norm=qk_norm,
+        mlp_bias=mlp_bias,
+        gated_mlp=layout.get("gated_mlp", True),
+        activation=activation,
+        fused_qkv=layout.get("fused_qkv", False),
+        fused_gate_up=layout.get("fused_gate_up", False),
+        norm=layout.get("norm", "rms"),
+        pre_norms=pre_norms,
+        post_norms=layout.get("post_norms", 0),
+        post_layer_norm=post_norm,
+        parallel_residual=parallel,
+        qk_norm=qk_norm,
         qk_norm_kind=layout.get("qk_norm_kind", "layer" if family in ("stablelm", "phi") else "rms"),
-        final_norm=not post_norm, lm_head_bias=layout.get("lm_head_bias", False),
+        final_norm=not post_norm,
+        lm_head_bias=layout.get("lm_head_bias", False),
         positions=layout.get("positions", "rotary"),
-        position_embedding_rows=(int(_first(data, "max_positions") or 0) + layout.get("position_offset", 0)
-                                 if layout.get("positions") == "learned" else 0),
+        position_embedding_rows=(
+            int(_first(data, "max_positions") or 0) + layout.get("position_offset", 0)
+            if layout.get("positions") == "learned"
+            else 0
+        ),
         embedding_size=int(projection) if projection and projection != h else 0,
-        embedding_norm=layout.get("embedding_norm", False), scaled_embedding=layout.get("scaled_embedding", False),
+        embedding_norm=layout.get("embedding_norm", False),
+        scaled_embedding=layout.get("scaled_embedding", False),
         rotary_buffers=layout.get("rotary_buffers", 1),
-        rotary_dim=_rotary_dim(data, int(head_dim)), sliding_window_layers=sliding_layers,
-        sliding_window=int(data.get("sliding_window") or 0), experts=experts,
+        rotary_dim=_rotary_dim(data, int(head_dim)),
+        sliding_window_layers=sliding_layers,
+        sliding_window=int(data.get("sliding_window") or 0),
+        experts=experts,
         experts_per_token=int(_first(data, "experts_per_token") or 0) if experts else 0,
-        expert_intermediate_size=expert_intermediate, shared_expert_intermediate_size=shared_intermediate,
+        expert_intermediate_size=expert_intermediate,
+        shared_expert_intermediate_size=shared_intermediate,
         shared_expert_gate=bool(layout.get("shared_expert_gate")) and shared_intermediate > 0,
-        moe_layers=moe_layers, residual_dropout=_dropout(data, layout.get("residual_dropout_key")),
+        moe_layers=moe_layers,
+        residual_dropout=_dropout(data, layout.get("residual_dropout_key")),
         residual_dropout_sites=layout.get("residual_dropout_sites", 2),
         embedding_dropout=_dropout(data, layout.get("embedding_dropout_key")),
         attention_dropout=_dropout(data, "attention_dropout"),
-        final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0), assumed=assumed,
+        final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0),
+        assumed=assumed,
     )
 
 
 def _read_encoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     assumed: tuple[str, ...] = ()
     if family not in ENCODER_FAMILIES:
-        assumed = (f"{family} is no family gpuanat knows: read as a BERT encoder (post-norm LayerNorm layers, "
-                   "learned positions) trained as a classifier",)
+        assumed = (
+            f"{family} is no family gpuanat knows: read as a BERT encoder (post-norm LayerNorm layers, "
+            "learned positions) trained as a classifier",
+        )
     h = _positive_int(data, "hidden_size", name)
     heads = _positive_int(data, "num_heads", name)
     intermediate = _first(data, "intermediate_size") or 4 * h
@@ -240,48 +341,98 @@ def _read_encoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     embedding_size = int(data.get("embedding_size") or h)
     return Architecture(
         family="bert" if family in ENCODER_FAMILIES and family != "distilbert" else family,
-        objective="classification", hidden_size=h, num_layers=_positive_int(data, "num_layers", name),
-        num_heads=heads, kv_heads=heads, head_dim=h // heads, intermediate_size=int(intermediate), vocab_size=vocab,
-        max_positions=int(_first(data, "max_positions") or 512), norm="layer", gated_mlp=False,
-        activation=ACTIVATIONS.get(str(_first(data, "activation") or "gelu"), "saves_input"), attention_bias=True,
-        output_bias=True, mlp_bias=True, post_layer_norm=True, pre_norms=0, positions="learned",
+        objective="classification",
+        hidden_size=h,
+        num_layers=_positive_int(data, "num_layers", name),
+        num_heads=heads,
+        kv_heads=heads,
+        head_dim=h // heads,
+        intermediate_size=int(intermediate),
+        vocab_size=vocab,
+        max_positions=int(_first(data, "max_positions") or 512),
+        norm="layer",
+        gated_mlp=False,
+        activation=ACTIVATIONS.get(str(_first(data, "activation") or "gelu"), "saves_input"),
+        attention_bias=True,
+        output_bias=True,
+        mlp_bias=True,
+        post_layer_norm=True,
+        pre_norms=0,
+        positions="learned",
         position_embedding_rows=int(_first(data, "max_positions") or 512),
         token_types=int(data.get("type_vocab_size", 0 if family == "distilbert" else 2) or 0),
-        embedding_size=embedding_size if embedding_size != h else 0, embedding_norm=True, assumed=assumed,
+        embedding_size=embedding_size if embedding_size != h else 0,
+        embedding_norm=True,
+        assumed=assumed,
     )
 
 
 def preset_config(preset: ModelPreset) -> dict[str, Any]:
     """The config.json transformers would write for a preset's model (the worker builds the same one)."""
     if preset.family == "bert":
-        return {"model_type": "bert", "architectures": ["BertForSequenceClassification"],
-                "hidden_size": preset.hidden_size, "num_hidden_layers": preset.num_layers,
-                "num_attention_heads": preset.num_heads, "intermediate_size": preset.intermediate_size,
-                "vocab_size": preset.vocab_size, "max_position_embeddings": preset.max_positions,
-                "type_vocab_size": 2, "hidden_act": "gelu"}
+        return {
+            "model_type": "bert",
+            "architectures": ["BertForSequenceClassification"],
+            "hidden_size": preset.hidden_size,
+            "num_hidden_layers": preset.num_layers,
+            "num_attention_heads": preset.num_heads,
+            "intermediate_size": preset.intermediate_size,
+            "vocab_size": preset.vocab_size,
+            "max_position_embeddings": preset.max_positions,
+            "type_vocab_size": 2,
+            "hidden_act": "gelu",
+        }
     if preset.family == "gpt2":
-        return {"model_type": "gpt2", "architectures": ["GPT2ForSequenceClassification"], "n_embd": preset.hidden_size,
-                "n_layer": preset.num_layers, "n_head": preset.num_heads, "n_inner": preset.intermediate_size,
-                "vocab_size": preset.vocab_size, "n_positions": preset.max_positions,
-                "activation_function": "gelu_new"}
-    return {"model_type": preset.family, "architectures": [f"{preset.family.title()}ForCausalLM"],
-            "hidden_size": preset.hidden_size, "num_hidden_layers": preset.num_layers,
-            "num_attention_heads": preset.num_heads, "num_key_value_heads": preset.kv_heads,
-            "intermediate_size": preset.intermediate_size, "vocab_size": preset.vocab_size,
-            "max_position_embeddings": preset.max_positions, "tie_word_embeddings": preset.tie_word_embeddings,
-            "hidden_act": "silu"}
+        return {
+            "model_type": "gpt2",
+            "architectures": ["GPT2ForSequenceClassification"],
+            "n_embd": preset.hidden_size,
+            "n_layer": preset.num_layers,
+            "n_head": preset.num_heads,
+            "n_inner": preset.intermediate_size,
+            "vocab_size": preset.vocab_size,
+            "n_positions": preset.max_positions,
+            "activation_function": "gelu_new",
+        }
+    return {
+        "model_type": preset.family,
+        "architectures": [f"{preset.family.title()}ForCausalLM"],
+        "hidden_size": preset.hidden_size,
+        "num_hidden_layers": preset.num_layers,
+        "num_attention_heads": preset.num_heads,
+        "num_key_value_heads": preset.kv_heads,
+        "intermediate_size": preset.intermediate_size,
+        "vocab_size": preset.vocab_size,
+        "max_position_embeddings": preset.max_positions,
+        "tie_word_embeddings": preset.tie_word_embeddings,
+        "hidden_act": "silu",
+    }
 
 
 @functools.cache
 def preset_architecture(preset: ModelPreset) -> Architecture:
     if preset.family == "gpt2":  # a classifier: its own path in the bands (GPT-2's blocks as measured)
-        return Architecture(family="gpt2", objective="classification",
-                            hidden_size=preset.hidden_size, num_layers=preset.num_layers, num_heads=preset.num_heads,
-                            kv_heads=preset.num_heads, head_dim=preset.head_dim,
-                            intermediate_size=preset.intermediate_size, vocab_size=preset.vocab_size,
-                            max_positions=preset.max_positions, norm="layer", gated_mlp=False,
-                            activation="tanh_composed", fused_qkv=True, attention_bias=True, output_bias=True,
-                            mlp_bias=True, positions="learned", position_embedding_rows=preset.max_positions)
+        return Architecture(
+            family="gpt2",
+            objective="classification",
+            hidden_size=preset.hidden_size,
+            num_layers=preset.num_layers,
+            num_heads=preset.num_heads,
+            kv_heads=preset.num_heads,
+            head_dim=preset.head_dim,
+            intermediate_size=preset.intermediate_size,
+            vocab_size=preset.vocab_size,
+            max_positions=preset.max_positions,
+            norm="layer",
+            gated_mlp=False,
+            activation="tanh_composed",
+            fused_qkv=True,
+            attention_bias=True,
+            output_bias=True,
+            mlp_bias=True,
+            positions="learned",
+            position_embedding_rows=preset.max_positions,
+        )
     return read_architecture(preset_config(preset), preset.name)
 
 
@@ -300,8 +451,10 @@ def config_path(model: str) -> Path:
     except HFValidationError:
         cached = None
     if not isinstance(cached, str):
-        raise UnreadableModel(f"{model}: not in the local Hugging Face cache (predictions read it offline); "
-                              f"`hf download {model} config.json`, or give a config.json")
+        raise UnreadableModel(
+            f"{model}: not in the local Hugging Face cache (predictions read it offline); "
+            f"`hf download {model} config.json`, or give a config.json"
+        )
     return Path(cached)
 
 

@@ -114,18 +114,23 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
             half_copies = qlora_head_copy_bytes(config, arch)
         else:
             # the cast to 16 bits takes the decoders' float buffers (rotary frequencies) along; BERT's are integers
-            buffers = shapes.buffer_bytes // 2 if is_mixed(config) and arch.objective == "causal-lm" else \
-                shapes.buffer_bytes
+            buffers = (
+                shapes.buffer_bytes // 2 if is_mixed(config) and arch.objective == "causal-lm" else shapes.buffer_bytes
+            )
             weights = (2 if is_mixed(config) else 4) * params + 4 * adapters.params + buffers
             half_copies = 0
         gradients, optimizer = 4 * adapters.params, optimizer_state_bytes(config, adapters)
     if config.distributed == "fsdp":  # its gathered parameters are 16-bit already: no autocast copies
         # Buffers (rotary frequencies) and the optimizer's step counters are whole on every rank
         counters = step_counter_bytes(config, trained)
-        return RankState(_shard(weights - buffers, ranks) + buffers, _shard(gradients, ranks),
-                         _shard(gradients, ranks) if accumulating else 0,
-                         _shard(optimizer - counters, ranks) + counters, 0,
-                         0 if computes_in_16_bit(config) else half_copies)
+        return RankState(
+            _shard(weights - buffers, ranks) + buffers,
+            _shard(gradients, ranks),
+            _shard(gradients, ranks) if accumulating else 0,
+            _shard(optimizer - counters, ranks) + counters,
+            0,
+            0 if computes_in_16_bit(config) else half_copies,
+        )
     if config.distributed.startswith("zero"):
         sixteen_bit = is_mixed(config)
         model_weights = (2 if sixteen_bit else 4) * params + shapes.buffer_bytes
@@ -138,9 +143,17 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
             gathered = min(params, DEEPSPEED_MAX_LIVE_PARAMETERS) * (2 if sixteen_bit else 4)
             # Its step prepares one sub-group's gradients at a time, beside the bucket it keeps all run long
             sub_group = zero3_step_gradients_bytes(config, trained)
-            return RankState(_shard(model_weights, ranks), _shard(model_gradients, ranks),
-                             _shard(model_gradients, ranks), state, buckets, 0, gathered_parameters_bytes=gathered,
-                             step_temporaries_bytes=sub_group + buckets, step_segments_bytes=sub_group)
+            return RankState(
+                _shard(model_weights, ranks),
+                _shard(model_gradients, ranks),
+                _shard(model_gradients, ranks),
+                state,
+                buckets,
+                0,
+                gathered_parameters_bytes=gathered,
+                step_temporaries_bytes=sub_group + buckets,
+                step_segments_bytes=sub_group,
+            )
         # As the ZeRO optimizer's step begins, ZeRO-1 and ZeRO-2 alike hold this rank's 16-bit partition of the
         # reduced gradients (measured on 2 H200s: 0.31 GiB each for bert-large's 0.62), and free it in the step
         partition = _shard(model_gradients, ranks)
@@ -148,11 +161,19 @@ def rank_state(config: RunConfig, arch: Architecture, shapes: ParameterShapes) -
         # llama-3.1-8b's ZeRO-2 peak was 22.5 GiB above its state, three partitions' worth (22.4); bert-large's peak
         # is its forward pass's
         step = 3 * partition if sixteen_bit else 2 * partition
-        return RankState(model_weights, partition, partition if accumulating else 0, state, buckets, 0,
-                         step_temporaries_bytes=step)
+        return RankState(
+            model_weights, partition, partition if accumulating else 0, state, buckets, 0, step_temporaries_bytes=step
+        )
     buckets = gradients if config.distributed == "ddp" else 0
-    return RankState(weights, gradients, gradients if accumulating else 0, optimizer, buckets, half_copies,
-                     first_buckets_bytes=buckets if ddp_first_buckets_may_outlive(config) else 0)
+    return RankState(
+        weights,
+        gradients,
+        gradients if accumulating else 0,
+        optimizer,
+        buckets,
+        half_copies,
+        first_buckets_bytes=buckets if ddp_first_buckets_may_outlive(config) else 0,
+    )
 
 
 def ddp_first_buckets_may_outlive(config: RunConfig) -> bool:
@@ -214,8 +235,9 @@ only partly: 0.23, 1.26 and 0.53 GB in the snapshots of llama-3.1-8b with LoRA a
 (1.05 GB a matrix)."""
 
 
-def fsdp_cache_bytes(config: RunConfig, arch: Architecture, shapes: ParameterShapes, logits_bytes: int, *,
-                     logits_in_use_at_peak: bool) -> int:
+def fsdp_cache_bytes(
+    config: RunConfig, arch: Architecture, shapes: ParameterShapes, logits_bytes: int, *, logits_in_use_at_peak: bool
+) -> int:
     """What torch's allocator holds cached above the peak under FSDP2 (in place of the one-GPU cache fraction):
     blocks of the sizes FSDP's collectives and the loss come and go in, which later, smaller requests split. Two
     gathered 16-bit layers (the one computing and the one prefetched), where the weights train the fp32 unsharded

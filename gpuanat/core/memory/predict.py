@@ -115,14 +115,21 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     if arch.objective == "causal-lm" and config.liger:
         # Liger's fused loss holds no vocabulary-sized tensor: the decoder's activations as for a vocabulary of 0,
         # and the gradients the fused loss keeps for backward in their place
-        activations = (decoder_activations_bytes(config, dataclasses.replace(arch, vocab_size=0))[0]
-                       + liger_kept_bytes(config, arch) + held.half_weight_copies_bytes + CUBLAS_WORKSPACE_BYTES)
+        activations = (
+            decoder_activations_bytes(config, dataclasses.replace(arch, vocab_size=0))[0]
+            + liger_kept_bytes(config, arch)
+            + held.half_weight_copies_bytes
+            + CUBLAS_WORKSPACE_BYTES
+        )
     elif arch.objective == "causal-lm":
         activations, logits = decoder_activations_bytes(config, arch)
         activations += decoder_weight_casts_bytes(config, arch, shapes) + CUBLAS_WORKSPACE_BYTES
     else:
-        activations = (activations_bytes(config, arch, shapes) - half_weight_copies_bytes(config, shapes)
-                       + held.half_weight_copies_bytes)
+        activations = (
+            activations_bytes(config, arch, shapes)
+            - half_weight_copies_bytes(config, shapes)
+            + held.half_weight_copies_bytes
+        )
     head_unit = fsdp_tail_bytes(config, arch, shapes)
     activations += held.gathered_parameters_bytes + head_unit
     # Liger's chunks come and go in the forward pass, before backward's temporaries; QLoRA's dequantized weight
@@ -133,19 +140,30 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     # llama-3.1-8b with LoRA at seq 4096: 15.72 GiB measured, 15.70 so)
     fp32_logits = logits * 4 // logits_element_bytes(config)  # (none with Liger's fused loss)
     sixteen_bit_gradient = logits if fp32_logits != logits else 0
-    backward_temporaries = (fp32_logits + sixteen_bit_gradient if arch.objective == "causal-lm"
-                            else temporaries_bytes(config, arch))
-    temporaries = (max(backward_temporaries + dequantized_weight_bytes(config, arch),
-                       liger_transient_bytes(config, arch)) + held.communication_buffers_bytes)
+    backward_temporaries = (
+        fp32_logits + sixteen_bit_gradient if arch.objective == "causal-lm" else temporaries_bytes(config, arch)
+    )
+    temporaries = (
+        max(backward_temporaries + dequantized_weight_bytes(config, arch), liger_transient_bytes(config, arch))
+        + held.communication_buffers_bytes
+    )
     gradients_at_peak = held.gradients_at_peak_bytes
     # DDP's first buckets, which their rebuild as step 2 begins may leave to a rank (`ddp_first_buckets_may_outlive`)
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries + held.first_buckets_bytes
     # Late in backward with checkpointing, the kept inputs are mostly freed, but nearly all gradients exist while
     # the first layer is recomputed; then the optimizer step, with its own temporaries: at small batches, the peak.
     step_temporaries = held.step_temporaries_bytes or optimizer_step_temporaries_bytes(config, shapes)
-    first_step_peak = (weights + gradients + optimizer + CUBLAS_WORKSPACE_BYTES
-                       + max(temporaries if config.grad_checkpointing else 0, step_temporaries,
-                             fsdp_backward_units_bytes(config, arch, shapes)))
+    first_step_peak = (
+        weights
+        + gradients
+        + optimizer
+        + CUBLAS_WORKSPACE_BYTES
+        + max(
+            temporaries if config.grad_checkpointing else 0,
+            step_temporaries,
+            fsdp_backward_units_bytes(config, arch, shapes),
+        )
+    )
     # Under FSDP2 the loss is computed while the LM head's unit is held twice, its all-gather buffer beside its
     # unsharded parameters, and beside the log-softmax it keeps, the logits upcast to fp32 (a memory snapshot of
     # llama-3.1-8b with LoRA on 2 H200s, benchmarks/results/h200x2/lora_peak/: the peak there, 11.23 GiB at seq 1024,
@@ -166,17 +184,27 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         cache_fraction = coefficients(config).cache_fraction
         moment_fragmentation = int(coefficients(config).moment_fragmentation * large_moment_bytes(config, shapes))
     return MemoryEstimate(
-        weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=optimizer,
-        activations_bytes=activations, gradients_at_peak_bytes=gradients_at_peak, temporaries_bytes=temporaries,
-        autocast_cache_bytes=autocast_cache, step_temporaries_bytes=step_temporaries,
+        weights_bytes=weights,
+        gradients_bytes=gradients,
+        optimizer_state_bytes=optimizer,
+        activations_bytes=activations,
+        gradients_at_peak_bytes=gradients_at_peak,
+        temporaries_bytes=temporaries,
+        autocast_cache_bytes=autocast_cache,
+        step_temporaries_bytes=step_temporaries,
         peak_allocated_bytes=peak_allocated,
-        cache_fraction=cache_fraction, moment_fragmentation_bytes=moment_fragmentation,
-        communication_buffers_bytes=held.communication_buffers_bytes, ranks=config.ranks or 1,
-        distributed=config.distributed, logits_bytes=logits,
-        sharded_cache_bytes=fsdp_cache_bytes(config, arch, shapes, fp32_logits,
-                                             logits_in_use_at_peak=peak_allocated > first_step_peak),
-        first_buckets_bytes=held.first_buckets_bytes if forward_end_peak >= max(first_step_peak, forward_return_peak,
-                                                                                 loss_peak) else 0,
+        cache_fraction=cache_fraction,
+        moment_fragmentation_bytes=moment_fragmentation,
+        communication_buffers_bytes=held.communication_buffers_bytes,
+        ranks=config.ranks or 1,
+        distributed=config.distributed,
+        logits_bytes=logits,
+        sharded_cache_bytes=fsdp_cache_bytes(
+            config, arch, shapes, fp32_logits, logits_in_use_at_peak=peak_allocated > first_step_peak
+        ),
+        first_buckets_bytes=held.first_buckets_bytes
+        if forward_end_peak >= max(first_step_peak, forward_return_peak, loss_peak)
+        else 0,
         step_segments_above_peak_bytes=step_segments_above_peak,
     )
 
@@ -222,8 +250,21 @@ MEASURED_DECODER_FAMILIES = ("llama", "qwen2")
 MEASURED_SHARDED_DECODER_FAMILIES = (*MEASURED_DECODER_FAMILIES, "mistral")
 """Decoder families measured under FSDP2 on 2 and 4 H200s against a plain Trainer (docs/several-gpus.md):
 llama-3.1-8b, qwen2.5-7b, mistral-7b."""
-CHECKED_MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "opt", "gpt_neox", "gemma3_text", "granitemoe", "olmo2", "bert",
-                          "distilbert", "phi", "stablelm", "bloom")
+CHECKED_MODEL_FAMILIES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "opt",
+    "gpt_neox",
+    "gemma3_text",
+    "granitemoe",
+    "olmo2",
+    "bert",
+    "distilbert",
+    "phi",
+    "stablelm",
+    "bloom",
+)
 """Families whose configs (--model) were checked against plain Trainer runs on the H100 (docs/any-model.md)."""
 
 
@@ -234,8 +275,7 @@ def prediction_caveat(config: RunConfig) -> str | None:
     arch = architecture_of(config)
     notes = list(arch.assumed)
     if config.model is not None and not arch.assumed and arch.family not in CHECKED_MODEL_FAMILIES:
-        notes.append(f"no {arch.family} model was measured (its layers are read from the config and the family's "
-                     "code)")
+        notes.append(f"no {arch.family} model was measured (its layers are read from the config and the family's code)")
     if arch.experts and config.lora and arch.family != "granitemoe":
         notes.append("PEFT adapts some families' experts and router (Mixtral's), which the adapters here leave out")
     if arch.objective == "causal-lm":
@@ -249,8 +289,10 @@ def prediction_caveat(config: RunConfig) -> str | None:
         if config.load_in_4bit and not config.grad_checkpointing:
             notes.append("QLoRA was measured with checkpointing only (its fp32 residual stream is modelled)")
         if config.liger or config.liger_layers:
-            notes.append("Liger was checked with liger-kernel 0.8.5 on six families, one GPU, without checkpointing "
-                         "(with its fused loss and LoRA: 1-4% low)")
+            notes.append(
+                "Liger was checked with liger-kernel 0.8.5 on six families, one GPU, without checkpointing "
+                "(with its fused loss and LoRA: 1-4% low)"
+            )
         if config.liger_layers and arch.experts:
             notes.append("Liger's kernels in a mixture of experts' experts are not modelled (counted as without)")
         notes += sharded_decoder_notes(config)
@@ -271,13 +313,16 @@ def sharded_decoder_notes(config: RunConfig) -> list[str]:
         return ["decoders were not measured under ddp on several GPUs"]
     notes = []
     if config.distributed in ("zero1", "zero2"):
-        notes.append("decoders under ZeRO-1/2 were measured at one length (llama-3.1-8b, seq 1024, ZeRO-2 on 2 and 4 "
-                     "GPUs), and their step's copies fitted on 2")
+        notes.append(
+            "decoders under ZeRO-1/2 were measured at one length (llama-3.1-8b, seq 1024, ZeRO-2 on 2 and 4 "
+            "GPUs), and their step's copies fitted on 2"
+        )
     if not config.grad_checkpointing:
         notes.append(f"decoders under {config.distributed} were measured with checkpointing only")
     if (config.ranks or 1) > 4:
-        notes.append("decoders on several GPUs were measured on 2 and 4 (the allocator's cache under FSDP2 was "
-                     "fitted there)")
+        notes.append(
+            "decoders on several GPUs were measured on 2 and 4 (the allocator's cache under FSDP2 was fitted there)"
+        )
     return notes
 
 
@@ -289,8 +334,9 @@ fitted rows: 0.14-0.84 GiB)."""
 def peak_reserved_bytes(estimate: MemoryEstimate) -> int:
     """Memory torch's allocator will have reserved at the peak. Away from the memory limit the segments that
     optimizer moments split cost nothing (the allocator just holds more), so only the cache fraction counts."""
-    cache = estimate.sharded_cache_bytes or max(estimate.cache_fraction * estimate.peak_allocated_bytes,
-                                                ALLOCATOR_CACHE_MIN_BYTES)
+    cache = estimate.sharded_cache_bytes or max(
+        estimate.cache_fraction * estimate.peak_allocated_bytes, ALLOCATOR_CACHE_MIN_BYTES
+    )
     return int(estimate.peak_allocated_bytes + cache + estimate.step_segments_above_peak_bytes)
 
 
@@ -323,12 +369,16 @@ def max_batch_caveat(config: RunConfig) -> str | None:
     if not (is_mixed(config) and config.grad_checkpointing):
         return None
     if config.expandable_segments and config.optim in ("adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit"):
-        return ("with expandable segments, mixed precision, checkpointing and this optimizer, an H100 ran out of "
-                "memory at this prediction (bf16 20 MB short, and 8 fewer trained); `gpuanat fit` finds the real one")
+        return (
+            "with expandable segments, mixed precision, checkpointing and this optimizer, an H100 ran out of "
+            "memory at this prediction (bf16 20 MB short, and 8 fewer trained); `gpuanat fit` finds the real one"
+        )
     if not config.expandable_segments and config.optim in ("adafactor", "adamw_bnb_8bit"):
-        return ("with mixed precision, checkpointing and this optimizer the allocator's fragmentation near the limit "
-                "is not predicted: on an H100 this prediction ran out of memory; `gpuanat fit` finds the real one, "
-                "and --expandable-segments fits a larger batch")
+        return (
+            "with mixed precision, checkpointing and this optimizer the allocator's fragmentation near the limit "
+            "is not predicted: on an H100 this prediction ran out of memory; `gpuanat fit` finds the real one, "
+            "and --expandable-segments fits a larger batch"
+        )
     return None
 
 

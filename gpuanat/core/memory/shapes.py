@@ -48,8 +48,19 @@ MODULE_NAMES: dict[str, dict[str, str]] = {
     "gpt2": {"qkv": "c_attn", "o": "c_proj", "fc1": "c_fc", "fc2": "c_proj"},
 }
 """Module names of a layer's projections where a family does not use Llama's (q_proj … down_proj, fc1, fc2)."""
-_DEFAULT_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_proj", "gate": "gate_proj",
-                  "up": "up_proj", "gate_up": "gate_up_proj", "down": "down_proj", "fc1": "fc1", "fc2": "fc2"}
+_DEFAULT_NAMES = {
+    "q": "q_proj",
+    "k": "k_proj",
+    "v": "v_proj",
+    "qkv": "qkv_proj",
+    "o": "o_proj",
+    "gate": "gate_proj",
+    "up": "up_proj",
+    "gate_up": "gate_up_proj",
+    "down": "down_proj",
+    "fc1": "fc1",
+    "fc2": "fc2",
+}
 
 
 def _named(arch: Architecture, roles: list[tuple[str, tuple[int, int]]]) -> list[tuple[str, tuple[int, int]]]:
@@ -83,8 +94,9 @@ def layer_linears(arch: Architecture, moe: bool = False) -> list[tuple[str, tupl
     experts' layer has its attention's and its shared expert's (the experts are 3-D weights, the router neither)."""
     if not moe:
         return attention_linears(arch) + mlp_linears(arch)
-    shared = (gated_mlp_linears(arch, arch.shared_expert_intermediate_size)
-              if arch.shared_expert_intermediate_size else [])
+    shared = (
+        gated_mlp_linears(arch, arch.shared_expert_intermediate_size) if arch.shared_expert_intermediate_size else []
+    )
     if arch.shared_expert_gate:
         shared.append(("shared_expert_gate", (1, arch.hidden_size)))
     return attention_linears(arch) + shared
@@ -93,8 +105,10 @@ def layer_linears(arch: Architecture, moe: bool = False) -> list[tuple[str, tupl
 def model_linears(arch: Architecture) -> list[tuple[str, tuple[int, int]]]:
     """Linear layers outside the layers but the LM head: OPT's projections into and out of a narrower embedding."""
     if arch.embedding_size and arch.objective == "causal-lm":
-        return [("project_in", (arch.hidden_size, arch.embedding_size)),
-                ("project_out", (arch.embedding_size, arch.hidden_size))]
+        return [
+            ("project_in", (arch.hidden_size, arch.embedding_size)),
+            ("project_out", (arch.embedding_size, arch.hidden_size)),
+        ]
     return []
 
 
@@ -212,10 +226,15 @@ def parameter_shapes(model: Architecture | ModelPreset) -> ParameterShapes:
     else:
         matrices, vectors, embedding_tensors, buffer_bytes = _encoder_shapes(arch)
     params = sum(rows * cols for rows, cols in matrices) + sum(vectors)
-    return ParameterShapes(params=params, tensors=len(matrices) + len(vectors), matrices=tuple(matrices),
-                           vectors=tuple(vectors),
-                           embedding_params=sum(r * c for r, c in matrices[:embedding_tensors]),
-                           embedding_tensors=embedding_tensors, buffer_bytes=buffer_bytes)
+    return ParameterShapes(
+        params=params,
+        tensors=len(matrices) + len(vectors),
+        matrices=tuple(matrices),
+        vectors=tuple(vectors),
+        embedding_params=sum(r * c for r, c in matrices[:embedding_tensors]),
+        embedding_tensors=embedding_tensors,
+        buffer_bytes=buffer_bytes,
+    )
 
 
 def _adapted_layer_linears(arch: Architecture, config: RunConfig, moe: bool = False) -> list[tuple[int, int]]:
@@ -226,15 +245,17 @@ def _adapted_layer_linears(arch: Architecture, config: RunConfig, moe: bool = Fa
         adapted = lora_target_names(arch, config)
         return [shape for name, shape in layer_linears(arch, moe) if name in adapted]
     full = parameter_shapes(arch)
-    return list(full.matrices[full.embedding_tensors:])
+    return list(full.matrices[full.embedding_tensors :])
 
 
 def _adapted_linears(arch: Architecture, config: RunConfig) -> list[tuple[int, int]]:
     """Every linear layer LoRA adapts in the model."""
     if arch.objective != "causal-lm":
         return _adapted_layer_linears(arch, config)
-    adapted = (_adapted_layer_linears(arch, config) * arch.dense_layers
-               + _adapted_layer_linears(arch, config, moe=True) * arch.moe_layers)
+    adapted = (
+        _adapted_layer_linears(arch, config) * arch.dense_layers
+        + _adapted_layer_linears(arch, config, moe=True) * arch.moe_layers
+    )
     targets = lora_target_names(arch, config)
     return adapted + [shape for name, shape in model_linears(arch) if name in targets]
 
@@ -242,10 +263,18 @@ def _adapted_linears(arch: Architecture, config: RunConfig) -> list[tuple[int, i
 def lora_shapes(model: Architecture | ModelPreset, config: RunConfig) -> ParameterShapes:
     """The LoRA adapters' parameters: A (rank × in) and B (out × rank) on each adapted linear layer."""
     rank = config.lora
-    matrices = [shape for out, inp in _adapted_linears(as_architecture(model), config)
-                for shape in ((rank, inp), (out, rank))]
-    return ParameterShapes(params=sum(r * c for r, c in matrices), tensors=len(matrices), matrices=tuple(matrices),
-                           vectors=(), embedding_params=0, embedding_tensors=0, buffer_bytes=0)
+    matrices = [
+        shape for out, inp in _adapted_linears(as_architecture(model), config) for shape in ((rank, inp), (out, rank))
+    ]
+    return ParameterShapes(
+        params=sum(r * c for r, c in matrices),
+        tensors=len(matrices),
+        matrices=tuple(matrices),
+        vectors=(),
+        embedding_params=0,
+        embedding_tensors=0,
+        buffer_bytes=0,
+    )
 
 
 def lora_adapted_inputs_per_layer(model: Architecture | ModelPreset, config: RunConfig) -> int:
@@ -259,6 +288,8 @@ def quantized_matrices(model: Architecture | ModelPreset) -> list[tuple[int, int
     """The matrices QLoRA holds in 4 bits: every linear layer of a decoder. Transformers keeps the output embeddings
     (the LM head, tied or not) and the input embeddings, which are no linear layers, out."""
     arch = as_architecture(model)
-    return ([shape for _, shape in layer_linears(arch)] * arch.dense_layers
-            + [shape for _, shape in layer_linears(arch, moe=True)] * arch.moe_layers
-            + [shape for _, shape in model_linears(arch)])
+    return (
+        [shape for _, shape in layer_linears(arch)] * arch.dense_layers
+        + [shape for _, shape in layer_linears(arch, moe=True)] * arch.moe_layers
+        + [shape for _, shape in model_linears(arch)]
+    )

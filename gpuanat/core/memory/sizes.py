@@ -4,8 +4,21 @@
 from __future__ import annotations
 
 MIB = 1024**2
-SIZE_UNITS = {"b": 1, "kib": 1024, "mib": MIB, "gib": 1024**3, "tib": 1024**4, "k": 1024, "m": MIB,
-              "g": 1024**3, "t": 1024**4, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+SIZE_UNITS = {
+    "b": 1,
+    "kib": 1024,
+    "mib": MIB,
+    "gib": 1024**3,
+    "tib": 1024**4,
+    "k": 1024,
+    "m": MIB,
+    "g": 1024**3,
+    "t": 1024**4,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+}
 MIN_GPU_MEMORY_BYTES = 64 * MIB
 """Below this a size is no GPU's memory: the CUDA context alone takes about 500 MiB. Mostly a forgotten unit."""
 MAX_GPU_MEMORY_BYTES = 64 * 1024**4
@@ -17,7 +30,7 @@ def parse_size(text: str) -> int:
     is refused (is '24' GiB or bytes?), and so is a size no GPU has."""
     stripped = text.strip().replace(" ", "").lower()
     number = stripped.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = stripped[len(number):]
+    unit = stripped[len(number) :]
     try:
         value = float(number)
     except ValueError:

@@ -26,8 +26,10 @@ TOP_KERNELS = 5
 
 def operations_anatomy(event: Operations) -> dict[str, Any]:
     """The JSON of a run's `operations_anatomy`: one entry a group (`GROUPS`) and the profile's own figures."""
-    totals = {group: {"time_s": 0.0, "calls": 0, "flops": 0.0, "bytes": 0.0, "uncounted_time_s": 0.0,
-                      "rows": []} for group in GROUPS}
+    totals = {
+        group: {"time_s": 0.0, "calls": 0, "flops": 0.0, "bytes": 0.0, "uncounted_time_s": 0.0, "rows": []}
+        for group in GROUPS
+    }
     for row in event.kernels:
         entry = totals[row.group if row.group in GROUPS else "other"]
         entry["time_s"] += row.time_s
@@ -45,8 +47,9 @@ def operations_anatomy(event: Operations) -> dict[str, Any]:
         rows = sorted(entry["rows"], key=lambda row: row.time_s, reverse=True)[:TOP_KERNELS]
         anatomy[group] = {
             "time_share": time_s / device_time_s if device_time_s > 0 else None,
-            "flop_share": (entry["flops"] / flops if flops > 0 and (entry["flops"] or not entry["uncounted_time_s"])
-                           else None),
+            "flop_share": (
+                entry["flops"] / flops if flops > 0 and (entry["flops"] or not entry["uncounted_time_s"]) else None
+            ),
             "time_s": time_s,
             "calls": entry["calls"],
             "flops": entry["flops"],
@@ -54,25 +57,34 @@ def operations_anatomy(event: Operations) -> dict[str, Any]:
             "bytes": entry["bytes"] or None,
             "gb_per_s": entry["bytes"] / time_s / 1e9 if time_s > 0 and entry["bytes"] else None,
             "uncounted_flops_time_share": entry["uncounted_time_s"] / time_s if time_s > 0 else None,
-            "top_kernels": [{"name": row.name, "op": row.op, "calls": row.calls, "time_s": row.time_s,
-                             "time_share": row.time_s / device_time_s if device_time_s > 0 else None}
-                            for row in rows],
+            "top_kernels": [
+                {
+                    "name": row.name,
+                    "op": row.op,
+                    "calls": row.calls,
+                    "time_s": row.time_s,
+                    "time_share": row.time_s / device_time_s if device_time_s > 0 else None,
+                }
+                for row in rows
+            ],
         }
-    anatomy.update({
-        "profiled_steps": event.profiled_steps,
-        "first_step": event.first_step,
-        "source": "torch.profiler",
-        "device": event.device,
-        "unit": "GPU kernels and memory copies" if event.device == "cuda" else "CPU operators' own time",
-        "device_time_s": device_time_s,
-        "wall_s": event.wall_s,
-        "busy_share": device_time_s / event.wall_s if event.wall_s > 0 and event.device == "cuda" else None,
-        "processing_s": event.processing_s,
-        "flops": flops,
-        "trace_path": event.trace_path,
-        "trace_error": event.trace_error,
-        "kernels": [dataclasses.asdict(row) for row in event.kernels],
-    })
+    anatomy.update(
+        {
+            "profiled_steps": event.profiled_steps,
+            "first_step": event.first_step,
+            "source": "torch.profiler",
+            "device": event.device,
+            "unit": "GPU kernels and memory copies" if event.device == "cuda" else "CPU operators' own time",
+            "device_time_s": device_time_s,
+            "wall_s": event.wall_s,
+            "busy_share": device_time_s / event.wall_s if event.wall_s > 0 and event.device == "cuda" else None,
+            "processing_s": event.processing_s,
+            "flops": flops,
+            "trace_path": event.trace_path,
+            "trace_error": event.trace_error,
+            "kernels": [dataclasses.asdict(row) for row in event.kernels],
+        }
+    )
     return anatomy
 
 
@@ -119,12 +131,18 @@ def table_rows(anatomy: Mapping[str, Any]) -> list[dict[str, Any]]:
         entry = anatomy.get(group) if isinstance(anatomy.get(group), Mapping) else {}
         paper = PAPER.get(group)
         top = entry.get("top_kernels") or []
-        rows.append({
-            "group": group, "label": GROUP_LABELS[group],
-            "time_share": group_share(anatomy, group), "flop_share": group_share(anatomy, group, "flop_share"),
-            "paper_time_share": paper[1] if paper else None, "paper_flop_share": paper[0] if paper else None,
-            "tflops_per_s": entry.get("tflops_per_s"), "gb_per_s": entry.get("gb_per_s"),
-            "time_s": entry.get("time_s"),
-            "top_kernel": top[0].get("name") if top and isinstance(top[0], Mapping) else None,
-        })
+        rows.append(
+            {
+                "group": group,
+                "label": GROUP_LABELS[group],
+                "time_share": group_share(anatomy, group),
+                "flop_share": group_share(anatomy, group, "flop_share"),
+                "paper_time_share": paper[1] if paper else None,
+                "paper_flop_share": paper[0] if paper else None,
+                "tflops_per_s": entry.get("tflops_per_s"),
+                "gb_per_s": entry.get("gb_per_s"),
+                "time_s": entry.get("time_s"),
+                "top_kernel": top[0].get("name") if top and isinstance(top[0], Mapping) else None,
+            }
+        )
     return rows

@@ -15,9 +15,14 @@ from __future__ import annotations
 import re
 
 GROUPS = ("contractions", "normalizations", "elementwise", "optimizer", "memory_copies", "other")
-GROUP_LABELS = {"contractions": "tensor contractions", "normalizations": "normalizations",
-                "elementwise": "element-wise", "optimizer": "optimizer", "memory_copies": "memory copies",
-                "other": "other"}
+GROUP_LABELS = {
+    "contractions": "tensor contractions",
+    "normalizations": "normalizations",
+    "elementwise": "element-wise",
+    "optimizer": "optimizer",
+    "memory_copies": "memory copies",
+    "other": "other",
+}
 GROUP_MEANINGS = {
     "contractions": "matrix products: linear layers (GEMMs), attention's batched products and fused attention kernels",
     "normalizations": "softmax, layer/RMS norm, the loss and other reductions (sums of bias gradients)",
@@ -33,54 +38,201 @@ def _words(*patterns: str) -> re.Pattern[str]:
 
 
 CONTRACTION_KERNEL = _words(
-    r"gemm", r"gemv", r"xmma", r"cutlass", r"cublas", r"nvjet", r"wgmma", r"splitkreduce", r"flash_", r"fmha",
-    r"sdpa", r"attention", r"triton_tem_", r"_matmul", r"matmul_", r"mm_kernel",
+    r"gemm",
+    r"gemv",
+    r"xmma",
+    r"cutlass",
+    r"cublas",
+    r"nvjet",
+    r"wgmma",
+    r"splitkreduce",
+    r"flash_",
+    r"fmha",
+    r"sdpa",
+    r"attention",
+    r"triton_tem_",
+    r"_matmul",
+    r"matmul_",
+    r"mm_kernel",
 )
 """Kernels of matrix products, by name: cuBLAS (sm90_xmma_gemm_…, nvjet_…, splitKreduce_kernel), CUTLASS, flash and
 memory-efficient attention (flash_fwd_kernel, fmha_cutlassF_…), cuDNN's fused attention, Triton templates."""
 TRITON_REDUCTION = re.compile(r"^triton_(per|red)_", re.IGNORECASE)
 TRITON_POINTWISE = re.compile(r"^triton_poi_", re.IGNORECASE)
 NORMALIZATION_KERNEL = _words(
-    r"softmax", r"layer_?norm", r"rms_?norm", r"group_?norm", r"batch_?norm", r"gammabeta", r"rowwisemoments",
-    r"welford", r"nll_loss", r"cross_?entropy", r"cunn_", r"norm_kernel", r"compute_?internal_?gradients",
+    r"softmax",
+    r"layer_?norm",
+    r"rms_?norm",
+    r"group_?norm",
+    r"batch_?norm",
+    r"gammabeta",
+    r"rowwisemoments",
+    r"welford",
+    r"nll_loss",
+    r"cross_?entropy",
+    r"cunn_",
+    r"norm_kernel",
+    r"compute_?internal_?gradients",
 )
 ELEMENTWISE_KERNEL = _words(
-    r"elementwise", r"dropout", r"direct_copy", r"copy_kernel", r"fill", r"gelu", r"silu", r"swiglu", r"geglu",
-    r"rope", r"catarraybatchedcopy", r"where", r"masked", r"bernoulli", r"pointwise", r"tanh", r"cast", r"element_",
+    r"elementwise",
+    r"dropout",
+    r"direct_copy",
+    r"copy_kernel",
+    r"fill",
+    r"gelu",
+    r"silu",
+    r"swiglu",
+    r"geglu",
+    r"rope",
+    r"catarraybatchedcopy",
+    r"where",
+    r"masked",
+    r"bernoulli",
+    r"pointwise",
+    r"tanh",
+    r"cast",
+    r"element_",
 )
 REDUCTION_KERNEL = _words(r"reduce_kernel", r"reduction", r"reduce_")
 OPTIMIZER_KERNEL = _words(r"multi_tensor_apply", r"adam", r"foreach", r"8bit", r"optimizer")
 OTHER_KERNEL = _words(r"nccl", r"index", r"embedding", r"scatter", r"gather", r"sort", r"segment", r"unique")
 
-CONTRACTION_OPS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "einsum", "addmv", "mv", "dot",
-    "convolution", "_convolution", "convolution_backward", "conv1d", "conv2d",
-    "scaled_dot_product_attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
-    "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
-    "_efficient_attention_backward", "_scaled_dot_product_attention_math",
-})
-NORMALIZATION_OPS = frozenset({
-    "softmax", "_softmax", "_softmax_backward_data", "log_softmax", "_log_softmax", "_log_softmax_backward_data",
-    "_safe_softmax", "layer_norm", "native_layer_norm", "native_layer_norm_backward", "rms_norm", "_fused_rms_norm",
-    "_fused_rms_norm_backward", "group_norm", "native_group_norm", "native_group_norm_backward", "batch_norm",
-    "native_batch_norm", "native_batch_norm_backward", "sum", "mean", "var", "std", "var_mean", "norm",
-    "linalg_vector_norm", "nll_loss", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward",
-    "cross_entropy_loss", "amax", "amin", "max", "min", "logsumexp", "cumsum", "prod", "all", "any",
-})
-OTHER_OPS = frozenset({
-    "embedding", "embedding_backward", "embedding_dense_backward", "index_select", "index", "index_put_",
-    "_index_put_impl_", "gather", "scatter", "scatter_add_", "sort", "argsort", "topk", "unique", "nonzero",
-})
+CONTRACTION_OPS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "matmul",
+        "linear",
+        "_scaled_mm",
+        "einsum",
+        "addmv",
+        "mv",
+        "dot",
+        "convolution",
+        "_convolution",
+        "convolution_backward",
+        "conv1d",
+        "conv2d",
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_cudnn_attention_backward",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_flash_attention_forward",
+        "_flash_attention_backward",
+        "_efficient_attention_forward",
+        "_efficient_attention_backward",
+        "_scaled_dot_product_attention_math",
+    }
+)
+NORMALIZATION_OPS = frozenset(
+    {
+        "softmax",
+        "_softmax",
+        "_softmax_backward_data",
+        "log_softmax",
+        "_log_softmax",
+        "_log_softmax_backward_data",
+        "_safe_softmax",
+        "layer_norm",
+        "native_layer_norm",
+        "native_layer_norm_backward",
+        "rms_norm",
+        "_fused_rms_norm",
+        "_fused_rms_norm_backward",
+        "group_norm",
+        "native_group_norm",
+        "native_group_norm_backward",
+        "batch_norm",
+        "native_batch_norm",
+        "native_batch_norm_backward",
+        "sum",
+        "mean",
+        "var",
+        "std",
+        "var_mean",
+        "norm",
+        "linalg_vector_norm",
+        "nll_loss",
+        "nll_loss_forward",
+        "nll_loss_backward",
+        "nll_loss2d_forward",
+        "cross_entropy_loss",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "logsumexp",
+        "cumsum",
+        "prod",
+        "all",
+        "any",
+    }
+)
+OTHER_OPS = frozenset(
+    {
+        "embedding",
+        "embedding_backward",
+        "embedding_dense_backward",
+        "index_select",
+        "index",
+        "index_put_",
+        "_index_put_impl_",
+        "gather",
+        "scatter",
+        "scatter_add_",
+        "sort",
+        "argsort",
+        "topk",
+        "unique",
+        "nonzero",
+    }
+)
 """Operators that move rows by index rather than compute (and the collectives): in "other", named."""
-VIEW_OR_ALLOCATION_OPS = frozenset({
-    "empty", "empty_like", "empty_strided", "view", "reshape", "_reshape_alias", "as_strided", "transpose", "t",
-    "permute", "expand", "select", "slice", "unsqueeze", "squeeze", "detach", "alias", "split", "chunk",
-    "unbind", "narrow", "_unsafe_view", "resize_", "set_", "lift_fresh", "result_type", "is_nonzero", "item",
-    "_local_scalar_dense", "size", "stride", "numel", "contiguous",
-})
+VIEW_OR_ALLOCATION_OPS = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "view",
+        "reshape",
+        "_reshape_alias",
+        "as_strided",
+        "transpose",
+        "t",
+        "permute",
+        "expand",
+        "select",
+        "slice",
+        "unsqueeze",
+        "squeeze",
+        "detach",
+        "alias",
+        "split",
+        "chunk",
+        "unbind",
+        "narrow",
+        "_unsafe_view",
+        "resize_",
+        "set_",
+        "lift_fresh",
+        "result_type",
+        "is_nonzero",
+        "item",
+        "_local_scalar_dense",
+        "size",
+        "stride",
+        "numel",
+        "contiguous",
+    }
+)
 """CPU operators that compute nothing (views, allocations): their own time on a CPU run is "other"."""
 
 
@@ -144,9 +296,13 @@ def group_of(name: str, op: str | None, *, optimizer: bool, device: str) -> str:
     by_op = group_of_op(op)
     if by_op is not None:
         return by_op
-    for pattern, group in ((NORMALIZATION_KERNEL, "normalizations"), (OPTIMIZER_KERNEL, "optimizer"),
-                           (ELEMENTWISE_KERNEL, "elementwise"), (OTHER_KERNEL, "other"),
-                           (REDUCTION_KERNEL, "normalizations")):
+    for pattern, group in (
+        (NORMALIZATION_KERNEL, "normalizations"),
+        (OPTIMIZER_KERNEL, "optimizer"),
+        (ELEMENTWISE_KERNEL, "elementwise"),
+        (OTHER_KERNEL, "other"),
+        (REDUCTION_KERNEL, "normalizations"),
+    ):
         if pattern.search(name):
             return group
     return "other"

@@ -17,15 +17,43 @@ from gpuanat.core.operations.classify import op_base
 
 Shapes = Sequence[Sequence[int]]
 
-DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
-               "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
-               "c10::Float8_e5m2": 1}
+DTYPE_BYTES = {
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "long int": 8,
+    "int": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+}
 """torch.profiler's dtype names → bytes an element."""
 FLOPS_PER_ELEMENT = {"normalizations": 5, "elementwise": 1}
 """Estimated FLOPs an element of the largest tensor: softmax (max, subtract, exponent, sum, divide) and layer norm
 (mean, variance, normalise, scale, shift) about 5; an element-wise operator 1."""
-REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "all", "any", "prod", "cumsum", "norm",
-                        "linalg_vector_norm", "nll_loss", "nll_loss_forward", "nll_loss_backward"})
+REDUCTIONS = frozenset(
+    {
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "all",
+        "any",
+        "prod",
+        "cumsum",
+        "norm",
+        "linalg_vector_norm",
+        "nll_loss",
+        "nll_loss_forward",
+        "nll_loss_backward",
+    }
+)
 """Normalizations that only reduce (a sum, a norm, the loss's pick): 1 FLOP an element."""
 
 
@@ -59,13 +87,20 @@ def contraction_flops(op: str, shapes: Shapes) -> int | None:
             return _matmul(shapes[0], shapes[1])
         if base in ("addmm", "baddbmm"):
             return _matmul(shapes[1], shapes[2])
-        if base in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-                    "scaled_dot_product_attention"):
+        if base in (
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_flash_attention_for_cpu",
+            "scaled_dot_product_attention",
+        ):
             return _attention(shapes, backward=False)
-        if base in ("_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
-                    "_scaled_dot_product_cudnn_attention_backward",
-                    "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        if base in (
+            "_scaled_dot_product_flash_attention_backward",
+            "_scaled_dot_product_efficient_attention_backward",
+            "_scaled_dot_product_cudnn_attention_backward",
+            "_scaled_dot_product_flash_attention_for_cpu_backward",
+        ):
             return _attention(shapes, backward=True)
     except (IndexError, TypeError):
         return None
@@ -85,8 +120,11 @@ def estimated_flops(group: str, shapes: Shapes, op: str | None = None) -> int | 
 def moved_bytes(op: str, shapes: Shapes, dtypes: Sequence[str]) -> int | None:
     """Bytes an operator reads (its tensor arguments) and writes (one output: the product's for a matmul, else the
     size of its largest argument); None when no argument's dtype is known."""
-    sizes = [_numel(shape) * DTYPE_BYTES[dtype] for shape, dtype in zip(shapes, dtypes, strict=False)
-             if dtype in DTYPE_BYTES and shape]
+    sizes = [
+        _numel(shape) * DTYPE_BYTES[dtype]
+        for shape, dtype in zip(shapes, dtypes, strict=False)
+        if dtype in DTYPE_BYTES and shape
+    ]
     if not sizes:
         return None
     output = max(sizes)

@@ -125,9 +125,12 @@ class RunConfig:
         if self.workers:
             parts.append(f"workers{self.workers}")
         if self.lora:
-            parts.append(("qlora" if self.load_in_4bit else "lora") + str(self.lora)
-                         + (f"[{self.lora_targets}]" if self.lora_targets != "all-linear" else "")
-                         + (f" dropout{self.lora_dropout:g}" if self.lora_dropout else ""))
+            parts.append(
+                ("qlora" if self.load_in_4bit else "lora")
+                + str(self.lora)
+                + (f"[{self.lora_targets}]" if self.lora_targets != "all-linear" else "")
+                + (f" dropout{self.lora_dropout:g}" if self.lora_dropout else "")
+            )
         if self.liger:
             parts.append("liger")
         if self.liger_layers:
@@ -230,8 +233,9 @@ def _allocator_options(environment: Mapping[str, str]) -> list[tuple[str, str]]:
 
 def expandable_segments_enabled(environment: Mapping[str, str]) -> bool:
     """Whether `environment`'s `PYTORCH_CUDA_ALLOC_CONF` turns expandable segments on (the technique's default)."""
-    return any(name == "expandable_segments" and value.lower() == "true"
-               for name, value in _allocator_options(environment))
+    return any(
+        name == "expandable_segments" and value.lower() == "true" for name, value in _allocator_options(environment)
+    )
 
 
 def child_environment(config: RunConfig, base: Mapping[str, str]) -> dict[str, str]:

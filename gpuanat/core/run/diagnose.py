@@ -54,9 +54,14 @@ class Finding:
         return asdict(self)
 
 
-def step_time_breakdown(phases_s: Mapping[str, float] | None, steps: int | None, caught_up_steps: int | None,
-                        step_ends_s: Mapping[int, float], gpu_busy: Sequence[tuple[float, float]],
-                        warmup_steps: int | None) -> dict[str, Any] | None:
+def step_time_breakdown(
+    phases_s: Mapping[str, float] | None,
+    steps: int | None,
+    caught_up_steps: int | None,
+    step_ends_s: Mapping[int, float],
+    gpu_busy: Sequence[tuple[float, float]],
+    warmup_steps: int | None,
+) -> dict[str, Any] | None:
     """The result's `step_time_breakdown`: the steady steps' mean seconds a step by phase and each phase's share, the
     share of steps at which the GPU had caught up, and NVML's mean utilization over the same steps (between the end of
     the warm-up step and the last step's end on the shared monotonic clock). None without steady steps."""
@@ -64,8 +69,11 @@ def step_time_breakdown(phases_s: Mapping[str, float] | None, steps: int | None,
         return None
     total_s = sum(phases_s.values())
     window = (step_ends_s.get(warmup_steps or 0), max(step_ends_s.values(), default=None))
-    busy = ([percent for t_s, percent in gpu_busy if window[0] <= t_s <= window[1]]
-            if window[0] is not None and window[1] is not None else [])
+    busy = (
+        [percent for t_s, percent in gpu_busy if window[0] <= t_s <= window[1]]
+        if window[0] is not None and window[1] is not None
+        else []
+    )
     return {
         "steps": steps,
         "step_s": total_s / steps,
@@ -81,8 +89,9 @@ RATE_INDEPENDENT_FIELDS = {"samples", "epochs", "max_steps", "seed"}
 ONE_GPU_FIELDS = {"gpus": None, "distributed": "none", "nproc": 1}
 
 
-def reference_rates(config: Mapping[str, Any], runs: Sequence[tuple[Mapping[str, Any], str, Mapping[str, Any]]]
-                    ) -> dict[str, float | None]:
+def reference_rates(
+    config: Mapping[str, Any], runs: Sequence[tuple[Mapping[str, Any], str, Mapping[str, Any]]]
+) -> dict[str, float | None]:
     """From earlier runs (config, status, result), newest first: the steady samples/s of the same training on one GPU
     (`one_gpu_samples_per_second`) and without torch.compile (`eager_samples_per_second`), for `diagnose`."""
 
@@ -91,21 +100,33 @@ def reference_rates(config: Mapping[str, Any], runs: Sequence[tuple[Mapping[str,
         return all(other.get(key) == changed.get(key, config.get(key)) for key in keys)
 
     def newest(changed: Mapping[str, Any]) -> float | None:
-        return next((result.get("steady_samples_per_second") for other, status, result in runs
-                     if status == "ok" and result.get("steady_samples_per_second") and same(other, changed)), None)
+        return next(
+            (
+                result.get("steady_samples_per_second")
+                for other, status, result in runs
+                if status == "ok" and result.get("steady_samples_per_second") and same(other, changed)
+            ),
+            None,
+        )
 
     several = (config.get("gpus") not in (None, "1")) or (config.get("nproc") or 1) > 1
-    return {"one_gpu_samples_per_second": newest(ONE_GPU_FIELDS) if several else None,
-            "eager_samples_per_second": (newest({"compile": False, "compile_regions": False})
-                                         if config.get("compile") or config.get("compile_regions") else None)}
+    return {
+        "one_gpu_samples_per_second": newest(ONE_GPU_FIELDS) if several else None,
+        "eager_samples_per_second": (
+            newest({"compile": False, "compile_regions": False})
+            if config.get("compile") or config.get("compile_regions")
+            else None
+        ),
+    }
 
 
 LIVE_WINDOW_STEPS = 20
 """The dashboard's live breakdown and diagnosis: over this many latest steps (after the first, which warms up)."""
 
 
-def recent_breakdown(steps: Sequence[Any], gpu_busy: Sequence[tuple[float, float]],
-                     window_steps: int = LIVE_WINDOW_STEPS) -> dict[str, Any] | None:
+def recent_breakdown(
+    steps: Sequence[Any], gpu_busy: Sequence[tuple[float, float]], window_steps: int = LIVE_WINDOW_STEPS
+) -> dict[str, Any] | None:
     """`step_time_breakdown` of the latest `window_steps` steps (`protocol.Step`s with their phases), with NVML's
     utilization since the step before them ended: the dashboard's live strip. None before two steps have ended."""
     timed = [step for step in steps if step.phases_s is not None and step.step > 1][-window_steps:]
@@ -117,18 +138,24 @@ def recent_breakdown(steps: Sequence[Any], gpu_busy: Sequence[tuple[float, float
     first = timed[0].step - 1
     start_s = ends.get(first)
     # the dashboard keeps minutes of samples: at each step, only the window's are read (newest first, time-ordered)
-    recent = [] if start_s is None else list(itertools.takewhile(lambda sample: sample[0] >= start_s,
-                                                                  reversed(gpu_busy)))
-    return step_time_breakdown(phases, len(timed), sum(caught_up) if caught_up else None, ends, recent,
-                               first if start_s is not None else None)
+    recent = (
+        [] if start_s is None else list(itertools.takewhile(lambda sample: sample[0] >= start_s, reversed(gpu_busy)))
+    )
+    return step_time_breakdown(
+        phases, len(timed), sum(caught_up) if caught_up else None, ends, recent, first if start_s is not None else None
+    )
 
 
 def _percent(share: float) -> str:
     return f"{100 * share:.0f}%"
 
 
-def diagnose(result: Mapping[str, Any], *, one_gpu_samples_per_second: float | None = None,
-             eager_samples_per_second: float | None = None) -> list[Finding]:
+def diagnose(
+    result: Mapping[str, Any],
+    *,
+    one_gpu_samples_per_second: float | None = None,
+    eager_samples_per_second: float | None = None,
+) -> list[Finding]:
     """The findings for a run's result (its config, memory and `step_time_breakdown`), the main bottleneck first.
     `one_gpu_samples_per_second`: the same run on one GPU (several GPUs' scaling); `eager_samples_per_second`: the same
     run without torch.compile. Both from the history when it has them."""
@@ -140,24 +167,39 @@ def diagnose(result: Mapping[str, Any], *, one_gpu_samples_per_second: float | N
     total = result.get("device_memory_total_bytes")
     reserved = result.get("peak_reserved_bytes")
     if result.get("status") == "oom":
-        findings.insert(0, Finding("memory-bound", "the run ran out of GPU memory",
-                                   "--grad-checkpointing, --optim adamw_bnb_8bit, a smaller --batch-size with "
-                                   "--grad-accum to keep the effective batch, --expandable-segments"))
+        findings.insert(
+            0,
+            Finding(
+                "memory-bound",
+                "the run ran out of GPU memory",
+                "--grad-checkpointing, --optim adamw_bnb_8bit, a smaller --batch-size with "
+                "--grad-accum to keep the effective batch, --expandable-segments",
+            ),
+        )
     elif total and reserved and reserved / total >= MEMORY_BOUND_SHARE:
-        findings.append(Finding("memory-bound", f"reserved memory peaked at {_percent(reserved / total)} of the GPU",
-                                "little room left: --grad-checkpointing or --optim adamw_bnb_8bit frees memory; "
-                                "--expandable-segments cuts the allocator's fragmentation"))
+        findings.append(
+            Finding(
+                "memory-bound",
+                f"reserved memory peaked at {_percent(reserved / total)} of the GPU",
+                "little room left: --grad-checkpointing or --optim adamw_bnb_8bit frees memory; "
+                "--expandable-segments cuts the allocator's fragmentation",
+            )
+        )
     samples_per_second = result.get("steady_samples_per_second")
     ranks = len(result.get("ranks") or []) or 1
     if ranks > 1 and samples_per_second and one_gpu_samples_per_second:
         efficiency = samples_per_second / ranks / one_gpu_samples_per_second
         if efficiency < SCALING_EFFICIENCY_FLOOR:
-            findings.insert(0, Finding(
-                "communication-bound",
-                f"{ranks} GPUs trained {samples_per_second:.1f} samples/s, {_percent(efficiency)} of {ranks} × the "
-                f"{one_gpu_samples_per_second:.1f}/s of one GPU",
-                "a larger --batch-size or --grad-accum (fewer gradient exchanges a sample); FSDP/ZeRO only when "
-                "memory needs them"))
+            findings.insert(
+                0,
+                Finding(
+                    "communication-bound",
+                    f"{ranks} GPUs trained {samples_per_second:.1f} samples/s, {_percent(efficiency)} of {ranks} × the "
+                    f"{one_gpu_samples_per_second:.1f}/s of one GPU",
+                    "a larger --batch-size or --grad-accum (fewer gradient exchanges a sample); FSDP/ZeRO only when "
+                    "memory needs them",
+                ),
+            )
     if any(finding.bottleneck == "gpu-bound" for finding in findings):
         findings.extend(_data_movement_findings(config, result.get("operations_anatomy")))
     compile_stats = result.get("compile_stats")
@@ -167,8 +209,7 @@ def diagnose(result: Mapping[str, Any], *, one_gpu_samples_per_second: float | N
     return findings
 
 
-def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any],
-                   result: Mapping[str, Any]) -> list[Finding]:
+def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any], result: Mapping[str, Any]) -> list[Finding]:
     share = breakdown["share"]
     busy = breakdown.get("gpu_busy_percent")
     busy_text = f"; NVML: a kernel ran {busy:.0f}% of the time" if busy is not None else ""
@@ -176,23 +217,37 @@ def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any],
     # the batch to the device, behind the queued kernels: the Accelerate loop at 98% busy) is not waiting for data.
     if share["data"] >= INPUT_BOUND_DATA_SHARE and (busy is None or busy < HOST_BOUND_BUSY_PERCENT):
         workers = config.get("workers") or 0
-        return [Finding("input-bound", f"waiting for the next batch took {_percent(share['data'])} of each step"
-                        + busy_text,
-                        f"--workers {max(2, 2 * workers)}" + ("" if config.get("pin_memory") else " --pin-memory")
-                        + ": the DataLoader prepares batches in parallel with the step")]
+        return [
+            Finding(
+                "input-bound",
+                f"waiting for the next batch took {_percent(share['data'])} of each step" + busy_text,
+                f"--workers {max(2, 2 * workers)}"
+                + ("" if config.get("pin_memory") else " --pin-memory")
+                + ": the DataLoader prepares batches in parallel with the step",
+            )
+        ]
     if busy is None:  # no NVML (or the CPU): nothing says whether the GPU waited
         return []
     if busy < HOST_BOUND_BUSY_PERCENT:
-        evidence = (f"no kernel ran on the GPU {100 - busy:.0f}% of the time (NVML), while waiting for batches took "
-                    f"{_percent(share['data'])}")
+        evidence = (
+            f"no kernel ran on the GPU {100 - busy:.0f}% of the time (NVML), while waiting for batches took "
+            f"{_percent(share['data'])}"
+        )
         if share["optimizer"] >= OPTIMIZER_HEAVY_SHARE:
-            return [Finding("host-bound", evidence + f"; the optimizer step took {_percent(share['optimizer'])} of "
-                            "each step",
-                            f"{config.get('optim')} steps each tensor with kernels launched from Python: "
-                            "adamw_torch_fused does all of them in a few (if its 12 bytes a parameter fit), then a "
-                            "larger --batch-size")]
-        fix = ("a larger --batch-size (more work a kernel launch)" if (config.get("batch_size") or 0) < 64
-               else "fewer, larger kernels: torch.compile, fused kernels")
+            return [
+                Finding(
+                    "host-bound",
+                    evidence + f"; the optimizer step took {_percent(share['optimizer'])} of each step",
+                    f"{config.get('optim')} steps each tensor with kernels launched from Python: "
+                    "adamw_torch_fused does all of them in a few (if its 12 bytes a parameter fit), then a "
+                    "larger --batch-size",
+                )
+            ]
+        fix = (
+            "a larger --batch-size (more work a kernel launch)"
+            if (config.get("batch_size") or 0) < 64
+            else "fewer, larger kernels: torch.compile, fused kernels"
+        )
         if config.get("grad_checkpointing"):
             fix += "; without --grad-checkpointing if memory allows (it runs the forward twice)"
         return [Finding("host-bound", evidence, fix)]
@@ -218,7 +273,7 @@ def _data_movement_findings(config: Mapping[str, Any], anatomy: Any) -> list[Fin
     if share is None or share < DATA_MOVEMENT_SHARE:
         return []
     flops = [group_share(anatomy, group, "flop_share") for group in ("normalizations", "elementwise")]
-    flop_text = (f" for {100 * sum(flops):.2f}% of the FLOPs" if all(flop is not None for flop in flops) else "")
+    flop_text = f" for {100 * sum(flops):.2f}% of the FLOPs" if all(flop is not None for flop in flops) else ""
     fixes = []
     if config.get("attn") == "eager":
         fixes.append("--attn sdpa (the softmax fused into attention's kernel)")
@@ -228,9 +283,13 @@ def _data_movement_findings(config: Mapping[str, Any], anatomy: Any) -> list[Fin
         fixes.append("--liger --liger-layers (fused RMSNorm, SwiGLU, RoPE and loss)")
     if config.get("precision") == "fp32":
         fixes.append("--precision bf16 (half the bytes a value)")
-    return [Finding("data-movement", f"normalizations and element-wise operators took {_percent(share)} of the "
-                    f"profiled GPU time{flop_text}",
-                    "; ".join(fixes) if fixes else "the fusing techniques gpuanat has are on: this is what is left")]
+    return [
+        Finding(
+            "data-movement",
+            f"normalizations and element-wise operators took {_percent(share)} of the profiled GPU time{flop_text}",
+            "; ".join(fixes) if fixes else "the fusing techniques gpuanat has are on: this is what is left",
+        )
+    ]
 
 
 def _causal_lm(config: Mapping[str, Any]) -> bool:
@@ -243,8 +302,9 @@ def _causal_lm(config: Mapping[str, Any]) -> bool:
         return False
 
 
-def _compile_findings(stats: Mapping[str, int] | None, compiled_rate: float | None,
-                      eager_rate: float | None, flag: str) -> list[Finding]:
+def _compile_findings(
+    stats: Mapping[str, int] | None, compiled_rate: float | None, eager_rate: float | None, flag: str
+) -> list[Finding]:
     findings = []
     if stats:
         graphs, breaks, frames = stats.get("graphs", 0), stats.get("graph_breaks", 0), stats.get("frames", 1)
@@ -252,17 +312,27 @@ def _compile_findings(stats: Mapping[str, int] | None, compiled_rate: float | No
         # One recompilation a frame is Dynamo specialising once (LoRA's first layer gets hidden states without
         # grad, the others with); more is a guard that keeps failing, each time a compilation.
         if breaks or recompiles > frames:
-            findings.append(Finding("compile", f"torch.compile met {breaks} graph break(s) and compiled {graphs} "
-                                    f"graph(s) ({recompiles} recompilation(s))",
-                                    "each break runs eagerly between graphs: TORCH_LOGS=graph_breaks names them"))
+            findings.append(
+                Finding(
+                    "compile",
+                    f"torch.compile met {breaks} graph break(s) and compiled {graphs} "
+                    f"graph(s) ({recompiles} recompilation(s))",
+                    "each break runs eagerly between graphs: TORCH_LOGS=graph_breaks names them",
+                )
+            )
     if compiled_rate and eager_rate and compiled_rate < eager_rate:
-        findings.append(Finding("compile", f"compiled it trained {compiled_rate:.1f} samples/s, eager "
-                                f"{eager_rate:.1f}/s", f"leave {flag} off for this configuration"))
+        findings.append(
+            Finding(
+                "compile",
+                f"compiled it trained {compiled_rate:.1f} samples/s, eager {eager_rate:.1f}/s",
+                f"leave {flag} off for this configuration",
+            )
+        )
     return findings
 
 
 def diagnosis_line(findings: Sequence[Finding]) -> str | None:
-    """"host-bound — the GPU had finished …; try: a larger --batch-size …" for the first finding; None if none."""
+    """ "host-bound — the GPU had finished …; try: a larger --batch-size …" for the first finding; None if none."""
     if not findings:
         return None
     first = findings[0]
@@ -270,7 +340,7 @@ def diagnosis_line(findings: Sequence[Finding]) -> str | None:
 
 
 def breakdown_line(breakdown: Mapping[str, Any] | None) -> str | None:
-    """"data 1%, forward 30%, backward 52%, optimizer 15%, gpu wait 2% of 84.1 ms a step" for the summary."""
+    """ "data 1%, forward 30%, backward 52%, optimizer 15%, gpu wait 2% of 84.1 ms a step" for the summary."""
     if not breakdown:
         return None
     parts = ", ".join(f"{phase} {_percent(breakdown['share'][phase])}" for phase in STEP_PHASES)

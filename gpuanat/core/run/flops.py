@@ -41,13 +41,16 @@ def flops_per_sample(config: RunConfig) -> int | None:
         return None
     preset = PRESETS[config.preset]
     shapes = parameter_shapes(preset)
-    matmul = sum(rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors:])
+    matmul = sum(rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors :])
     if preset.objective == "causal-lm":
         if preset.tie_word_embeddings:
             matmul += preset.vocab_size * preset.hidden_size
     else:  # the pooler and the 2-label head act on one token a sample
-        matmul -= preset.hidden_size * preset.hidden_size + 2 * preset.hidden_size if preset.family == "bert" \
+        matmul -= (
+            preset.hidden_size * preset.hidden_size + 2 * preset.hidden_size
+            if preset.family == "bert"
             else 2 * preset.hidden_size
+        )
     attention = preset.num_layers * 2 * 2 * config.seq_len * preset.num_heads * preset.head_dim
     if config.lora:  # the frozen base: forward and the input's gradient; the adapters train
         adapters = lora_shapes(preset, config).params
@@ -63,7 +66,8 @@ def flops_per_sample_of_model(model: ModelInfo | None, seq_len: int | None) -> i
     if model is None or model.matmul_flops_per_token is None or model.attention_width is None or not seq_len:
         return None
     positions = seq_len * model.attention_width + sum(
-        min(seq_len, int(window)) * width for window, width in (model.windowed_attention_width or {}).items())
+        min(seq_len, int(window)) * width for window, width in (model.windowed_attention_width or {}).items()
+    )
     return (model.matmul_flops_per_token + 3 * 2 * 2 * positions) * seq_len
 
 
@@ -96,17 +100,29 @@ class Utilization:
     """Why the MFU is missing, where it is."""
 
 
-def utilization(config: RunConfig, samples_per_second: float | None, gpu_name: str | None,
-                gpu_count: int, model: ModelInfo | None = None, seq_len: int | None = None,
-                no_rate_reason: str | None = None) -> Utilization:
+def utilization(
+    config: RunConfig,
+    samples_per_second: float | None,
+    gpu_name: str | None,
+    gpu_count: int,
+    model: ModelInfo | None = None,
+    seq_len: int | None = None,
+    no_rate_reason: str | None = None,
+) -> Utilization:
     """The run's achieved TFLOP/s (every rank's samples) and MFU against the peak of its `gpu_count` GPUs. A preset's
     FLOPs come from its shape; any other model's from what the probe counted in it (`model`), at `seq_len` tokens a
     sample (the config's by default). `no_rate_reason`: why there is no rate, where there is none."""
     flops = flops_per_sample(config) or flops_per_sample_of_model(model, seq_len or config.seq_len)
     if flops is None:
-        return Utilization(None, None, None, None,
-                           "the model's FLOPs are not known: its probe has not reported its shape" if model is None
-                           else "the model's FLOPs could not be counted from its layers and config")
+        return Utilization(
+            None,
+            None,
+            None,
+            None,
+            "the model's FLOPs are not known: its probe has not reported its shape"
+            if model is None
+            else "the model's FLOPs could not be counted from its layers and config",
+        )
     if samples_per_second is None:
         return Utilization(flops, None, None, None, no_rate_reason or "no samples/s measured")
     achieved = flops * samples_per_second / 1e12

@@ -82,8 +82,11 @@ def choose_gpus(spec: str | None, gpus: Sequence[Gpu], environment: Mapping[str,
         by_index = {gpu.index: gpu for gpu in gpus}
         missing = [index for index in parsed if index not in by_index]
         if missing:
-            raise ConfigError("--gpus", f"no GPU {missing[0]} here: NVML lists {len(gpus)} "
-                                        f"(indices 0-{len(gpus) - 1}, as nvidia-smi shows them)")
+            raise ConfigError(
+                "--gpus",
+                f"no GPU {missing[0]} here: NVML lists {len(gpus)} "
+                f"(indices 0-{len(gpus) - 1}, as nvidia-smi shows them)",
+            )
         return GpuChoice(tuple(by_index[index] for index in parsed))
     candidates, visible = _visible_subset(gpus, environment.get(VISIBLE_DEVICES_VARIABLE))
     where = f"CUDA_VISIBLE_DEVICES={visible} allows" if visible is not None else "NVML lists"
@@ -98,11 +101,16 @@ def choose_gpus(spec: str | None, gpus: Sequence[Gpu], environment: Mapping[str,
         return GpuChoice(tuple(idle[:parsed]))
     # Not enough idle GPUs: the idle ones, then the busy ones with the most free memory.
     busy = sorted((gpu for gpu in candidates if gpu.processes), key=lambda gpu: (gpu.used_bytes or 0, gpu.index))
-    chosen = tuple(sorted([*idle, *busy[:parsed - len(idle)]], key=lambda gpu: gpu.index))
+    chosen = tuple(sorted([*idle, *busy[: parsed - len(idle)]], key=lambda gpu: gpu.index))
     taken = [gpu for gpu in chosen if gpu.processes]
-    note = ("no idle GPU is left for this run: " if not idle else "too few idle GPUs: ") + "training also on " + \
-        ", ".join(f"GPU {gpu.index} ({gpu.processes} other process{'es' if gpu.processes > 1 else ''})"
-                  for gpu in taken) + " — choose with --gpus"
+    note = (
+        ("no idle GPU is left for this run: " if not idle else "too few idle GPUs: ")
+        + "training also on "
+        + ", ".join(
+            f"GPU {gpu.index} ({gpu.processes} other process{'es' if gpu.processes > 1 else ''})" for gpu in taken
+        )
+        + " — choose with --gpus"
+    )
     return GpuChoice(chosen, note)
 
 
@@ -123,11 +131,16 @@ def read_gpus() -> list[Gpu]:
             memory = nvml_memory_info(pynvml, handle)
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             name = pynvml.nvmlDeviceGetName(handle)
-            gpus.append(Gpu(index=index, uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                            name=name.decode() if isinstance(name, bytes) else str(name),
-                            total_bytes=int(memory.total) if memory is not None else None,
-                            used_bytes=int(memory.used) if memory is not None else None,
-                            processes=len(nvml_processes(pynvml, handle))))
+            gpus.append(
+                Gpu(
+                    index=index,
+                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    total_bytes=int(memory.total) if memory is not None else None,
+                    used_bytes=int(memory.used) if memory is not None else None,
+                    processes=len(nvml_processes(pynvml, handle)),
+                )
+            )
         return gpus
     except pynvml.NVMLError:
         return []
@@ -144,22 +157,27 @@ def gpus_for_run(config: RunConfig, environment: Mapping[str, str], listed: Sequ
         return None
     if not listed:
         if config.gpus is not None:
-            raise ConfigError("--gpus", "NVML lists no GPU here, so GPUs cannot be chosen; set CUDA_VISIBLE_DEVICES "
-                                        "instead")
+            raise ConfigError(
+                "--gpus", "NVML lists no GPU here, so GPUs cannot be chosen; set CUDA_VISIBLE_DEVICES instead"
+            )
         return None
     choice = choose_gpus(config.gpus, listed, environment)
     count = len(choice.gpus)
     if config.distributed != "none" and count < 2:
-        raise ConfigError("--distributed", f"{config.distributed} spreads a run over several GPUs; --gpus "
-                                           f"{config.gpus or '1'} is one here")
+        raise ConfigError(
+            "--distributed",
+            f"{config.distributed} spreads a run over several GPUs; --gpus {config.gpus or '1'} is one here",
+        )
     if config.distributed == "none" and count > 1:
-        raise ConfigError("--distributed", f"none trains on one GPU; with {count} choose ddp, fsdp, zero1, zero2 "
-                                           "or zero3")
+        raise ConfigError(
+            "--distributed", f"none trains on one GPU; with {count} choose ddp, fsdp, zero1, zero2 or zero3"
+        )
     return choice
 
 
-def child_gpu_environment(choice: GpuChoice | None, config: RunConfig,
-                          environment: Mapping[str, str]) -> dict[str, str]:
+def child_gpu_environment(
+    choice: GpuChoice | None, config: RunConfig, environment: Mapping[str, str]
+) -> dict[str, str]:
     """What the child's environment must say about GPUs: the chosen ones, in NVML's order; without NVML, for one
     rank, CUDA's first visible GPU alone (so Trainer never sees several and wraps the model in DataParallel)."""
     if choice is not None:

@@ -281,8 +281,18 @@ class Ranked:
 
 
 Event = Hello | ModelInfo | Step | Done | Error | Milestone | Operations
-EVENT_TYPES: dict[str, type] = {cls.type: cls for cls in (Hello, ModelInfo, Step, Done, Error, Milestone,  # type: ignore[attr-defined]
-                                                          Operations)}
+EVENT_TYPES: dict[str, type] = {
+    cls.type: cls
+    for cls in (
+        Hello,
+        ModelInfo,
+        Step,
+        Done,
+        Error,
+        Milestone,  # type: ignore[attr-defined]
+        Operations,
+    )
+}
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -330,8 +340,9 @@ def _check(value: Any, annotation: Any, name: str) -> Any:
         key_type, value_type = typing.get_args(annotation)
         if not isinstance(value, dict):
             raise _FieldTypeError(f"{name} must be an object, not {type(value).__name__}")
-        return {_check(key, key_type, name): _check(item, value_type, f"{name}[{key!r}]")
-                for key, item in value.items()}
+        return {
+            _check(key, key_type, name): _check(item, value_type, f"{name}[{key!r}]") for key, item in value.items()
+        }
     if annotation is bool:
         if not isinstance(value, bool):
             raise _FieldTypeError(f"{name} must be true or false, not {type(value).__name__}")
@@ -391,8 +402,9 @@ def decode(line: bytes | str) -> Event | Malformed:
         return Malformed(_excerpt(data_bytes), "not a JSON object")
     version = data.get("v")
     if version != PROTOCOL_VERSION or isinstance(version, bool):
-        return Malformed(_excerpt(data_bytes), f"protocol version {_excerpt(repr(version).encode())}, "
-                                               f"expected {PROTOCOL_VERSION}")
+        return Malformed(
+            _excerpt(data_bytes), f"protocol version {_excerpt(repr(version).encode())}, expected {PROTOCOL_VERSION}"
+        )
     if data.get("type") == "rank":
         return _decode_ranked(data, data_bytes)
     return _decode_fields(data, data_bytes)
@@ -418,8 +430,9 @@ def _decode_ranked(data: dict[str, Any], data_bytes: bytes) -> Ranked | Malforme
         return Malformed(_excerpt(data_bytes), "bad fields for Ranked: event must be an object")
     if inner.get("type") == "malformed":
         line, reason = inner.get("line"), inner.get("reason")
-        return Ranked(rank, Malformed(line if isinstance(line, str) else "",
-                                      reason if isinstance(reason, str) else "malformed"))
+        return Ranked(
+            rank, Malformed(line if isinstance(line, str) else "", reason if isinstance(reason, str) else "malformed")
+        )
     event = _decode_fields(inner, data_bytes)
     return Ranked(rank, event)
 
@@ -450,7 +463,7 @@ class EventLines:
                 start = end + 1
                 continue
             if len(self._partial) + (end - start) > self._max_line_bytes:
-                head = bytes(self._partial[:MALFORMED_EXCERPT_BYTES]) or data[start:start + MALFORMED_EXCERPT_BYTES]
+                head = bytes(self._partial[:MALFORMED_EXCERPT_BYTES]) or data[start : start + MALFORMED_EXCERPT_BYTES]
                 events.append(Malformed(_excerpt(head), f"line longer than {self._max_line_bytes} bytes"))
                 self._partial.clear()
                 self._skipping = newline < 0

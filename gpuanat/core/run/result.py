@@ -133,8 +133,11 @@ def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> dict[str,
     elif device_used is None:
         unavailable["device_memory_used_bytes"] = "NVML gave no reading during the run"
     bands = assemble_bands(
-        state.probe_bands, reserved_bytes=peak_reserved, device_used_bytes=device_used,
-        device_total_bytes=state.device_total_bytes, process_used_bytes=state.peak_process_used_bytes,
+        state.probe_bands,
+        reserved_bytes=peak_reserved,
+        device_used_bytes=device_used,
+        device_total_bytes=state.device_total_bytes,
+        process_used_bytes=state.peak_process_used_bytes,
         no_gpu_reason=no_gpu_reason,
     )
     return {
@@ -148,8 +151,9 @@ def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> dict[str,
     }
 
 
-def _rank_result(rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus,
-                 run_stopped: bool) -> dict[str, Any]:
+def _rank_result(
+    rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus, run_stopped: bool
+) -> dict[str, Any]:
     """One entry of the result's `ranks`; `run_stopped`: the user stopped the run (rank 0's record says so)."""
     done, last_step = state.done, state.last_step
     return {
@@ -160,8 +164,11 @@ def _rank_result(rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStat
         "samples": done.samples if done else (last_step.samples if last_step else 0),
         "steady_samples_per_second": done.steady_samples_per_second if done else None,
         "gradients_after_backward_bytes": gradients_after_backward_bytes(state.probe_bands),
-        "error": ({"kind": state.error.kind, "message": state.error.message, "step": state.error.step}
-                  if state.error else None),
+        "error": (
+            {"kind": state.error.kind, "message": state.error.message, "step": state.error.step}
+            if state.error
+            else None
+        ),
         **_memory(config, state, nvml),
     }
 
@@ -175,9 +182,15 @@ def first_cause(states: list[RankRecord]) -> Error | None:
     """The error that best explains a run's end, of its ranks' errors: by kind (ERROR_CAUSE_ORDER), then the one
     that came first (of two ranks that ended without a word, the launcher reports the first to end first)."""
     present = [state for state in states if state.error is not None]
-    ranked = sorted(present, key=lambda state: (
-        ERROR_CAUSE_ORDER.index(state.error.kind) if state.error and state.error.kind in ERROR_CAUSE_ORDER
-        else len(ERROR_CAUSE_ORDER), state.error_order or 0))
+    ranked = sorted(
+        present,
+        key=lambda state: (
+            ERROR_CAUSE_ORDER.index(state.error.kind)
+            if state.error and state.error.kind in ERROR_CAUSE_ORDER
+            else len(ERROR_CAUSE_ORDER),
+            state.error_order or 0,
+        ),
+    )
     return ranked[0].error if ranked else None
 
 
@@ -185,9 +198,17 @@ def _sum_or_none(values: list[float | None]) -> float | None:
     return None if not values or any(value is None for value in values) else sum(v for v in values if v is not None)
 
 
-def build_result(run_id: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus, log_path: Path,
-                 name: str | None = None, ranks: Mapping[int, RankRecord] | None = None,
-                 gpus: GpuChoice | None = None, parent_points: Mapping[str, float] | None = None) -> dict[str, Any]:
+def build_result(
+    run_id: int,
+    config: RunConfig,
+    state: RankRecord,
+    nvml: NvmlStatus,
+    log_path: Path,
+    name: str | None = None,
+    ranks: Mapping[int, RankRecord] | None = None,
+    gpus: GpuChoice | None = None,
+    parent_points: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
     """The run's result as the JSON contract of `gpuanat run --json`. The top level is rank 0's (its memory, its
     bands); samples and steady samples/s are the whole run's (every rank's summed); `ranks` has one entry per rank."""
     ranks = {0: state, **(ranks or {})}
@@ -202,8 +223,14 @@ def build_result(run_id: int, config: RunConfig, state: RankRecord, nvml: NvmlSt
         unavailable["steady_samples_per_second"] = steady_reason or "not measured on every rank"
     last_step = state.last_step
     gpu_count = len(gpus.gpus) if gpus is not None and gpus.gpus else (config.ranks or 1)
-    speed = utilization(config, steady, state.gpu_name, gpu_count, model=state.model,
-                        no_rate_reason=f"no steady samples/s: {unavailable.get('steady_samples_per_second')}")
+    speed = utilization(
+        config,
+        steady,
+        state.gpu_name,
+        gpu_count,
+        model=state.model,
+        no_rate_reason=f"no steady samples/s: {unavailable.get('steady_samples_per_second')}",
+    )
     if speed.mfu is None:
         unavailable["mfu"] = speed.reason or "not measured"
     if speed.achieved_tflops is None:
@@ -249,27 +276,42 @@ def build_result(run_id: int, config: RunConfig, state: RankRecord, nvml: NvmlSt
         "malformed_events": sum(len(rank_state.malformed) for rank_state in ranks.values()),
         "ranks": rank_results,
     }
-    predicted = prediction_json(config.replace(gpus=str(len(gpus.gpus))) if gpus is not None and config.ranks is None
-                                else config)
+    predicted = prediction_json(
+        config.replace(gpus=str(len(gpus.gpus))) if gpus is not None and config.ranks is None else config
+    )
     result["predicted"] = predicted
     result["prediction_error_percent"] = (
-        percent_delta(predicted["peak_allocated_bytes"], memory["peak_allocated_bytes"]) if predicted is not None
-        else None)
+        percent_delta(predicted["peak_allocated_bytes"], memory["peak_allocated_bytes"])
+        if predicted is not None
+        else None
+    )
     rank_error = first_cause([ranks[rank] for rank in sorted(ranks)])
     if rank_error is not None:
         failed_rank = next(rank for rank in sorted(ranks) if ranks[rank].error is rank_error)
         prefix = f"rank {failed_rank}: " if failed_rank and not rank_error.message.startswith("rank ") else ""
-        result["error"] = {"kind": rank_error.kind, "message": prefix + rank_error.message, "step": rank_error.step,
-                           "flag": rank_error.flag}
+        result["error"] = {
+            "kind": rank_error.kind,
+            "message": prefix + rank_error.message,
+            "step": rank_error.step,
+            "flag": rank_error.flag,
+        }
     elif status == "failed":
-        result["error"] = {"kind": "exception", "flag": None, "step": last_step.step + 1 if last_step else None,
-                           "message": f"the training process exited with code {state.exit_code} "
-                                      f"without finishing; last lines of its log:\n{log_tail(log_path)}"}
+        result["error"] = {
+            "kind": "exception",
+            "flag": None,
+            "step": last_step.step + 1 if last_step else None,
+            "message": f"the training process exited with code {state.exit_code} "
+            f"without finishing; last lines of its log:\n{log_tail(log_path)}",
+        }
     # where each steady step's time went, and what to change
     result["step_time_breakdown"] = step_time_breakdown(
-        done.steady_phases_s if done else None, done.steady_steps if done else None,
-        done.steady_gpu_caught_up_steps if done else None, state.step_ends_s, state.gpu_busy,
-        done.warmup_steps if done else None)
+        done.steady_phases_s if done else None,
+        done.steady_steps if done else None,
+        done.steady_gpu_caught_up_steps if done else None,
+        state.step_ends_s,
+        state.gpu_busy,
+        done.warmup_steps if done else None,
+    )
     result["compile_stats"] = done.compile_stats if done else None
     result["operations_anatomy"] = operations_anatomy(state.operations) if state.operations is not None else None
     result["diagnosis"] = [finding.to_json() for finding in diagnose(result)]

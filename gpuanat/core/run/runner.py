@@ -67,8 +67,14 @@ def capabilities_key(environ: Mapping[str, str] | None = None) -> str:
     import importlib.util
 
     environ = os.environ if environ is None else environ
-    parts = [sys.executable, sys.version, *(f"{name}={environ.get(name, '')}" for name in (
-        "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"))]
+    parts = [
+        sys.executable,
+        sys.version,
+        *(
+            f"{name}={environ.get(name, '')}"
+            for name in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES")
+        ),
+    ]
     for package in CAPABILITIES_PACKAGES:
         try:
             spec = importlib.util.find_spec(package)
@@ -80,8 +86,9 @@ def capabilities_key(environ: Mapping[str, str] | None = None) -> str:
     with contextlib.suppress(OSError):
         parts.append(Path("/proc/driver/nvidia/version").read_text())
     with contextlib.suppress(OSError):
-        parts.append(",".join(sorted(name for name in os.listdir("/dev")
-                                     if name.startswith("nvidia") and name[6:].isdigit())))
+        parts.append(
+            ",".join(sorted(name for name in os.listdir("/dev") if name.startswith("nvidia") and name[6:].isdigit()))
+        )
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -126,12 +133,18 @@ def probe_capabilities(use_cache: bool = True) -> Capabilities:
         cached = _cached_capabilities(key, path, now_s)
         if cached is not None:
             return cached
-    completed = subprocess.run([sys.executable, "-m", "gpuanat.worker.capabilities"], capture_output=True,
-                               text=True, check=False, stdin=subprocess.DEVNULL)
+    completed = subprocess.run(
+        [sys.executable, "-m", "gpuanat.worker.capabilities"],
+        capture_output=True,
+        text=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
     if completed.returncode != 0:
         last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"cannot start the training environment (python -m gpuanat.worker.capabilities): "
-                           f"{last_line}")
+        raise RuntimeError(
+            f"cannot start the training environment (python -m gpuanat.worker.capabilities): {last_line}"
+        )
     capabilities = Capabilities.from_json(json.loads(completed.stdout))
     if path is not None:
         _remember_capabilities(key, path, capabilities, now_s)
@@ -142,16 +155,32 @@ def worker_command(config_json: str, events_fd: int, ranks: int = 1) -> list[str
     """The command line of gpuanat's own training child: the worker itself, or for several ranks the rank launcher
     (gpuanat.worker.launch), which starts them through torchrun."""
     if ranks > 1:
-        return [sys.executable, "-m", "gpuanat.worker.launch", "--events-fd", str(events_fd), "--nproc", str(ranks),
-                "--", "--config", config_json]
+        return [
+            sys.executable,
+            "-m",
+            "gpuanat.worker.launch",
+            "--events-fd",
+            str(events_fd),
+            "--nproc",
+            str(ranks),
+            "--",
+            "--config",
+            config_json,
+        ]
     return [sys.executable, "-m", "gpuanat.worker", "--events-fd", str(events_fd), "--config", config_json]
 
 
 class ChildProcess:
     """One training child: a process group, an events pipe, a log file."""
 
-    def __init__(self, make_command, *, log_path: Path | None, env: Mapping[str, str] | None = None,  # type: ignore[no-untyped-def]
-                 handoff: bool = False) -> None:
+    def __init__(
+        self,
+        make_command,
+        *,
+        log_path: Path | None,
+        env: Mapping[str, str] | None = None,  # type: ignore[no-untyped-def]
+        handoff: bool = False,
+    ) -> None:
         """`make_command(events_fd)` returns the argv; the fd is inherited by the child. With `handoff`, the child also
         gets the read end of a hand-over pipe (`make_command(events_fd, handoff_fd)`), which `hand_over` writes to once
         (a prepared worker's run: gpuanat.core.run.warm). Without a `log_path` yet, the child's output is kept in
@@ -194,14 +223,26 @@ class ChildProcess:
         if self._handoff:
             handoff_child_fd, self._handoff_fd = os.pipe()
         passed = (write_fd, lifeline_child_fd) + ((handoff_child_fd,) if handoff_child_fd is not None else ())
-        env = {**self._env, "PYTHONUNBUFFERED": "1", "GPUANAT_EVENTS_FD": str(write_fd),
-               LIFELINE_FD_ENV: str(lifeline_child_fd)}
-        command = (self._make_command(write_fd, handoff_child_fd) if handoff_child_fd is not None
-                   else self._make_command(write_fd))
+        env = {
+            **self._env,
+            "PYTHONUNBUFFERED": "1",
+            "GPUANAT_EVENTS_FD": str(write_fd),
+            LIFELINE_FD_ENV: str(lifeline_child_fd),
+        }
+        command = (
+            self._make_command(write_fd, handoff_child_fd)
+            if handoff_child_fd is not None
+            else self._make_command(write_fd)
+        )
         try:
             self._process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=output_write_fd, stderr=subprocess.STDOUT,
-                pass_fds=passed, env=env, start_new_session=True,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=output_write_fd,
+                stderr=subprocess.STDOUT,
+                pass_fds=passed,
+                env=env,
+                start_new_session=True,
             )
         except BaseException:
             for fd in (read_fd, output_read_fd, self._lifeline_fd, self._handoff_fd):
@@ -215,8 +256,7 @@ class ChildProcess:
         if self.log_path is not None:
             self.set_log_path(self.log_path)
         threading.Thread(target=self._copy_output, args=(output_read_fd,), name="gpuanat-log", daemon=True).start()
-        self._reader = threading.Thread(target=self._read_events, args=(read_fd,), name="gpuanat-events",
-                                        daemon=True)
+        self._reader = threading.Thread(target=self._read_events, args=(read_fd,), name="gpuanat-events", daemon=True)
         self._reader.start()
 
     def hand_over(self, payload: bytes) -> None:
@@ -227,7 +267,7 @@ class ChildProcess:
             raise OSError("this child has no hand-over pipe, or was handed its run already")
         try:
             while payload:
-                payload = payload[os.write(fd, payload):]
+                payload = payload[os.write(fd, payload) :]
         finally:
             os.close(fd)
 
@@ -262,15 +302,17 @@ class ChildProcess:
         """Append `chunk` to the log file (the lock held); a chunk the file refuses is dropped and counted."""
         if self._log_fd is None:
             if self.log_path is None and len(self._early_output) < EARLY_OUTPUT_MAX_BYTES:
-                self._early_output += chunk[:EARLY_OUTPUT_MAX_BYTES - len(self._early_output)]
+                self._early_output += chunk[: EARLY_OUTPUT_MAX_BYTES - len(self._early_output)]
             return
         try:
             while chunk:
-                chunk = chunk[os.write(self._log_fd, chunk):]
+                chunk = chunk[os.write(self._log_fd, chunk) :]
         except OSError as error:  # dropped; the next chunk tries again (space may be freed)
             self.dropped_log_bytes += len(chunk)
-            self.log_error = (f"the log {self.log_path} refused {self.dropped_log_bytes} bytes of the "
-                              f"child's output ({error.strerror})")
+            self.log_error = (
+                f"the log {self.log_path} refused {self.dropped_log_bytes} bytes of the "
+                f"child's output ({error.strerror})"
+            )
 
     def _copy_output(self, read_fd: int) -> None:
         """Copy the child's output into the log file until the pipe closes, draining it whatever the file does."""

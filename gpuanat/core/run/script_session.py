@@ -40,16 +40,19 @@ def script_command(script: Path, script_args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "gpuanat.worker.script", "--", str(script), *script_args]
 
 
-NO_TRAINER = ("the script created no transformers Trainer, so gpuanat's probe measured no training; only its "
-              "processes were measured from outside")
+NO_TRAINER = (
+    "the script created no transformers Trainer, so gpuanat's probe measured no training; only its "
+    "processes were measured from outside"
+)
 
 
 def _target(pid: int, command: list[str]) -> WatchTarget:
     try:
         return resolve_target(pid)
     except WatchError:  # it ended already; the session will see it gone
-        return WatchTarget(pid=pid, name=Path(command[0]).name, command=" ".join(command), create_time_s=time.time(),
-                           username=None)
+        return WatchTarget(
+            pid=pid, name=Path(command[0]).name, command=" ".join(command), create_time_s=time.time(), username=None
+        )
 
 
 def execute_script(
@@ -71,8 +74,9 @@ def execute_script(
     stops the child's process group."""
     description = {"script": str(script.resolve()), "args": list(script_args), "cwd": os.getcwd()}
     name = f"script {script.name}" if name is None else name
-    run_id = write_with_backoff(lambda: store.create_run(description, kind="launched", name=name),
-                                deadline_s=FINAL_WRITE_DEADLINE_S)
+    run_id = write_with_backoff(
+        lambda: store.create_run(description, kind="launched", name=name), deadline_s=FINAL_WRITE_DEADLINE_S
+    )
     log_path = log_dir / f"run-{run_id}.log"
     write_with_backoff(lambda: store.set_log_path(run_id, log_path), deadline_s=FINAL_WRITE_DEADLINE_S)
     command = script_command(script, script_args)
@@ -83,8 +87,14 @@ def execute_script(
     child.start()
     child_pid = child.pid
     assert child_pid is not None
-    session = WatchSession(_target(child_pid, command), nvml, publication_dirs_for=None,
-                           process_alive=lambda: child.poll() is None, kind="launched", description=description)
+    session = WatchSession(
+        _target(child_pid, command),
+        nvml,
+        publication_dirs_for=None,
+        process_alive=lambda: child.poll() is None,
+        kind="launched",
+        description=description,
+    )
     session.start_saving(store, name, run_id=run_id)
     sampler.track(child_pid)
     sampler.start()
@@ -126,8 +136,12 @@ def execute_script(
     published = session.observed.run  # what the script's trainer published
     error = None
     if published.error is not None:
-        error = {"kind": published.error.kind, "message": published.error.message, "step": published.error.step,
-                 "flag": None}
+        error = {
+            "kind": published.error.kind,
+            "message": published.error.message,
+            "step": published.error.step,
+            "flag": None,
+        }
     if published.error is not None and published.error.kind == "oom":
         status = "oom"
     elif stopped:
@@ -137,8 +151,12 @@ def execute_script(
     else:
         status = "failed"
     if status == "failed" and error is None:
-        error = {"kind": "exception", "flag": None, "step": None,
-                 "message": f"the script exited with code {exit_code}; last lines of its log:\n{log_tail(log_path)}"}
+        error = {
+            "kind": "exception",
+            "flag": None,
+            "step": None,
+            "message": f"the script exited with code {exit_code}; last lines of its log:\n{log_tail(log_path)}",
+        }
     unavailable = dict(session.result(exited=True)["unavailable"])
     if published.model is None:
         # Nothing trained under the probe: every training figure is missing for that one reason.
@@ -146,8 +164,15 @@ def execute_script(
         unavailable["training"] = unavailable["bands"] = NO_TRAINER
     elif published.done is None:
         unavailable["steady_samples_per_second"] = f"the script ended ({status}) before training finished"
-    result = session.finish_saving(exited=True, status=status, exit_code=exit_code, log_path=str(log_path),
-                                   error=error, name=name, unavailable=unavailable)
+    result = session.finish_saving(
+        exited=True,
+        status=status,
+        exit_code=exit_code,
+        log_path=str(log_path),
+        error=error,
+        name=name,
+        unavailable=unavailable,
+    )
     assert result is not None
     session.close()
     return result

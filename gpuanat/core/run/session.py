@@ -67,13 +67,16 @@ class SharedSampler:
     nvml: NvmlStatus
 
 
-def run_environment(config: RunConfig, base_environment: Mapping[str, str],
-                    gpu_reader: Callable[[], list[Gpu]] = read_gpus) -> tuple[GpuChoice | None, dict[str, str]]:
+def run_environment(
+    config: RunConfig, base_environment: Mapping[str, str], gpu_reader: Callable[[], list[Gpu]] = read_gpus
+) -> tuple[GpuChoice | None, dict[str, str]]:
     """The GPUs `config` trains on and its training process's environment: `base_environment` with the allocator's
     options and the chosen GPUs. Raises ConfigError when the GPUs cannot be had."""
     choice = gpus_for_run(config, base_environment, gpu_reader() if config.device == "cuda" else [])
-    return choice, {**child_environment(config, base_environment),
-                    **child_gpu_environment(choice, config, base_environment)}
+    return choice, {
+        **child_environment(config, base_environment),
+        **child_gpu_environment(choice, config, base_environment),
+    }
 
 
 def execute_run(
@@ -118,8 +121,9 @@ def execute_run(
     parent_points = {REQUESTED: time.monotonic() if requested_monotonic_s is None else requested_monotonic_s}
     choice, environment = run_environment(config, os.environ if env is None else env, gpu_reader)
     rank_count = len(choice.gpus) if choice is not None else (config.ranks or 1)
-    run_id = write_with_backoff(lambda: store.create_run(config.to_json(), name=name),
-                                deadline_s=FINAL_WRITE_DEADLINE_S)
+    run_id = write_with_backoff(
+        lambda: store.create_run(config.to_json(), name=name), deadline_s=FINAL_WRITE_DEADLINE_S
+    )
     log_path = log_dir / f"run-{run_id}.log"
     pending = PendingWrites(store, run_id)
     pending.update(lambda history: history.set_log_path(run_id, log_path))
@@ -130,10 +134,14 @@ def execute_run(
     state = RankRecord(gpu_index=gpu_of(0))
     ranks: dict[int, RankRecord] = {0: state}
     config_json = json.dumps(config.to_json())
-    prepared, start = (warm_workers.take(environment, rank_count, parent_points[REQUESTED]) if warm_workers
-                       else (None, WarmStart(False, cold_reason="this command prepares no process ahead")))
-    child = prepared or ChildProcess(lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path,
-                                     env=environment)
+    prepared, start = (
+        warm_workers.take(environment, rank_count, parent_points[REQUESTED])
+        if warm_workers
+        else (None, WarmStart(False, cold_reason="this command prepares no process ahead"))
+    )
+    child = prepared or ChildProcess(
+        lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path, env=environment
+    )
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
 
     def flush() -> None:
@@ -162,11 +170,17 @@ def execute_run(
                 on_event(Ranked(rank, event))
             return
         if isinstance(event, Hello):
-            run_environment = {"pid": event.pid, "versions": event.versions, "device": event.device,
-                               "device_name": event.device_name, "nvml": nvml.__dict__,
-                               "config_received": event.config, "allocator_conf": event.allocator_conf,
-                               "gpus": [gpu.to_json() for gpu in choice.gpus] if choice else [],
-                               "ranks": rank_count}
+            run_environment = {
+                "pid": event.pid,
+                "versions": event.versions,
+                "device": event.device,
+                "device_name": event.device_name,
+                "nvml": nvml.__dict__,
+                "config_received": event.config,
+                "allocator_conf": event.allocator_conf,
+                "gpus": [gpu.to_json() for gpu in choice.gpus] if choice else [],
+                "ranks": rank_count,
+            }
             pending.update(lambda history: history.set_environment(run_id, run_environment))
         elif isinstance(event, Step):
             pending.add_steps([dataclasses.asdict(event)])
@@ -199,8 +213,9 @@ def execute_run(
         except OSError as error:  # it died in the meantime: start cold after all
             prepared.kill_group()
             start = WarmStart(False, cold_reason=f"the prepared process could not take the run ({error})")
-            child = ChildProcess(lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path,
-                                 env=environment)
+            child = ChildProcess(
+                lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path, env=environment
+            )
             prepared = None
     if prepared is None:
         child.start()
@@ -245,18 +260,24 @@ def execute_run(
     state.log_error = child.log_error
     for rank in range(rank_count):  # a rank that never said anything is still one of the run's
         ranks.setdefault(rank, RankRecord(gpu_index=gpu_of(rank)))
-    result = build_result(run_id, config, state, nvml, log_path, name=name, ranks=ranks, gpus=choice,
-                          parent_points=parent_points)
+    result = build_result(
+        run_id, config, state, nvml, log_path, name=name, ranks=ranks, gpus=choice, parent_points=parent_points
+    )
     result["start"] = start.to_json()
     # The same training eager, or on one GPU, from the history (the compile and scaling findings); a busy history
     # only costs those findings.
     with contextlib.suppress(sqlite3.Error, HistoryError):
-        earlier = [(row.config, row.status, row.result) for row in reversed(store.runs(limit=HISTORY_REFERENCE_RUNS))
-                   if row.id != run_id]
-        result["diagnosis"] = [finding.to_json()
-                               for finding in diagnose(result, **reference_rates(result["config"], earlier))]
+        earlier = [
+            (row.config, row.status, row.result)
+            for row in reversed(store.runs(limit=HISTORY_REFERENCE_RUNS))
+            if row.id != run_id
+        ]
+        result["diagnosis"] = [
+            finding.to_json() for finding in diagnose(result, **reference_rates(result["config"], earlier))
+        ]
     if metrics is not None:
         metrics.run_ended(result)
-    result["history_error"] = pending.finish(lambda history: history.update_result(run_id, result,
-                                                                                   status=result["status"]))
+    result["history_error"] = pending.finish(
+        lambda history: history.update_result(run_id, result, status=result["status"])
+    )
     return result

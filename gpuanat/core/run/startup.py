@@ -26,7 +26,7 @@ WALL_PARTS = (
     ("recording", "recorded"),  # the parent's result: its prediction and measurements assembled
 )
 """(part, the point it ends at), in order."""
-FIRST_STEP_PARTS = tuple(part for part, _ in WALL_PARTS[:WALL_PARTS.index(("first step", "first step")) + 1])
+FIRST_STEP_PARTS = tuple(part for part, _ in WALL_PARTS[: WALL_PARTS.index(("first step", "first step")) + 1])
 """The parts of the start-up: up to the first step's end."""
 
 
@@ -52,16 +52,16 @@ def time_to_first_step_s(points: Mapping[str, float]) -> float | None:
 
 
 def startup_line(breakdown: Mapping[str, float], to_first_step_s: float | None) -> str | None:
-    """"14.2 s to the first step (gpuanat 0.3, imports 5.2, …)" for the summary; None when not measured."""
+    """ "14.2 s to the first step (gpuanat 0.3, imports 5.2, …)" for the summary; None when not measured."""
     if to_first_step_s is None:
         return None
     parts = ", ".join(f"{part} {breakdown[part]:.1f}" for part in FIRST_STEP_PARTS if part in breakdown)
     return f"{to_first_step_s:.1f} s to the first step ({parts})"
 
 
-
-def startup_progress(points: Mapping[str, float],
-                     now_s: float) -> tuple[list[tuple[str, float]], tuple[str, float] | None]:
+def startup_progress(
+    points: Mapping[str, float], now_s: float
+) -> tuple[list[tuple[str, float]], tuple[str, float] | None]:
     """While a run starts: the parts of its start-up that have passed, (part, seconds) in order, and the part under
     way with its seconds so far (None once the first step has ended, or before anything is known)."""
     passed = [(part, seconds) for part, seconds in wall_breakdown(points).items() if part in FIRST_STEP_PARTS]
@@ -75,7 +75,7 @@ def startup_progress(points: Mapping[str, float],
 
 
 def startup_status(points: Mapping[str, float], now_s: float) -> str:
-    """"starting · gpuanat 0.3 · child start 0.1 · imports 4.2 s…": the start-up so far, the part under way last."""
+    """ "starting · gpuanat 0.3 · child start 0.1 · imports 4.2 s…": the start-up so far, the part under way last."""
     passed, current = startup_progress(points, now_s)
     parts = [f"{part} {seconds:.1f}" for part, seconds in passed]
     if current is not None:

@@ -49,64 +49,132 @@ WEIGHTS_DTYPES = ("fp32", "bf16", "fp16")
 
 
 TECHNIQUES: tuple[Technique, ...] = (
-    Technique("preset", "--preset", "choice", "model shape, built with random weights (no download)",
-              choices=tuple(PRESETS)),
-    Technique("model", "--model", "str",
-              "load real weights with from_pretrained from this name or local directory, or train random weights of "
-              "a bare config.json (overrides --preset)"),
-    Technique("device", "--device", "choice", "where to train (default: cuda when available, else cpu)",
-              choices=("cuda", "cpu")),
+    Technique(
+        "preset", "--preset", "choice", "model shape, built with random weights (no download)", choices=tuple(PRESETS)
+    ),
+    Technique(
+        "model",
+        "--model",
+        "str",
+        "load real weights with from_pretrained from this name or local directory, or train random weights of "
+        "a bare config.json (overrides --preset)",
+    ),
+    Technique(
+        "device",
+        "--device",
+        "choice",
+        "where to train (default: cuda when available, else cpu)",
+        choices=("cuda", "cpu"),
+    ),
     Technique("batch_size", "--batch-size", "int", "per-device batch size"),
     Technique("grad_accum", "--grad-accum", "int", "gradient accumulation steps"),
-    Technique("grad_checkpointing", "--grad-checkpointing", "bool",
-              "recompute activations in backward instead of keeping them"),
-    Technique("precision", "--precision", "choice", "mixed precision (fp16 needs CUDA; bf16 needs Ampere+ or CPU)",
-              choices=PRECISIONS),
+    Technique(
+        "grad_checkpointing",
+        "--grad-checkpointing",
+        "bool",
+        "recompute activations in backward instead of keeping them",
+    ),
+    Technique(
+        "precision",
+        "--precision",
+        "choice",
+        "mixed precision (fp16 needs CUDA; bf16 needs Ampere+ or CPU)",
+        choices=PRECISIONS,
+    ),
     Technique("tf32", "--tf32", "bool", "TF32 matmuls (Ampere+ CUDA GPUs)"),
-    Technique("optim", "--optim", "choice", "optimizer (adamw_bnb_8bit needs bitsandbytes and CUDA)",
-              choices=OPTIMIZERS),
+    Technique(
+        "optim", "--optim", "choice", "optimizer (adamw_bnb_8bit needs bitsandbytes and CUDA)", choices=OPTIMIZERS
+    ),
     Technique("workers", "--workers", "int", "DataLoader worker processes"),
     Technique("pin_memory", "--pin-memory", "bool", "DataLoader pin_memory (default on, as in Trainer)"),
     Technique("attn", "--attn", "choice", "attention implementation", choices=ATTENTION_IMPLEMENTATIONS),
     Technique("compile", "--compile", "bool", "torch.compile the whole model (HF Trainer's torch_compile)"),
-    Technique("compile_regions", "--compile-regions", "bool",
-              "torch.compile each layer's blocks outside attention (MLP, output projections with residual and "
-              "LayerNorm, embeddings); attention stays SDPA's fused kernel"),
-    Technique("expandable_segments", "--expandable-segments", "bool",
-              "CUDA allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF): less fragmentation, so a larger "
-              "batch fits, and the largest one is predicted better"),
-    Technique("gpus", "--gpus", "str",
-              "GPUs to train on: a count (2), NVML indices as nvidia-smi shows them (0,2; one index: 3,) or all "
-              "(default: one GPU, the first idle one)"),
-    Technique("distributed", "--distributed", "choice",
-              "spread the run over several ranks: ddp, fsdp (FSDP2), DeepSpeed zero1/zero2/zero3 (needs "
-              "deepspeed); launched with torchrun (default: none on one rank, ddp on several)",
-              choices=DISTRIBUTED),
+    Technique(
+        "compile_regions",
+        "--compile-regions",
+        "bool",
+        "torch.compile each layer's blocks outside attention (MLP, output projections with residual and "
+        "LayerNorm, embeddings); attention stays SDPA's fused kernel",
+    ),
+    Technique(
+        "expandable_segments",
+        "--expandable-segments",
+        "bool",
+        "CUDA allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF): less fragmentation, so a larger "
+        "batch fits, and the largest one is predicted better",
+    ),
+    Technique(
+        "gpus",
+        "--gpus",
+        "str",
+        "GPUs to train on: a count (2), NVML indices as nvidia-smi shows them (0,2; one index: 3,) or all "
+        "(default: one GPU, the first idle one)",
+    ),
+    Technique(
+        "distributed",
+        "--distributed",
+        "choice",
+        "spread the run over several ranks: ddp, fsdp (FSDP2), DeepSpeed zero1/zero2/zero3 (needs "
+        "deepspeed); launched with torchrun (default: none on one rank, ddp on several)",
+        choices=DISTRIBUTED,
+    ),
     Technique("nproc", "--nproc", "int", "ranks on the CPU (one process each, gloo); on GPUs --gpus decides"),
-    Technique("weights_dtype", "--weights-dtype", "choice",
-              "the dtype the model is held in: fp32 (master weights under autocast, the HF docs' setting) or bf16 "
-              "(the model, its gradients and optimizer state in bf16, as from_pretrained loads bf16 checkpoints "
-              "and TRL trains them; with --precision bf16); fp16 is refused",
-              choices=WEIGHTS_DTYPES),
-    Technique("lora", "--lora", "int",
-              "LoRA adapters of this rank on a frozen base held in the run's 16-bit precision (PEFT; 0: off)"),
-    Technique("lora_targets", "--lora-targets", "str",
-              "modules the LoRA adapters wrap: all-linear, or names separated by commas (q_proj,v_proj)"),
-    Technique("lora_dropout", "--lora-dropout", "float",
-              "dropout on the LoRA adapters' input (PEFT's lora_dropout; 0.05-0.1 is usual): its masks, a byte an "
-              "input element of every adapted layer, stay until backward"),
-    Technique("load_in_4bit", "--load-in-4bit", "bool",
-              "QLoRA: hold the frozen base's linear layers in 4 bits (bitsandbytes NF4, double quantization) under "
-              "the --lora adapters, prepared with PEFT's prepare_model_for_kbit_training (CUDA, needs bitsandbytes)"),
-    Technique("liger", "--liger", "bool",
-              "compute a causal LM's loss with Liger Kernel's fused linear cross-entropy, in chunks, so the logits "
-              "are never held whole (CUDA, needs liger-kernel: pip install 'gpuanat[llm]')"),
-    Technique("liger_layers", "--liger-layers", "bool",
-              "Liger Kernel's RMSNorm, SwiGLU/GeGLU and RoPE kernels in a causal LM's layers (with --liger: what HF "
-              "Trainer's use_liger_kernel applies; CUDA, needs liger-kernel)"),
-    Technique("engine", "--engine", "choice",
-              "the training loop: HF Trainer, or the docs' custom loop with Accelerate (with none or ddp)",
-              choices=ENGINES),
+    Technique(
+        "weights_dtype",
+        "--weights-dtype",
+        "choice",
+        "the dtype the model is held in: fp32 (master weights under autocast, the HF docs' setting) or bf16 "
+        "(the model, its gradients and optimizer state in bf16, as from_pretrained loads bf16 checkpoints "
+        "and TRL trains them; with --precision bf16); fp16 is refused",
+        choices=WEIGHTS_DTYPES,
+    ),
+    Technique(
+        "lora",
+        "--lora",
+        "int",
+        "LoRA adapters of this rank on a frozen base held in the run's 16-bit precision (PEFT; 0: off)",
+    ),
+    Technique(
+        "lora_targets",
+        "--lora-targets",
+        "str",
+        "modules the LoRA adapters wrap: all-linear, or names separated by commas (q_proj,v_proj)",
+    ),
+    Technique(
+        "lora_dropout",
+        "--lora-dropout",
+        "float",
+        "dropout on the LoRA adapters' input (PEFT's lora_dropout; 0.05-0.1 is usual): its masks, a byte an "
+        "input element of every adapted layer, stay until backward",
+    ),
+    Technique(
+        "load_in_4bit",
+        "--load-in-4bit",
+        "bool",
+        "QLoRA: hold the frozen base's linear layers in 4 bits (bitsandbytes NF4, double quantization) under "
+        "the --lora adapters, prepared with PEFT's prepare_model_for_kbit_training (CUDA, needs bitsandbytes)",
+    ),
+    Technique(
+        "liger",
+        "--liger",
+        "bool",
+        "compute a causal LM's loss with Liger Kernel's fused linear cross-entropy, in chunks, so the logits "
+        "are never held whole (CUDA, needs liger-kernel: pip install 'gpuanat[llm]')",
+    ),
+    Technique(
+        "liger_layers",
+        "--liger-layers",
+        "bool",
+        "Liger Kernel's RMSNorm, SwiGLU/GeGLU and RoPE kernels in a causal LM's layers (with --liger: what HF "
+        "Trainer's use_liger_kernel applies; CUDA, needs liger-kernel)",
+    ),
+    Technique(
+        "engine",
+        "--engine",
+        "choice",
+        "the training loop: HF Trainer, or the docs' custom loop with Accelerate (with none or ddp)",
+        choices=ENGINES,
+    ),
     Technique("seq_len", "--seq-len", "int", "tokens per sample"),
     Technique("samples", "--samples", "int", "samples in the random dataset (the docs use 512)"),
     Technique("epochs", "--epochs", "int", "passes over the dataset"),
@@ -168,8 +236,11 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
             return config.replace(weights_dtype="fp32")
         return config.replace(weights_dtype="bf16", precision="bf16", lora=0, load_in_4bit=False)
     if field == "workers":
-        return config.replace(workers=WORKER_CHOICES[(WORKER_CHOICES.index(config.workers) + 1) % len(WORKER_CHOICES)]
-                              if config.workers in WORKER_CHOICES else 0)
+        return config.replace(
+            workers=WORKER_CHOICES[(WORKER_CHOICES.index(config.workers) + 1) % len(WORKER_CHOICES)]
+            if config.workers in WORKER_CHOICES
+            else 0
+        )
     technique = TECHNIQUES_BY_FIELD[field]
     if technique.kind == "bool":
         return config.replace(**{field: not getattr(config, field)})

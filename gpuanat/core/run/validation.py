@@ -90,8 +90,13 @@ def _local_model_max_positions(model: str) -> int | None:
 def model_is_path(model: str) -> bool:
     """Whether --model names a local directory rather than a Hugging Face Hub repo id ("name" or "org/name"):
     it starts like a path, has more than one slash or a backslash, or is an existing directory."""
-    return (model.startswith((".", "/", "~")) or model.count("/") > 1 or (os.sep != "/" and os.sep in model)
-            or model.endswith(".json") or Path(model).expanduser().is_dir())
+    return (
+        model.startswith((".", "/", "~"))
+        or model.count("/") > 1
+        or (os.sep != "/" and os.sep in model)
+        or model.endswith(".json")
+        or Path(model).expanduser().is_dir()
+    )
 
 
 def _validate_local_model(model: str) -> None:
@@ -104,16 +109,20 @@ def _validate_local_model(model: str) -> None:
         except (OSError, ValueError) as error:
             raise ConfigError("--model", f"{model} is not a readable JSON config: {error}") from None
         if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
-            raise ConfigError("--model", f"{model} has no model_type: a config.json as transformers writes it is "
-                                         "needed")
+            raise ConfigError(
+                "--model", f"{model} has no model_type: a config.json as transformers writes it is needed"
+            )
         return
     directory = Path(model).expanduser()
     if not directory.is_dir():
-        raise ConfigError("--model", f"no such directory: {model} (a local model is a directory with config.json, "
-                                     "as save_pretrained writes it)")
+        raise ConfigError(
+            "--model",
+            f"no such directory: {model} (a local model is a directory with config.json, as save_pretrained writes it)",
+        )
     if not (directory / "config.json").is_file():
-        raise ConfigError("--model", f"{model} has no config.json (a local model is a directory as save_pretrained "
-                                     "writes it)")
+        raise ConfigError(
+            "--model", f"{model} has no config.json (a local model is a directory as save_pretrained writes it)"
+        )
 
 
 def check_hub_model(model: str) -> str | None:
@@ -129,14 +138,18 @@ def check_hub_model(model: str) -> str | None:
     try:
         cached = try_to_load_from_cache(model, "config.json")
     except HFValidationError:
-        raise ConfigError("--model", f"{model!r} is neither a local directory nor a Hugging Face repo id "
-                                     "(name or org/name)") from None
+        raise ConfigError(
+            "--model", f"{model!r} is neither a local directory nor a Hugging Face repo id (name or org/name)"
+        ) from None
     if isinstance(cached, str):
         return None
     if constants.HF_HUB_OFFLINE:
-        raise ConfigError("--model", f"{model} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
-                                     "and HF_HUB_OFFLINE is set, so it cannot be downloaded; download it while "
-                                     "online, or give a local directory")
+        raise ConfigError(
+            "--model",
+            f"{model} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
+            "and HF_HUB_OFFLINE is set, so it cannot be downloaded; download it while "
+            "online, or give a local directory",
+        )
     return f"--model {model} is not in the local Hugging Face cache; the run will download it from the Hub"
 
 
@@ -144,36 +157,43 @@ def validate_values(config: RunConfig) -> None:
     """Raise ConfigError for a value that is wrong whatever the machine."""
     _require_choice("--preset", config.preset, tuple(PRESETS))
     _require_choice("--device", config.device, DEVICES)
-    _require_between("--batch-size", config.batch_size, 1, MAX_BATCH_SIZE,
-                     "no run needs a larger per-device batch")
-    _require_between("--grad-accum", config.grad_accum, 1, MAX_GRAD_ACCUM,
-                     "no run needs more accumulation steps")
+    _require_between("--batch-size", config.batch_size, 1, MAX_BATCH_SIZE, "no run needs a larger per-device batch")
+    _require_between("--grad-accum", config.grad_accum, 1, MAX_GRAD_ACCUM, "no run needs more accumulation steps")
     _require_choice("--precision", config.precision, PRECISIONS)
     _require_choice("--optim", config.optim, OPTIMIZERS)
     _require_between("--workers", config.workers, 0, MAX_WORKERS, "no host has the cores for more DataLoader processes")
     _require_choice("--attn", config.attn, ATTENTION_IMPLEMENTATIONS)
-    _require_between("--seq-len", config.seq_len, 1, MAX_SEQ_LEN,
-                     "the longest context open models train at on one device")
-    _require_between("--samples", config.samples, 1, MAX_SAMPLES,
-                     "a random dataset needs no more; train longer with --epochs")
+    _require_between(
+        "--seq-len", config.seq_len, 1, MAX_SEQ_LEN, "the longest context open models train at on one device"
+    )
+    _require_between(
+        "--samples", config.samples, 1, MAX_SAMPLES, "a random dataset needs no more; train longer with --epochs"
+    )
     if config.samples * config.seq_len > MAX_DATASET_TOKENS:
-        raise ConfigError("--samples", f"samples × seq-len must be ≤ {MAX_DATASET_TOKENS:,} tokens (the random "
-                                       "dataset is built in host memory, 8 bytes a token); train longer with "
-                                       f"--epochs (got {config.samples:,} × {config.seq_len:,})")
+        raise ConfigError(
+            "--samples",
+            f"samples × seq-len must be ≤ {MAX_DATASET_TOKENS:,} tokens (the random "
+            "dataset is built in host memory, 8 bytes a token); train longer with "
+            f"--epochs (got {config.samples:,} × {config.seq_len:,})",
+        )
     _require_between("--epochs", config.epochs, 1, MAX_EPOCHS, "no run needs more passes")
     if config.max_steps is not None:
         _require_between("--max-steps", config.max_steps, 1, MAX_STEPS, "no run needs more optimizer steps")
     _validate_ranks(config)
-    _require_between("--lora", config.lora, 0, MAX_LORA_RANK, "adapters past the hidden size train no less than the "
-                                                             "full weights")
+    _require_between(
+        "--lora", config.lora, 0, MAX_LORA_RANK, "adapters past the hidden size train no less than the full weights"
+    )
     if config.lora and config.distributed in SHARDED and (config.distributed != "fsdp" or config.load_in_4bit):
         technique = "QLoRA" if config.load_in_4bit else "LoRA"
         where = "with ddp" if config.load_in_4bit else "with ddp or fsdp"
         raise ConfigError("--lora", f"{technique} trains on one GPU or {where} here; not with {config.distributed}")
     _require_choice("--weights-dtype", config.weights_dtype, WEIGHTS_DTYPES)
     if config.weights_dtype == "fp16":
-        raise ConfigError("--weights-dtype", "fp16 weights do not train here: HF Trainer's fp16 gradient scaler "
-                                             "refuses fp16 gradients, and without one they underflow; use bf16")
+        raise ConfigError(
+            "--weights-dtype",
+            "fp16 weights do not train here: HF Trainer's fp16 gradient scaler "
+            "refuses fp16 gradients, and without one they underflow; use bf16",
+        )
     if config.weights_dtype == "bf16":
         if config.precision != "bf16":
             raise ConfigError("--weights-dtype", "a bf16 model computes in bf16: give --precision bf16 too")
@@ -184,21 +204,29 @@ def validate_values(config: RunConfig) -> None:
     if config.lora_dropout and not config.lora:
         raise ConfigError("--lora-dropout", "drops the LoRA adapters' input: add --lora R (e.g. --lora 16)")
     if config.load_in_4bit and not config.lora:
-        raise ConfigError("--load-in-4bit", "QLoRA trains LoRA adapters on a frozen 4-bit base, and a 4-bit weight "
-                                            "cannot train itself: add --lora R (e.g. --lora 16)")
+        raise ConfigError(
+            "--load-in-4bit",
+            "QLoRA trains LoRA adapters on a frozen 4-bit base, and a 4-bit weight "
+            "cannot train itself: add --lora R (e.g. --lora 16)",
+        )
     if config.load_in_4bit and config.model is None and PRESETS[config.preset].objective != "causal-lm":
-        raise ConfigError("--load-in-4bit", f"QLoRA is for causal LMs here (the llama, qwen2 and mistral presets, or "
-                                            f"a --model); {config.preset} is a {PRESETS[config.preset].family} "
-                                            "classifier")
+        raise ConfigError(
+            "--load-in-4bit",
+            f"QLoRA is for causal LMs here (the llama, qwen2 and mistral presets, or "
+            f"a --model); {config.preset} is a {PRESETS[config.preset].family} "
+            "classifier",
+        )
     _validate_liger(config)
     if config.compile_regions and config.compile:
         raise ConfigError("--compile-regions", "--compile already compiles the whole model: choose one")
     if config.compile_regions and config.distributed in SHARDED:
-        raise ConfigError("--compile-regions", f"compiled regions train on one GPU or with ddp here; not with "
-                                               f"{config.distributed}")
+        raise ConfigError(
+            "--compile-regions", f"compiled regions train on one GPU or with ddp here; not with {config.distributed}"
+        )
     if not config.lora_targets.strip() or any(not name.strip() for name in config.lora_targets.split(",")):
-        raise ConfigError("--lora-targets", f"all-linear, or module names separated by commas (got "
-                                            f"{config.lora_targets!r})")
+        raise ConfigError(
+            "--lora-targets", f"all-linear, or module names separated by commas (got {config.lora_targets!r})"
+        )
     if config.model is not None and model_is_path(config.model):
         _validate_local_model(config.model)
     max_positions = PRESETS[config.preset].max_positions
@@ -210,8 +238,9 @@ def validate_values(config: RunConfig) -> None:
         else:
             max_positions, source = local_max, config.model
     if max_positions and config.seq_len > max_positions:
-        raise ConfigError("--seq-len", f"must be ≤ {max_positions}, the position embeddings of {source} "
-                                       f"(got {config.seq_len})")
+        raise ConfigError(
+            "--seq-len", f"must be ≤ {max_positions}, the position embeddings of {source} (got {config.seq_len})"
+        )
 
 
 def refusal(config: RunConfig) -> ConfigError | None:
@@ -229,16 +258,25 @@ def _validate_liger(config: RunConfig) -> None:
     --liger-layers patches a causal LM's layers: a classifier preset has none Liger knows."""
     preset = PRESETS[config.preset]
     if config.liger_layers and config.model is None and preset.objective != "causal-lm":
-        raise ConfigError("--liger-layers", f"Liger's layer kernels patch causal LMs; {config.preset} is a "
-                                            f"{preset.family} classifier (choose a llama, qwen2 or mistral preset)")
+        raise ConfigError(
+            "--liger-layers",
+            f"Liger's layer kernels patch causal LMs; {config.preset} is a "
+            f"{preset.family} classifier (choose a llama, qwen2 or mistral preset)",
+        )
     if not config.liger:
         return
     if config.model is None and preset.objective != "causal-lm":
-        raise ConfigError("--liger", f"Liger's fused linear cross-entropy replaces a causal LM's loss; {config.preset} "
-                                     f"is a {preset.family} classifier (choose a llama, qwen2 or mistral preset)")
+        raise ConfigError(
+            "--liger",
+            f"Liger's fused linear cross-entropy replaces a causal LM's loss; {config.preset} "
+            f"is a {preset.family} classifier (choose a llama, qwen2 or mistral preset)",
+        )
     if config.distributed in ("fsdp", "zero3"):
-        raise ConfigError("--liger", f"Liger's fused loss reads the LM head's weight whole, which {config.distributed} "
-                                     "shards; use it on one GPU, with ddp, zero1 or zero2")
+        raise ConfigError(
+            "--liger",
+            f"Liger's fused loss reads the LM head's weight whole, which {config.distributed} "
+            "shards; use it on one GPU, with ddp, zero1 or zero2",
+        )
 
 
 def _validate_ranks(config: RunConfig) -> None:
@@ -247,8 +285,10 @@ def _validate_ranks(config: RunConfig) -> None:
     _require_choice("--distributed", config.distributed, DISTRIBUTED)
     _require_choice("--engine", config.engine, ENGINES)
     if config.engine == "accelerate" and config.distributed not in ("none", "ddp"):
-        raise ConfigError("--engine", f"the accelerate engine trains with none or ddp; {config.distributed} trains "
-                                      "with --engine trainer")
+        raise ConfigError(
+            "--engine",
+            f"the accelerate engine trains with none or ddp; {config.distributed} trains with --engine trainer",
+        )
     _require_between("--nproc", config.nproc, 1, MAX_CPU_RANKS, "each rank takes a core or more")
     if config.device == "cuda":
         if config.nproc != 1:
@@ -260,11 +300,13 @@ def _validate_ranks(config: RunConfig) -> None:
     ranks = config.ranks
     if config.distributed != "none" and ranks == 1:
         more = "--gpus 2" if config.device == "cuda" else "--nproc 2"
-        raise ConfigError("--distributed", f"{config.distributed} spreads a run over several ranks; this one has one "
-                                           f"(add {more})")
+        raise ConfigError(
+            "--distributed", f"{config.distributed} spreads a run over several ranks; this one has one (add {more})"
+        )
     if config.distributed == "none" and ranks is not None and ranks > 1:
-        raise ConfigError("--distributed", f"none trains on one rank; with {ranks} choose ddp, fsdp, zero1, zero2 "
-                                           "or zero3")
+        raise ConfigError(
+            "--distributed", f"none trains on one rank; with {ranks} choose ddp, fsdp, zero1, zero2 or zero3"
+        )
     if config.distributed not in ("none", "ddp") and config.device != "cuda":
         raise ConfigError("--distributed", f"{config.distributed} shards over GPUs; on the CPU use ddp")
 
@@ -283,15 +325,17 @@ def machine_unsupported_reasons(config: RunConfig, capabilities: Capabilities) -
     reasons: list[tuple[str, str]] = []
     cuda = config.device == "cuda"
     if cuda and not capabilities.cuda_available:
-        reasons.append(("--device", f"cuda is not available here ({capabilities.reason or 'no CUDA GPU'}); use "
-                                    "--device cpu"))
+        reasons.append(
+            ("--device", f"cuda is not available here ({capabilities.reason or 'no CUDA GPU'}); use --device cpu")
+        )
     if config.precision == "fp16" and not cuda:
         reasons.append(("--precision", "fp16 needs a CUDA GPU; use bf16 or fp32 on CPU"))
     if config.tf32 and not cuda:
         reasons.append(("--tf32", "tf32 needs a CUDA GPU (Ampere or newer)"))
     if config.expandable_segments and not cuda:
-        reasons.append(("--expandable-segments", "expandable segments are an option of the CUDA allocator; this run "
-                                                 "is on cpu"))
+        reasons.append(
+            ("--expandable-segments", "expandable segments are an option of the CUDA allocator; this run is on cpu")
+        )
     compute_capability = capabilities.cuda_compute_capability
     if cuda and compute_capability is not None and compute_capability < (8, 0):
         this_gpu = f"this GPU has {compute_capability[0]}.{compute_capability[1]}"
@@ -303,26 +347,39 @@ def machine_unsupported_reasons(config: RunConfig, capabilities: Capabilities) -
         detail = f": {capabilities.peft_error}" if capabilities.peft_error else ""
         reasons.append(("--lora", f"LoRA needs PEFT (pip install 'gpuanat[llm]'){detail}"))
     if config.load_in_4bit:
-        missing = _cuda_and_package(cuda, capabilities.bitsandbytes_version, capabilities.bitsandbytes_error,
-                                    "bitsandbytes (pip install 'gpuanat[bnb]'")
+        missing = _cuda_and_package(
+            cuda,
+            capabilities.bitsandbytes_version,
+            capabilities.bitsandbytes_error,
+            "bitsandbytes (pip install 'gpuanat[bnb]'",
+        )
         if missing:
             reasons.append(("--load-in-4bit", f"QLoRA's 4-bit base (bitsandbytes NF4) needs {missing}"))
     if config.liger or config.liger_layers:
-        missing = _cuda_and_package(cuda, capabilities.liger_version, capabilities.liger_error,
-                                    "liger-kernel (pip install 'gpuanat[llm]'")
-        for flag, what, on in (("--liger", "fused linear cross-entropy", config.liger),
-                               ("--liger-layers", "layer kernels", config.liger_layers)):
+        missing = _cuda_and_package(
+            cuda, capabilities.liger_version, capabilities.liger_error, "liger-kernel (pip install 'gpuanat[llm]'"
+        )
+        for flag, what, on in (
+            ("--liger", "fused linear cross-entropy", config.liger),
+            ("--liger-layers", "layer kernels", config.liger_layers),
+        ):
             if missing and on:
                 reasons.append((flag, f"Liger's {what} (Triton kernels) needs {missing}"))
     if config.distributed.startswith("zero") and capabilities.deepspeed_version is None:
         detail = f": {capabilities.deepspeed_error}" if capabilities.deepspeed_error else ""
-        reasons.append(("--distributed", f"{config.distributed} needs DeepSpeed (pip install deepspeed; README: "
-                                         f"Several GPUs){detail}"))
+        reasons.append(
+            (
+                "--distributed",
+                f"{config.distributed} needs DeepSpeed (pip install deepspeed; README: Several GPUs){detail}",
+            )
+        )
     if config.optim == "adamw_bnb_8bit":
         missing = [] if cuda else ["a CUDA GPU"]
         if capabilities.bitsandbytes_version is None:
-            missing.append("bitsandbytes (pip install 'gpuanat[bnb]'"
-                           + (f"; {capabilities.bitsandbytes_error})" if capabilities.bitsandbytes_error else ")"))
+            missing.append(
+                "bitsandbytes (pip install 'gpuanat[bnb]'"
+                + (f"; {capabilities.bitsandbytes_error})" if capabilities.bitsandbytes_error else ")")
+            )
         if missing:
             reasons.append(("--optim", f"8-bit Adam (adamw_bnb_8bit) needs {' and '.join(missing)}"))
     return reasons

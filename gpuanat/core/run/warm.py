@@ -41,8 +41,9 @@ from gpuanat.core.run.runner import ChildExited, ChildProcess
 
 WARM_WORKER_VARIABLE = "GPUANAT_WARM_WORKER"
 """Set to 0 to start every run cold (no process prepared ahead)."""
-ADOPTABLE_VARIABLES = frozenset({ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE, PROFILE_OPS_VARIABLE,
-                                 PROFILE_OPS_TRACE_VARIABLE})
+ADOPTABLE_VARIABLES = frozenset(
+    {ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE, PROFILE_OPS_VARIABLE, PROFILE_OPS_TRACE_VARIABLE}
+)
 """Variables a prepared worker sets itself when handed its run, before anything reads them: torch reads the allocator's
 options when CUDA initialises, gpuanat's probe its measurement requests when the run starts."""
 PREPARED = "prepared"
@@ -71,13 +72,18 @@ def cold_start_reason(prepared: Mapping[str, str], run: Mapping[str, str], ranks
     ranks; None when it can."""
     if ranks > 1:
         return f"{ranks} ranks start through torchrun"
-    changed = sorted(name for name in set(prepared) | set(run)
-                     if name not in ADOPTABLE_VARIABLES and prepared.get(name) != run.get(name))
+    changed = sorted(
+        name
+        for name in set(prepared) | set(run)
+        if name not in ADOPTABLE_VARIABLES and prepared.get(name) != run.get(name)
+    )
     if not changed:
         return None
     if "CUDA_VISIBLE_DEVICES" in changed:
-        return (f"the run's GPUs (CUDA_VISIBLE_DEVICES={run.get('CUDA_VISIBLE_DEVICES', '')}) are not those the "
-                f"prepared process was started for ({prepared.get('CUDA_VISIBLE_DEVICES', '')})")
+        return (
+            f"the run's GPUs (CUDA_VISIBLE_DEVICES={run.get('CUDA_VISIBLE_DEVICES', '')}) are not those the "
+            f"prepared process was started for ({prepared.get('CUDA_VISIBLE_DEVICES', '')})"
+        )
     shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
     return f"the environment changed since the process was prepared ({shown})"
 
@@ -99,8 +105,12 @@ class WarmStart:
     cold_reason: str | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"warm": self.warm, "prepared_for_s": self.prepared_for_s, "imports_done": self.imports_done,
-                "cold_reason": self.cold_reason}
+        return {
+            "warm": self.warm,
+            "prepared_for_s": self.prepared_for_s,
+            "imports_done": self.imports_done,
+            "cold_reason": self.cold_reason,
+        }
 
     def describe(self) -> str:
         """One line for the log: "warm: a process prepared 42 s ago took the run" or "cold: …"."""
@@ -174,7 +184,7 @@ class WarmWorkers:
         return current.child.pid if current is not None else None
 
     def status(self) -> str | None:
-        """"ready" once the prepared worker's imports are done, "preparing" before, None when there is none."""
+        """ "ready" once the prepared worker's imports are done, "preparing" before, None when there is none."""
         with self._lock:
             current = self._prepared
             if current is None:
@@ -184,22 +194,28 @@ class WarmWorkers:
                 return None
             return "ready" if current.prepared_s is not None else "preparing"
 
-    def take(self, environment: Mapping[str, str], ranks: int, requested_s: float) -> tuple[ChildProcess | None,
-                                                                                               WarmStart]:
+    def take(
+        self, environment: Mapping[str, str], ranks: int, requested_s: float
+    ) -> tuple[ChildProcess | None, WarmStart]:
         """The prepared worker for a run with `environment` on `ranks` ranks, no longer held here (the caller hands
         it the run with `adopt`), or None with why the run starts cold. One that cannot take the run is retired
         unless only the ranks stand in the way (the next one-rank run may use it)."""
         with self._lock:
             current = self._prepared
             if current is None:
-                return None, WarmStart(False, cold_reason="no process was prepared" if self.enabled else
-                                       f"warm starts are off ({WARM_WORKER_VARIABLE}=0)")
+                return None, WarmStart(
+                    False,
+                    cold_reason="no process was prepared"
+                    if self.enabled
+                    else f"warm starts are off ({WARM_WORKER_VARIABLE}=0)",
+                )
             current.poll()
             reason = cold_start_reason(current.environment, environment, ranks)
             if current.exited is not None:
                 output = current.child.early_output().decode(errors="replace").strip().splitlines()
-                reason = f"the prepared process had exited (code {current.exited})" + (f": {output[-1]}" if output
-                                                                                       else "")
+                reason = f"the prepared process had exited (code {current.exited})" + (
+                    f": {output[-1]}" if output else ""
+                )
             if reason is not None:
                 if ranks == 1 or current.exited is not None:
                     self._prepared = None
@@ -207,8 +223,11 @@ class WarmWorkers:
                     return None, WarmStart(False, cold_reason=reason)
             else:
                 self._prepared = None
-                return current.child, WarmStart(True, prepared_for_s=max(0.0, requested_s - current.started_s),
-                                                imports_done=current.prepared_s is not None)
+                return current.child, WarmStart(
+                    True,
+                    prepared_for_s=max(0.0, requested_s - current.started_s),
+                    imports_done=current.prepared_s is not None,
+                )
         current.retire()
         return None, WarmStart(False, cold_reason=reason)
 

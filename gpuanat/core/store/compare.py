@@ -87,8 +87,11 @@ def compare_runs(
 ) -> Comparison:
     """Side-by-side comparison of runs; deltas are against the first."""
     fields = sorted({key for config in configs for key in config})
-    differing = tuple((field, tuple(config.get(field) for config in configs)) for field in fields
-                      if len({repr(config.get(field)) for config in configs}) > 1)
+    differing = tuple(
+        (field, tuple(config.get(field) for config in configs))
+        for field in fields
+        if len({repr(config.get(field)) for config in configs}) > 1
+    )
     metrics = []
     for key, label in COMPARED_METRICS:
         values = tuple(metric_value(result, key) for result in results)

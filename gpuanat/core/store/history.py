@@ -84,8 +84,14 @@ class HistoryStore(HistoryFile):
         with suppress(HistoryWriteError):
             self.finalise_interrupted()
 
-    def create_run(self, config: Mapping[str, Any], *, kind: str = "launched", name: str | None = None,
-                   created_at: float | None = None) -> int:
+    def create_run(
+        self,
+        config: Mapping[str, Any],
+        *,
+        kind: str = "launched",
+        name: str | None = None,
+        created_at: float | None = None,
+    ) -> int:
         """A new run, `running` until `update_result` gives it a final status; `created_at` (Unix time)
         defaults to now and is set when importing runs recorded elsewhere. The recorder is this process."""
         config_json = json.dumps(dict(config))
@@ -94,8 +100,14 @@ class HistoryStore(HistoryFile):
             cursor = db.execute(
                 "INSERT INTO runs (kind, name, status, created_at, config_json, recorder_pid, recorder_started_at)"
                 " VALUES (?, ?, 'running', ?, ?, ?, ?)",
-                (kind, name, time.time() if created_at is None else created_at, config_json, os.getpid(),
-                 recorder_started_at),
+                (
+                    kind,
+                    name,
+                    time.time() if created_at is None else created_at,
+                    config_json,
+                    os.getpid(),
+                    recorder_started_at,
+                ),
             )
             assert cursor.lastrowid is not None
             return cursor.lastrowid
@@ -115,8 +127,9 @@ class HistoryStore(HistoryFile):
             db.execute("UPDATE runs SET name = ? WHERE id = ?", (name, run_id))
             result = self._json(found["result_json"], run_id)
             if isinstance(result, dict) and "name" in result:  # `history --json` shows both: they must agree
-                db.execute("UPDATE runs SET result_json = ? WHERE id = ?",
-                           (json.dumps({**result, "name": name}), run_id))
+                db.execute(
+                    "UPDATE runs SET result_json = ? WHERE id = ?", (json.dumps({**result, "name": name}), run_id)
+                )
             return True
 
     def set_config(self, run_id: int, config: Mapping[str, Any]) -> None:
@@ -168,10 +181,12 @@ class HistoryStore(HistoryFile):
                     continue
                 run_id = row["id"]
                 result = self._interrupted_result(row)
-                finished_at = (row["last_recorded_at"] or self._estimated_last_record(run_id, row["created_at"])
-                               or now())
-                db.execute("UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?"
-                           " WHERE id = ? AND status = 'running'", (finished_at, json.dumps(result), run_id))
+                finished_at = row["last_recorded_at"] or self._estimated_last_record(run_id, row["created_at"]) or now()
+                db.execute(
+                    "UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?"
+                    " WHERE id = ? AND status = 'running'",
+                    (finished_at, json.dumps(result), run_id),
+                )
                 finalised.append(run_id)
         return finalised
 
@@ -181,20 +196,24 @@ class HistoryStore(HistoryFile):
         ((elapsed_s, first_t_s, last_t_s),) = self._db.execute(
             "SELECT (SELECT max(elapsed_s) FROM steps WHERE run_id = ?),"
             " (SELECT min(t_s) FROM samples WHERE run_id = ?), (SELECT max(t_s) FROM samples WHERE run_id = ?)",
-            (run_id, run_id, run_id)).fetchall()
-        spans = [span for span in (elapsed_s, last_t_s - first_t_s if first_t_s is not None else None)
-                 if span is not None]
+            (run_id, run_id, run_id),
+        ).fetchall()
+        spans = [
+            span for span in (elapsed_s, last_t_s - first_t_s if first_t_s is not None else None) if span is not None
+        ]
         return created_at + max(spans) if spans else None
 
     @staticmethod
     def _gone(row: sqlite3.Row) -> bool:
         return row["status"] in ACTIVE_STATUSES and not recorder_alive(
-            row["recorder_pid"], row["recorder_started_at"], created_at=row["created_at"])
+            row["recorder_pid"], row["recorder_started_at"], created_at=row["created_at"]
+        )
 
     def _interrupted_result(self, row: sqlite3.Row) -> dict[str, Any]:
         run_id = row["id"]
-        rebuilt = result_from_steps(self._json(row["config_json"], run_id), self.steps(run_id), run_id=run_id,
-                                    recorder_pid=row["recorder_pid"])
+        rebuilt = result_from_steps(
+            self._json(row["config_json"], run_id), self.steps(run_id), run_id=run_id, recorder_pid=row["recorder_pid"]
+        )
         return interrupted_result(self._json(row["result_json"], run_id), rebuilt)
 
     def _row(self, row: sqlite3.Row) -> RunRow:
@@ -203,9 +222,16 @@ class HistoryStore(HistoryFile):
         if self._gone(row):  # shown as a writable open will finalise it, without writing
             status, result = "interrupted", self._interrupted_result(row)
         return RunRow(
-            id=run_id, kind=row["kind"], name=row["name"], status=status, created_at=row["created_at"],
-            finished_at=row["finished_at"], config=self._json(row["config_json"], run_id),
-            environment=self._json(row["environment_json"], run_id), result=result, log_path=row["log_path"],
+            id=run_id,
+            kind=row["kind"],
+            name=row["name"],
+            status=status,
+            created_at=row["created_at"],
+            finished_at=row["finished_at"],
+            config=self._json(row["config_json"], run_id),
+            environment=self._json(row["environment_json"], run_id),
+            result=result,
+            log_path=row["log_path"],
         )
 
     def _json(self, text: str | None, run_id: int) -> Any:
@@ -213,8 +239,11 @@ class HistoryStore(HistoryFile):
         try:
             return json.loads(text) if text is not None else {}
         except ValueError as error:
-            raise HistoryError(f"run {run_id} in history {self.path} is damaged ({one_line(error)}); restore the "
-                               "file from a backup or pass another path with --db", EXIT_BAD_FILE) from error
+            raise HistoryError(
+                f"run {run_id} in history {self.path} is damaged ({one_line(error)}); restore the "
+                "file from a backup or pass another path with --db",
+                EXIT_BAD_FILE,
+            ) from error
 
     def runs(self, limit: int | None = None, *, name_contains: str | None = None) -> list[RunRow]:
         """Runs, oldest first: those whose name contains `name_contains` (in any case) when given, the last `limit`

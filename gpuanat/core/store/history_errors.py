@@ -20,8 +20,16 @@ EXIT_BAD_FILE = 2
 """HistoryError.exit_code when the user must fix the path or the file."""
 EXIT_FAULT = 1
 """HistoryError.exit_code of a fault: busy, full, I/O."""
-PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ELOOP, errno.EISDIR, errno.ENAMETOOLONG,
-               errno.EROFS}
+PATH_ERRNOS = {
+    errno.ENOENT,
+    errno.ENOTDIR,
+    errno.EACCES,
+    errno.EPERM,
+    errno.ELOOP,
+    errno.EISDIR,
+    errno.ENAMETOOLONG,
+    errno.EROFS,
+}
 """OS errors the user fixes by choosing another path (exit code 2)."""
 
 
@@ -56,20 +64,30 @@ def one_line(error: BaseException) -> str:
 def fault_reason(error: BaseException) -> str | None:
     """busy / full / io / read-only for an error a retried write may get past, else None."""
     if isinstance(error, sqlite3.Error):
-        return {sqlite3.SQLITE_BUSY: "busy", sqlite3.SQLITE_LOCKED: "busy", sqlite3.SQLITE_FULL: "full",
-                sqlite3.SQLITE_IOERR: "io", sqlite3.SQLITE_READONLY: "read-only"}.get(sqlite_code(error) or -1)
+        return {
+            sqlite3.SQLITE_BUSY: "busy",
+            sqlite3.SQLITE_LOCKED: "busy",
+            sqlite3.SQLITE_FULL: "full",
+            sqlite3.SQLITE_IOERR: "io",
+            sqlite3.SQLITE_READONLY: "read-only",
+        }.get(sqlite_code(error) or -1)
     if isinstance(error, OSError):
-        return {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EIO: "io"}.get(
-            error.errno or -1)
+        return {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EIO: "io"}.get(error.errno or -1)
     return None
 
 
 T = TypeVar("T")
 
 
-def write_with_backoff(write: Callable[[], T], *, deadline_s: float, first_delay_s: float = BACKOFF_FIRST_DELAY_S,
-                       max_delay_s: float = BACKOFF_MAX_DELAY_S, clock: Callable[[], float] = time.monotonic,
-                       sleep: Callable[[float], None] = time.sleep) -> T:
+def write_with_backoff(
+    write: Callable[[], T],
+    *,
+    deadline_s: float,
+    first_delay_s: float = BACKOFF_FIRST_DELAY_S,
+    max_delay_s: float = BACKOFF_MAX_DELAY_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
     """`write()`, retried while it raises HistoryWriteError, waiting `first_delay_s` then doubling up to
     `max_delay_s`, for `deadline_s` seconds from now; after that the last HistoryWriteError is raised. Any other
     error is raised at once. An attempt itself may wait WRITE_BUSY_TIMEOUT_S for a lock, so the last one can end up

@@ -144,18 +144,25 @@ class HistoryFile:
         except OSError as error:
             raise self._error(error, "open") from error
         if stat.S_ISLNK(status.st_mode):
-            raise HistoryError(f"history {self.path} is a symbolic link; gpuanat only uses a history at its real "
-                               "path — pass that path with --db", EXIT_BAD_FILE)
+            raise HistoryError(
+                f"history {self.path} is a symbolic link; gpuanat only uses a history at its real "
+                "path — pass that path with --db",
+                EXIT_BAD_FILE,
+            )
         if stat.S_ISDIR(status.st_mode):
-            raise HistoryError(f"history {self.path} is a directory; pass a file path with --db, e.g. "
-                               f"{self.path / 'history.sqlite'}", EXIT_BAD_FILE)
+            raise HistoryError(
+                f"history {self.path} is a directory; pass a file path with --db, e.g. {self.path / 'history.sqlite'}",
+                EXIT_BAD_FILE,
+            )
         if not stat.S_ISREG(status.st_mode):
             raise HistoryError(f"history {self.path} is not a regular file; pass a file path with --db", EXIT_BAD_FILE)
         return status
 
     def _not_ours(self, what: str) -> HistoryError:
-        return HistoryError(f"{self.path} is not a gpuanat history ({what}); gpuanat leaves it untouched — pass "
-                            "another path with --db", EXIT_BAD_FILE)
+        return HistoryError(
+            f"{self.path} is not a gpuanat history ({what}); gpuanat leaves it untouched — pass another path with --db",
+            EXIT_BAD_FILE,
+        )
 
     def _read_header(self, size: int) -> _Header:
         if size == 0:
@@ -174,11 +181,16 @@ class HistoryFile:
         page_size = 65536 if page_size == 1 else page_size
         # A file cut inside a page is caught here; one cut at a page boundary, by SQLite (SQLITE_CORRUPT) on read.
         if page_size < 512 or page_size & (page_size - 1) or size % page_size:
-            raise HistoryError(f"{self.path} is truncated or damaged ({size} bytes, pages of {page_size}); gpuanat "
-                               "leaves it untouched — restore it from a backup or pass another path with --db",
-                               EXIT_BAD_FILE)
-        header_ = _Header(wal=header[18] == 2 or header[19] == 2, user_version=int.from_bytes(header[60:64], "big"),
-                          application_id=int.from_bytes(header[68:72], "big"))
+            raise HistoryError(
+                f"{self.path} is truncated or damaged ({size} bytes, pages of {page_size}); gpuanat "
+                "leaves it untouched — restore it from a backup or pass another path with --db",
+                EXIT_BAD_FILE,
+            )
+        header_ = _Header(
+            wal=header[18] == 2 or header[19] == 2,
+            user_version=int.from_bytes(header[60:64], "big"),
+            application_id=int.from_bytes(header[68:72], "big"),
+        )
         if header_.application_id not in (0, APPLICATION_ID):
             raise self._not_ours(f"another application's SQLite database, application_id {header_.application_id:#x}")
         if header_.application_id == 0 and header_.user_version not in (0, 1):
@@ -230,8 +242,9 @@ class HistoryFile:
             parameters = "mode=ro&immutable=1"  # no WAL to read: the file is the whole history
             self._immutable_state = self._file_state()
         try:
-            db = sqlite3.connect(_uri(self.path, parameters), uri=True, timeout=READ_BUSY_TIMEOUT_S,
-                                 isolation_level=None)
+            db = sqlite3.connect(
+                _uri(self.path, parameters), uri=True, timeout=READ_BUSY_TIMEOUT_S, isolation_level=None
+            )
         except sqlite3.Error as error:
             raise self._error(error, "open") from error
         db.row_factory = sqlite3.Row
@@ -259,12 +272,15 @@ class HistoryFile:
                 self._immutable_state = None
         for checked in (self.path, self.path.parent):
             if not os.access(checked, os.W_OK):
-                raise HistoryError(f"history {self.path} is read-only ({checked} is not writable); make it writable "
-                                   "or pass another path with --db (`gpuanat history` reads it as it is)",
-                                   EXIT_BAD_FILE)
+                raise HistoryError(
+                    f"history {self.path} is read-only ({checked} is not writable); make it writable "
+                    "or pass another path with --db (`gpuanat history` reads it as it is)",
+                    EXIT_BAD_FILE,
+                )
         try:
-            db = sqlite3.connect(_uri(self.path, "mode=rw"), uri=True, timeout=WRITE_BUSY_TIMEOUT_S,
-                                 isolation_level=None)
+            db = sqlite3.connect(
+                _uri(self.path, "mode=rw"), uri=True, timeout=WRITE_BUSY_TIMEOUT_S, isolation_level=None
+            )
         except sqlite3.Error as error:
             raise self._error(error, "open") from error
         db.row_factory = sqlite3.Row
@@ -282,8 +298,9 @@ class HistoryFile:
         never names a half-made file. If another process linked one first, that one is used."""
         try:
             _make_private_dirs(self.path.parent)
-            descriptor, staging_name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".new",
-                                                        dir=self.path.parent)
+            descriptor, staging_name = tempfile.mkstemp(
+                prefix=f".{self.path.name}.", suffix=".new", dir=self.path.parent
+            )
         except OSError as error:
             raise self._error(error, "create", writing=True) from error
         staging = Path(staging_name)
@@ -328,14 +345,18 @@ class HistoryFile:
         version = self._execute(db, "PRAGMA user_version")[0][0]
         if application_id == APPLICATION_ID:
             if writable and version > SCHEMA_VERSION:
-                raise HistoryError(f"history {self.path} was written by a newer gpuanat (schema {version}, this one "
-                                   f"knows {SCHEMA_VERSION}); update gpuanat or pass another path with --db",
-                                   EXIT_BAD_FILE)
+                raise HistoryError(
+                    f"history {self.path} was written by a newer gpuanat (schema {version}, this one "
+                    f"knows {SCHEMA_VERSION}); update gpuanat or pass another path with --db",
+                    EXIT_BAD_FILE,
+                )
             return
         objects = self._execute(db, "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")
-        tables = {name: tuple(column for (column,) in self._execute(
-                      db, "SELECT name FROM pragma_table_info(?)", (name,)))
-                  for kind, name in objects if kind == "table"}
+        tables = {
+            name: tuple(column for (column,) in self._execute(db, "SELECT name FROM pragma_table_info(?)", (name,)))
+            for kind, name in objects
+            if kind == "table"
+        }
         others = {name for kind, name in objects if kind != "table" and not (kind == "index" and name in V1_INDEXES)}
         if application_id == 0 and version == 1 and tables == V1_TABLES and not others:
             return
@@ -384,20 +405,31 @@ class HistoryFile:
         detail = one_line(error)
         code = sqlite_code(error) if isinstance(error, sqlite3.Error) else None
         if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-            return HistoryError(f"{self.path} is damaged or not a database ({detail}); gpuanat leaves it untouched — "
-                                "restore it from a backup or pass another path with --db", EXIT_BAD_FILE)
+            return HistoryError(
+                f"{self.path} is damaged or not a database ({detail}); gpuanat leaves it untouched — "
+                "restore it from a backup or pass another path with --db",
+                EXIT_BAD_FILE,
+            )
         if code in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH) or (
-                isinstance(error, OSError) and error.errno in PATH_ERRNOS):
-            return HistoryError(f"cannot {doing} history {self.path} ({detail}); check the path and its permissions, "
-                                "or pass another with --db", EXIT_BAD_FILE)
+            isinstance(error, OSError) and error.errno in PATH_ERRNOS
+        ):
+            return HistoryError(
+                f"cannot {doing} history {self.path} ({detail}); check the path and its permissions, "
+                "or pass another with --db",
+                EXIT_BAD_FILE,
+            )
         reason = fault_reason(error)
         if reason == "busy":
             waited_s = READ_BUSY_TIMEOUT_S if self.read_only else WRITE_BUSY_TIMEOUT_S
-            message = (f"cannot {doing} history {self.path}: another process held its lock for more than {waited_s:g} "
-                       f"s; try again when it is done (`fuser {self.path}` names it)")
+            message = (
+                f"cannot {doing} history {self.path}: another process held its lock for more than {waited_s:g} "
+                f"s; try again when it is done (`fuser {self.path}` names it)"
+            )
         elif reason == "full":
-            message = (f"cannot {doing} history {self.path}: the disk or the database is full ({detail}); free space "
-                       "there and try again")
+            message = (
+                f"cannot {doing} history {self.path}: the disk or the database is full ({detail}); free space "
+                "there and try again"
+            )
         elif reason is not None:
             message = f"cannot {doing} history {self.path}: {detail}; check the disk and its file system"
         else:

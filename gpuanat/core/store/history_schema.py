@@ -50,13 +50,26 @@ MIGRATION_FROM_1 = (
     "ALTER TABLE runs ADD COLUMN last_recorded_at REAL",
 )
 V1_TABLES = {
-    "runs": ("id", "kind", "name", "status", "created_at", "finished_at", "config_json", "environment_json",
-             "result_json", "log_path", "recorder_pid"),
+    "runs": (
+        "id",
+        "kind",
+        "name",
+        "status",
+        "created_at",
+        "finished_at",
+        "config_json",
+        "environment_json",
+        "result_json",
+        "log_path",
+        "recorder_pid",
+    ),
     "steps": ("run_id", "step", "elapsed_s", "record_json"),
     "samples": ("run_id", "t_s", "sample_json"),
 }
 """The tables of a version-1 history, which carries no application_id: a file must have exactly these."""
 V1_INDEXES = {"steps_by_run", "samples_by_run"}
-RUN_COLUMNS = ("id, kind, name, status, created_at, finished_at, config_json, environment_json, result_json,"
-                " log_path, recorder_pid, recorder_started_at, last_recorded_at")
+RUN_COLUMNS = (
+    "id, kind, name, status, created_at, finished_at, config_json, environment_json, result_json,"
+    " log_path, recorder_pid, recorder_started_at, last_recorded_at"
+)
 """The columns of a runs row as `HistoryStore._row`, `_gone` and `finalise_interrupted` read it (by name)."""

@@ -61,14 +61,22 @@ def recorder_alive(pid: int | None, started_at: float | None, *, created_at: flo
     return abs(started - started_at) <= RECORDER_START_TOLERANCE_S
 
 
-def result_from_steps(config: Mapping[str, Any], steps: Sequence[Mapping[str, Any]], *, run_id: int | None = None,
-                      recorder_pid: int | None = None) -> dict[str, Any]:
+def result_from_steps(
+    config: Mapping[str, Any],
+    steps: Sequence[Mapping[str, Any]],
+    *,
+    run_id: int | None = None,
+    recorder_pid: int | None = None,
+) -> dict[str, Any]:
     """The result of a run whose recorder stopped before it finished, rebuilt from its step records (in order)."""
     last = steps[-1] if steps else {}
     elapsed_s, samples = last.get("elapsed_s"), last.get("samples")
     losses = [step["loss"] for step in steps if step.get("loss") is not None]
-    allocated = [value for step in steps
-                 if (value := step.get("peak_allocated_bytes") or step.get("allocated_bytes")) is not None]
+    allocated = [
+        value
+        for step in steps
+        if (value := step.get("peak_allocated_bytes") or step.get("allocated_bytes")) is not None
+    ]
     reserved = [step["reserved_bytes"] for step in steps if step.get("reserved_bytes") is not None]
     with_bands = [step for step in steps if step.get("bands")]
     measured = _bands_of_step(with_bands[-1]) if with_bands else None
@@ -87,8 +95,10 @@ def result_from_steps(config: Mapping[str, Any], steps: Sequence[Mapping[str, An
         "peak_reserved_bytes": max(reserved) if reserved else None,
         "bands": measured[0] if measured else None,
         "gradients_after_backward_bytes": measured[1] if measured else None,
-        "error": {"kind": "interrupted",
-                  "message": f"{recorder} stopped before the run finished; this result was rebuilt from its {counted}"},
+        "error": {
+            "kind": "interrupted",
+            "message": f"{recorder} stopped before the run finished; this result was rebuilt from its {counted}",
+        },
     }
 
 
@@ -100,12 +110,15 @@ def _bands_of_step(step: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]
     except (TypeError, ValueError, KeyError):
         return None
     nvml = step.get("nvml_device_used_bytes") is not None
-    bands = assemble_bands(probe, reserved_bytes=step.get("reserved_bytes"),
-                           device_used_bytes=step.get("nvml_device_used_bytes"), device_total_bytes=None,
-                           process_used_bytes=step.get("nvml_process_used_bytes"),
-                           no_gpu_reason=None if nvml else "no NVML reading in the step records")
-    return (bands.values(),
-            gradients_after_backward_bytes(probe))
+    bands = assemble_bands(
+        probe,
+        reserved_bytes=step.get("reserved_bytes"),
+        device_used_bytes=step.get("nvml_device_used_bytes"),
+        device_total_bytes=None,
+        process_used_bytes=step.get("nvml_process_used_bytes"),
+        no_gpu_reason=None if nvml else "no NVML reading in the step records",
+    )
+    return (bands.values(), gradients_after_backward_bytes(probe))
 
 
 def interrupted_result(stored: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> dict[str, Any]:

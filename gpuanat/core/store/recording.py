@@ -73,8 +73,13 @@ class PendingWrites:
         self.refusal = None
         return True
 
-    def finish(self, final_write: Callable[[HistoryStore], None], *, store: HistoryStore | None = None,
-               deadline_s: float = FINAL_WRITE_DEADLINE_S) -> str | None:
+    def finish(
+        self,
+        final_write: Callable[[HistoryStore], None],
+        *,
+        store: HistoryStore | None = None,
+        deadline_s: float = FINAL_WRITE_DEADLINE_S,
+    ) -> str | None:
         """Write what waits and then `final_write`, retrying with back-off for `deadline_s`. None when all was
         written; else one line saying what was not, and why."""
         store = store or self.store
@@ -88,7 +93,9 @@ class PendingWrites:
         try:
             write_with_backoff(write_all, deadline_s=deadline_s)
         except HistoryWriteError as error:
-            return (f"run {self.run_id} could not be fully saved to the history {store.path} ({error}); "
-                    f"{self.waiting} records and its result were not written; its saved steps will be finalised "
-                    "as interrupted when the history is next opened")
+            return (
+                f"run {self.run_id} could not be fully saved to the history {store.path} ({error}); "
+                f"{self.waiting} records and its result were not written; its saved steps will be finalised "
+                "as interrupted when the history is next opened"
+            )
         return None

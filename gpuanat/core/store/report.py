@@ -41,8 +41,9 @@ SHRUNK_COLUMN_MIN = 12
 """The narrowest a shrinking column is cut to before columns are dropped instead."""
 
 
-def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, Any]], width: int) -> tuple[list[Column],
-                                                                                                    dict[str, int]]:
+def fit_columns(
+    columns: Sequence[Column], rows: Sequence[dict[str, Any]], width: int
+) -> tuple[list[Column], dict[str, int]]:
     """The columns that fit `width` characters, in their order, and the widths to cut shrinking ones to: first
     shrinking columns are cut (down to SHRUNK_COLUMN_MIN), then columns are dropped, highest `keep` first. Columns
     with `keep` 0 always stay (the table may then be wider than `width`)."""
@@ -59,8 +60,7 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, Any]], width
 
     for column in kept:
         if column.shrinks and total() > width:
-            widths[column.key] = max(min(widths[column.key], SHRUNK_COLUMN_MIN),
-                                     widths[column.key] - (total() - width))
+            widths[column.key] = max(min(widths[column.key], SHRUNK_COLUMN_MIN), widths[column.key] - (total() - width))
     for column in sorted((c for c in kept if c.keep), key=lambda c: -c.keep):
         if total() <= width:
             break
@@ -118,26 +118,28 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
     rows = []
     for run in runs:
         result, config = run.result, run.config
-        rows.append({
-            "id": run.id,
-            "when": datetime.fromtimestamp(run.created_at).strftime("%Y-%m-%d %H:%M"),
-            # a name given, else what the run was when that says something ("watched"); a plain run has none
-            "name": run.name or (None if run.kind == "launched" else run.kind),
-            "status": run.status,
-            "model": config.get("model") or config.get("preset") or _script_name(config),
-            "techniques": _techniques(run.kind, config),
-            "device": result.get("gpu_name") or result.get("device_name") or config.get("device"),
-            "time_s": result.get("train_runtime_s"),
-            "samples_per_second": result.get("samples_per_second"),
-            "steady_samples_per_second": result.get("steady_samples_per_second"),
-            "peak_allocated": result.get("peak_allocated_bytes"),
-            "gpu_memory_mb": result.get("device_memory_used_bytes"),
-            "achieved_tflops": result.get("achieved_tflops"),
-            "mfu": result.get("mfu"),
-            "prediction_error_delta": result.get("prediction_error_percent"),
-            "bottleneck": next((finding.get("bottleneck") for finding in result.get("diagnosis") or []), None),
-            "operations": operations_shares(result.get("operations_anatomy")),
-        })
+        rows.append(
+            {
+                "id": run.id,
+                "when": datetime.fromtimestamp(run.created_at).strftime("%Y-%m-%d %H:%M"),
+                # a name given, else what the run was when that says something ("watched"); a plain run has none
+                "name": run.name or (None if run.kind == "launched" else run.kind),
+                "status": run.status,
+                "model": config.get("model") or config.get("preset") or _script_name(config),
+                "techniques": _techniques(run.kind, config),
+                "device": result.get("gpu_name") or result.get("device_name") or config.get("device"),
+                "time_s": result.get("train_runtime_s"),
+                "samples_per_second": result.get("samples_per_second"),
+                "steady_samples_per_second": result.get("steady_samples_per_second"),
+                "peak_allocated": result.get("peak_allocated_bytes"),
+                "gpu_memory_mb": result.get("device_memory_used_bytes"),
+                "achieved_tflops": result.get("achieved_tflops"),
+                "mfu": result.get("mfu"),
+                "prediction_error_delta": result.get("prediction_error_percent"),
+                "bottleneck": next((finding.get("bottleneck") for finding in result.get("diagnosis") or []), None),
+                "operations": operations_shares(result.get("operations_anatomy")),
+            }
+        )
     return rows
 
 
@@ -185,22 +187,26 @@ def sweep_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for result in results:
         memory = result.get("device_memory_used_bytes")
-        rows.append({
-            "name": result.get("name"),
-            "status": result.get("status"),
-            "time_s": result.get("train_runtime_s"),
-            "time_delta": percent_delta(result.get("train_runtime_s"), baseline.get("train_runtime_s")),
-            "samples_per_second": result.get("samples_per_second"),
-            "samples_per_second_delta": percent_delta(result.get("samples_per_second"),
-                                                      baseline.get("samples_per_second")),
-            "steady_samples_per_second": result.get("steady_samples_per_second"),
-            "steady_delta": percent_delta(result.get("steady_samples_per_second"),
-                                          baseline.get("steady_samples_per_second")),
-            "gpu_memory_mb": memory,
-            "memory_delta": percent_delta(memory, baseline.get("device_memory_used_bytes")),
-            "peak_allocated": result.get("peak_allocated_bytes"),
-            "reason": result.get("reason") or "",
-        })
+        rows.append(
+            {
+                "name": result.get("name"),
+                "status": result.get("status"),
+                "time_s": result.get("train_runtime_s"),
+                "time_delta": percent_delta(result.get("train_runtime_s"), baseline.get("train_runtime_s")),
+                "samples_per_second": result.get("samples_per_second"),
+                "samples_per_second_delta": percent_delta(
+                    result.get("samples_per_second"), baseline.get("samples_per_second")
+                ),
+                "steady_samples_per_second": result.get("steady_samples_per_second"),
+                "steady_delta": percent_delta(
+                    result.get("steady_samples_per_second"), baseline.get("steady_samples_per_second")
+                ),
+                "gpu_memory_mb": memory,
+                "memory_delta": percent_delta(memory, baseline.get("device_memory_used_bytes")),
+                "peak_allocated": result.get("peak_allocated_bytes"),
+                "reason": result.get("reason") or "",
+            }
+        )
     return rows
 
 
@@ -225,8 +231,10 @@ def display_value(key: str, value: Any) -> str:
 
 
 def render_markdown(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(column.title for column in columns) + " |",
-             "| " + " | ".join("---:" if column.numeric else "---" for column in columns) + " |"]
+    lines = [
+        "| " + " | ".join(column.title for column in columns) + " |",
+        "| " + " | ".join("---:" if column.numeric else "---" for column in columns) + " |",
+    ]
     for row in rows:
         cells = [display_value(column.key, row.get(column.key)).replace("|", "\\|") for column in columns]
         lines.append("| " + " | ".join(cells) + " |")

@@ -52,11 +52,20 @@ class ProbeHint:
     def reason(self) -> str:
         """Why the anatomy is not published, and what to do."""
         if self.has_probe:
-            return ("waiting for the probe: the script uses gpuanat's probe, which publishes once training begins "
-                    "(after the imports and the model's loading)")
+            return (
+                "waiting for the probe: the script uses gpuanat's probe, which publishes once training begins "
+                "(after the imports and the model's loading)"
+            )
         if self.loop is None:
-            return ("not published: no gpuanat probe in the process (HF Trainer: " + PROBES["trainer"]
-                    + "; Lightning: " + PROBES["lightning"] + "; a loop of your own: " + PROBES["plain"] + ")")
+            return (
+                "not published: no gpuanat probe in the process (HF Trainer: "
+                + PROBES["trainer"]
+                + "; Lightning: "
+                + PROBES["lightning"]
+                + "; a loop of your own: "
+                + PROBES["plain"]
+                + ")"
+            )
         return f"not published: {LOOP_NAMES[self.loop]} without gpuanat's probe (add {PROBES[self.loop]})"
 
     @property

@@ -31,8 +31,14 @@ class HistoryRecorder:
     SQLite connections belong to the thread that opened them: the last writes, from another thread (a
     dashboard quitting), go through a connection of their own."""
 
-    def __init__(self, store: HistoryStore, records: WatchRecords, samples: Iterable[Mapping[str, Any]],
-                 name: str | None, run_id: int | None) -> None:
+    def __init__(
+        self,
+        store: HistoryStore,
+        records: WatchRecords,
+        samples: Iterable[Mapping[str, Any]],
+        name: str | None,
+        run_id: int | None,
+    ) -> None:
         """`samples` are those kept before the save began; `records` gives the config and environment."""
         self.store = store
         self.finished = False
@@ -40,9 +46,14 @@ class HistoryRecorder:
         """What the last writes could not save, when the history refused them until the end."""
         self._thread = threading.get_ident()
         self.name = name or f"watch {records.target.pid} {records.target.name}"
-        self.run_id = run_id if run_id is not None else write_with_backoff(
-            lambda: store.create_run(records.config(), kind=records.kind, name=self.name),
-            deadline_s=FINAL_WRITE_DEADLINE_S)
+        self.run_id = (
+            run_id
+            if run_id is not None
+            else write_with_backoff(
+                lambda: store.create_run(records.config(), kind=records.kind, name=self.name),
+                deadline_s=FINAL_WRITE_DEADLINE_S,
+            )
+        )
         self._records = records
         self._pending = PendingWrites(store, self.run_id)
         environment = self._environment()
@@ -56,10 +67,16 @@ class HistoryRecorder:
         records = self._records
         hello = records.observed.run.hello
         nvml_pids = sorted(records.mapping.nvml_pids_of([records.target.pid, *records.observed_pids()]))
-        return {"pid": nvml_pids[0] if len(nvml_pids) == 1 else records.target.pid, "nvml_pids": nvml_pids,
-                "watched_pid": records.target.pid, "command": records.target.command,
-                "username": records.target.username, "versions": hello.versions if hello else {},
-                "device": hello.device if hello else None, "nvml": dataclasses.asdict(records.nvml)}
+        return {
+            "pid": nvml_pids[0] if len(nvml_pids) == 1 else records.target.pid,
+            "nvml_pids": nvml_pids,
+            "watched_pid": records.target.pid,
+            "command": records.target.command,
+            "username": records.target.username,
+            "versions": hello.versions if hello else {},
+            "device": hello.device if hello else None,
+            "nvml": dataclasses.asdict(records.nvml),
+        }
 
     def add(self, sample_json: Mapping[str, Any] | None, steps: Iterable[Step]) -> None:
         if sample_json is not None:

@@ -73,8 +73,11 @@ class WatchRecords:
         the PID and command) are for the history."""
         self.target = target
         self.kind = kind
-        self._description = dict(description) if description is not None else {
-            "watched_pid": target.pid, "command": target.command or target.name}
+        self._description = (
+            dict(description)
+            if description is not None
+            else {"watched_pid": target.pid, "command": target.command or target.name}
+        )
         self.nvml = nvml
         self._clock = clock
         self._resolver = resolver
@@ -106,17 +109,25 @@ class WatchRecords:
             on_gpu = any(process.pid in tree_nvml_pids for process in gpu.processes)
             process_util = None
             if gpu.process_utilization is not None:
-                process_util = sum(entry.sm_util_percent for entry in gpu.process_utilization
-                                   if entry.pid in tree_nvml_pids)
-            gpus.append({
-                "index": gpu.index, "name": gpu.name, "uses_it": on_gpu,
-                "process_memory_bytes": used if on_gpu else 0,
-                "used_bytes": gpu.used_bytes, "total_bytes": gpu.total_bytes,
-                "other_processes_bytes": gpu.used_bytes - used if gpu.used_bytes is not None else None,
-                "device_util_percent": gpu.gpu_util_percent, "process_util_percent": process_util,
-                "memory_util_percent": gpu.memory_util_percent, "power_w": gpu.power_w,
-                "temperature_c": gpu.temperature_c,
-            })
+                process_util = sum(
+                    entry.sm_util_percent for entry in gpu.process_utilization if entry.pid in tree_nvml_pids
+                )
+            gpus.append(
+                {
+                    "index": gpu.index,
+                    "name": gpu.name,
+                    "uses_it": on_gpu,
+                    "process_memory_bytes": used if on_gpu else 0,
+                    "used_bytes": gpu.used_bytes,
+                    "total_bytes": gpu.total_bytes,
+                    "other_processes_bytes": gpu.used_bytes - used if gpu.used_bytes is not None else None,
+                    "device_util_percent": gpu.gpu_util_percent,
+                    "process_util_percent": process_util,
+                    "memory_util_percent": gpu.memory_util_percent,
+                    "power_w": gpu.power_w,
+                    "temperature_c": gpu.temperature_c,
+                }
+            )
         gpu_memory_reason = None
         if not sample.gpus:
             gpu_memory_bytes = None
@@ -131,13 +142,15 @@ class WatchRecords:
         used_gpus = [entry for entry in gpus if entry["uses_it"]] or gpus
         gpu_util_percent: float | None = None
         gpu_util_scope: str | None = None
-        process_utils = [entry["process_util_percent"] for entry in used_gpus
-                         if entry["process_util_percent"] is not None]
+        process_utils = [
+            entry["process_util_percent"] for entry in used_gpus if entry["process_util_percent"] is not None
+        ]
         if used_gpus and len(process_utils) == len(used_gpus) and any(entry["uses_it"] for entry in gpus):
             gpu_util_percent, gpu_util_scope = sum(process_utils) / len(process_utils), "process"
         else:
-            device_utils = [entry["device_util_percent"] for entry in used_gpus
-                            if entry["device_util_percent"] is not None]
+            device_utils = [
+                entry["device_util_percent"] for entry in used_gpus if entry["device_util_percent"] is not None
+            ]
             if device_utils:
                 gpu_util_percent, gpu_util_scope = sum(device_utils) / len(device_utils), "device"
 
@@ -151,14 +164,32 @@ class WatchRecords:
                     memory_by_local_pid[local_pid] += process.used_bytes or 0
                 else:
                     if local_pid not in named:
-                        named[local_pid] = (self._other_process_names[local_pid]
-                                            if local_pid in self._other_process_names else _process_name(local_pid))
-                    other_processes.append({"gpu": gpu.index, "pid": process.pid, "local_pid": local_pid,
-                                            "name": named[local_pid], "used_bytes": process.used_bytes})
+                        named[local_pid] = (
+                            self._other_process_names[local_pid]
+                            if local_pid in self._other_process_names
+                            else _process_name(local_pid)
+                        )
+                    other_processes.append(
+                        {
+                            "gpu": gpu.index,
+                            "pid": process.pid,
+                            "local_pid": local_pid,
+                            "name": named[local_pid],
+                            "used_bytes": process.used_bytes,
+                        }
+                    )
         self._other_process_names = named  # one that leaves the GPU is forgotten: a PID used again is named again
-        processes = [{"pid": p.pid, "parent_pid": p.parent_pid, "name": p.name, "cpu_percent": p.cpu_percent,
-                      "rss_bytes": p.rss_bytes, "gpu_memory_bytes": memory_by_local_pid.get(p.pid)}
-                     for p in host.processes]
+        processes = [
+            {
+                "pid": p.pid,
+                "parent_pid": p.parent_pid,
+                "name": p.name,
+                "cpu_percent": p.cpu_percent,
+                "rss_bytes": p.rss_bytes,
+                "gpu_memory_bytes": memory_by_local_pid.get(p.pid),
+            }
+            for p in host.processes
+        ]
 
         if host.rss_bytes is not None:
             observed.peak_rss_bytes = max(observed.peak_rss_bytes or 0, host.rss_bytes)
@@ -175,8 +206,12 @@ class WatchRecords:
         published = observed.publisher_pid is not None
         bands = bands_unavailable = None
         if published:
-            memory = self._bands(main_gpu, main_process_bytes, run.last_step.reserved_bytes
-                                 if run.last_step else None, main_gpu.used_bytes if main_gpu else None)
+            memory = self._bands(
+                main_gpu,
+                main_process_bytes,
+                run.last_step.reserved_bytes if run.last_step else None,
+                main_gpu.used_bytes if main_gpu else None,
+            )
             bands_unavailable = memory.unavailable
             bands = memory.values()
         last_step = run.last_step
@@ -194,10 +229,15 @@ class WatchRecords:
             "gpus": gpus,
             "processes": processes,
             "other_gpu_processes": other_processes,
-            "pid_namespace": None if not mapping.other_namespace else {
-                "note": mapping.note, "mapped": {str(nvml_pid): local for nvml_pid, local
-                                                 in mapping.local_by_nvml.items() if nvml_pid != local},
-                "unmapped": list(mapping.foreign)},
+            "pid_namespace": None
+            if not mapping.other_namespace
+            else {
+                "note": mapping.note,
+                "mapped": {
+                    str(nvml_pid): local for nvml_pid, local in mapping.local_by_nvml.items() if nvml_pid != local
+                },
+                "unmapped": list(mapping.foreign),
+            },
             "published": published,
             "publisher_pid": observed.publisher_pid,
             "publication_reason": None if published else self._publication_reason(),
@@ -240,19 +280,34 @@ class WatchRecords:
             gpu = _gpu_of(sample.gpus, nvml_pids)
             used = _gpu_used_by(gpu, nvml_pids)[0] if gpu is not None else None
             hello = self.observed.run.hello
-            no_gpu = ("CPU run: it uses no GPU memory" if hello is not None and hello.device != "cuda"
-                      else None if gpu is not None else "NVML lists no GPU memory of this process")
-            memory = assemble_bands(publisher.probe_bands, reserved_bytes=publisher.reserved_bytes,
-                                    device_used_bytes=gpu.used_bytes if gpu else None,
-                                    device_total_bytes=gpu.total_bytes if gpu else None,
-                                    process_used_bytes=used, no_gpu_reason=no_gpu)
-            ranks.append({"pid": publisher.pid, "rank": publisher.rank if publisher.rank is not None else position,
-                          "gpu_index": gpu.index if gpu else None, "step": publisher.step,
-                          "used_bytes": gpu.used_bytes if gpu else None,
-                          "total_bytes": gpu.total_bytes if gpu else None,
-                          "gradients_after_backward_bytes": gradients_after_backward_bytes(publisher.probe_bands),
-                          "bands": memory.values(),
-                          "bands_unavailable": memory.unavailable})
+            no_gpu = (
+                "CPU run: it uses no GPU memory"
+                if hello is not None and hello.device != "cuda"
+                else None
+                if gpu is not None
+                else "NVML lists no GPU memory of this process"
+            )
+            memory = assemble_bands(
+                publisher.probe_bands,
+                reserved_bytes=publisher.reserved_bytes,
+                device_used_bytes=gpu.used_bytes if gpu else None,
+                device_total_bytes=gpu.total_bytes if gpu else None,
+                process_used_bytes=used,
+                no_gpu_reason=no_gpu,
+            )
+            ranks.append(
+                {
+                    "pid": publisher.pid,
+                    "rank": publisher.rank if publisher.rank is not None else position,
+                    "gpu_index": gpu.index if gpu else None,
+                    "step": publisher.step,
+                    "used_bytes": gpu.used_bytes if gpu else None,
+                    "total_bytes": gpu.total_bytes if gpu else None,
+                    "gradients_after_backward_bytes": gradients_after_backward_bytes(publisher.probe_bands),
+                    "bands": memory.values(),
+                    "bands_unavailable": memory.unavailable,
+                }
+            )
         return sorted(ranks, key=lambda entry: entry["rank"])
 
     def _publication_reason(self) -> str:
@@ -286,18 +341,27 @@ class WatchRecords:
                 return best[1], best[0]
         return sample.gpus[0], None
 
-    def _bands(self, gpu: GpuSample | None, process_used_bytes: int | None, reserved_bytes: int | None,
-               device_used_bytes: int | None) -> MemoryBands:
+    def _bands(
+        self,
+        gpu: GpuSample | None,
+        process_used_bytes: int | None,
+        reserved_bytes: int | None,
+        device_used_bytes: int | None,
+    ) -> MemoryBands:
         hello = self.observed.run.hello
         no_gpu_reason = None
         if hello is not None and hello.device != "cuda":
             no_gpu_reason = "CPU run: it uses no GPU memory"
         elif gpu is None:
             no_gpu_reason = f"no GPU readings: {self.nvml.reason or 'NVML unavailable'}"
-        return assemble_bands(self.observed.run.probe_bands, reserved_bytes=reserved_bytes,
-                              device_used_bytes=device_used_bytes,
-                              device_total_bytes=gpu.total_bytes if gpu else None,
-                              process_used_bytes=process_used_bytes, no_gpu_reason=no_gpu_reason)
+        return assemble_bands(
+            self.observed.run.probe_bands,
+            reserved_bytes=reserved_bytes,
+            device_used_bytes=device_used_bytes,
+            device_total_bytes=gpu.total_bytes if gpu else None,
+            process_used_bytes=process_used_bytes,
+            no_gpu_reason=no_gpu_reason,
+        )
 
     def final_record(self, *, exit_code: int | None) -> dict[str, Any]:
         """The record that ends the watch because the process exited."""
@@ -340,21 +404,33 @@ class WatchRecords:
         if observed.publisher_pid is not None:
             gpu_total = observed.device_total_bytes
             memory = assemble_bands(
-                run.probe_bands, reserved_bytes=(done.peak_reserved_bytes if done else None)
-                or run.peak_reserved_bytes, device_used_bytes=observed.peak_device_used_bytes,
-                device_total_bytes=gpu_total, process_used_bytes=observed.peak_gpu_memory_bytes,
-                no_gpu_reason=("CPU run: it uses no GPU memory" if run.hello and run.hello.device != "cuda"
-                               else None if observed.gpu_name else "no GPU readings"))
+                run.probe_bands,
+                reserved_bytes=(done.peak_reserved_bytes if done else None) or run.peak_reserved_bytes,
+                device_used_bytes=observed.peak_device_used_bytes,
+                device_total_bytes=gpu_total,
+                process_used_bytes=observed.peak_gpu_memory_bytes,
+                no_gpu_reason=(
+                    "CPU run: it uses no GPU memory"
+                    if run.hello and run.hello.device != "cuda"
+                    else None
+                    if observed.gpu_name
+                    else "no GPU readings"
+                ),
+            )
             bands = memory.values()
             unavailable.update(memory.unavailable)
         else:
             unavailable["bands"] = self._publication_reason()
         train_runtime_s = done.train_runtime_s if done else (last_step.elapsed_s if last_step else None)
-        samples_per_second = done.samples_per_second if done else (
-            last_step.samples / last_step.elapsed_s if last_step and last_step.elapsed_s > 0 else None)
+        samples_per_second = (
+            done.samples_per_second
+            if done
+            else (last_step.samples / last_step.elapsed_s if last_step and last_step.elapsed_s > 0 else None)
+        )
         if done is None or done.steady_samples_per_second is None:
             unavailable["steady_samples_per_second"] = (
-                (done.steady_reason if done else None) or "the run had not finished training when the watch ended")
+                done.steady_reason if done else None
+            ) or "the run had not finished training when the watch ended"
         if observed.peak_gpu_memory_bytes is None:
             unavailable["device_memory_used_bytes"] = (self.last_record or {}).get("gpu_memory_reason") or "no GPU"
         hello = run.hello
@@ -392,8 +468,11 @@ class WatchRecords:
             "published": observed.publisher_pid is not None,
             "watched_s": round(self._clock() - self.started_s, 3),
             "pid_namespace_note": self.mapping.note,
-            "error": ({"kind": run.error.kind, "message": run.error.message, "step": run.error.step,
-                       "flag": run.error.flag} if run.error else None),
+            "error": (
+                {"kind": run.error.kind, "message": run.error.message, "step": run.error.step, "flag": run.error.flag}
+                if run.error
+                else None
+            ),
             "log_path": None,
             "malformed_events": observed.malformed,
             "ranks": (self.last_record or {}).get("ranks", []),

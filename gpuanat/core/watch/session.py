@@ -61,14 +61,20 @@ class WatchSession:
         `process_alive` defaults to psutil: the target still runs and is not a zombie. `kind` and
         `description` (config entries that say what ran; default the PID and command) are for the history."""
         self.target = target
-        self._publications = (Publications(publication_dirs_for, clock)
-                              if publication_dirs_for is not None else None)
+        self._publications = Publications(publication_dirs_for, clock) if publication_dirs_for is not None else None
         self._process_alive = process_alive or self._psutil_alive
         self._process: psutil.Process | None = None
         self.observed = ObservedRun()
-        self._records = WatchRecords(target, nvml, self.observed, clock=clock,
-                                     resolver=resolver or PidNamespaceResolver(), publications=self._publications,
-                                     kind=kind, description=description)
+        self._records = WatchRecords(
+            target,
+            nvml,
+            self.observed,
+            clock=clock,
+            resolver=resolver or PidNamespaceResolver(),
+            publications=self._publications,
+            kind=kind,
+            description=description,
+        )
         self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEPT_SAMPLES)
         self._pushed_events: collections.deque[tuple[int, Event | Malformed]] = collections.deque()
         self._lock = threading.Lock()
@@ -136,8 +142,9 @@ class WatchSession:
             return self._records.final_record(exit_code=exit_code)
 
     # --- the history -----------------------------------------------------------------------------
-    def request_save(self, db_path: Path, name: str | None = None,
-                     on_saved: Callable[[int | None, str | None], None] | None = None) -> None:
+    def request_save(
+        self, db_path: Path, name: str | None = None, on_saved: Callable[[int | None, str | None], None] | None = None
+    ) -> None:
         """Start recording into the history at the next sample, on the thread that calls `handle`
         (SQLite connections belong to their thread). `on_saved(run_id, failure)` is called then."""
         self._save_request = (db_path, name, on_saved)
@@ -185,8 +192,9 @@ class WatchSession:
 
     def result(self, *, exited: bool) -> dict[str, Any]:
         """The watched run's result in the terms of `gpuanat run --json`, so history and compare read it."""
-        return self._records.result(exited=exited, run_id=self.saved_run_id,
-                                    name=self._recorder.name if self._recorder else None)
+        return self._records.result(
+            exited=exited, run_id=self.saved_run_id, name=self._recorder.name if self._recorder else None
+        )
 
     def close(self) -> None:
         if self._publications is not None:

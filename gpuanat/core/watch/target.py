@@ -66,5 +66,12 @@ def resolve_target(pid: int) -> WatchTarget:
         username: str | None = process.username()
     except psutil.Error:
         username = None
-    return WatchTarget(pid=pid, name=name, command=command, create_time_s=create_time_s, username=username,
-                       arguments=arguments, cwd=cwd)
+    return WatchTarget(
+        pid=pid,
+        name=name,
+        command=command,
+        create_time_s=create_time_s,
+        username=username,
+        arguments=arguments,
+        cwd=cwd,
+    )

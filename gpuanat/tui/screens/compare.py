@@ -43,8 +43,12 @@ def _memory_series(samples: list[dict[str, Any]], pid: int | None) -> TimeSeries
     series = TimeSeries()
     start = samples[0]["t_s"] if samples else 0.0
     for sample in samples:
-        used = sum(process["used_bytes"] or 0 for gpu in sample["gpus"] for process in gpu["processes"]
-                   if process["pid"] == pid)
+        used = sum(
+            process["used_bytes"] or 0
+            for gpu in sample["gpus"]
+            for process in gpu["processes"]
+            if process["pid"] == pid
+        )
         if used:
             series.append(sample["t_s"] - start, used)
     return series
@@ -54,8 +58,9 @@ def _throughput_series(steps: list[dict[str, Any]]) -> TimeSeries:
     series = TimeSeries()
     for previous, step in itertools.pairwise(steps):
         if step["elapsed_s"] > previous["elapsed_s"]:
-            series.append(step["elapsed_s"], (step["samples"] - previous["samples"]) /
-                          (step["elapsed_s"] - previous["elapsed_s"]))
+            series.append(
+                step["elapsed_s"], (step["samples"] - previous["samples"]) / (step["elapsed_s"] - previous["elapsed_s"])
+            )
     return series
 
 
@@ -69,23 +74,28 @@ class CompareScreen(Screen[None]):
     CompareScreen LineChart { width: 1fr; height: 1fr; }
     """
 
-    def __init__(self, runs: list[RunRow], steps: dict[int, list[dict[str, Any]]],
-                 samples: dict[int, list[dict[str, Any]]]) -> None:
+    def __init__(
+        self, runs: list[RunRow], steps: dict[int, list[dict[str, Any]]], samples: dict[int, list[dict[str, Any]]]
+    ) -> None:
         super().__init__()
         self._runs, self._steps, self._samples = runs, steps, samples
-        self.comparison = compare_runs([run.id for run in runs], [run.config for run in runs],
-                                       [run.result for run in runs])
+        self.comparison = compare_runs(
+            [run.id for run in runs], [run.config for run in runs], [run.result for run in runs]
+        )
 
     def compose(self) -> ComposeResult:
-        yield Label(f"Compare runs {', '.join(str(run.id) for run in self._runs)} — Δ% against run "
-                    f"{self._runs[0].id}", id="compare-title")
+        yield Label(
+            f"Compare runs {', '.join(str(run.id) for run in self._runs)} — Δ% against run {self._runs[0].id}",
+            id="compare-title",
+        )
         with Horizontal(id="compare-tables"):
             yield DataTable(id="compare-techniques", cursor_type="none")
             yield DataTable(id="compare-metrics", cursor_type="none")
         with Horizontal(id="compare-charts"):
             yield LineChart("GPU memory of each run", formatter=lambda v: format_bytes(int(v)), id="compare-memory")
-            yield LineChart("Throughput of each run (samples/s)", formatter=lambda v: f"{v:.1f}/s",
-                            id="compare-throughput")
+            yield LineChart(
+                "Throughput of each run (samples/s)", formatter=lambda v: f"{v:.1f}/s", id="compare-throughput"
+            )
         yield Footer()
 
     def on_mount(self) -> None:

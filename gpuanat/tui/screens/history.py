@@ -27,15 +27,41 @@ from gpuanat.tui.screens.rename import RenameScreen
 from gpuanat.tui.text_fit import fit_words
 
 SELECTED_MARK = "✓"
-SCREEN_COLUMN_ORDER = ("id", "when", "name", "status", "techniques", "time_s", "samples_per_second",
-                       "steady_samples_per_second", "achieved_tflops", "mfu", "peak_allocated", "gpu_memory_mb",
-                       "prediction_error_delta",
-                       "model", "device")
+SCREEN_COLUMN_ORDER = (
+    "id",
+    "when",
+    "name",
+    "status",
+    "techniques",
+    "time_s",
+    "samples_per_second",
+    "steady_samples_per_second",
+    "achieved_tflops",
+    "mfu",
+    "peak_allocated",
+    "gpu_memory_mb",
+    "prediction_error_delta",
+    "model",
+    "device",
+)
 """The metrics come before the long model and device names so that 120 columns show them."""
 SCREEN_COLUMNS = tuple(next(c for c in HISTORY_COLUMNS if c.key == key) for key in SCREEN_COLUMN_ORDER)
-SORT_KEYS = ("id", "time_s", "samples_per_second", "steady_samples_per_second", "achieved_tflops", "mfu",
-             "peak_allocated", "gpu_memory_mb", "prediction_error_delta", "status", "name", "model", "techniques",
-             "device")
+SORT_KEYS = (
+    "id",
+    "time_s",
+    "samples_per_second",
+    "steady_samples_per_second",
+    "achieved_tflops",
+    "mfu",
+    "peak_allocated",
+    "gpu_memory_mb",
+    "prediction_error_delta",
+    "status",
+    "name",
+    "model",
+    "techniques",
+    "device",
+)
 """The columns `<` and `>` step through; `id` (the order the runs were made in) first."""
 FILTERED_KEYS = ("name", "status", "model", "techniques", "device")
 Rename = Callable[[int, str | None], bool]
@@ -65,8 +91,14 @@ class HistoryScreen(Screen[list[int]]):
         Binding("space", "toggle_selection", "Select", id="history.select"),
         Binding("enter", "compare", "Compare selected", id="history.compare", priority=True),
         Binding("greater_than_sign", "sort_by(1)", "Sort: next column", id="history.sort_next", key_display=">"),
-        Binding("less_than_sign", "sort_by(-1)", "Sort: previous column", id="history.sort_previous",
-                key_display="<", show=False),
+        Binding(
+            "less_than_sign",
+            "sort_by(-1)",
+            "Sort: previous column",
+            id="history.sort_previous",
+            key_display="<",
+            show=False,
+        ),
         Binding("I", "invert_sort", "Invert order", id="history.invert", show=False),
         Binding("slash", "filter", "Filter", id="history.filter", key_display="/"),
         Binding("n", "rename", "Rename", id="history.rename"),
@@ -91,11 +123,15 @@ class HistoryScreen(Screen[list[int]]):
         self.filter_text = ""
 
     def compose(self) -> ComposeResult:
-        yield Label("History — space selects runs, enter compares them or the last two (the first is the baseline)",
-                    id="history-hint")
+        yield Label(
+            "History — space selects runs, enter compares them or the last two (the first is the baseline)",
+            id="history-hint",
+        )
         yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
-        yield Input(placeholder="filter: name, status, model, techniques, device (enter keeps it, escape clears it)",
-                    id="history-filter")
+        yield Input(
+            placeholder="filter: name, status, model, techniques, device (enter keeps it, escape clears it)",
+            id="history-filter",
+        )
         yield Footer()
 
     def on_mount(self) -> None:
@@ -129,18 +165,25 @@ class HistoryScreen(Screen[list[int]]):
         rows = self._shown_rows()
         for row in rows:
             # Text, not markup: names and models read as given (display_value made them printable).
-            table.add_row(SELECTED_MARK if row["id"] in self.selected else "",
-                          *(Text(display_value(column.key, row.get(column.key))) for column in SCREEN_COLUMNS),
-                          key=str(row["id"]))
+            table.add_row(
+                SELECTED_MARK if row["id"] in self.selected else "",
+                *(Text(display_value(column.key, row.get(column.key))) for column in SCREEN_COLUMNS),
+                key=str(row["id"]),
+            )
         ids = [row["id"] for row in rows]
         if ids:
             table.move_cursor(row=ids.index(cursor_run_id) if cursor_run_id in ids else len(ids) - 1)
         shown = f"{len(rows)} of {len(self._rows)} runs" if self.filter_text else f"{len(rows)} runs"
-        order = "" if self.sort_key == "id" and not self.descending else \
-            f" · sorted by {next(c.title for c in SCREEN_COLUMNS if c.key == self.sort_key)}"
+        order = (
+            ""
+            if self.sort_key == "id" and not self.descending
+            else f" · sorted by {next(c.title for c in SCREEN_COLUMNS if c.key == self.sort_key)}"
+        )
         where = f" · filter “{printable(self.filter_text)}”" if self.filter_text else ""
-        self._hint = (f"History — {shown}{order}{where} · space selects, enter compares them or the last two (the "
-                      "first is the baseline)")
+        self._hint = (
+            f"History — {shown}{order}{where} · space selects, enter compares them or the last two (the "
+            "first is the baseline)"
+        )
         self._show_hint()
 
     def _show_hint(self) -> None:
@@ -210,8 +253,9 @@ class HistoryScreen(Screen[list[int]]):
             self.app.call_from_thread(self._say, f"The name was not saved: {error}", "error")
             return
         if not renamed:
-            self.app.call_from_thread(self._say, f"Run {run_id} is no longer in the history: the name was not saved.",
-                                      "error")
+            self.app.call_from_thread(
+                self._say, f"Run {run_id} is no longer in the history: the name was not saved.", "error"
+            )
             return
         self.app.call_from_thread(self._show_name, run_id, name)
 
@@ -244,7 +288,7 @@ class HistoryScreen(Screen[list[int]]):
         run_ids = list(self.selected)
         if len(run_ids) < 2:  # the selected run and the latest other one, or the last two runs the table shows
             latest_first = sorted(self.shown_run_ids, reverse=True)
-            run_ids = sorted(run_ids + [run_id for run_id in latest_first if run_id not in run_ids][:2 - len(run_ids)])
+            run_ids = sorted(run_ids + [run_id for run_id in latest_first if run_id not in run_ids][: 2 - len(run_ids)])
         if len(run_ids) < 2:
             self.notify("Compare needs two runs: run twice, or clear the filter.", severity="warning")
             return

@@ -32,8 +32,11 @@ def key_rows(app: object) -> dict[str, list[tuple[str, str]]]:
         if binding.id is None and binding.action != "command_palette":
             continue  # Textual's own (scrolling, focus, copying): not gpuanat's keys
         keys, _ = by_action.setdefault(binding.action, ([], binding))
-        shown = binding.key_display if binding.key_display and key == binding.key.split(",")[0] else \
-            app.get_key_display(Binding(key, binding.action))  # type: ignore[attr-defined]
+        shown = (
+            binding.key_display
+            if binding.key_display and key == binding.key.split(",")[0]
+            else app.get_key_display(Binding(key, binding.action))
+        )  # type: ignore[attr-defined]
         keys.append(shown)
     groups: dict[str, list[tuple[str, str]]] = {group: [] for group in GROUPS}
     for action, (keys, binding) in by_action.items():

@@ -25,14 +25,25 @@ from textual.widget import Widget
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.widgets.memory_bar import BAND_COLOURS_CSS, band_component_class
 
-TIMELINE_BANDS = ("cuda_context_bytes", "weights_bytes", "optimizer_state_bytes", "activations_bytes",
-                  "gradients_bytes", "temporaries_and_cache_bytes")
+TIMELINE_BANDS = (
+    "cuda_context_bytes",
+    "weights_bytes",
+    "optimizer_state_bytes",
+    "activations_bytes",
+    "gradients_bytes",
+    "temporaries_and_cache_bytes",
+)
 """Bottom to top. At a step's peak the allocated memory above weights and optimizer state is the activations; at
 its end it is the gradients (and what else outlives the step)."""
 FULL_BLOCK = "█"
-SHORT_LABELS = {"cuda_context_bytes": "context", "weights_bytes": "weights", "optimizer_state_bytes": "optimizer",
-                "activations_bytes": "activations", "gradients_bytes": "gradients",
-                "temporaries_and_cache_bytes": "cache"}
+SHORT_LABELS = {
+    "cuda_context_bytes": "context",
+    "weights_bytes": "weights",
+    "optimizer_state_bytes": "optimizer",
+    "activations_bytes": "activations",
+    "gradients_bytes": "gradients",
+    "temporaries_and_cache_bytes": "cache",
+}
 
 
 @dataclass(frozen=True)
@@ -43,20 +54,32 @@ class AnatomyPoint:
     bands: Mapping[str, int]
 
 
-def anatomy_points(step: int, peak_allocated_bytes: int | None, allocated_bytes: int | None,
-                   reserved_bytes: int | None, weights_bytes: int, optimizer_before_bytes: int,
-                   optimizer_after_bytes: int, context_bytes: int | None) -> list[AnatomyPoint]:
+def anatomy_points(
+    step: int,
+    peak_allocated_bytes: int | None,
+    allocated_bytes: int | None,
+    reserved_bytes: int | None,
+    weights_bytes: int,
+    optimizer_before_bytes: int,
+    optimizer_after_bytes: int,
+    context_bytes: int | None,
+) -> list[AnatomyPoint]:
     """The two points of one step; none without the allocator's readings (a CPU run)."""
     if peak_allocated_bytes is None or allocated_bytes is None or reserved_bytes is None:
         return []
     context = context_bytes or 0
     at_peak = {
-        "cuda_context_bytes": context, "weights_bytes": weights_bytes, "optimizer_state_bytes": optimizer_before_bytes,
+        "cuda_context_bytes": context,
+        "weights_bytes": weights_bytes,
+        "optimizer_state_bytes": optimizer_before_bytes,
         "activations_bytes": max(0, peak_allocated_bytes - weights_bytes - optimizer_before_bytes),
-        "gradients_bytes": 0, "temporaries_and_cache_bytes": max(0, reserved_bytes - peak_allocated_bytes),
+        "gradients_bytes": 0,
+        "temporaries_and_cache_bytes": max(0, reserved_bytes - peak_allocated_bytes),
     }
     at_end = {
-        "cuda_context_bytes": context, "weights_bytes": weights_bytes, "optimizer_state_bytes": optimizer_after_bytes,
+        "cuda_context_bytes": context,
+        "weights_bytes": weights_bytes,
+        "optimizer_state_bytes": optimizer_after_bytes,
         "activations_bytes": 0,
         "gradients_bytes": max(0, allocated_bytes - weights_bytes - optimizer_after_bytes),
         "temporaries_and_cache_bytes": max(0, reserved_bytes - allocated_bytes),
@@ -91,9 +114,12 @@ class AnatomyTimeline(Widget):
         "anatomy-timeline--empty",
     }
 
-    DEFAULT_CSS = """
+    DEFAULT_CSS = (
+        """
     AnatomyTimeline {
-        height: 1fr;""" + BAND_COLOURS_CSS + """
+        height: 1fr;"""
+        + BAND_COLOURS_CSS
+        + """
         & > .anatomy-timeline--title { color: $text; text-style: bold; }
         & > .anatomy-timeline--axis { color: $text-muted; }
         & > .anatomy-timeline--empty { color: $text-muted; text-style: italic; }
@@ -101,6 +127,7 @@ class AnatomyTimeline(Widget):
         &:ansi > .anatomy-timeline--empty { color: ansi_bright_black; }
     }
     """
+    )
 
     MAX_POINTS = 1000
 
@@ -120,7 +147,7 @@ class AnatomyTimeline(Widget):
 
     def add_points(self, points: Sequence[AnatomyPoint]) -> None:
         if points:
-            self._points = [*self._points, *points][-self.MAX_POINTS:]
+            self._points = [*self._points, *points][-self.MAX_POINTS :]
             self._changed()
 
     def clear(self) -> None:
@@ -164,13 +191,17 @@ class AnatomyTimeline(Widget):
         plot_width = max(0, width - label_width - 1)
         shown = self._points[-plot_width:] if plot_width else []
         steps = sorted({point.step for point in shown})
-        title = " Anatomy over time" + (f" · steps {steps[0]}-{steps[-1]}, each at its peak and its end" if steps
-                                        else "")
+        title = " Anatomy over time" + (
+            f" · steps {steps[0]}-{steps[-1]}, each at its peak and its end" if steps else ""
+        )
         rows = [self._finish([Segment(title, self._style("anatomy-timeline--title"))], width)]
         legend: list[Segment] = []
         for band in TIMELINE_BANDS:
-            legend += [Segment(" ", self._base_style), Segment(FULL_BLOCK, self._style(band_component_class(band))),
-                       Segment(f" {SHORT_LABELS[band]}", self._style("anatomy-timeline--axis"))]
+            legend += [
+                Segment(" ", self._base_style),
+                Segment(FULL_BLOCK, self._style(band_component_class(band))),
+                Segment(f" {SHORT_LABELS[band]}", self._style("anatomy-timeline--axis")),
+            ]
         rows.append(self._finish(legend, width))
         plot_rows = max(0, height - 3)
         if not shown:
@@ -188,8 +219,11 @@ class AnatomyTimeline(Widget):
             segments = [Segment(f"{label:>{label_width - 1}}┤" if label else f"{'':>{label_width - 1}}│", axis_style)]
             for cells in columns:
                 band = cells[row]
-                segments.append(Segment(FULL_BLOCK, self._style(band_component_class(band))) if band
-                                else Segment(" ", self._base_style))
+                segments.append(
+                    Segment(FULL_BLOCK, self._style(band_component_class(band)))
+                    if band
+                    else Segment(" ", self._base_style)
+                )
             rows.append(self._finish(segments, width))
         if height >= 2:
             first, last = f"step {steps[0]}", f"step {steps[-1]}"

@@ -133,8 +133,7 @@ def changed_regions(shown: Sequence[Strip], new: Sequence[Strip]) -> list[Region
 def text_rows(widget: Widget, text: Text, width: int, height: int | None) -> list[Strip]:
     """`text` as `widget` would render it from `render()`, padded to `width` (None `height`: as many rows as it
     takes)."""
-    return Visual.to_strips(widget, visualize(widget, text, markup=False), width, height, widget.visual_style,
-                            pad=True)
+    return Visual.to_strips(widget, visualize(widget, text, markup=False), width, height, widget.visual_style, pad=True)
 
 
 def text_line_row(widget: Widget, line: Text, width: int, y: int) -> Strip:
@@ -153,8 +152,9 @@ def text_height(widget: Widget, text: Text, width: int) -> int:
 class CachedRows(Widget):
     """Subclasses build their rows in `build_rows` and say in `rows_key` what those depend on besides the size."""
 
-    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None,
-                 disabled: bool = False) -> None:
+    def __init__(
+        self, *, name: str | None = None, id: str | None = None, classes: str | None = None, disabled: bool = False
+    ) -> None:
         super().__init__(name=name, id=id, classes=classes, disabled=disabled)
         self._rows: list[Strip] = []
         self._built_key: tuple[Size, Hashable] | None = None

@@ -75,8 +75,9 @@ GLYPHS = (" ", *(chr(BRAILLE_BLANK + bits) for bits in range(1, 256)))
 """The glyph of each braille cell by its dot bits; a cell without a dot is a space."""
 
 
-def line_cells(columns_by_series: Mapping[int, list[float | None]], top: float, rows: int,
-               columns: int) -> tuple[list[list[int]], list[list[int | None]]]:
+def line_cells(
+    columns_by_series: Mapping[int, list[float | None]], top: float, rows: int, columns: int
+) -> tuple[list[list[int]], list[list[int | None]]]:
     """The plot as braille cells, top row first: each cell's dot bits, and the series drawn last there. Each series'
     values are one per dot column (2 per cell column); each value is a dot at its height, joined to the previous
     value's."""
@@ -86,8 +87,13 @@ def line_cells(columns_by_series: Mapping[int, list[float | None]], top: float, 
     return bits_rows, owner_rows
 
 
-def draw_cells(bits_rows: list[list[int]], owner_rows: list[list[int | None]],
-               columns_by_series: Mapping[int, list[float | None]], top: float, first_column: int) -> None:
+def draw_cells(
+    bits_rows: list[list[int]],
+    owner_rows: list[list[int | None]],
+    columns_by_series: Mapping[int, list[float | None]],
+    top: float,
+    first_column: int,
+) -> None:
     """Draw the series into the cells from `first_column` on (blank there); the cells left of it depend only on the
     values left of it."""
     rows, columns = len(bits_rows), len(bits_rows[0]) if bits_rows else 0
@@ -110,8 +116,11 @@ def draw_cells(bits_rows: list[list[int]], owner_rows: list[list[int | None]],
                 previous = None
                 continue
             height = height_of(value)
-            low, high = (height, height) if previous is None or previous == height else (
-                (previous, height) if previous < height else (height, previous))
+            low, high = (
+                (height, height)
+                if previous is None or previous == height
+                else ((previous, height) if previous < height else (height, previous))
+            )
             column, side = x >> 1, x & 1
             for from_top in range(top_dot - high, top_dot - low + 1):
                 row = from_top >> 2
@@ -199,8 +208,12 @@ class LineChart(CachedRows):
         """The paint time (`refresh_data`'s `now_s`) the plot was last drawn at."""
         self._plot_cache: tuple[tuple[object, ...], list[Strip], float, float] | None = None
         """(what they depend on, the plot and x-axis rows, the newest sample's time, the time span of one column)."""
-        self._drawn_cells: tuple[tuple[object, ...], dict[int, list[float | None]], list[list[int]],
-                                 list[list[int | None]], list[Strip]] | None = None
+        self._drawn_cells: (
+            tuple[
+                tuple[object, ...], dict[int, list[float | None]], list[list[int]], list[list[int | None]], list[Strip]
+            ]
+            | None
+        ) = None
         """(axes, values per dot column, cell bits, cell owners, rows) of the plot drawn last: a plot drawn again on
         the same axes draws only the columns whose values changed."""
         self.plot_builds = 0
@@ -241,8 +254,9 @@ class LineChart(CachedRows):
         if now_s - self._plot_drawn_s >= CHART_REPAINT_INTERVAL_S:
             return True
         _, _, drawn_last_t_s, column_s = self._plot_cache
-        last_t_s = max((series.last_t_s for series in self._series.values() if series.last_t_s is not None),
-                       default=drawn_last_t_s)
+        last_t_s = max(
+            (series.last_t_s for series in self._series.values() if series.last_t_s is not None), default=drawn_last_t_s
+        )
         return last_t_s - drawn_last_t_s > column_s
 
     def watch_paused(self, paused: bool) -> None:
@@ -275,8 +289,11 @@ class LineChart(CachedRows):
     def _plot_key(self, shown: Mapping[str, TimeSeries]) -> tuple[object, ...]:
         """What the plot and x-axis rows depend on besides the size: between redraws (`refresh_data`), the window
         and data they were drawn from."""
-        inputs = self._plot_inputs if self._plot_inputs is not None and self._frozen is None else (
-            self.window, self._data_key(shown))
+        inputs = (
+            self._plot_inputs
+            if self._plot_inputs is not None and self._frozen is None
+            else (self.window, self._data_key(shown))
+        )
         return (self.y_max, self.paused, self.empty_message, self._formatter_version, *inputs)
 
     def build_rows(self, width: int, height: int) -> list[Strip]:
@@ -304,8 +321,9 @@ class LineChart(CachedRows):
             self.plot_builds += 1
         return [self._title_row(width, shown), *self._plot_cache[1]]
 
-    def _build_plot_rows(self, width: int, height: int,
-                         shown: Mapping[str, TimeSeries]) -> tuple[list[Strip], float, float]:
+    def _build_plot_rows(
+        self, width: int, height: int, shown: Mapping[str, TimeSeries]
+    ) -> tuple[list[Strip], float, float]:
         """The rows below the title, the newest sample's time and the time span of one column."""
         rows: list[Strip] = []
         plot_height = height - 2 if height >= 3 else height - 1
@@ -334,8 +352,9 @@ class LineChart(CachedRows):
         }
         top = self.y_max
         if top is None:
-            top = max((value for columns in columns_by_series.values() for value in columns if value is not None),
-                      default=0.0)
+            top = max(
+                (value for columns in columns_by_series.values() for value in columns if value is not None), default=0.0
+            )
         rows.extend(self._plot_rows(width, plot_height, label_width, plot_width, top, columns_by_series))
         if height >= 3:
             rows.append(self._x_axis_row(width, label_width, plot_width, t_end_s - t_start_s))
@@ -387,33 +406,48 @@ class LineChart(CachedRows):
             # The same axes: only the cells from the first column whose values changed on are drawn again (at each
             # sample, the newest column or two), and only the rows those change are made again.
             _, drawn_columns, drawn_bits, drawn_owners, drawn_rows = drawn
-            first_x = min((first_difference(drawn_columns[index], values)
-                           for index, values in columns_by_series.items()), default=plot_width * 2)
+            first_x = min(
+                (first_difference(drawn_columns[index], values) for index, values in columns_by_series.items()),
+                default=plot_width * 2,
+            )
             first_column = first_x // 2
             if first_column >= plot_width:
                 return drawn_rows
             bits_rows = [row[:first_column] + [0] * (plot_width - first_column) for row in drawn_bits]
             owner_rows = [row[:first_column] + [None] * (plot_width - first_column) for row in drawn_owners]
             draw_cells(bits_rows, owner_rows, columns_by_series, top, first_column)
-            changed = [bits_rows[row][first_column:] != drawn_bits[row][first_column:]
-                       or owner_rows[row][first_column:] != drawn_owners[row][first_column:]
-                       for row in range(plot_height)]
-            made = self._cell_rows(width, plot_height, label_width, top, columns_by_series, bits_rows, owner_rows,
-                                   changed)
-            rows = [new if row_changed else old
-                    for new, old, row_changed in zip(made, drawn_rows, changed, strict=True)]
+            changed = [
+                bits_rows[row][first_column:] != drawn_bits[row][first_column:]
+                or owner_rows[row][first_column:] != drawn_owners[row][first_column:]
+                for row in range(plot_height)
+            ]
+            made = self._cell_rows(
+                width, plot_height, label_width, top, columns_by_series, bits_rows, owner_rows, changed
+            )
+            rows = [
+                new if row_changed else old for new, old, row_changed in zip(made, drawn_rows, changed, strict=True)
+            ]
         self._drawn_cells = (key, columns_by_series, bits_rows, owner_rows, rows)
         return rows
 
-    def _cell_rows(self, width: int, plot_height: int, label_width: int, top: float,
-                   columns_by_series: dict[int, list[float | None]], bits_rows: list[list[int]],
-                   owner_rows: list[list[int | None]], only: list[bool] | None = None) -> list[Strip]:
+    def _cell_rows(
+        self,
+        width: int,
+        plot_height: int,
+        label_width: int,
+        top: float,
+        columns_by_series: dict[int, list[float | None]],
+        bits_rows: list[list[int]],
+        owner_rows: list[list[int | None]],
+        only: list[bool] | None = None,
+    ) -> list[Strip]:
         """The plot's rows from its cells, with the y-axis labels; `only`: make just the rows marked (the others are
         left blank, to be replaced by the caller)."""
         base = self._base_style
         axis_style = self._style("line-chart--axis")
-        series_styles = {index: base + Style(color=self._series_color_style(index).color)
-                         for index in columns_by_series}
+        series_styles = {
+            index: base + Style(color=self._series_color_style(index).color) for index in columns_by_series
+        }
         top_label = self.formatter(top)
         zero_label = self.formatter(0.0)
         rows = []

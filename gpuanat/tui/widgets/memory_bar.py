@@ -116,10 +116,13 @@ class MemoryBar(CachedRows):
         LOGITS_COMPONENT,
     }
 
-    DEFAULT_CSS = """
+    DEFAULT_CSS = (
+        """
     MemoryBar {
         height: auto;
-        & > .memory-bar--other-processes { color: $text-muted; }""" + BAND_COLOURS_CSS + """
+        & > .memory-bar--other-processes { color: $text-muted; }"""
+        + BAND_COLOURS_CSS
+        + """
         & > .memory-bar--free { color: $text-disabled; }
         & > .memory-bar--label { color: $text-muted; }
         & > .memory-bar--header { color: $text-muted; text-style: bold; }
@@ -136,6 +139,7 @@ class MemoryBar(CachedRows):
         &:ansi > .memory-bar--reason { color: ansi_bright_black; }
     }
     """
+    )
 
     def __init__(
         self,
@@ -228,15 +232,23 @@ class MemoryBar(CachedRows):
             dict(unavailable),
             unattributed_bytes,
         )
-        if self._has_reading and measurement == (self._current, self._peak, self._total_bytes, self._unavailable,
-                                                 self._unattributed_bytes):
+        if self._has_reading and measurement == (
+            self._current,
+            self._peak,
+            self._total_bytes,
+            self._unavailable,
+            self._unattributed_bytes,
+        ):
             return
         layout = (unattributed_bytes is None) != (self._unattributed_bytes is None)
         self._current, self._peak, self._total_bytes, self._unavailable, self._unattributed_bytes = measurement
         self._has_reading = True
-        self.tooltip = "\n".join(
-            f"{BAND_LABELS[band]}: {reason}" for band, reason in self._unavailable.items() if band in BAND_LABELS
-        ) or None
+        self.tooltip = (
+            "\n".join(
+                f"{BAND_LABELS[band]}: {reason}" for band, reason in self._unavailable.items() if band in BAND_LABELS
+            )
+            or None
+        )
         self._changed(layout=layout)
 
     def update_predicted(self, predicted: Mapping[str, int | None] | None, total_bytes: int | None = None) -> None:
@@ -259,8 +271,15 @@ class MemoryBar(CachedRows):
         bars = 2 if self._predicted is not None else 1
         if not self._legend:
             return bars + 1
-        return (bars + 1 + len(BAND_NAMES) + (self._unattributed_bytes is not None) + self._shows_logits()
-                + self._shows_trainable() + 1)
+        return (
+            bars
+            + 1
+            + len(BAND_NAMES)
+            + (self._unattributed_bytes is not None)
+            + self._shows_logits()
+            + self._shows_trainable()
+            + 1
+        )
 
     def rows_key(self) -> int:
         return self._version
@@ -281,7 +300,8 @@ class MemoryBar(CachedRows):
     def _scale_bytes(self) -> int:
         sums = [sum(value or 0 for value in bands.values()) for bands in (self._current, self._predicted) if bands]
         return max([self._device_total_bytes or 0, *sums]) + (self._unattributed_bytes or 0) * (
-            self._device_total_bytes is None)
+            self._device_total_bytes is None
+        )
 
     def _bar_row(self, label: str, bands: Mapping[str, int | None], width: int) -> Strip:
         segments = [Segment(f"{label:<{LABEL_WIDTH}}", self._style("memory-bar--label"))]
@@ -296,11 +316,21 @@ class MemoryBar(CachedRows):
         logits = min(logits or 0, activations)
         names = [*BAND_NAMES[:-1], "unattributed", BAND_NAMES[-1]]
         names.insert(names.index("activations_bytes") + 1, "logits")
-        values = [(unattributed or 0) if name == "unattributed" else logits if name == "logits"
-                  else activations - logits if name == "activations_bytes" else bands.get(name) or 0 for name in names]
+        values = [
+            (unattributed or 0)
+            if name == "unattributed"
+            else logits
+            if name == "logits"
+            else activations - logits
+            if name == "activations_bytes"
+            else bands.get(name) or 0
+            for name in names
+        ]
         cells = split_cells(values, scale, bar_width)
-        special = {"unattributed": (UNATTRIBUTED_GLYPH, "memory-bar--unattributed"),
-                   "logits": (LOGITS_GLYPH, LOGITS_COMPONENT)}
+        special = {
+            "unattributed": (UNATTRIBUTED_GLYPH, "memory-bar--unattributed"),
+            "logits": (LOGITS_GLYPH, LOGITS_COMPONENT),
+        }
         for name, count in zip(names, cells, strict=True):
             if count:
                 glyph, component = special.get(name) or (BAND_GLYPHS[name], band_component_class(name))
@@ -376,7 +406,7 @@ class MemoryBar(CachedRows):
         return self._finish(segments, width)
 
     def _after_backward_note(self) -> str | None:
-        """"after backward 1.25 GiB": the gradients' size then, measured, else predicted."""
+        """ "after backward 1.25 GiB": the gradients' size then, measured, else predicted."""
         measured, predicted = self._gradients_after_backward
         if measured is not None:
             return f"after backward {format_bytes(measured)}"
@@ -386,11 +416,16 @@ class MemoryBar(CachedRows):
 
     def _logits_row(self, width: int) -> Strip:
         now, peak, predicted = self._logits
-        return self._finish([
-            Segment(f"  {LOGITS_GLYPH}", self._style(LOGITS_COMPONENT)),
-            Segment(f"{'  of which logits':<{NAME_WIDTH}}{self._values_text(now, peak, predicted)}",
-                    self._style("memory-bar--label")),
-        ], width)
+        return self._finish(
+            [
+                Segment(f"  {LOGITS_GLYPH}", self._style(LOGITS_COMPONENT)),
+                Segment(
+                    f"{'  of which logits':<{NAME_WIDTH}}{self._values_text(now, peak, predicted)}",
+                    self._style("memory-bar--label"),
+                ),
+            ],
+            width,
+        )
 
     def _trainable_row(self, width: int) -> Strip:
         measured, predicted = self._trainable

@@ -22,13 +22,22 @@ BAR_CELLS = 12
 """A kind's share of the profiled time: a cell is about 8%."""
 WIDE_COLUMNS = 72
 """From this width the rows have the bar, TFLOP/s and the paper's FLOP share too."""
-SHORT_LABELS = {"contractions": "contractions", "normalizations": "normalizations", "elementwise": "element-wise",
-                "optimizer": "optimizer", "memory_copies": "memory copies", "other": "other"}
+SHORT_LABELS = {
+    "contractions": "contractions",
+    "normalizations": "normalizations",
+    "elementwise": "element-wise",
+    "optimizer": "optimizer",
+    "memory_copies": "memory copies",
+    "other": "other",
+}
 
 
 class OperationsPanel(CachedRows):
-    COMPONENT_CLASSES = {"operations-panel--muted", "operations-panel--title",
-                         *(f"operations-panel--{group.replace('_', '-')}" for group in GROUPS)}
+    COMPONENT_CLASSES = {
+        "operations-panel--muted",
+        "operations-panel--title",
+        *(f"operations-panel--{group.replace('_', '-')}" for group in GROUPS),
+    }
     DEFAULT_CSS = """
     OperationsPanel { height: 1fr; padding: 0 1; color: $text; }
     OperationsPanel > .operations-panel--muted { color: $text-muted; }
@@ -63,12 +72,20 @@ class OperationsPanel(CachedRows):
     def render_text(self, width: int) -> Text:
         muted = self.component_style("operations-panel--muted")
         if self._anatomy is None:
-            return Text.assemble(("Operations anatomy", self.component_style("operations-panel--title")), "\n",
-                                 (f"{self._note} Where the GPU time goes by kind of operation — tensor contractions, "
-                                  "normalizations, element-wise — beside the paper's BERT-large table.", muted))
+            return Text.assemble(
+                ("Operations anatomy", self.component_style("operations-panel--title")),
+                "\n",
+                (
+                    f"{self._note} Where the GPU time goes by kind of operation — tensor contractions, "
+                    "normalizations, element-wise — beside the paper's BERT-large table.",
+                    muted,
+                ),
+            )
         wide = width >= WIDE_COLUMNS
-        text = Text("Operations" + (f" of run {self._run_id}" if self._run_id is not None else "") + ": ",
-                    style=self.component_style("operations-panel--title"))
+        text = Text(
+            "Operations" + (f" of run {self._run_id}" if self._run_id is not None else "") + ": ",
+            style=self.component_style("operations-panel--title"),
+        )
         text.append(heading(self._anatomy).removeprefix("Operations: "), style=muted)
         text.append("\n")
         header = f"{'kind':<15}" + (" " * (BAR_CELLS + 1) if wide else "") + f"{'time':>6} {'FLOPs':>7}"
@@ -99,6 +116,11 @@ class OperationsPanel(CachedRows):
 
 def longest_kernel(anatomy: Mapping[str, Any]) -> str | None:
     """The name of the kernel that took the most time, of every group's top ones."""
-    tops = [kernel for group in GROUPS if isinstance(anatomy.get(group), Mapping)
-            for kernel in (anatomy[group].get("top_kernels") or [])[:1] if isinstance(kernel, Mapping)]
+    tops = [
+        kernel
+        for group in GROUPS
+        if isinstance(anatomy.get(group), Mapping)
+        for kernel in (anatomy[group].get("top_kernels") or [])[:1]
+        if isinstance(kernel, Mapping)
+    ]
     return max(tops, key=lambda kernel: kernel.get("time_s") or 0).get("name") if tops else None

@@ -75,8 +75,9 @@ def send_changed_spans_only() -> bool:
     return True
 
 
-def render_chops(self: Compositor, crop: Region,
-                 is_rendered_line: Callable[[int], bool]) -> Sequence[Mapping[int, Strip | None]]:
+def render_chops(
+    self: Compositor, crop: Region, is_rendered_line: Callable[[int], bool]
+) -> Sequence[Mapping[int, Strip | None]]:
     """`Compositor._render_chops` of Textual 8.2.8, rendering of each widget (front to back, the first render of a
     cut wins) only the rows from its first to its last line that is sent."""
     cuts = self.cuts

@@ -171,8 +171,10 @@ class ProcessPanel(CachedRows):
         for depth, process in rows[:MAX_TREE_ROWS]:
             name = ("  " * min(depth, 3) + printable(process["name"]))[:11]
             gpu = process.get("gpu_memory_bytes")
-            text.append(f"{process['pid']:>7} {name:<11}{process['cpu_percent']:>5.0f}"
-                        f"{format_bytes(process['rss_bytes']):>9}{format_bytes(gpu) if gpu else '':>9}\n")
+            text.append(
+                f"{process['pid']:>7} {name:<11}{process['cpu_percent']:>5.0f}"
+                f"{format_bytes(process['rss_bytes']):>9}{format_bytes(gpu) if gpu else '':>9}\n"
+            )
         if len(rows) > MAX_TREE_ROWS:
             text.append(f"  … {len(rows) - MAX_TREE_ROWS} more\n", style=muted)
         if record.get("gpu_memory_reason"):
@@ -187,8 +189,9 @@ class ProcessPanel(CachedRows):
             text.append("\n")
             for other in others[:MAX_OTHER_ROWS]:
                 name = printable(other.get("name") or ("not visible here" if other.get("local_pid") is None else "?"))
-                text.append(f"{other['pid']:>7} {name[:12]:<12} GPU {other['gpu']} "
-                            f"{format_bytes(other['used_bytes']):>9}\n")
+                text.append(
+                    f"{other['pid']:>7} {name[:12]:<12} GPU {other['gpu']} {format_bytes(other['used_bytes']):>9}\n"
+                )
             if len(others) > MAX_OTHER_ROWS:
                 text.append(f"  … {len(others) - MAX_OTHER_ROWS} more\n", style=muted)
         namespace = record.get("pid_namespace")

@@ -61,8 +61,10 @@ class StatusLine(CachedRows):
             text.append(printable(gpu_names_text(nvml.gpu_names)))
             text.append(f" · driver {printable(nvml.driver_version)}", style=muted)
         else:
-            text.append(f" NVML unavailable: {printable(nvml.reason)} — host metrics only ",
-                        style=self.component_style("status-line--banner"))
+            text.append(
+                f" NVML unavailable: {printable(nvml.reason)} — host metrics only ",
+                style=self.component_style("status-line--banner"),
+            )
         if self._sampler_cpu_percent is not None:
             text.append(f" · sampler {self._sampler_cpu_percent:.1f}% CPU", style=muted)
         return text

@@ -20,8 +20,11 @@ PHASE_LABELS = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer"
 
 
 class StepStrip(CachedRows):
-    COMPONENT_CLASSES = {"step-strip--muted", "step-strip--verdict", *(f"step-strip--{phase.replace(' ', '-')}"
-                                                                       for phase in STEP_PHASES)}
+    COMPONENT_CLASSES = {
+        "step-strip--muted",
+        "step-strip--verdict",
+        *(f"step-strip--{phase.replace(' ', '-')}" for phase in STEP_PHASES),
+    }
     DEFAULT_CSS = """
     StepStrip { height: 1; padding: 0 1; color: $text; }
     StepStrip > .step-strip--muted { color: $text-muted; }
@@ -39,11 +42,16 @@ class StepStrip(CachedRows):
 
     def show(self, breakdown: Mapping[str, Any] | None, finding: Mapping[str, str] | None) -> None:
         """The latest steps' breakdown (`diagnose.recent_breakdown`) and the first finding; None: nothing yet."""
-        shown = (None,) if breakdown is None else (
-            round(1000 * breakdown["step_s"]),
-            tuple(round(BAR_CELLS * breakdown["share"][phase]) for phase in STEP_PHASES),
-            None if breakdown.get("gpu_busy_percent") is None else round(breakdown["gpu_busy_percent"]),
-            None if finding is None else (finding["bottleneck"], finding["fix"]))
+        shown = (
+            (None,)
+            if breakdown is None
+            else (
+                round(1000 * breakdown["step_s"]),
+                tuple(round(BAR_CELLS * breakdown["share"][phase]) for phase in STEP_PHASES),
+                None if breakdown.get("gpu_busy_percent") is None else round(breakdown["gpu_busy_percent"]),
+                None if finding is None else (finding["bottleneck"], finding["fix"]),
+            )
+        )
         self.display = breakdown is not None  # a line of its own only while there is something to show
         if shown != self._shown:  # rounded as shown: a step that moves no figure repaints nothing
             self._shown = shown
@@ -67,8 +75,7 @@ class StepStrip(CachedRows):
         text.append(" ")
         for phase, count in zip(STEP_PHASES, cells, strict=True):
             if count:
-                text.append(PHASE_LABELS[phase],
-                            style=self.component_style(f"step-strip--{phase.replace(' ', '-')}"))
+                text.append(PHASE_LABELS[phase], style=self.component_style(f"step-strip--{phase.replace(' ', '-')}"))
                 text.append(" ")
         if busy is not None:
             text.append(f"· GPU busy {busy}% ", style=muted)

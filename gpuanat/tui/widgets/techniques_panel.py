@@ -46,10 +46,18 @@ SEVERAL_GPU_ROWS: tuple[tuple[str, str, str], ...] = (
     ("distributed", "D", "distributed"),
 )
 """Shown where NVML lists several GPUs, or a run was asked for more than one."""
-BLOCKING_FLAGS = {"--precision": "precision", "--tf32": "tf32", "--optim": "optim", "--device": "device",
-                  "--expandable-segments": "expandable_segments", "--distributed": "distributed", "--lora": "lora",
-                  "--load-in-4bit": "load_in_4bit", "--liger": "liger",
-                  "--liger-layers": "liger_layers"}
+BLOCKING_FLAGS = {
+    "--precision": "precision",
+    "--tf32": "tf32",
+    "--optim": "optim",
+    "--device": "device",
+    "--expandable-segments": "expandable_segments",
+    "--distributed": "distributed",
+    "--lora": "lora",
+    "--load-in-4bit": "load_in_4bit",
+    "--liger": "liger",
+    "--liger-layers": "liger_layers",
+}
 
 
 def _value_text(field: str, value: object) -> str:
@@ -111,8 +119,16 @@ class TechniquesPanel(Widget):
             self._layout_cache.pop("_render.visual", None)
         return super().get_content_height(container, viewport, width)
 
-    def show(self, config: RunConfig, *, capabilities: Capabilities | None, estimate: MemoryEstimate | None,
-             gpu_total_bytes: int | None, device_peak_bytes: int | None, several_gpus: bool = False) -> None:
+    def show(
+        self,
+        config: RunConfig,
+        *,
+        capabilities: Capabilities | None,
+        estimate: MemoryEstimate | None,
+        gpu_total_bytes: int | None,
+        device_peak_bytes: int | None,
+        several_gpus: bool = False,
+    ) -> None:
         """`device_peak_bytes`: the predicted peak (of one rank) with the allocator's cache and the CUDA context;
         `several_gpus`: show the GPU and distributed rows."""
         self._config, self._capabilities, self._estimate = config, capabilities, estimate
@@ -122,8 +138,10 @@ class TechniquesPanel(Widget):
         self._caveat = prediction_caveat(config) if estimate is not None and config.device == "cuda" else None
         reasons = machine_unsupported_reasons(config, capabilities) if capabilities else []
         # Text, not markup: a reason names packages such as gpuanat[llm], a caveat a model's family.
-        tooltip = "\n".join([f"{flag}: {reason}" for flag, reason in reasons]
-                            + ([f"prediction unchecked: {self._caveat}"] if self._caveat else []))
+        tooltip = "\n".join(
+            [f"{flag}: {reason}" for flag, reason in reasons]
+            + ([f"prediction unchecked: {self._caveat}"] if self._caveat else [])
+        )
         self.tooltip = Text(printable(tooltip, keep="\n")) if tooltip else None
         self.refresh(layout=True)
 
@@ -139,13 +157,21 @@ class TechniquesPanel(Widget):
         unsupported = machine_unsupported_reasons(config, self._capabilities) if self._capabilities else []
         blocked_fields = {BLOCKING_FLAGS.get(flag) for flag, _ in unsupported}
         causal_lm = trains_causal_lm(config)
-        extra_rows = (((WEIGHTS_ROW,) if config.weights_dtype != defaults.weights_dtype else ())
-                      + ((ENGINE_ROW,) if config.engine != defaults.engine else ())
-                      + ((LORA_ROW, QLORA_ROW) if config.lora or config.load_in_4bit else ())
-                      + (LIGER_ROWS if causal_lm or config.liger or config.liger_layers else ()))
+        extra_rows = (
+            ((WEIGHTS_ROW,) if config.weights_dtype != defaults.weights_dtype else ())
+            + ((ENGINE_ROW,) if config.engine != defaults.engine else ())
+            + ((LORA_ROW, QLORA_ROW) if config.lora or config.load_in_4bit else ())
+            + (LIGER_ROWS if causal_lm or config.liger or config.liger_layers else ())
+        )
         rows = ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ())
-        values = {field: ((compile_mode(config), compile_mode(defaults)) if field == "compile"
-                          else (getattr(config, field), getattr(defaults, field))) for field, _, _ in rows}
+        values = {
+            field: (
+                (compile_mode(config), compile_mode(defaults))
+                if field == "compile"
+                else (getattr(config, field), getattr(defaults, field))
+            )
+            for field, _, _ in rows
+        }
         prediction = self._prediction_text()
         folded = self._rows_to_fold(rows, values, blocked_fields, bool(unsupported), prediction)
         for field, key, label in rows:
@@ -155,25 +181,42 @@ class TechniquesPanel(Widget):
             style = changed_style if value != default else ""
             if field in blocked_fields:
                 style = self.get_component_rich_style("techniques-panel--unavailable")
-            table.add_row(Text(key, style=key_style), Text(label, style=muted),
-                          Text(_value_text(field, value), style=style))
+            table.add_row(
+                Text(key, style=key_style), Text(label, style=muted), Text(_value_text(field, value), style=style)
+            )
         lines = Table.grid()
         unavailable = None
         if unsupported:
             where = "below" if self.compact else "above"
-            more = (f" (+{len(unsupported) - 1} more, in red {where}; all in the tooltip)" if len(unsupported) > 1
-                    else "")
-            unavailable = Text(f"unavailable: {printable(unsupported[0][1])}{more}",
-                               style=self.get_component_rich_style("techniques-panel--unavailable"))
+            more = (
+                f" (+{len(unsupported) - 1} more, in red {where}; all in the tooltip)" if len(unsupported) > 1 else ""
+            )
+            unavailable = Text(
+                f"unavailable: {printable(unsupported[0][1])}{more}",
+                style=self.get_component_rich_style("techniques-panel--unavailable"),
+            )
         if unavailable is not None and self.compact:  # first: at 80×24 the rows fill the panel's height
             lines.add_row(unavailable)
         lines.add_row(table)
         if folded:
-            lines.add_row(Text("at defaults: " + ", ".join(label for field, _, label in rows if field in folded),
-                               style=muted, overflow="ellipsis", no_wrap=True))
+            lines.add_row(
+                Text(
+                    "at defaults: " + ", ".join(label for field, _, label in rows if field in folded),
+                    style=muted,
+                    overflow="ellipsis",
+                    no_wrap=True,
+                )
+            )
         if not self.compact:
-            lines.add_row(Text(f"{printable(config.model or config.preset)} on {config.device}, seq {config.seq_len}, "
-                               f"{config.samples} samples", style=muted, overflow="ellipsis", no_wrap=True))
+            lines.add_row(
+                Text(
+                    f"{printable(config.model or config.preset)} on {config.device}, seq {config.seq_len}, "
+                    f"{config.samples} samples",
+                    style=muted,
+                    overflow="ellipsis",
+                    no_wrap=True,
+                )
+            )
         if unavailable is not None and not self.compact:
             lines.add_row(unavailable)
         elif self._capabilities is None:
@@ -181,8 +224,14 @@ class TechniquesPanel(Widget):
         lines.add_row(prediction)
         return lines
 
-    def _rows_to_fold(self, rows: tuple[tuple[str, str, str], ...], values: dict[str, tuple[object, object]],
-                      blocked: set[str | None], unavailable_line: bool, prediction: Text) -> set[str]:
+    def _rows_to_fold(
+        self,
+        rows: tuple[tuple[str, str, str], ...],
+        values: dict[str, tuple[object, object]],
+        blocked: set[str | None],
+        unavailable_line: bool,
+        prediction: Text,
+    ) -> set[str]:
         """The base rows at their defaults that give way, last first, where the panel's lines would not fit the
         height left to it; a technique changed, unavailable, or of the rows shown on demand (GPUs, LoRA, …) stays."""
         if self._available_lines is None:
@@ -195,7 +244,7 @@ class TechniquesPanel(Widget):
         if overflow <= 0:
             return set()
         candidates = [field for field, _, _ in ROWS if values[field][0] == values[field][1] and field not in blocked]
-        return set(candidates[-(overflow + 1):])  # one line stands for them: fold one more than the overflow
+        return set(candidates[-(overflow + 1) :])  # one line stands for them: fold one more than the overflow
 
     def _prediction_text(self) -> Text:
         muted = self.get_component_rich_style("techniques-panel--muted")
@@ -206,8 +255,12 @@ class TechniquesPanel(Widget):
             # tensor bands, which are exact, are predicted.
             estimate = self._estimate
             state = estimate.weights_bytes + estimate.gradients_bytes + estimate.optimizer_state_bytes
-            return Text(f"predicted weights+grads+optimizer: {format_bytes(state)} (CPU: no activation model)",
-                        style=muted, overflow="ellipsis", no_wrap=True)
+            return Text(
+                f"predicted weights+grads+optimizer: {format_bytes(state)} (CPU: no activation model)",
+                style=muted,
+                overflow="ellipsis",
+                no_wrap=True,
+            )
         device_peak = self._device_peak_bytes or self._estimate.peak_allocated_bytes
         label = "predicted/GPU" if self._estimate.ranks > 1 else "predicted peak"
         text = Text(label)

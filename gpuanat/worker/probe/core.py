@@ -79,8 +79,15 @@ class Probe(ProbeReadings):
     `GPUANAT_PROFILE_OPS_TRACE`).
     """
 
-    def __init__(self, emit: Callable[[Event], None] | None = None, *, exact_every_steps: int = 50,
-                 publish: bool = True, profile_ops: int | None = None, profile_ops_trace: str | None = None) -> None:
+    def __init__(
+        self,
+        emit: Callable[[Event], None] | None = None,
+        *,
+        exact_every_steps: int = 50,
+        publish: bool = True,
+        profile_ops: int | None = None,
+        profile_ops_trace: str | None = None,
+    ) -> None:
         self._lifecycle = emit is None
         """Whether this probe sends hello and done itself (gpuanat's worker sends them otherwise)."""
         self._emit = emit if emit is not None else exported(default_emit(publish))  # GPUANAT_METRICS: served too
@@ -117,10 +124,18 @@ class Probe(ProbeReadings):
 
     # --- setup -----------------------------------------------------------------------------
     @never_raises
-    def begin(self, model: Any, optimizer: Any, *, total_steps: int | None, compiled: bool,
-              training_config: Callable[[torch.device], dict[str, Any]],
-              framework_versions: Mapping[str, str], forward_hooks: bool = True,
-              steps_begin_at_forward: bool = False) -> None:
+    def begin(
+        self,
+        model: Any,
+        optimizer: Any,
+        *,
+        total_steps: int | None,
+        compiled: bool,
+        training_config: Callable[[torch.device], dict[str, Any]],
+        framework_versions: Mapping[str, str],
+        forward_hooks: bool = True,
+        steps_begin_at_forward: bool = False,
+    ) -> None:
         """Training begins: `model` (as it trains, unwrapped) and its `optimizer` are measured, their forward hooks
         set (unless `forward_hooks` is False: the adapter calls `forward_begins` and `forward_ends`), the model
         announced. `total_steps` optimizer steps will run (None: not known); `compiled`: the model is
@@ -140,12 +155,12 @@ class Probe(ProbeReadings):
         self._compiled = compiled
         parameters = list(model.parameters())
         self._parameter_storage_keys = storage_keys(parameters)
-        self._weights_bytes = unique_storage_bytes([*parameters, *model.buffers(),
-                                                    *quantization_state_tensors(parameters)])
+        self._weights_bytes = unique_storage_bytes(
+            [*parameters, *model.buffers(), *quantization_state_tensors(parameters)]
+        )
         unique_params = {id(p): p for p in parameters}.values()
         # Warm-up: the first tenth of the run, at least 2 and at most 20 optimizer steps.
-        self.warmup_steps = (min(20, max(2, math.ceil(total_steps / 10))) if total_steps
-                             else WARMUP_STEPS_OF_AN_OPEN_RUN)
+        self.warmup_steps = min(20, max(2, math.ceil(total_steps / 10))) if total_steps else WARMUP_STEPS_OF_AN_OPEN_RUN
         if self.profile_ops_steps > 0:
             # Profiled after warm-up (the profiler warming up a step before), and out of the steady window, which
             # begins after them.
@@ -153,24 +168,35 @@ class Probe(ProbeReadings):
             if total_steps:
                 first = max(2, min(first, total_steps - self.profile_ops_steps + 1))
             self._operations = OperationsProfiler(
-                self.profile_ops_steps, first, cuda=self._device.type == "cuda",
-                trace_path=self._profile_ops_trace, emit=self._emit_safely)
+                self.profile_ops_steps,
+                first,
+                cuda=self._device.type == "cuda",
+                trace_path=self._profile_ops_trace,
+                emit=self._emit_safely,
+            )
             self.warmup_steps = max(self.warmup_steps, self._operations.last_step)
         if self._lifecycle:
-            self._emit_safely(Hello(
-                pid=os.getpid(), versions=versions(framework_versions), device=self._device.type,
-                device_name=(torch.cuda.get_device_name(self._device) if self._cuda
-                             else platform.processor() or None),
-                config=training_config(self._device),
-            ))
-        self._emit_safely(ModelInfo(
-            params=sum(parameter_elements(p) for p in unique_params),
-            trainable_params=sum(parameter_elements(p) for p in unique_params if p.requires_grad),
-            weights_bytes=self._weights_bytes,
-            dtype=str(first_parameter.dtype).removeprefix("torch."),
-            total_steps=total_steps or None,
-            **model_flops(model),
-        ))
+            self._emit_safely(
+                Hello(
+                    pid=os.getpid(),
+                    versions=versions(framework_versions),
+                    device=self._device.type,
+                    device_name=(
+                        torch.cuda.get_device_name(self._device) if self._cuda else platform.processor() or None
+                    ),
+                    config=training_config(self._device),
+                )
+            )
+        self._emit_safely(
+            ModelInfo(
+                params=sum(parameter_elements(p) for p in unique_params),
+                trainable_params=sum(parameter_elements(p) for p in unique_params if p.requires_grad),
+                weights_bytes=self._weights_bytes,
+                dtype=str(first_parameter.dtype).removeprefix("torch."),
+                total_steps=total_steps or None,
+                **model_flops(model),
+            )
+        )
         self._samples = 0
         self._tokens = 0
         self._loss: float | None = None
@@ -191,8 +217,9 @@ class Probe(ProbeReadings):
             # What is allocated before the first step beyond weights, gradients and optimizer state: the buffers a
             # distributed wrapper keeps for the whole run (DDP's gradient buckets, DeepSpeed's flat buffers).
             allocated_now = allocator_bytes(self._device)[0]
-            self._buffers_at_start_bytes = max(0, allocated_now - self._weights_bytes - self._gradients_bytes_now()
-                                               - self._optimizer_state_bytes_now())
+            self._buffers_at_start_bytes = max(
+                0, allocated_now - self._weights_bytes - self._gradients_bytes_now() - self._optimizer_state_bytes_now()
+            )
         before_forward, after_forward = self._before_forward, self._after_forward
         if self._compiled:
             # Traced by Dynamo, the hooks would put the probe into the compiled graph: a guard on its counters
@@ -200,10 +227,14 @@ class Probe(ProbeReadings):
             # they run eagerly just outside the graph, and Dynamo counts no break for them.
             before_forward = torch.compiler.disable(before_forward)
             after_forward = torch.compiler.disable(after_forward)
-        self._hooks = [
-            model.register_forward_pre_hook(before_forward, with_kwargs=True),
-            model.register_forward_hook(after_forward, with_kwargs=True),
-        ] if forward_hooks else []
+        self._hooks = (
+            [
+                model.register_forward_pre_hook(before_forward, with_kwargs=True),
+                model.register_forward_hook(after_forward, with_kwargs=True),
+            ]
+            if forward_hooks
+            else []
+        )
         self._train_start_s = time.perf_counter()
         self._last_step_end_s = self._train_start_s
         self._step_phases = StepPhases(self._cuda)
@@ -276,8 +307,13 @@ class Probe(ProbeReadings):
         if self._cuda:
             allocated, forward_peak, _ = allocator_bytes(self._device)
             self._forward_peak_bytes = max(self._forward_peak_bytes or 0, forward_peak)
-            live_bytes = (self._weights_bytes + gradients_now + optimizer_state_now + self._batch_bytes
-                          + (self._buffers_at_start_bytes or 0))
+            live_bytes = (
+                self._weights_bytes
+                + gradients_now
+                + optimizer_state_now
+                + self._batch_bytes
+                + (self._buffers_at_start_bytes or 0)
+            )
             activations = allocated - live_bytes
         elif not self._compiled:
             self._saved_hooks.__exit__(None, None, None)
@@ -358,8 +394,9 @@ class Probe(ProbeReadings):
         self.summary.update(summary)
 
     @never_raises
-    def step_ends(self, step: int, max_steps: int | None, samples: int | None = None,
-                  tokens: int | None = None) -> bool:
+    def step_ends(
+        self, step: int, max_steps: int | None, samples: int | None = None, tokens: int | None = None
+    ) -> bool:
         """Optimizer step `step` of `max_steps` (None: not known) ended, having trained on `samples` samples and
         `tokens` tokens when the loop says so (else the probe counts the rows of each forward pass's first tensor);
         returns whether training should stop (gpuanat went away)."""
@@ -408,8 +445,9 @@ class Probe(ProbeReadings):
                 gradients_bytes=self._gradients_bytes,
                 optimizer_state_bytes=self._optimizer_state_bytes_now(),
                 activations_bytes=self._activations_bytes,
-                activations_method=("allocator" if self._cuda
-                                    else "unavailable" if self._compiled else "saved_tensors"),
+                activations_method=(
+                    "allocator" if self._cuda else "unavailable" if self._compiled else "saved_tensors"
+                ),
                 batch_bytes=self._batch_bytes,
                 measured_at_step=step,
                 gradients_at_forward_end_bytes=self._gradients_at_forward_end_bytes,
@@ -464,17 +502,25 @@ class Probe(ProbeReadings):
         self.summary.setdefault("train_samples_per_second", self._samples / runtime_s if runtime_s > 0 else None)
         self.summary.setdefault("train_loss", self._loss)
         if self._lifecycle:
-            self._emit_safely(Done(
-                status=status, steps=steps, samples=self._samples,
-                train_runtime_s=self.summary.get("train_runtime"),
-                samples_per_second=self.summary.get("train_samples_per_second"),
-                steady_samples_per_second=self.summary["steady_samples_per_second"],
-                warmup_steps=self.summary["warmup_steps"], steady_reason=self.summary["steady_reason"],
-                train_loss=self.summary.get("train_loss"), peak_allocated_bytes=self.peak_allocated_bytes,
-                peak_reserved_bytes=self.peak_reserved_bytes, bands=self.last_bands,
-                probe_time_s=self.probe_time_s, probe_time_by_part_s=dict(self.probe_time_by_part_s),
-                **self.steady_phases(),
-            ))
+            self._emit_safely(
+                Done(
+                    status=status,
+                    steps=steps,
+                    samples=self._samples,
+                    train_runtime_s=self.summary.get("train_runtime"),
+                    samples_per_second=self.summary.get("train_samples_per_second"),
+                    steady_samples_per_second=self.summary["steady_samples_per_second"],
+                    warmup_steps=self.summary["warmup_steps"],
+                    steady_reason=self.summary["steady_reason"],
+                    train_loss=self.summary.get("train_loss"),
+                    peak_allocated_bytes=self.peak_allocated_bytes,
+                    peak_reserved_bytes=self.peak_reserved_bytes,
+                    bands=self.last_bands,
+                    probe_time_s=self.probe_time_s,
+                    probe_time_by_part_s=dict(self.probe_time_by_part_s),
+                    **self.steady_phases(),
+                )
+            )
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
@@ -486,9 +532,15 @@ class Probe(ProbeReadings):
         cuda = getattr(self, "_cuda", False)
         oom = isinstance(error, torch.cuda.OutOfMemoryError)
         allocated = allocator_bytes(self._device) if cuda else None
-        self._emit_safely(Error(kind="oom" if oom else "exception", message=f"{type(error).__name__}: {error}",
-                                step=self.steps + 1, peak_allocated_bytes=allocated[1] if allocated else None,
-                                reserved_bytes=allocated[2] if allocated else None))
+        self._emit_safely(
+            Error(
+                kind="oom" if oom else "exception",
+                message=f"{type(error).__name__}: {error}",
+                step=self.steps + 1,
+                peak_allocated_bytes=allocated[1] if allocated else None,
+                reserved_bytes=allocated[2] if allocated else None,
+            )
+        )
 
     def _synchronize(self) -> None:
         started_s = time.perf_counter()

@@ -18,8 +18,11 @@ def allocator_bytes(device: torch.device) -> tuple[int, int, int]:
     `torch.cuda.memory_allocated` and friends each build and flatten the whole statistics dictionary."""
     stats = torch.cuda.memory_stats_as_nested_dict(device)
     allocated = stats.get("allocated_bytes", {}).get("all", {})
-    return (allocated.get("current", 0), allocated.get("peak", 0),
-            stats.get("reserved_bytes", {}).get("all", {}).get("current", 0))
+    return (
+        allocated.get("current", 0),
+        allocated.get("peak", 0),
+        stats.get("reserved_bytes", {}).get("all", {}).get("current", 0),
+    )
 
 
 class NvmlReader:
@@ -53,8 +56,9 @@ class NvmlReader:
         memory = nvml_memory_info(self._nvml, self._handle)
         if memory is None:
             return None, None
-        own = [process.usedGpuMemory for process in nvml_processes(self._nvml, self._handle)
-               if process.pid == os.getpid()]
+        own = [
+            process.usedGpuMemory for process in nvml_processes(self._nvml, self._handle) if process.pid == os.getpid()
+        ]
         return int(memory.used), (int(own[0]) if own and own[0] is not None else None)
 
     def identity(self) -> tuple[int | None, str | None, str | None, int | None]:

@@ -29,8 +29,9 @@ def _training_config(args: Any, model: Any, device: torch.device, total_steps: i
         "device": device.type,
         "batch_size": getattr(args, "per_device_train_batch_size", None),
         "grad_accum": getattr(args, "gradient_accumulation_steps", None),
-        "grad_checkpointing": bool(getattr(args, "activation_checkpointing", False)
-                                   or getattr(args, "gradient_checkpointing", False)),
+        "grad_checkpointing": bool(
+            getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False)
+        ),
         "precision": "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32",
         "tf32": bool(getattr(args, "tf32", False)),
         "optim": getattr(optim, "value", optim),
@@ -55,9 +56,14 @@ class AnatomyCallback(Probe, TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):  # type: ignore[override]
         total_steps = int(state.max_steps or 0)
-        self.begin(model, optimizer, total_steps=total_steps, compiled=bool(getattr(args, "torch_compile", False)),
-                   training_config=lambda device: _training_config(args, model, device, total_steps),
-                   framework_versions={"transformers": transformers.__version__})
+        self.begin(
+            model,
+            optimizer,
+            total_steps=total_steps,
+            compiled=bool(getattr(args, "torch_compile", False)),
+            training_config=lambda device: _training_config(args, model, device, total_steps),
+            framework_versions={"transformers": transformers.__version__},
+        )
         return control
 
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[override]

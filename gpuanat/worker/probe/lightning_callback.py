@@ -44,8 +44,9 @@ def _lightning_bases() -> tuple[tuple[type, ...], dict[str, str]]:
     except ImportError:
         pass
     if not bases:
-        raise ImportError("gpuanat's LightningAnatomyCallback needs PyTorch Lightning: pip install lightning "
-                          "(or pytorch-lightning)")
+        raise ImportError(
+            "gpuanat's LightningAnatomyCallback needs PyTorch Lightning: pip install lightning (or pytorch-lightning)"
+        )
     return tuple(bases), versions
 
 
@@ -87,10 +88,23 @@ class LightningAnatomyCallback(Probe, *_CALLBACK_BASES):  # type: ignore[misc]
     when Lightning logs (every `log_every_n_steps`), never more often.
     """
 
-    def __init__(self, emit: Callable[[Event], None] | None = None, *, exact_every_steps: int = 50,
-                 publish: bool = True, profile_ops: int | None = None, profile_ops_trace: str | None = None) -> None:
-        Probe.__init__(self, emit, exact_every_steps=exact_every_steps, publish=publish, profile_ops=profile_ops,
-                       profile_ops_trace=profile_ops_trace)
+    def __init__(
+        self,
+        emit: Callable[[Event], None] | None = None,
+        *,
+        exact_every_steps: int = 50,
+        publish: bool = True,
+        profile_ops: int | None = None,
+        profile_ops_trace: str | None = None,
+    ) -> None:
+        Probe.__init__(
+            self,
+            emit,
+            exact_every_steps=exact_every_steps,
+            publish=publish,
+            profile_ops=profile_ops,
+            profile_ops_trace=profile_ops_trace,
+        )
         self._in_step: int | None = None
         self._batch: list[Any] = []
         self._total_steps: int | None = None
@@ -98,10 +112,15 @@ class LightningAnatomyCallback(Probe, *_CALLBACK_BASES):  # type: ignore[misc]
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = list(getattr(trainer, "optimizers", None) or [])
         total_steps = self._total_steps = _total_steps(trainer)
-        self.begin(pl_module, optimizers[0] if optimizers else None, total_steps=total_steps,
-                   compiled=hasattr(pl_module, "_orig_mod"),
-                   training_config=lambda device: _training_config(trainer, pl_module, device, total_steps),
-                   framework_versions=LIGHTNING_VERSIONS, forward_hooks=False)
+        self.begin(
+            pl_module,
+            optimizers[0] if optimizers else None,
+            total_steps=total_steps,
+            compiled=hasattr(pl_module, "_orig_mod"),
+            training_config=lambda device: _training_config(trainer, pl_module, device, total_steps),
+            framework_versions=LIGHTNING_VERSIONS,
+            forward_hooks=False,
+        )
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._in_step is None:  # the optimizer step's first micro-batch

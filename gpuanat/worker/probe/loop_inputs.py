@@ -17,8 +17,9 @@ def batch_tensors(*values: Any) -> list[torch.Tensor]:
     `(inputs, labels)` or `{"input_ids": …, "labels": …}`, a HF `BatchEncoding`)."""
     found: list[torch.Tensor] = []
     for value in values:
-        inner: Iterable[Any] = (value.values() if isinstance(value, Mapping)
-                                else value if isinstance(value, (tuple, list)) else (value,))
+        inner: Iterable[Any] = (
+            value.values() if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else (value,)
+        )
         found.extend(item for item in inner if isinstance(item, torch.Tensor))
     return found
 

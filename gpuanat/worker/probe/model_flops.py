@@ -92,7 +92,10 @@ def model_flops(model: nn.Module) -> dict[str, Any]:
         full, windowed = attention_widths(model)
         if full is None:
             return {}
-        return {"matmul_flops_per_token": matmul_flops_per_token(model), "attention_width": full,
-                "windowed_attention_width": windowed}
+        return {
+            "matmul_flops_per_token": matmul_flops_per_token(model),
+            "attention_width": full,
+            "windowed_attention_width": windowed,
+        }
     except Exception:  # a model this does not understand: no FLOPs, and the run goes on
         return {}

@@ -52,8 +52,9 @@ class OperationsProfiler:
     """Profiles `steps` optimizer steps from `first_step` (the step before warms the profiler up) and emits their
     `Operations` through `emit`."""
 
-    def __init__(self, steps: int, first_step: int, *, cuda: bool, trace_path: str | None,
-                 emit: Callable[[Event], None]) -> None:
+    def __init__(
+        self, steps: int, first_step: int, *, cuda: bool, trace_path: str | None, emit: Callable[[Event], None]
+    ) -> None:
         self.steps = steps
         self.first_step = max(2, first_step)
         self.last_step = self.first_step + steps - 1
@@ -77,9 +78,11 @@ class OperationsProfiler:
         if self._cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profile = torch.profiler.profile(
-            activities=activities, record_shapes=True,
+            activities=activities,
+            record_shapes=True,
             schedule=torch.profiler.schedule(wait=0, warmup=1, active=self.steps, repeat=1),
-            on_trace_ready=self._read)
+            on_trace_ready=self._read,
+        )
         self._profile.__enter__()
 
     def step_ends(self, step: int) -> None:
@@ -130,11 +133,18 @@ class OperationsProfiler:
             except (OSError, RuntimeError) as error:
                 trace_error = f"{type(error).__name__}: {error}"
         rows = kernel_rows(profile.events(), cuda=self._cuda)
-        self._emit(Operations(
-            device="cuda" if self._cuda else "cpu", first_step=self.first_step, profiled_steps=self.steps,
-            wall_s=getattr(self, "_wall_s", 0.0), processing_s=time.perf_counter() - started_s,
-            kernels=rows, trace_path=self._trace_path if trace_error is None and self._trace_path else None,
-            trace_error=trace_error))
+        self._emit(
+            Operations(
+                device="cuda" if self._cuda else "cpu",
+                first_step=self.first_step,
+                profiled_steps=self.steps,
+                wall_s=getattr(self, "_wall_s", 0.0),
+                processing_s=time.perf_counter() - started_s,
+                kernels=rows,
+                trace_path=self._trace_path if trace_error is None and self._trace_path else None,
+                trace_error=trace_error,
+            )
+        )
 
 
 def _is_cpu(event: Any) -> bool:
@@ -192,11 +202,15 @@ def _counts(event: Any, group: str, counted: set[int]) -> tuple[float | None, fl
             return 0.0, 0.0
         counted.add(id(source))
         shapes = source.input_shapes or []
-        return (float(contraction_flops(source.name, shapes) or 0),
-                _float(moved_bytes(source.name, shapes, getattr(source, "input_dtypes", None) or [])))
+        return (
+            float(contraction_flops(source.name, shapes) or 0),
+            _float(moved_bytes(source.name, shapes, getattr(source, "input_dtypes", None) or [])),
+        )
     shapes = event.input_shapes or []
-    return (_float(estimated_flops(group, shapes, event.name)),
-            _float(moved_bytes(event.name, shapes, getattr(event, "input_dtypes", None) or [])))
+    return (
+        _float(estimated_flops(group, shapes, event.name)),
+        _float(moved_bytes(event.name, shapes, getattr(event, "input_dtypes", None) or [])),
+    )
 
 
 def _float(value: int | None) -> float | None:
@@ -254,8 +268,11 @@ def kernel_rows(events: Iterable[Any], *, cuda: bool) -> list[KernelRow]:
     for event in events:
         if _is_cpu(event):
             continue
-        if (getattr(event, "is_user_annotation", False) or event.name.startswith(DEVICE_RANGES)
-                or getattr(event, "activity_type", None) in ANNOTATION_ACTIVITY_TYPES):
+        if (
+            getattr(event, "is_user_annotation", False)
+            or event.name.startswith(DEVICE_RANGES)
+            or getattr(event, "activity_type", None) in ANNOTATION_ACTIVITY_TYPES
+        ):
             annotations.add(event.name)
             continue
         device_events[event.name][0] += 1
@@ -277,9 +294,12 @@ def kernel_rows(events: Iterable[Any], *, cuda: bool) -> list[KernelRow]:
 
 
 def _rows(totals: dict[tuple[str, str | None, bool], list[Any]]) -> list[KernelRow]:
-    rows = [KernelRow(name=name, op=op, optimizer=optimizer, group=group, calls=calls, time_s=time_s,
-                      flops=flops, bytes=moved)
-            for (name, op, optimizer), (calls, time_s, flops, moved, group) in totals.items()]
+    rows = [
+        KernelRow(
+            name=name, op=op, optimizer=optimizer, group=group, calls=calls, time_s=time_s, flops=flops, bytes=moved
+        )
+        for (name, op, optimizer), (calls, time_s, flops, moved, group) in totals.items()
+    ]
     rows.sort(key=lambda row: row.time_s, reverse=True)
     return rows[:MAX_ROWS] + _summed_by_group(rows[MAX_ROWS:])
 
@@ -289,12 +309,19 @@ def _summed_by_group(rows: list[KernelRow]) -> list[KernelRow]:
     by_group: dict[str, list[KernelRow]] = defaultdict(list)
     for row in rows:
         by_group[row.group].append(row)
-    return [KernelRow(name=f"({len(group_rows)} more kernels)", op=None, optimizer=group == "optimizer",
-                      group=group, calls=sum(row.calls for row in group_rows),
-                      time_s=sum(row.time_s for row in group_rows),
-                      flops=_sum_known(row.flops for row in group_rows),
-                      bytes=_sum_known(row.bytes for row in group_rows))
-            for group, group_rows in by_group.items()]
+    return [
+        KernelRow(
+            name=f"({len(group_rows)} more kernels)",
+            op=None,
+            optimizer=group == "optimizer",
+            group=group,
+            calls=sum(row.calls for row in group_rows),
+            time_s=sum(row.time_s for row in group_rows),
+            flops=_sum_known(row.flops for row in group_rows),
+            bytes=_sum_known(row.bytes for row in group_rows),
+        )
+        for group, group_rows in by_group.items()
+    ]
 
 
 def _sum_known(values: Iterable[float | None]) -> float | None:

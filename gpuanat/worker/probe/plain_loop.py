@@ -33,8 +33,10 @@ LOSS_READ_EVERY_STEPS = 10
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
     """The torch optimizer that steps, inside accelerate's or another wrapper; None when there is none."""
-    return next((wrapped for wrapped in reversed(optimizer_chain(optimizer))
-                 if isinstance(wrapped, torch.optim.Optimizer)), None)
+    return next(
+        (wrapped for wrapped in reversed(optimizer_chain(optimizer)) if isinstance(wrapped, torch.optim.Optimizer)),
+        None,
+    )
 
 
 def _training_config(model: Any, optimizer: Any, device: torch.device, total_steps: int | None) -> dict[str, Any]:
@@ -61,28 +63,48 @@ class LoopProbe(Probe):
     Events go where a `Probe`'s go: to `emit` when given, else to gpuanat when it launched the script (`gpuanat run
     --script`), else to this user's publication for `gpuanat watch PID` (unless `publish=False`)."""
 
-    def __init__(self, model: Any, optimizer: Any, *, total_steps: int | None = None,
-                 emit: Callable[[Event], None] | None = None, publish: bool = True,
-                 exact_every_steps: int = 50, profile_ops: int | None = None,
-                 profile_ops_trace: str | None = None) -> None:
-        super().__init__(emit, exact_every_steps=exact_every_steps, publish=publish, profile_ops=profile_ops,
-                         profile_ops_trace=profile_ops_trace)
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        *,
+        total_steps: int | None = None,
+        emit: Callable[[Event], None] | None = None,
+        publish: bool = True,
+        exact_every_steps: int = 50,
+        profile_ops: int | None = None,
+        profile_ops_trace: str | None = None,
+    ) -> None:
+        super().__init__(
+            emit,
+            exact_every_steps=exact_every_steps,
+            publish=publish,
+            profile_ops=profile_ops,
+            profile_ops_trace=profile_ops_trace,
+        )
         self._loop_model, self._loop_optimizer, self._total_steps = model, optimizer, total_steps
         self._optimizer_hook: Any = None
         self._step_count = 0
 
     def __enter__(self) -> LoopProbe:
         model, optimizer, total_steps = self._loop_model, self._loop_optimizer, self._total_steps
-        self.begin(model, optimizer, total_steps=total_steps, compiled=hasattr(model, "_orig_mod"),
-                   training_config=lambda device: _training_config(model, optimizer, device, total_steps),
-                   framework_versions={}, steps_begin_at_forward=True)
+        self.begin(
+            model,
+            optimizer,
+            total_steps=total_steps,
+            compiled=hasattr(model, "_orig_mod"),
+            training_config=lambda device: _training_config(model, optimizer, device, total_steps),
+            framework_versions={},
+            steps_begin_at_forward=True,
+        )
         stepping = _torch_optimizer(optimizer)
         if stepping is not None and self.disabled_reason is None:
             self._optimizer_hook = stepping.register_step_pre_hook(lambda *_: self.optimizer_begins())
         return self
 
-    def step(self, samples: int | None = None, loss: float | torch.Tensor | None = None,
-             tokens: int | None = None) -> bool:
+    def step(
+        self, samples: int | None = None, loss: float | torch.Tensor | None = None, tokens: int | None = None
+    ) -> bool:
         """An optimizer step ended, having trained on `samples` samples (`tokens` tokens; each None: the probe
         counts the rows and elements of each forward pass's first tensor) with `loss` (a number, or a tensor read
         every `LOSS_READ_EVERY_STEPS` steps). Returns whether to stop: gpuanat, which launched the script, went
@@ -91,13 +113,15 @@ class LoopProbe(Probe):
         step = self._step_count
         stop = bool(self.step_ends(step, self._total_steps, samples=samples, tokens=tokens))
         # `logged` reads the number, never raising into the loop; a tensor only at the logging steps
-        if loss is not None and (not isinstance(loss, torch.Tensor) or step % LOSS_READ_EVERY_STEPS == 0
-                                 or step == self._total_steps):
+        if loss is not None and (
+            not isinstance(loss, torch.Tensor) or step % LOSS_READ_EVERY_STEPS == 0 or step == self._total_steps
+        ):
             self.logged(loss, {})
         return stop
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> bool:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> bool:
         if self._optimizer_hook is not None:
             self._optimizer_hook.remove()
         if error is not None and not isinstance(error, KeyboardInterrupt):
@@ -106,13 +130,27 @@ class LoopProbe(Probe):
         return False  # the loop's exception, if any, goes on
 
 
-def track(model: Any, optimizer: Any, *, total_steps: int | None = None,
-          emit: Callable[[Event], None] | None = None, publish: bool = True, profile_ops: int | None = None,
-          profile_ops_trace: str | None = None) -> LoopProbe:
+def track(
+    model: Any,
+    optimizer: Any,
+    *,
+    total_steps: int | None = None,
+    emit: Callable[[Event], None] | None = None,
+    publish: bool = True,
+    profile_ops: int | None = None,
+    profile_ops_trace: str | None = None,
+) -> LoopProbe:
     """Measure a training loop of one's own: `with track(model, optimizer) as probe:` around the loop, and
     `probe.step(samples=n)` at the end of each optimizer step. `total_steps`, when known, places the warm-up (the
     first tenth, 2 to 20 steps; 10 when not known) and closes the steady window at the last step. `profile_ops`:
     steps to profile after warm-up for the operations anatomy (default: `GPUANAT_PROFILE_OPS`), their Chrome trace
     written to `profile_ops_trace`."""
-    return LoopProbe(model, optimizer, total_steps=total_steps, emit=emit, publish=publish, profile_ops=profile_ops,
-                     profile_ops_trace=profile_ops_trace)
+    return LoopProbe(
+        model,
+        optimizer,
+        total_steps=total_steps,
+        emit=emit,
+        publish=publish,
+        profile_ops=profile_ops,
+        profile_ops_trace=profile_ops_trace,
+    )

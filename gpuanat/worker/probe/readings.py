@@ -14,12 +14,16 @@ class ProbeReadings:
 
     def steady_state(self) -> dict[str, Any]:
         """Samples/s after warm-up, or None with the reason."""
-        result: dict[str, Any] = {"warmup_steps": getattr(self, "warmup_steps", 0),
-                                  "steady_samples_per_second": None, "steady_reason": None}
+        result: dict[str, Any] = {
+            "warmup_steps": getattr(self, "warmup_steps", 0),
+            "steady_samples_per_second": None,
+            "steady_reason": None,
+        }
         start, end = getattr(self, "_steady_start", None), getattr(self, "_steady_end", None)
         if start is None or end is None or end[1] <= start[1] or end[0] <= start[0]:
-            result["steady_reason"] = (f"too few steps: the first {result['warmup_steps']} are warm-up "
-                                       "and at least one more is needed")
+            result["steady_reason"] = (
+                f"too few steps: the first {result['warmup_steps']} are warm-up and at least one more is needed"
+            )
         else:
             result["steady_samples_per_second"] = (end[1] - start[1]) / (end[0] - start[0])
         return result
@@ -29,8 +33,11 @@ class ProbeReadings:
         steps = getattr(self, "_steady_steps", 0)
         if not steps:
             return {"steady_phases_s": None, "steady_steps": 0, "steady_gpu_caught_up_steps": None}
-        return {"steady_phases_s": dict(self._steady_phases_s), "steady_steps": steps,
-                "steady_gpu_caught_up_steps": self._steady_caught_up_steps if self._cuda else None}
+        return {
+            "steady_phases_s": dict(self._steady_phases_s),
+            "steady_steps": steps,
+            "steady_gpu_caught_up_steps": self._steady_caught_up_steps if self._cuda else None,
+        }
 
     @property
     def samples(self) -> int:
@@ -51,12 +58,12 @@ class ProbeReadings:
         """Highest allocated memory seen at any step so far, including now."""
         if not getattr(self, "_cuda", False):
             return None
-        return max(self._peak_allocated_bytes or 0, self._step_peak_floor_bytes,
-                   torch.cuda.max_memory_allocated(self._device))
+        return max(
+            self._peak_allocated_bytes or 0, self._step_peak_floor_bytes, torch.cuda.max_memory_allocated(self._device)
+        )
 
     @property
     def peak_reserved_bytes(self) -> int | None:
         if not getattr(self, "_cuda", False):
             return None
         return max(self._peak_reserved_bytes or 0, torch.cuda.memory_reserved(self._device))
-

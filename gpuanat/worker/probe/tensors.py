@@ -146,6 +146,7 @@ def read_gradients_before_zero_steps(optimizer: Any, read: Callable[[], None]) -
     for wrapped in optimizer_chain(optimizer):
         step = getattr(wrapped, "step", None)
         if any(hasattr(wrapped, name) for name in DEEPSPEED_MASTER_WEIGHTS) and callable(step):
+
             @functools.wraps(step)
             def step_measured(*args: Any, _step: Callable[..., Any] = step, **kwargs: Any) -> Any:
                 read()
@@ -153,4 +154,3 @@ def read_gradients_before_zero_steps(optimizer: Any, read: Callable[[], None]) -
 
             wrapped.step = step_measured
             return
-

@@ -69,8 +69,9 @@ def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterS
     elif preset.family == "gpt2":
         per_sample = layers * (s * gpt2_layer_bytes_per_token(config, preset) + eager_scores) + s * 7 * h
     else:
-        per_token_hidden = c.activations_per_layer - (autocast_extra_bytes_per_token_hidden(preset)
-                                                      if sharded_in_16_bit(config) else 0)
+        per_token_hidden = c.activations_per_layer - (
+            autocast_extra_bytes_per_token_hidden(preset) if sharded_in_16_bit(config) else 0
+        )
         per_sample = layers * (s * h * per_token_hidden + eager_scores)
     per_sample += s * lora_dropout_bytes_per_token(config, preset) * (1 if config.grad_checkpointing else layers)
     return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES
@@ -109,8 +110,11 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     if config.grad_checkpointing:  # LoRA dropout's masks: the recomputed layer's (not measured)
         per_token = layers * residual_element_bytes(config) * h + masks
     else:
-        per_token = (arch.dense_layers * layer_bytes_per_token(config, arch)
-                     + arch.moe_layers * layer_bytes_per_token(config, arch, moe=True) + layers * masks)
+        per_token = (
+            arch.dense_layers * layer_bytes_per_token(config, arch)
+            + arch.moe_layers * layer_bytes_per_token(config, arch, moe=True)
+            + layers * masks
+        )
     per_token += outside_layers_bytes_per_token(config, arch)
     eager = 0 if config.grad_checkpointing else layers * arch.num_heads * s * s * eager_scores_bytes(config, arch)
     sliding_mask = s * s if arch.sliding_window_layers and not config.grad_checkpointing else 0
@@ -170,5 +174,9 @@ def liger_transient_bytes(config: RunConfig, preset: ModelPreset) -> int:
     trained_fp32_head = not config.lora and parameter_element_bytes(config) == 4
     head_casts = 2 if trained_fp32_head else 1 if config.load_in_4bit else 0
     head_cast = head_casts * 2 * preset.vocab_size * preset.hidden_size if is_mixed(config) else 0
-    return (4 * config.batch_size * config.seq_len + chunk * preset.vocab_size * logits_element
-            + chunk * preset.hidden_size * 4 + head_cast)
+    return (
+        4 * config.batch_size * config.seq_len
+        + chunk * preset.vocab_size * logits_element
+        + chunk * preset.hidden_size * 4
+        + head_cast
+    )

@@ -36,8 +36,9 @@ NORM_STATISTICS_BYTES = 8
 """LayerNorm's per-token mean and reciprocal deviation, fp32."""
 RMS_STATISTICS_BYTES = 4
 """An RMSNorm's reciprocal root mean square, fp32, per normalized vector."""
-LIGER_PATCHED_QK_NORMS = frozenset({"gemma3", "gemma3_text", "gemma4_text", "qwen3", "qwen3_moe", "qwen3_next",
-                                    "qwen3_5", "qwen3_5_moe", "exaone4"})
+LIGER_PATCHED_QK_NORMS = frozenset(
+    {"gemma3", "gemma3_text", "gemma4_text", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "exaone4"}
+)
 """The families whose q/k norms Liger's patch of a built model replaces (liger-kernel 0.8.5, monkey_patch: for the
 others it patches the norm's class, which a built model's q/k norms no longer read)."""
 
@@ -72,8 +73,9 @@ class _Layer:
         self.saved += RMS_STATISTICS_BYTES * vectors + (0 if input_kept else input_bytes * width)
         return input_bytes
 
-    def norm(self, kind: str, width: int, input_bytes: int, input_kept: bool = False, vectors: int = 1,
-             qk: bool = False) -> int:
+    def norm(
+        self, kind: str, width: int, input_bytes: int, input_kept: bool = False, vectors: int = 1, qk: bool = False
+    ) -> int:
         """Add a norm's saved tensors, per token; returns its output's element bytes. `input_kept`: another norm of
         the same fp32 input keeps it already; `vectors`: how many vectors of a token it normalizes (q/k norms: one a
         head); `qk`: a q/k norm. A frozen weight's multiplication keeps nothing (its gradient is not computed)."""
@@ -116,8 +118,13 @@ class _Layer:
         arch, c = self.arch, self.compute
         q, kv = arch.query_width, arch.kv_width
         if arch.qk_norm != "none":
-            self.norm(arch.qk_norm_kind, q + kv, c, vectors=arch.num_heads + arch.kv_heads if arch.qk_norm == "head"
-                      else 2, qk=True)
+            self.norm(
+                arch.qk_norm_kind,
+                q + kv,
+                c,
+                vectors=arch.num_heads + arch.kv_heads if arch.qk_norm == "head" else 2,
+                qk=True,
+            )
         eager, rotary = config.attn == "eager", arch.positions == "rotary"
         if eager and kv != q:
             qkv = 3 * q  # eager attention's keys and values repeated to every head (copies)
@@ -176,8 +183,11 @@ def layer_bytes_per_token(config: RunConfig, arch: Architecture, moe: bool = Fal
     attention = [name for name, _ in attention_linears(arch)]
     readers_of_attention_input, output_projection = attention[:-1], attention[-1]
     if moe:  # the router, the shared expert's gate and up and its sigmoid gate read the MLP's input
-        mlp = ([name for name, _ in gated_mlp_linears(arch, arch.shared_expert_intermediate_size)]
-               if arch.shared_expert_intermediate_size else [])
+        mlp = (
+            [name for name, _ in gated_mlp_linears(arch, arch.shared_expert_intermediate_size)]
+            if arch.shared_expert_intermediate_size
+            else []
+        )
         mlp_inputs = [*mlp[:-1], *(["shared_expert_gate"] if arch.shared_expert_gate else []), "router"]
     else:
         mlp = [name for name, _ in mlp_linears(arch)]

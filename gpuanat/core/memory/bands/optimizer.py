@@ -46,8 +46,11 @@ def optimizer_state_tensors(config: RunConfig, shapes: ParameterShapes) -> list[
         return tensors
     if config.optim == "adafactor":
         factors = [StateTensor(element * length, False) for shape in shapes.matrices for length in shape]
-        return (factors + [StateTensor(element * size, True) for size in shapes.vectors]
-                + [StateTensor(4, False)] * shapes.tensors)
+        return (
+            factors
+            + [StateTensor(element * size, True) for size in shapes.vectors]
+            + [StateTensor(4, False)] * shapes.tensors
+        )
     return []
 
 
@@ -78,5 +81,8 @@ def step_counter_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
 
 def large_moment_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
     """Optimizer moments (`StateTensor.moment`) that the allocator places in its large pool."""
-    return sum(tensor.bytes for tensor in optimizer_state_tensors(config, shapes)
-               if tensor.moment and tensor.bytes > ALLOCATOR_SMALL_BLOCK_BYTES)
+    return sum(
+        tensor.bytes
+        for tensor in optimizer_state_tensors(config, shapes)
+        if tensor.moment and tensor.bytes > ALLOCATOR_SMALL_BLOCK_BYTES
+    )

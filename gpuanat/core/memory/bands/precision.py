@@ -47,24 +47,53 @@ class PrecisionCoefficients:
     Adafactor and SGD 1.058). Not resolved with mixed precision, where it is 0: there AdamW's largest batch
     reserves 1.026 times its peak, SGD's 1.023, and Adafactor runs out of memory at a lower peak than both."""
 
+
 COEFFICIENTS: dict[tuple[bool, bool], PrecisionCoefficients] = {
     # (mixed precision, checkpointing): fitted by benchmarks/fit_memory_model.py, which fails if these differ.
     (False, False): PrecisionCoefficients(
-        activations_per_layer=66.45, eager_per_score=8.99, checkpointed=0.0, backward_temporaries=24.23,
-        recompute_temporaries=0.0, recompute_constant_bytes=0.0, eager_recompute_per_score=0.0,
-        cache_fraction=0.0028, moment_fragmentation=0.0),
+        activations_per_layer=66.45,
+        eager_per_score=8.99,
+        checkpointed=0.0,
+        backward_temporaries=24.23,
+        recompute_temporaries=0.0,
+        recompute_constant_bytes=0.0,
+        eager_recompute_per_score=0.0,
+        cache_fraction=0.0028,
+        moment_fragmentation=0.0,
+    ),
     (True, False): PrecisionCoefficients(
-        activations_per_layer=42.29, eager_per_score=6.99, checkpointed=0.0, backward_temporaries=17.90,
-        recompute_temporaries=0.0, recompute_constant_bytes=0.0, eager_recompute_per_score=0.0,
-        cache_fraction=0.0028, moment_fragmentation=0.0),
+        activations_per_layer=42.29,
+        eager_per_score=6.99,
+        checkpointed=0.0,
+        backward_temporaries=17.90,
+        recompute_temporaries=0.0,
+        recompute_constant_bytes=0.0,
+        eager_recompute_per_score=0.0,
+        cache_fraction=0.0028,
+        moment_fragmentation=0.0,
+    ),
     (False, True): PrecisionCoefficients(
-        activations_per_layer=66.45, eager_per_score=8.99, checkpointed=105.03, backward_temporaries=0.0,
-        recompute_temporaries=77.06, recompute_constant_bytes=20_992_008, eager_recompute_per_score=14.76,
-        cache_fraction=0.0579, moment_fragmentation=1.315),
+        activations_per_layer=66.45,
+        eager_per_score=8.99,
+        checkpointed=105.03,
+        backward_temporaries=0.0,
+        recompute_temporaries=77.06,
+        recompute_constant_bytes=20_992_008,
+        eager_recompute_per_score=14.76,
+        cache_fraction=0.0579,
+        moment_fragmentation=1.315,
+    ),
     (True, True): PrecisionCoefficients(
-        activations_per_layer=42.29, eager_per_score=6.99, checkpointed=101.02, backward_temporaries=0.0,
-        recompute_temporaries=55.87, recompute_constant_bytes=34_136_584, eager_recompute_per_score=16.96,
-        cache_fraction=0.0262, moment_fragmentation=0.0),
+        activations_per_layer=42.29,
+        eager_per_score=6.99,
+        checkpointed=101.02,
+        backward_temporaries=0.0,
+        recompute_temporaries=55.87,
+        recompute_constant_bytes=34_136_584,
+        eager_recompute_per_score=16.96,
+        cache_fraction=0.0262,
+        moment_fragmentation=0.0,
+    ),
 }
 
 

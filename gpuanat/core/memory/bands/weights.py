@@ -42,8 +42,11 @@ def qlora_base_bytes(preset: ModelPreset, shapes: ParameterShapes) -> int:
     rotary frequencies stay the fp32 buffers the model was built with (a buffer is no parameter)."""
     quantized = quantized_matrices(preset)
     quantized_params = sum(rows * cols for rows, cols in quantized)
-    return (sum(nf4_weight_bytes(rows * cols) for rows, cols in quantized) + 4 * (shapes.params - quantized_params)
-            + shapes.buffer_bytes)
+    return (
+        sum(nf4_weight_bytes(rows * cols) for rows, cols in quantized)
+        + 4 * (shapes.params - quantized_params)
+        + shapes.buffer_bytes
+    )
 
 
 def qlora_head_copy_bytes(config: RunConfig, preset: ModelPreset) -> int:
@@ -84,7 +87,7 @@ def autocast_cache_bytes(config: RunConfig, shapes: ParameterShapes) -> int:
 
 
 def _matmul_params(shapes: ParameterShapes) -> int:
-    return sum(rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors:])
+    return sum(rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors :])
 
 
 def decoder_weight_casts_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:

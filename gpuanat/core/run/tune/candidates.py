@@ -23,8 +23,18 @@ WORKER_COUNTS = (0, 2)
 TOP_RUNG_MULTIPLE = 8
 """Besides powers of two, the batch ladder's top rung is the largest batch predicted to fit, rounded down to a
 multiple of 8 (tensor-core friendly): bert-large bf16 on an 80 GiB GPU fits 140, above the 128 rung."""
-MEMORY_RELEVANT_FIELDS = ("precision", "grad_checkpointing", "optim", "attn", "compile", "compile_regions",
-                          "expandable_segments", "liger", "liger_layers", "distributed")
+MEMORY_RELEVANT_FIELDS = (
+    "precision",
+    "grad_checkpointing",
+    "optim",
+    "attn",
+    "compile",
+    "compile_regions",
+    "expandable_segments",
+    "liger",
+    "liger_layers",
+    "distributed",
+)
 """Techniques that change what a batch needs: a trial that ran out of memory rules out larger batches only for
 the same values of these."""
 
@@ -111,9 +121,15 @@ class Search:
     def start(self) -> RunConfig:
         """The strong start, before its batch is chosen."""
         config, searched = self.base, searched_fields(self.space)
-        changes: dict[str, Any] = {"precision": self.space.half_precision, "tf32": self.space.tf32_available,
-                                   "attn": "sdpa", "optim": "adamw_torch_fused", "grad_checkpointing": False,
-                                   "compile": False, "compile_regions": False}
+        changes: dict[str, Any] = {
+            "precision": self.space.half_precision,
+            "tf32": self.space.tf32_available,
+            "attn": "sdpa",
+            "optim": "adamw_torch_fused",
+            "grad_checkpointing": False,
+            "compile": False,
+            "compile_regions": False,
+        }
         config = config.replace(**{name: value for name, value in changes.items() if name in searched})
         if "distributed" in self.space.dimensions and not self.predictor.fits(self.with_batch(config, 1)):
             # no batch fits as the state is spread: the least sharding that lets one fit (ZeRO-1, …, FSDP2)
@@ -144,9 +160,13 @@ class Search:
         largest = self.predictor.largest_fitting(candidate)
         usable = self.space.usable_memory_bytes
         total = self.space.gpu_memory_bytes
-        reason = (f"predicted not to fit {usable / GIB:.2f} GiB (the GPU's {total / GIB:.2f} GiB less a "
-                  f"{MEMORY_MARGIN_FRACTION:.0%} margin): the largest batch predicted to fit with these techniques is "
-                  f"{largest}" if usable is not None and total is not None else "")
+        reason = (
+            f"predicted not to fit {usable / GIB:.2f} GiB (the GPU's {total / GIB:.2f} GiB less a "
+            f"{MEMORY_MARGIN_FRACTION:.0%} margin): the largest batch predicted to fit with these techniques is "
+            f"{largest}"
+            if usable is not None and total is not None
+            else ""
+        )
         self.pruned[candidate] = Pruned(candidate, dimension, reason, self.predictor.peak_device_bytes(candidate))
 
     def alternatives(self, dimension: str, center: RunConfig) -> list[RunConfig]:
@@ -156,8 +176,10 @@ class Search:
         if dimension == "batch":
             ladder = sorted(set(self.ladder(center)) | {center.batch_size})
             position = ladder.index(center.batch_size)
-            for neighbour in (ladder[position - 1] if position > 0 else None,
-                              ladder[position + 1] if position + 1 < len(ladder) else None):
+            for neighbour in (
+                ladder[position - 1] if position > 0 else None,
+                ladder[position + 1] if position + 1 < len(ladder) else None,
+            ):
                 if neighbour is None:
                     continue
                 candidate = self.with_batch(center, neighbour)
@@ -172,14 +194,21 @@ class Search:
         elif dimension == "tf32":
             candidates.append(center.replace(tf32=not center.tf32))
         elif dimension == "attn":
-            candidates.append(self._fitted(center.replace(attn="eager" if center.attn == "sdpa" else "sdpa"),
-                                           dimension))
+            candidates.append(
+                self._fitted(center.replace(attn="eager" if center.attn == "sdpa" else "sdpa"), dimension)
+            )
         elif dimension == "optim":
-            candidates.extend(self._fitted(center.replace(optim=optim), dimension) for optim in self.space.optimizers
-                              if optim != center.optim)
+            candidates.extend(
+                self._fitted(center.replace(optim=optim), dimension)
+                for optim in self.space.optimizers
+                if optim != center.optim
+            )
         elif dimension == "distributed":
-            candidates.extend(self._fitted(with_distributed(center, technique), dimension)
-                              for technique in self.space.distributed_techniques if technique != center.distributed)
+            candidates.extend(
+                self._fitted(with_distributed(center, technique), dimension)
+                for technique in self.space.distributed_techniques
+                if technique != center.distributed
+            )
         elif dimension == "grad-checkpointing":
             candidates.append(self._checkpointing_move(center))
         elif dimension == "workers":
@@ -206,8 +235,7 @@ class Search:
             return self._fitted(center.replace(grad_checkpointing=True), "grad-checkpointing")
         without = self.largest_fitting_rung(center, powers_only=True)
         with_checkpointing = self.largest_fitting_rung(center.replace(grad_checkpointing=True), powers_only=True)
-        if with_checkpointing is None or (without is not None
-                                          and with_checkpointing.batch_size <= without.batch_size):
+        if with_checkpointing is None or (without is not None and with_checkpointing.batch_size <= without.batch_size):
             return None
         return with_checkpointing
 
@@ -226,18 +254,24 @@ class Search:
         return limit is not None and config.batch_size >= limit
 
     def is_dead(self, dimension: str, config: RunConfig) -> bool:
-        return self._batch_dead(config) or (dimension not in ("start", "batch")
-                                            and self._direction(dimension, config) in self.dead)
+        return self._batch_dead(config) or (
+            dimension not in ("start", "batch") and self._direction(dimension, config) in self.dead
+        )
 
     def mark_failed(self, trial: TuneTrial) -> None:
         if trial.status == "oom":
             signature = self._memory_signature(trial.config)
-            self.oom_batches[signature] = min(self.oom_batches.get(signature, trial.config.batch_size),
-                                              trial.config.batch_size)
+            self.oom_batches[signature] = min(
+                self.oom_batches.get(signature, trial.config.batch_size), trial.config.batch_size
+            )
         if trial.dimension not in ("start", "batch"):
             self.dead.add(self._direction(trial.dimension, trial.config))
 
     def untried(self, center: RunConfig) -> int:
         """Candidates one move from `center` still to try: how many trials this round has left at least."""
-        return sum(1 for dimension in self.space.dimensions for candidate in self.alternatives(dimension, center)
-                   if candidate not in self.tried and not self.is_dead(dimension, candidate))
+        return sum(
+            1
+            for dimension in self.space.dimensions
+            for candidate in self.alternatives(dimension, center)
+            if candidate not in self.tried and not self.is_dead(dimension, candidate)
+        )

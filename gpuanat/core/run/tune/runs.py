@@ -14,8 +14,9 @@ from gpuanat.core.run.techniques import TECHNIQUES
 def trial_config(config: RunConfig, trial_steps: int) -> RunConfig:
     """What a trial trains: `trial_steps` optimizer steps, on a dataset of exactly that many full batches."""
     ranks = config.ranks or 1
-    return config.replace(max_steps=trial_steps, epochs=1,
-                          samples=config.batch_size * config.grad_accum * ranks * trial_steps)
+    return config.replace(
+        max_steps=trial_steps, epochs=1, samples=config.batch_size * config.grad_accum * ranks * trial_steps
+    )
 
 
 def trial_name(index: int, config: RunConfig) -> str:

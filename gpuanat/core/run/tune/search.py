@@ -52,13 +52,23 @@ class Progress:
     floor while moves keep helping (each kept move opens a new round)."""
 
 
-def run_tune(base: RunConfig, space: SearchSpace, *, store: HistoryStore, log_dir: Path, trial_steps: int,
-             budget_s: float, run_trial: Callable[..., dict[str, Any]] = execute_run,
-             on_trial: Callable[[TuneTrial, Progress], None] | None = None,
-             on_pruned: Callable[[Pruned], None] | None = None,
-             on_kept: Callable[[TuneTrial, float], None] | None = None,
-             stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
-             noise: float = NOISE_FRACTION, **run_options: Any) -> TuneResult:
+def run_tune(
+    base: RunConfig,
+    space: SearchSpace,
+    *,
+    store: HistoryStore,
+    log_dir: Path,
+    trial_steps: int,
+    budget_s: float,
+    run_trial: Callable[..., dict[str, Any]] = execute_run,
+    on_trial: Callable[[TuneTrial, Progress], None] | None = None,
+    on_pruned: Callable[[Pruned], None] | None = None,
+    on_kept: Callable[[TuneTrial, float], None] | None = None,
+    stop: threading.Event | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    noise: float = NOISE_FRACTION,
+    **run_options: Any,
+) -> TuneResult:
     """Search from `base` (the workload, and every technique the user fixed) within `space`, each trial a real run
     of `trial_steps` steps through `run_trial` (`execute_run`'s signature), recorded in `store` as "tune N: …".
     Stops when no move helps, when the next trial would not end within `budget_s` (estimated from the trials
@@ -159,13 +169,17 @@ def moves_in_order(dimensions: Sequence[str], center_result: Mapping[str, Any]) 
     in their usual order."""
     findings = center_result.get("diagnosis") or []
     first = FIRST_MOVES_FOR.get(findings[0]["bottleneck"], ()) if findings else ()
-    return ([dimension for dimension in first if dimension in dimensions]
-            + [dimension for dimension in dimensions if dimension not in first])
+    return [dimension for dimension in first if dimension in dimensions] + [
+        dimension for dimension in dimensions if dimension not in first
+    ]
 
 
-def _start(search: Search, result: TuneResult, attempt: Callable[[RunConfig, str, RunConfig | None],
-                                                                   TuneTrial | None],
-           report_pruned: Callable[[], None]) -> TuneTrial | None:
+def _start(
+    search: Search,
+    result: TuneResult,
+    attempt: Callable[[RunConfig, str, RunConfig | None], TuneTrial | None],
+    report_pruned: Callable[[], None],
+) -> TuneTrial | None:
     """Run the strong start; after an OOM, the next smaller batch on the ladder, until one trains. None (with the
     reason in `result.stop_reason`) when none does."""
     config = search.start()

@@ -70,9 +70,16 @@ class SearchSpace:
         return self.gpu_memory_bytes - int(MEMORY_MARGIN_FRACTION * self.gpu_memory_bytes)
 
 
-def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[str], *,
-                 gpu_memory_bytes: int | None, only: Sequence[str] | None = None, max_batch: int | None = None,
-                 effective_batch: int | None = None) -> SearchSpace:
+def search_space(
+    base: RunConfig,
+    capabilities: Capabilities,
+    given: Collection[str],
+    *,
+    gpu_memory_bytes: int | None,
+    only: Sequence[str] | None = None,
+    max_batch: int | None = None,
+    effective_batch: int | None = None,
+) -> SearchSpace:
     """The dimensions to search on this machine: those in `only` (default: all), less those whose fields the user
     gave (`given`: RunConfig field names) and those this machine or workload has no alternative for."""
     cuda = base.device == "cuda"
@@ -81,9 +88,13 @@ def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[
     causal_lm = base.model is None and PRESETS[base.preset].objective == "causal-lm"
     bitsandbytes = cuda and capabilities.bitsandbytes_version is not None
     several = cuda and (base.ranks or 1) > 1
-    distributed = tuple(technique for technique in BY_SHARDING[1:]
-                        if several and (technique not in ZERO_STAGES or capabilities.deepspeed_version)
-                        and refusal(with_distributed(base, technique)) is None)
+    distributed = tuple(
+        technique
+        for technique in BY_SHARDING[1:]
+        if several
+        and (technique not in ZERO_STAGES or capabilities.deepspeed_version)
+        and refusal(with_distributed(base, technique)) is None
+    )
     applicable = {
         "batch": "batch_size" not in given,
         "precision": True,
@@ -100,8 +111,11 @@ def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[
         "compile": True,
     }
     chosen = set(DIMENSIONS if only is None else only)
-    dimensions = tuple(name for name in DIMENSIONS if name in chosen and applicable[name]
-                       and not (set(DIMENSION_FIELDS[name]) & set(given) - {"grad_accum"}))
+    dimensions = tuple(
+        name
+        for name in DIMENSIONS
+        if name in chosen and applicable[name] and not (set(DIMENSION_FIELDS[name]) & set(given) - {"grad_accum"})
+    )
     limit = max_batch or (GPU_MAX_BATCH if cuda or gpu_memory_bytes is not None else CPU_MAX_BATCH)
     if effective_batch is not None:
         limit = min(limit, effective_batch)
@@ -109,7 +123,10 @@ def search_space(base: RunConfig, capabilities: Capabilities, given: Collection[
         dimensions=dimensions,
         half_precision="bf16" if not cuda or ampere else "fp16",
         optimizers=("adamw_torch_fused", "adamw_bnb_8bit") if bitsandbytes else ("adamw_torch_fused",),
-        gpu_memory_bytes=gpu_memory_bytes, max_batch=limit, effective_batch=effective_batch, tf32_available=ampere,
+        gpu_memory_bytes=gpu_memory_bytes,
+        max_batch=limit,
+        effective_batch=effective_batch,
+        tf32_available=ampere,
         distributed_techniques=distributed if "distributed" in dimensions else (),
     )
 
