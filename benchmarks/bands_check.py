@@ -48,8 +48,8 @@ from gpuanat.core.measure.anatomy import (
     stack_sum_error_percent,
 )
 from gpuanat.core.measure.samples import Sample
-from gpuanat.core.run.protocol import ProbeBands
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.protocol import ProbeBands
 
 
 def _read_by_child(step: dict[str, Any]) -> bool:

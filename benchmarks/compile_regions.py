@@ -31,7 +31,7 @@ def train(variant: str, batch_size: int, seq_len: int, warmup_steps: int, steps:
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from gpuanat.core.run.config import RunConfig
+    from gpuanat.core.vocabulary.config import RunConfig
     from gpuanat.worker.model import build_model
 
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -28,8 +28,8 @@ from gpuanat.core.memory.bands.precision import COEFFICIENTS
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
 from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, DRIVER_RESERVED_BYTES, estimate_memory, max_batch_size
 from gpuanat.core.memory.shapes import parameter_shapes
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.presets import PRESETS
 
 FIT_BATCHES = (8, 32)
 CHECKPOINTED_TEMPORARIES_BATCHES = (32, 64)

@@ -82,8 +82,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # gpuanat's core needs no torch: --list and --repredict stay fast; torch is imported where it is used.
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.presets import PRESETS
 
 try:
     import psutil
@@ -434,7 +434,7 @@ CONFIG_SETS: dict[str, Callable[[str], list[Case]]] = {
 
 def run_config_for(case: Case, steps: int) -> tuple[RunConfig, list[str]]:
     """The RunConfig gpuanat would predict this configuration from, and where it cannot express it."""
-    from gpuanat.core.run.techniques import OPTIMIZERS
+    from gpuanat.core.vocabulary.techniques import OPTIMIZERS
 
     fields = {field.name for field in dataclasses.fields(RunConfig)}
     model = None if case.preset in PRESETS else str(CONFIGS_DIR / case.preset / "config.json")
@@ -989,7 +989,7 @@ def measure(case: Case, context: Context) -> dict[str, Any]:
     from transformers import Trainer
     from transformers.trainer_callback import PrinterCallback
 
-    from gpuanat.core.run.protocol import ModelInfo, Step
+    from gpuanat.core.vocabulary.protocol import ModelInfo, Step
     from gpuanat.worker.probe.hf import AnatomyCallback
 
     device = context.device

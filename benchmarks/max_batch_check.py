@@ -24,7 +24,7 @@ from typing import Any
 
 from gpuanat.core.measure.nvml_source import probe_nvml
 from gpuanat.core.memory.predict import max_batch_size
-from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, RunConfig
+from gpuanat.core.vocabulary.config import ALLOCATOR_CONF_VARIABLE, RunConfig
 
 CONFIGS: tuple[dict[str, Any], ...] = (
     {"precision": "fp32"},

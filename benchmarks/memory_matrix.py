@@ -39,8 +39,8 @@ import torch
 import transformers
 from transformers import Trainer, TrainingArguments
 
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.protocol import Step
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.protocol import Step
 from gpuanat.worker.model import build_model
 from gpuanat.worker.probe.hf import AnatomyCallback
 from gpuanat.worker.train import build_dataset, training_arguments_kwargs
@@ -185,7 +185,7 @@ def find_max_batches(
     result: dict[str, Any], steps: int, budget_s: float, started_s: float, save: Callable[[], None]
 ) -> None:
     """The largest batch that trains `steps` steps, per MAX_BATCH_CONFIGS, searched as `gpuanat fit` does."""
-    from gpuanat.core.memory.fit import find_largest_batch
+    from gpuanat.core.run.fit import find_largest_batch
 
     total_bytes = torch.cuda.get_device_properties(0).total_memory
     emulated = "H100" not in torch.cuda.get_device_name() and total_bytes > H100_ALLOCATABLE_BYTES

@@ -24,7 +24,7 @@ from metrics_scrape import bands_by_rank, fetch, free_port
 
 from gpuanat.core.export.metrics import MetricsServer
 from gpuanat.core.export.run_metrics import RunMetrics
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 
 def scrape(url: str) -> dict[str, dict[str, float]]:

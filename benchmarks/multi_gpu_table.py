@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gpuanat.core.memory.predict import estimate_memory
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 BANDS = (
     "other_processes_bytes",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from gpuanat.core.run.protocol import Event
+from gpuanat.core.vocabulary.protocol import Event
 from gpuanat.worker.probe.operations import OperationsProfiler
 
 

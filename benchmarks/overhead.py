@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuanat.core.run.config import RunConfig, child_environment
+from gpuanat.core.vocabulary.config import RunConfig, child_environment
 
 HERE = Path(__file__).resolve().parent
 
@@ -82,8 +82,8 @@ def gpuanat_run(config: dict, db: Path) -> dict:
 def interleaved(
     names: list[str], repeats: int, out: Path, base: dict, warmup_runs: int = 0, probe_arm: bool = False
 ) -> None:
-    from gpuanat.core.run.config import RunConfig
     from gpuanat.core.store.sweep import EXPERIMENTS
+    from gpuanat.core.vocabulary.config import RunConfig
 
     rows = []
     db = out.with_suffix(".sqlite")
@@ -120,7 +120,7 @@ def interleaved(
             "plain_wall_s": [r["wall_s"] for r in plain],
             "gpuanat_wall_s": [r["wall_s"] for r in monitored],
             # start-up: from the benchmark starting the process to the first step's end (gpuanat: from its CLI
-            # process's start, 10 ms after), and where that time went, part by part (gpuanat.core.run.startup)
+            # process's start, 10 ms after), and where that time went, part by part (gpuanat.core.measure.startup)
             "plain_time_to_first_step_s": [r.get("time_to_first_step_s") for r in plain],
             "gpuanat_time_to_first_step_s": [r.get("time_to_first_step_s") for r in monitored],
             "plain_wall_breakdown_s": [r.get("wall_breakdown_s") for r in plain],

@@ -4,7 +4,7 @@ Builds the same model, data and TrainingArguments as gpuanat's worker for a RunC
 only a two-timestamp clock callback (one CUDA sync at the end of warm-up and one at the last step,
 exactly like the probe's steady-state window), and prints one JSON line: steady samples/s, HF's
 samples/s, torch's peak allocated memory over the whole run, and its start-up timed by the same parts as
-gpuanat's (gpuanat.core.run.startup: the first step's end taken after a CUDA sync, as gpuanat's probe measures
+gpuanat's (gpuanat.core.measure.startup: the first step's end taken after a CUDA sync, as gpuanat's probe measures
 it), from `--requested-monotonic-s` (when the caller started it) or else this process's start.
 
     python benchmarks/plain_trainer.py --config '{"preset": "bert-large", "batch_size": 4}'
@@ -24,13 +24,13 @@ import tempfile  # noqa: E402
 import torch  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
-from gpuanat.core.run.config import RunConfig  # noqa: E402
-from gpuanat.core.run.startup import (  # noqa: E402
+from gpuanat.core.measure.startup import (  # noqa: E402
     REQUESTED,
     process_started_monotonic_s,
     time_to_first_step_s,
     wall_breakdown,
 )
+from gpuanat.core.vocabulary.config import RunConfig  # noqa: E402
 from gpuanat.worker.model import build_model  # noqa: E402
 from gpuanat.worker.train import build_dataset, training_arguments_kwargs  # noqa: E402
 

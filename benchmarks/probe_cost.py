@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.worker.events import EventWriter
 from gpuanat.worker.model import build_model
 from gpuanat.worker.probe.hf import AnatomyCallback

@@ -25,8 +25,8 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from gpuanat.core.measure.publish import Publisher
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.protocol import ProbeBands, Step
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.protocol import ProbeBands, Step
 from gpuanat.worker.model import build_model
 from gpuanat.worker.probe import sink
 from gpuanat.worker.probe.hf import AnatomyCallback

@@ -21,7 +21,7 @@ import json
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.vocabulary.presets import PRESETS
 from gpuanat.worker.model import preset_model_config
 
 DEVICE = "cuda"

@@ -25,7 +25,7 @@ checkpoint() {  # NAME: a random bf16 checkpoint of benchmarks/configs/NAME (or 
   local dir=/dev/shm/$1
   [ -f "$dir/config.json" ] && return
   if [ ! -d benchmarks/configs/$1 ]; then
-    python3 -c "import sys; from gpuanat.core.run.presets import PRESETS; from gpuanat.worker.model import preset_model_config
+    python3 -c "import sys; from gpuanat.core.vocabulary.presets import PRESETS; from gpuanat.worker.model import preset_model_config
 c = preset_model_config(PRESETS[sys.argv[1]]); c.architectures = [c.model_type.capitalize() + 'ForCausalLM']
 c.save_pretrained('/tmp/shref/config-' + sys.argv[1])" "$1"
     python3 benchmarks/random_checkpoint.py /tmp/shref/config-$1 "$dir" 2>&1 | tail -1

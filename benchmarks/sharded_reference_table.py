@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from gpuanat.core.memory.predict import estimate_memory, peak_device_bytes, peak_reserved_bytes
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 GB = 1e9
 MODELS = {

@@ -145,8 +145,8 @@ def run_watch(interval_s: float, profile: Path | None) -> None:
 def run_dashboard(interval_s: float, profile: Path | None) -> None:
     from gpuanat.core.measure.live_run import LiveRun
     from gpuanat.core.measure.samples import NvmlStatus
-    from gpuanat.core.run.config import Capabilities, RunConfig
-    from gpuanat.core.run.protocol import ModelInfo, Step, decode
+    from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+    from gpuanat.core.vocabulary.protocol import ModelInfo, Step, decode
     from gpuanat.tui.app import GpuAnatApp
 
     meta_line, *step_lines = RUN_STEPS.read_text().splitlines()

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.run.config import MEMORY_SNAPSHOT_VARIABLE, RunConfig
+from gpuanat.core.measure.startup import WALL_PARTS
 from gpuanat.core.run.session import execute_run, run_environment
-from gpuanat.core.run.startup import WALL_PARTS
 from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import MEMORY_SNAPSHOT_VARIABLE, RunConfig
 
 BEFORE_FIRST_STEP = [part for part, _ in WALL_PARTS[: WALL_PARTS.index(("trainer init", "trainer ready")) + 1]]
 READY_TIMEOUT_S = 120.0

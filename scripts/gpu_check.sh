@@ -149,7 +149,7 @@ job_predict() {
   echo "$(date +%T) probe cost across the table" >> "$JOB/progress.txt"
   python3 - "$JOB" <<'PY' > "$JOB/probe_cost_table.log" 2>&1
 import json, subprocess, sys
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.store.sweep import EXPERIMENTS
 job = sys.argv[1]
 for index, experiment in enumerate(EXPERIMENTS):

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.watch.target import resolve_target
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.watch_app import WatchApp

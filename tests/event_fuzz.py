@@ -12,7 +12,7 @@ import dataclasses
 import json
 import random
 
-from gpuanat.core.run.protocol import (
+from gpuanat.core.vocabulary.protocol import (
     MAX_EVENT_LINE_BYTES,
     PROTOCOL_VERSION,
     Done,

@@ -13,7 +13,7 @@ from gpuanat.core.measure.anatomy import (
     stack_problems,
     stack_total_bytes,
 )
-from gpuanat.core.run.protocol import ProbeBands
+from gpuanat.core.vocabulary.protocol import ProbeBands
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -15,7 +15,7 @@ from gpuanat.core.memory.bands.decoder_layers import eager_scores_bytes, layer_b
 from gpuanat.core.memory.model_config import UnreadableModel, model_architecture, read_architecture
 from gpuanat.core.memory.predict import estimate_memory
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -19,9 +19,9 @@ import pytest
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.replay import ReplaySource
 from gpuanat.core.measure.samples import NvmlStatus
-from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.protocol import ModelInfo, Step, decode
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.protocol import ModelInfo, Step, decode
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline
 from gpuanat.tui.widgets.line_chart import CHART_REPAINT_INTERVAL_S

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from gpuanat.core.run.config import (
+from gpuanat.core.store.sweep import EXPERIMENTS
+from gpuanat.core.vocabulary.config import (
     CPU_WORKLOAD,
     Capabilities,
     RunConfig,
@@ -14,10 +15,9 @@ from gpuanat.core.run.config import (
     expandable_segments_enabled,
     workload_for_device,
 )
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.techniques import TECHNIQUES
-from gpuanat.core.run.validation import machine_unsupported_reason, model_is_path, validate_values
-from gpuanat.core.store.sweep import EXPERIMENTS
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.techniques import TECHNIQUES
+from gpuanat.core.vocabulary.validation import machine_unsupported_reason, model_is_path, validate_values
 
 CPU_ONLY = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build")
 HOPPER_WITH_BNB = Capabilities(
@@ -226,7 +226,7 @@ def test_the_users_allocator_conf_is_the_default_of_the_technique(user_conf, ena
 def test_every_technique_the_machine_cannot_run_is_named_with_its_reason():
     """Issue #17: with fp16, tf32, expandable segments and 8-bit Adam on a CPU box without bitsandbytes, each of
     them is refused — not only the first — and 8-bit Adam names both things it lacks."""
-    from gpuanat.core.run.validation import machine_unsupported_reasons
+    from gpuanat.core.vocabulary.validation import machine_unsupported_reasons
 
     config = RunConfig(device="cpu", precision="fp16", tf32=True, expandable_segments=True, optim="adamw_bnb_8bit")
     reasons = dict(machine_unsupported_reasons(config, CPU_ONLY))

@@ -19,8 +19,8 @@ from test_first_minute import screen_text
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.replay import ReplaySource
 from gpuanat.core.measure.samples import NvmlStatus
-from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.protocol import Hello, ProbeBands, Ranked, Step
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.protocol import Hello, ProbeBands, Ranked, Step
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.messages import RunFinished
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuanat.core.run.diagnose import breakdown_line, diagnose, diagnosis_line
+from gpuanat.core.measure.diagnose import breakdown_line, diagnose, diagnosis_line
 from gpuanat.core.store.compare import compare_runs
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "h100" / "diagnosis"
@@ -109,7 +109,7 @@ def test_the_summary_lines_and_compare_rows_of_a_recorded_run():
 
 
 def test_the_same_training_eager_or_on_one_gpu_is_found_in_earlier_runs():
-    from gpuanat.core.run.diagnose import reference_rates
+    from gpuanat.core.measure.diagnose import reference_rates
 
     run = RUNS["bf16 batch 32"]
     config = run["config"]
@@ -133,8 +133,8 @@ def recorded_steps_and_busy(tmp_path, name: str):
     history that benchmarks/diagnosis_check.sh kept."""
     import tarfile
 
-    from gpuanat.core.run.protocol import decode
     from gpuanat.core.store.history import HistoryStore
+    from gpuanat.core.vocabulary.protocol import decode
 
     with tarfile.open(RESULTS / "history.tar.gz") as archive:
         archive.extractall(tmp_path, filter="data")
@@ -151,7 +151,7 @@ def recorded_steps_and_busy(tmp_path, name: str):
 
 @pytest.mark.parametrize("name", ["vanilla", "fp16", "adafactor"])
 def test_the_live_window_of_the_last_steps_reads_like_the_whole_run(tmp_path, name):
-    from gpuanat.core.run.diagnose import LIVE_WINDOW_STEPS, recent_breakdown
+    from gpuanat.core.measure.diagnose import LIVE_WINDOW_STEPS, recent_breakdown
 
     steps, busy = recorded_steps_and_busy(tmp_path, name)
     assert len(steps) == 64 and all(step.phases_s is not None for step in steps)

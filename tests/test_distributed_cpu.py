@@ -164,7 +164,7 @@ def test_a_rank_whose_collective_broke_as_the_user_stopped_the_run_says_stopped(
     "Connection closed by peer"). In a run the user stopped that rank stopped too, its error kept; out of memory
     stays out of memory, and outside a stop an error is a failure."""
     from gpuanat.core.measure.run_state import RankEvents, rank_status
-    from gpuanat.core.run.protocol import Error
+    from gpuanat.core.vocabulary.protocol import Error
 
     broken = RankEvents()
     broken.observe(Error(kind="exception", message="RuntimeError: [gloo] Connection closed by peer", step=7))
@@ -216,8 +216,8 @@ def test_of_two_ranks_that_ended_without_a_word_the_first_to_end_is_the_cause():
     """CI caught the race: torchrun ended rank 0 before it could report its collective's failure, so both ranks
     ended silently and the run blamed rank 0, the lower. The launcher now reports them in the order their
     connections closed, and the run takes the earlier of two errors of one kind."""
-    from gpuanat.core.run.protocol import Error
-    from gpuanat.core.run.result import RankRecord, first_cause
+    from gpuanat.core.measure.result import RankRecord, first_cause
+    from gpuanat.core.vocabulary.protocol import Error
 
     killed, stopped_after = RankRecord(), RankRecord()
     killed.observe(Error(kind="exited", message="rank 1 (pid 11) ended without finishing"))
@@ -234,8 +234,8 @@ def test_fsdp2_is_asked_of_trainer_in_its_current_form():
     import torch
     from transformers import AutoModelForCausalLM, TrainingArguments
 
-    from gpuanat.core.run.config import RunConfig
-    from gpuanat.core.run.presets import PRESETS
+    from gpuanat.core.vocabulary.config import RunConfig
+    from gpuanat.core.vocabulary.presets import PRESETS
     from gpuanat.worker.model import preset_model_config
     from gpuanat.worker.train import distributed_arguments
 

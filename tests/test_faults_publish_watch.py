@@ -21,7 +21,7 @@ import psutil
 import pytest
 from conftest import REPO, cli_env
 
-from gpuanat.core.run.protocol import MAX_EVENT_LINE_BYTES, Hello, ModelInfo, ProbeBands, Step, encode
+from gpuanat.core.vocabulary.protocol import MAX_EVENT_LINE_BYTES, Hello, ModelInfo, ProbeBands, Step, encode
 
 MB = 1000 * 1000
 
@@ -33,7 +33,7 @@ PUBLISHER = textwrap.dedent(
     import os, sys
     print(os.getpid(), flush=True)
     sys.stdin.readline()
-    from gpuanat.core.run.protocol import Hello
+    from gpuanat.core.vocabulary.protocol import Hello
     from gpuanat.worker.probe.sink import publish, published_path
     publish(Hello(pid=os.getpid(), versions={}, device="cpu", device_name=None, config={}))
     print(published_path(), flush=True)

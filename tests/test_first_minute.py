@@ -9,8 +9,8 @@ import pytest
 from test_app_snapshots import fill_history, make_app
 from textual.widgets._toast import Toast
 
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.validation import machine_unsupported_reasons
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.validation import machine_unsupported_reasons
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.keys import KeysScreen
@@ -137,7 +137,7 @@ async def test_while_a_run_starts_the_screen_says_where_it_is(db_path):
     from test_tui import TINY, run_to_completion
     from test_tui import make_app as cpu_app
 
-    from gpuanat.core.run.startup import FIRST_STEP_PARTS
+    from gpuanat.core.measure.startup import FIRST_STEP_PARTS
     from gpuanat.tui.widgets.status_line import StatusLine
 
     app = cpu_app(db_path, TINY)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import cli_env
 
-from gpuanat.core.memory.fit import find_largest_batch, run_fit
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.fit import find_largest_batch, run_fit
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import RunConfig
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from conftest import run_cli
 from gpuanat.cli.run import out_of_memory_hint
 from gpuanat.core.memory.fit_ladder import fit_ladder
 from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 GIB = 1024**3
 LLAMA_8B = ["--preset", "llama-3.1-8b", "--precision", "bf16", "--batch-size", "1", "--seq-len", "1024"]

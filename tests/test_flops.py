@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import last_json, run_cli
 
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.flops import dense_peak_tflops, flops_per_sample, math_mode, utilization
+from gpuanat.core.measure.flops import dense_peak_tflops, flops_per_sample, math_mode, utilization
+from gpuanat.core.vocabulary.config import RunConfig
 
 
 def test_bert_large_flops_are_six_per_weight_and_token_plus_attention():
@@ -95,8 +95,8 @@ def _meta_model(model_config, causal: bool, lora: int = 0):
 
 
 def _counted(model, seq_len: int) -> int | None:
-    from gpuanat.core.run.flops import flops_per_sample_of_model
-    from gpuanat.core.run.protocol import ModelInfo
+    from gpuanat.core.measure.flops import flops_per_sample_of_model
+    from gpuanat.core.vocabulary.protocol import ModelInfo
     from gpuanat.worker.probe.model_flops import model_flops
 
     info = ModelInfo(
@@ -116,7 +116,7 @@ def _counted(model, seq_len: int) -> int | None:
 def test_counted_in_the_model_a_preset_s_flops_are_its_formula_s(preset, lora):
     """Two counts that share nothing: the preset's formula from its dimensions, and the probe's walk of the model
     transformers builds (its linear layers, its config's attention)."""
-    from gpuanat.core.run.presets import PRESETS
+    from gpuanat.core.vocabulary.presets import PRESETS
     from gpuanat.worker.model import preset_model_config
 
     config = RunConfig(preset=preset, seq_len=256, lora=lora)

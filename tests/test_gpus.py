@@ -12,11 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from gpuanat.core.measure.samples import Sample
-from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.gpu_request import parse_gpus
-from gpuanat.core.run.gpus import (
+from gpuanat.core.measure.gpus import (
     DEVICE_ORDER_VARIABLE,
     VISIBLE_DEVICES_VARIABLE,
     Gpu,
@@ -25,8 +21,12 @@ from gpuanat.core.run.gpus import (
     gpus_for_run,
     rank_file_path,
 )
-from gpuanat.core.run.result import RankRecord
-from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
+from gpuanat.core.measure.result import RankRecord
+from gpuanat.core.measure.samples import Sample
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.gpu_request import parse_gpus
+from gpuanat.core.vocabulary.validation import machine_unsupported_reason, validate_values
 
 TRACE = Path(__file__).parent / "data" / "h200x2_ddp_trace.jsonl"
 RANK_PIDS = {0: 1011, 1: 1012}

@@ -13,12 +13,14 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from contextlib import closing
 from pathlib import Path
 
 import psutil
 import pytest
 
+from gpuanat.core.measure.process_tree import pid_alive
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, HistoryWriteError, write_with_backoff
 from gpuanat.core.store.history_file import default_db_path
@@ -100,6 +102,24 @@ def test_a_live_pid_that_started_at_another_time_is_not_the_recorder(tmp_path):
     with HistoryStore(tmp_path / "h.sqlite") as reopened:
         assert _raw_run(tmp_path / "h.sqlite", run_id)["status"] == "interrupted"
         assert reopened.run(run_id).result["error"]["kind"] == "interrupted"
+
+
+def test_a_thread_id_is_not_a_live_process():
+    """`kill(tid, 0)` accepts a live thread's id; a recorder PID that now names a thread is no recorder."""
+    started, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=lambda: (started.set(), release.wait(10)))
+    thread.start()
+    try:
+        started.wait(10)
+        tid = thread.native_id
+        assert tid is not None and tid != os.getpid()
+        os.kill(tid, 0)  # the kernel takes it: a liveness check by signal would say alive
+        assert not pid_alive(tid)
+        assert pid_alive(os.getpid())
+    finally:
+        release.set()
+        thread.join()
+    assert not pid_alive(None) and not pid_alive(0)
 
 
 def test_result_from_steps_takes_each_figure_from_the_steps_that_have_it():

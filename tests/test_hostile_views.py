@@ -19,8 +19,8 @@ from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
 from gpuanat.core.measure.process_tree import HostOnlySource
 from gpuanat.core.measure.samples import HostProcess, NvmlStatus, ProcessGpuMemory
 from gpuanat.core.printable import printable
-from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget, resolve_target
 from gpuanat.tui.app import GpuAnatApp

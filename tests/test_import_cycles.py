@@ -2,9 +2,12 @@
 
 The import graph is read statically with `ast` from every module under gpuanat/, imports at the top and inside
 functions alike: a lazy import inside a function hides a cycle from Python at import time, not from this test.
-An import names the module it reads (`from gpuanat.core.run import config` is gpuanat.core.run.config; `from
-gpuanat.core.run.config import RunConfig` is gpuanat.core.run.config too); a package's `__init__` counts only
-where it is named itself.
+An import names the module it reads (`from gpuanat.core.vocabulary import config` is
+gpuanat.core.vocabulary.config; `from gpuanat.core.vocabulary.config import RunConfig` is that module too); a
+package's `__init__` counts only where it is named itself.
+
+Beyond modules, `core/`'s folders stand in floors (`CORE_FLOORS`): a folder imports only from floors below its own,
+so no arrow runs back up between them, and two rooms of one floor never import each other.
 """
 
 from __future__ import annotations
@@ -92,9 +95,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_holds_top_level_and_lazy_imports():
     graph = import_graph()
-    assert "gpuanat.core.run.config" in graph["gpuanat.core.run.gpus"]  # at the top
+    assert "gpuanat.core.vocabulary.config" in graph["gpuanat.core.measure.gpus"]  # at the top
     assert "gpuanat.core.run.tune.search" in graph["gpuanat.cli.tune"]  # inside a function
-    assert "gpuanat.core.run.gpus" in graph["gpuanat.core.run.session"]
+    assert "gpuanat.core.measure.gpus" in graph["gpuanat.core.run.session"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -104,3 +107,59 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_module_imports_another_in_a_cycle():
     assert cycles(import_graph()) == []
+
+
+CORE_FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"vocabulary", "printable", "percent", "thread_names"}),
+    frozenset({"operations", "memory"}),
+    frozenset({"measure"}),
+    frozenset({"store"}),
+    frozenset({"watch", "export"}),
+    frozenset({"run"}),
+)
+"""`core/`'s rooms from the ground up: the run's vocabulary (and the root's plain helpers); the memory model and the
+operations' classes; measuring; the history; the watch and the exporters; orchestration (runner, session, fit,
+tune). A room is a folder of `core/` or a module at its root."""
+
+
+def core_room(module: str) -> str | None:
+    """The room of `core/` a module stands in (`gpuanat.core.measure.samples` → measure), None outside `core/`."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["gpuanat", "core"] and len(parts) > 2 else None
+
+
+def arrows_against_the_floors(graph: dict[str, set[str]], floors: tuple[frozenset[str], ...]) -> list[str]:
+    """Each import between rooms of `core/` that does not run down to a lower floor, as `module -> module`."""
+    floor_of = {room: level for level, rooms in enumerate(floors) for room in rooms}
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        room = core_room(module)
+        for target in sorted(imported):
+            target_room = core_room(target)
+            if room is None or target_room is None or target_room == room:
+                continue
+            if floor_of[target_room] >= floor_of[room]:
+                wrong.append(f"{module} -> {target}")
+    return wrong
+
+
+def test_every_room_of_core_has_a_floor():
+    rooms = {room for module in import_graph() if (room := core_room(module))}
+    assert rooms == set().union(*CORE_FLOORS)
+
+
+def test_the_floor_check_finds_an_arrow_up_and_one_sideways():
+    floors = (frozenset({"vocabulary"}), frozenset({"memory", "operations"}), frozenset({"run"}))
+    graph = {
+        "gpuanat.core.vocabulary.config": {"gpuanat.core.run.session"},
+        "gpuanat.core.memory.predict": {"gpuanat.core.operations.anatomy", "gpuanat.core.vocabulary.config"},
+        "gpuanat.core.run.session": {"gpuanat.core.memory.predict", "gpuanat.core.run.runner"},
+    }
+    assert arrows_against_the_floors(graph, floors) == [
+        "gpuanat.core.memory.predict -> gpuanat.core.operations.anatomy",
+        "gpuanat.core.vocabulary.config -> gpuanat.core.run.session",
+    ]
+
+
+def test_no_import_runs_back_up_between_the_folders_of_core():
+    assert arrows_against_the_floors(import_graph(), CORE_FLOORS) == []

@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, cli_env, run_cli
 
 from gpuanat.core.measure.nvml_source import open_source
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.watch.target import resolve_target
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.keymap import KeymapError, gpuanat_apps, load_keymap

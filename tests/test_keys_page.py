@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from test_app_snapshots import h100_environment, make_app
 
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.tui.screens.keys import KeysScreen, key_rows
 
 
@@ -67,7 +67,7 @@ async def test_ctrl_c_quits_like_q_when_no_run_is_live(tmp_path):
 
 
 def test_the_status_line_says_step_elapsed_and_eta_first():
-    from gpuanat.core.run.protocol import Step
+    from gpuanat.core.vocabulary.protocol import Step
     from gpuanat.tui.app import run_progress
 
     step = Step(step=9, samples=36, tokens=18_432, step_time_s=1.0, elapsed_s=12.0)
@@ -81,7 +81,7 @@ def cpu_app(tmp_path, config: RunConfig):
     """The dashboard on a CPU box: capabilities without CUDA or bitsandbytes, no NVML (the real host source)."""
     from gpuanat.core.measure.process_tree import HostOnlySource
     from gpuanat.core.measure.samples import NvmlStatus
-    from gpuanat.core.run.config import Capabilities
+    from gpuanat.core.vocabulary.config import Capabilities
     from gpuanat.tui.app import GpuAnatApp
 
     cpu = Capabilities(

@@ -17,10 +17,10 @@ from rich.console import Console
 
 from gpuanat.core.memory.predict import estimate_memory, prediction_json
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
-from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.presets import PRESETS
-from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.presets import PRESETS
+from gpuanat.core.vocabulary.validation import machine_unsupported_reason, validate_values
 
 LLAMA_TINY = ["--preset", "llama-tiny", "--device", "cpu", "--seq-len", "32", "--samples", "32", "--batch-size", "4"]
 
@@ -133,7 +133,7 @@ async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_
     """M steps through the presets, L through the LoRA ranks; the run the dashboard starts trains what it shows."""
     from test_tui import make_app, run_to_completion, wait_for
 
-    from gpuanat.core.run.presets import PRESETS as presets
+    from gpuanat.core.vocabulary.presets import PRESETS as presets
     from gpuanat.tui.widgets.memory_bar import MemoryBar
     from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
 

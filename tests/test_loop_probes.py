@@ -178,7 +178,7 @@ def test_a_loop_that_does_not_say_how_long_it_runs_is_measured_all_the_same():
     steps, and the steady window closes when the `with` block ends."""
     import torch
 
-    from gpuanat.core.run.protocol import Done, Hello, ModelInfo, Step, decode, encode
+    from gpuanat.core.vocabulary.protocol import Done, Hello, ModelInfo, Step, decode, encode
     from gpuanat.probe import track
     from gpuanat.worker.probe.sink import install_default_emit
 

@@ -21,7 +21,7 @@ from gpuanat.core.operations.anatomy import (
 from gpuanat.core.operations.classify import GROUPS, group_of, kernel_function
 from gpuanat.core.operations.counts import contraction_flops, estimated_flops, moved_bytes
 from gpuanat.core.operations.report import summary_lines
-from gpuanat.core.run.protocol import KernelRow, Operations
+from gpuanat.core.vocabulary.protocol import KernelRow, Operations
 
 TINY = ["--device", "cpu", "--preset", "tiny", "--seq-len", "64", "--samples", "96"]
 

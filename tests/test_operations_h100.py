@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from test_diagnose import RUNS
 
+from gpuanat.core.measure.diagnose import diagnose
 from gpuanat.core.operations.anatomy import memory_bound_share, operations_anatomy
 from gpuanat.core.operations.classify import GROUPS, group_of, op_base
-from gpuanat.core.run.diagnose import diagnose
-from gpuanat.core.run.protocol import KernelRow, Operations
+from gpuanat.core.vocabulary.protocol import KernelRow, Operations
 
 DATA = json.loads((Path(__file__).parent / "data" / "operations" / "h100_kernels.json").read_text())
 PROFILED = {run["check"]: run for run in DATA["runs"]}

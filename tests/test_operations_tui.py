@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_tui import make_app, run_to_completion, wait_for
 
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.tui.widgets.operations_panel import OperationsPanel
 
 PROFILED = RunConfig(preset="tiny", device="cpu", seq_len=32, samples=48, batch_size=4)

@@ -24,8 +24,8 @@ from gpuanat.core.memory.predict import (
 )
 from gpuanat.core.memory.shapes import parameter_shapes
 from gpuanat.core.memory.sizes import parse_size
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.presets import PRESETS
 
 
 def real_model(name: str):

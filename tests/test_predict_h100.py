@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from gpuanat.core.memory.predict import estimate_memory, max_batch_size
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "h100"
 MATRIX = RESULTS / "memory_matrix.json"

@@ -7,7 +7,7 @@ import json
 import pytest
 from event_fuzz import malformed_lines
 
-from gpuanat.core.run.protocol import (
+from gpuanat.core.vocabulary.protocol import (
     MAX_EVENT_LINE_BYTES,
     PROTOCOL_VERSION,
     Done,

@@ -25,7 +25,16 @@ from gpuanat.core.measure.publish import (
     publication_file_problem,
     remove_dead_publications,
 )
-from gpuanat.core.run.protocol import MAX_EVENT_LINE_BYTES, Done, Hello, Malformed, ModelInfo, ProbeBands, Step, encode
+from gpuanat.core.vocabulary.protocol import (
+    MAX_EVENT_LINE_BYTES,
+    Done,
+    Hello,
+    Malformed,
+    ModelInfo,
+    ProbeBands,
+    Step,
+    encode,
+)
 
 BANDS = ProbeBands(
     weights_bytes=8,

@@ -24,13 +24,13 @@ from gpuanat.core.memory.bands.activations import liger_chunk_tokens, liger_kept
 from gpuanat.core.memory.bands.weights import decoder_weight_casts_bytes, nf4_weight_bytes, qlora_head_copy_bytes
 from gpuanat.core.memory.predict import estimate_memory, max_batch_size, prediction_json
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
-from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.presets import PRESETS
-from gpuanat.core.run.protocol import Done, ModelInfo, decode
 from gpuanat.core.run.runner import worker_command
-from gpuanat.core.run.techniques import changed_config
-from gpuanat.core.run.validation import machine_unsupported_reasons, validate_values
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.presets import PRESETS
+from gpuanat.core.vocabulary.protocol import Done, ModelInfo, decode
+from gpuanat.core.vocabulary.techniques import changed_config
+from gpuanat.core.vocabulary.validation import machine_unsupported_reasons, validate_values
 
 GIB = 1024**3
 CPU_ONLY = Capabilities(torch_version="2.13.0+cpu", cuda_available=False, reason="CPU-only build")

@@ -17,7 +17,7 @@ from conftest import last_json, run_cli, start_cli
 from transformers import AutoModelForSequenceClassification, BertConfig
 
 from gpuanat.core.measure.anatomy import stack_problems
-from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.vocabulary.presets import PRESETS
 
 BASE = ["--preset", "tiny", "--device", "cpu", "--seq-len", "64", "--samples", "64"]
 RUNS = {
@@ -218,7 +218,7 @@ def test_the_probe_reports_its_own_time(results):
 
 
 def test_the_wall_time_is_broken_down_from_the_request_to_the_result(results):
-    from gpuanat.core.run.startup import FIRST_STEP_PARTS, WALL_PARTS
+    from gpuanat.core.measure.startup import FIRST_STEP_PARTS, WALL_PARTS
 
     result = results["adamw_bs8"]
     breakdown = result["wall_breakdown_s"]
@@ -231,8 +231,8 @@ def test_the_wall_time_is_broken_down_from_the_request_to_the_result(results):
 
 
 def test_each_steady_step_is_timed_by_phase_on_the_host(results, history_db):
-    from gpuanat.core.run.protocol import STEP_PHASES
     from gpuanat.core.store.history import HistoryStore
+    from gpuanat.core.vocabulary.protocol import STEP_PHASES
 
     result = results["adamw_bs8"]
     breakdown = result["step_time_breakdown"]

@@ -19,8 +19,8 @@ from textual.widgets import Input
 from gpuanat.core.measure.process_tree import HostOnlySource
 from gpuanat.core.measure.samples import NvmlStatus
 from gpuanat.core.printable import printable
-from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.rename import RenameScreen

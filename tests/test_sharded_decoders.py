@@ -25,7 +25,7 @@ from gpuanat.core.memory.predict import (
     prediction_json,
 )
 from gpuanat.core.memory.shapes import parameter_shapes
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from sharded_reference_table import recorded_run  # the recorded runs' reading, as the docs' tables make it

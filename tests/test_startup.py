@@ -1,4 +1,4 @@
-"""The start-up breakdown's arithmetic (gpuanat.core.run.startup); real runs' breakdowns are checked in
+"""The start-up breakdown's arithmetic (gpuanat.core.measure.startup); real runs' breakdowns are checked in
 test_run_cpu.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpuanat.core.run.startup import (
+from gpuanat.core.measure.startup import (
     WALL_PARTS,
     process_started_monotonic_s,
     startup_line,

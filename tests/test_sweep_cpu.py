@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import run_cli
 
-from gpuanat.core.store.compare import percent_delta
+from gpuanat.core.percent import percent_delta
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.sweep import EXPERIMENTS
 

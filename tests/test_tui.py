@@ -18,10 +18,10 @@ import pytest
 from rich.console import Console
 
 from gpuanat.core.measure.nvml_source import open_source
-from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.techniques import TECHNIQUES
-from gpuanat.core.store.compare import percent_delta
+from gpuanat.core.percent import percent_delta
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.techniques import TECHNIQUES
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.confirm import ConfirmScreen
@@ -398,7 +398,7 @@ async def test_a_lora_run_shows_its_trainable_weights_and_its_logits_in_the_memo
     fp32 adapters, measured from the run's counts and predicted from the adapter shapes, equal) and the logits
     (4 × 32 × 32,000 fp32) show as a band of their own."""
     from gpuanat.core.memory.shapes import lora_shapes
-    from gpuanat.core.run.presets import PRESETS
+    from gpuanat.core.vocabulary.presets import PRESETS
     from gpuanat.tui.widgets.memory_bar import MemoryBar
 
     config = RunConfig(preset="llama-tiny", device="cpu", seq_len=32, samples=32, batch_size=4, lora=8)

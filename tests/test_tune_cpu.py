@@ -15,8 +15,8 @@ from conftest import last_json, run_cli, start_cli
 from gpuanat.cli.common import config_from_args
 from gpuanat.cli.parser import build_parser
 from gpuanat.core.memory.predict import max_batch_size
-from gpuanat.core.run.config import RunConfig
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import RunConfig
 
 GPU_MEMORY = "1509MiB"
 """Small enough that the prediction bounds the tiny BERT at seq 32: batch 34 fits with SDPA, 31 with eager

@@ -15,11 +15,11 @@ import pytest
 from gpuanat.cli.common import config_from_args
 from gpuanat.cli.parser import build_parser
 from gpuanat.core.memory.allocation_templates import largest_batch
-from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.tune.result import NOISE_FRACTION, beats, pareto_front
 from gpuanat.core.run.tune.runs import run_flags
 from gpuanat.core.run.tune.search import moves_in_order, run_tune
 from gpuanat.core.run.tune.space import DIMENSIONS, search_space
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 
 H100 = Capabilities(
     torch_version="2.11",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from test_app_snapshots import fill_history, h100_run_app, make_app, replayed
 
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 COMPARE_KEYS = ["h", *["up"] * 10, "space", "down", "down", "space", "enter"]
 """Vanilla (row 1) against fp16 (row 4) of the recorded sweep: the cursor starts on the newest run (row 11)."""

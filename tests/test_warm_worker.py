@@ -15,12 +15,12 @@ import psutil
 import pytest
 from conftest import REPO, cli_env
 
-from gpuanat.core.run.config import PROFILE_OPS_VARIABLE, RunConfig
-from gpuanat.core.run.protocol import Error, Milestone
 from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.run.session import execute_run, run_environment
 from gpuanat.core.run.warm import PREPARED, WarmWorkers, cold_start_reason, warm_worker_command
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import PROFILE_OPS_VARIABLE, RunConfig
+from gpuanat.core.vocabulary.protocol import Error, Milestone
 
 TINY = RunConfig(preset="tiny", device="cpu", seq_len=32, samples=64, batch_size=4)
 READY_TIMEOUT_S = 120.0

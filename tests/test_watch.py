@@ -475,7 +475,7 @@ def test_interrupting_the_json_watch_exits_130(spinner):
 
 def test_events_pushed_by_a_launcher_are_used_without_publication_files(spinner):
     """`run --script` feeds its child's pipe events to the session; no file is looked for."""
-    from gpuanat.core.run.protocol import ModelInfo, ProbeBands, Step
+    from gpuanat.core.vocabulary.protocol import ModelInfo, ProbeBands, Step
 
     child, _ = spinner
     session = WatchSession(resolve_target(child.pid), NO_NVML, publication_dirs_for=None)
@@ -562,7 +562,7 @@ def test_the_recorded_gpu_watch_trace_replays_into_the_same_records(tmp_path):
 def test_an_event_the_session_cannot_take_is_counted_and_the_watch_goes_on(spinner):
     """Events also arrive decoded by others (`add_events`); one with a string where the protocol has numbers
     would break the record's arithmetic. It is counted as malformed; the events around it are used."""
-    from gpuanat.core.run.protocol import Step
+    from gpuanat.core.vocabulary.protocol import Step
 
     child, _ = spinner
     session = WatchSession(resolve_target(child.pid), NO_NVML, publication_dirs_for=None)

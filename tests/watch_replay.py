@@ -18,7 +18,7 @@ from typing import ClassVar
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
 from gpuanat.core.measure.replay import ReplaySource
 from gpuanat.core.measure.samples import HostProcess, NvmlStatus, Sample
-from gpuanat.core.run.protocol import Hello, ModelInfo, Step, decode
+from gpuanat.core.vocabulary.protocol import Hello, ModelInfo, Step, decode
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget
 from gpuanat.tui.watch_app import WatchApp

@@ -12,21 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from gpuanat.core.run.config import (
+from gpuanat.core.run.stop_signals import StopSignals
+from gpuanat.core.run.warm import WarmWorkers
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_file import default_db_path
+from gpuanat.core.vocabulary.config import (
     Capabilities,
     RunConfig,
     distributed_for_ranks,
     expandable_segments_enabled,
     workload_for_device,
 )
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.protocol import Error, Event, ModelInfo, Step
-from gpuanat.core.run.stop_signals import StopSignals
-from gpuanat.core.run.techniques import TECHNIQUES
-from gpuanat.core.run.validation import check_hub_model, machine_unsupported_reason, validate_values
-from gpuanat.core.run.warm import WarmWorkers
-from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.store.history_file import default_db_path
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.protocol import Error, Event, ModelInfo, Step
+from gpuanat.core.vocabulary.techniques import TECHNIQUES
+from gpuanat.core.vocabulary.validation import check_hub_model, machine_unsupported_reason, validate_values
 
 if TYPE_CHECKING:
     from gpuanat.core.export.run_metrics import RunMetrics
@@ -136,7 +136,11 @@ def measurement_environment(
     """The training process's environment when a measurement of its own was asked (`--memory-snapshot`,
     `--profile-ops`; `metrics`: its probe serves them, as in a job gpuanat did not start), else None (the parent's,
     unchanged)."""
-    from gpuanat.core.run.config import MEMORY_SNAPSHOT_VARIABLE, PROFILE_OPS_TRACE_VARIABLE, PROFILE_OPS_VARIABLE
+    from gpuanat.core.vocabulary.config import (
+        MEMORY_SNAPSHOT_VARIABLE,
+        PROFILE_OPS_TRACE_VARIABLE,
+        PROFILE_OPS_VARIABLE,
+    )
 
     asked = {}
     if memory_snapshot is not None:
@@ -254,9 +258,9 @@ def exit_code_for(status: str, signals: StopSignals) -> int:
 def print_summary(result: dict[str, Any]) -> None:
     """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements."""
     from gpuanat.core.measure.anatomy import BAND_NAMES
+    from gpuanat.core.measure.diagnose import breakdown_line
+    from gpuanat.core.measure.startup import startup_line
     from gpuanat.core.operations.report import summary_lines as operations_summary_lines
-    from gpuanat.core.run.diagnose import breakdown_line
-    from gpuanat.core.run.startup import startup_line
     from gpuanat.core.store.report import format_bytes, format_mb, format_number
 
     config = RunConfig.from_json({key: value for key, value in result["config"].items() if value is not None})

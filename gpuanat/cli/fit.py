@@ -23,17 +23,17 @@ from gpuanat.cli.common import (
     prepared_workers,
     run_recorded,
 )
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 
 
 def command_fit(args: argparse.Namespace) -> int:
     from gpuanat.core.measure.nvml_source import probe_nvml
     from gpuanat.core.memory.allocation_templates import largest_batch
-    from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
     from gpuanat.core.memory.predict import unreadable_model_reason
     from gpuanat.core.memory.sizes import parse_size
+    from gpuanat.core.run.fit import fit_unsupported_reason, run_fit
 
     if not 1 <= args.trial_steps <= MAX_STEPS:
         fail_usage(f"--trial-steps: must be an integer ≥ 1 and ≤ {MAX_STEPS:,} (got {args.trial_steps})")

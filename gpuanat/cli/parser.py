@@ -12,8 +12,8 @@ import shtab
 from gpuanat import __version__
 from gpuanat.cli.common import EXIT_USAGE
 from gpuanat.core.printable import printable
-from gpuanat.core.run.config import DEFAULT_PROFILE_OPS_STEPS, RunConfig
-from gpuanat.core.run.techniques import TECHNIQUES
+from gpuanat.core.vocabulary.config import DEFAULT_PROFILE_OPS_STEPS, RunConfig
+from gpuanat.core.vocabulary.techniques import TECHNIQUES
 
 CONFIG_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
 

@@ -28,7 +28,7 @@ def command_predict(args: argparse.Namespace) -> int:
     if unreadable is not None:
         fail_usage(f"--model: {unreadable}")
     if config.ranks is None:  # --gpus all: as many as NVML lists
-        from gpuanat.core.run.gpus import read_gpus
+        from gpuanat.core.measure.gpus import read_gpus
 
         count = len(read_gpus())
         if count == 0:

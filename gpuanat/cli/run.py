@@ -23,10 +23,10 @@ from gpuanat.cli.common import (
     run_recorded,
     warn_if_not_saved,
 )
+from gpuanat.core.measure.startup import process_started_monotonic_s
 from gpuanat.core.printable import printable
-from gpuanat.core.run.startup import process_started_monotonic_s
-from gpuanat.core.run.techniques import TECHNIQUES
-from gpuanat.core.run.validation import machine_unsupported_reason
+from gpuanat.core.vocabulary.techniques import TECHNIQUES
+from gpuanat.core.vocabulary.validation import machine_unsupported_reason
 
 
 def print_named_summary(result: dict[str, Any], name: str | None) -> None:

@@ -21,8 +21,8 @@ from gpuanat.cli.common import (
     print_table,
     run_recorded,
 )
-from gpuanat.core.run.techniques import TECHNIQUES
-from gpuanat.core.run.validation import machine_unsupported_reason
+from gpuanat.core.vocabulary.techniques import TECHNIQUES
+from gpuanat.core.vocabulary.validation import machine_unsupported_reason
 
 
 def command_sweep(args: argparse.Namespace) -> int:

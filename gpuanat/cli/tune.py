@@ -24,10 +24,10 @@ from gpuanat.cli.common import (
     print_table,
     run_recorded,
 )
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
-from gpuanat.core.run.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
+from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 
 MAX_BUDGET_MINUTES = 7 * 24 * 60.0
 """A week: a longer search is a typo."""

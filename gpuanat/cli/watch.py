@@ -48,7 +48,7 @@ def _watch_metrics(args: argparse.Namespace) -> Any:
     if args.metrics is None:
         return None
     from gpuanat.core.export.watch_metrics import WatchMetrics
-    from gpuanat.core.run.gpus import read_gpus
+    from gpuanat.core.measure.gpus import read_gpus
 
     return WatchMetrics({gpu.index: gpu.uuid for gpu in read_gpus()})
 

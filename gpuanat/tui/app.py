@@ -26,23 +26,23 @@ from textual.notifications import SeverityLevel
 from textual.widgets import Footer
 
 from gpuanat.core.export.run_metrics import RunMetrics
+from gpuanat.core.measure.diagnose import diagnose, recent_breakdown
+from gpuanat.core.measure.flops import utilization
 from gpuanat.core.measure.live_run import THROUGHPUT_WINDOW_STEPS, LiveRun, gpu_of
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
+from gpuanat.core.measure.startup import REQUESTED, startup_status
 from gpuanat.core.memory.model_config import UnreadableModel
 from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, cuda_context_bytes, estimate_memory, peak_reserved_bytes
-from gpuanat.core.run.config import Capabilities, RunConfig, workload_for_device
-from gpuanat.core.run.diagnose import diagnose, recent_breakdown
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.flops import utilization
-from gpuanat.core.run.protocol import Event, Ranked, Step
 from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import SharedSampler
-from gpuanat.core.run.startup import REQUESTED, startup_status
-from gpuanat.core.run.validation import validate_values
 from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.report import format_bytes
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig, workload_for_device
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.protocol import Event, Ranked, Step
+from gpuanat.core.vocabulary.validation import validate_values
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS
 from gpuanat.tui.memory_view import MemoryView
 from gpuanat.tui.messages import CapabilitiesFound, RunFinished, RunStarted

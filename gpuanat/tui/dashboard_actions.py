@@ -23,9 +23,9 @@ from textual.screen import Screen
 
 from gpuanat.core.printable import printable
 from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
-from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.core.store.history import RENAME_DEADLINE_S, HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
+from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.keys import CYCLING_ACTIONS, TECHNIQUE_ACTION, KeysScreen, key_rows

@@ -16,7 +16,7 @@ from gpuanat.core.measure.samples import GpuSample, Sample
 from gpuanat.core.memory.model_config import architecture_of
 from gpuanat.core.memory.predict import MemoryEstimate, peak_reserved_bytes
 from gpuanat.core.memory.shapes import lora_shapes
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.tui.widgets.gpu_lanes import Lane
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from textual.message import Message
 
-from gpuanat.core.run.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 
 
 @dataclass

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuanat.core.measure.live_run import LiveRun
+from gpuanat.core.measure.startup import REQUESTED, startup_progress
 from gpuanat.core.operations.anatomy import operations_anatomy
-from gpuanat.core.run.config import DEFAULT_PROFILE_OPS_STEPS, Capabilities, RunConfig
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.startup import REQUESTED, startup_progress
-from gpuanat.core.run.validation import machine_unsupported_reason, validate_values
+from gpuanat.core.vocabulary.config import DEFAULT_PROFILE_OPS_STEPS, Capabilities, RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.validation import machine_unsupported_reason, validate_values
 from gpuanat.tui.dashboard_actions import DashboardActions
 from gpuanat.tui.run_control import RunControl
 from gpuanat.tui.screens.confirm import ConfirmScreen

@@ -18,13 +18,13 @@ from textual.message import Message
 
 from gpuanat.core.export.run_metrics import RunMetrics
 from gpuanat.core.measure.live_run import LiveRun
-from gpuanat.core.run.config import PROFILE_OPS_VARIABLE, Capabilities, RunConfig
-from gpuanat.core.run.protocol import Event
+from gpuanat.core.measure.startup import REQUESTED
 from gpuanat.core.run.session import SharedSampler, execute_run, run_environment
-from gpuanat.core.run.startup import REQUESTED
 from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.thread_names import name_native_thread
+from gpuanat.core.vocabulary.config import PROFILE_OPS_VARIABLE, Capabilities, RunConfig
+from gpuanat.core.vocabulary.protocol import Event
 from gpuanat.tui.messages import CapabilitiesFound, RunFinished, RunStarted
 
 

@@ -19,13 +19,13 @@ from typing import Any
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.memory.allocation_templates import largest_batch
-from gpuanat.core.memory.fit import fit_unsupported_reason, run_fit
 from gpuanat.core.memory.predict import unreadable_model_reason
-from gpuanat.core.run.config import Capabilities
+from gpuanat.core.run.fit import fit_unsupported_reason, run_fit
 from gpuanat.core.run.tune.runs import run_command
 from gpuanat.core.run.tune.search import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS, run_tune
 from gpuanat.core.run.tune.space import search_space
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import Capabilities
 from gpuanat.tui.messages import FitFinished, FitStarting, FitTrialDone, TuneFinished, TuneTrialDone
 from gpuanat.tui.run_actions import RunActions
 from gpuanat.tui.run_control import RunControl

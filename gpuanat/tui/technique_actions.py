@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.samples import NvmlStatus
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.techniques import changed_config, next_distributed, next_gpu_count
-from gpuanat.core.run.validation import validate_values
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.techniques import changed_config, next_distributed, next_gpu_count
+from gpuanat.core.vocabulary.validation import validate_values
 from gpuanat.tui.dashboard_actions import DashboardActions
 from gpuanat.tui.run_control import RunControl
 

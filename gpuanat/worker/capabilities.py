@@ -11,7 +11,7 @@ import io
 import json
 import sys
 
-from gpuanat.core.run.config import Capabilities
+from gpuanat.core.vocabulary.config import Capabilities
 
 
 def detect() -> Capabilities:

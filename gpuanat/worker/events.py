@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from gpuanat.core.run.protocol import Event, encode
+from gpuanat.core.vocabulary.protocol import Event, encode
 
 
 class ParentGone(Exception):

@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.run.protocol import Done, Error, EventLines, Ranked
+from gpuanat.core.vocabulary.protocol import Done, Error, EventLines, Ranked
 from gpuanat.worker.events import EventWriter, ParentGone
 from gpuanat.worker.lifeline import hold_lifeline
 

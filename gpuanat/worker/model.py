@@ -77,7 +77,7 @@ def build_model(config: Any) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from gpuanat.core.run.presets import PRESETS
+    from gpuanat.core.vocabulary.presets import PRESETS
 
     torch.manual_seed(config.seed)
     quantization = bnb_4bit_config(config) if config.load_in_4bit else None
@@ -251,7 +251,7 @@ def with_liger_kernels(model: Any, config: Any) -> None:
     run Liger's Triton kernels."""
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
 
-    from gpuanat.core.run.errors import ConfigError
+    from gpuanat.core.vocabulary.errors import ConfigError
 
     flag = "--liger" if config.liger else "--liger-layers"
     model_type = getattr(model.config, "model_type", None)

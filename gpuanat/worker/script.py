@@ -20,7 +20,7 @@ import sys
 import traceback
 from typing import Any
 
-from gpuanat.core.run.protocol import Error, Event
+from gpuanat.core.vocabulary.protocol import Error, Event
 from gpuanat.worker.events import EventWriter, ParentGone
 from gpuanat.worker.lifeline import hold_lifeline
 from gpuanat.worker.probe import sink

@@ -67,7 +67,7 @@ def deepspeed_config(stage: int) -> dict[str, Any]:
 def distributed_arguments(config: Any, model: Any) -> dict[str, Any]:
     """TrainingArguments for `config.distributed`: DDP needs none (torchrun's environment turns it on); FSDP2 wraps
     each transformer layer; ZeRO passes a DeepSpeed config."""
-    from gpuanat.core.run.techniques import ZERO_STAGES
+    from gpuanat.core.vocabulary.techniques import ZERO_STAGES
 
     if config.distributed == "fsdp":
         layers = transformer_layer_class_names(model)
@@ -185,7 +185,7 @@ def milestone_emitter(emit: Any) -> Any:
     """A function that reports a start-up or end milestone (protocol.MILESTONES) as reached now."""
     import time
 
-    from gpuanat.core.run.protocol import Milestone
+    from gpuanat.core.vocabulary.protocol import Milestone
 
     return lambda name: emit(Milestone(name=name, monotonic_s=time.monotonic()))
 
@@ -194,10 +194,10 @@ def train(config: Any, emit: Any) -> int:
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE
-    from gpuanat.core.run.errors import ConfigError
-    from gpuanat.core.run.gpus import rank_file_path
-    from gpuanat.core.run.protocol import Done, Error, Hello
+    from gpuanat.core.measure.gpus import rank_file_path
+    from gpuanat.core.vocabulary.config import ALLOCATOR_CONF_VARIABLE, MEMORY_SNAPSHOT_VARIABLE
+    from gpuanat.core.vocabulary.errors import ConfigError
+    from gpuanat.core.vocabulary.protocol import Done, Error, Hello
     from gpuanat.worker.probe.hf import AnatomyCallback
 
     reached = milestone_emitter(emit)
@@ -349,8 +349,8 @@ def main(argv: list[str] | None = None, started_monotonic_s: float | None = None
     run.add_argument("--warm-fd", type=int, help="prepare now, and read the run from this pipe (gpuanat.worker.warm)")
     args = parser.parse_args(argv)
 
-    from gpuanat.core.run.config import RunConfig
-    from gpuanat.core.run.protocol import Error, Milestone
+    from gpuanat.core.vocabulary.config import RunConfig
+    from gpuanat.core.vocabulary.protocol import Error, Milestone
     from gpuanat.worker.events import EventWriter, ParentGone
 
     writer = EventWriter(args.events_fd if args.rank_socket is None else connect_rank_socket(args.rank_socket))
@@ -385,8 +385,8 @@ def _prepared_run(handoff_fd: int, writer: Any) -> tuple[dict[str, Any], float] 
     "started" point), or None when gpuanat closed the pipe without one."""
     import time
 
-    from gpuanat.core.run.protocol import Milestone
     from gpuanat.core.run.warm import PREPARED
+    from gpuanat.core.vocabulary.protocol import Milestone
     from gpuanat.worker import warm
 
     handoff = warm.Handoff(handoff_fd)

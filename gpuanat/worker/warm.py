@@ -79,7 +79,7 @@ def prepare() -> None:
 def apply_environment(environ: dict[str, Any]) -> None:
     """Set the run's variables (None: unset); the allocator's options also go to torch's allocator directly, in case
     this torch read them when it was imported."""
-    from gpuanat.core.run.config import ALLOCATOR_CONF_VARIABLE
+    from gpuanat.core.vocabulary.config import ALLOCATOR_CONF_VARIABLE
 
     for name, value in environ.items():
         if value is None:

@@ -27,7 +27,7 @@ from gpuanat.core.export.metrics import (
 )
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.run_state import RankEvents, rank_status
-from gpuanat.core.run.protocol import Done, Event
+from gpuanat.core.vocabulary.protocol import Done, Event
 
 THROUGHPUT_WINDOW_S = 5.0
 

@@ -16,14 +16,14 @@ from typing import Any
 
 from gpuanat.core.export.metrics import RankSnapshot, tokens_per_second
 from gpuanat.core.measure.anatomy import gradients_after_backward_bytes
+from gpuanat.core.measure.diagnose import recent_breakdown
+from gpuanat.core.measure.flops import utilization
+from gpuanat.core.measure.gpus import Gpu
 from gpuanat.core.measure.live_run import LiveRun, gpu_of
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S
 from gpuanat.core.measure.samples import Sample
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.diagnose import recent_breakdown
-from gpuanat.core.run.flops import utilization
-from gpuanat.core.run.gpus import Gpu
-from gpuanat.core.run.protocol import Event, Ranked
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.protocol import Event, Ranked
 
 
 class RunMetrics:

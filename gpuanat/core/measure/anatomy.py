@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuanat.core.run.protocol import ProbeBands
+from gpuanat.core.vocabulary.protocol import ProbeBands
 
 BAND_NAMES: tuple[str, ...] = (
     "other_processes_bytes",

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands
+from gpuanat.core.measure.diagnose import LIVE_WINDOW_STEPS
 from gpuanat.core.measure.run_state import RankEvents
 from gpuanat.core.measure.samples import GpuSample, Sample
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.diagnose import LIVE_WINDOW_STEPS
-from gpuanat.core.run.protocol import Event, ModelInfo, ProbeBands, Ranked, Step
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.protocol import Event, ModelInfo, ProbeBands, Ranked, Step
 
 GPU_BUSY_SAMPLES_KEPT = 2400
 """NVML utilization samples a run keeps for the step strip: 10 minutes at 4 Hz."""

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from gpuanat.core.measure.run_state import RankEvents
-from gpuanat.core.run.protocol import Event, Malformed, ProbeBands, Step
+from gpuanat.core.vocabulary.protocol import Event, Malformed, ProbeBands, Step
 
 THROUGHPUT_WINDOW_S = 5.0
 """Samples/s in a record is the rate over the published steps of about this many seconds of training."""

@@ -16,6 +16,15 @@ import psutil
 
 from gpuanat.core.measure.samples import HostProcess, HostSample, Sample
 
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this PID exists (one we may not signal counts).
+
+    psutil checks that the id names a process, not one of its threads: `kill(tid, 0)` accepts a live thread's id,
+    so a recorder PID reused as a thread id would read as alive."""
+    return bool(pid) and psutil.pid_exists(pid)
+
+
 DEFAULT_DESCENDANTS_REFRESH_S = 1.0
 """How often the process tree under the tracked pids is re-walked. Walking it reads /proc/*/stat for
 every process on the machine (1.9 ms of CPU at 190 processes on the H100 machine), too much to do at 4 Hz;

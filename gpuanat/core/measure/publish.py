@@ -38,7 +38,8 @@ from pathlib import Path
 
 import psutil
 
-from gpuanat.core.run.protocol import (
+from gpuanat.core.measure.process_tree import pid_alive
+from gpuanat.core.vocabulary.protocol import (
     Done,
     Event,
     EventLines,
@@ -49,7 +50,6 @@ from gpuanat.core.run.protocol import (
     Step,
     encode,
 )
-from gpuanat.core.store.interrupted import pid_alive
 
 PLAIN_STEP_INTERVAL_S = 0.25
 """A step without measured bands is written only this long after the previous step written (4 per second)."""

@@ -20,7 +20,7 @@ import collections
 import dataclasses
 from dataclasses import dataclass, field
 
-from gpuanat.core.run.protocol import (
+from gpuanat.core.vocabulary.protocol import (
     Done,
     Error,
     Event,

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuanat.core.memory.allocator import AllocationTemplate, Replay
 from gpuanat.core.memory.predict import max_batch_size
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "data" / "allocation"
 REQUEST_FIELDS = ("preset", "seq_len", "precision", "grad_checkpointing", "optim", "attn", "grad_accum")

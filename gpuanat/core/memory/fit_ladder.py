@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.techniques import BY_SHARDING, with_distributed
-from gpuanat.core.run.validation import refusal
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.techniques import BY_SHARDING, with_distributed
+from gpuanat.core.vocabulary.validation import refusal
 
 LORA_RANK = 16
 GIB = 1024**3

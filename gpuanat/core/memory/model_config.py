@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.memory.architecture import Architecture
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import PRESETS, ModelPreset
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.presets import PRESETS, ModelPreset
 
 
 class UnreadableModel(Exception):

@@ -15,7 +15,7 @@ from gpuanat.core.memory.bands.precision import computes_in_16_bit, is_mixed, pa
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes, qlora_base_bytes, qlora_head_copy_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, lora_shapes
 from gpuanat.core.memory.sizes import MIB
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 RANK_COMMUNICATION_CONTEXT_BYTES = {"ddp": 850 * MIB, "fsdp": 850 * MIB, "zero": 1330 * MIB}
 """Per rank of a distributed run, on top of the CUDA context: NCCL's buffers and streams (and DeepSpeed's), outside

@@ -46,7 +46,7 @@ from gpuanat.core.memory.parallel import (
 )
 from gpuanat.core.memory.shapes import parameter_shapes
 from gpuanat.core.memory.sizes import MIB
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 CUDA_CONTEXT_BYTES = 760 * MIB
 """Per-process CUDA context, kernels and library handles outside torch's allocator: 742-758 MiB on the

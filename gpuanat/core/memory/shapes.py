@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from gpuanat.core.memory.architecture import Architecture
 from gpuanat.core.memory.model_config import preset_architecture
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import ModelPreset
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.presets import ModelPreset
 
 NUM_LABELS = 2
 

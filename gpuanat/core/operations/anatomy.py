@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuanat.core.operations.classify import GROUP_LABELS, GROUPS
-from gpuanat.core.run.protocol import KernelRow, Operations
+from gpuanat.core.vocabulary.protocol import KernelRow, Operations
 
 PAPER = {"contractions": (0.9980, 0.610), "normalizations": (0.0017, 0.255), "elementwise": (0.0003, 0.135)}
 """(FLOP share, runtime share) of BERT-large's encoder in training, Ivanov et al., "Data Movement Is All You Need: A

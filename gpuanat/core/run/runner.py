@@ -31,9 +31,9 @@ from typing import Any
 
 import psutil
 
-from gpuanat.core.run.config import Capabilities
-from gpuanat.core.run.protocol import Event, EventLines, Malformed
 from gpuanat.core.thread_names import name_native_thread
+from gpuanat.core.vocabulary.config import Capabilities
+from gpuanat.core.vocabulary.protocol import Event, EventLines, Malformed
 
 PIPE_READ_BYTES = 1 << 16
 LIFELINE_FD_ENV = "GPUANAT_LIFELINE_FD"

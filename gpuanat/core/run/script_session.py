@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.nvml_source import open_source
+from gpuanat.core.measure.result import log_tail
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
-from gpuanat.core.run.protocol import Event, Malformed
-from gpuanat.core.run.result import log_tail
 from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S
+from gpuanat.core.vocabulary.protocol import Event, Malformed
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchError, WatchTarget, resolve_target
 

@@ -21,32 +21,32 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.export.run_metrics import RunMetrics
-from gpuanat.core.measure.nvml_source import open_source
-from gpuanat.core.measure.sampler import Sampler
-from gpuanat.core.measure.samples import NvmlStatus, Sample
-from gpuanat.core.run.config import RunConfig, child_environment
-from gpuanat.core.run.diagnose import diagnose, reference_rates
-from gpuanat.core.run.gpus import (
+from gpuanat.core.measure.diagnose import diagnose, reference_rates
+from gpuanat.core.measure.gpus import (
     Gpu,
     GpuChoice,
     child_gpu_environment,
     gpus_for_run,
     read_gpus,
 )
-from gpuanat.core.run.protocol import (
+from gpuanat.core.measure.nvml_source import open_source
+from gpuanat.core.measure.result import RankRecord, build_result
+from gpuanat.core.measure.sampler import Sampler
+from gpuanat.core.measure.samples import NvmlStatus, Sample
+from gpuanat.core.measure.startup import REQUESTED
+from gpuanat.core.run.runner import ChildExited, ChildProcess, worker_command
+from gpuanat.core.run.warm import AHEAD_MIN_CORES, WarmStart, WarmWorkers, adopt, usable_cores
+from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
+from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
+from gpuanat.core.vocabulary.config import RunConfig, child_environment
+from gpuanat.core.vocabulary.protocol import (
     Event,
     Hello,
     Malformed,
     Ranked,
     Step,
 )
-from gpuanat.core.run.result import RankRecord, build_result
-from gpuanat.core.run.runner import ChildExited, ChildProcess, worker_command
-from gpuanat.core.run.startup import REQUESTED
-from gpuanat.core.run.warm import AHEAD_MIN_CORES, WarmStart, WarmWorkers, adopt, usable_cores
-from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
-from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
 
 SAMPLE_INTERVAL_S = 0.25
 HISTORY_FLUSH_INTERVAL_S = 1.0
@@ -100,7 +100,7 @@ def execute_run(
 ) -> dict[str, Any]:
     """Train `config` in a child process, record it, return its result.
 
-    The GPUs are chosen first (`gpuanat.core.run.gpus`, from what `gpu_reader` lists): ConfigError, before
+    The GPUs are chosen first (`gpuanat.core.measure.gpus`, from what `gpu_reader` lists): ConfigError, before
     anything is recorded, when they cannot be had. Several ranks are started through the rank launcher; rank 0's
     events are the run's own, every rank's measurements land in the result's `ranks`.
 

@@ -30,14 +30,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuanat.core.run.config import (
+from gpuanat.core.run.runner import ChildExited, ChildProcess
+from gpuanat.core.vocabulary.config import (
     ALLOCATOR_CONF_VARIABLE,
     MEMORY_SNAPSHOT_VARIABLE,
     PROFILE_OPS_TRACE_VARIABLE,
     PROFILE_OPS_VARIABLE,
 )
-from gpuanat.core.run.protocol import Milestone
-from gpuanat.core.run.runner import ChildExited, ChildProcess
+from gpuanat.core.vocabulary.protocol import Milestone
 
 WARM_WORKER_VARIABLE = "GPUANAT_WARM_WORKER"
 """Set to 0 to start every run cold (no process prepared ahead)."""

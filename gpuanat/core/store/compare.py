@@ -7,15 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuanat.core.operations.classify import GROUP_LABELS, GROUPS
-from gpuanat.core.run.protocol import STEP_PHASES
-
-
-def percent_delta(value: float | None, baseline: float | None) -> float | None:
-    """(value - baseline) / baseline in percent; None when either is missing or the baseline is 0."""
-    if value is None or baseline is None or baseline == 0:
-        return None
-    return (value - baseline) / baseline * 100.0
-
+from gpuanat.core.percent import percent_delta
+from gpuanat.core.vocabulary.protocol import STEP_PHASES
 
 COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("train_runtime_s", "time s"),

@@ -6,31 +6,17 @@ Plain Python: no torch, no UI.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psutil
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
-from gpuanat.core.run.protocol import ProbeBands
+from gpuanat.core.vocabulary.protocol import ProbeBands
 
 RECORDER_START_TOLERANCE_S = 1.0
 """Two readings of one process's start time agree within this (psutil derives it from the boot time and clock
 ticks, both read from /proc); a PID reused by another process belongs to one that started later than that."""
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether a process with this PID exists (one we may not signal counts)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def process_started_at(pid: int) -> float | None:

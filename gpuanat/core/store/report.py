@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import Any
 
 from gpuanat.core.operations.anatomy import group_share
+from gpuanat.core.percent import percent_delta
 from gpuanat.core.printable import printable
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.store.compare import percent_delta
 from gpuanat.core.store.history import RunRow
+from gpuanat.core.vocabulary.config import RunConfig
 
 MIB = 1024**2
 GIB = 1024**3

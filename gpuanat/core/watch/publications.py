@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from gpuanat.core.measure.publish import PUBLICATION_SUFFIX, PublicationReader, publication_dirs
-from gpuanat.core.run.protocol import Event, Malformed
+from gpuanat.core.vocabulary.protocol import Event, Malformed
 
 PUBLICATION_SEARCH_INTERVAL_S = 1.0
 """How often the tree's processes that do not publish yet are looked for in the publication directories."""

@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuanat.core.run.protocol import Step
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
+from gpuanat.core.vocabulary.protocol import Step
 from gpuanat.core.watch.records import WatchRecords
 
 HISTORY_FLUSH_INTERVAL_S = 1.0

@@ -24,10 +24,10 @@ import psutil
 from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
+from gpuanat.core.measure.result import probe_cost_percent
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.operations.anatomy import operations_anatomy
-from gpuanat.core.run.protocol import Operations
-from gpuanat.core.run.result import probe_cost_percent
+from gpuanat.core.vocabulary.protocol import Operations
 from gpuanat.core.watch.loop_kind import ProbeHint, probe_hint
 from gpuanat.core.watch.publications import Publications
 from gpuanat.core.watch.target import WatchTarget

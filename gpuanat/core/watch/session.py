@@ -30,8 +30,8 @@ from gpuanat.core.measure.observed_run import ObservedRun
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
-from gpuanat.core.run.protocol import Event, Malformed, Step
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.protocol import Event, Malformed, Step
 from gpuanat.core.watch.publications import Publications, default_publication_dirs
 from gpuanat.core.watch.recorder import HistoryRecorder
 from gpuanat.core.watch.records import WatchRecords

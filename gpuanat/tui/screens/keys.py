@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gpuanat.core.printable import printable
-from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
+from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
 
 TECHNIQUE_ACTION = re.compile(r"^(?:toggle_technique|step)\('(\w+)'")
 """The technique a binding's action changes: toggle_technique('precision'), step('batch_size', 1)."""

@@ -1,6 +1,6 @@
 """One line under the memory bar once a run has timed steps: where its latest steps' time went, phase by phase, and
-the bottleneck with the fix to try (gpuanat.core.run.diagnose, over the last LIVE_WINDOW_STEPS steps); after the run,
-the run's own. Hidden while there is none (before the first run, or steps from a probe that does not time them)."""
+the bottleneck with the fix to try (gpuanat.core.measure.diagnose, over the last LIVE_WINDOW_STEPS steps); after the
+run, the run's own. Hidden while there is none (before the first run, or steps from a probe that does not time them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from rich.text import Text
 from textual.strip import Strip
 
-from gpuanat.core.run.protocol import STEP_PHASES
+from gpuanat.core.vocabulary.protocol import STEP_PHASES
 from gpuanat.tui.text_fit import fit_words
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_rows
 

@@ -12,10 +12,10 @@ from textual.widget import Widget
 from gpuanat.core.memory.model_config import trains_causal_lm
 from gpuanat.core.memory.predict import MemoryEstimate, prediction_caveat
 from gpuanat.core.printable import printable
-from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.techniques import compile_mode
-from gpuanat.core.run.validation import machine_unsupported_reasons
 from gpuanat.core.store.report import format_bytes
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.techniques import compile_mode
+from gpuanat.core.vocabulary.validation import machine_unsupported_reasons
 
 ROWS: tuple[tuple[str, str, str], ...] = (
     # (RunConfig field, key shown, label)

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from gpuanat.core.export.probe_metrics import exported, served_metrics
-from gpuanat.core.run.protocol import STEP_PHASES, Done, Error, Event, Hello, ModelInfo, ProbeBands, Step
+from gpuanat.core.vocabulary.protocol import STEP_PHASES, Done, Error, Event, Hello, ModelInfo, ProbeBands, Step
 from gpuanat.worker.events import ParentGone
 from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes

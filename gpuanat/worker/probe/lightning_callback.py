@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gpuanat.core.run.protocol import Event
+from gpuanat.core.vocabulary.protocol import Event
 from gpuanat.worker.probe.core import Probe
 from gpuanat.worker.probe.loop_inputs import batch_tensors
 

@@ -1,7 +1,7 @@
 """A model's FLOPs a token, counted from the model itself: the same count for a preset, a user's config.json, a
 checkpoint or a script's model, with no table of families.
 
-As `gpuanat.core.run.flops` counts them (PaLM, appendix B): every matmul weight costs 2 FLOPs a token forward and
+As `gpuanat.core.measure.flops` counts them (PaLM, appendix B): every matmul weight costs 2 FLOPs a token forward and
 4 backward when it trains, 2 when it is frozen (its input's gradient only); attention's QKᵀ and AV cost
 2 × 2 × positions × heads × head_dim a token and layer forward, 3 times that in training. The matmul weights are
 the model's linear layers (`nn.Linear` and its subclasses, 4-bit ones by their logical shape, transformers'

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
+from gpuanat.core.measure.gpus import rank_file_path
 from gpuanat.core.operations.classify import group_of, group_of_op
 from gpuanat.core.operations.counts import contraction_flops, estimated_flops, moved_bytes
-from gpuanat.core.run.config import PROFILE_OPS_TRACE_VARIABLE, PROFILE_OPS_VARIABLE
-from gpuanat.core.run.gpus import rank_file_path
-from gpuanat.core.run.protocol import Event, KernelRow, Operations
+from gpuanat.core.vocabulary.config import PROFILE_OPS_TRACE_VARIABLE, PROFILE_OPS_VARIABLE
+from gpuanat.core.vocabulary.protocol import Event, KernelRow, Operations
 from gpuanat.worker.probe.sink import warn
 
 MAX_ROWS = 200

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from gpuanat.core.run.protocol import Event
+from gpuanat.core.vocabulary.protocol import Event
 from gpuanat.worker.probe.core import Probe
 from gpuanat.worker.probe.tensors import optimizer_chain
 

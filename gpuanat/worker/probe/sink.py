@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 from gpuanat.core.measure.publish import Publisher, PublishRefused, publication_dirs
-from gpuanat.core.run.protocol import Event
+from gpuanat.core.vocabulary.protocol import Event
 
 EVENTS_FD_ENV = "GPUANAT_EVENTS_FD"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from gpuanat.core.run.protocol import STEP_PHASES
+from gpuanat.core.vocabulary.protocol import STEP_PHASES
 
 
 class StepPhases:

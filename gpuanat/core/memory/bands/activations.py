@@ -19,8 +19,8 @@ from gpuanat.core.memory.bands.decoder_layers import (
 from gpuanat.core.memory.bands.precision import coefficients, is_mixed, parameter_element_bytes, sharded_in_16_bit
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, lora_adapted_inputs_per_layer
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import ModelPreset
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.presets import ModelPreset
 
 CUBLAS_WORKSPACE_BYTES = 72_702_916
 """cuBLAS/cuBLASLt workspaces, allocated through torch's allocator at the first matmul and kept:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from gpuanat.core.memory.architecture import Architecture
 from gpuanat.core.memory.bands.precision import autocast_on, computes_in_16_bit, is_mixed
 from gpuanat.core.memory.shapes import attention_linears, gated_mlp_linears, lora_target_names, mlp_linears
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 NORM_STATISTICS_BYTES = 8
 """LayerNorm's per-token mean and reciprocal deviation, fp32."""

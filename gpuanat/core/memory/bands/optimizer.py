@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from gpuanat.core.memory.bands.precision import parameter_element_bytes
 from gpuanat.core.memory.shapes import ParameterShapes
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 BNB_MIN_8BIT_ELEMENTS = 4096
 BNB_BLOCK_ELEMENTS = 256

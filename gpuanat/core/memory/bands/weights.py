@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from gpuanat.core.memory.bands.precision import autocast_on, computes_in_16_bit, is_mixed
 from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, expert_params, quantized_matrices
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import ModelPreset
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.presets import ModelPreset
 
 NF4_BLOCK_ELEMENTS = 64
 """bitsandbytes' 4-bit blocksize: each block of 64 weights has its own scale (absmax)."""

@@ -14,10 +14,10 @@ from typing import Any
 
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.predict import prediction_json, unreadable_model_reason
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.techniques import compile_mode, with_compile_mode, with_distributed
 from gpuanat.core.run.tune.result import Pruned, TuneTrial
 from gpuanat.core.run.tune.space import DIMENSION_FIELDS, MEMORY_MARGIN_FRACTION, SearchSpace, searched_fields
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.techniques import compile_mode, with_compile_mode, with_distributed
 
 WORKER_COUNTS = (0, 2)
 TOP_RUNG_MULTIPLE = 8

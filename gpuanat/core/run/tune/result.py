@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.vocabulary.config import RunConfig
 
 NOISE_FRACTION = 0.02
 """A move is kept only if it is this much faster than the best so far: back-to-back runs of one configuration

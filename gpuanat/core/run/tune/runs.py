@@ -7,8 +7,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import fields
 
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.techniques import TECHNIQUES
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.techniques import TECHNIQUES
 
 
 def trial_config(config: RunConfig, trial_steps: int) -> RunConfig:

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.session import execute_run
-from gpuanat.core.run.techniques import compile_mode
 from gpuanat.core.run.tune.candidates import Predictor, Search
 from gpuanat.core.run.tune.result import NOISE_FRACTION, Pruned, TuneResult, TuneTrial, beats
 from gpuanat.core.run.tune.runs import trial_config, trial_name
 from gpuanat.core.run.tune.space import SearchSpace
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.techniques import compile_mode
 
 FIRST_MOVES_FOR: dict[str, tuple[str, ...]] = {
     "gpu-bound": ("compile", "engine", "liger"),

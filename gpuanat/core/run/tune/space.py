@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.presets import PRESETS
-from gpuanat.core.run.techniques import BY_SHARDING, ZERO_STAGES, with_distributed
-from gpuanat.core.run.validation import refusal
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.presets import PRESETS
+from gpuanat.core.vocabulary.techniques import BY_SHARDING, ZERO_STAGES, with_distributed
+from gpuanat.core.vocabulary.validation import refusal
 
 DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "batch": ("batch_size", "grad_accum"),

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuanat.core.run.protocol import STEP_PHASES
+from gpuanat.core.vocabulary.protocol import STEP_PHASES
 
 INPUT_BOUND_DATA_SHARE = 0.15
 """The data wait's share of the step above which a run whose GPU is not busy is input-bound: the GPU waits for the
@@ -294,7 +294,7 @@ def _data_movement_findings(config: Mapping[str, Any], anatomy: Any) -> list[Fin
 
 def _causal_lm(config: Mapping[str, Any]) -> bool:
     from gpuanat.core.memory.model_config import trains_causal_lm
-    from gpuanat.core.run.config import RunConfig
+    from gpuanat.core.vocabulary.config import RunConfig
 
     try:
         return trains_causal_lm(RunConfig.from_json({key: value for key, value in config.items() if value is not None}))

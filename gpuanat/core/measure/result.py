@@ -19,17 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
+from gpuanat.core.measure.diagnose import diagnose, step_time_breakdown
+from gpuanat.core.measure.flops import utilization
+from gpuanat.core.measure.gpus import GpuChoice
 from gpuanat.core.measure.run_state import RankEvents, rank_status
 from gpuanat.core.measure.samples import NvmlStatus, Sample
+from gpuanat.core.measure.startup import time_to_first_step_s, wall_breakdown
 from gpuanat.core.memory.predict import prediction_json
 from gpuanat.core.operations.anatomy import operations_anatomy
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.diagnose import diagnose, step_time_breakdown
-from gpuanat.core.run.flops import utilization
-from gpuanat.core.run.gpus import GpuChoice
-from gpuanat.core.run.protocol import Done, Error, Event, Malformed, Step
-from gpuanat.core.run.startup import time_to_first_step_s, wall_breakdown
-from gpuanat.core.store.compare import percent_delta
+from gpuanat.core.percent import percent_delta
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.protocol import Done, Error, Event, Malformed, Step
 
 LOG_TAIL_LINES = 20
 """Lines of the training process's log a failed run's error quotes."""

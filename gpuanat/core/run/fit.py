@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.run.config import RunConfig
 from gpuanat.core.run.session import execute_run
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import RunConfig
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpuanat.core.run.presets import PRESETS
+from gpuanat.core.vocabulary.presets import PRESETS
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "sgd")

@@ -14,8 +14,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuanat.core.run.gpu_request import requested_count
-from gpuanat.core.run.presets import DEFAULT_PRESET
+from gpuanat.core.vocabulary.gpu_request import requested_count
+from gpuanat.core.vocabulary.presets import DEFAULT_PRESET
 
 
 @dataclass(frozen=True)

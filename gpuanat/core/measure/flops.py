@@ -15,9 +15,9 @@ import functools
 from dataclasses import dataclass
 
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.presets import PRESETS
-from gpuanat.core.run.protocol import ModelInfo
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.presets import PRESETS
+from gpuanat.core.vocabulary.protocol import ModelInfo
 
 DENSE_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     # NVIDIA's datasheets, dense (the sparsity figures halved): 16-bit tensor cores, TF32 tensor cores, FP32.

@@ -7,7 +7,7 @@ and its validation refuses a spec that does not parse before anything starts. Wh
 
 from __future__ import annotations
 
-from gpuanat.core.run.errors import ConfigError
+from gpuanat.core.vocabulary.errors import ConfigError
 
 MAX_GPUS = 64
 """More GPUs than any single host has; a run spans one host."""

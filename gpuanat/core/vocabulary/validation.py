@@ -14,11 +14,11 @@ import json
 import os
 from pathlib import Path
 
-from gpuanat.core.run.config import Capabilities, RunConfig
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.gpu_request import parse_gpus
-from gpuanat.core.run.presets import PRESETS
-from gpuanat.core.run.techniques import (
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.gpu_request import parse_gpus
+from gpuanat.core.vocabulary.presets import PRESETS
+from gpuanat.core.vocabulary.techniques import (
     ATTENTION_IMPLEMENTATIONS,
     DEVICES,
     DISTRIBUTED,

@@ -17,9 +17,9 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuanat.core.run.config import RunConfig
-from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.gpu_request import parse_gpus
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
+from gpuanat.core.vocabulary.gpu_request import parse_gpus
 
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
 DEVICE_ORDER_VARIABLE = "CUDA_DEVICE_ORDER"
