@@ -30,8 +30,6 @@ stderr, and a publication file that cannot be written turns publishing off the s
 from __future__ import annotations
 
 import math
-import os
-import platform
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,16 +37,17 @@ from typing import Any
 import torch
 
 from gpuanat.core.export.probe_metrics import exported, served_metrics
-from gpuanat.core.vocabulary.protocol import STEP_PHASES, Done, Error, Event, Hello, ModelInfo, ProbeBands, Step
+from gpuanat.core.vocabulary.protocol import STEP_PHASES, Error, Event, ModelInfo, ProbeBands, Step
 from gpuanat.worker.events import ParentGone
 from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
-from gpuanat.worker.probe.loop_inputs import batch_tensors, versions
+from gpuanat.worker.probe.loop_inputs import batch_tensors, hello_event
 from gpuanat.worker.probe.model_flops import model_flops
 from gpuanat.worker.probe.operations import OperationsProfiler, requested_steps
 from gpuanat.worker.probe.readings import ProbeReadings
 from gpuanat.worker.probe.sink import default_emit, warn
 from gpuanat.worker.probe.tensors import (
+    SavedTensors,
     deepspeed_gradients,
     optimizer_state_tensors,
     parameter_elements,
@@ -104,7 +103,8 @@ class Probe(ProbeReadings):
         """`probe_time_s` split: once per run ("setup": start and end), the steps measured exactly, the other
         steps, and the waits of the two CUDA synchronisations that bracket the steady-state window (the GPU's
         queued work finishing, not the probe's own work)."""
-        self._saved_hooks_active = False
+        self._saved_tensors: SavedTensors | None = None
+        """The forward pass's saved tensors, captured while a CPU step is measured."""
         self._nvml: NvmlReader | None = None
         asked_steps, asked_trace = requested_steps()
         self.profile_ops_steps = asked_steps if profile_ops is None else profile_ops
@@ -115,9 +115,9 @@ class Probe(ProbeReadings):
 
     def _disable(self, reason: str) -> None:
         self.disabled_reason = reason
-        if self._saved_hooks_active:
-            self._saved_hooks.__exit__(None, None, None)
-            self._saved_hooks_active = False
+        if self._saved_tensors is not None:
+            self._saved_tensors.stop([])
+            self._saved_tensors = None
         for hook in getattr(self, "_hooks", []):
             hook.remove()
         warn(f"the probe turned itself off after an error (training goes on): {reason}")
@@ -176,17 +176,7 @@ class Probe(ProbeReadings):
             )
             self.warmup_steps = max(self.warmup_steps, self._operations.last_step)
         if self._lifecycle:
-            self._emit_safely(
-                Hello(
-                    pid=os.getpid(),
-                    versions=versions(framework_versions),
-                    device=self._device.type,
-                    device_name=(
-                        torch.cuda.get_device_name(self._device) if self._cuda else platform.processor() or None
-                    ),
-                    config=training_config(self._device),
-                )
-            )
+            self._emit_safely(hello_event(self._device, framework_versions, training_config(self._device)))
         self._emit_safely(
             ModelInfo(
                 params=sum(parameter_elements(p) for p in unique_params),
@@ -280,20 +270,7 @@ class Probe(ProbeReadings):
                 self._step_peak_floor_bytes = max(self._step_peak_floor_bytes, allocator_bytes(self._device)[1])
                 torch.cuda.reset_peak_memory_stats(self._device)
             if not self._cuda and not self._compiled:
-                self._saved_storages: dict[tuple[str, int], int] = {}
-                self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_saved, lambda t: t)
-                self._saved_hooks.__enter__()
-                self._saved_hooks_active = True
-
-    def _pack_saved(self, tensor: torch.Tensor) -> torch.Tensor:
-        try:
-            storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return tensor
-        key = (str(storage.device), storage.data_ptr())
-        if key not in self._parameter_storage_keys:
-            self._saved_storages[key] = storage.nbytes()
-        return tensor
+                self._saved_tensors = SavedTensors(self._parameter_storage_keys)
 
     def _forward_ends(self, batch: list[torch.Tensor], output: Any) -> None:
         if not torch.compiler.is_compiling():
@@ -315,11 +292,9 @@ class Probe(ProbeReadings):
                 + (self._buffers_at_start_bytes or 0)
             )
             activations = allocated - live_bytes
-        elif not self._compiled:
-            self._saved_hooks.__exit__(None, None, None)
-            self._saved_hooks_active = False
-            batch_keys = {(str(t.untyped_storage().device), t.untyped_storage().data_ptr()) for t in batch}
-            activations = sum(size for key, size in self._saved_storages.items() if key not in batch_keys)
+        elif self._saved_tensors is not None:
+            activations = self._saved_tensors.stop(batch)
+            self._saved_tensors = None
         else:
             activations = None
         if activations is not None:
@@ -440,22 +415,7 @@ class Probe(ProbeReadings):
             self._peak_reserved_bytes = max(self._peak_reserved_bytes or 0, reserved)
         bands = None
         if self._measuring:
-            bands = ProbeBands(
-                weights_bytes=self._weights_bytes,
-                gradients_bytes=self._gradients_bytes,
-                optimizer_state_bytes=self._optimizer_state_bytes_now(),
-                activations_bytes=self._activations_bytes,
-                activations_method=(
-                    "allocator" if self._cuda else "unavailable" if self._compiled else "saved_tensors"
-                ),
-                batch_bytes=self._batch_bytes,
-                measured_at_step=step,
-                gradients_at_forward_end_bytes=self._gradients_at_forward_end_bytes,
-                optimizer_state_at_forward_end_bytes=self._optimizer_at_forward_end_bytes,
-                forward_peak_allocated_bytes=self._forward_peak_bytes,
-                buffers_at_start_bytes=self._buffers_at_start_bytes,
-                logits_bytes=self._logits_bytes,
-            )
+            bands = self.measured_bands(step)
             self.last_bands = bands
             self._measuring = False
         self.last_step = Step(
@@ -502,25 +462,7 @@ class Probe(ProbeReadings):
         self.summary.setdefault("train_samples_per_second", self._samples / runtime_s if runtime_s > 0 else None)
         self.summary.setdefault("train_loss", self._loss)
         if self._lifecycle:
-            self._emit_safely(
-                Done(
-                    status=status,
-                    steps=steps,
-                    samples=self._samples,
-                    train_runtime_s=self.summary.get("train_runtime"),
-                    samples_per_second=self.summary.get("train_samples_per_second"),
-                    steady_samples_per_second=self.summary["steady_samples_per_second"],
-                    warmup_steps=self.summary["warmup_steps"],
-                    steady_reason=self.summary["steady_reason"],
-                    train_loss=self.summary.get("train_loss"),
-                    peak_allocated_bytes=self.peak_allocated_bytes,
-                    peak_reserved_bytes=self.peak_reserved_bytes,
-                    bands=self.last_bands,
-                    probe_time_s=self.probe_time_s,
-                    probe_time_by_part_s=dict(self.probe_time_by_part_s),
-                    **self.steady_phases(),
-                )
-            )
+            self._emit_safely(self.done_event(status, steps))
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None

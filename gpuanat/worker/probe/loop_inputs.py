@@ -1,15 +1,18 @@
 """What the probe reads off a training loop's inputs, whatever the loop: the tensors of a batch however it is
 packed (positional and keyword arguments of a forward call, a Lightning batch of tuples, lists and dicts), and the
-versions a `hello` reports.
+`hello` that announces the training process (its device and versions).
 """
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+
+from gpuanat.core.vocabulary.protocol import Hello
 
 
 def batch_tensors(*values: Any) -> list[torch.Tensor]:
@@ -30,3 +33,15 @@ def versions(framework_versions: Mapping[str, str]) -> dict[str, str]:
     if torch.version.cuda:
         found["cuda"] = torch.version.cuda
     return found
+
+
+def hello_event(device: torch.device, framework_versions: Mapping[str, str], config: dict[str, Any]) -> Hello:
+    """`hello` for a training process on `device`, with its techniques in RunConfig's terms (`config`)."""
+    cuda = device.type == "cuda"
+    return Hello(
+        pid=os.getpid(),
+        versions=versions(framework_versions),
+        device=device.type,
+        device_name=torch.cuda.get_device_name(device) if cuda else platform.processor() or None,
+        config=config,
+    )

@@ -1,5 +1,6 @@
 """What a probe has measured so far, read off it at any time: the steady-state rate and the steady steps' phases
-(`Done`'s figures), its samples and steps, the allocator's peaks. A base of `core.Probe`, which keeps the state.
+(`Done`'s figures), its samples and steps, the allocator's peaks, and the events that carry them (a measured step's
+bands, `done`). A base of `core.Probe`, which keeps the state.
 """
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from gpuanat.core.vocabulary.protocol import Done, ProbeBands
 
 
 class ProbeReadings:
@@ -67,3 +70,41 @@ class ProbeReadings:
         if not getattr(self, "_cuda", False):
             return None
         return max(self._peak_reserved_bytes or 0, torch.cuda.memory_reserved(self._device))
+
+    def measured_bands(self, step: int) -> ProbeBands:
+        """The bands of measured step `step`: the exact byte counts read during it, the optimizer state now."""
+        return ProbeBands(
+            weights_bytes=self._weights_bytes,
+            gradients_bytes=self._gradients_bytes,
+            optimizer_state_bytes=self._optimizer_state_bytes_now(),
+            activations_bytes=self._activations_bytes,
+            activations_method=("allocator" if self._cuda else "unavailable" if self._compiled else "saved_tensors"),
+            batch_bytes=self._batch_bytes,
+            measured_at_step=step,
+            gradients_at_forward_end_bytes=self._gradients_at_forward_end_bytes,
+            optimizer_state_at_forward_end_bytes=self._optimizer_at_forward_end_bytes,
+            forward_peak_allocated_bytes=self._forward_peak_bytes,
+            buffers_at_start_bytes=self._buffers_at_start_bytes,
+            logits_bytes=self._logits_bytes,
+        )
+
+    def done_event(self, status: str, steps: int) -> Done:
+        """`done` after `steps` optimizer steps, from the summary `end` completed (the loop's figures, else the
+        probe's own)."""
+        return Done(
+            status=status,
+            steps=steps,
+            samples=self._samples,
+            train_runtime_s=self.summary.get("train_runtime"),
+            samples_per_second=self.summary.get("train_samples_per_second"),
+            steady_samples_per_second=self.summary["steady_samples_per_second"],
+            warmup_steps=self.summary["warmup_steps"],
+            steady_reason=self.summary["steady_reason"],
+            train_loss=self.summary.get("train_loss"),
+            peak_allocated_bytes=self.peak_allocated_bytes,
+            peak_reserved_bytes=self.peak_reserved_bytes,
+            bands=self.last_bands,
+            probe_time_s=self.probe_time_s,
+            probe_time_by_part_s=dict(self.probe_time_by_part_s),
+            **self.steady_phases(),
+        )
