@@ -20,7 +20,7 @@ from gpuanat.core.run.config import (
     workload_for_device,
 )
 from gpuanat.core.run.errors import ConfigError
-from gpuanat.core.run.protocol import Error, Event, ModelInfo, Step
+from gpuanat.core.run.protocol import Error, Event, ModelInfo, Ranked, Step
 from gpuanat.core.run.stop_signals import StopSignals
 from gpuanat.core.run.techniques import TECHNIQUES
 from gpuanat.core.run.validation import check_hub_model, machine_unsupported_reason, validate_values
@@ -104,7 +104,7 @@ class ProgressView:
         self._task = self._progress.add_task(f"{self.label}: starting", total=None, rate="")
         self._progress.start()
 
-    def __call__(self, event: Event) -> None:
+    def __call__(self, event: Event | Ranked) -> None:
         if isinstance(event, ModelInfo):
             trains = (
                 f"{event.params / 1e6:.0f}M params"

@@ -22,7 +22,7 @@ from typing import Any
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
-from gpuanat.core.run.protocol import Event, Malformed
+from gpuanat.core.run.protocol import Event, Malformed, Ranked
 from gpuanat.core.run.result import log_tail
 from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.store.history import HistoryStore
@@ -62,7 +62,7 @@ def execute_script(
     store: HistoryStore,
     log_dir: Path,
     name: str | None = None,
-    on_event: Callable[[Event], None] | None = None,
+    on_event: Callable[[Event | Ranked], None] | None = None,
     sampler_factory: Callable[[], tuple[Any, NvmlStatus]] = lambda: open_source(per_process=True),
     env: Mapping[str, str] | None = None,
     trace_path: Path | None = None,
