@@ -213,9 +213,12 @@ def metrics_endpoint(
     from gpuanat.core.export.metrics import MetricsServer, beyond_loopback_warning, job_label
     from gpuanat.core.export.run_metrics import RunMetrics
 
-    source = RunMetrics() if snapshots is None else None
+    source = None
+    if snapshots is None:
+        source = RunMetrics()
+        snapshots = source.snapshots
     try:
-        server = MetricsServer(address, source.snapshots if source is not None else snapshots, job=job_label(name))
+        server = MetricsServer(address, snapshots, job=job_label(name))
     except OSError as error:
         fail_usage(f"--metrics: cannot listen on {address[0]}:{address[1]}: {error.strerror or error}")
     warning = beyond_loopback_warning(server.host, "--metrics")

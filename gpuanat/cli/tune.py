@@ -24,7 +24,7 @@ from gpuanat.cli.common import (
     print_table,
     run_recorded,
 )
-from gpuanat.core.run.config import RunConfig
+from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.run.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.core.run.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 from gpuanat.core.store.history import HistoryStore
@@ -93,7 +93,7 @@ def _given_memory(args: argparse.Namespace) -> int | None:
         fail_usage(f"--gpu-memory: {error}")
 
 
-def _memory_limit(given: int | None, base: RunConfig, capabilities: Any) -> int | None:
+def _memory_limit(given: int | None, base: RunConfig, capabilities: Capabilities) -> int | None:
     """--gpu-memory; else on CUDA GPU 0's total (NVML, else torch's); on the CPU none."""
     if given is not None:
         return given

@@ -79,6 +79,14 @@ class Probe(ProbeReadings):
     `GPUANAT_PROFILE_OPS_TRACE`).
     """
 
+    # What the step measured exactly has shown so far (reset as each such step begins).
+    _activations_bytes: int | None
+    _gradients_bytes: int
+    _gradients_at_forward_end_bytes: int
+    _optimizer_at_forward_end_bytes: int
+    _forward_peak_bytes: int | None
+    _logits_bytes: int | None
+
     def __init__(
         self,
         emit: Callable[[Event], None] | None = None,
@@ -211,8 +219,9 @@ class Probe(ProbeReadings):
         self._buffers_at_start_bytes: int | None = None
         if self._cuda:
             self._nvml = NvmlReader.open(self._device)
-            if self._nvml is not None and served_metrics() is not None:
-                served_metrics().set_gpu(*self._nvml.identity())
+            metrics = served_metrics()
+            if self._nvml is not None and metrics is not None:
+                metrics.set_gpu(*self._nvml.identity())
             self._nvml_read_at_reserved_bytes: int | None = None
             # What is allocated before the first step beyond weights, gradients and optimizer state: the buffers a
             # distributed wrapper keeps for the whole run (DDP's gradient buckets, DeepSpeed's flat buffers).
@@ -225,8 +234,9 @@ class Probe(ProbeReadings):
             # Traced by Dynamo, the hooks would put the probe into the compiled graph: a guard on its counters
             # (a recompilation at every step until Dynamo gives up) and graph breaks at its clock reads. Disabled,
             # they run eagerly just outside the graph, and Dynamo counts no break for them.
-            before_forward = torch.compiler.disable(before_forward)
-            after_forward = torch.compiler.disable(after_forward)
+            # (torch.compiler.disable is unannotated in torch: mypy cannot check a call of it)
+            before_forward = torch.compiler.disable(before_forward)  # type: ignore[no-untyped-call]
+            after_forward = torch.compiler.disable(after_forward)  # type: ignore[no-untyped-call]
         self._hooks = (
             [
                 model.register_forward_pre_hook(before_forward, with_kwargs=True),
@@ -354,12 +364,12 @@ class Probe(ProbeReadings):
         self._step_phases.step_begins()
         self._measuring = step <= FIRST_MEASURED_STEPS or step % self.exact_every_steps == 0
         if self._measuring:
-            self._activations_bytes: int | None = None
+            self._activations_bytes = None
             self._gradients_bytes = 0
             self._gradients_at_forward_end_bytes = 0
             self._optimizer_at_forward_end_bytes = 0
-            self._forward_peak_bytes: int | None = None
-            self._logits_bytes: int | None = None
+            self._forward_peak_bytes = None
+            self._logits_bytes = None
             self._batch_bytes = 0
         self._step_peak_floor_bytes = 0
         if self._cuda:

@@ -8,9 +8,21 @@ from typing import Any
 
 import torch
 
+from gpuanat.core.run.protocol import Step
+
 
 class ProbeReadings:
     """Read-only figures of a `core.Probe` (which sets the attributes read here as training goes)."""
+
+    # Set by `core.Probe`: `last_step` when it is made, the others when training begins (read here only after).
+    last_step: Step | None
+    _device: torch.device
+    _cuda: bool
+    _peak_allocated_bytes: int | None
+    _peak_reserved_bytes: int | None
+    _step_peak_floor_bytes: int
+    _steady_phases_s: dict[str, float]
+    _steady_caught_up_steps: int
 
     def steady_state(self) -> dict[str, Any]:
         """Samples/s after warm-up, or None with the reason."""
