@@ -582,6 +582,20 @@ def test_an_event_the_session_cannot_take_is_counted_and_the_watch_goes_on(spinn
     assert record["samples_per_second"] == pytest.approx(8 / 0.2)
 
 
+def test_a_ranked_envelope_in_a_publication_counts_as_malformed():
+    """A process publishes its own events; a `Ranked` envelope (what only gpuanat's rank launcher sends its parent)
+    is none of them: it counts as malformed and does not make its process the run's publisher."""
+    from gpuanat.core.measure.observed_run import ObservedRun
+    from gpuanat.core.vocabulary.protocol import Ranked, Step
+
+    observed = ObservedRun()
+    step = Step(step=1, samples=4, tokens=16, step_time_s=0.1, elapsed_s=0.1)
+    assert observed.observe_event(os.getpid(), Ranked(1, step)) is None
+    assert observed.malformed == 1
+    assert (observed.publisher_pid, observed.publishers) == (None, {})
+    assert observed.observe_event(os.getpid(), step) == step
+
+
 def test_watching_a_torchrun_job_shows_every_ranks_anatomy(tmp_path):
     """Issue #15: a job launched with torchrun (2 CPU ranks, DDP over gloo), each rank with the one-line callback:
     `gpuanat watch` of the torchrun process shows both ranks, each with its own bands."""

@@ -24,7 +24,7 @@ from gpuanat.core.vocabulary.config import (
     workload_for_device,
 )
 from gpuanat.core.vocabulary.errors import ConfigError
-from gpuanat.core.vocabulary.protocol import Error, Event, ModelInfo, Step
+from gpuanat.core.vocabulary.protocol import Error, Event, ModelInfo, Ranked, Step
 from gpuanat.core.vocabulary.techniques import TECHNIQUES
 from gpuanat.core.vocabulary.validation import check_hub_model, machine_unsupported_reason, validate_values
 
@@ -104,7 +104,7 @@ class ProgressView:
         self._task = self._progress.add_task(f"{self.label}: starting", total=None, rate="")
         self._progress.start()
 
-    def __call__(self, event: Event) -> None:
+    def __call__(self, event: Event | Ranked) -> None:
         if isinstance(event, ModelInfo):
             trains = (
                 f"{event.params / 1e6:.0f}M params"
@@ -217,9 +217,12 @@ def metrics_endpoint(
     from gpuanat.core.export.metrics import MetricsServer, beyond_loopback_warning, job_label
     from gpuanat.core.export.run_metrics import RunMetrics
 
-    source = RunMetrics() if snapshots is None else None
+    source = None
+    if snapshots is None:
+        source = RunMetrics()
+        snapshots = source.snapshots
     try:
-        server = MetricsServer(address, source.snapshots if source is not None else snapshots, job=job_label(name))
+        server = MetricsServer(address, snapshots, job=job_label(name))
     except OSError as error:
         fail_usage(f"--metrics: cannot listen on {address[0]}:{address[1]}: {error.strerror or error}")
     warning = beyond_loopback_warning(server.host, "--metrics")

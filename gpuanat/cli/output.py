@@ -56,7 +56,7 @@ def unguarded(stream: TextIO) -> TextIO:
 def printable_output() -> Iterator[None]:
     """sys.stdout and sys.stderr made printable while a command runs (restored after, also on an error)."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = PrintableStream(sys.stdout), PrintableStream(sys.stderr)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = PrintableStream(sys.stdout), PrintableStream(sys.stderr)
     try:
         yield
     finally:

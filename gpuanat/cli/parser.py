@@ -13,7 +13,7 @@ from gpuanat import __version__
 from gpuanat.cli.common import EXIT_USAGE
 from gpuanat.core.printable import printable
 from gpuanat.core.vocabulary.config import DEFAULT_PROFILE_OPS_STEPS, RunConfig
-from gpuanat.core.vocabulary.techniques import TECHNIQUES
+from gpuanat.core.vocabulary.techniques import TECHNIQUES, Technique
 
 CONFIG_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
 
@@ -71,7 +71,7 @@ def add_profile_ops(parser: argparse.ArgumentParser, *, trace: bool) -> None:
         )
 
 
-def _with_default(technique: Any) -> str:
+def _with_default(technique: Technique) -> str:
     """The technique's help, ending with its default where the help does not say it already."""
     default = CONFIG_DEFAULTS.get(technique.field)
     if "default" in technique.help or default is None:

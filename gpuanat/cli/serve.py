@@ -52,7 +52,7 @@ def _server_class() -> Any:
         fail_usage("gpuanat serve needs textual-serve: pip install 'gpuanat[serve]'")
     from gpuanat.cli.serve_session import DashboardSession
 
-    class TokenServer(Server):  # type: ignore[misc, valid-type]
+    class TokenServer(Server):
         """textual-serve's server, each page and connection asking for the token, and its URLs those of the request
         (a browser that reaches it through `ssh -L 9000:localhost:8000` is sent to port 9000, not 8000)."""
 

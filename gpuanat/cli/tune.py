@@ -25,7 +25,7 @@ from gpuanat.cli.common import (
     run_recorded,
 )
 from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 
@@ -93,7 +93,7 @@ def _given_memory(args: argparse.Namespace) -> int | None:
         fail_usage(f"--gpu-memory: {error}")
 
 
-def _memory_limit(given: int | None, base: RunConfig, capabilities: Any) -> int | None:
+def _memory_limit(given: int | None, base: RunConfig, capabilities: Capabilities) -> int | None:
     """--gpu-memory; else on CUDA GPU 0's total (NVML, else torch's); on the CPU none."""
     if given is not None:
         return given

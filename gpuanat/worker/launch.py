@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpuanat.core.vocabulary.protocol import Done, Error, EventLines, Ranked
+from gpuanat.core.vocabulary.protocol import Done, Error, EventLines, Malformed, Ranked
 from gpuanat.worker.events import EventWriter, ParentGone
 from gpuanat.worker.lifeline import hold_lifeline
 
@@ -115,6 +115,8 @@ class _Forwarder:
                     chunk = b""
                 events = lines.feed(chunk) if chunk else lines.finish()
                 for event in events:
+                    if isinstance(event, Ranked):  # a rank sends its own events: the parent refuses an envelope's
+                        event = Malformed("", "a rank sent a Ranked envelope of its own")
                     if isinstance(event, Done):
                         self.finished[rank] = "done"
                     elif isinstance(event, Error):

@@ -7,7 +7,10 @@ and `--compile-regions`' compiled parts outside attention, with TorchDynamo's co
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuanat.core.vocabulary.config import RunConfig
 
 
 def preset_model_config(preset: Any) -> Any:
@@ -61,7 +64,7 @@ def is_causal_lm(model_config: Any) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
-def training_device(config: Any) -> str:
+def training_device(config: RunConfig) -> str:
     """This process's device: on CUDA, the GPU of its local rank (every rank sees all the run's GPUs)."""
     if config.device != "cuda":
         return config.device
@@ -118,12 +121,15 @@ def build_model(config: Any) -> Any:
         )
         # Initialising on the target device is much faster than on the CPU and gives the same model.
         with torch.device(training_device(config)):
-            model = head.from_config(model_config, attn_implementation=config.attn, dtype=dtype)
+            # (transformers leaves the auto classes' from_config unannotated)
+            model = head.from_config(  # type: ignore[no-untyped-call]
+                model_config, attn_implementation=config.attn, dtype=dtype
+            )
         if quantization is not None:
             model = quantized_in_place(model, quantization, training_device(config))
     # Name the head, so that what reads the config later (labels, LoRA's task, Liger) knows which one it is
     model.config.architectures = [type(model).__name__]
-    if not is_causal_lm(model.config) and model.config.problem_type is None and model.config.num_labels > 1:
+    if not is_causal_lm(model.config) and model.config.problem_type is None and (model.config.num_labels or 0) > 1:
         # What the classifier sets itself at its first forward for our integer labels: set before, it leaves
         # torch.compile's graph valid (else the change fails a guard and bert-large compiles twice)
         model.config.problem_type = "single_label_classification"
@@ -171,7 +177,8 @@ def bnb_4bit_config(config: Any) -> Any:
     import torch
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(
+    # (transformers leaves BitsAndBytesConfig's __init__ unannotated)
+    return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,
@@ -189,7 +196,7 @@ def quantized_in_place(model: Any, quantization: Any, device: str) -> Any:
     import bitsandbytes as bnb
     import torch
     from transformers.pytorch_utils import Conv1D
-    from transformers.quantizers import AutoHfQuantizer
+    from transformers.quantizers.auto import AutoHfQuantizer
 
     quantizer = AutoHfQuantizer.from_config(quantization, pre_quantized=False)
     quantizer.validate_environment(device_map={"": device})
@@ -224,7 +231,10 @@ def with_qlora(model: Any, config: Any) -> Any:
     then LoRA adapters of rank `config.lora`, fp32, on `config.lora_targets`."""
     from peft import get_peft_model, prepare_model_for_kbit_training
 
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.grad_checkpointing)
+    # (peft leaves prepare_model_for_kbit_training unannotated)
+    model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
+        model, use_gradient_checkpointing=config.grad_checkpointing
+    )
     return get_peft_model(model, lora_config(model, config))
 
 

@@ -94,5 +94,6 @@ def apply_environment(environ: dict[str, Any]) -> None:
         setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
             torch.cuda.memory, "_set_allocator_settings", None
         )
-        if setter is not None and not torch.cuda.is_initialized():
+        # (torch.cuda.is_initialized is unannotated in torch)
+        if setter is not None and not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             setter(conf)

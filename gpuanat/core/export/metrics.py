@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuanat.core.vocabulary.protocol import Step
+
 METRICS_VARIABLE = "GPUANAT_METRICS"
 """[HOST:]PORT: a probe in a training process serves its rank's metrics there (the port plus LOCAL_RANK)."""
 METRICS_JOB_VARIABLE = "GPUANAT_METRICS_JOB"
@@ -59,7 +61,7 @@ class RankSnapshot:
     techniques: str | None = None
 
 
-def tokens_per_second(samples_per_second: float | None, step: Any) -> float | None:
+def tokens_per_second(samples_per_second: float | None, step: Step | None) -> float | None:
     """Tokens/s at `samples_per_second`, at the tokens a sample of the latest step (`protocol.Step`) held."""
     if samples_per_second is None or step is None or not step.samples:
         return None
@@ -156,9 +158,9 @@ def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: st
             job,
             snapshot.run_id,
         ]
-        for band, value in snapshot.bands.items():
-            if value is not None:
-                families["bands"].add_metric([*labels, band.removesuffix("_bytes")], value)
+        for band, band_bytes in snapshot.bands.items():
+            if band_bytes is not None:
+                families["bands"].add_metric([*labels, band.removesuffix("_bytes")], band_bytes)
         for key, value in (
             ("gradients", snapshot.gradients_after_backward_bytes),
             ("used", snapshot.device_used_bytes),

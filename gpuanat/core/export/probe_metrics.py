@@ -136,12 +136,13 @@ def served_metrics() -> ProbeMetrics | None:
 def gpu_identity(nvml: Any, handle: Any) -> tuple[int | None, str | None, str | None, int | None]:
     """(NVML index, UUID, name, total bytes) of a GPU, from NVML; what NVML refuses is None."""
     values: list[Any] = []
-    for read in (
+    reads: tuple[Callable[[], Any], ...] = (
         lambda: nvml.nvmlDeviceGetIndex(handle),
         lambda: nvml.nvmlDeviceGetUUID(handle),
         lambda: nvml.nvmlDeviceGetName(handle),
         lambda: nvml.nvmlDeviceGetMemoryInfo(handle).total,
-    ):
+    )
+    for read in reads:
         try:
             value = read()
             values.append(value.decode() if isinstance(value, bytes) else value)

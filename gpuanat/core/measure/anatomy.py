@@ -166,10 +166,11 @@ USED_BAND_NAMES = BAND_NAMES[:-1]
 def stack_total_bytes(bands: dict[str, Any]) -> int | None:
     """The used bands of one moment summed, to hold against NVML's device used of that moment; None when a band is
     missing (then the stack does not claim to add up)."""
-    values = [bands.get(name) for name in USED_BAND_NAMES]
-    if any(value is None for value in values):
+    values = [value for name in USED_BAND_NAMES if (value := bands.get(name)) is not None]
+    if len(values) < len(USED_BAND_NAMES):
         return None
-    return sum(values)
+    total: int = sum(values)
+    return total
 
 
 STACK_TOLERANCE_PERCENT = 1.0

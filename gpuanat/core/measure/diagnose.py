@@ -272,8 +272,9 @@ def _data_movement_findings(config: Mapping[str, Any], anatomy: Any) -> list[Fin
     share = memory_bound_share(anatomy)
     if share is None or share < DATA_MOVEMENT_SHARE:
         return []
-    flops = [group_share(anatomy, group, "flop_share") for group in ("normalizations", "elementwise")]
-    flop_text = f" for {100 * sum(flops):.2f}% of the FLOPs" if all(flop is not None for flop in flops) else ""
+    groups = ("normalizations", "elementwise")
+    flops = [flop for group in groups if (flop := group_share(anatomy, group, "flop_share")) is not None]
+    flop_text = f" for {100 * sum(flops):.2f}% of the FLOPs" if len(flops) == len(groups) else ""
     fixes = []
     if config.get("attn") == "eager":
         fixes.append("--attn sdpa (the softmax fused into attention's kernel)")

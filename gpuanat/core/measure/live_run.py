@@ -108,11 +108,9 @@ class LiveRun:
     def observe_event(self, event: Event | Ranked, now_s: Callable[[], float]) -> ObservedStep | None:
         """Take one event of the run (another rank's in its `Ranked` envelope). Returns rank 0's step when the event
         is a new one; `now_s` tells the sampler's time, asked for only to place a first step without `monotonic_s`."""
-        rank = 0
-        if isinstance(event, Ranked):
-            rank, event = event.rank, event.event
+        rank, rank_event = (event.rank, event.event) if isinstance(event, Ranked) else (0, event)
         state = self.ranks.setdefault(rank, RankEvents())
-        step = state.observe(event)
+        step = state.observe(rank_event)
         if rank != 0 or step is None:
             return None
         self.timed_steps.append(step)

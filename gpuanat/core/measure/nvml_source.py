@@ -147,8 +147,9 @@ class NvmlSource:
         """`nvml` is the NVML binding (default: `pynvml`); `clock` paces the per-process utilization reads
         (`PROCESS_UTILIZATION_REFRESH_S`) and stamps the samples."""
         if nvml is None:
-            import pynvml as nvml
+            import pynvml as default_nvml
 
+            nvml = default_nvml
         pynvml = self._nvml = nvml
         self._clock = clock
         pynvml.nvmlInit()

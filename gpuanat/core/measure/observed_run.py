@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from gpuanat.core.measure.run_state import RankEvents
-from gpuanat.core.vocabulary.protocol import Event, Malformed, ProbeBands, Step
+from gpuanat.core.vocabulary.protocol import Event, Malformed, ProbeBands, Ranked, Step
 
 THROUGHPUT_WINDOW_S = 5.0
 """Samples/s in a record is the rate over the published steps of about this many seconds of training."""
@@ -78,9 +78,10 @@ class ObservedRun:
     publishers: dict[int, Publisher] = field(default_factory=dict)
     """Every publishing process, by PID, in the order they first published: each rank of a distributed job."""
 
-    def observe_event(self, pid: int, event: Event | Malformed) -> Step | None:
-        """Take one event; returns the step when it is a new one of the run (for the history)."""
-        if isinstance(event, Malformed):
+    def observe_event(self, pid: int, event: Event | Ranked | Malformed) -> Step | None:
+        """Take one event; returns the step when it is a new one of the run (for the history). A process publishes
+        its own events: a `Ranked` envelope (what only gpuanat's rank launcher sends its parent) counts as malformed."""
+        if isinstance(event, (Malformed, Ranked)):
             self.malformed += 1
             return None
         if pid not in self.publishers:

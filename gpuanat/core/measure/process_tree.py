@@ -22,7 +22,7 @@ def pid_alive(pid: int | None) -> bool:
 
     psutil checks that the id names a process, not one of its threads: `kill(tid, 0)` accepts a live thread's id,
     so a recorder PID reused as a thread id would read as alive."""
-    return bool(pid) and psutil.pid_exists(pid)
+    return pid is not None and pid > 0 and psutil.pid_exists(pid)
 
 
 DEFAULT_DESCENDANTS_REFRESH_S = 1.0

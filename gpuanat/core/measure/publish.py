@@ -47,6 +47,7 @@ from gpuanat.core.vocabulary.protocol import (
     Malformed,
     ModelInfo,
     Operations,
+    Ranked,
     Step,
     encode,
 )
@@ -409,13 +410,13 @@ class PublicationReader:
             return False
         return _identity(st) != self._inode
 
-    def read(self) -> list[Event | Malformed]:
+    def read(self) -> list[Event | Ranked | Malformed]:
         """The events completed since the last call: at most `MAX_READ_BYTES` read and about
         `MAX_EVENTS_PER_READ` events returned; what is left waits for the next call."""
         if (self._fd is None or self._replaced()) and not self._open():
             return []
         assert self._fd is not None
-        events: list[Event | Malformed] = []
+        events: list[Event | Ranked | Malformed] = []
         budget_bytes = MAX_READ_BYTES
         while budget_bytes > 0 and len(events) < MAX_EVENTS_PER_READ:
             try:

@@ -27,8 +27,9 @@ Pure Python, no torch.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 MIN_BLOCK_BYTES = 512
 SMALL_REQUEST_BYTES = 1 << 20
@@ -104,7 +105,7 @@ class _FreeBlocks:
         for index in range(bisect.bisect_left(self._keys, (size, -1)), len(self._keys)):
             yield self._blocks[self._keys[index]]
 
-    def __iter__(self) -> Iterable[Block]:
+    def __iter__(self) -> Iterator[Block]:
         """A copy, by (size, address): the set may change while it is walked."""
         return iter([self._blocks[key] for key in self._keys])
 
@@ -246,7 +247,8 @@ class CachingAllocator:
         for unmapped in self._unmapped_blocks(small):
             before = unmapped.prev
             start = before if before is not None and before.mapped and not before.allocated else unmapped
-            total, walker = 0, start
+            total = 0
+            walker: Block | None = start
             while walker is not None and not walker.allocated and total < rounded:
                 total, walker = total + walker.size, walker.next
             if total >= rounded:
@@ -331,7 +333,7 @@ class Requests:
     """Bytes asked for by each allocation."""
 
 
-def requests_of(events: Iterable[list]) -> Requests:
+def requests_of(events: Iterable[list[Any]]) -> Requests:
     """The requests of a trace's events, [action, address, size, stream] as benchmarks/allocation_trace.py writes
     them from torch's snapshot (`device_traces`): allocations and the frees that give their blocks back."""
     operations: list[int] = []

@@ -12,6 +12,7 @@ left out and said so.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,6 +63,10 @@ def _lora_flags(run: RunConfig, extra: str = "") -> str:
     return f"{extra}--lora {run.lora or LORA_RANK}{base}"
 
 
+def _distributed_flags(run: RunConfig, stage: str) -> str:
+    return f"--distributed {stage}" + (" --engine trainer" if run.engine != "trainer" else "")
+
+
 def _rungs(config: RunConfig) -> list[Rung]:
     """The ladder's techniques in order, for a run like `config`."""
     rungs: list[Rung] = []
@@ -70,10 +75,8 @@ def _rungs(config: RunConfig) -> list[Rung]:
             rungs.append(
                 Rung(
                     f"shard ({stage})",
-                    lambda run, stage=stage: with_distributed(run, stage),
-                    lambda run, stage=stage: (
-                        f"--distributed {stage}" + (" --engine trainer" if run.engine != "trainer" else "")
-                    ),
+                    functools.partial(with_distributed, technique=stage),
+                    functools.partial(_distributed_flags, stage=stage),
                 )
             )
     if not config.grad_checkpointing:

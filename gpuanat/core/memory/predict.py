@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from gpuanat.core.memory.bands.activations import (
     CUBLAS_WORKSPACE_BYTES,
@@ -209,7 +210,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     )
 
 
-def prediction_json(config: RunConfig) -> dict[str, int] | None:
+def prediction_json(config: RunConfig) -> dict[str, Any] | None:
     """The estimate as stored with a run and printed by `gpuanat predict`; None for a --model whose config cannot be
     read or described (`unreadable_model_reason` says why)."""
     if unreadable_model_reason(config) is not None:

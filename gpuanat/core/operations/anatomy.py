@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuanat.core.operations.classify import GROUP_LABELS, GROUPS
 from gpuanat.core.vocabulary.protocol import KernelRow, Operations
@@ -24,9 +24,21 @@ TOP_KERNELS = 5
 """Kernels named for each group."""
 
 
+class _GroupTotals(TypedDict):
+    """One group's sums over the profile's rows."""
+
+    time_s: float
+    calls: int
+    flops: float
+    bytes: float
+    uncounted_time_s: float
+    """Time of the rows whose FLOPs are not known."""
+    rows: list[KernelRow]
+
+
 def operations_anatomy(event: Operations) -> dict[str, Any]:
     """The JSON of a run's `operations_anatomy`: one entry a group (`GROUPS`) and the profile's own figures."""
-    totals = {
+    totals: dict[str, _GroupTotals] = {
         group: {"time_s": 0.0, "calls": 0, "flops": 0.0, "bytes": 0.0, "uncounted_time_s": 0.0, "rows": []}
         for group in GROUPS
     }
@@ -110,17 +122,18 @@ def group_share(anatomy: Mapping[str, Any] | None, group: str, key: str = "time_
 
 def shares_sum_error_percent(anatomy: Mapping[str, Any]) -> float | None:
     """How far the groups' time shares are from adding up to the profiled device time, in percent."""
-    shares = [group_share(anatomy, group) for group in GROUPS]
-    if any(share is None for share in shares):
+    shares = [share for group in GROUPS if (share := group_share(anatomy, group)) is not None]
+    if len(shares) < len(GROUPS):
         return None
-    return 100 * abs(sum(shares) - 1)  # type: ignore[arg-type]
+    return 100 * abs(sum(shares) - 1)
 
 
 def memory_bound_share(anatomy: Mapping[str, Any] | None) -> float | None:
     """The time share of normalizations and element-wise operators: the work that moves memory and barely computes,
     what fused kernels take away."""
-    shares = [group_share(anatomy, group) for group in ("normalizations", "elementwise")]
-    return None if any(share is None for share in shares) else sum(shares)  # type: ignore[arg-type]
+    groups = ("normalizations", "elementwise")
+    shares = [share for group in groups if (share := group_share(anatomy, group)) is not None]
+    return None if len(shares) < len(groups) else sum(shares)
 
 
 def table_rows(anatomy: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -128,7 +141,8 @@ def table_rows(anatomy: Mapping[str, Any]) -> list[dict[str, Any]]:
     (None where the paper has no such group), TFLOP/s and GB/s, and its top kernel's name."""
     rows = []
     for group in GROUPS:
-        entry = anatomy.get(group) if isinstance(anatomy.get(group), Mapping) else {}
+        found = anatomy.get(group)
+        entry: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
         paper = PAPER.get(group)
         top = entry.get("top_kernels") or []
         rows.append(

@@ -123,7 +123,7 @@ def run_fit(
             on_trial(batch_size, result)
         if result["status"] not in ("ok", "oom"):
             failures.append(result)
-        return result["status"] == "ok"
+        return bool(result["status"] == "ok")
 
     largest, trials = find_largest_batch(trains, start, max_batch)
     return FitResult(largest, tuple(trials), results, failures[0] if failures else None)

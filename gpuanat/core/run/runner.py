@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ import psutil
 
 from gpuanat.core.thread_names import name_native_thread
 from gpuanat.core.vocabulary.config import Capabilities
-from gpuanat.core.vocabulary.protocol import Event, EventLines, Malformed
+from gpuanat.core.vocabulary.protocol import Event, EventLines, Malformed, Ranked
 
 PIPE_READ_BYTES = 1 << 16
 LIFELINE_FD_ENV = "GPUANAT_LIFELINE_FD"
@@ -175,10 +175,10 @@ class ChildProcess:
 
     def __init__(
         self,
-        make_command,
+        make_command: Callable[..., list[str]],
         *,
         log_path: Path | None,
-        env: Mapping[str, str] | None = None,  # type: ignore[no-untyped-def]
+        env: Mapping[str, str] | None = None,
         handoff: bool = False,
     ) -> None:
         """`make_command(events_fd)` returns the argv; the fd is inherited by the child. With `handoff`, the child also
@@ -191,7 +191,7 @@ class ChildProcess:
         self._handoff = handoff
         self._handoff_fd: int | None = None
         """Our end of the hand-over pipe, until the run is handed over (or the worker retired)."""
-        self._events: queue.Queue[Event | Malformed | ChildExited] = queue.Queue()
+        self._events: queue.Queue[Event | Ranked | Malformed | ChildExited] = queue.Queue()
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._lifeline_fd: int | None = None
@@ -347,7 +347,7 @@ class ChildProcess:
             assert self._process is not None
             self._events.put(ChildExited(self._process.wait()))
 
-    def next_event(self, timeout_s: float) -> Event | Malformed | ChildExited | None:
+    def next_event(self, timeout_s: float) -> Event | Ranked | Malformed | ChildExited | None:
         """The next event, or None when none arrived within `timeout_s`. ChildExited comes once the pipe has
         closed, or `PIPE_CLOSE_GRACE_S` after the child exited while something else still held the pipe open."""
         try:

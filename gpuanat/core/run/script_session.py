@@ -27,7 +27,7 @@ from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S
-from gpuanat.core.vocabulary.protocol import Event, Malformed
+from gpuanat.core.vocabulary.protocol import Event, Malformed, Ranked
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchError, WatchTarget, resolve_target
 
@@ -62,7 +62,7 @@ def execute_script(
     store: HistoryStore,
     log_dir: Path,
     name: str | None = None,
-    on_event: Callable[[Event], None] | None = None,
+    on_event: Callable[[Event | Ranked], None] | None = None,
     sampler_factory: Callable[[], tuple[Any, NvmlStatus]] = lambda: open_source(per_process=True),
     env: Mapping[str, str] | None = None,
     trace_path: Path | None = None,

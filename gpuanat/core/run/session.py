@@ -85,7 +85,7 @@ def execute_run(
     store: HistoryStore,
     log_dir: Path,
     name: str | None = None,
-    on_event: Callable[[Event], None] | None = None,
+    on_event: Callable[[Event | Ranked], None] | None = None,
     sampler_factory: SamplerFactory = open_source,
     shared_sampler: SharedSampler | None = None,
     env: Mapping[str, str] | None = None,
@@ -106,8 +106,8 @@ def execute_run(
 
     Ctrl-C (KeyboardInterrupt) while it runs — or `stop_requested` being set, from any thread — stops
     the child and its process group and records the run as stopped. `on_event` sees every decoded
-    event, on the calling thread; `on_start` gets (run id, child pid, log path, the NVML indices of the GPUs of
-    ranks 0, 1, …) once the child runs.
+    event (another rank's in its `Ranked` envelope), on the calling thread; `on_start` gets (run id, child pid,
+    log path, the NVML indices of the GPUs of ranks 0, 1, …) once the child runs.
     A history that is busy or full does not stop the run (see gpuanat.core.store.recording); when its last
     writes could not be saved, the result's `history_error` says so. `requested_monotonic_s` is when the user asked
     for the run (time.monotonic(); default: now), where the result's `wall_breakdown_s` begins. With a running
@@ -158,9 +158,7 @@ def execute_run(
     def handle(event: Event | Ranked | Malformed) -> None:
         if metrics is not None and not isinstance(event, Malformed):
             metrics.observe_event(event)
-        rank = 0
-        if isinstance(event, Ranked):
-            rank, event = event.rank, event.event
+        rank, event = (event.rank, event.event) if isinstance(event, Ranked) else (0, event)
         rank_state = ranks.setdefault(rank, RankRecord(gpu_index=gpu_of(rank)))
         rank_state.observe(event)
         if isinstance(event, Malformed):

@@ -146,8 +146,9 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
 def operations_shares(anatomy: Any) -> str | None:
     """A profiled run's time shares of contractions / normalizations / element-wise, "88/3/3" (None: not
     profiled)."""
-    shares = [group_share(anatomy, group) for group in ("contractions", "normalizations", "elementwise")]
-    return None if any(share is None for share in shares) else "/".join(f"{100 * share:.0f}" for share in shares)
+    groups = ("contractions", "normalizations", "elementwise")
+    shares = [share for group in groups if (share := group_share(anatomy, group)) is not None]
+    return None if len(shares) < len(groups) else "/".join(f"{100 * share:.0f}" for share in shares)
 
 
 def _script_name(config: dict[str, Any]) -> str | None:

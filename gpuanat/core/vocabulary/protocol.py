@@ -276,12 +276,12 @@ class Ranked:
     `event` is that rank's event (or `Malformed`, for a line of the rank's that did not decode)."""
 
     rank: int
-    event: Any
+    event: Event | Malformed
     type: str = "rank"
 
 
 Event = Hello | ModelInfo | Step | Done | Error | Milestone | Operations
-EVENT_TYPES: dict[str, type] = {
+EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
         Hello,
@@ -289,7 +289,7 @@ EVENT_TYPES: dict[str, type] = {
         Step,
         Done,
         Error,
-        Milestone,  # type: ignore[attr-defined]
+        Milestone,
         Operations,
     )
 }
@@ -367,6 +367,7 @@ def _check(value: Any, annotation: Any, name: str) -> Any:
 
 
 _UNION_TYPE = type(int | None)
+_Built = typing.TypeVar("_Built")
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -374,7 +375,7 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {field.name: hints[field.name] for field in dataclasses.fields(cls) if field.name != "type"}
 
 
-def _build(cls: type, data: dict[str, Any]) -> Any:
+def _build(cls: type[_Built], data: dict[str, Any]) -> _Built:
     """`cls` from `data`: every field it knows checked against its declared type; unknown keys ignored;
     _FieldTypeError (a ValueError) for a wrong type, TypeError for a missing field."""
     types = _FIELD_TYPES[cls]
@@ -386,8 +387,8 @@ def _excerpt(line: bytes) -> str:
     return line[:MALFORMED_EXCERPT_BYTES].decode(errors="replace").strip()
 
 
-def decode(line: bytes | str) -> Event | Malformed:
-    """The event a line holds, or Malformed saying why not. Never raises."""
+def decode(line: bytes | str) -> Event | Ranked | Malformed:
+    """The event a line holds (another rank's in its `Ranked` envelope), or Malformed saying why not. Never raises."""
     data_bytes = line.encode(errors="replace") if isinstance(line, str) else bytes(line)
     if len(data_bytes) > MAX_EVENT_LINE_BYTES:
         return Malformed(_excerpt(data_bytes), f"line longer than {MAX_EVENT_LINE_BYTES} bytes")
@@ -450,9 +451,9 @@ class EventLines:
         self._skipping = False
         """In the middle of an over-long line that was reported: drop bytes until its newline."""
 
-    def feed(self, data: bytes) -> list[Event | Malformed]:
+    def feed(self, data: bytes) -> list[Event | Ranked | Malformed]:
         """The events (and malformed lines) completed by `data`."""
-        events: list[Event | Malformed] = []
+        events: list[Event | Ranked | Malformed] = []
         start = 0
         while start < len(data):
             newline = data.find(b"\n", start)
@@ -478,7 +479,7 @@ class EventLines:
             start = newline + 1
         return events
 
-    def finish(self) -> list[Event | Malformed]:
+    def finish(self) -> list[Event | Ranked | Malformed]:
         """At the end of the stream: an unterminated last line, decoded (a child killed mid-write)."""
         rest, self._partial, self._skipping = bytes(self._partial), bytearray(), False
         return [decode(rest)] if rest.strip() else []

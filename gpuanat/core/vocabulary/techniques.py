@@ -7,9 +7,12 @@ described once: its flag, allowed values and help text (the worker maps them to 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuanat.core.vocabulary.presets import PRESETS
+
+if TYPE_CHECKING:
+    from gpuanat.core.vocabulary.config import RunConfig
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "sgd")
@@ -27,8 +30,8 @@ ENGINES = ("trainer", "accelerate")
 """What runs the training loop: HF Trainer, or the docs' custom loop with 🤗 Accelerate."""
 
 
-def with_distributed(config: Any, technique: str) -> Any:
-    """`config` (a RunConfig) trained with `technique`: the Accelerate loop trains with DDP only, so a sharded one
+def with_distributed(config: RunConfig, technique: str) -> RunConfig:
+    """`config` trained with `technique`: the Accelerate loop trains with DDP only, so a sharded one
     takes Trainer."""
     return config.replace(distributed=technique, engine=config.engine if technique in ("none", "ddp") else "trainer")
 

@@ -374,14 +374,14 @@ def machine_unsupported_reasons(config: RunConfig, capabilities: Capabilities) -
             )
         )
     if config.optim == "adamw_bnb_8bit":
-        missing = [] if cuda else ["a CUDA GPU"]
-        if capabilities.bitsandbytes_version is None:
-            missing.append(
-                "bitsandbytes (pip install 'gpuanat[bnb]'"
-                + (f"; {capabilities.bitsandbytes_error})" if capabilities.bitsandbytes_error else ")")
-            )
+        missing = _cuda_and_package(
+            cuda,
+            capabilities.bitsandbytes_version,
+            capabilities.bitsandbytes_error,
+            "bitsandbytes (pip install 'gpuanat[bnb]'",
+        )
         if missing:
-            reasons.append(("--optim", f"8-bit Adam (adamw_bnb_8bit) needs {' and '.join(missing)}"))
+            reasons.append(("--optim", f"8-bit Adam (adamw_bnb_8bit) needs {missing}"))
     return reasons
 
 

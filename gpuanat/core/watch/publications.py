@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from gpuanat.core.measure.publish import PUBLICATION_SUFFIX, PublicationReader, publication_dirs
-from gpuanat.core.vocabulary.protocol import Event, Malformed
+from gpuanat.core.vocabulary.protocol import Event, Malformed, Ranked
 
 PUBLICATION_SEARCH_INTERVAL_S = 1.0
 """How often the tree's processes that do not publish yet are looked for in the publication directories."""
@@ -47,7 +47,7 @@ class Publications:
         self.problems: dict[int, str] = {}
         self._searched_at_s: dict[int, float] = {}
 
-    def poll(self, pids: Iterable[int]) -> list[tuple[int, Event | Malformed]]:
+    def poll(self, pids: Iterable[int]) -> list[tuple[int, Event | Ranked | Malformed]]:
         now_s = self._clock()
         for pid in pids:
             if pid in self.readers or now_s - self._searched_at_s.get(pid, -1e9) < PUBLICATION_SEARCH_INTERVAL_S:
@@ -62,7 +62,7 @@ class Publications:
                         break
                     self.readers[pid] = PublicationReader(path, not_before_s=started_s - 0.5)
                     break
-        events: list[tuple[int, Event | Malformed]] = []
+        events: list[tuple[int, Event | Ranked | Malformed]] = []
         for pid, reader in list(self.readers.items()):
             events.extend((pid, event) for event in reader.read())
             if reader.problem is not None:

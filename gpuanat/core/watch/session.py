@@ -31,7 +31,7 @@ from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.vocabulary.protocol import Event, Malformed, Step
+from gpuanat.core.vocabulary.protocol import Event, Malformed, Ranked, Step
 from gpuanat.core.watch.publications import Publications, default_publication_dirs
 from gpuanat.core.watch.recorder import HistoryRecorder
 from gpuanat.core.watch.records import WatchRecords
@@ -76,14 +76,14 @@ class WatchSession:
             description=description,
         )
         self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEPT_SAMPLES)
-        self._pushed_events: collections.deque[tuple[int, Event | Malformed]] = collections.deque()
+        self._pushed_events: collections.deque[tuple[int, Event | Ranked | Malformed]] = collections.deque()
         self._lock = threading.Lock()
         self._recorder: HistoryRecorder | None = None
         self._save_request: tuple[Path, str | None, Callable[[int | None, str | None], None] | None] | None = None
         self._new_steps: list[Step] = []
 
     # --- inputs ----------------------------------------------------------------------------------
-    def add_events(self, pid: int, events: Iterable[Event | Malformed]) -> None:
+    def add_events(self, pid: int, events: Iterable[Event | Ranked | Malformed]) -> None:
         """Events of `pid` that arrived another way than a publication file (any thread)."""
         self._pushed_events.extend((pid, event) for event in events)
 
@@ -101,7 +101,7 @@ class WatchSession:
         return self._process_alive()
 
     def _drain_events(self, tree_pids: Iterable[int]) -> list[Step]:
-        incoming: list[tuple[int, Event | Malformed]] = []
+        incoming: list[tuple[int, Event | Ranked | Malformed]] = []
         while self._pushed_events:
             incoming.append(self._pushed_events.popleft())
         if self._publications is not None:

@@ -49,7 +49,6 @@ from gpuanat.worker.probe.sink import default_emit, warn
 from gpuanat.worker.probe.tensors import (
     SavedTensors,
     deepspeed_gradients,
-    optimizer_state_tensors,
     parameter_elements,
     quantization_state_tensors,
     read_gradients_before_zero_steps,
@@ -77,6 +76,14 @@ class Probe(ProbeReadings):
     `GPUANAT_PROFILE_OPS` says, none without it), their Chrome trace written to `profile_ops_trace` (default:
     `GPUANAT_PROFILE_OPS_TRACE`).
     """
+
+    # What the step measured exactly has shown so far (reset as each such step begins).
+    _activations_bytes: int | None
+    _gradients_bytes: int
+    _gradients_at_forward_end_bytes: int
+    _optimizer_at_forward_end_bytes: int
+    _forward_peak_bytes: int | None
+    _logits_bytes: int | None
 
     def __init__(
         self,
@@ -201,8 +208,9 @@ class Probe(ProbeReadings):
         self._buffers_at_start_bytes: int | None = None
         if self._cuda:
             self._nvml = NvmlReader.open(self._device)
-            if self._nvml is not None and served_metrics() is not None:
-                served_metrics().set_gpu(*self._nvml.identity())
+            metrics = served_metrics()
+            if self._nvml is not None and metrics is not None:
+                metrics.set_gpu(*self._nvml.identity())
             self._nvml_read_at_reserved_bytes: int | None = None
             # What is allocated before the first step beyond weights, gradients and optimizer state: the buffers a
             # distributed wrapper keeps for the whole run (DDP's gradient buckets, DeepSpeed's flat buffers).
@@ -215,8 +223,9 @@ class Probe(ProbeReadings):
             # Traced by Dynamo, the hooks would put the probe into the compiled graph: a guard on its counters
             # (a recompilation at every step until Dynamo gives up) and graph breaks at its clock reads. Disabled,
             # they run eagerly just outside the graph, and Dynamo counts no break for them.
-            before_forward = torch.compiler.disable(before_forward)
-            after_forward = torch.compiler.disable(after_forward)
+            # (torch.compiler.disable is unannotated in torch: mypy cannot check a call of it)
+            before_forward = torch.compiler.disable(before_forward)  # type: ignore[no-untyped-call]
+            after_forward = torch.compiler.disable(after_forward)  # type: ignore[no-untyped-call]
         self._hooks = (
             [
                 model.register_forward_pre_hook(before_forward, with_kwargs=True),
@@ -316,9 +325,6 @@ class Probe(ProbeReadings):
         gradients.extend(deepspeed_gradients(self._optimizer))
         return unique_storage_bytes(gradients, self._device)
 
-    def _optimizer_state_bytes_now(self) -> int:
-        return unique_storage_bytes(optimizer_state_tensors(self._optimizer), self._device)
-
     # --- step callbacks ----------------------------------------------------------------------
     @never_raises
     def step_begins(self, step: int) -> None:
@@ -329,12 +335,12 @@ class Probe(ProbeReadings):
         self._step_phases.step_begins()
         self._measuring = step <= FIRST_MEASURED_STEPS or step % self.exact_every_steps == 0
         if self._measuring:
-            self._activations_bytes: int | None = None
+            self._activations_bytes = None
             self._gradients_bytes = 0
             self._gradients_at_forward_end_bytes = 0
             self._optimizer_at_forward_end_bytes = 0
-            self._forward_peak_bytes: int | None = None
-            self._logits_bytes: int | None = None
+            self._forward_peak_bytes = None
+            self._logits_bytes = None
             self._batch_bytes = 0
         self._step_peak_floor_bytes = 0
         if self._cuda:

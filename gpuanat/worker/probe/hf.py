@@ -52,9 +52,14 @@ class AnatomyCallback(Probe, TrainerCallback):
     (unless `publish=False`); either way the latest are also kept on the callback (`last_step`,
     `last_bands`, `summary`). The probe never raises into training: a parent that went away ends the
     run gracefully, and any other failure turns the probe off with one warning.
+
+    The hooks take Trainer's `TrainingArguments`, `TrainerState` and `TrainerControl`, or the stand-ins the
+    Accelerate loop passes (`worker/accelerate_loop.py`), hence `Any`; each returns its `control`.
     """
 
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):  # type: ignore[override]
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> Any:
         total_steps = int(state.max_steps or 0)
         self.begin(
             model,
@@ -66,24 +71,24 @@ class AnatomyCallback(Probe, TrainerCallback):
         )
         return control
 
-    def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[override]
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self.step_begins(state.global_step + 1)
         return control
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):  # type: ignore[override]
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self.optimizer_begins()
         return control
 
-    def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[override]
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> Any:
         logs = logs or {}
         self.logged(logs.get("loss"), {key: logs[key] for key in SUMMARY_KEYS if key in logs})
         return control
 
-    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[override]
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.step_ends(state.global_step, state.max_steps):
             control.should_training_stop = True
         return control
 
-    def on_train_end(self, args, state, control, **kwargs):  # type: ignore[override]
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self.end(state.global_step)
         return control

@@ -40,7 +40,8 @@ def _lightning_bases() -> tuple[tuple[type, ...], dict[str, str]]:
 
         if LegacyCallback not in bases:
             bases.append(LegacyCallback)
-            versions["pytorch_lightning"] = pytorch_lightning.__version__
+            # (pytorch_lightning defines __version__ but leaves it out of its __all__)
+            versions["pytorch_lightning"] = pytorch_lightning.__version__  # type: ignore[attr-defined]
     except ImportError:
         pass
     if not bases:

@@ -148,7 +148,7 @@ class OperationsProfiler:
 
 
 def _is_cpu(event: Any) -> bool:
-    return event.device_type == torch.autograd.DeviceType.CPU
+    return bool(event.device_type == torch.profiler.DeviceType.CPU)
 
 
 def _in_optimizer(event: Any, cache: dict[int, bool]) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -121,7 +121,7 @@ class LoopProbe(Probe):
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> bool:
+    ) -> Literal[False]:
         if self._optimizer_hook is not None:
             self._optimizer_hook.remove()
         if error is not None and not isinstance(error, KeyboardInterrupt):

@@ -9,11 +9,38 @@ from typing import Any
 
 import torch
 
-from gpuanat.core.vocabulary.protocol import Done, ProbeBands
+from gpuanat.core.vocabulary.protocol import Done, ProbeBands, Step
+from gpuanat.worker.probe.tensors import optimizer_state_tensors, unique_storage_bytes
 
 
 class ProbeReadings:
     """Read-only figures of a `core.Probe` (which sets the attributes read here as training goes)."""
+
+    # Set by `core.Probe`: `last_step` when it is made, the others when training begins (read here only after).
+    last_step: Step | None
+    _device: torch.device
+    _cuda: bool
+    _peak_allocated_bytes: int | None
+    _peak_reserved_bytes: int | None
+    _step_peak_floor_bytes: int
+    _steady_phases_s: dict[str, float]
+    _steady_caught_up_steps: int
+    _compiled: bool
+    _samples: int
+    _optimizer: Any
+    _weights_bytes: int
+    _gradients_bytes: int
+    _activations_bytes: int | None
+    _batch_bytes: int
+    _gradients_at_forward_end_bytes: int
+    _optimizer_at_forward_end_bytes: int
+    _forward_peak_bytes: int | None
+    _buffers_at_start_bytes: int | None
+    _logits_bytes: int | None
+    last_bands: ProbeBands | None
+    summary: dict[str, Any]
+    probe_time_s: float
+    probe_time_by_part_s: dict[str, float]
 
     def steady_state(self) -> dict[str, Any]:
         """Samples/s after warm-up, or None with the reason."""
@@ -70,6 +97,9 @@ class ProbeReadings:
         if not getattr(self, "_cuda", False):
             return None
         return max(self._peak_reserved_bytes or 0, torch.cuda.memory_reserved(self._device))
+
+    def _optimizer_state_bytes_now(self) -> int:
+        return unique_storage_bytes(optimizer_state_tensors(self._optimizer), self._device)
 
     def measured_bands(self, step: int) -> ProbeBands:
         """The bands of measured step `step`: the exact byte counts read during it, the optimizer state now."""

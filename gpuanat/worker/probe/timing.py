@@ -68,6 +68,7 @@ class StepPhases:
         phases, caught_up = self._phases_s, self._caught_up
         self._phases_s, self._caught_up, self._forward_seen = dict.fromkeys(STEP_PHASES, 0.0), None, False
         if self._cuda:
-            self._step_end_event = torch.cuda.Event()
+            # (torch.cuda.Event's __init__ is unannotated in torch)
+            self._step_end_event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._step_end_event.record()
         return phases, caught_up

@@ -27,7 +27,7 @@ CUBLAS_WORKSPACE_BYTES = 72_702_916
 allocated memory after a step minus weights and optimizer state, median of the fitted rows."""
 
 
-def autocast_extra_bytes_per_token_hidden(preset: ModelPreset) -> int:
+def autocast_extra_bytes_per_token_hidden(preset: Architecture | ModelPreset) -> int:
     """What autocast saves for backward beyond a model computing in 16 bits, per token and hidden unit and layer:
     it casts an fp32 activation anew for each linear that reads it (BERT's separate query, key and value: two 16-bit
     copies more than one; GPT-2's fused c_attn: none), and the LayerNorms (two a layer) run in fp32 on the fp32
@@ -41,7 +41,7 @@ BERT_LARGE_LAYERS = 24
 """The layers of the model the BERT coefficients were fitted on."""
 
 
-def gpt2_layer_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
+def gpt2_layer_bytes_per_token(config: RunConfig, preset: Architecture | ModelPreset) -> int:
     """What autograd keeps of one GPT-2 block per token, as `benchmarks/saved_tensors.py` listed it on the H100 (gpt2,
     bf16 autocast: 69,184 B/token = 26h + 16i + 64): the two LayerNorms' fp32 inputs (autocast runs them in fp32:
     8h), the 16-bit casts c_attn and c_fc read (4h), the attention's 16-bit q, k, v, output and c_attn's output (12h),
@@ -55,7 +55,7 @@ def gpt2_layer_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
     return 42 * h + 20 * i + statistics
 
 
-def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:
+def activations_bytes(config: RunConfig, preset: Architecture | ModelPreset, shapes: ParameterShapes) -> int:
     s, b, h, a, layers = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads, preset.num_layers
     c = coefficients(config)
     eager_scores = a * s * s * c.eager_per_score if config.attn == "eager" else 0.0
@@ -77,7 +77,7 @@ def activations_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterS
     return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES
 
 
-def lora_dropout_bytes_per_token(config: RunConfig, preset: ModelPreset) -> int:
+def lora_dropout_bytes_per_token(config: RunConfig, preset: Architecture | ModelPreset) -> int:
     """What LoRA's dropout adds to one layer's saved tensors, per token: its mask, a byte an input element of every
     adapted projection, and without mixed precision the dropped copy of the input too (4 bytes), which the adapter
     then keeps in place of the input it shared with the base layer. Under mixed precision the adapter keeps a 16-bit
@@ -124,7 +124,7 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     return b * (s * per_token + eager + sliding_mask) + logits + log_probabilities + softcapping, logits
 
 
-def temporaries_bytes(config: RunConfig, preset: ModelPreset) -> int:
+def temporaries_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:
     s, b, h, a = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads
     c = coefficients(config)
     if config.grad_checkpointing:
@@ -142,7 +142,7 @@ def _lm_head_input_element_bytes(config: RunConfig) -> int:
     return 2 if config.lora and not config.load_in_4bit and is_mixed(config) else 4
 
 
-def liger_chunk_tokens(config: RunConfig, preset: ModelPreset) -> int:
+def liger_chunk_tokens(config: RunConfig, preset: Architecture | ModelPreset) -> int:
     """Tokens per chunk of Liger's fused linear cross-entropy (liger-kernel 0.8 `fused_linear_cross_entropy_forward`,
     `chunk_mem_const` 1): the b·s tokens split so one chunk's logits are about as large as the hidden states,
     ceil(V / h) chunks, the chunk rounded up to a power of two, at most b·s."""
@@ -151,7 +151,7 @@ def liger_chunk_tokens(config: RunConfig, preset: ModelPreset) -> int:
     return min(1 << max(0, (-(-tokens // chunks) - 1).bit_length()), tokens)
 
 
-def liger_kept_bytes(config: RunConfig, preset: ModelPreset) -> int:
+def liger_kept_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:
     """What Liger's fused linear cross-entropy keeps from the forward pass to the backward pass, in place of the
     logits and the loss's log-probabilities: it computes the gradients in the forward pass and saves them — the
     hidden states' (b·s·h, their dtype), and, where the LM head trains (no LoRA), the head's (V·h, in the head's
@@ -161,7 +161,7 @@ def liger_kept_bytes(config: RunConfig, preset: ModelPreset) -> int:
     return hidden + head
 
 
-def liger_transient_bytes(config: RunConfig, preset: ModelPreset) -> int:
+def liger_transient_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:
     """What Liger's fused loss allocates and frees again inside the forward pass, above what it keeps: the per-token
     fp32 losses, one chunk's logits (16-bit under autocast, else fp32) and its hidden-state gradient (fp32 at most),
     and, where the LM head is fp32 under autocast, the 16-bit casts of the head that a chunk's matmuls make: one at a

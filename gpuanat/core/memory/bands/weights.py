@@ -10,6 +10,7 @@ makes of its fp32 LM head; and the weight bitsandbytes dequantizes for each matm
 
 from __future__ import annotations
 
+from gpuanat.core.memory.architecture import Architecture
 from gpuanat.core.memory.bands.precision import autocast_on, computes_in_16_bit, is_mixed
 from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, expert_params, quantized_matrices
 from gpuanat.core.vocabulary.config import RunConfig
@@ -35,7 +36,7 @@ def nf4_weight_bytes(elements: int) -> int:
     return (elements + 1) // 2 + blocks + 4 * -(-blocks // NF4_NESTED_BLOCK_ELEMENTS) + NF4_PER_WEIGHT_BYTES
 
 
-def qlora_base_bytes(preset: ModelPreset, shapes: ParameterShapes) -> int:
+def qlora_base_bytes(preset: Architecture | ModelPreset, shapes: ParameterShapes) -> int:
     """A QLoRA base's weights as training starts: the NF4 matrices with their quantization state
     (`nf4_weight_bytes`), and every other parameter — embeddings, LM head, norms, biases — in fp32, to which PEFT's
     `prepare_model_for_kbit_training` (peft 0.14-0.21) casts every 16-bit parameter that is not a `Params4bit`. The
@@ -49,7 +50,7 @@ def qlora_base_bytes(preset: ModelPreset, shapes: ParameterShapes) -> int:
     )
 
 
-def qlora_head_copy_bytes(config: RunConfig, preset: ModelPreset) -> int:
+def qlora_head_copy_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:
     """Under mixed precision, the 16-bit copy autocast makes of a QLoRA model's fp32 LM head for its matmul, saved
     for backward (the head is frozen, so autocast's cache does not keep it; the matmul's saved weight does). With
     Liger the head's weight is cast inside the fused loss, chunk by chunk, and not saved (`liger_transient_bytes`)."""
@@ -58,7 +59,7 @@ def qlora_head_copy_bytes(config: RunConfig, preset: ModelPreset) -> int:
     return 2 * preset.vocab_size * preset.hidden_size
 
 
-def dequantized_weight_bytes(config: RunConfig, preset: ModelPreset) -> int:
+def dequantized_weight_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:
     """With QLoRA, bitsandbytes' 4-bit matmul in training dequantizes its weight to the 16-bit compute dtype for
     each matmul, forward and backward, and frees it after (`MatMul4Bit`): one matrix at a time, the largest."""
     if not config.load_in_4bit:
@@ -90,7 +91,7 @@ def _matmul_params(shapes: ParameterShapes) -> int:
     return sum(rows * cols for rows, cols in shapes.matrices[shapes.embedding_tensors :])
 
 
-def decoder_weight_casts_bytes(config: RunConfig, preset: ModelPreset, shapes: ParameterShapes) -> int:
+def decoder_weight_casts_bytes(config: RunConfig, preset: Architecture | ModelPreset, shapes: ParameterShapes) -> int:
     """Autocast's 16-bit copies of fp32 weights that a decoder's forward pass leaves alive: of every matmul weight,
     the LM head's included (with tied embeddings the embedding matrix is cast for the head), without checkpointing;
     with it only the head's (outside the checkpointed layers; the layers' copies are in autocast's cache until the
