@@ -22,6 +22,7 @@ from gpuanat.core.printable import printable
 from gpuanat.core.run.config import Capabilities, RunConfig
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.rename import RenameScreen
 
@@ -139,7 +140,7 @@ def cpu_dashboard(db_path: Path) -> GpuAnatApp:
         RunConfig(preset="tiny", device="cpu"),
         db_path=db_path,
         sampler_factory=lambda: (HostOnlySource(), NO_NVML),
-        capabilities_probe=lambda: CPU,
+        backend=LocalRunBackend(db_path, capabilities_probe=lambda: CPU),
         sample_interval_s=None,
         paint_interval_s=3600,
         clock=lambda: 1_000.0,
