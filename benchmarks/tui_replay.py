@@ -148,6 +148,7 @@ def run_dashboard(interval_s: float, profile: Path | None) -> None:
     from gpuanat.core.run.config import Capabilities, RunConfig
     from gpuanat.core.run.protocol import ModelInfo, Step, decode
     from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.run_backend import LocalRunBackend
 
     meta_line, *step_lines = RUN_STEPS.read_text().splitlines()
     meta = json.loads(meta_line)
@@ -174,7 +175,7 @@ def run_dashboard(interval_s: float, profile: Path | None) -> None:
         config,
         db_path=scratch / "h.sqlite",
         sampler_factory=lambda: (LoopedSource(RUN_TRACE, first_training_sample), nvml),
-        capabilities_probe=lambda: capabilities,
+        backend=LocalRunBackend(scratch / "h.sqlite", capabilities_probe=lambda: capabilities),
         sample_interval_s=interval_s,
         paint_interval_s=interval_s,
     )
@@ -182,15 +183,15 @@ def run_dashboard(interval_s: float, profile: Path | None) -> None:
     def feed_steps() -> None:
         """The recorded steps at their recorded pace, again and again, numbered on as one long run."""
         time.sleep(1.0)
-        app.live = LiveRun(config=config, stop_requested=threading.Event(), run_id=1, pid=meta["pid"])
-        app._incoming_events.append(ModelInfo(**{**meta["model"], "total_steps": 1_000 * len(steps)}))
+        app.dashboard.follow_run(LiveRun(config=config, stop_requested=threading.Event(), run_id=1, pid=meta["pid"]))
+        app.dashboard.receive_event(ModelInfo(**{**meta["model"], "total_steps": 1_000 * len(steps)}))
         period_s = steps[-1].elapsed_s + steps[0].step_time_s
         started_s = time.monotonic()
         for lap in range(1_000):
             for step in steps:
                 elapsed_s = lap * period_s + step.elapsed_s
                 time.sleep(max(0.0, started_s + elapsed_s - time.monotonic()))
-                app._incoming_events.append(
+                app.dashboard.receive_event(
                     dataclasses.replace(
                         step,
                         step=lap * len(steps) + step.step,
