@@ -49,6 +49,21 @@ def test_watch_dashboard_of_a_process_that_does_not_publish_80x24(snap_compare, 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
 
+@recorded
+def test_the_app_is_ready_only_once_its_dashboard_has_mounted(tmp_path):
+    """What drives the app (an autopilot, a snapshot's `run_before`) finds the dashboard's session and sampler set up
+    at once: the dashboard is its mode's base screen, whose mount the app awaits before it is ready."""
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+    seen: list[bool] = []
+
+    async def auto_pilot(pilot) -> None:
+        seen.append(app.dashboard.session is not None and app.dashboard.is_mounted)
+        app.exit()
+
+    app.run(headless=True, auto_pilot=auto_pilot, size=(120, 40))
+    assert seen == [True]
+
+
 def test_watch_mode_has_no_launch_or_technique_keys():
     watch_keys = {binding.id for binding in WatchApp.BINDINGS if isinstance(binding, Binding)}
     launch_only = {binding.id for binding in GpuAnatApp.BINDINGS if isinstance(binding, Binding)} - watch_keys

@@ -1,12 +1,13 @@
 """The app around a dashboard screen: a thin shell that both dashboards' apps (`GpuAnatApp`, `WatchApp`) share.
 
-It shows its dashboard (`gpuanat.tui.screens.dashboard`) as the bottom of the screen stack and routes to it what
-comes to the app: the terminal's size, the process's stop signals, and the keys. The dashboard's keys are the app's
-`BINDINGS` (declared with the dashboard's screen), so that they stay in force, and in the footer, under the history
-and compare panes pushed on top of it (Textual looks a key up from the current screen to the app, never through the
-screens below); each key's action is handed to the dashboard. The shell says every notification as plain text and
-keeps them (`notices`); it installs the partial screen updates (`gpuanat.tui.textual_internals`) when it is built,
-so that no import patches Textual.
+It shows its dashboard (`gpuanat.tui.screens.dashboard`) as the bottom of the screen stack — the base screen of its
+one mode, so that the app is ready only once the dashboard is mounted — and routes to it what comes to the app: the
+terminal's size, the process's stop signals, and the keys. The dashboard's keys are the app's `BINDINGS` (declared
+with the dashboard's screen), so that they stay in force, and in the footer, under the history and compare panes
+pushed on top of it (Textual looks a key up from the current screen to the app, never through the screens below);
+each key's action is handed to the dashboard. The shell says every notification as plain text and keeps them
+(`notices`); it installs the partial screen updates (`gpuanat.tui.textual_internals`) when it is built, so that no
+import patches Textual.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Notice:
 
 
 DashboardT = TypeVar("DashboardT", bound=DashboardScreen)
+DASHBOARD_MODE = "dashboard"
+"""The app's one mode, whose base screen is the dashboard."""
 
 
 def _palette_help(binding: Binding) -> str:
@@ -65,6 +68,7 @@ class DashboardApp(App[None], Generic[DashboardT]):
     """An app whose default screen is its `dashboard`, with the dashboard's keys as its `BINDINGS`."""
 
     CSS_PATH = "app.tcss"
+    DEFAULT_MODE = DASHBOARD_MODE
 
     def __init__(self, dashboard: DashboardT, *, keymap: dict[str, str] | None = None) -> None:
         super().__init__()
@@ -75,10 +79,15 @@ class DashboardApp(App[None], Generic[DashboardT]):
         """Every notification said so far (the latest `KEPT_NOTICES`), also those whose toast has gone."""
         self.stop_signal: int | None = None
         """The stop signal (SIGINT, SIGTERM, SIGHUP) that ended the dashboard, if one did."""
+        # The dashboard is the base screen of the app's one mode, not `get_default_screen()`'s: Textual awaits a mode's
+        # base screen's mount while the app composes, so the app is ready (`run_test`'s pilot, an autopilot) only once
+        # the dashboard has composed and run its `on_mount` (its sampler, its session). A default screen is started
+        # without that wait, and a pilot could drive a dashboard not yet mounted.
+        self.add_mode(DASHBOARD_MODE, self._dashboard_screen)
         if keymap:
             self.set_keymap(keymap)
 
-    def get_default_screen(self) -> Screen[None]:
+    def _dashboard_screen(self) -> Screen[None]:
         return self.dashboard
 
     def notify(
