@@ -176,7 +176,7 @@ async def dashboard_run(db: Path, steps: int, warm: bool) -> dict[str, Any]:
                 raise RuntimeError("the dashboard's worker did not become ready")
             await pilot.pause(0.1)
         await pilot.pause(0.5)
-        status_before = app.dashboard._run_state()
+        status_before = app.dashboard.run_state_text
         pressed_s = time.monotonic()
         await pilot.press("r")
         first_step_s = None

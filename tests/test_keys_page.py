@@ -68,7 +68,7 @@ async def test_ctrl_c_quits_like_q_when_no_run_is_live(tmp_path):
 
 def test_the_status_line_says_step_elapsed_and_eta_first():
     from gpuanat.core.run.protocol import Step
-    from gpuanat.tui.screens.launch import run_progress
+    from gpuanat.tui.launch_painter import run_progress
 
     step = Step(step=9, samples=36, tokens=18_432, step_time_s=1.0, elapsed_s=12.0)
     assert run_progress(3, step, 64) == "run 3: step 9/64 · 12s · ETA 1m13s"  # 55 steps at 12/9 s each

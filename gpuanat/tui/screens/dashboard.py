@@ -72,7 +72,7 @@ class DashboardScreen(Screen[None]):
         return self.query_one(GpuLanes)
 
     @cached_property
-    def _status_line(self) -> StatusLine:
+    def status_line(self) -> StatusLine:
         return self.query_one(StatusLine)
 
     # --- hooks of the dashboards -------------------------------------------------------------------
@@ -130,8 +130,10 @@ class DashboardScreen(Screen[None]):
 
     def action_toggle_timeline(self) -> None:
         """The memory and utilization charts, or in their place the anatomy timeline: the bands over the last steps."""
-        self.toggle_class("-timeline")
-        shown = self.has_class("-timeline")
+        # The class goes to the screen on top: a pane over the dashboard takes it, the dashboard keeps its view.
+        screen = self.app.screen
+        screen.toggle_class("-timeline")
+        shown = screen.has_class("-timeline")
         self.notify(
             "Anatomy over time: each step at its peak and its end (v: the charts)."
             if shown

@@ -222,7 +222,7 @@ class WatchDashboard(DashboardScreen):
             for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
                 chart.refresh_data(now_s)
             self._process_panel.show(self.last_record, self.target.command or self.target.name)
-            self._status_line.show(
+            self.status_line.show(
                 nvml=self.nvml, run_state=self.state_text, sampler_cpu_percent=self._sampler_cpu_percent()
             )
 
@@ -257,7 +257,7 @@ class WatchDashboard(DashboardScreen):
 
     def action_toggle_operations(self) -> None:
         """`O`: the operations anatomy the watched probe published, in the charts' place; again: the charts."""
-        self.toggle_class("-operations")
+        self.app.screen.toggle_class("-operations")  # on the screen on top, as `v`'s class (`action_toggle_timeline`)
         if not self._operations_shown:
             self._show_operations(None)
 
