@@ -70,19 +70,23 @@ TEXTUAL_RENDER_CHOPS = _textual_compositor.Compositor._render_chops if _textual_
 """Textual's own, kept for the test that compares the two."""
 
 
-def written_for_installed_textual() -> bool:
-    """Whether the installed Textual is the version this module was written against."""
-    return textual.__version__ == WRITTEN_AGAINST and _textual_compositor is not None
+INSTALLED_TEXTUAL: str = textual.__version__
+
+
+def written_for(textual_version: str) -> bool:
+    """Whether Textual `textual_version` is the version this module was written against (and its compositor module,
+    which the patches replace methods of, is there)."""
+    return textual_version == WRITTEN_AGAINST and _textual_compositor is not None
 
 
 def character_to_key(character: str) -> str:
     """The name Textual gives the key of a typed `character` ("+" -> "plus", "a" -> "a")."""
     if _textual_character_to_key is not None:
         return _textual_character_to_key(character)
-    return _character_to_key_as_in_8_2_8(character)
+    return character_to_key_from_public_tables(character)
 
 
-def _character_to_key_as_in_8_2_8(character: str) -> str:
+def character_to_key_from_public_tables(character: str) -> str:
     """Textual 8.2.8's `_character_to_key`, from the public tables of `textual.keys`."""
     if character.isalnum():
         key = character
@@ -126,10 +130,10 @@ def render_segments(self: ChopsUpdate, console: Console) -> str:
     return "".join(sequences)
 
 
-def send_changed_spans_only() -> bool:
-    """Install `render_segments` in Textual's `ChopsUpdate` (once); False, and nothing patched, where Textual is not
-    the version it replaces."""
-    if not written_for_installed_textual():
+def send_changed_spans_only(textual_version: str = INSTALLED_TEXTUAL) -> bool:
+    """Install `render_segments` in Textual's `ChopsUpdate` (once); False, and nothing patched, where Textual
+    (`textual_version`, the installed one) is not the version it replaces."""
+    if not written_for(textual_version):
         return False
     # A method replaced on Textual's class, on purpose: the one way to change what its compositor sends.
     _textual_compositor.ChopsUpdate.render_segments = render_segments  # type: ignore[method-assign]
@@ -169,17 +173,18 @@ def render_chops(
     return chops
 
 
-def render_sent_lines_only() -> bool:
-    """Install `render_chops` in Textual's `Compositor` (once); False, and nothing patched, where Textual is not the
-    version it replaces."""
-    if not written_for_installed_textual():
+def render_sent_lines_only(textual_version: str = INSTALLED_TEXTUAL) -> bool:
+    """Install `render_chops` in Textual's `Compositor` (once); False, and nothing patched, where Textual
+    (`textual_version`, the installed one) is not the version it replaces."""
+    if not written_for(textual_version):
         return False
     # A method replaced on Textual's class, on purpose: the one way to change what its compositor renders.
     _textual_compositor.Compositor._render_chops = render_chops  # type: ignore[method-assign]
     return True
 
 
-def install_partial_updates() -> bool:
+def install_partial_updates(textual_version: str = INSTALLED_TEXTUAL) -> bool:
     """Both compositor patches above, applied by the dashboards' App when it is built (never on import). True when
-    installed; False where the installed Textual is another version, which then sends and renders as it does."""
-    return send_changed_spans_only() and render_sent_lines_only()
+    installed; False where Textual (`textual_version`, the installed one) is another version, which then sends and
+    renders as it does."""
+    return send_changed_spans_only(textual_version) and render_sent_lines_only(textual_version)
