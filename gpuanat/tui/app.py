@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from textual.binding import BindingType
 
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.samples import NvmlStatus
@@ -22,7 +24,7 @@ from gpuanat.tui.shell import DashboardApp
 
 class GpuAnatApp(DashboardApp[LaunchDashboard]):
     TITLE = "gpuanat"
-    BINDINGS = LAUNCH_BINDINGS
+    BINDINGS: ClassVar[list[BindingType]] = [*LAUNCH_BINDINGS]
 
     def __init__(
         self,

@@ -115,7 +115,8 @@ def app_bindings(app_class: type[DOMNode], *focusable: type[DOMNode]) -> list[Bi
     its base's; the command palette's key), of the Screen and of the widgets in `focusable`, those that can
     hold the focus there (the focused widget and the screen are asked before the app)."""
     bindings: list[Binding] = []
-    for node_class in (app_class, Screen, *focusable):
+    node_classes: tuple[type[DOMNode], ...] = (app_class, Screen, *focusable)
+    for node_class in node_classes:
         by_key: dict[str, list[Binding]] = {}
         for base in reversed(node_class.__mro__):
             if issubclass(base, DOMNode) and "BINDINGS" in base.__dict__:

@@ -51,14 +51,20 @@ if TYPE_CHECKING:
 WRITTEN_AGAINST = "8.2.8"
 """The Textual version whose private names and methods this module was written against (and snapshots drawn with)."""
 
+_FUNCTIONAL_KEYS: Mapping[str, str] = {}
+_textual_character_to_key: Callable[[str], str] | None = None
 try:  # private: absent or moved in another Textual
-    from textual._keyboard_protocol import FUNCTIONAL_KEYS as _FUNCTIONAL_KEYS
+    from textual._keyboard_protocol import FUNCTIONAL_KEYS as _TEXTUAL_FUNCTIONAL_KEYS
+
+    _FUNCTIONAL_KEYS = _TEXTUAL_FUNCTIONAL_KEYS
 except ImportError:  # pragma: no cover - only on another Textual
-    _FUNCTIONAL_KEYS = {}
+    pass
 try:
-    from textual.keys import _character_to_key as _textual_character_to_key
+    from textual.keys import _character_to_key
+
+    _textual_character_to_key = _character_to_key
 except ImportError:  # pragma: no cover - only on another Textual
-    _textual_character_to_key = None
+    pass
 try:
     from textual import _compositor as _textual_compositor
 except ImportError:  # pragma: no cover - only on another Textual
@@ -179,7 +185,8 @@ def render_sent_lines_only(textual_version: str = INSTALLED_TEXTUAL) -> bool:
     if not written_for(textual_version):
         return False
     # A method replaced on Textual's class, on purpose: the one way to change what its compositor renders.
-    _textual_compositor.Compositor._render_chops = render_chops  # type: ignore[method-assign]
+    # Textual declares its chops' values `Strip`, though its own hold None for a cut no widget rendered, as these do.
+    _textual_compositor.Compositor._render_chops = render_chops  # type: ignore[method-assign, assignment]
     return True
 
 

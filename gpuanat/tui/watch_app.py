@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from textual.binding import BindingType
 
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.samples import NvmlStatus
@@ -19,7 +21,7 @@ from gpuanat.tui.shell import DashboardApp
 
 class WatchApp(DashboardApp[WatchDashboard]):
     TITLE = "gpuanat watch"
-    BINDINGS = WATCH_BINDINGS
+    BINDINGS: ClassVar[list[BindingType]] = [*WATCH_BINDINGS]
 
     def __init__(
         self,

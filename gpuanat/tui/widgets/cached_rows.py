@@ -141,7 +141,8 @@ def text_line_row(widget: Widget, line: Text, width: int, y: int) -> Strip:
 
 def text_height(widget: Widget, text: Text, width: int) -> int:
     """The rows `text` takes at `width` in `widget`, as Textual's layout counts them for `height: auto`."""
-    return visualize(widget, text, markup=False).get_height(widget.styles, width)
+    # Textual's layout passes a widget's styles here too (`Widget._get_box_model`); it annotates the rules map only.
+    return visualize(widget, text, markup=False).get_height(widget.styles, width)  # type: ignore[arg-type]
 
 
 class CachedRows(Widget):
