@@ -65,12 +65,14 @@ def profile_widgets(app: Any, out: Path) -> None:
     from rich.console import Console
     from textual._compositor import ChopsUpdate
 
+    from gpuanat.tui.textual_internals import screen_compositor
+
     bytes_by_widget: collections.Counter[str] = collections.Counter()
     started_s = time.monotonic()
     original = ChopsUpdate.render_segments
 
     def render_segments(update: ChopsUpdate, console: Console) -> str:
-        compositor = app.screen._compositor
+        compositor = screen_compositor(app.screen)
         for y, x1, x2 in update.spans:  # each span alone, as the installed method sends it
             try:
                 widget, _ = compositor.get_widget_at(x1, y)

@@ -248,7 +248,7 @@ async def test_history_sorts_and_filters_as_htop_does(tmp_path):
         await pilot.press("h")
         screen = app.screen
         assert isinstance(screen, HistoryScreen) and screen.shown_run_ids == list(range(1, 12))
-        rows = {row["id"]: row for row in screen._rows}
+        rows = {row["id"]: row for row in screen.run_rows}
         await pilot.press("greater_than_sign")
         assert screen.sort_key == "time_s" and screen.descending
         times = [rows[run_id]["time_s"] for run_id in screen.shown_run_ids if rows[run_id]["time_s"] is not None]

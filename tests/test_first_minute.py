@@ -44,7 +44,7 @@ async def test_one_selected_run_is_compared_with_the_latest_other(tmp_path):
         await ready(app, pilot)
         await pilot.press("h")
         await pilot.press("up")  # the cursor starts on the latest run: one before it
-        selected = app.screen._cursor_run_id()
+        selected = app.screen.cursor_run_id
         latest = max(app.screen.shown_run_ids)
         assert selected != latest
         await pilot.press("space", "enter")

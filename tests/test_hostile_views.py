@@ -26,6 +26,7 @@ from gpuanat.core.watch.target import WatchTarget, resolve_target
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.screens.history import HistoryScreen
+from gpuanat.tui.textual_internals import screen_compositor
 from gpuanat.tui.watch_app import WatchApp
 from gpuanat.tui.widgets.log_pane import LogPane
 
@@ -46,7 +47,7 @@ CREATED_AT = 1_795_294_194.0
 
 def frame(app: App) -> str:
     """The screen's text, after checking that what a full repaint sends to the terminal holds nothing raw."""
-    compositor = app.screen._compositor
+    compositor = screen_compositor(app.screen)
     sent = compositor.render_full_update().render_segments(app.console)
     assert not raw_in_terminal_output(sent), raw_in_terminal_output(sent)
     text = "\n".join("".join(segment.text for segment in strip) for strip in compositor.render_strips())

@@ -25,6 +25,7 @@ from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.rename import RenameScreen
+from gpuanat.tui.textual_internals import screen_compositor
 
 MARKUP_NAME = "[red]x[/]"
 TINY_RUN = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "16", "--batch-size", "8"]
@@ -149,7 +150,7 @@ def cpu_dashboard(db_path: Path) -> GpuAnatApp:
 
 def frame(app: App) -> str:
     """The screen's text, after checking that a full repaint sends the terminal nothing raw."""
-    compositor = app.screen._compositor
+    compositor = screen_compositor(app.screen)
     sent = compositor.render_full_update().render_segments(app.console)
     assert not raw_in_terminal_output(sent), raw_in_terminal_output(sent)
     return "\n".join("".join(segment.text for segment in strip) for strip in compositor.render_strips())

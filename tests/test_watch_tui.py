@@ -224,7 +224,7 @@ async def test_an_update_renders_only_the_lines_it_sends_and_the_same_chops(tmp_
     async with app.run_test(size=(120, 40)) as pilot:
         replay(app, until_elapsed_s=3.0)
         await pilot.pause()
-        compositor = app.screen._compositor
+        compositor = partial_update.screen_compositor(app.screen)
         rendered_rows = []
         render_lines = Widget.render_lines
 

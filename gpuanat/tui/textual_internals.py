@@ -47,6 +47,7 @@ from textual.strip import Strip
 
 if TYPE_CHECKING:
     from textual._compositor import ChopsUpdate, Compositor
+    from textual.screen import Screen
 
 WRITTEN_AGAINST = "8.2.8"
 """The Textual version whose private names and methods this module was written against (and snapshots drawn with)."""
@@ -188,6 +189,12 @@ def render_sent_lines_only(textual_version: str = INSTALLED_TEXTUAL) -> bool:
     # Textual declares its chops' values `Strip`, though its own hold None for a cut no widget rendered, as these do.
     _textual_compositor.Compositor._render_chops = render_chops  # type: ignore[method-assign, assignment]
     return True
+
+
+def screen_compositor(screen: Screen[object]) -> Compositor:
+    """The compositor of `screen` (private in Textual), for the tests and benchmarks that measure what it renders and
+    sends."""
+    return screen._compositor
 
 
 def install_partial_updates(textual_version: str = INSTALLED_TEXTUAL) -> bool:
