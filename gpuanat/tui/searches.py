@@ -4,8 +4,9 @@ one), T tunes (the fastest set of techniques that fits).
 A key starts one as it starts a run, in the `RunControl`'s run worker: `fit_search` and `tune_search` are its bodies.
 They run their trials one after the other through the dashboard's backend, each a recorded run whose events reach the
 dashboard's inbox, and report their progress and their outcome as messages (`gpuanat.tui.messages`); they stop,
-keeping what they found, when the search's `LiveRun.stop_requested` is set. The dashboard says each trial's outcome
-as it comes (`trial_notice`), and makes what the search found the configured run.
+keeping what they found, when the search's `LiveRun.stop_requested` is set. The dashboard's `SearchKeys`
+(`gpuanat.tui.search_keys`) starts them, says each trial's outcome as it comes, and makes what the search found the
+configured run.
 """
 
 from __future__ import annotations
