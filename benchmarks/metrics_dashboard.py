@@ -48,6 +48,8 @@ def compare(shown: dict[str, int], scraped: dict[str, float]) -> dict[str, Any]:
 
 async def drive(steps: int, cpu: bool) -> dict[str, Any]:
     from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.run_backend import LocalRunBackend
+    from gpuanat.tui.widgets.memory_bar import MemoryBar
 
     metrics = RunMetrics()
     server = MetricsServer(("127.0.0.1", free_port()), metrics.snapshots, job="metrics-dashboard-check")
@@ -55,21 +57,22 @@ async def drive(steps: int, cpu: bool) -> dict[str, Any]:
         dict(preset="tiny", device="cpu", seq_len=32) if cpu else dict(preset="bert-large", device="cuda", seq_len=512)
     )
     config = RunConfig(**workload, batch_size=4, samples=100_000, max_steps=steps)
-    app = GpuAnatApp(config, db_path=Path("/tmp/metrics-dashboard.sqlite"), metrics=metrics)
+    db_path = Path("/tmp/metrics-dashboard.sqlite")
+    app = GpuAnatApp(config, db_path=db_path, backend=LocalRunBackend(db_path, metrics=metrics))
     checks: list[dict[str, Any]] = []
     moved = 0
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             started_s = time.monotonic()
-            while app.capabilities is None:
+            while app.dashboard.capabilities is None:
                 await pilot.pause(0.1)
             await pilot.press("r")
-            bar = app._memory_bar
-            while app.last_result is None or app.live is not None:
+            bar = app.dashboard.query_one(MemoryBar)
+            while app.dashboard.last_result is None or app.dashboard.run_in_progress is not None:
                 if time.monotonic() - started_s > 420:
                     raise RuntimeError("the dashboard's run did not end")
                 await pilot.pause(0.5)
-                if app.live is None or app.live.last_step is None:
+                if app.dashboard.run_in_progress is None or app.dashboard.run_in_progress.last_step is None:
                     continue
                 before = on_screen(bar)
                 scraped = (await asyncio.to_thread(scrape, server.url)).get("0", {})
@@ -80,12 +83,14 @@ async def drive(steps: int, cpu: bool) -> dict[str, Any]:
                 checks.append(
                     {
                         "t_s": round(time.monotonic() - started_s, 2),
-                        "step": app.live.last_step.step if app.live and app.live.last_step else None,
+                        "step": app.dashboard.run_in_progress.last_step.step
+                        if app.dashboard.run_in_progress and app.dashboard.run_in_progress.last_step
+                        else None,
                         **compare(after, scraped),
                     }
                 )
             await pilot.pause(0.5)
-            result = app.last_result
+            result = app.dashboard.last_result
             final_scraped = (await asyncio.to_thread(scrape, server.url)).get("0", {})
             final_shown = on_screen(bar)
     finally:

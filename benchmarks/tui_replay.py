@@ -65,12 +65,14 @@ def profile_widgets(app: Any, out: Path) -> None:
     from rich.console import Console
     from textual._compositor import ChopsUpdate
 
+    from gpuanat.tui.textual_internals import screen_compositor
+
     bytes_by_widget: collections.Counter[str] = collections.Counter()
     started_s = time.monotonic()
     original = ChopsUpdate.render_segments
 
     def render_segments(update: ChopsUpdate, console: Console) -> str:
-        compositor = app.screen._compositor
+        compositor = screen_compositor(app.screen)
         for y, x1, x2 in update.spans:  # each span alone, as the installed method sends it
             try:
                 widget, _ = compositor.get_widget_at(x1, y)
@@ -148,6 +150,7 @@ def run_dashboard(interval_s: float, profile: Path | None) -> None:
     from gpuanat.core.vocabulary.config import Capabilities, RunConfig
     from gpuanat.core.vocabulary.protocol import ModelInfo, Step, decode
     from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.run_backend import LocalRunBackend
 
     meta_line, *step_lines = RUN_STEPS.read_text().splitlines()
     meta = json.loads(meta_line)
@@ -174,7 +177,7 @@ def run_dashboard(interval_s: float, profile: Path | None) -> None:
         config,
         db_path=scratch / "h.sqlite",
         sampler_factory=lambda: (LoopedSource(RUN_TRACE, first_training_sample), nvml),
-        capabilities_probe=lambda: capabilities,
+        backend=LocalRunBackend(scratch / "h.sqlite", capabilities_probe=lambda: capabilities),
         sample_interval_s=interval_s,
         paint_interval_s=interval_s,
     )
@@ -182,15 +185,15 @@ def run_dashboard(interval_s: float, profile: Path | None) -> None:
     def feed_steps() -> None:
         """The recorded steps at their recorded pace, again and again, numbered on as one long run."""
         time.sleep(1.0)
-        app.live = LiveRun(config=config, stop_requested=threading.Event(), run_id=1, pid=meta["pid"])
-        app._incoming_events.append(ModelInfo(**{**meta["model"], "total_steps": 1_000 * len(steps)}))
+        app.dashboard.follow_run(LiveRun(config=config, stop_requested=threading.Event(), run_id=1, pid=meta["pid"]))
+        app.dashboard.receive_event(ModelInfo(**{**meta["model"], "total_steps": 1_000 * len(steps)}))
         period_s = steps[-1].elapsed_s + steps[0].step_time_s
         started_s = time.monotonic()
         for lap in range(1_000):
             for step in steps:
                 elapsed_s = lap * period_s + step.elapsed_s
                 time.sleep(max(0.0, started_s + elapsed_s - time.monotonic()))
-                app._incoming_events.append(
+                app.dashboard.receive_event(
                     dataclasses.replace(
                         step,
                         step=lap * len(steps) + step.step,

@@ -165,9 +165,10 @@ def execute_runs(out: Path, steps: int, store: HistoryStore, log_dir: Path) -> d
 
 async def dashboard_run(db: Path, steps: int, warm: bool) -> dict[str, Any]:
     from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.run_backend import LocalRunBackend
 
     workers = WarmWorkers(enabled=warm)
-    app = GpuAnatApp(config_for(steps), db_path=db, warm_workers=workers)
+    app = GpuAnatApp(config_for(steps), db_path=db, backend=LocalRunBackend(db, warm_workers=workers))
     async with app.run_test(size=(120, 40)) as pilot:
         waited_s = time.monotonic()
         while warm and workers.status() != "ready":
@@ -175,17 +176,21 @@ async def dashboard_run(db: Path, steps: int, warm: bool) -> dict[str, Any]:
                 raise RuntimeError("the dashboard's worker did not become ready")
             await pilot.pause(0.1)
         await pilot.pause(0.5)
-        status_before = app._run_state()
+        status_before = app.dashboard.run_state_text
         pressed_s = time.monotonic()
         await pilot.press("r")
         first_step_s = None
-        while app.last_result is None or app.live is not None:
-            if first_step_s is None and app.live is not None and app.live.last_step is not None:
+        while app.dashboard.last_result is None or app.dashboard.run_in_progress is not None:
+            if (
+                first_step_s is None
+                and app.dashboard.run_in_progress is not None
+                and app.dashboard.run_in_progress.last_step is not None
+            ):
                 first_step_s = time.monotonic() - pressed_s
             if time.monotonic() - pressed_s > 300:
                 raise RuntimeError("the dashboard's run did not end")
             await pilot.pause(0.05)
-        result = app.last_result
+        result = app.dashboard.last_result
     return {
         "warm": warm,
         "status_before_r": status_before,

@@ -29,13 +29,13 @@ COLUMNS, ROWS = 120, 40
 
 async def run_until_mid_run(app: GpuAnatApp, pilot, mid_run_s: float) -> None:
     """Press r once the capabilities are known, and wait `mid_run_s` past the run's first step (or its end)."""
-    while app.capabilities is None:
+    while app.dashboard.capabilities is None:
         await pilot.pause(0.2)
     await pilot.press("r")
-    while app.live is None or app.live.last_step is None:
+    while app.dashboard.run_in_progress is None or app.dashboard.run_in_progress.last_step is None:
         await pilot.pause(0.2)
     started = time.monotonic()
-    while time.monotonic() - started < mid_run_s and app.live is not None:
+    while time.monotonic() - started < mid_run_s and app.dashboard.run_in_progress is not None:
         await pilot.pause(0.25)
 
 
@@ -63,11 +63,11 @@ async def take(out_dir: Path, first: RunConfig, second_keys: list[str], mid_run_
     async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
         await run_until_mid_run(app, pilot, mid_run_s)
         app.save_screenshot(filename="dashboard.svg", path=str(out_dir))
-        while app.live is not None:
+        while app.dashboard.run_in_progress is not None:
             await pilot.pause(0.5)
         await pilot.press(*second_keys, "r")
         await pilot.pause(1.0)
-        while app.live is not None:
+        while app.dashboard.run_in_progress is not None:
             await pilot.pause(0.5)
         await pilot.pause(1.0)
         app.save_screenshot(filename="dashboard_after_run.svg", path=str(out_dir))

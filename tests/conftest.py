@@ -16,6 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+import textual
+
+from gpuanat.tui.textual_internals import WRITTEN_AGAINST
 
 REPO = Path(__file__).resolve().parent.parent
 FAULT_INJECTION_DIR = Path(__file__).resolve().parent / "fault_injection"
@@ -154,6 +157,17 @@ def start_torchrun_job(
 
 def last_json(stdout: str):
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`--snapshot-update` only with the Textual the SVG snapshots were drawn with (the `test` extra's pin): another
+    draws other pictures, and would rewrite every snapshot with them."""
+    if config.getoption("update_snapshots", default=False) and textual.__version__ != WRITTEN_AGAINST:
+        pytest.exit(
+            f"--snapshot-update refused: Textual {textual.__version__} is installed, the snapshots are drawn with "
+            f"Textual {WRITTEN_AGAINST} (pip install 'textual=={WRITTEN_AGAINST}', or the 'test' extra).",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,7 @@ from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.protocol import ModelInfo, Step, decode
 from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline
 from gpuanat.tui.widgets.line_chart import CHART_REPAINT_INTERVAL_S
 
@@ -94,7 +95,7 @@ def make_app(db_path: Path, config: RunConfig, trace: Path = TRACE) -> GpuAnatAp
         config,
         db_path=db_path,
         sampler_factory=lambda: (ReplaySource(trace), nvml),
-        capabilities_probe=lambda: capabilities,
+        backend=LocalRunBackend(db_path, capabilities_probe=lambda: capabilities),
         clock=clock,
         sample_interval_s=None,
         paint_interval_s=3600,
@@ -124,26 +125,26 @@ def replay_run(app: GpuAnatApp, until_elapsed_s: float, steps_path: Path = STEPS
     meta, *lines = steps_path.read_text().splitlines()
     meta = json.loads(meta)
     samples = sum(1 for elapsed_s in meta["elapsed_at_sample"] if elapsed_s <= until_elapsed_s)
-    app.live = LiveRun(
-        config=RunConfig.from_json(meta["config"]),
-        stop_requested=threading.Event(),
-        run_id=meta["run_id"],
-        pid=meta["pid"],
+    app.dashboard.follow_run(
+        LiveRun(
+            config=RunConfig.from_json(meta["config"]),
+            stop_requested=threading.Event(),
+            run_id=meta["run_id"],
+            pid=meta["pid"],
+        )
     )
-    app._incoming_events.append(ModelInfo(**meta["model"]))
+    app.dashboard.receive_event(ModelInfo(**meta["model"]))
     steps = [decode(line) for line in lines]
     assert all(isinstance(step, Step) for step in steps)
     # in the order they happened: each sample, then the steps that ended before the next, one paint each
     sample_times_s = meta["elapsed_at_sample"][:samples]
     for index in range(samples):
-        app.sample_now()
+        app.dashboard.sample_now()
         next_s = sample_times_s[index + 1] if index + 1 < samples else until_elapsed_s
-        app._incoming_events.extend(
-            step
-            for step in steps
-            if sample_times_s[index] <= step.elapsed_s < next_s or (index == 0 and step.elapsed_s < sample_times_s[0])
-        )
-        app.paint()
+        for step in steps:
+            if sample_times_s[index] <= step.elapsed_s < next_s or (index == 0 and step.elapsed_s < sample_times_s[0]):
+                app.dashboard.receive_event(step)
+        app.dashboard.paint()
 
 
 def h100_run_app(db_path: Path) -> GpuAnatApp:
@@ -153,12 +154,12 @@ def h100_run_app(db_path: Path) -> GpuAnatApp:
 
 async def replayed(app: GpuAnatApp, pilot) -> None:
     """The dashboard once its capabilities are known, 3 s into the recorded H100 run."""
-    while app.capabilities is None:
+    while app.dashboard.capabilities is None:
         await pilot.pause()
     replay_run(app, until_elapsed_s=3.0)
     # the frozen clock moved on by a chart interval, as a second later: the charts draw the last samples too
-    app._clock.advance(CHART_REPAINT_INTERVAL_S)
-    app.paint()
+    app.dashboard.clock.advance(CHART_REPAINT_INTERVAL_S)
+    app.dashboard.paint()
     await pilot.pause()
 
 
@@ -172,11 +173,11 @@ def test_the_step_strip_during_the_h100_batch_32_run(snap_compare, tmp_path):
     app = make_app(tmp_path / "h.sqlite", RunConfig.from_json(meta["config"]), trace=BS32_TRACE)
 
     async def replayed_bs32(pilot) -> None:
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
         replay_run(app, until_elapsed_s=4.0, steps_path=BS32_STEPS)
-        app._clock.advance(CHART_REPAINT_INTERVAL_S)
-        app.paint()
+        app.dashboard.clock.advance(CHART_REPAINT_INTERVAL_S)
+        app.dashboard.paint()
         await pilot.pause()
         strip = str(app.query_one(StepStrip).render())
         busy = int(strip.split("GPU busy ")[1].split("%")[0])
@@ -247,7 +248,7 @@ async def test_history_sorts_and_filters_as_htop_does(tmp_path):
         await pilot.press("h")
         screen = app.screen
         assert isinstance(screen, HistoryScreen) and screen.shown_run_ids == list(range(1, 12))
-        rows = {row["id"]: row for row in screen._rows}
+        rows = {row["id"]: row for row in screen.run_rows}
         await pilot.press("greater_than_sign")
         assert screen.sort_key == "time_s" and screen.descending
         times = [rows[run_id]["time_s"] for run_id in screen.shown_run_ids if rows[run_id]["time_s"] is not None]

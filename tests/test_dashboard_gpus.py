@@ -23,6 +23,7 @@ from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.protocol import Hello, ProbeBands, Ranked, Step
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.messages import RunFinished
+from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 from gpuanat.tui.widgets.status_line import StatusLine
@@ -58,7 +59,7 @@ def make_app(db_path: Path, config: RunConfig, gpu_names: tuple[str, ...] = ("NV
         config,
         db_path=db_path,
         sampler_factory=lambda: (ReplaySource(TRACE), nvml),
-        capabilities_probe=lambda: capabilities,
+        backend=LocalRunBackend(db_path, capabilities_probe=lambda: capabilities),
         clock=lambda: FROZEN_T_S,
         sample_interval_s=None,
         paint_interval_s=3600,
@@ -69,12 +70,14 @@ def replay_ddp_run(app: GpuAnatApp) -> None:
     """The ddp run as the dashboard saw it mid-training: both ranks' hellos and a measured step each (their
     recorded bands), and the trace's NVML samples up to then."""
     result = ddp_result()
-    app.live = LiveRun(
-        config=RunConfig.from_json(result["config"]),
-        stop_requested=threading.Event(),
-        run_id=result["run_id"],
-        pid=999,
-        gpu_indices=(0, 1),
+    app.dashboard.follow_run(
+        LiveRun(
+            config=RunConfig.from_json(result["config"]),
+            stop_requested=threading.Event(),
+            run_id=result["run_id"],
+            pid=999,
+            gpu_indices=(0, 1),
+        )
     )
     for rank in result["ranks"]:
         bands = rank["bands"]
@@ -100,42 +103,42 @@ def replay_ddp_run(app: GpuAnatApp) -> None:
         )
         hello = Hello(pid=rank["pid"], versions={}, device="cuda", device_name="NVIDIA H200", config={})
         for event in (hello, step):
-            app._incoming_events.append(event if rank["rank"] == 0 else Ranked(rank["rank"], event))
+            app.dashboard.receive_event(event if rank["rank"] == 0 else Ranked(rank["rank"], event))
     for _ in range(TRAINING_SAMPLES):
-        app.sample_now()
-    app.paint()
+        app.dashboard.sample_now()
+    app.dashboard.paint()
 
 
 @pytest.mark.asyncio
 async def test_G_and_D_choose_the_gpus_and_the_distributed_technique(tmp_path):
     app = make_app(tmp_path / "h.sqlite", RunConfig(precision="bf16", batch_size=16))
     async with app.run_test(size=SIZE) as pilot:
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
         await pilot.press("G")
-        assert (app.config.gpus, app.config.distributed) == ("2", "ddp")
+        assert (app.dashboard.config.gpus, app.dashboard.config.distributed) == ("2", "ddp")
         await pilot.press("D")
-        assert app.config.distributed == "fsdp"
+        assert app.dashboard.config.distributed == "fsdp"
         await pilot.press("D", "D", "D", "D")  # zero1, zero2, zero3, and round to ddp
-        assert app.config.distributed == "ddp"
+        assert app.dashboard.config.distributed == "ddp"
         panel = app.query_one(TechniquesPanel).render()
         assert panel is not None
         await pilot.press("G")  # no third GPU: back to one, and one rank trains without a technique
-        assert (app.config.gpus, app.config.distributed) == (None, "none")
+        assert (app.dashboard.config.gpus, app.dashboard.config.distributed) == (None, "none")
         await pilot.press("D")
-        assert app.config.distributed == "none"
-        assert any("several GPUs" in notification.message for notification in app._notifications)
+        assert app.dashboard.config.distributed == "none"
+        assert any("several GPUs" in notification.message for notification in app.notices)
 
 
 @pytest.mark.asyncio
 async def test_on_one_gpu_G_says_there_is_nothing_to_choose(tmp_path):
     app = make_app(tmp_path / "h.sqlite", RunConfig(), gpu_names=("NVIDIA H100 80GB HBM3",))
     async with app.run_test(size=SIZE) as pilot:
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
         await pilot.press("G")
-        assert app.config.gpus is None
-        assert any("One GPU here" in notification.message for notification in app._notifications)
+        assert app.dashboard.config.gpus is None
+        assert any("One GPU here" in notification.message for notification in app.notices)
 
 
 @pytest.mark.asyncio
@@ -143,7 +146,7 @@ async def test_each_gpu_of_a_run_gets_a_lane_with_its_ranks_bands_and_nvml_readi
     app = make_app(tmp_path / "h.sqlite", RunConfig(gpus="2", distributed="ddp", precision="bf16", batch_size=16))
     samples = [json.loads(line) for line in TRACE.read_text().splitlines()]
     async with app.run_test(size=SIZE) as pilot:
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
         replay_ddp_run(app)
         await pilot.pause()
@@ -158,7 +161,7 @@ async def test_each_gpu_of_a_run_gets_a_lane_with_its_ranks_bands_and_nvml_readi
             rank = ddp_result()["ranks"][lane.rank]
             assert lane.bands["cuda_context_bytes"] == process["used_bytes"] - rank["peak_reserved_bytes"]
             assert all(value is None or value >= 0 for value in lane.bands.values())
-        app.post_message(RunFinished(ddp_result()))
+        app.dashboard.post_message(RunFinished(ddp_result()))
         await pilot.pause()
         finished = app.query_one(GpuLanes).lanes
         assert [lane.used_bytes for lane in finished] == [
@@ -189,7 +192,7 @@ async def test_the_predicted_bands_add_up_to_the_predicted_memory_a_gpu(tmp_path
     panel predicts a GPU holds: one number, the same in both places (other processes unknown: "≥")."""
     app = make_app(tmp_path / "h.sqlite", config)
     async with app.run_test(size=(160, 60)) as pilot:  # room for every technique's row above the prediction
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
         await pilot.pause()
         text = screen_text(app)
@@ -203,7 +206,7 @@ def test_dashboard_with_two_gpus(snap_compare, tmp_path):
     app = make_app(tmp_path / "h.sqlite", RunConfig(gpus="2", distributed="ddp", precision="bf16", batch_size=16))
 
     async def run_before(pilot) -> None:
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
         replay_ddp_run(app)
         await pilot.pause()
@@ -227,9 +230,9 @@ async def test_eight_lanes_fit_80x24_with_the_memory_legend_folded_away(tmp_path
         "ranks": [{**result["ranks"][index % 2], "rank": index, "gpu_index": index} for index in range(8)],
     }
     async with app.run_test(size=(80, 24)) as pilot:
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
-        app.post_message(RunFinished(eight))
+        app.dashboard.post_message(RunFinished(eight))
         await pilot.pause()
         lanes = app.query_one(GpuLanes)
         assert [lane.gpu_index for lane in lanes.lanes] == list(range(8))
@@ -263,7 +266,7 @@ async def test_a_short_techniques_panel_folds_rows_at_their_defaults_and_keeps_t
     )
     app = make_app(tmp_path / "h.sqlite", config)
     async with app.run_test(size=SIZE) as pilot:
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
         replay_ddp_run(app)
         await pilot.pause()
@@ -299,7 +302,7 @@ async def test_a_prediction_no_measurement_checked_says_so_beside_it_and_why_in_
     for precision, unchecked in (("bf16", False), ("fp32", True)):
         app = make_app(tmp_path / f"{precision}.sqlite", dataclasses.replace(config, precision=precision))
         async with app.run_test(size=(160, 60)) as pilot:
-            while app.capabilities is None:
+            while app.dashboard.capabilities is None:
                 await pilot.pause()
             await pilot.pause()
             panel = next(line for line in screen_text(app).splitlines() if "predicted/GPU" in line)

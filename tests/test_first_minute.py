@@ -17,7 +17,7 @@ from gpuanat.tui.screens.keys import KeysScreen
 
 
 async def ready(app, pilot) -> None:
-    while app.capabilities is None:
+    while app.dashboard.capabilities is None:
         await pilot.pause()
 
 
@@ -44,7 +44,7 @@ async def test_one_selected_run_is_compared_with_the_latest_other(tmp_path):
         await ready(app, pilot)
         await pilot.press("h")
         await pilot.press("up")  # the cursor starts on the latest run: one before it
-        selected = app.screen._cursor_run_id()
+        selected = app.screen.cursor_run_id
         latest = max(app.screen.shown_run_ids)
         assert selected != latest
         await pilot.press("space", "enter")
@@ -91,13 +91,13 @@ async def test_at_80x24_a_technique_this_machine_cannot_run_says_why_on_screen(d
 
     app = cpu_app(db_path, TINY)
     async with app.run_test(size=(80, 24)) as pilot:
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
         await pilot.press("t")  # tf32: CUDA only
         await pilot.pause()
         assert app.screen.has_class("-compact")
         text = screen_text(app)
-        reason = machine_unsupported_reasons(app.config, app.capabilities)[0][1]
+        reason = machine_unsupported_reasons(app.dashboard.config, app.dashboard.capabilities)[0][1]
         assert "tf32" in reason.lower() or "cuda" in reason.lower()
         assert f"unavailable: {reason}"[:30] in text, text  # its first words at least, on the screen
 
@@ -116,7 +116,7 @@ async def test_at_120x40_the_step_strip_and_the_chart_legends_end_on_whole_words
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(app, pilot)
         replay_run(app, until_elapsed_s=4.0, steps_path=BS32_STEPS)
-        app.paint()
+        app.dashboard.paint()
         await pilot.pause()
         strip_widget = app.query_one(StepStrip)
         strip = strip_widget.render_line(0).text  # the row it paints, as wide as its region
@@ -143,7 +143,7 @@ async def test_while_a_run_starts_the_screen_says_where_it_is(db_path):
     app = cpu_app(db_path, TINY)
     statuses: list[str] = []
     async with app.run_test(size=(120, 40)) as pilot:
-        while app.capabilities is None:
+        while app.dashboard.capabilities is None:
             await pilot.pause()
         original = app.query_one(StatusLine).show
 

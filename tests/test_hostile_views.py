@@ -24,7 +24,9 @@ from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget, resolve_target
 from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.screens.history import HistoryScreen
+from gpuanat.tui.textual_internals import screen_compositor
 from gpuanat.tui.watch_app import WatchApp
 from gpuanat.tui.widgets.log_pane import LogPane
 
@@ -45,7 +47,7 @@ CREATED_AT = 1_795_294_194.0
 
 def frame(app: App) -> str:
     """The screen's text, after checking that what a full repaint sends to the terminal holds nothing raw."""
-    compositor = app.screen._compositor
+    compositor = screen_compositor(app.screen)
     sent = compositor.render_full_update().render_segments(app.console)
     assert not raw_in_terminal_output(sent), raw_in_terminal_output(sent)
     text = "\n".join("".join(segment.text for segment in strip) for strip in compositor.render_strips())
@@ -71,7 +73,7 @@ def cpu_dashboard(db_path: Path, config: RunConfig) -> GpuAnatApp:
         config,
         db_path=db_path,
         sampler_factory=lambda: (HostOnlySource(), NO_NVML),
-        capabilities_probe=lambda: CPU,
+        backend=LocalRunBackend(db_path, capabilities_probe=lambda: CPU),
         sample_interval_s=None,
         paint_interval_s=3600,
         clock=lambda: 1_000.0,
@@ -91,7 +93,7 @@ async def test_the_watch_of_a_process_named_by_prctl_shows_its_name_and_command_
         )
         async with app.run_test(size=(160, 50), notifications=True) as pilot:
             deadline = time.monotonic() + 30
-            while app.last_record is None or not app.last_record.get("processes"):
+            while app.dashboard.last_record is None or not app.dashboard.last_record.get("processes"):
                 assert time.monotonic() < deadline, "no record reached the dashboard"
                 await pilot.pause(0.1)
             await pilot.pause(0.3)
@@ -100,7 +102,7 @@ async def test_the_watch_of_a_process_named_by_prctl_shows_its_name_and_command_
             assert "\\x1b]0;PWNED\\x07" in text and "\\x1b[2J\\x1b[H" in text and "\\u202e" in text
             assert "[bold]B[/]" in text and "[@click=app.quit]Q[/]" in text  # the command line, literally
             await pilot.press("s")  # saved under the hostile name
-            while app.saved_run_id is None:
+            while app.dashboard.saved_run_id is None:
                 assert time.monotonic() < deadline, "the save was not confirmed"
                 await pilot.pause(0.1)
             await pilot.pause(0.2)
@@ -175,7 +177,7 @@ async def test_another_user_s_process_on_the_gpu_is_named_as_data(tmp_path):
         async with app.run_test(size=(160, 50), notifications=True) as pilot:
             replay(app, until_elapsed_s=3.0)
             await pilot.pause()
-            others = app.last_record["other_gpu_processes"]
+            others = app.dashboard.last_record["other_gpu_processes"]
             assert [other["name"] for other in others] == ["gpu\x1b]52;c;eA==\x07"]  # read from /proc, as given
             text = frame(app)
             assert f"{child.pid:>7} gpu\\x1b]52;c" in text

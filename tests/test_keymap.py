@@ -143,9 +143,9 @@ async def test_a_key_textual_reports_is_accepted_and_drives_the_action(tmp_path,
     )
     async with app.run_test() as pilot:
         await pilot.press(textual_name)
-        assert app.config.batch_size == 8
+        assert app.dashboard.config.batch_size == 8
         await pilot.press("plus")  # the default key no longer applies, unless it is the one remapped to
-        assert (app.config.batch_size > 8) == (textual_name == "plus")
+        assert (app.dashboard.config.batch_size > 8) == (textual_name == "plus")
 
 
 @pytest.mark.parametrize(

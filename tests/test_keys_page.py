@@ -20,7 +20,7 @@ def h100_app(tmp_path):
 
 async def until_probed(app, pilot) -> None:
     """Wait for the dashboard's capability probe (injected: it answers at once)."""
-    while app.capabilities is None:
+    while app.dashboard.capabilities is None:
         await pilot.pause()
 
 
@@ -68,7 +68,7 @@ async def test_ctrl_c_quits_like_q_when_no_run_is_live(tmp_path):
 
 def test_the_status_line_says_step_elapsed_and_eta_first():
     from gpuanat.core.vocabulary.protocol import Step
-    from gpuanat.tui.app import run_progress
+    from gpuanat.tui.launch_painter import run_progress
 
     step = Step(step=9, samples=36, tokens=18_432, step_time_s=1.0, elapsed_s=12.0)
     assert run_progress(3, step, 64) == "run 3: step 9/64 · 12s · ETA 1m13s"  # 55 steps at 12/9 s each
@@ -83,6 +83,7 @@ def cpu_app(tmp_path, config: RunConfig):
     from gpuanat.core.measure.samples import NvmlStatus
     from gpuanat.core.vocabulary.config import Capabilities
     from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.run_backend import LocalRunBackend
 
     cpu = Capabilities(
         torch_version="2.13.0+cpu",
@@ -97,7 +98,7 @@ def cpu_app(tmp_path, config: RunConfig):
         config,
         db_path=tmp_path / "h.sqlite",
         sampler_factory=lambda: (HostOnlySource(), no_nvml),
-        capabilities_probe=lambda: cpu,
+        backend=LocalRunBackend(tmp_path / "h.sqlite", capabilities_probe=lambda: cpu),
         sample_interval_s=None,
         paint_interval_s=3600,
         clock=lambda: 1_000.0,
@@ -163,14 +164,14 @@ async def test_a_resize_under_the_history_pane_lays_out_the_dashboard(tmp_path):
         await pilot.press("h")
         await pilot.pause()
         history = app.screen
-        assert history is not app.dashboard_screen
+        assert history is not app.dashboard
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
-        assert app.dashboard_screen.has_class("-compact") and not history.has_class("-compact")
-        app.paint()  # the paint tick goes on under the pane
+        assert app.dashboard.has_class("-compact") and not history.has_class("-compact")
+        app.dashboard.paint()  # the paint tick goes on under the pane
         await pilot.press("escape")
         await pilot.pause()
-        assert app.screen is app.dashboard_screen and app.compact
+        assert app.screen is app.dashboard and app.dashboard.compact
 
 
 @pytest.mark.asyncio
@@ -231,8 +232,12 @@ async def test_w_holds_the_model_in_bf16_and_back(tmp_path):
         assert "W weights" not in panel_text(app)
         await pilot.press("W")
         await pilot.pause()
-        assert (app.config.weights_dtype, app.config.precision, app.config.lora) == ("bf16", "bf16", 0)
+        assert (app.dashboard.config.weights_dtype, app.dashboard.config.precision, app.dashboard.config.lora) == (
+            "bf16",
+            "bf16",
+            0,
+        )
         assert "W weights       bf16" in panel_text(app)
         await pilot.press("W")
         await pilot.pause()
-        assert app.config.weights_dtype == "fp32" and "W weights" not in panel_text(app)
+        assert app.dashboard.config.weights_dtype == "fp32" and "W weights" not in panel_text(app)

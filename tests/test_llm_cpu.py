@@ -139,12 +139,12 @@ async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_
 
     app = make_app(db_path, RunConfig(preset="tiny", device="cpu", seq_len=32, samples=32, batch_size=4))
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         names = list(presets)
         await pilot.press(*["M"] * ((names.index("llama-tiny") - names.index("tiny")) % len(names)))
-        assert app.config.preset == "llama-tiny"
+        assert app.dashboard.config.preset == "llama-tiny"
         await pilot.press("L")
-        assert app.config.lora == 8
+        assert app.dashboard.config.lora == 8
         console = Console(width=80, record=True, file=io.StringIO())
         console.print(app.query_one(TechniquesPanel).render())
         shown = console.export_text()

@@ -299,11 +299,17 @@ async def test_the_dashboard_tells_its_metrics_about_its_runs(db_path):
     from gpuanat.core.export.run_metrics import RunMetrics
     from gpuanat.core.measure.nvml_source import open_source
     from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.run_backend import LocalRunBackend
 
     metrics = RunMetrics()
-    app = GpuAnatApp(TINY, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False), metrics=metrics)
+    app = GpuAnatApp(
+        TINY,
+        db_path=db_path,
+        sampler_factory=lambda: open_source(prefer_nvml=False),
+        backend=LocalRunBackend(db_path, metrics=metrics),
+    )
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         assert metrics.snapshots() == []
         result = await run_to_completion(app, pilot)
     (snapshot,) = metrics.snapshots()

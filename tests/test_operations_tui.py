@@ -20,7 +20,7 @@ def panel_lines(app, width: int) -> list[str]:
 async def test_o_profiles_the_next_run_and_shows_its_operations_beside_the_paper(db_path):
     app = make_app(db_path, PROFILED)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         panel = app.query_one(OperationsPanel)
         assert not panel.display
         await pilot.press("O")
@@ -43,7 +43,7 @@ async def test_o_profiles_the_next_run_and_shows_its_operations_beside_the_paper
         assert not app.screen.has_class("-operations") and app.query_one("#memory-chart").display
         second = await run_to_completion(app, pilot)
         assert second["operations_anatomy"] is None
-        assert app.operations_shown[1] == result["run_id"]  # the last profiled run's stays at hand
+        assert app.dashboard.operations_shown[1] == result["run_id"]  # the last profiled run's stays at hand
 
 
 @pytest.mark.asyncio
@@ -73,12 +73,12 @@ def h100_operations_app(db_path):
     from test_operations_h100 import anatomy_of
 
     app = h100_app(db_path, RunConfig(precision="bf16"))
-    app.operations_shown = (anatomy_of("bert-bf16"), None)
+    app.dashboard.operations_shown = (anatomy_of("bert-bf16"), None)
     return app
 
 
 async def press_o(app, pilot) -> None:
-    while app.capabilities is None:
+    while app.dashboard.capabilities is None:
         await pilot.pause()
     await pilot.press("O")
     await pilot.pause()

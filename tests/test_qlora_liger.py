@@ -242,9 +242,9 @@ async def test_keys_4_and_K_choose_qlora_and_liger_and_the_cpu_marks_them_unavai
         await until_probed(app, pilot)
         assert "Liger loss" in panel_text(app) and "4-bit base" not in panel_text(app)  # a causal LM: Liger applies
         await pilot.press("4")
-        assert (app.config.load_in_4bit, app.config.lora) == (True, 16)  # QLoRA brings its adapters
+        assert (app.dashboard.config.load_in_4bit, app.dashboard.config.lora) == (True, 16)  # QLoRA brings its adapters
         await pilot.press("K")
-        assert app.config.liger
+        assert app.dashboard.config.liger
         await pilot.pause()
         text = panel_text(app)
         assert "4-bit base" in text and "LoRA rank" in text and "+2 more" in text  # LoRA's PEFT is missing too
@@ -255,25 +255,27 @@ async def test_keys_4_and_K_choose_qlora_and_liger_and_the_cpu_marks_them_unavai
         assert techniques["4"].startswith("4-bit base (QLoRA) — QLoRA:") and techniques["K"].startswith("Liger loss")
         assert techniques["Y"].startswith("Liger layer kernels — Liger Kernel's RMSNorm, SwiGLU/GeGLU and RoPE")
         await pilot.press("Y")
-        assert app.config.liger_layers
+        assert app.dashboard.config.liger_layers
         await pilot.pause()
         assert (
             "--liger-layers: Liger's layer kernels (Triton kernels) needs a CUDA GPU"
             in app.query_one(TechniquesPanel).tooltip
         )
         await pilot.press("Y")
-        assert not app.config.liger_layers
+        assert not app.dashboard.config.liger_layers
         await pilot.press("L", "L", "L")  # 16 → 32 → 64 → 0: without adapters the 4-bit base goes too
-        assert (app.config.lora, app.config.load_in_4bit) == (0, False)
+        assert (app.dashboard.config.lora, app.dashboard.config.load_in_4bit) == (0, False)
         await pilot.press("K")
-        assert not app.config.liger
-        assert not any("--liger" in notification.message for notification in app._notifications)
+        assert not app.dashboard.config.liger
+        assert not any("--liger" in notification.message for notification in app.notices)
         await pilot.press("M")
-        assert app.config.preset == "tiny"  # a BERT classifier, which cannot take Liger: said at once, not at `r`
+        assert (
+            app.dashboard.config.preset == "tiny"
+        )  # a BERT classifier, which cannot take Liger: said at once, not at `r`
         await pilot.press("K")
         assert any(
             notification.message.startswith("--liger: Liger's fused linear cross-entropy replaces a causal LM's loss")
-            for notification in app._notifications
+            for notification in app.notices
         )
     assert changed_config(RunConfig(lora=8), "load_in_4bit").lora == 8  # a rank chosen stays
 

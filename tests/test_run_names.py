@@ -22,8 +22,10 @@ from gpuanat.core.printable import printable
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.rename import RenameScreen
+from gpuanat.tui.textual_internals import screen_compositor
 
 MARKUP_NAME = "[red]x[/]"
 TINY_RUN = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "16", "--batch-size", "8"]
@@ -139,7 +141,7 @@ def cpu_dashboard(db_path: Path) -> GpuAnatApp:
         RunConfig(preset="tiny", device="cpu"),
         db_path=db_path,
         sampler_factory=lambda: (HostOnlySource(), NO_NVML),
-        capabilities_probe=lambda: CPU,
+        backend=LocalRunBackend(db_path, capabilities_probe=lambda: CPU),
         sample_interval_s=None,
         paint_interval_s=3600,
         clock=lambda: 1_000.0,
@@ -148,7 +150,7 @@ def cpu_dashboard(db_path: Path) -> GpuAnatApp:
 
 def frame(app: App) -> str:
     """The screen's text, after checking that a full repaint sends the terminal nothing raw."""
-    compositor = app.screen._compositor
+    compositor = screen_compositor(app.screen)
     sent = compositor.render_full_update().render_segments(app.console)
     assert not raw_in_terminal_output(sent), raw_in_terminal_output(sent)
     return "\n".join("".join(segment.text for segment in strip) for strip in compositor.render_strips())

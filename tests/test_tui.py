@@ -18,11 +18,13 @@ import pytest
 from rich.console import Console
 
 from gpuanat.core.measure.nvml_source import open_source
+from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.percent import percent_delta
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.techniques import TECHNIQUES
 from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.screens.history import HistoryScreen
@@ -44,28 +46,32 @@ async def wait_for(pilot, condition, timeout_s: float = 120.0, what: str = "cond
 
 
 async def run_to_completion(app: GpuAnatApp, pilot) -> dict:
-    previous = app.last_result
+    previous = app.dashboard.last_result
     await pilot.press("r")
-    await wait_for(pilot, lambda: app.live is None and app.last_result is not previous, what="the run to finish")
-    return app.last_result
+    await wait_for(
+        pilot,
+        lambda: app.dashboard.run_in_progress is None and app.dashboard.last_result is not previous,
+        what="the run to finish",
+    )
+    return app.dashboard.last_result
 
 
 @pytest.mark.asyncio
 async def test_keys_change_the_config_the_child_receives(db_path):
     app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         await pilot.press("g", "p", "p", "plus", "a", "o", "o", "o", "e")
         assert (
-            app.config.grad_checkpointing,
-            app.config.precision,
-            app.config.batch_size,
-            app.config.grad_accum,
-            app.config.optim,
-            app.config.attn,
+            app.dashboard.config.grad_checkpointing,
+            app.dashboard.config.precision,
+            app.dashboard.config.batch_size,
+            app.dashboard.config.grad_accum,
+            app.dashboard.config.optim,
+            app.dashboard.config.attn,
         ) == (True, "bf16", 8, 2, "sgd", "eager")
         await pilot.press("A")
-        assert app.config.grad_accum == 1
+        assert app.dashboard.config.grad_accum == 1
         result = await run_to_completion(app, pilot)
     assert result["status"] == "ok", result.get("error")
     with HistoryStore(db_path) as store:
@@ -83,11 +89,45 @@ async def test_keys_change_the_config_the_child_receives(db_path):
 
 
 @pytest.mark.asyncio
-async def test_a_run_from_the_dashboard_samples_through_the_dashboards_sampler(db_path):
+async def test_a_run_from_the_dashboard_samples_through_the_dashboards_sampler(db_path, monkeypatch):
     """Issue #18: the dashboard's own run read NVML and the process tree twice at every tick (the dashboard's
     sampler and the run's, at 0.25 s). The run now listens to the dashboard's: one source opened, the run's samples
     in the history at the dashboard's pace (0.1 s here), and nothing left attached once it ends."""
     sources_opened = []
+    started: list[Sampler] = []
+    listeners: list = []
+    tracked: set[int] = set()
+    start, add_listener, remove_listener = Sampler.start, Sampler.add_listener, Sampler.remove_listener
+    track, untrack = Sampler.track, Sampler.untrack
+
+    def starting(sampler):
+        started.append(sampler)
+        start(sampler)
+
+    def adding(sampler, listener):
+        listeners.append(listener)
+        add_listener(sampler, listener)
+
+    def removing(sampler, listener):
+        listeners.remove(listener)
+        remove_listener(sampler, listener)
+
+    def tracking(sampler, pid):
+        tracked.add(pid)
+        track(sampler, pid)
+
+    def untracking(sampler, pid):
+        tracked.discard(pid)
+        untrack(sampler, pid)
+
+    for name, wrapper in [
+        ("start", starting),
+        ("add_listener", adding),
+        ("remove_listener", removing),
+        ("track", tracking),
+        ("untrack", untracking),
+    ]:
+        monkeypatch.setattr(Sampler, name, wrapper)
 
     def sampler_factory():
         sources_opened.append(threading.current_thread().name)
@@ -95,12 +135,12 @@ async def test_a_run_from_the_dashboard_samples_through_the_dashboards_sampler(d
 
     app = GpuAnatApp(TINY, db_path=db_path, sampler_factory=sampler_factory, sample_interval_s=0.1)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         result = await run_to_completion(app, pilot)
         assert result["status"] == "ok", result.get("error")
-        assert app._sampler is not None and app._sampler.running
-        assert app._sampler._listeners == ()
-        assert app._sampler._pids == set()
+        assert [sampler.running for sampler in started] == [True]  # the dashboard's, still sampling
+        assert listeners == []
+        assert tracked == set()
     assert sources_opened == [threading.main_thread().name]  # the dashboard's, at mount; none for the run
     with HistoryStore(db_path) as store:
         samples = store.samples(result["run_id"])
@@ -114,7 +154,7 @@ async def test_a_run_from_the_dashboard_samples_through_the_dashboards_sampler(d
 async def test_c_cycles_compile_off_regions_model_and_the_panel_says_which(db_path):
     app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         shown = []
         for _ in range(3):
             await pilot.press("c")
@@ -122,7 +162,7 @@ async def test_c_cycles_compile_off_regions_model_and_the_panel_says_which(db_pa
             console = Console(width=120, record=True, file=io.StringIO())
             console.print(app.query_one(TechniquesPanel).render())
             (line,) = [line for line in console.export_text().splitlines() if " compile " in f" {line} "]
-            shown.append((line.split()[-1], app.config.compile_regions, app.config.compile))
+            shown.append((line.split()[-1], app.dashboard.config.compile_regions, app.dashboard.config.compile))
     assert shown == [("regions", True, False), ("model", False, True), ("off", False, False)]
 
 
@@ -132,9 +172,9 @@ async def test_without_cuda_the_dashboard_trains_on_the_cpu_with_the_default_all
     without CUDA, the next run is a CPU run that can start."""
     app = make_app(db_path, TINY.replace(device="cuda", expandable_segments=True))
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         await pilot.pause()
-        assert (app.config.device, app.config.expandable_segments) == ("cpu", False)
+        assert (app.dashboard.config.device, app.dashboard.config.expandable_segments) == ("cpu", False)
         console = Console(width=120, record=True, file=io.StringIO())
         console.print(app.query_one(TechniquesPanel).render())
         assert "unavailable" not in console.export_text()
@@ -165,16 +205,16 @@ async def test_every_key_the_techniques_panel_shows_is_an_active_binding(db_path
 async def test_a_cuda_only_technique_on_the_cpu_is_refused_with_the_reason(db_path, key, changed, reason):
     app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         await pilot.press(key)
-        assert {field: getattr(app.config, field) for field in changed} == changed
+        assert {field: getattr(app.dashboard.config, field) for field in changed} == changed
         console = Console(width=120, record=True, file=io.StringIO())
         console.print(app.query_one(TechniquesPanel).render())
         assert f"unavailable: {reason}" in console.export_text().replace("\n", " ")
         await pilot.press("r")
         await pilot.pause(0.2)
-        assert app.live is None
-        notifications = [notification.message for notification in app._notifications]
+        assert app.dashboard.run_in_progress is None
+        notifications = [notification.message for notification in app.notices]
         assert any(reason in message for message in notifications)
 
 
@@ -182,9 +222,9 @@ async def test_a_cuda_only_technique_on_the_cpu_is_refused_with_the_reason(db_pa
 async def test_a_run_streams_lands_in_history_and_compares(db_path):
     app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         first = await run_to_completion(app, pilot)
-        assert len(app.series["throughput"]) >= 1
+        assert len(app.dashboard.series["throughput"]) >= 1
         await pilot.press("plus")
         second = await run_to_completion(app, pilot)
         assert (first["status"], second["status"]) == ("ok", "ok")
@@ -214,14 +254,18 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
 async def test_quitting_during_a_run_stops_the_child(db_path):
     app = make_app(db_path, TINY.replace(samples=100_000))
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         await pilot.press("r")
         await wait_for(
             pilot,
-            lambda: app.live is not None and app.live.last_step is not None and app.live.last_step.step >= 2,
+            lambda: (
+                app.dashboard.run_in_progress is not None
+                and app.dashboard.run_in_progress.last_step is not None
+                and app.dashboard.run_in_progress.last_step.step >= 2
+            ),
             what="two training steps",
         )
-        child = psutil.Process(app.live.pid)
+        child = psutil.Process(app.dashboard.run_in_progress.pid)
         await pilot.press("q")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
@@ -239,11 +283,11 @@ async def test_f_on_a_cpu_run_is_refused_with_the_reason(db_path):
     real trials is tested in tests/test_fit.py.)"""
     app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         await pilot.press("f")
         await pilot.pause(0.2)
-        assert app.live is None
-        errors = [n.message for n in app._notifications if n.severity == "error"]
+        assert app.dashboard.run_in_progress is None
+        errors = [n.message for n in app.notices if n.severity == "error"]
         assert any(
             message.startswith("fit needs a CUDA GPU") and "gpuanat predict --gpu-memory" in message
             for message in errors
@@ -259,7 +303,7 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
 
     app = make_app(db_path, TINY.replace(samples=64))
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         strip = app.query_one(StepStrip)
         assert not strip.display  # nothing to show before a run
         result = await run_to_completion(app, pilot)
@@ -272,14 +316,14 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
         await pilot.press("T")
         await wait_for(
             pilot,
-            lambda: any(n.message.startswith("tune 1: ") for n in app._notifications),
+            lambda: any(n.message.startswith("tune 1: ") for n in app.notices),
             what="the first tune trial",
         )
         await pilot.press("s")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the stop question")
         await pilot.press("y")
-        await wait_for(pilot, lambda: app.live is None, what="the search to stop")
-        finished = [n.message for n in app._notifications if n.message.startswith("tune: ")]
+        await wait_for(pilot, lambda: app.dashboard.run_in_progress is None, what="the search to stop")
+        finished = [n.message for n in app.notices if n.message.startswith("tune: ")]
         assert finished and "It is the current set now" in finished[-1], finished
     with HistoryStore(db_path, read_only=True) as store:
         trials = [run for run in store.runs() if (run.name or "").startswith("tune ")]
@@ -287,10 +331,10 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
     assert ok and ok[0].name.startswith("tune 1: ")  # the strong start trained
     best = max(ok, key=lambda run: run.result.get("steady_samples_per_second") or run.result["samples_per_second"])
     lasting = ("samples", "epochs", "max_steps")
-    assert {key: value for key, value in app.config.to_json().items() if key not in lasting} == {
+    assert {key: value for key, value in app.dashboard.config.to_json().items() if key not in lasting} == {
         key: value for key, value in best.config.items() if key not in lasting
     }
-    assert app.config.samples == 64  # the workload's length stays the user's, not the trial's
+    assert app.dashboard.config.samples == 64  # the workload's length stays the user's, not the trial's
 
 
 EVERY_FIELD = frozenset(technique.field for technique in TECHNIQUES)
@@ -335,14 +379,14 @@ async def test_without_cuda_the_workload_left_to_the_defaults_is_the_cpus(db_pat
         RunConfig(**given),
         db_path=db_path,
         sampler_factory=lambda: open_source(prefer_nvml=False),
-        capabilities_probe=lambda: capabilities,
+        backend=LocalRunBackend(db_path, capabilities_probe=lambda: capabilities),
         untouched_fields=EVERY_FIELD - set(given),
     )
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         await pilot.pause()
-        assert {field: getattr(app.config, field) for field in expected} == expected
-        messages = [n.message for n in app._notifications]
+        assert {field: getattr(app.dashboard.config, field) for field in expected} == expected
+        messages = [n.message for n in app.notices]
         if note is None:
             assert not any("preset" in message for message in messages), messages
         else:
@@ -360,15 +404,19 @@ async def test_a_stop_question_goes_away_when_its_run_ends(db_path):
     """Issue #17, point 5: a stop dialog must not outlive its run (y would then do nothing)."""
     app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         await pilot.press("r")
-        await wait_for(pilot, lambda: app.live is not None and app.live.run_id is not None, what="the run to start")
+        await wait_for(
+            pilot,
+            lambda: app.dashboard.run_in_progress is not None and app.dashboard.run_in_progress.run_id is not None,
+            what="the run to start",
+        )
         await pilot.press("s")
         assert isinstance(app.screen, ConfirmScreen)
-        await wait_for(pilot, lambda: app.live is None, what="the run to finish on its own")
+        await wait_for(pilot, lambda: app.dashboard.run_in_progress is None, what="the run to finish on its own")
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen)
-        assert app.last_result["status"] == "ok"
+        assert app.dashboard.last_result["status"] == "ok"
 
 
 @pytest.mark.asyncio
@@ -381,15 +429,17 @@ async def test_without_nvml_the_charts_show_the_runs_host_memory_and_cpu(db_path
         TINY, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False), sample_interval_s=0.1
     )
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         memory_chart = app.query_one("#memory-chart", LineChart)
         assert memory_chart.title == "Host memory of the run (RSS)"
         assert app.query_one("#util-chart", LineChart).title == "Host CPU of the run (% of one core)"
-        assert any("No GPU charts" in notification.message for notification in app._notifications)
+        assert any("No GPU charts" in notification.message for notification in app.notices)
         result = await run_to_completion(app, pilot)
         assert result["status"] == "ok"
-        assert len(app.series["host_rss"]) > 0 and app.series["host_rss"].max > 100 * 1024 * 1024  # torch alone
-        assert len(app.series["host_cpu"]) > 0
+        assert (
+            len(app.dashboard.series["host_rss"]) > 0 and app.dashboard.series["host_rss"].max > 100 * 1024 * 1024
+        )  # torch alone
+        assert len(app.dashboard.series["host_cpu"]) > 0
 
 
 @pytest.mark.asyncio
@@ -404,7 +454,7 @@ async def test_a_lora_run_shows_its_trainable_weights_and_its_logits_in_the_memo
     config = RunConfig(preset="llama-tiny", device="cpu", seq_len=32, samples=32, batch_size=4, lora=8)
     app = make_app(db_path, config)
     async with app.run_test(size=(120, 50)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         bar = app.query_one(MemoryBar)
         adapters = 4 * lora_shapes(PRESETS["llama-tiny"], config).params
         assert bar.trainable == (None, adapters)  # before any run: the prediction only
@@ -424,13 +474,13 @@ async def test_every_chart_of_a_run_shares_one_time_axis(db_path):
 
     app = make_app(db_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
+        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         await run_to_completion(app, pilot)
         await pilot.pause(0.3)
         charts = list(app.query(LineChart))
         assert len(charts) == 3 and len({chart.window for chart in charts}) == 1
         start_s, end_s = charts[0].window
-        throughput, rss = app.series["throughput"], app.series["host_rss"]
+        throughput, rss = app.dashboard.series["throughput"], app.dashboard.series["host_rss"]
         assert throughput and rss
         # the run's steps fall inside the span its process was sampled in, not at 0 s of the chart
         assert start_s <= rss.first_t_s <= throughput.first_t_s <= throughput.last_t_s <= end_s

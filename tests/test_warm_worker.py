@@ -236,11 +236,15 @@ async def test_the_dashboard_starts_warm_says_so_and_ends_its_worker(db_path):
 
     from gpuanat.core.measure.nvml_source import open_source
     from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.run_backend import LocalRunBackend
     from gpuanat.tui.widgets.status_line import StatusLine
 
     workers = WarmWorkers(enabled=True)
     app = GpuAnatApp(
-        DASHBOARD_TINY, db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False), warm_workers=workers
+        DASHBOARD_TINY,
+        db_path=db_path,
+        sampler_factory=lambda: open_source(prefer_nvml=False),
+        backend=LocalRunBackend(db_path, warm_workers=workers),
     )
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: workers.status() == "ready", READY_TIMEOUT_S, "the prepared worker")

@@ -671,7 +671,7 @@ def test_a_rank_is_placed_on_the_gpu_that_holds_most_of_its_memory():
 def test_the_watch_dashboard_shows_rank_0s_gpu_of_a_recorded_torchrun_job():
     """The last record of `gpuanat watch TORCHRUN_PID --json` of that job: the ranks on GPUs 2 and 3, each with its
     own bands; the dashboard's charts follow rank 0's GPU."""
-    from gpuanat.tui.watch_app import _main_gpu
+    from gpuanat.tui.screens.watch import _main_gpu
 
     record = json.loads((REPO / "tests" / "data" / "h200x4_watch_torchrun_record.json").read_text())
     assert [(rank["rank"], rank["gpu_index"]) for rank in record["ranks"]] == [(0, 2), (1, 3)]

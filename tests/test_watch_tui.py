@@ -49,6 +49,21 @@ def test_watch_dashboard_of_a_process_that_does_not_publish_80x24(snap_compare, 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
 
+@recorded
+def test_the_app_is_ready_only_once_its_dashboard_has_mounted(tmp_path):
+    """What drives the app (an autopilot, a snapshot's `run_before`) finds the dashboard's session and sampler set up
+    at once: the dashboard is its mode's base screen, whose mount the app awaits before it is ready."""
+    app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+    seen: list[bool] = []
+
+    async def auto_pilot(pilot) -> None:
+        seen.append(app.dashboard.session is not None and app.dashboard.is_mounted)
+        app.exit()
+
+    app.run(headless=True, auto_pilot=auto_pilot, size=(120, 40))
+    assert seen == [True]
+
+
 def test_watch_mode_has_no_launch_or_technique_keys():
     watch_keys = {binding.id for binding in WatchApp.BINDINGS if isinstance(binding, Binding)}
     launch_only = {binding.id for binding in GpuAnatApp.BINDINGS if isinstance(binding, Binding)} - watch_keys
@@ -79,28 +94,28 @@ async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tm
         )
         async with app.run_test(size=(120, 40)) as pilot:
             deadline = time.monotonic() + 30
-            while app.last_record is None or not app.last_record.get("processes"):
+            while app.dashboard.last_record is None or not app.dashboard.last_record.get("processes"):
                 assert time.monotonic() < deadline, "no record reached the dashboard"
                 await pilot.pause(0.1)
-            assert app.last_record["rss_bytes"] >= 64 * 1024 * 1024
+            assert app.dashboard.last_record["rss_bytes"] >= 64 * 1024 * 1024
             # no NVML: whether other processes use the GPU is unknown, not "none" (issue #17)
             assert "other processes on the GPU  unknown" in str(app.query_one(ProcessPanel).render())
             footer_keys = {binding.key for (_, binding, enabled, _) in app.screen.active_bindings.values()}
             assert "s" in footer_keys and "r" not in footer_keys
             await pilot.press("r", "g", "p")  # launch and technique keys of the other dashboard do nothing here
             await pilot.press("s")
-            while app.saved_run_id is None:
+            while app.dashboard.saved_run_id is None:
                 assert time.monotonic() < deadline, "the save was not confirmed"
                 await pilot.pause(0.1)
             bar = app.query_one(MemoryBar)
             assert bar._unavailable["weights_bytes"].startswith("not published")
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-            while not app.exited:
+            while not app.dashboard.exited:
                 assert time.monotonic() < deadline + 30, "the dashboard did not notice the exit"
                 await pilot.pause(0.1)
             await pilot.pause(0.3)
-            assert "has exited" in app._state_text()
+            assert "has exited" in app.dashboard.state_text
             await pilot.press("q")
     finally:
         if child.poll() is None:
@@ -131,9 +146,8 @@ async def test_samples_that_leave_the_picture_as_it_was_repaint_nothing(tmp_path
         await pilot.pause()
         widgets = list(app.query(CachedRows))
         assert {type(widget).__name__ for widget in widgets} >= {"LineChart", "MemoryBar", "ProcessPanel", "StatusLine"}
-        last = app._sampler.sample_once()
-        app._on_sample(last)
-        app.paint()
+        last = app.dashboard.sample_now()
+        app.dashboard.paint()
         await pilot.pause()
         whole_refreshes = []
         refresh = Widget.refresh
@@ -146,12 +160,12 @@ async def test_samples_that_leave_the_picture_as_it_was_repaint_nothing(tmp_path
         monkeypatch.setattr(Widget, "refresh", counted)
         for widget in widgets:
             widget.repainted_cells = 0
-        versions = {name: series.version for name, series in app.series.items()}
+        versions = {name: series.version for name, series in app.dashboard.series.items()}
         for _ in range(3):
-            app._on_sample(dataclasses.replace(last))
-            app.paint()
+            app.dashboard.receive_sample(dataclasses.replace(last))
+            app.dashboard.paint()
             await pilot.pause()
-        assert app.series["device_used"].version == versions["device_used"] + 3
+        assert app.dashboard.series["device_used"].version == versions["device_used"] + 3
         assert whole_refreshes == []
         assert {widget.id: widget.repainted_cells for widget in widgets if widget.repainted_cells} == {}
 
@@ -184,8 +198,8 @@ async def test_the_process_panel_renders_only_its_changed_lines_as_the_whole_tex
         rendered_per_sample = []
         for _ in range(12):
             rendered_lines.clear()
-            app.sample_now()
-            app.paint()
+            app.dashboard.sample_now()
+            app.dashboard.paint()
             await pilot.pause()
             text, width = panel.render(), panel.size.width
             assert panel.size.height == cached_rows.text_height(panel, text, width)
@@ -204,13 +218,13 @@ async def test_an_update_renders_only_the_lines_it_sends_and_the_same_chops(tmp_
     from textual.geometry import Region
     from textual.widget import Widget
 
-    from gpuanat.tui.widgets import partial_update
+    from gpuanat.tui import textual_internals as partial_update
 
     app = make_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
     async with app.run_test(size=(120, 40)) as pilot:
         replay(app, until_elapsed_s=3.0)
         await pilot.pause()
-        compositor = app.screen._compositor
+        compositor = partial_update.screen_compositor(app.screen)
         rendered_rows = []
         render_lines = Widget.render_lines
 

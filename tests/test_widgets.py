@@ -301,7 +301,7 @@ def test_partial_updates_send_the_changed_span_only():
     from textual._compositor import ChopsUpdate
     from textual.strip import Strip
 
-    from gpuanat.tui.widgets.partial_update import render_segments
+    from gpuanat.tui.textual_internals import render_segments
 
     console = Console(color_system="truecolor", force_terminal=True)
     strip = Strip([Segment("legend 12%", None), Segment("全", None)])

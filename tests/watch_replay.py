@@ -94,7 +94,7 @@ def replay(app: WatchApp, until_elapsed_s: float, *, published: bool = True) -> 
     meta_line, *step_lines = STEPS.read_text().splitlines()
     meta = json.loads(meta_line)
     steps = [event for event in map(decode, step_lines) if isinstance(event, Step)]
-    session = app.session
+    session = app.dashboard.session
     assert session is not None
     sent = 0
     for index, elapsed_s in enumerate(meta["elapsed_at_sample"]):
@@ -131,5 +131,5 @@ def replay(app: WatchApp, until_elapsed_s: float, *, published: bool = True) -> 
             due = [step for step in steps[sent:] if step.elapsed_s <= elapsed_s]
             session.add_events(PID, due)
             sent += len(due)
-        app.sample_now()
-    app.paint()
+        app.dashboard.sample_now()
+    app.dashboard.paint()

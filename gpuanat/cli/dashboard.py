@@ -22,6 +22,7 @@ def command_dashboard(args: argparse.Namespace) -> int:
     """The full-screen TUI."""
     from gpuanat.core.run.warm import WarmWorkers
     from gpuanat.tui.app import GpuAnatApp
+    from gpuanat.tui.run_backend import LocalRunBackend
 
     # The device default, and on the CPU the workload the user left to the defaults, are settled in the app once
     # its capability probe has answered.
@@ -31,13 +32,13 @@ def command_dashboard(args: argparse.Namespace) -> int:
     if not sys.stdout.isatty() and not served_in_a_browser():
         fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
     with metrics_endpoint(args.metrics, name="dashboard") as metrics:
+        db_path = args.db.expanduser() if args.db else default_db_path()
         app = GpuAnatApp(
             config,
-            db_path=args.db.expanduser() if args.db else default_db_path(),
+            db_path=db_path,
+            backend=LocalRunBackend(db_path, warm_workers=WarmWorkers(), metrics=metrics),
             keymap=keymap,
             untouched_fields=untouched_fields(args),
-            warm_workers=WarmWorkers(),
-            metrics=metrics,
         )
         app.run()
     return EXIT_OK if app.stop_signal is None else 128 + app.stop_signal

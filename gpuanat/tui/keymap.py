@@ -24,19 +24,21 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-# Textual's table of the named keys that terminals report through the kitty keyboard protocol (media keys,
-# f25-f35, ...); the legacy sequences report the names in `Keys`.
-from textual._keyboard_protocol import FUNCTIONAL_KEYS
 from textual.binding import Binding
 from textual.dom import DOMNode
-from textual.keys import KEY_TO_UNICODE_NAME, REPLACED_KEYS, Keys, _character_to_key
+from textual.keys import KEY_TO_UNICODE_NAME, REPLACED_KEYS, Keys
 from textual.screen import Screen
+
+# The named keys terminals report through the kitty keyboard protocol (media keys, f25-f35, ...) and Textual's name
+# for a typed character come from Textual's private modules, quarantined there; the legacy sequences report the
+# names in `Keys`.
+from gpuanat.tui.textual_internals import FUNCTIONAL_KEY_NAMES, character_to_key
 
 MODIFIERS = ("alt", "ctrl", "hyper", "meta", "shift", "super")
 """Textual names a key with its modifiers sorted, so `ctrl+shift+up` is reported and `shift+ctrl+up` never."""
 NAMED_KEYS = frozenset(
     {key.value.rpartition("+")[2] for key in Keys if not key.value.startswith("<") and "-" not in key.value}
-    | set(FUNCTIONAL_KEYS.values())
+    | FUNCTIONAL_KEY_NAMES
 )
 """Keys with a name rather than a character (`Keys`' `<any>`-style markers are no keys a user presses)."""
 
@@ -96,11 +98,11 @@ def textual_key(key: str) -> str:
                 "after a modifier Textual reports a letter in lower case: write "
                 f"{'+'.join([*sorted({*modifiers, 'shift'}), base.lower()])!r}"
             )
-        base = _character_to_key(base)
+        base = character_to_key(base)
     elif base not in NAMED_KEYS:
         character = _named_character(base)
-        if character is not None and _character_to_key(character) != base:
-            raise ValueError(f"Textual names that key {_character_to_key(character)!r}, not {base!r}")
+        if character is not None and character_to_key(character) != base:
+            raise ValueError(f"Textual names that key {character_to_key(character)!r}, not {base!r}")
         if character is None:
             close = difflib.get_close_matches(base.lower(), sorted(NAMED_KEYS), n=1)
             raise ValueError(f"Textual has no key named {base!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
@@ -113,7 +115,8 @@ def app_bindings(app_class: type[DOMNode], *focusable: type[DOMNode]) -> list[Bi
     its base's; the command palette's key), of the Screen and of the widgets in `focusable`, those that can
     hold the focus there (the focused widget and the screen are asked before the app)."""
     bindings: list[Binding] = []
-    for node_class in (app_class, Screen, *focusable):
+    node_classes: tuple[type[DOMNode], ...] = (app_class, Screen, *focusable)
+    for node_class in node_classes:
         by_key: dict[str, list[Binding]] = {}
         for base in reversed(node_class.__mro__):
             if issubclass(base, DOMNode) and "BINDINGS" in base.__dict__:

@@ -1,7 +1,7 @@
 """What the dashboards' threads tell the event loop: one small message per thing that happened.
 
 A run's thread, a search's (fit, tune), the capability probe and the watch's save work off the event loop; they
-never touch a widget. Each posts one of these to the app, whose handler paints what it says.
+never touch a widget. Each posts one of these to the dashboard screen, whose handler paints what it says.
 """
 
 from __future__ import annotations

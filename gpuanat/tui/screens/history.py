@@ -145,6 +145,11 @@ class HistoryScreen(Screen[list[int]]):
         return rows
 
     @property
+    def run_rows(self) -> list[dict[str, Any]]:
+        """Every run's row, as given (before the filter and the sort)."""
+        return self._rows
+
+    @property
     def shown_run_ids(self) -> list[int]:
         """The runs the table shows, in its order."""
         return [row["id"] for row in self._shown_rows()]
@@ -220,7 +225,9 @@ class HistoryScreen(Screen[list[int]]):
         self.remove_class("-filtering")
         self.query_one(DataTable).focus()
 
-    def _cursor_run_id(self) -> int | None:
+    @property
+    def cursor_run_id(self) -> int | None:
+        """The run under the cursor (None in an empty table)."""
         table = self.query_one(DataTable)
         if table.row_count == 0:
             return None
@@ -231,7 +238,7 @@ class HistoryScreen(Screen[list[int]]):
         return self._rename is not None if action == "rename" else True
 
     def action_rename(self) -> None:
-        run_id = self._cursor_run_id()
+        run_id = self.cursor_run_id
         if self._rename is None or run_id is None:
             return
         run = next(run for run in self._runs if run.id == run_id)
@@ -271,7 +278,7 @@ class HistoryScreen(Screen[list[int]]):
 
     def action_toggle_selection(self) -> None:
         table = self.query_one(DataTable)
-        run_id = self._cursor_run_id()
+        run_id = self.cursor_run_id
         if run_id is None:
             return
         if run_id in self.selected:

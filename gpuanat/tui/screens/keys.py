@@ -4,10 +4,11 @@ technique with what it does in one line. Scrolls, so it reads whole at 80×24; `
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
@@ -24,10 +25,10 @@ GROUPS = ("Runs", "Techniques of the next run", "Views")
 VIEW_ACTIONS = {"history", "compare", "pause", "redraw", "help", "quit", "command_palette", "save", "toggle_timeline"}
 
 
-def key_rows(app: object) -> dict[str, list[tuple[str, str]]]:
+def key_rows(app: App[Any]) -> dict[str, list[tuple[str, str]]]:
     """(keys, what they do) of every binding of `app` in use now, by group."""
     by_action: dict[str, tuple[list[str], Binding]] = {}
-    for key, active in app.active_bindings.items():  # type: ignore[attr-defined]
+    for key, active in app.active_bindings.items():
         binding = active.binding
         if binding.id is None and binding.action != "command_palette":
             continue  # Textual's own (scrolling, focus, copying): not gpuanat's keys
@@ -36,7 +37,7 @@ def key_rows(app: object) -> dict[str, list[tuple[str, str]]]:
             binding.key_display
             if binding.key_display and key == binding.key.split(",")[0]
             else app.get_key_display(Binding(key, binding.action))
-        )  # type: ignore[attr-defined]
+        )
         keys.append(shown)
     groups: dict[str, list[tuple[str, str]]] = {group: [] for group in GROUPS}
     for action, (keys, binding) in by_action.items():

@@ -218,10 +218,10 @@ class AnatomyTimeline(Widget):
                 label = f"of {format_bytes(self._total_bytes)}"
             segments = [Segment(f"{label:>{label_width - 1}}┤" if label else f"{'':>{label_width - 1}}│", axis_style)]
             for cells in columns:
-                band = cells[row]
+                cell_band = cells[row]
                 segments.append(
-                    Segment(FULL_BLOCK, self._style(band_component_class(band)))
-                    if band
+                    Segment(FULL_BLOCK, self._style(band_component_class(cell_band)))
+                    if cell_band
                     else Segment(" ", self._base_style)
                 )
             rows.append(self._finish(segments, width))

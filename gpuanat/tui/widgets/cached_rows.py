@@ -5,7 +5,7 @@ full colour escape, whether it changed or not. The dashboards' hot widgets (char
 watched process) change a few cells per sample — a legend value, the newest column, a step counter — so
 `repaint_changes()` rebuilds the rows, compares them with those on screen, and refreshes only the span of each row
 from its first to its last changed cell: a refresh that changes nothing on screen sends nothing (issue #18). With
-`partial_update`, Textual sends just that span.
+the partial updates the dashboards install (`gpuanat.tui.textual_internals`), Textual sends just that span.
 """
 
 from __future__ import annotations
@@ -20,11 +20,6 @@ from textual.strip import Strip
 from textual.style import Style as TextualStyle
 from textual.visual import Visual, visualize
 from textual.widget import Widget
-
-from gpuanat.tui.widgets.partial_update import render_sent_lines_only, send_changed_spans_only
-
-send_changed_spans_only()  # a changed span is sent from its first cell, not from the start of its line segment
-render_sent_lines_only()  # of the widgets under an update, only the lines that are sent are rendered
 
 StyleRuns = list[tuple[int, Style | None]]
 """A strip's styles: (end cell, style) per segment, left to right."""
@@ -146,7 +141,8 @@ def text_line_row(widget: Widget, line: Text, width: int, y: int) -> Strip:
 
 def text_height(widget: Widget, text: Text, width: int) -> int:
     """The rows `text` takes at `width` in `widget`, as Textual's layout counts them for `height: auto`."""
-    return visualize(widget, text, markup=False).get_height(widget.styles, width)
+    # Textual's layout passes a widget's styles here too (`Widget._get_box_model`); it annotates the rules map only.
+    return visualize(widget, text, markup=False).get_height(widget.styles, width)  # type: ignore[arg-type]
 
 
 class CachedRows(Widget):

@@ -445,7 +445,7 @@ class LineChart(CachedRows):
         left blank, to be replaced by the caller)."""
         base = self._base_style
         axis_style = self._style("line-chart--axis")
-        series_styles = {
+        series_styles: dict[int | None, Style] = {
             index: base + Style(color=self._series_color_style(index).color) for index in columns_by_series
         }
         top_label = self.formatter(top)

@@ -88,7 +88,7 @@ class ProcessPanel(CachedRows):
         text = self.render()
         if text == self._text:  # the same on screen (a figure that moved by less than it shows)
             return
-        self._text, self._text_lines = text, text.split("\n", allow_blank=True)
+        self._text, self._text_lines = text, list(text.split("\n", allow_blank=True))
         self._version += 1
         width = self.size.width
         resized = not width or self._height(width) != self.size.height
@@ -107,7 +107,7 @@ class ProcessPanel(CachedRows):
             self._line_rows, self._line_heights, self._line_rows_width = {}, {}, width
         if self._text is None:
             self._text = self.render()
-            self._text_lines = self._text.split("\n", allow_blank=True)
+            self._text_lines = list(self._text.split("\n", allow_blank=True))
         return self._text_lines
 
     def _height(self, width: int) -> int:

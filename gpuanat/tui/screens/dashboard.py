@@ -1,34 +1,26 @@
-"""Actions both dashboards share — the launching one (`GpuAnatApp`) and the watching one (`WatchApp`):
-help, pausing the charts, the history pane, the compare view, the command palette's list of keys, and the
-compact layout for short terminals."""
+"""The dashboard screen both dashboards share — the launching one (`LaunchDashboard`) and the watching one
+(`WatchDashboard`): the keys they have in common (help, quit, history, compare, pausing the charts, redrawing), the
+paint tick, and the compact layout for short terminals.
+
+A dashboard is a `Screen`, the bottom of its app's stack: the history, compare and key pages go on top of it. The
+app around it (`gpuanat.tui.shell`) is a thin shell: it builds the screen, routes the process's stop signals and the
+terminal's size to it, and keeps the notifications said.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import signal
-import threading
-from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from textual import events
-from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.markup import escape as escape_markup
-from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from gpuanat.core.printable import printable
-from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.core.store.history import RENAME_DEADLINE_S, HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
-from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
-from gpuanat.tui.screens.keys import CYCLING_ACTIONS, TECHNIQUE_ACTION, KeysScreen, key_rows
+from gpuanat.tui.screens.keys import KeysScreen, key_rows
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -48,29 +40,19 @@ SHARED_BINDINGS = [
     Binding("ctrl+l", "redraw", "Redraw the whole screen", id="redraw", show=False, priority=True),
 ]
 """Keys of both dashboards (launching and watching), with the actions below."""
-HANGUP_RECORDING_TIMEOUT_S = 60.0
-"""After a hangup, how long a stopping run may take to be recorded before the dashboard leaves anyway (the
-run's stop itself takes at most about 12 s; the history finalises what is left on its next open)."""
 COMPACT_BELOW_ROWS = 34
 """Shorter terminals (80×24 over SSH) get the compact layout (the screen's `-compact` class)."""
 
 
-def _palette_help(binding: Binding) -> str:
-    """The command palette's line under a key's name: what a technique key does, else the key's own words."""
-    technique = TECHNIQUE_ACTION.match(binding.action)
-    field = technique.group(1) if technique else CYCLING_ACTIONS.get(binding.action)
-    info = TECHNIQUES_BY_FIELD.get(field) if field else None
-    return f"gpuanat · {info.help}" if info else f"gpuanat · {binding.description.lower()}"
+class DashboardScreen(Screen[None]):
+    """The charts, the memory bar and the GPU lanes of a dashboard, and the keys both dashboards have."""
 
-
-class DashboardActions(App[None]):
-    """Mixed into an App that has `db_path`, `compare_selection` and `charts_paused`."""
-
-    db_path: Path
-    compare_selection: list[int]
-    charts_paused: bool
-    stop_signal: int | None = None
-    """The stop signal (SIGINT, SIGTERM, SIGHUP) that ended the dashboard, if one did."""
+    def __init__(self, *, db_path: Path) -> None:
+        super().__init__()
+        self.db_path = db_path
+        self.compare_selection: list[int] = []
+        """Runs picked in the history pane for the compare view (enter)."""
+        self.charts_paused = False
 
     # The dashboard's widgets are composed once: found once, not by a walk of the DOM at every paint tick.
     @cached_property
@@ -90,98 +72,47 @@ class DashboardActions(App[None]):
         return self.query_one(GpuLanes)
 
     @cached_property
-    def _status_line(self) -> StatusLine:
+    def status_line(self) -> StatusLine:
         return self.query_one(StatusLine)
 
-    def notify(
-        self,
-        message: str,
-        *,
-        title: str = "",
-        severity: SeverityLevel = "information",
-        timeout: float | None = None,
-        markup: bool = False,
-    ) -> None:
-        """Every notification as plain text: it quotes names, paths and children's errors, which are data (their
-        controls escaped, their brackets shown), and gpuanat's own words keep their brackets too. `markup` is
-        Textual's signature, and ignored."""
-        super().notify(
-            printable(message, keep="\n"), title=printable(title), severity=severity, timeout=timeout, markup=False
-        )
-
-    def _listen_for_stop_signals(self) -> None:
-        """SIGTERM, SIGHUP (the SSH connection dropped) and a SIGINT sent from outside end the dashboard as
-        q does, without asking: a run in progress is stopped and recorded first. Only on the main thread, where
-        the dashboard runs for real; tests drive it from theirs."""
-        with contextlib.suppress(RuntimeError, ValueError):
-            loop = asyncio.get_running_loop()
-            for sig in STOP_SIGNALS:
-                loop.add_signal_handler(sig, self._on_stop_signal, sig)
-
-    def _forget_stop_signals(self) -> None:
-        with contextlib.suppress(RuntimeError, ValueError):
-            loop = asyncio.get_running_loop()
-            for sig in STOP_SIGNALS:
-                loop.remove_signal_handler(sig)
-
-    def _on_stop_signal(self, signum: int) -> None:
-        if self.stop_signal is not None:
-            return
-        self.stop_signal = signum
-        if signum == signal.SIGHUP:
-            detach_from_terminal()
-            threading.Thread(target=self._leave_after_hangup, name="gpuanat-hangup", daemon=True).start()
-        self.stop_and_quit()
-
-    def _leave_after_hangup(self) -> None:
-        """The terminal is gone, and Textual's teardown, which restores it, can wait forever on a writer that
-        died with it (seen with Textual 8.2.8): once what is in progress is recorded, the process leaves."""
-        self.finish_recording(HANGUP_RECORDING_TIMEOUT_S)
-        os._exit(128 + signal.SIGHUP)
-
+    # --- hooks of the dashboards -------------------------------------------------------------------
     def stop_and_quit(self) -> None:
         """Quit without asking, after stopping and recording whatever is in progress."""
-        self.exit()
+        self.app.exit()
 
     def finish_recording(self, timeout_s: float) -> None:
         """Block (off the event loop) until what is in progress has been recorded, at most `timeout_s`."""
 
     def paint(self) -> None:
-        """Move what the threads delivered into the widgets (the app's paint tick)."""
+        """Move what the threads delivered into the widgets (the dashboard's paint tick)."""
+
+    def _layout_changed(self, compact: bool) -> None:
+        """What the dashboard's own widgets do beyond the `-compact` class."""
 
     def _start_paint_tick(self, interval_s: float) -> None:
         """Paint every `interval_s` while the app runs. Once shutdown begins its screens are taken down
         before its timers stop, so a tick then would find no widgets."""
 
         def tick() -> None:
-            if self.is_running:
+            if self.app.is_running:
                 self.paint()
 
         self.set_interval(interval_s, tick)
 
-    def on_resize(self, event: events.Resize) -> None:
-        self._fit_layout(event.size.height)
-
-    def _fit_layout(self, rows: int) -> None:
+    # --- layout ------------------------------------------------------------------------------------
+    def fit_layout(self, rows: int) -> None:
+        """The layout for a terminal of `rows` rows: compact below `COMPACT_BELOW_ROWS` (also while a dialog or the
+        history is on top as the terminal resizes)."""
         compact = rows < COMPACT_BELOW_ROWS
-        if compact != self.dashboard_screen.has_class("-compact"):
-            # On the dashboard's own screen, also when a dialog or the history is on top while the terminal resizes.
-            self.dashboard_screen.set_class(compact, "-compact")
+        if compact != self.has_class("-compact"):
+            self.set_class(compact, "-compact")
             self._layout_changed(compact)
             self._fit_memory_legend()
 
     @property
-    def dashboard_screen(self) -> Screen[Any]:
-        """The dashboard itself: the bottom of the screen stack, under any dialog or pane."""
-        return self.screen_stack[0]
-
-    @property
     def compact(self) -> bool:
         """Whether the dashboard has the compact layout of short terminals."""
-        return self.dashboard_screen.has_class("-compact")
-
-    def _layout_changed(self, compact: bool) -> None:
-        """What the app's own widgets do beyond the `-compact` class."""
+        return self.has_class("-compact")
 
     def _show_lanes(self, lanes: list[Lane]) -> None:
         """One lane per GPU of a run on several; in the compact layout the memory bar then drops its legend, so that
@@ -193,10 +124,16 @@ class DashboardActions(App[None]):
         several = len(self._gpu_lanes.lanes) > 1
         self._memory_bar.show_legend(not (several and self.compact))
 
+    # --- actions -----------------------------------------------------------------------------------
+    def action_quit(self) -> None:
+        self.app.exit()
+
     def action_toggle_timeline(self) -> None:
         """The memory and utilization charts, or in their place the anatomy timeline: the bands over the last steps."""
-        self.screen.toggle_class("-timeline")
-        shown = self.screen.has_class("-timeline")
+        # The class goes to the screen on top: a pane over the dashboard takes it, the dashboard keeps its view.
+        screen = self.app.screen
+        screen.toggle_class("-timeline")
+        shown = screen.has_class("-timeline")
         self.notify(
             "Anatomy over time: each step at its peak and its end (v: the charts)."
             if shown
@@ -213,11 +150,11 @@ class DashboardActions(App[None]):
     def action_redraw(self) -> None:
         """Draw every cell again, as ctrl+l does in a shell: a terminal that lost what it showed (a garbled SSH
         session, a browser tab that attaches to `gpuanat serve`'s dashboard) gets all of it."""
-        self.refresh(repaint=True, layout=True)
+        self.app.refresh(repaint=True, layout=True)
 
     def action_help(self) -> None:
         """gpuanat's key page: every key in use, grouped, each technique with what it does."""
-        self.push_screen(KeysScreen(key_rows(self)))
+        self.app.push_screen(KeysScreen(key_rows(self.app)))
 
     def _runs(self) -> list[Any]:
         with HistoryStore(self.db_path, read_only=True) as store:
@@ -234,7 +171,7 @@ class DashboardActions(App[None]):
         except HistoryError as error:  # an unusable history is reported, the dashboard goes on
             self.notify(str(error), severity="error")
             return
-        self.push_screen(HistoryScreen(runs, rename=self._rename_run), chosen)
+        self.app.push_screen(HistoryScreen(runs, rename=self._rename_run), chosen)
 
     def _rename_run(self, run_id: int, name: str | None) -> bool:
         """The history pane's `n`: the run's new name saved, retried while the history is busy (a worker thread
@@ -255,15 +192,4 @@ class DashboardActions(App[None]):
         except HistoryError as error:
             self.notify(str(error), severity="error")
             return
-        self.push_screen(CompareScreen([run for run in runs if run is not None], steps, samples))
-
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        for binding in self.BINDINGS:
-            if isinstance(binding, Binding) and binding.description:
-                # The palette parses help as markup: escaped, "pip install 'gpuanat[llm]'" keeps its brackets.
-                yield SystemCommand(
-                    f"{binding.description} ({binding.key_display or binding.key})",
-                    escape_markup(_palette_help(binding)),
-                    lambda b=binding: self.run_action(b.action),
-                )
+        self.app.push_screen(CompareScreen([run for run in runs if run is not None], steps, samples))
