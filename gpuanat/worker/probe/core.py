@@ -77,14 +77,6 @@ class Probe(ProbeReadings):
     `GPUANAT_PROFILE_OPS_TRACE`).
     """
 
-    # What the step measured exactly has shown so far (reset as each such step begins).
-    _activations_bytes: int | None
-    _gradients_bytes: int
-    _gradients_at_forward_end_bytes: int
-    _optimizer_at_forward_end_bytes: int
-    _forward_peak_bytes: int | None
-    _logits_bytes: int | None
-
     def __init__(
         self,
         emit: Callable[[Event], None] | None = None,
