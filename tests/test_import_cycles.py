@@ -4,7 +4,8 @@ The import graph is read statically with `ast` from every module under gpuanat/,
 functions alike: a lazy import inside a function hides a cycle from Python at import time, not from this test.
 An import names the module it reads (`from gpuanat.core.vocabulary import config` is
 gpuanat.core.vocabulary.config; `from gpuanat.core.vocabulary.config import RunConfig` is that module too); a
-package's `__init__` counts only where it is named itself.
+package's `__init__` counts only where it is named itself. An import under `if TYPE_CHECKING:` never runs: it makes
+no cycle (a helper may name the screen that owns it in its annotations), but it is an arrow between rooms all the same.
 
 Beyond modules, `core/`'s folders stand in floors (`CORE_FLOORS`): a folder imports only from floors below its own,
 so no arrow runs back up between them, and two rooms of one floor never import each other.
@@ -50,16 +51,31 @@ def imported_modules(node: ast.Import | ast.ImportFrom, package: str, modules: C
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Each module of gpuanat and the modules of gpuanat it imports, anywhere in its code."""
+def type_checking_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`) anywhere in `tree`."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        test = node.test if isinstance(node, ast.If) else None
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        ):
+            inside.update(id(child) for statement in node.body for child in ast.walk(statement))
+    return inside
+
+
+def import_graph(*, type_checking: bool = True) -> dict[str, set[str]]:
+    """Each module of gpuanat and the modules of gpuanat it imports, anywhere in its code; without the imports made
+    for annotations only when `type_checking` is False."""
     modules = module_files()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = set() if type_checking else type_checking_only(tree)
         graph[name] = {
             imported
-            for node in ast.walk(ast.parse(path.read_text(), str(path)))
-            if isinstance(node, ast.Import | ast.ImportFrom)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in skipped
             for imported in imported_modules(node, package, modules)
         } - {name}
     return graph
@@ -105,8 +121,25 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_an_import_for_annotations_only_is_found_and_told_apart():
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nimport typing\nimport a\nif TYPE_CHECKING:\n    import b\n"
+        "if typing.TYPE_CHECKING:\n    from c import d\nelse:\n    import e\n"
+    )
+    names = {
+        alias.name if isinstance(node, ast.Import) else node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) in type_checking_only(tree)
+        for alias in node.names
+    }
+    assert names == {"b", "c"}
+    graph = import_graph()
+    assert "gpuanat.tui.screens.launch" in graph["gpuanat.tui.run_keys"]  # the screen its keys belong to
+    assert "gpuanat.tui.screens.launch" not in import_graph(type_checking=False)["gpuanat.tui.run_keys"]
+
+
 def test_no_module_imports_another_in_a_cycle():
-    assert cycles(import_graph()) == []
+    assert cycles(import_graph(type_checking=False)) == []
 
 
 CORE_FLOORS: tuple[frozenset[str], ...] = (
