@@ -17,6 +17,11 @@ from conftest import TINY_CPU, last_json, start_cli, wait_for_steps
 from gpuanat.core.store.history import HistoryStore
 
 FAULTS = {"oom": "oom@3", "crash": "crash@3", "garbage": "garbage@2"}
+STOPPED_RUN = [
+    *("run", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "100000", "--batch-size", "4"),
+    *("--workers", "2", "--json"),
+]
+"""A long run with two DataLoader worker processes, for Ctrl-C to stop."""
 
 
 @pytest.fixture(scope="module")
@@ -74,23 +79,7 @@ def test_a_malformed_event_is_counted_and_the_run_goes_on(faulted):
 
 def test_ctrl_c_stops_the_child_and_its_dataloader_workers(db_path):
     # A long run with two DataLoader worker processes; Ctrl-C arrives as SIGINT to gpuanat itself.
-    args = [
-        "run",
-        "--preset",
-        "tiny",
-        "--device",
-        "cpu",
-        "--seq-len",
-        "32",
-        "--samples",
-        "100000",
-        "--batch-size",
-        "4",
-        "--workers",
-        "2",
-        "--json",
-    ]
-    process = start_cli(args, db_path)
+    process = start_cli(STOPPED_RUN, db_path)
     try:
         wait_for_steps(db_path, 2, psutil.Process(process.pid))
         tree = psutil.Process(process.pid).children(recursive=True)

@@ -29,6 +29,8 @@ RUNS = {
     "compiled_bs8": [*BASE, "--batch-size", "8", "--compile"],
     "regions_bs8": [*BASE, "--batch-size", "8", "--compile-regions"],
 }
+ALLOCATOR_CONF = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.9,expandable_segments:True"}
+"""The user's allocator options reach the child; the technique decides expandable_segments."""
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +40,8 @@ def history_db(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def results(history_db):
-    # The user's allocator options reach the child; the technique decides expandable_segments.
-    allocator_conf = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.9,expandable_segments:True"}
     processes = {
-        name: start_cli(["run", *args, "--json"], history_db, extra_env=allocator_conf) for name, args in RUNS.items()
+        name: start_cli(["run", *args, "--json"], history_db, extra_env=ALLOCATOR_CONF) for name, args in RUNS.items()
     }
     outputs = {}
     for name, process in processes.items():
