@@ -13,6 +13,7 @@ import signal
 import psutil
 import pytest
 from conftest import TINY_CPU, last_json, start_cli, wait_for_steps
+from result_golden import assert_as_recorded
 
 from gpuanat.core.store.history import HistoryStore
 
@@ -34,6 +35,12 @@ def faulted(tmp_path_factory):
         assert stdout.strip(), f"{name}: nothing on stdout, exit {process.returncode}; stderr:\n{stderr[-4000:]}"
         outcomes[name] = (process.returncode, last_json(stdout), stderr)
     return db, outcomes
+
+
+def test_every_faulted_result_prints_as_gpuanat_printed_it_before_the_result_was_typed(faulted):
+    _, outcomes = faulted
+    for name, (_, result, _) in outcomes.items():
+        assert_as_recorded(name, result)
 
 
 def test_oom_is_recorded_and_reported_plainly(faulted):
@@ -96,6 +103,7 @@ def test_ctrl_c_stops_the_child_and_its_dataloader_workers(db_path):
     assert process.returncode == 130, stderr
     result = last_json(stdout)
     assert result["status"] == "stopped"
+    assert_as_recorded("stopped", result)
     _gone, alive = psutil.wait_procs(tree, timeout=5)
     assert alive == []
     with HistoryStore(db_path) as store:

@@ -14,6 +14,7 @@ import math
 
 import pytest
 from conftest import last_json, run_cli, start_cli
+from result_golden import assert_as_recorded
 from transformers import AutoModelForSequenceClassification, BertConfig
 
 from gpuanat.core.measure.anatomy import stack_problems
@@ -71,6 +72,11 @@ def tiny_model_counts() -> dict[str, int]:
         "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
         "matrices_elements": [tuple(p.shape) for p in parameters],
     }
+
+
+def test_every_result_prints_as_gpuanat_printed_it_before_the_result_was_typed(results):
+    for name, result in results.items():
+        assert_as_recorded(name, result)
 
 
 def test_json_contract(results):
