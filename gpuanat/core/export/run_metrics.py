@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from gpuanat.core.export.metrics import RankSnapshot, tokens_per_second
 from gpuanat.core.measure.anatomy import gradients_after_backward_bytes
