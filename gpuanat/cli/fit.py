@@ -75,7 +75,7 @@ def command_fit(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
 
-    def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
+    def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> RunResult:
         return run_recorded(
             config, store, args.stop_signals, label=name, name=name, warm_workers=workers, metrics=metrics
         )

@@ -26,6 +26,7 @@ from gpuanat.cli.common import (
 )
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 
@@ -280,7 +281,7 @@ def command_tune(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
 
-    def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
+    def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> RunResult:
         return run_recorded(
             config,
             store,

@@ -42,6 +42,7 @@ from gpuanat.core.store.report import format_bytes
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig, workload_for_device
 from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.protocol import Event, Ranked, Step
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.validation import validate_values
 from gpuanat.tui.dashboard_actions import FIRST_BINDINGS, SHARED_BINDINGS
 from gpuanat.tui.memory_view import MemoryView
@@ -166,7 +167,7 @@ class GpuAnatApp(SearchActions):
         self.capabilities: Capabilities | None = None
         self.nvml: NvmlStatus | None = None
         self.live: LiveRun | None = None
-        self.last_result: dict[str, Any] | None = None
+        self.last_result: RunResult | None = None
         self.charts_paused = False
         self.compare_selection: list[int] = []
         self._incoming_samples: collections.deque[Sample] = collections.deque(maxlen=10_000)
@@ -365,19 +366,19 @@ class GpuAnatApp(SearchActions):
             self.notify(f"The run could not be recorded: {message.failure}", severity="error", timeout=10)
         else:
             self.last_result = message.result
-            status = message.result["status"]
-            steady = message.result.get("steady_samples_per_second")
+            status = message.result.status
+            steady = message.result.steady_samples_per_second
             detail = f", steady {steady:.1f} samples/s" if steady else ""
             severity: SeverityLevel = "information" if status == "ok" else "warning" if status == "stopped" else "error"
-            self.notify(f"Run {message.result['run_id']}: {status}{detail}", severity=severity, timeout=6)
-            if message.result.get("history_error"):
-                self.notify(message.result["history_error"], severity="warning", timeout=15)
+            self.notify(f"Run {message.result.run_id}: {status}{detail}", severity=severity, timeout=6)
+            if message.result.history_error:
+                self.notify(message.result.history_error, severity="warning", timeout=15)
             self._memory_view.show_result(message.result)
-            if message.result.get("operations_anatomy"):
-                self.operations_shown = (message.result["operations_anatomy"], message.result["run_id"])
+            if message.result.operations_anatomy:
+                self.operations_shown = (message.result.operations_anatomy, message.result.run_id)
             self._show_operations()
-            findings = message.result.get("diagnosis") or []
-            self._step_strip.show(message.result.get("step_time_breakdown"), findings[0] if findings else None)
+            findings = message.result.diagnosis or []
+            self._step_strip.show(message.result.step_time_breakdown, findings[0] if findings else None)
         self._show_techniques()
         if self._quit_after_run:
             self.exit()
@@ -414,7 +415,7 @@ class GpuAnatApp(SearchActions):
     def _show_step_strip(self, live: LiveRun) -> None:
         """The latest steps' time by phase and what bounds them, live."""
         breakdown = recent_breakdown(live.timed_steps, live.gpu_busy)
-        findings = diagnose({"config": live.config.to_json(), "step_time_breakdown": breakdown}) if breakdown else []
+        findings = diagnose(RunResult(config=live.config.to_json(), step_time_breakdown=breakdown)) if breakdown else []
         self._step_strip.show(breakdown, findings[0].to_json() if findings else None)
 
     def _throughput_title(self, live: LiveRun | None, rank_rate: float | None) -> str:
@@ -475,8 +476,8 @@ class GpuAnatApp(SearchActions):
         """The GPU the charts and the memory bar show: rank 0's of the run in progress, else of the last run."""
         if self.live is not None and self.live.gpu_indices:
             return self.live.gpu_indices[0]
-        if self.last_result and self.last_result.get("gpus"):
-            return self.last_result["gpus"][0]["index"]
+        if self.last_result and self.last_result.gpus:
+            return self.last_result.gpus[0]["index"]
         return None
 
     def _add_sample(self, sample: Sample) -> None:
@@ -521,7 +522,7 @@ class GpuAnatApp(SearchActions):
     def _run_state(self) -> str:
         live = self.live
         if live is None:
-            idle = "idle" if self.last_result is None else f"idle · last run {self.last_result['status']}"
+            idle = "idle" if self.last_result is None else f"idle · last run {self.last_result.status}"
             worker = self._prepared_worker_status()
             return idle if worker is None else f"{idle} · {WORKER_STATES[worker]}"
         if live.last_step is None:
@@ -559,13 +560,15 @@ class GpuAnatApp(SearchActions):
         except (ConfigError, UnreadableModel):  # a --model this model cannot describe: no predicted column
             estimate = None
         context = CUDA_CONTEXT_BYTES if estimate is None else cuda_context_bytes(estimate)  # until measured here
-        last_config = RunConfig.from_json(self.last_result["config"]) if self.last_result else None
+        last_config = RunConfig.from_json(self.last_result.config) if self.last_result else None
         if (
             last_config is not None
-            and self.last_result["bands"].get("cuda_context_bytes")
+            and self.last_result is not None
+            and self.last_result.bands
+            and self.last_result.bands.cuda_context_bytes
             and (last_config.ranks, last_config.distributed) == (self.config.ranks, self.config.distributed)
         ):
-            context = self.last_result["bands"]["cuda_context_bytes"]
+            context = self.last_result.bands.cuda_context_bytes
         self.query_one(TechniquesPanel).show(
             self.config,
             capabilities=self.capabilities,

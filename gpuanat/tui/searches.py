@@ -54,7 +54,7 @@ def fit_search(control: RunControl, live: LiveRun, gpu_total: int | None) -> Non
                 start=start,
                 trial_steps=FIT_TRIAL_STEPS,
                 max_batch=FIT_MAX_BATCH,
-                on_trial=lambda batch_size, result: control.post(FitTrialDone(batch_size, result["status"])),
+                on_trial=lambda batch_size, result: control.post(FitTrialDone(batch_size, str(result.status))),
                 on_event=control.on_event,
                 **control.run_options(),
                 stop_requested=live.stop_requested,
@@ -65,7 +65,7 @@ def fit_search(control: RunControl, live: LiveRun, gpu_total: int | None) -> Non
         return
     failure = None
     if fit.failure is not None:
-        failure = f"the trial at batch {fit.failure['config']['batch_size']} ended {fit.failure['status']}"
+        failure = f"the trial at batch {fit.failure.config['batch_size']} ended {fit.failure.status}"
     control.post(FitFinished(fit.largest_batch_size, failure))
 
 

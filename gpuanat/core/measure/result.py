@@ -166,14 +166,12 @@ def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> _Memory:
         device_memory_used_bytes=device_used,
         process_memory_used_bytes=state.peak_process_used_bytes if no_gpu_reason is None else None,
         device_memory_total_bytes=state.device_total_bytes if no_gpu_reason is None else None,
-        bands=Bands(**bands.values()),
+        bands=Bands.from_json(bands.values()),
         unavailable={**unavailable, **bands.unavailable},
     )
 
 
-def _rank_result(
-    rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus, run_stopped: bool
-) -> RankResult:
+def _rank_result(rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus, run_stopped: bool) -> RankResult:
     """One entry of the result's `ranks`; `run_stopped`: the user stopped the run (rank 0's record says so)."""
     done, last_step = state.done, state.last_step
     memory = _memory(config, state, nvml)

@@ -278,7 +278,5 @@ def execute_run(
         ]
     if metrics is not None:
         metrics.run_ended(result)
-    result.history_error = pending.finish(
-        lambda history: history.update_result(run_id, result, status=result.status)
-    )
+    result.history_error = pending.finish(lambda history: history.update_result(run_id, result, status=result.status))
     return result

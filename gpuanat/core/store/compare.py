@@ -77,9 +77,7 @@ class Comparison:
     metrics: tuple[MetricRow, ...]
 
 
-def compare_runs(
-    run_ids: Sequence[int], configs: Sequence[dict[str, Any]], results: Sequence[RunResult]
-) -> Comparison:
+def compare_runs(run_ids: Sequence[int], configs: Sequence[dict[str, Any]], results: Sequence[RunResult]) -> Comparison:
     """Side-by-side comparison of runs; deltas are against the first."""
     fields = sorted({key for config in configs for key in config})
     differing = tuple(

@@ -96,7 +96,7 @@ class Prediction(JsonRecord):
 class RankResult(JsonRecord):
     """One rank's entry in a result's `ranks`: its process, its status and its GPU's memory."""
 
-    rank: int | None = None
+    rank: int = 0
     pid: int | None = None
     gpu_index: int | None = None
     """NVML index of its GPU; None when unknown."""
