@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from gpuanat.cli.common import (
     EXIT_FAILED,
