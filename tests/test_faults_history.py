@@ -26,6 +26,7 @@ from conftest import fill_file_system, mount, run_cli, small_tmpfs
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, HistoryWriteError, write_with_backoff
 from gpuanat.core.store.history_file import WRITE_BUSY_TIMEOUT_S
+from gpuanat.core.vocabulary.result import RunResult
 
 HOLD_LOCK = """
 import sqlite3, sys, time
@@ -40,7 +41,6 @@ db.execute("ROLLBACK")
 RECORDER = """
 import sys, time
 from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.vocabulary.result import RunResult
 store = HistoryStore(sys.argv[1])
 run_id = store.create_run({"batch_size": 4, "preset": "tiny"})
 store.add_steps(run_id, [

@@ -26,6 +26,7 @@ from gpuanat.core.store.history_errors import HistoryError, HistoryWriteError, w
 from gpuanat.core.store.history_file import default_db_path
 from gpuanat.core.store.history_schema import APPLICATION_ID, SCHEMA_VERSION
 from gpuanat.core.store.interrupted import result_from_steps
+from gpuanat.core.vocabulary.result import RunResult
 
 RECORDED_V1 = Path(__file__).parent / "data" / "h100_history_tf32.sqlite"
 """A history written by gpuanat before schema version 2 (no application_id, user_version 1), on an H100."""
