@@ -152,12 +152,12 @@ async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_
         result = await run_to_completion(app, pilot)
         await pilot.pause()
         # the causal LM's logits under the activations, measured and predicted: 4 × 32 × 32,000 × 4 bytes
-        assert app.query_one(MemoryBar).logits == (result["logits_bytes"], result["logits_bytes"], 16_384_000)
+        assert app.query_one(MemoryBar).logits == (result.logits_bytes, result.logits_bytes, 16_384_000)
         assert "of which logits" in html.unescape(app.export_screenshot()).replace("\xa0", " ")
-    assert result["status"] == "ok", result.get("error")
-    assert (result["config"]["preset"], result["config"]["lora"]) == ("llama-tiny", 8)
+    assert result.status == "ok", result.error
+    assert (result.config["preset"], result.config["lora"]) == ("llama-tiny", 8)
     assert (
-        result["trainable_params"] == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny", lora=8)).params
+        result.trainable_params == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny", lora=8)).params
     )
 
 

@@ -21,6 +21,7 @@ from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.percent import percent_delta
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import TECHNIQUES
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.screens.compare import CompareScreen
@@ -43,7 +44,7 @@ async def wait_for(pilot, condition, timeout_s: float = 120.0, what: str = "cond
         await pilot.pause(0.1)
 
 
-async def run_to_completion(app: GpuAnatApp, pilot) -> dict:
+async def run_to_completion(app: GpuAnatApp, pilot) -> RunResult:
     previous = app.last_result
     await pilot.press("r")
     await wait_for(pilot, lambda: app.live is None and app.last_result is not previous, what="the run to finish")
@@ -67,9 +68,9 @@ async def test_keys_change_the_config_the_child_receives(db_path):
         await pilot.press("A")
         assert app.config.grad_accum == 1
         result = await run_to_completion(app, pilot)
-    assert result["status"] == "ok", result.get("error")
+    assert result.status == "ok", result.error
     with HistoryStore(db_path) as store:
-        run = store.run(result["run_id"])
+        run = store.run(result.run_id)
     received = run.environment["config_received"]
     assert (
         received["grad_checkpointing"],
@@ -78,8 +79,8 @@ async def test_keys_change_the_config_the_child_receives(db_path):
         received["optim"],
         received["attn"],
     ) == (True, "bf16", 8, "sgd", "eager")
-    assert result["steps"] == 4  # 32 samples / batch 8
-    assert result["bands"]["optimizer_state_bytes"] == 0  # SGD keeps no state
+    assert result.steps == 4  # 32 samples / batch 8
+    assert result.bands.optimizer_state_bytes == 0  # SGD keeps no state
 
 
 @pytest.mark.asyncio
@@ -97,13 +98,13 @@ async def test_a_run_from_the_dashboard_samples_through_the_dashboards_sampler(d
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.capabilities is not None, what="the capability probe")
         result = await run_to_completion(app, pilot)
-        assert result["status"] == "ok", result.get("error")
+        assert result.status == "ok", result.error
         assert app._sampler is not None and app._sampler.running
         assert app._sampler._listeners == ()
         assert app._sampler._pids == set()
     assert sources_opened == [threading.main_thread().name]  # the dashboard's, at mount; none for the run
     with HistoryStore(db_path) as store:
-        samples = store.samples(result["run_id"])
+        samples = store.samples(result.run_id)
     assert len(samples) >= 3
     assert max(sample["host"]["rss_bytes"] or 0 for sample in samples) > 100 * 1024 * 1024  # the child, torch loaded
     gaps_s = [later["t_s"] - earlier["t_s"] for earlier, later in itertools.pairwise(samples)]
@@ -187,7 +188,7 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
         assert len(app.series["throughput"]) >= 1
         await pilot.press("plus")
         second = await run_to_completion(app, pilot)
-        assert (first["status"], second["status"]) == ("ok", "ok")
+        assert (first.status, second.status) == ("ok", "ok")
         await pilot.press("h")
         assert isinstance(app.screen, HistoryScreen)
         table = app.screen.query_one("#history-table")
@@ -196,15 +197,15 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
         await pilot.pause(0.2)
         assert isinstance(app.screen, CompareScreen)
         comparison = app.screen.comparison
-        assert comparison.run_ids == (first["run_id"], second["run_id"])
+        assert comparison.run_ids == (first.run_id, second.run_id)
         assert dict(comparison.differing)["batch_size"] == (4, 8)
         rows = {row.key: row for row in comparison.metrics}
         assert rows["samples_per_second"].deltas_percent[1] == percent_delta(
-            second["samples_per_second"], first["samples_per_second"]
+            second.samples_per_second, first.samples_per_second
         )
         assert rows["activations_bytes"].values == (
-            first["bands"]["activations_bytes"],
-            second["bands"]["activations_bytes"],
+            first.bands.activations_bytes,
+            second.bands.activations_bytes,
         )
         await pilot.press("escape")
         assert not isinstance(app.screen, CompareScreen)
@@ -263,10 +264,10 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
         strip = app.query_one(StepStrip)
         assert not strip.display  # nothing to show before a run
         result = await run_to_completion(app, pilot)
-        assert result["status"] == "ok"
+        assert result.status == "ok"
         shown = str(strip.render())
         assert strip.display
-        step_ms = round(1000 * result["step_time_breakdown"]["step_s"])
+        step_ms = round(1000 * result.step_time_breakdown["step_s"])
         assert shown.startswith(f"step {step_ms} ms ") and "fwd" in shown and "bwd" in shown, shown
         # T: a real search of short runs from the current set; s stops it and the best found so far becomes current
         await pilot.press("T")
@@ -368,7 +369,7 @@ async def test_a_stop_question_goes_away_when_its_run_ends(db_path):
         await wait_for(pilot, lambda: app.live is None, what="the run to finish on its own")
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen)
-        assert app.last_result["status"] == "ok"
+        assert app.last_result.status == "ok"
 
 
 @pytest.mark.asyncio
@@ -387,7 +388,7 @@ async def test_without_nvml_the_charts_show_the_runs_host_memory_and_cpu(db_path
         assert app.query_one("#util-chart", LineChart).title == "Host CPU of the run (% of one core)"
         assert any("No GPU charts" in notification.message for notification in app._notifications)
         result = await run_to_completion(app, pilot)
-        assert result["status"] == "ok"
+        assert result.status == "ok"
         assert len(app.series["host_rss"]) > 0 and app.series["host_rss"].max > 100 * 1024 * 1024  # torch alone
         assert len(app.series["host_cpu"]) > 0
 
@@ -409,9 +410,9 @@ async def test_a_lora_run_shows_its_trainable_weights_and_its_logits_in_the_memo
         adapters = 4 * lora_shapes(PRESETS["llama-tiny"], config).params
         assert bar.trainable == (None, adapters)  # before any run: the prediction only
         result = await run_to_completion(app, pilot)
-        assert result["status"] == "ok" and result["trainable_params"] < result["params"]
-        assert bar.trainable == (adapters, adapters) and adapters == 4 * result["trainable_params"]
-        assert bar.logits[0] == result["logits_bytes"] == 4 * 32 * 32_000 * 4
+        assert result.status == "ok" and result.trainable_params < result.params
+        assert bar.trainable == (adapters, adapters) and adapters == 4 * result.trainable_params
+        assert bar.logits[0] == result.logits_bytes == 4 * 32 * 32_000 * 4
         rows = [bar.render_line(y).text for y in range(bar.size.height)]
         assert any("of which trainable" in row for row in rows) and any("of which logits" in row for row in rows)
 
