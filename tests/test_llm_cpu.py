@@ -156,9 +156,7 @@ async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_
         assert "of which logits" in html.unescape(app.export_screenshot()).replace("\xa0", " ")
     assert result.status == "ok", result.error
     assert (result.config["preset"], result.config["lora"]) == ("llama-tiny", 8)
-    assert (
-        result.trainable_params == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny", lora=8)).params
-    )
+    assert result.trainable_params == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny", lora=8)).params
 
 
 def test_the_gpt2_preset_trains_the_docs_classifier_not_a_language_model(db_path):

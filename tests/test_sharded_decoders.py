@@ -21,8 +21,8 @@ from gpuanat.core.memory.predict import (
     estimate_memory,
     peak_device_bytes,
     peak_reserved_bytes,
-    prediction_caveat,
     prediction,
+    prediction_caveat,
 )
 from gpuanat.core.memory.shapes import parameter_shapes
 from gpuanat.core.vocabulary.config import RunConfig
