@@ -185,7 +185,7 @@ async def dashboard_run(db: Path, steps: int, warm: bool) -> dict[str, Any]:
             if time.monotonic() - pressed_s > 300:
                 raise RuntimeError("the dashboard's run did not end")
             await pilot.pause(0.05)
-        result = app.last_result
+        result = app.last_result.to_json()
     return {
         "warm": warm,
         "status_before_r": status_before,
