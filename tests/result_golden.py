@@ -4,7 +4,9 @@ changes between runs (times and rates, run ids, PIDs, paths, the log's tail, whi
 makes) is replaced by a placeholder; every key, its place and every other value stays as printed.
 
 `python tests/result_golden.py` recorded the file (at commit 29594be); the tests that run these configurations
-compare their fresh results with it (`assert_as_recorded`).
+compare their fresh results with it (`assert_as_recorded`). Its "interrupted" and "predictions" entries are what
+`interrupted.result_from_steps`/`interrupted_result` and `predict.prediction_json` returned at that commit for the
+inputs beside them (test_result_contract).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Every result committed from real GPU runs (benchmarks/results, tests/data: `gpua
 inside sweep, tune and check files, the H100 history's stored results) reads into a `RunResult` and writes back to
 the same bytes, key order included — results of older gpuanat versions with their missing and retired keys among
 them. Fresh results of real CPU runs are compared with what gpuanat printed before the result was typed in the
-tests that run them (`result_golden.assert_as_recorded`: test_run_cpu, test_failures, test_distributed_cpu).
+tests that run them (`result_golden.assert_as_recorded`: test_run_cpu, test_failures, test_distributed_cpu); here,
+a result rebuilt from steps and predictions, against what the code wrote then (tests/data/result_golden.json).
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from result_golden import GOLDEN_PATH
 
+from gpuanat.core.memory.predict import prediction
+from gpuanat.core.store.interrupted import interrupted_result, result_from_steps
+from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.result import Bands, RankResult, RunError, RunResult
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,3 +126,22 @@ def test_assigning_a_key_the_object_lacks_adds_it_at_the_end():
 @pytest.mark.parametrize("cls", [RunResult, RankResult, Bands, RunError])
 def test_a_built_record_writes_its_default_keys_in_order(cls):
     assert tuple(cls().to_json()) == cls.default_keys()
+
+
+def test_a_result_rebuilt_from_steps_writes_what_gpuanat_wrote_before_it_was_typed():
+    """`result_from_steps` and `interrupted_result` at commit 29594be, on these steps and this partial result
+    (tests/data/result_golden.json, "interrupted"): the same bytes now."""
+    recorded = json.loads(GOLDEN_PATH.read_text())["interrupted"]
+    rebuilt = result_from_steps({"batch_size": 4}, recorded["steps"], run_id=7, recorder_pid=4242)
+    assert json.dumps(rebuilt.to_json()) == json.dumps(recorded["rebuilt"])
+    assert json.dumps(result_from_steps({}, []).to_json()) == json.dumps(recorded["empty"])
+    merged = interrupted_result(recorded["stored"], rebuilt)
+    assert json.dumps(merged.to_json()) == json.dumps(recorded["merged"])
+
+
+def test_the_prediction_embedded_in_a_result_writes_what_gpuanat_wrote_before_it_was_typed():
+    """`prediction_json` at commit 29594be for these configurations, checked and with caveats, one GPU and several
+    (tests/data/result_golden.json, "predictions"): the same bytes from `prediction` now."""
+    for recorded in json.loads(GOLDEN_PATH.read_text())["predictions"]:
+        predicted = prediction(RunConfig(**recorded["config"]))
+        assert predicted is not None and json.dumps(predicted.to_json()) == json.dumps(recorded["predicted"])
