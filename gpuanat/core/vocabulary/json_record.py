@@ -25,7 +25,7 @@ class JsonRecord:
 
     json_keys: tuple[str, ...] = field(default=(), kw_only=True, compare=False, repr=False)
     """The object's keys in the order they are written: fields by their names, `extra`'s keys in their places.
-    Empty when constructed: every field, in declaration order (`default_keys`)."""
+    Left out when constructing: the class's `default_keys`."""
     extra: dict[str, Any] = field(default_factory=dict, kw_only=True, compare=False, repr=False)
     """Keys no field knows (written by another gpuanat version), with their values as read."""
 
@@ -78,11 +78,6 @@ def _encode(value: Any) -> Any:
     if isinstance(value, list):
         return [_encode(item) for item in value]
     return value
-
-
-def optional(decode: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """A decoder for a value that may be null."""
-    return lambda value: None if value is None else decode(value)
 
 
 def record_or_as_is(record: type[JsonRecord]) -> Callable[[Any], Any]:
