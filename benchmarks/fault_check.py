@@ -137,7 +137,7 @@ def run_scenario(name: str, handle: Any, workdir: Path) -> dict[str, Any]:
         "printed_steps": printed["steps"] if printed else None,
         "history_status": row.status,
         "history_steps": stored_steps,
-        "history_result_steps": row.result.get("steps"),
+        "history_result_steps": row.result.steps,
         "history_finished_at": row.finished_at,
     }
 

@@ -114,7 +114,7 @@ def execute_runs(out: Path, steps: int, store: HistoryStore, log_dir: Path) -> d
     try:
         for pair in range(2):
             cold = execute_run(config, store=store, log_dir=log_dir, name=f"cold {pair}")
-            report["runs"].append({"kind": "cold", **summary_of(cold)})
+            report["runs"].append({"kind": "cold", **summary_of(cold.to_json())})
             print("cold", json.dumps(report["runs"][-1]["wall_breakdown_s"]), flush=True)
             before = gpu_state() if config.device == "cuda" else None
             workers.prepare(environment)
@@ -130,7 +130,7 @@ def execute_runs(out: Path, steps: int, store: HistoryStore, log_dir: Path) -> d
             )
             print("prepared", json.dumps(report["prepared"][-1]), flush=True)
             warm = execute_run(config, store=store, log_dir=log_dir, name=f"warm {pair}", warm_workers=workers)
-            report["runs"].append({"kind": "warm", **summary_of(warm)})
+            report["runs"].append({"kind": "warm", **summary_of(warm.to_json())})
             print("warm", json.dumps(report["runs"][-1]["wall_breakdown_s"]), flush=True)
             workers.close()
             workers = WarmWorkers(enabled=True)
@@ -152,7 +152,7 @@ def execute_runs(out: Path, steps: int, store: HistoryStore, log_dir: Path) -> d
             report["allocator"].append(
                 {
                     "expandable_segments": expandable,
-                    "start": result.get("start"),
+                    "start": result.start,
                     "segments_expandable": expandable_of(snapshot),
                 }
             )
@@ -190,7 +190,7 @@ async def dashboard_run(db: Path, steps: int, warm: bool) -> dict[str, Any]:
             if time.monotonic() - pressed_s > 300:
                 raise RuntimeError("the dashboard's run did not end")
             await pilot.pause(0.05)
-        result = app.dashboard.last_result
+        result = app.dashboard.last_result.to_json()
     return {
         "warm": warm,
         "status_before_r": status_before,

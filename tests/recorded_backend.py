@@ -23,6 +23,7 @@ from gpuanat.core.run.tune.search import Progress
 from gpuanat.core.run.tune.space import SearchSpace
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.protocol import ModelInfo, Step, decode
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.tui.run_backend import RunHooks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +65,7 @@ class RecordedRunBackend:
     def probe_capabilities(self) -> Capabilities:
         return CAPABILITIES
 
-    def run(self, config: RunConfig, hooks: RunHooks) -> dict[str, Any]:
+    def run(self, config: RunConfig, hooks: RunHooks) -> RunResult:
         recorded = RunConfig.from_json(self.meta["config"])
         if config != recorded:
             summaries = recorded.techniques_summary(), config.techniques_summary()
@@ -77,7 +78,7 @@ class RecordedRunBackend:
             hooks.on_event(step)
             if self._step_pause_s:
                 pause.wait(self._step_pause_s)
-        return dict(self.result)
+        return RunResult.from_json(self.result)
 
     def fit(
         self,
@@ -87,7 +88,7 @@ class RecordedRunBackend:
         start: int,
         trial_steps: int,
         max_batch: int,
-        on_trial: Callable[[int, dict[str, Any]], None],
+        on_trial: Callable[[int, RunResult], None],
     ) -> FitResult:
         raise RuntimeError("a recorded run cannot be searched")
 

@@ -22,6 +22,7 @@ from gpuanat.core.measure.samples import NvmlStatus
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.protocol import ModelInfo, Step, decode
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline
@@ -111,7 +112,7 @@ def fill_history(db_path: Path) -> None:
     with HistoryStore(db_path) as store:
         for index, row in enumerate(json.loads(SWEEP.read_text())):
             run_id = store.create_run(row["config"], name=row["name"], created_at=SWEEP_STARTED_AT + 60 * index)
-            store.update_result(run_id, {**row, "run_id": run_id}, status=row["status"])
+            store.update_result(run_id, RunResult.from_json({**row, "run_id": run_id}), status=row["status"])
             recorded = series.get(row["name"])
             if recorded is not None:
                 store.set_environment(run_id, recorded["environment"])

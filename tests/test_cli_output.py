@@ -12,6 +12,7 @@ from conftest import REPO, cli_env, cli_in_terminal, run_cli
 
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import HISTORY_COLUMNS, fit_columns
+from gpuanat.core.vocabulary.result import RunResult
 
 RUNS = [  # what real runs store: long technique strings, GPU names, every number
     (
@@ -48,7 +49,7 @@ def history_db(tmp_path):
     with HistoryStore(db) as store:
         for config, result in RUNS:
             run_id = store.create_run(config, name="a rather long experiment name")
-            store.update_result(run_id, {**result, "run_id": run_id}, status=result["status"])
+            store.update_result(run_id, RunResult.from_json({**result, "run_id": run_id}), status=result["status"])
     return db
 
 

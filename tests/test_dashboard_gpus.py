@@ -21,6 +21,7 @@ from gpuanat.core.measure.replay import ReplaySource
 from gpuanat.core.measure.samples import NvmlStatus
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.protocol import Hello, ProbeBands, Ranked, Step
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.messages import RunFinished
 from gpuanat.tui.run_backend import LocalRunBackend
@@ -161,7 +162,7 @@ async def test_each_gpu_of_a_run_gets_a_lane_with_its_ranks_bands_and_nvml_readi
             rank = ddp_result()["ranks"][lane.rank]
             assert lane.bands["cuda_context_bytes"] == process["used_bytes"] - rank["peak_reserved_bytes"]
             assert all(value is None or value >= 0 for value in lane.bands.values())
-        app.dashboard.post_message(RunFinished(ddp_result()))
+        app.dashboard.post_message(RunFinished(RunResult.from_json(ddp_result())))
         await pilot.pause()
         finished = app.query_one(GpuLanes).lanes
         assert [lane.used_bytes for lane in finished] == [
@@ -232,7 +233,7 @@ async def test_eight_lanes_fit_80x24_with_the_memory_legend_folded_away(tmp_path
     async with app.run_test(size=(80, 24)) as pilot:
         while app.dashboard.capabilities is None:
             await pilot.pause()
-        app.dashboard.post_message(RunFinished(eight))
+        app.dashboard.post_message(RunFinished(RunResult.from_json(eight)))
         await pilot.pause()
         lanes = app.query_one(GpuLanes)
         assert [lane.gpu_index for lane in lanes.lanes] == list(range(8))

@@ -10,10 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from gpuanat.core.measure.diagnose import breakdown_line, diagnose, diagnosis_line
-from gpuanat.core.store.compare import compare_runs
+from gpuanat.core.measure import diagnose as diagnosis
+from gpuanat.core.measure.diagnose import breakdown_line, diagnosis_line
+from gpuanat.core.store import compare
+from gpuanat.core.vocabulary.result import RunResult
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "h100" / "diagnosis"
+
+
+def diagnose(result: dict, **rates: float | None) -> list[diagnosis.Finding]:
+    """The findings for a result given as its JSON (a committed one, or one made from it), read as the history
+    reads it."""
+    return diagnosis.diagnose(RunResult.from_json(result), **rates)
+
+
+def compare_runs(run_ids: list[int], configs: list[dict], results: list[dict]) -> compare.Comparison:
+    return compare.compare_runs(run_ids, configs, [RunResult.from_json(result) for result in results])
 
 
 def recorded_runs() -> dict[str, dict]:
@@ -115,13 +127,15 @@ def test_the_same_training_eager_or_on_one_gpu_is_found_in_earlier_runs():
     config = run["config"]
     compiled = {**config, "compile": True}
     earlier = [
-        ({**config, "samples": 4096}, "ok", {"steady_samples_per_second": 250.0}),  # eager, longer: same rate
-        ({**config, "batch_size": 64}, "ok", {"steady_samples_per_second": 290.0}),  # another batch: not it
-        (config, "ok", {"steady_samples_per_second": 240.0}),  # an older eager run: the newest counts
+        ({**config, "samples": 4096}, "ok", RunResult(steady_samples_per_second=250.0)),  # eager, longer: same rate
+        ({**config, "batch_size": 64}, "ok", RunResult(steady_samples_per_second=290.0)),  # another batch: not it
+        (config, "ok", RunResult(steady_samples_per_second=240.0)),  # an older eager run: the newest counts
     ]
     assert reference_rates(compiled, earlier) == {"one_gpu_samples_per_second": None, "eager_samples_per_second": 250.0}
     assert (
-        reference_rates(compiled, [(config, "oom", {"steady_samples_per_second": 1.0})])["eager_samples_per_second"]
+        reference_rates(compiled, [(config, "oom", RunResult(steady_samples_per_second=1.0))])[
+            "eager_samples_per_second"
+        ]
         is None
     )
     on_two = {**config, "gpus": "2", "distributed": "ddp"}

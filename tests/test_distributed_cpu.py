@@ -24,6 +24,7 @@ from conftest import (
     tiny_model_reference,
     wait_for_steps,
 )
+from result_golden import assert_as_recorded
 
 from gpuanat.worker.lifeline import PARENT_GONE_GRACE_S
 
@@ -81,6 +82,7 @@ def test_ddp_on_two_cpu_ranks_holds_the_whole_model_on_each_and_counts_every_sam
     result = last_json(completed.stdout)
     assert result["status"] == "ok"
     assert result["config"]["distributed"] == "ddp" and result["config"]["nproc"] == 2  # ddp: the default for 2
+    assert_as_recorded("ddp_two_ranks", result)
     reference = tiny_model_reference()
     ranks = result["ranks"]
     assert [rank["rank"] for rank in ranks] == [0, 1]

@@ -13,10 +13,16 @@ import signal
 import psutil
 import pytest
 from conftest import TINY_CPU, last_json, start_cli, wait_for_steps
+from result_golden import assert_as_recorded
 
 from gpuanat.core.store.history import HistoryStore
 
 FAULTS = {"oom": "oom@3", "crash": "crash@3", "garbage": "garbage@2"}
+STOPPED_RUN = [
+    *("run", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "100000", "--batch-size", "4"),
+    *("--workers", "2", "--json"),
+]
+"""A long run with two DataLoader worker processes, for Ctrl-C to stop."""
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +35,12 @@ def faulted(tmp_path_factory):
         assert stdout.strip(), f"{name}: nothing on stdout, exit {process.returncode}; stderr:\n{stderr[-4000:]}"
         outcomes[name] = (process.returncode, last_json(stdout), stderr)
     return db, outcomes
+
+
+def test_every_faulted_result_prints_as_gpuanat_printed_it_before_the_result_was_typed(faulted):
+    _, outcomes = faulted
+    for name, (_, result, _) in outcomes.items():
+        assert_as_recorded(name, result)
 
 
 def test_oom_is_recorded_and_reported_plainly(faulted):
@@ -74,23 +86,7 @@ def test_a_malformed_event_is_counted_and_the_run_goes_on(faulted):
 
 def test_ctrl_c_stops_the_child_and_its_dataloader_workers(db_path):
     # A long run with two DataLoader worker processes; Ctrl-C arrives as SIGINT to gpuanat itself.
-    args = [
-        "run",
-        "--preset",
-        "tiny",
-        "--device",
-        "cpu",
-        "--seq-len",
-        "32",
-        "--samples",
-        "100000",
-        "--batch-size",
-        "4",
-        "--workers",
-        "2",
-        "--json",
-    ]
-    process = start_cli(args, db_path)
+    process = start_cli(STOPPED_RUN, db_path)
     try:
         wait_for_steps(db_path, 2, psutil.Process(process.pid))
         tree = psutil.Process(process.pid).children(recursive=True)
@@ -107,6 +103,7 @@ def test_ctrl_c_stops_the_child_and_its_dataloader_workers(db_path):
     assert process.returncode == 130, stderr
     result = last_json(stdout)
     assert result["status"] == "stopped"
+    assert_as_recorded("stopped", result)
     _gone, alive = psutil.wait_procs(tree, timeout=5)
     assert alive == []
     with HistoryStore(db_path) as store:

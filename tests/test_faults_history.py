@@ -26,6 +26,7 @@ from conftest import fill_file_system, mount, run_cli, small_tmpfs
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, HistoryWriteError, write_with_backoff
 from gpuanat.core.store.history_file import WRITE_BUSY_TIMEOUT_S
+from gpuanat.core.vocabulary.result import RunResult
 
 HOLD_LOCK = """
 import sqlite3, sys, time
@@ -93,7 +94,7 @@ def _history_with_runs(db: Path, runs: int = 2) -> list[int]:
         for index in range(runs):
             run_id = store.create_run({"batch_size": 4 * (index + 1)})
             store.add_steps(run_id, [{"step": 1, "elapsed_s": 0.5, "samples": 4}])
-            store.update_result(run_id, {"status": "ok", "run_id": run_id}, status="ok")
+            store.update_result(run_id, RunResult.from_json({"status": "ok", "run_id": run_id}), status="ok")
             run_ids.append(run_id)
     return run_ids
 
@@ -125,7 +126,9 @@ def test_write_with_backoff_succeeds_once_the_lock_is_released(tmp_path):
         run_id = store.create_run({"batch_size": 4})
         holder = _hold_lock(db, seconds=3)
         started = time.monotonic()
-        write_with_backoff(lambda: store.update_result(run_id, {"status": "ok"}, status="ok"), deadline_s=20)
+        write_with_backoff(
+            lambda: store.update_result(run_id, RunResult.from_json({"status": "ok"}), status="ok"), deadline_s=20
+        )
         new_run = write_with_backoff(lambda: store.create_run({"batch_size": 8}), deadline_s=20)
         assert time.monotonic() - started >= 2.5  # it had to wait for the holder
         assert holder.wait(timeout=10) == 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import pty
 import signal
@@ -38,6 +37,7 @@ from conftest import (
 from event_fuzz import malformed_lines
 
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.result import RUN_RESULT_KEYS
 from gpuanat.worker.lifeline import PARENT_GONE_GRACE_S
 
 LONG_CPU_RUN = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "100000", "--batch-size", "4"]
@@ -155,7 +155,7 @@ def test_a_stop_signal_stops_the_run_and_records_it_as_stopped(db_path, signals)
     _assert_all_gone(tree, timeout_s=10)
     run, steps = _stored_run(db_path)
     assert run.status == "stopped" and run.finished_at is not None
-    assert run.result["status"] == "stopped" and run.result["run_id"] == result["run_id"]
+    assert run.result.status == "stopped" and run.result.run_id == result["run_id"]
     assert len(steps) >= 3
 
 
@@ -175,7 +175,7 @@ def test_a_sigkilled_gpuanat_takes_its_training_processes_with_it(db_path):
     run, steps = _stored_run(db_path)  # a writable open: it finalises the run its dead recorder left running
     assert len(steps) >= 3  # what was recorded before the kill stays
     assert run.status == "interrupted" and run.finished_at is not None
-    assert run.result["steps"] == steps[-1]["step"] and run.result["error"]["kind"] == "interrupted"
+    assert run.result.steps == steps[-1]["step"] and run.result.error.kind == "interrupted"
 
 
 def test_a_child_still_starting_dies_with_its_sigkilled_parent(db_path):
@@ -286,9 +286,9 @@ def test_the_dashboard_records_its_run_as_stopped_when_the_terminal_hangs_up_or_
     _assert_all_gone(tree, timeout_s=10)
     run, steps = _stored_run(db_path)
     assert run.status == "stopped" and run.finished_at is not None
-    assert run.result["status"] == "stopped" and len(steps) >= 3
-    assert json.dumps(run.result)  # a whole result, as `gpuanat run --json` gives it
-    assert run.result["steps"] >= 3
+    assert run.result.status == "stopped" and len(steps) >= 3
+    assert set(RUN_RESULT_KEYS) <= run.result.to_json().keys()  # a whole result, as `gpuanat run --json` gives it
+    assert run.result.steps >= 3
 
 
 # --- a busy or full history ------------------------------------------------------------------------------------
@@ -379,7 +379,7 @@ def test_a_disk_full_until_the_end_ends_the_run_with_its_result_and_says_what_wa
     run, steps = _stored_run(db)
     assert run.status == "interrupted" and run.finished_at is not None
     assert [step["step"] for step in steps] == list(range(1, saved_steps + 1))
-    assert run.result["steps"] == saved_steps and "rebuilt from its" in run.result["error"]["message"]
+    assert run.result.steps == saved_steps and "rebuilt from its" in run.result.error.message
 
 
 def test_the_watch_dashboard_saves_what_it_watched_when_the_terminal_hangs_up(tmp_path, db_path):
@@ -403,7 +403,7 @@ def test_the_watch_dashboard_saves_what_it_watched_when_the_terminal_hangs_up(tm
         (run,) = store.runs()
         samples = store.samples(run.id)
     assert (run.kind, run.name, run.status) == ("watched", "hung up", "detached")
-    assert run.finished_at is not None and run.result["watched_s"] > 1
+    assert run.finished_at is not None and run.result.watched_s > 1
     assert len(samples) >= 3
 
 

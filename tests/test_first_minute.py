@@ -156,13 +156,13 @@ async def test_while_a_run_starts_the_screen_says_where_it_is(db_path):
         log = [str(line.text) for line in app.query_one("#log").lines]
     starting = [status for status in statuses if "starting" in status]
     assert starting and all(
-        status.startswith(("run: starting", f"run {result['run_id']}: starting")) for status in starting
+        status.startswith(("run: starting", f"run {result.run_id}: starting")) for status in starting
     )
     assert any("imports" in status and status.endswith("s…") for status in starting), starting[-3:]
     noted = [line.removeprefix("gpuanat · start-up: ") for line in log if line.startswith("gpuanat · start-up: ")]
     parts = [line.rsplit(" ", 2)[0] for line in noted]
-    assert parts == [part for part in FIRST_STEP_PARTS if part in result["wall_breakdown_s"]][: len(parts)]
+    assert parts == [part for part in FIRST_STEP_PARTS if part in result.wall_breakdown_s][: len(parts)]
     assert {"imports", "model", "first step"} <= set(parts), noted
     for line in noted:  # each with the seconds the result records for it
         part, seconds = line.rsplit(" ", 2)[0], float(line.rsplit(" ", 2)[1])
-        assert seconds == pytest.approx(result["wall_breakdown_s"][part], abs=0.2)
+        assert seconds == pytest.approx(result.wall_breakdown_s[part], abs=0.2)

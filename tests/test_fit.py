@@ -71,4 +71,4 @@ def test_fit_confirms_with_real_runs(db_path):
         ("fit batch 8", "oom"),
         ("fit batch 7", "oom"),
     ]
-    assert all(run.result["steps"] == 2 for run in runs if run.status == "ok")
+    assert all(run.result.steps == 2 for run in runs if run.status == "ok")

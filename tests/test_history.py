@@ -26,6 +26,7 @@ from gpuanat.core.store.history_errors import HistoryError, HistoryWriteError, w
 from gpuanat.core.store.history_file import default_db_path
 from gpuanat.core.store.history_schema import APPLICATION_ID, SCHEMA_VERSION
 from gpuanat.core.store.interrupted import result_from_steps
+from gpuanat.core.vocabulary.result import RunResult
 
 RECORDED_V1 = Path(__file__).parent / "data" / "h100_history_tf32.sqlite"
 """A history written by gpuanat before schema version 2 (no application_id, user_version 1), on an H100."""
@@ -53,10 +54,10 @@ def test_run_lifecycle(tmp_path):
         store.add_steps(run_id, [{"step": 1, "elapsed_s": 0.1, "samples": 4}, {"step": 2, "elapsed_s": 0.2}])
         store.add_samples(run_id, [{"t_s": 5.0, "gpus": []}])
         assert store.run(run_id).status == "running"  # its recorder (this process) is alive
-        store.update_result(run_id, {"status": "ok", "samples_per_second": 9.5}, status="ok")
+        store.update_result(run_id, RunResult.from_json({"status": "ok", "samples_per_second": 9.5}), status="ok")
         run = store.run(run_id)
     assert run.status == "ok" and run.name == "vanilla" and run.finished_at >= run.created_at
-    assert run.result["samples_per_second"] == 9.5
+    assert run.result.samples_per_second == 9.5
     with HistoryStore(tmp_path / "h.sqlite") as reopened:
         assert [step["step"] for step in reopened.steps(run_id)] == [1, 2]
         assert reopened.samples(run_id) == [{"t_s": 5.0, "gpus": []}]
@@ -75,7 +76,7 @@ def test_a_run_whose_recorder_exited_is_finalised_once_by_the_next_writable_open
     before = _fingerprint(db)
     with HistoryStore(db, read_only=True) as reader:  # shown interrupted, nothing written
         (shown,) = reader.runs()
-    assert shown.status == "interrupted" and shown.result["steps"] == 2
+    assert shown.status == "interrupted" and shown.result.steps == 2
     assert _fingerprint(db) == before and _raw_run(db, shown.id)["status"] == "running"
 
     with HistoryStore(db) as store:
@@ -101,7 +102,7 @@ def test_a_live_pid_that_started_at_another_time_is_not_the_recorder(tmp_path):
         assert store.run(run_id).status == "interrupted"
     with HistoryStore(tmp_path / "h.sqlite") as reopened:
         assert _raw_run(tmp_path / "h.sqlite", run_id)["status"] == "interrupted"
-        assert reopened.run(run_id).result["error"]["kind"] == "interrupted"
+        assert reopened.run(run_id).result.error.kind == "interrupted"
 
 
 def test_a_thread_id_is_not_a_live_process():
@@ -147,24 +148,25 @@ def test_result_from_steps_takes_each_figure_from_the_steps_that_have_it():
         {"step": 3, "elapsed_s": 4.0, "samples": 12, "loss": None, "peak_allocated_bytes": 1200},
     ]
     result = result_from_steps({"batch_size": 4}, steps, run_id=7, recorder_pid=4242)
-    assert result["run_id"] == 7 and result["status"] == "interrupted" and result["config"] == {"batch_size": 4}
-    assert (result["steps"], result["samples"], result["train_runtime_s"]) == (3, 12, 4.0)
-    assert result["samples_per_second"] == 3.0
-    assert result["train_loss"] == 2.0  # the last step that had a loss
-    assert (result["peak_allocated_bytes"], result["peak_reserved_bytes"]) == (1200, 4000)
+    assert result.run_id == 7 and result.status == "interrupted" and result.config == {"batch_size": 4}
+    assert (result.steps, result.samples, result.train_runtime_s) == (3, 12, 4.0)
+    assert result.samples_per_second == 3.0
+    assert result.train_loss == 2.0  # the last step that had a loss
+    assert (result.peak_allocated_bytes, result.peak_reserved_bytes) == (1200, 4000)
     # step 1's probe bands as one moment's, the end of its forward pass, the gradients' maximum beside them
+    assert result.bands is not None
     assert {
-        band: result["bands"][band]
+        band: getattr(result.bands, band)
         for band in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes")
     } == {"weights_bytes": 100, "gradients_bytes": 0, "optimizer_state_bytes": 0, "activations_bytes": 50}
-    assert result["gradients_after_backward_bytes"] == 100
-    assert result["error"] == {
+    assert result.gradients_after_backward_bytes == 100
+    assert result.to_json()["error"] == {
         "kind": "interrupted",
         "message": "the recorder (PID 4242) stopped before the run finished; this result was rebuilt from its 3 "
         "recorded steps",
     }
     empty = result_from_steps({}, [])
-    assert (empty["steps"], empty["samples"], empty["train_runtime_s"], empty["samples_per_second"]) == (
+    assert (empty.steps, empty.samples, empty.train_runtime_s, empty.samples_per_second) == (
         0,
         0,
         None,
@@ -176,16 +178,18 @@ def test_what_a_partial_result_stored_wins_over_the_rebuilt_one(tmp_path):
     db = tmp_path / "h.sqlite"
     code = (
         "from gpuanat.core.store.history import HistoryStore\n"
+        "from gpuanat.core.vocabulary.result import RunResult\n"
         f"s = HistoryStore({str(db)!r}); r = s.create_run({{'batch_size': 4}})\n"
         "s.add_steps(r, [{'step': 1, 'elapsed_s': 0.5, 'samples': 4}])\n"
-        "s.update_result(r, {'status': 'running', 'params': 110, 'gpu_name': 'H100', 'train_loss': None})\n"
+        "partial = {'status': 'running', 'params': 110, 'gpu_name': 'H100', 'train_loss': None}\n"
+        "s.update_result(r, RunResult.from_json(partial))\n"
         "import os; os._exit(0)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     with HistoryStore(db) as store:
         (run,) = store.runs()
-    assert run.status == "interrupted" and run.result["status"] == "interrupted"
-    assert run.result["params"] == 110 and run.result["gpu_name"] == "H100" and run.result["steps"] == 1
+    assert run.status == "interrupted" and run.result.status == "interrupted"
+    assert run.result.params == 110 and run.result.gpu_name == "H100" and run.result.steps == 1
 
 
 def test_a_new_history_is_private_whatever_the_umask(tmp_path):

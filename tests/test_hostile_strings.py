@@ -27,6 +27,7 @@ from hostile import (
 
 from gpuanat.core.printable import printable, printable_keeping_colours
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.result import RunResult
 
 STORABLE = {key: value for key, value in ALL_PAYLOADS.items() if key != "not_utf8"}
 """Names the history can hold as given (SQLite text is UTF-8; a name that is not is refused at the door)."""
@@ -81,7 +82,9 @@ def hostile_history(tmp_path):
             )
             store.update_result(
                 run_id,
-                {"status": "ok", "run_id": run_id, "device_name": "x86_64" + TITLE, "samples_per_second": 12.5},
+                RunResult.from_json(
+                    {"status": "ok", "run_id": run_id, "device_name": "x86_64" + TITLE, "samples_per_second": 12.5}
+                ),
                 status="ok",
             )
     return db, names

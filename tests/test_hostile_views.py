@@ -21,6 +21,7 @@ from gpuanat.core.measure.samples import HostProcess, NvmlStatus, ProcessGpuMemo
 from gpuanat.core.printable import printable
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget, resolve_target
 from gpuanat.tui.app import GpuAnatApp
@@ -63,7 +64,9 @@ def fill_hostile_history(db_path: Path) -> None:
             run_id = store.create_run(config, name=name, created_at=CREATED_AT + 60 * index)
             store.update_result(
                 run_id,
-                {"status": "ok", "run_id": run_id, "samples_per_second": 10.0 + index, "device_name": "x86_64"},
+                RunResult.from_json(
+                    {"status": "ok", "run_id": run_id, "samples_per_second": 10.0 + index, "device_name": "x86_64"}
+                ),
                 status="ok",
             )
 

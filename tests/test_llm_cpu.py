@@ -15,7 +15,7 @@ import pytest
 from conftest import last_json, run_cli, state_bytes
 from rich.console import Console
 
-from gpuanat.core.memory.predict import estimate_memory, prediction_json
+from gpuanat.core.memory.predict import estimate_memory, prediction
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.errors import ConfigError
@@ -106,26 +106,26 @@ def test_lora_needs_peft_and_one_gpu_ddp_or_fsdp():
 
 
 def test_predict_says_what_no_measurement_has_checked():
-    assert prediction_json(RunConfig())["confidence"] == "checked"  # bert-large: the H100's held-out runs
-    assert prediction_json(RunConfig(preset="gpt2"))["confidence"] == "checked"  # the H100 matrix (docs/llm.md)
-    assert "decoders only" in prediction_json(RunConfig(preset="gpt2", lora=8))["caveat"]
-    mistral = prediction_json(RunConfig(preset="mistral-7b", lora=16, precision="bf16"))
-    assert mistral["confidence"] == "unchecked" and "no mistral decoder was measured" in mistral["caveat"]
+    assert prediction(RunConfig()).confidence == "checked"  # bert-large: the H100's held-out runs
+    assert prediction(RunConfig(preset="gpt2")).confidence == "checked"  # the H100 matrix (docs/llm.md)
+    assert "decoders only" in prediction(RunConfig(preset="gpt2", lora=8)).caveat
+    mistral = prediction(RunConfig(preset="mistral-7b", lora=16, precision="bf16"))
+    assert mistral.confidence == "unchecked" and "no mistral decoder was measured" in mistral.caveat
     # mistral-7b under FSDP2 on 2 and 4 H200s (docs/several-gpus.md)
-    sharded = prediction_json(
+    sharded = prediction(
         RunConfig(preset="mistral-7b", lora=16, precision="bf16", grad_checkpointing=True, gpus="2", distributed="fsdp")
     )
-    assert sharded["confidence"] == "checked"
-    decoder = prediction_json(
+    assert sharded.confidence == "checked"
+    decoder = prediction(
         RunConfig(preset="llama-3.1-8b", lora=16, precision="bf16", seq_len=2048, batch_size=1, grad_checkpointing=True)
     )
-    assert decoder["confidence"] == "checked"
+    assert decoder.confidence == "checked"
     # exact: a 16-bit base of 8.03B parameters and 42M fp32 adapters with their gradients and AdamW's moments
     adapters = lora_shapes(PRESETS["llama-3.1-8b"], RunConfig(preset="llama-3.1-8b", lora=16)).params
     assert adapters == 41_943_040
-    assert decoder["gradients_bytes"] == 4 * adapters
-    assert decoder["weights_bytes"] == 2 * parameter_shapes(PRESETS["llama-3.1-8b"]).params + 4 * adapters + 256
-    assert decoder["logits_bytes"] == 1 * 2048 * 128_256 * 4
+    assert decoder.gradients_bytes == 4 * adapters
+    assert decoder.weights_bytes == 2 * parameter_shapes(PRESETS["llama-3.1-8b"]).params + 4 * adapters + 256
+    assert decoder.logits_bytes == 1 * 2048 * 128_256 * 4
 
 
 @pytest.mark.asyncio
@@ -152,13 +152,11 @@ async def test_the_dashboard_chooses_a_decoder_and_lora_by_key_and_trains_it(db_
         result = await run_to_completion(app, pilot)
         await pilot.pause()
         # the causal LM's logits under the activations, measured and predicted: 4 × 32 × 32,000 × 4 bytes
-        assert app.query_one(MemoryBar).logits == (result["logits_bytes"], result["logits_bytes"], 16_384_000)
+        assert app.query_one(MemoryBar).logits == (result.logits_bytes, result.logits_bytes, 16_384_000)
         assert "of which logits" in html.unescape(app.export_screenshot()).replace("\xa0", " ")
-    assert result["status"] == "ok", result.get("error")
-    assert (result["config"]["preset"], result["config"]["lora"]) == ("llama-tiny", 8)
-    assert (
-        result["trainable_params"] == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny", lora=8)).params
-    )
+    assert result.status == "ok", result.error
+    assert (result.config["preset"], result.config["lora"]) == ("llama-tiny", 8)
+    assert result.trainable_params == lora_shapes(PRESETS["llama-tiny"], RunConfig(preset="llama-tiny", lora=8)).params
 
 
 def test_the_gpt2_preset_trains_the_docs_classifier_not_a_language_model(db_path):

@@ -313,9 +313,9 @@ async def test_the_dashboard_tells_its_metrics_about_its_runs(db_path):
         assert metrics.snapshots() == []
         result = await run_to_completion(app, pilot)
     (snapshot,) = metrics.snapshots()
-    assert (snapshot.rank, snapshot.run_id, snapshot.status) == (0, str(result["run_id"]), "ok")
-    assert snapshot.bands == result["ranks"][0]["bands"]
-    assert snapshot.step == result["steps"] and snapshot.model == "tiny"
+    assert (snapshot.rank, snapshot.run_id, snapshot.status) == (0, str(result.run_id), "ok")
+    assert snapshot.bands == result.ranks[0].bands.values()
+    assert snapshot.step == result.steps and snapshot.model == "tiny"
 
 
 def test_a_script_run_with_metrics_has_its_probe_serve_them(tmp_path):

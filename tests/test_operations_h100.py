@@ -9,9 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_diagnose import RUNS
+from test_diagnose import RUNS, compare_runs, diagnose
 
-from gpuanat.core.measure.diagnose import diagnose
 from gpuanat.core.operations.anatomy import memory_bound_share, operations_anatomy
 from gpuanat.core.operations.classify import GROUPS, group_of, op_base
 from gpuanat.core.vocabulary.protocol import KernelRow, Operations
@@ -123,8 +122,6 @@ def test_a_gpu_bound_run_spending_its_time_moving_memory_is_told_how_to_fuse():
 
 
 def test_compare_shows_what_compile_regions_fused_away():
-    from gpuanat.core.store.compare import compare_runs
-
     eager = {"operations_anatomy": anatomy_of("bert-bf16")}
     compiled = {"operations_anatomy": anatomy_of("bert-bf16-compile-regions")}
     comparison = compare_runs([1, 2], [{"compile_regions": False}, {"compile_regions": True}], [eager, compiled])

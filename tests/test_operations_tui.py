@@ -28,11 +28,11 @@ async def test_o_profiles_the_next_run_and_shows_its_operations_beside_the_paper
         assert not app.query_one("#memory-chart").display  # the panel takes the charts' place
         assert "The next run profiles 3 steps after warm-up" in " ".join(panel_lines(app, 76))
         result = await run_to_completion(app, pilot)
-        anatomy = result["operations_anatomy"]
+        anatomy = result.operations_anatomy
         assert anatomy["profiled_steps"] == 3
         lines = panel_lines(app, 76)
         assert lines[0].startswith(
-            f"Operations of run {result['run_id']}: 3 profiled steps from step {anatomy['first_step']}"
+            f"Operations of run {result.run_id}: 3 profiled steps from step {anatomy['first_step']}"
         )
         rows = {line.split()[0]: line for line in lines[2:8]}
         assert set(rows) == {"contractions", "normalizations", "element-wise", "optimizer", "memory", "other"}
@@ -42,8 +42,8 @@ async def test_o_profiles_the_next_run_and_shows_its_operations_beside_the_paper
         await pilot.press("O")  # off: the charts are back, the next run is not profiled
         assert not app.screen.has_class("-operations") and app.query_one("#memory-chart").display
         second = await run_to_completion(app, pilot)
-        assert second["operations_anatomy"] is None
-        assert app.dashboard.operations_shown[1] == result["run_id"]  # the last profiled run's stays at hand
+        assert second.operations_anatomy is None
+        assert app.dashboard.operations_shown[1] == result.run_id  # the last profiled run's stays at hand
 
 
 @pytest.mark.asyncio

@@ -22,7 +22,7 @@ from conftest import REPO, cli_env, last_json, run_cli
 
 from gpuanat.core.memory.bands.activations import liger_chunk_tokens, liger_kept_bytes
 from gpuanat.core.memory.bands.weights import decoder_weight_casts_bytes, nf4_weight_bytes, qlora_head_copy_bytes
-from gpuanat.core.memory.predict import estimate_memory, max_batch_size, prediction_json
+from gpuanat.core.memory.predict import estimate_memory, max_batch_size, prediction
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
 from gpuanat.core.run.runner import worker_command
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
@@ -182,10 +182,10 @@ def test_liger_takes_the_logits_and_the_losss_copies_out_of_the_activations():
 
 
 def test_what_no_measurement_has_checked_is_said():
-    qlora = prediction_json(QLORA_8B.replace(liger=True))  # no checkpointing: the H100 measured QLoRA with it
-    assert qlora["confidence"] == "unchecked"
-    assert "QLoRA was measured with checkpointing only" in qlora["caveat"] and "Liger" in qlora["caveat"]
-    assert prediction_json(QLORA_8B.replace(grad_checkpointing=True))["confidence"] == "checked"
+    qlora = prediction(QLORA_8B.replace(liger=True))  # no checkpointing: the H100 measured QLoRA with it
+    assert qlora.confidence == "unchecked"
+    assert "QLoRA was measured with checkpointing only" in qlora.caveat and "Liger" in qlora.caveat
+    assert prediction(QLORA_8B.replace(grad_checkpointing=True)).confidence == "checked"
 
 
 def test_the_issues_question_answers_in_milliseconds_with_bands_peak_and_the_largest_batch(db_path):

@@ -51,7 +51,7 @@ async def test_r_runs_the_recorded_run_and_its_steps_and_result_land(db_path):
         await wait_until(pilot, lambda: dashboard.last_result is not None, "the run's result")
         assert backend.runs == 1 and dashboard.run_in_progress is None
         result = dashboard.last_result
-        assert result["run_id"] == 12 and result["status"] == "ok" and result["steps"] == 60
+        assert result.run_id == 12 and result.status == "ok" and result.steps == 60
         assert len(dashboard.series["throughput"]) > 0  # the recorded steps' samples/s reached the chart
         assert any(notice.message == "Run 12: ok, steady 99.8 samples/s" for notice in app.notices)
         assert dashboard.run_state_text == "idle · last run ok"
@@ -74,7 +74,7 @@ async def test_the_run_in_progress_shows_the_recorded_steps_as_they_come(db_path
         assert live.run_id == 12 and live.pid == 2348
         assert dashboard.run_state_text.startswith("run 12: step ") and "/60 · " in dashboard.run_state_text
         await wait_until(pilot, lambda: dashboard.last_result is not None, "the run's result")
-        assert dashboard.run_in_progress is None and dashboard.last_result["status"] == "ok"
+        assert dashboard.run_in_progress is None and dashboard.last_result.status == "ok"
         assert live.last_step is not None and live.last_step.step == 60  # every recorded step, in order
 
 

@@ -65,6 +65,7 @@ def test_the_history_names_a_run_only_with_what_says_something():
     experiment, a script) shows; a watched session says so; a plain run has no name ("—")."""
     from gpuanat.core.store.history import RunRow
     from gpuanat.core.store.report import display_value, history_rows
+    from gpuanat.core.vocabulary.result import RunResult
 
     def row(run_id: int, kind: str, name: str | None) -> RunRow:
         return RunRow(
@@ -76,7 +77,7 @@ def test_the_history_names_a_run_only_with_what_says_something():
             finished_at=None,
             config={"preset": "tiny", "device": "cpu"},
             environment={},
-            result={},
+            result=RunResult(),
             log_path=None,
         )
 

@@ -14,6 +14,7 @@ import math
 
 import pytest
 from conftest import last_json, run_cli, start_cli
+from result_golden import assert_as_recorded
 from transformers import AutoModelForSequenceClassification, BertConfig
 
 from gpuanat.core.measure.anatomy import stack_problems
@@ -29,6 +30,8 @@ RUNS = {
     "compiled_bs8": [*BASE, "--batch-size", "8", "--compile"],
     "regions_bs8": [*BASE, "--batch-size", "8", "--compile-regions"],
 }
+ALLOCATOR_CONF = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.9,expandable_segments:True"}
+"""The user's allocator options reach the child; the technique decides expandable_segments."""
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +41,8 @@ def history_db(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def results(history_db):
-    # The user's allocator options reach the child; the technique decides expandable_segments.
-    allocator_conf = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.9,expandable_segments:True"}
     processes = {
-        name: start_cli(["run", *args, "--json"], history_db, extra_env=allocator_conf) for name, args in RUNS.items()
+        name: start_cli(["run", *args, "--json"], history_db, extra_env=ALLOCATOR_CONF) for name, args in RUNS.items()
     }
     outputs = {}
     for name, process in processes.items():
@@ -71,6 +72,11 @@ def tiny_model_counts() -> dict[str, int]:
         "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
         "matrices_elements": [tuple(p.shape) for p in parameters],
     }
+
+
+def test_every_result_prints_as_gpuanat_printed_it_before_the_result_was_typed(results):
+    for name, result in results.items():
+        assert_as_recorded(name, result)
 
 
 def test_json_contract(results):

@@ -21,6 +21,7 @@ from gpuanat.core.measure.samples import NvmlStatus
 from gpuanat.core.printable import printable
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.screens.history import HistoryScreen
@@ -47,7 +48,9 @@ def fill_history(db: Path) -> None:
                 {"preset": "tiny", "batch_size": 4, "device": "cpu"}, name=name, created_at=1_795_294_194.0 + 60 * index
             )
             store.update_result(
-                run_id, {"status": "ok", "run_id": run_id, "name": name, "samples_per_second": 10.0}, status="ok"
+                run_id,
+                RunResult.from_json({"status": "ok", "run_id": run_id, "name": name, "samples_per_second": 10.0}),
+                status="ok",
             )
 
 

@@ -41,7 +41,7 @@ def test_a_script_without_the_callback_is_recorded_with_its_bands(db_path):
         steps = store.steps(run.id)
         samples = store.samples(run.id)
     assert (run.kind, run.name, run.status) == ("launched", "script tiny_trainer.py", "ok")
-    assert run.result["bands"] == result["bands"]
+    assert run.result.to_json()["bands"] == result["bands"]
     assert [step["step"] for step in steps] == list(range(1, 13))
     # the host was measured while the script ran; the sample taken as it exited may find no process
     assert len(samples) >= 3 and all(sample["host"]["rss_bytes"] for sample in samples[:-1])

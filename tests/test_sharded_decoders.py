@@ -21,8 +21,8 @@ from gpuanat.core.memory.predict import (
     estimate_memory,
     peak_device_bytes,
     peak_reserved_bytes,
+    prediction,
     prediction_caveat,
-    prediction_json,
 )
 from gpuanat.core.memory.shapes import parameter_shapes
 from gpuanat.core.vocabulary.config import RunConfig
@@ -135,7 +135,7 @@ def test_larger_batches_and_sequences_peak_as_predicted(run_path):
 def test_what_was_measured_is_predicted_without_a_caveat_and_the_rest_says_why():
     llama = RunConfig(preset="llama-3.1-8b", gpus="2", precision="bf16", grad_checkpointing=True, seq_len=2048)
     for distributed in ("fsdp", "zero3"):
-        assert prediction_json(dataclasses.replace(llama, distributed=distributed))["confidence"] == "checked"
+        assert prediction(dataclasses.replace(llama, distributed=distributed)).confidence == "checked"
     assert "measured at one length" in prediction_caveat(dataclasses.replace(llama, distributed="zero2"))
     assert "not measured under ddp" in prediction_caveat(dataclasses.replace(llama, distributed="ddp"))
     assert "with checkpointing only" in prediction_caveat(

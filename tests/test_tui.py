@@ -22,6 +22,7 @@ from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.percent import percent_delta
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import TECHNIQUES
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.run_backend import LocalRunBackend
@@ -45,7 +46,7 @@ async def wait_for(pilot, condition, timeout_s: float = 120.0, what: str = "cond
         await pilot.pause(0.1)
 
 
-async def run_to_completion(app: GpuAnatApp, pilot) -> dict:
+async def run_to_completion(app: GpuAnatApp, pilot) -> RunResult:
     previous = app.dashboard.last_result
     await pilot.press("r")
     await wait_for(
@@ -73,9 +74,9 @@ async def test_keys_change_the_config_the_child_receives(db_path):
         await pilot.press("A")
         assert app.dashboard.config.grad_accum == 1
         result = await run_to_completion(app, pilot)
-    assert result["status"] == "ok", result.get("error")
+    assert result.status == "ok", result.error
     with HistoryStore(db_path) as store:
-        run = store.run(result["run_id"])
+        run = store.run(result.run_id)
     received = run.environment["config_received"]
     assert (
         received["grad_checkpointing"],
@@ -84,8 +85,8 @@ async def test_keys_change_the_config_the_child_receives(db_path):
         received["optim"],
         received["attn"],
     ) == (True, "bf16", 8, "sgd", "eager")
-    assert result["steps"] == 4  # 32 samples / batch 8
-    assert result["bands"]["optimizer_state_bytes"] == 0  # SGD keeps no state
+    assert result.steps == 4  # 32 samples / batch 8
+    assert result.bands.optimizer_state_bytes == 0  # SGD keeps no state
 
 
 @pytest.mark.asyncio
@@ -137,13 +138,13 @@ async def test_a_run_from_the_dashboard_samples_through_the_dashboards_sampler(d
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         result = await run_to_completion(app, pilot)
-        assert result["status"] == "ok", result.get("error")
+        assert result.status == "ok", result.error
         assert [sampler.running for sampler in started] == [True]  # the dashboard's, still sampling
         assert listeners == []
         assert tracked == set()
     assert sources_opened == [threading.main_thread().name]  # the dashboard's, at mount; none for the run
     with HistoryStore(db_path) as store:
-        samples = store.samples(result["run_id"])
+        samples = store.samples(result.run_id)
     assert len(samples) >= 3
     assert max(sample["host"]["rss_bytes"] or 0 for sample in samples) > 100 * 1024 * 1024  # the child, torch loaded
     gaps_s = [later["t_s"] - earlier["t_s"] for earlier, later in itertools.pairwise(samples)]
@@ -227,7 +228,7 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
         assert len(app.dashboard.series["throughput"]) >= 1
         await pilot.press("plus")
         second = await run_to_completion(app, pilot)
-        assert (first["status"], second["status"]) == ("ok", "ok")
+        assert (first.status, second.status) == ("ok", "ok")
         await pilot.press("h")
         assert isinstance(app.screen, HistoryScreen)
         table = app.screen.query_one("#history-table")
@@ -236,15 +237,15 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
         await pilot.pause(0.2)
         assert isinstance(app.screen, CompareScreen)
         comparison = app.screen.comparison
-        assert comparison.run_ids == (first["run_id"], second["run_id"])
+        assert comparison.run_ids == (first.run_id, second.run_id)
         assert dict(comparison.differing)["batch_size"] == (4, 8)
         rows = {row.key: row for row in comparison.metrics}
         assert rows["samples_per_second"].deltas_percent[1] == percent_delta(
-            second["samples_per_second"], first["samples_per_second"]
+            second.samples_per_second, first.samples_per_second
         )
         assert rows["activations_bytes"].values == (
-            first["bands"]["activations_bytes"],
-            second["bands"]["activations_bytes"],
+            first.bands.activations_bytes,
+            second.bands.activations_bytes,
         )
         await pilot.press("escape")
         assert not isinstance(app.screen, CompareScreen)
@@ -307,10 +308,10 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
         strip = app.query_one(StepStrip)
         assert not strip.display  # nothing to show before a run
         result = await run_to_completion(app, pilot)
-        assert result["status"] == "ok"
+        assert result.status == "ok"
         shown = str(strip.render())
         assert strip.display
-        step_ms = round(1000 * result["step_time_breakdown"]["step_s"])
+        step_ms = round(1000 * result.step_time_breakdown["step_s"])
         assert shown.startswith(f"step {step_ms} ms ") and "fwd" in shown and "bwd" in shown, shown
         # T: a real search of short runs from the current set; s stops it and the best found so far becomes current
         await pilot.press("T")
@@ -329,7 +330,7 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
         trials = [run for run in store.runs() if (run.name or "").startswith("tune ")]
     ok = [run for run in trials if run.status == "ok"]
     assert ok and ok[0].name.startswith("tune 1: ")  # the strong start trained
-    best = max(ok, key=lambda run: run.result.get("steady_samples_per_second") or run.result["samples_per_second"])
+    best = max(ok, key=lambda run: run.result.steady_samples_per_second or run.result.samples_per_second)
     lasting = ("samples", "epochs", "max_steps")
     assert {key: value for key, value in app.dashboard.config.to_json().items() if key not in lasting} == {
         key: value for key, value in best.config.items() if key not in lasting
@@ -416,7 +417,7 @@ async def test_a_stop_question_goes_away_when_its_run_ends(db_path):
         await wait_for(pilot, lambda: app.dashboard.run_in_progress is None, what="the run to finish on its own")
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen)
-        assert app.dashboard.last_result["status"] == "ok"
+        assert app.dashboard.last_result.status == "ok"
 
 
 @pytest.mark.asyncio
@@ -435,7 +436,7 @@ async def test_without_nvml_the_charts_show_the_runs_host_memory_and_cpu(db_path
         assert app.query_one("#util-chart", LineChart).title == "Host CPU of the run (% of one core)"
         assert any("No GPU charts" in notification.message for notification in app.notices)
         result = await run_to_completion(app, pilot)
-        assert result["status"] == "ok"
+        assert result.status == "ok"
         assert (
             len(app.dashboard.series["host_rss"]) > 0 and app.dashboard.series["host_rss"].max > 100 * 1024 * 1024
         )  # torch alone
@@ -459,9 +460,9 @@ async def test_a_lora_run_shows_its_trainable_weights_and_its_logits_in_the_memo
         adapters = 4 * lora_shapes(PRESETS["llama-tiny"], config).params
         assert bar.trainable == (None, adapters)  # before any run: the prediction only
         result = await run_to_completion(app, pilot)
-        assert result["status"] == "ok" and result["trainable_params"] < result["params"]
-        assert bar.trainable == (adapters, adapters) and adapters == 4 * result["trainable_params"]
-        assert bar.logits[0] == result["logits_bytes"] == 4 * 32 * 32_000 * 4
+        assert result.status == "ok" and result.trainable_params < result.params
+        assert bar.trainable == (adapters, adapters) and adapters == 4 * result.trainable_params
+        assert bar.logits[0] == result.logits_bytes == 4 * 32 * 32_000 * 4
         rows = [bar.render_line(y).text for y in range(bar.size.height)]
         assert any("of which trainable" in row for row in rows) and any("of which logits" in row for row in rows)
 

@@ -138,10 +138,10 @@ def test_every_point_of_the_front_is_a_recorded_run(tuned):
     for point in summary["front"]:
         run = runs[point["run_id"]]
         assert run.status == "ok" and run.name == point["name"]
-        assert run.result["steady_samples_per_second"] == point["samples_per_second"]
+        assert run.result.steady_samples_per_second == point["samples_per_second"]
         assert point["rate_source"] == "steady"
-        assert run.result["predicted"]["peak_allocated_bytes"] == point["peak_memory_bytes"]
-        assert run.result["steps"] == TRIAL_STEPS
+        assert run.result.predicted.peak_allocated_bytes == point["peak_memory_bytes"]
+        assert run.result.steps == TRIAL_STEPS
         assert run.config["batch_size"] == point["config"]["batch_size"]
         assert run.config["attn"] == point["config"]["attn"]
     for trial in summary["trials"]:
@@ -214,7 +214,7 @@ def test_ctrl_c_stops_the_search_and_prints_the_front_so_far(db_path):
     with HistoryStore(db_path) as store:
         runs = store.runs()
     assert [(run.name, run.status) for run in runs] == [("tune 1: bs2", "ok"), ("tune 2: bs1", "stopped")]
-    assert runs[0].result["steps"] == 30 and runs[1].result["steps"] < 30
+    assert runs[0].result.steps == 30 and runs[1].result.steps < 30
 
 
 def test_bad_input_is_one_line_and_exit_2(db_path):

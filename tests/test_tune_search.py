@@ -20,6 +20,7 @@ from gpuanat.core.run.tune.runs import run_flags
 from gpuanat.core.run.tune.search import moves_in_order, run_tune
 from gpuanat.core.run.tune.space import DIMENSIONS, search_space
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 
 H100 = Capabilities(
     torch_version="2.11",
@@ -56,33 +57,28 @@ class FakeTrials:
     def clock(self) -> float:
         return self.now_s
 
-    def __call__(self, config: RunConfig, *, store: Any, log_dir: Path, name: str) -> dict[str, Any]:
+    def __call__(self, config: RunConfig, *, store: Any, log_dir: Path, name: str) -> RunResult:
         self.configs.append(config)
         self.now_s += TRIAL_S
         run_id = next(self._ids)
         if self.stop_at == run_id:
             assert self.stop is not None
             self.stop.set()
-            return {
-                "run_id": run_id,
-                "status": "stopped",
-                "steady_samples_per_second": None,
-                "samples_per_second": None,
-            }
+            return RunResult(run_id=run_id, status="stopped", steady_samples_per_second=None, samples_per_second=None)
         if self.oom(config):
-            return {"run_id": run_id, "status": "oom", "steady_samples_per_second": None, "samples_per_second": None}
+            return RunResult(run_id=run_id, status="oom", steady_samples_per_second=None, samples_per_second=None)
         rate = {"bf16": 300.0, "fp16": 300.0, "fp32": 150.0}[config.precision] * (1.05 if config.tf32 else 1.0)
         rate *= min(1.0, config.batch_size / 64) ** 0.1 * (0.75 if config.grad_checkpointing else 1.0)
         rate *= (0.8 if config.attn == "eager" else 1.0) * (0.7 if config.compile else 1.0) * self.speedup(config)
         bottleneck = self.bottleneck(config)
-        return {
-            "run_id": run_id,
-            "status": "ok",
-            "steady_samples_per_second": rate,
-            "samples_per_second": rate * 0.9,
-            "peak_reserved_bytes": config.batch_size * 2**28,
-            "diagnosis": [{"bottleneck": bottleneck, "evidence": "", "fix": ""}] if bottleneck else [],
-        }
+        return RunResult(
+            run_id=run_id,
+            status="ok",
+            steady_samples_per_second=rate,
+            samples_per_second=rate * 0.9,
+            peak_reserved_bytes=config.batch_size * 2**28,
+            diagnosis=[{"bottleneck": bottleneck, "evidence": "", "fix": ""}] if bottleneck else [],
+        )
 
 
 BERT_LARGE = RunConfig()
@@ -269,8 +265,8 @@ def test_a_gpu_bound_run_tries_the_fused_kernels_first_regions_before_the_whole_
 
 
 def test_without_a_diagnosis_the_moves_keep_their_order():
-    assert moves_in_order(DIMENSIONS, {}) == list(DIMENSIONS)
-    host_bound = {"diagnosis": [{"bottleneck": "host-bound"}, {"bottleneck": "compile"}]}
+    assert moves_in_order(DIMENSIONS, RunResult()) == list(DIMENSIONS)
+    host_bound = RunResult(diagnosis=[{"bottleneck": "host-bound"}, {"bottleneck": "compile"}])
     assert moves_in_order(("batch", "precision", "engine", "compile"), host_bound) == [
         "batch",
         "engine",

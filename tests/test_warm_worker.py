@@ -66,19 +66,19 @@ def test_a_prepared_worker_takes_the_run_and_trains_as_a_cold_start_does(tmp_pat
             )
     finally:
         workers.close()
-    assert cold["status"] == warm["status"] == "ok"
-    assert cold["start"]["warm"] is False and cold["start"]["cold_reason"] == "this command prepares no process ahead"
-    assert warm["start"]["warm"] is True and warm["start"]["imports_done"] is True
-    assert warm["start"]["prepared_for_s"] > 0
+    assert cold.status == warm.status == "ok"
+    assert cold.start["warm"] is False and cold.start["cold_reason"] == "this command prepares no process ahead"
+    assert warm.start["warm"] is True and warm.start["imports_done"] is True
+    assert warm.start["prepared_for_s"] > 0
     with HistoryStore(tmp_path / "history.sqlite") as store:
-        assert store.run(warm["run_id"]).environment["pid"] == prepared_pid
-    assert (warm["steps"], warm["samples"]) == (cold["steps"], cold["samples"])
-    assert warm["train_loss"] == pytest.approx(cold["train_loss"], rel=1e-6)
-    assert warm["bands"]["weights_bytes"] == cold["bands"]["weights_bytes"]
-    cold_parts, warm_parts = cold["wall_breakdown_s"], warm["wall_breakdown_s"]
+        assert store.run(warm.run_id).environment["pid"] == prepared_pid
+    assert (warm.steps, warm.samples) == (cold.steps, cold.samples)
+    assert warm.train_loss == pytest.approx(cold.train_loss, rel=1e-6)
+    assert warm.bands.weights_bytes == cold.bands.weights_bytes
+    cold_parts, warm_parts = cold.wall_breakdown_s, warm.wall_breakdown_s
     assert warm_parts["child start"] + warm_parts["imports"] < cold_parts["imports"] / 2, (cold_parts, warm_parts)
-    assert warm["operations_anatomy"] is not None and cold.get("operations_anatomy") is None
-    assert "train_loss" in Path(warm["log_path"]).read_text()
+    assert warm.operations_anatomy is not None and cold.operations_anatomy is None
+    assert "train_loss" in Path(warm.log_path).read_text()
 
 
 def test_a_run_the_prepared_worker_cannot_take_starts_cold_and_says_why(tmp_path):
@@ -90,9 +90,9 @@ def test_a_run_the_prepared_worker_cannot_take_starts_cold_and_says_why(tmp_path
         unusable = workers.prepared_pid
         with HistoryStore(tmp_path / "history.sqlite") as store:
             result = execute_run(TINY, store=store, log_dir=tmp_path / "logs", warm_workers=workers, env=cli_env(None))
-        assert result["status"] == "ok"
-        assert result["start"]["warm"] is False
-        assert "CUDA_VISIBLE_DEVICES" in result["start"]["cold_reason"]
+        assert result.status == "ok"
+        assert result.start["warm"] is False
+        assert "CUDA_VISIBLE_DEVICES" in result.start["cold_reason"]
         wait_until(lambda: gone(unusable), 10, "the unusable worker to end")
         kept = workers.prepared_pid  # prepared again for the run's own environment once it ended
         assert kept is not None and kept != unusable
@@ -114,8 +114,8 @@ def test_a_prepared_worker_that_died_leaves_the_run_to_a_cold_start(tmp_path):
             result = execute_run(TINY, store=store, log_dir=tmp_path / "logs", warm_workers=workers, env=cli_env(None))
     finally:
         workers.close()
-    assert result["status"] == "ok" and result["start"]["warm"] is False
-    assert result["start"]["cold_reason"].startswith("the prepared process had exited (code -9)")
+    assert result.status == "ok" and result.start["warm"] is False
+    assert result.start["cold_reason"].startswith("the prepared process had exited (code -9)")
 
 
 @pytest.mark.parametrize("moment", ["importing", "ready"])
@@ -255,8 +255,8 @@ async def test_the_dashboard_starts_warm_says_so_and_ends_its_worker(db_path):
         log = [str(line.text) for line in app.query_one("#log").lines]
         await wait_for(pilot, lambda: workers.prepared_pid is not None, 30, "the next prepared worker")
         following = workers.prepared_pid
-    assert result["status"] == "ok" and result["start"]["warm"] is True
+    assert result.status == "ok" and result.start["warm"] is True
     assert any(line.startswith("gpuanat · warm start: a training process prepared") for line in log), log
     assert any("the next training process is ready" in line for line in before), before
     wait_until(lambda: gone(following), 10, "the next prepared worker to end with the dashboard")
-    assert json.loads(json.dumps(result["start"])) == result["start"]
+    assert json.loads(json.dumps(result.start)) == result.start

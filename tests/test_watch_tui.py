@@ -125,7 +125,7 @@ async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tm
         (run,) = store.runs()
         samples = store.samples(run.id)
     assert (run.kind, run.status) == ("watched", "exited")
-    assert samples and run.result["peak_rss_bytes"] >= 64 * 1024 * 1024
+    assert samples and run.result.peak_rss_bytes >= 64 * 1024 * 1024
     assert not psutil.pid_exists(child.pid) or psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
 
 

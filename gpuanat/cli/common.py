@@ -25,6 +25,7 @@ from gpuanat.core.vocabulary.config import (
 )
 from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.protocol import Error, Event, ModelInfo, Ranked, Step
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import TECHNIQUES
 from gpuanat.core.vocabulary.validation import check_hub_model, machine_unsupported_reason, validate_values
 
@@ -172,7 +173,7 @@ def run_recorded(
     profile_ops_trace: Path | None = None,
     warm_workers: WarmWorkers | None = None,
     metrics: RunMetrics | None = None,
-) -> dict[str, Any]:
+) -> RunResult:
     """One run with its progress on stderr; with `warm_workers` (sweep, tune, fit) a process prepared during the
     previous run takes it."""
     from gpuanat.core.run.session import execute_run
@@ -245,10 +246,10 @@ def prepared_workers() -> Iterator[WarmWorkers]:
         workers.close()
 
 
-def warn_if_not_saved(result: dict[str, Any] | None) -> None:
+def warn_if_not_saved(result: RunResult | None) -> None:
     """One line on stderr when the history refused a run's last writes (busy or full until the end)."""
-    if result is not None and result.get("history_error"):
-        print(f"gpuanat: warning: {result['history_error']}", file=sys.stderr)
+    if result is not None and result.history_error:
+        print(f"gpuanat: warning: {result.history_error}", file=sys.stderr)
 
 
 def exit_code_for(status: str, signals: StopSignals) -> int:
@@ -258,7 +259,7 @@ def exit_code_for(status: str, signals: StopSignals) -> int:
     return STATUS_EXIT_CODES[status]
 
 
-def print_summary(result: dict[str, Any]) -> None:
+def print_summary(result: RunResult) -> None:
     """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements."""
     from gpuanat.core.measure.anatomy import BAND_NAMES
     from gpuanat.core.measure.diagnose import breakdown_line
@@ -266,89 +267,89 @@ def print_summary(result: dict[str, Any]) -> None:
     from gpuanat.core.operations.report import summary_lines as operations_summary_lines
     from gpuanat.core.store.report import format_bytes, format_mb, format_number
 
-    config = RunConfig.from_json({key: value for key, value in result["config"].items() if value is not None})
-    where = result.get("gpu_name") or result.get("device_name") or result["device"]
-    script = result["config"].get("script")
+    config = RunConfig.from_json({key: value for key, value in result.config.items() if value is not None})
+    where = result.gpu_name or result.device_name or result.device
+    script = result.config.get("script")
     if script is not None:
-        arguments = " ".join(result["config"].get("args") or [])
+        arguments = " ".join(result.config.get("args") or [])
         print(
-            f"Run {result['run_id']}: {result['status']} — script {script} {arguments}".rstrip()
+            f"Run {result.run_id}: {result.status} — script {script} {arguments}".rstrip()
             + f" on {where or 'the machine it ran on'}"
         )
     else:
         print(
-            f"Run {result['run_id']}: {result['status']} — {config.model or config.preset} "
+            f"Run {result.run_id}: {result.status} — {config.model or config.preset} "
             f"{config.techniques_summary()} on {where}"
         )
-    if result.get("error"):
-        print(f"  {result['error']['kind']}: {result['error']['message']}")
-    if "training" in result["unavailable"]:  # a script that trained nothing gpuanat could see
-        print(f"Nothing measured: {result['unavailable']['training']}.")
-        print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MiB.")
-        print(f"Peak RSS: {format_bytes(result.get('peak_rss_bytes'))}")
-        print(f"Log: {result['log_path']}")
+    if result.error:
+        print(f"  {result.error.kind}: {result.error.message}")
+    if "training" in result.unavailable:  # a script that trained nothing gpuanat could see
+        print(f"Nothing measured: {result.unavailable['training']}.")
+        print(f"GPU memory occupied: {format_mb(result.device_memory_used_bytes)} MiB.")
+        print(f"Peak RSS: {format_bytes(result.peak_rss_bytes)}")
+        print(f"Log: {result.log_path}")
         return
-    print(f"Time: {format_number(result['train_runtime_s'])}")
-    print(f"Samples/second: {format_number(result['samples_per_second'])}")
-    print(f"GPU memory occupied: {format_mb(result['device_memory_used_bytes'])} MiB.")
-    steady = result["steady_samples_per_second"]
+    print(f"Time: {format_number(result.train_runtime_s)}")
+    print(f"Samples/second: {format_number(result.samples_per_second)}")
+    print(f"GPU memory occupied: {format_mb(result.device_memory_used_bytes)} MiB.")
+    steady = result.steady_samples_per_second
     note = (
-        f"after {result['warmup_steps']} warm-up steps"
+        f"after {result.warmup_steps} warm-up steps"
         if steady is not None
-        else result["unavailable"].get("steady_samples_per_second", "")
+        else result.unavailable.get("steady_samples_per_second", "")
     )
     print(f"Steady samples/second: {format_number(steady)} ({note})")
     print(f"Achieved: {compute_text(result)}")
-    print(f"Peak allocated: {format_bytes(result['peak_allocated_bytes'])}")
-    params, trainable = result.get("params"), result.get("trainable_params")
+    print(f"Peak allocated: {format_bytes(result.peak_allocated_bytes)}")
+    params, trainable = result.params, result.trainable_params
     if params and trainable is not None and trainable != params:  # adapters on a frozen base: say how it splits
         print(f"Parameters: {trainable:,} trainable, {params - trainable:,} frozen ({100 * trainable / params:.2f}%)")
-    if result.get("probe_cost_percent") is not None:
+    if result.probe_cost_percent is not None:
         print(
-            f"gpuanat's probe: {result['probe_cost_percent']:.2f}% of the training time "
-            f"({format_number(result['probe_time_s'])} s in its callbacks)"
+            f"gpuanat's probe: {result.probe_cost_percent:.2f}% of the training time "
+            f"({format_number(result.probe_time_s)} s in its callbacks)"
         )
-    step_time = breakdown_line(result.get("step_time_breakdown"))
+    step_time = breakdown_line(result.step_time_breakdown)
     if step_time is not None:
-        caught_up = result["step_time_breakdown"].get("gpu_caught_up_share")
+        caught_up = (result.step_time_breakdown or {}).get("gpu_caught_up_share")
         print(
             f"Step time: {step_time}"
             + (f"; the GPU had caught up at {100 * caught_up:.0f}% of the steps" if caught_up is not None else "")
         )
-    for line in operations_summary_lines(result.get("operations_anatomy")):
+    for line in operations_summary_lines(result.operations_anatomy):
         print(line)
-    for finding in result.get("diagnosis") or []:
+    for finding in result.diagnosis or []:
         print(f"Diagnosis: {finding['bottleneck']} — {finding['evidence']}. Try: {finding['fix']}")
-    started = startup_line(result.get("wall_breakdown_s") or {}, result.get("time_to_first_step_s"))
+    started = startup_line(result.wall_breakdown_s or {}, result.time_to_first_step_s)
     if started is not None:
         print(f"Start-up: {started}")
     print("Memory bands:")
     for band in BAND_NAMES:
-        value = result["bands"].get(band)
+        value = (result.bands.values() if result.bands is not None else {}).get(band)
         label = band.removesuffix("_bytes").replace("_", " ")
-        reason = result["unavailable"].get(band)
+        reason = result.unavailable.get(band)
         print(f"  {label:<22} {format_bytes(value):>11}" + (f"  ({reason})" if value is None and reason else ""))
-    if result.get("gradients_after_backward_bytes"):
+    if result.gradients_after_backward_bytes:
         print(
             f"  (at the end of the forward pass; after backward the gradients take "
-            f"{format_bytes(result['gradients_after_backward_bytes'])})"
+            f"{format_bytes(result.gradients_after_backward_bytes)})"
         )
-    print(f"Log: {result['log_path']}")
+    print(f"Log: {result.log_path}")
 
 
-def compute_text(result: dict[str, Any]) -> str:
+def compute_text(result: RunResult) -> str:
     """ "311.6 TFLOP/s, 31.5% of NVIDIA H100 80GB HBM3's 989 TFLOP/s dense peak (MFU)": model FLOPs at the steady
     rate; the MFU or why it is missing."""
-    achieved = result.get("achieved_tflops")
+    achieved = result.achieved_tflops
     if achieved is None:
-        return "— TFLOP/s (" + (result["unavailable"].get("mfu") or "not measured") + ")"
+        return "— TFLOP/s (" + (result.unavailable.get("mfu") or "not measured") + ")"
     text = f"{achieved:.1f} TFLOP/s" if achieved >= 1 else f"{achieved * 1000:.1f} GFLOP/s"
-    if result.get("mfu") is None:
-        return f"{text} (MFU: {result['unavailable'].get('mfu', 'not known')})"
-    gpus = len(result.get("gpus") or []) or 1
-    where = result.get("gpu_name") or "the GPU"
+    if result.mfu is None:
+        return f"{text} (MFU: {result.unavailable.get('mfu', 'not known')})"
+    gpus = len(result.gpus or []) or 1
+    where = result.gpu_name or "the GPU"
     where = f"{gpus}× {where}" if gpus > 1 else where
-    return f"{text}, {100 * result['mfu']:.1f}% of {where}'s {result['peak_tflops']:.0f} TFLOP/s dense peak (MFU)"
+    return f"{text}, {100 * result.mfu:.1f}% of {where}'s {result.peak_tflops:.0f} TFLOP/s dense peak (MFU)"
 
 
 def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:

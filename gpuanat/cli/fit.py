@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from gpuanat.cli.common import (
     EXIT_FAILED,
@@ -25,6 +24,7 @@ from gpuanat.cli.common import (
 )
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 
 
@@ -74,13 +74,13 @@ def command_fit(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
 
-    def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
+    def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> RunResult:
         return run_recorded(
             config, store, args.stop_signals, label=name, name=name, warm_workers=workers, metrics=metrics
         )
 
-    def trial_done(batch_size: int, result: dict[str, Any]) -> None:
-        print(f"fit: batch {batch_size}: {result['status']}", file=sys.stderr)
+    def trial_done(batch_size: int, result: RunResult) -> None:
+        print(f"fit: batch {batch_size}: {result.status}", file=sys.stderr)
 
     with (
         open_store(args) as store,
@@ -102,13 +102,13 @@ def command_fit(args: argparse.Namespace) -> int:
         return args.stop_signals.exit_code or EXIT_STOPPED
     if fit.failure is not None:
         failed = fit.failure
-        message = (failed.get("error") or {}).get("message", failed["status"]).splitlines()[0]
+        message = (failed.error.message if failed.error else str(failed.status)).splitlines()[0]
         print(
-            f"gpuanat: fit stopped: the trial at batch {failed['config']['batch_size']} ended {failed['status']} "
+            f"gpuanat: fit stopped: the trial at batch {failed.config['batch_size']} ended {failed.status} "
             f"({message}), not out of memory",
             file=sys.stderr,
         )
-        return STATUS_EXIT_CODES.get(failed["status"], EXIT_FAILED)
+        return STATUS_EXIT_CODES.get(str(failed.status), EXIT_FAILED)
     largest, trials, results = fit.largest_batch_size, fit.trials, fit.results
     summary = {
         "config": base.to_json(),
@@ -120,9 +120,9 @@ def command_fit(args: argparse.Namespace) -> int:
             {
                 "batch_size": t.batch_size,
                 "trained": t.trained,
-                "run_id": results[t.batch_size]["run_id"],
-                "peak_allocated_bytes": results[t.batch_size]["peak_allocated_bytes"],
-                "peak_reserved_bytes": results[t.batch_size]["peak_reserved_bytes"],
+                "run_id": results[t.batch_size].run_id,
+                "peak_allocated_bytes": results[t.batch_size].peak_allocated_bytes,
+                "peak_reserved_bytes": results[t.batch_size].peak_reserved_bytes,
             }
             for t in trials
         ],

@@ -38,7 +38,7 @@ def command_history(args: argparse.Namespace) -> int:
                         "created_at": run.created_at,
                         "finished_at": run.finished_at,
                         "config": run.config,
-                        "result": run.result,
+                        "result": run.result.to_json(),
                     }
                     for run in runs
                 ],

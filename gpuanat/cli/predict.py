@@ -17,7 +17,7 @@ def command_predict(args: argparse.Namespace) -> int:
         estimate_memory,
         fits_in,
         max_batch_caveat,
-        prediction_json,
+        prediction,
         unreadable_model_reason,
     )
     from gpuanat.core.memory.sizes import parse_size
@@ -47,12 +47,12 @@ def command_predict(args: argparse.Namespace) -> int:
             gpu_memory, source = nvml.gpu_total_bytes[0], f"NVML: {nvml.gpu_names[0]}"
         else:
             source = f"no GPU memory to fit: {nvml.reason or 'no GPU'}; give --gpu-memory"
-    prediction = prediction_json(config)
-    assert prediction is not None
+    predicted = prediction(config)
+    assert predicted is not None
     largest = largest_batch(config, gpu_memory) if gpu_memory is not None else None
     result: dict[str, Any] = {
         "config": config.to_json(),
-        **prediction,
+        **predicted.to_json(),
         "gpu_memory_bytes": gpu_memory,
         "gpu_memory_source": source,
         "max_batch_size": largest.batch_size if largest else None,
@@ -66,7 +66,7 @@ def command_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return EXIT_OK
-    each = f", each of {prediction['ranks']} ranks" if prediction["ranks"] > 1 else ""
+    each = f", each of {predicted.ranks} ranks" if (predicted.ranks or 1) > 1 else ""
     print(f"Prediction for {config.model or config.preset} {config.techniques_summary()}, seq {config.seq_len}{each}:")
     for key in (
         "weights_bytes",

@@ -25,11 +25,12 @@ from gpuanat.cli.common import (
 )
 from gpuanat.core.measure.startup import process_started_monotonic_s
 from gpuanat.core.printable import printable
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import TECHNIQUES
 from gpuanat.core.vocabulary.validation import machine_unsupported_reason
 
 
-def print_named_summary(result: dict[str, Any], name: str | None) -> None:
+def print_named_summary(result: RunResult, name: str | None) -> None:
     """The run's summary, under the name it was given (`--name`; escaped, as every string from outside)."""
     if name is not None:
         print(f"Name: {printable(name)}")
@@ -78,14 +79,12 @@ def command_run_script(args: argparse.Namespace) -> int:
             view.close()
     warn_if_not_saved(result)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result.to_json()))
     else:
         print_named_summary(result, args.name)
-    if result["status"] == "oom":
-        print(
-            f"gpuanat: the script ran out of GPU memory: {(result.get('error') or {}).get('message')}", file=sys.stderr
-        )
-    return exit_code_for(result["status"], args.stop_signals)
+    if result.status == "oom":
+        print(f"gpuanat: the script ran out of GPU memory: {result.error_message}", file=sys.stderr)
+    return exit_code_for(result.status or "failed", args.stop_signals)
 
 
 def check_profile_ops(args: argparse.Namespace) -> None:
@@ -133,7 +132,7 @@ def command_run(args: argparse.Namespace) -> int:
             metrics=metrics,
         )
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result.to_json()))
     else:
         print_named_summary(result, args.name)
     if args.memory_snapshot is not None:
@@ -144,20 +143,20 @@ def command_run(args: argparse.Namespace) -> int:
             else f"gpuanat: no memory snapshot was written to {args.memory_snapshot} (see the log)",
             file=sys.stderr if args.json or not written else sys.stdout,
         )
-    run_error = result.get("error") or {}
-    if run_error.get("kind") == "config":
-        print(f"gpuanat: error: {run_error.get('flag')}: {run_error.get('message')}", file=sys.stderr)
+    run_error = result.error
+    if run_error is not None and run_error.kind == "config":
+        print(f"gpuanat: error: {run_error.flag}: {run_error.message}", file=sys.stderr)
         return EXIT_USAGE
-    if result["status"] == "oom":
+    if result.status == "oom":
         from gpuanat.core.store.report import format_bytes
 
         print(
-            f"gpuanat: out of GPU memory at step {run_error.get('step')} "
-            f"(peak allocated {format_bytes(result['peak_allocated_bytes'])}); "
-            f"{out_of_memory_hint(config, result.get('device_memory_total_bytes'))}",
+            f"gpuanat: out of GPU memory at step {run_error.step if run_error else None} "
+            f"(peak allocated {format_bytes(result.peak_allocated_bytes)}); "
+            f"{out_of_memory_hint(config, result.device_memory_total_bytes)}",
             file=sys.stderr,
         )
-    return exit_code_for(result["status"], args.stop_signals)
+    return exit_code_for(result.status or "failed", args.stop_signals)
 
 
 def out_of_memory_hint(config: Any, gpu_memory_bytes: int | None) -> str:

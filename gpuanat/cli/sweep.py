@@ -73,11 +73,11 @@ def command_sweep(args: argparse.Namespace) -> int:
                 warm_workers=workers,
                 metrics=metrics,
             )
-            run_error = result.get("error")
-            result["reason"] = run_error["message"].splitlines()[0] if run_error else ""
-            results.append(result)
-            print(f"{label}: {result['status']}", file=sys.stderr)
-            if result["status"] == "stopped" or args.stop_signals.requested.is_set():
+            # the sweep's entry: the run's result with why it did not train, one line
+            reason = result.error.message.splitlines()[0] if result.error else ""
+            results.append({**result.to_json(), "reason": reason})
+            print(f"{label}: {result.status}", file=sys.stderr)
+            if result.status == "stopped" or args.stop_signals.requested.is_set():
                 interrupted = True
                 break
     rows = sweep_rows(results)

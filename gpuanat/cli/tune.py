@@ -26,6 +26,7 @@ from gpuanat.cli.common import (
 )
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
 
@@ -120,7 +121,7 @@ def _trial_memory(trial: Any) -> tuple[int | None, str | None]:
 
 def trial_json(trial: Any, source: str | None, kept: list[int]) -> dict[str, Any]:
     result = trial.result
-    error = result.get("error") or {}
+    error = result.error
     return {
         "index": trial.index,
         "name": trial.name,
@@ -132,16 +133,16 @@ def trial_json(trial: Any, source: str | None, kept: list[int]) -> dict[str, Any
         "techniques": trial.config.techniques_summary(),
         "samples_per_second": trial.samples_per_second,
         "rate_source": trial.rate_source,
-        "steady_samples_per_second": result.get("steady_samples_per_second"),
+        "steady_samples_per_second": result.steady_samples_per_second,
         "peak_memory_bytes": trial.memory_bytes(source) if source is not None else None,
-        "peak_reserved_bytes": result.get("peak_reserved_bytes"),
-        "device_memory_used_bytes": result.get("device_memory_used_bytes"),
-        "process_memory_used_bytes": result.get("process_memory_used_bytes"),
-        "predicted_peak_device_bytes": (result.get("predicted") or {}).get("peak_device_bytes"),
-        "predicted_peak_allocated_bytes": (result.get("predicted") or {}).get("peak_allocated_bytes"),
-        "steps": result.get("steps"),
+        "peak_reserved_bytes": result.peak_reserved_bytes,
+        "device_memory_used_bytes": result.device_memory_used_bytes,
+        "process_memory_used_bytes": result.process_memory_used_bytes,
+        "predicted_peak_device_bytes": result.predicted.peak_device_bytes if result.predicted else None,
+        "predicted_peak_allocated_bytes": result.predicted.peak_allocated_bytes if result.predicted else None,
+        "steps": result.steps,
         "wall_s": trial.wall_s,
-        "error": (error.get("message") or "").splitlines()[0] if error else None,
+        "error": (error.message or "").splitlines()[0] if error else None,
     }
 
 
@@ -280,7 +281,7 @@ def command_tune(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
 
-    def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> dict[str, Any]:
+    def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> RunResult:
         return run_recorded(
             config,
             store,
@@ -301,7 +302,7 @@ def command_tune(args: argparse.Namespace) -> int:
                 + f", {_gib(memory)}"
             )
         else:
-            error = (done.result.get("error") or {}).get("message") or ""
+            error = done.result.error_message or ""
             outcome = (
                 done.status
                 + (f" ({error.splitlines()[0][:80]})" if error else "")

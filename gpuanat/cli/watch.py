@@ -92,7 +92,7 @@ def _watch_json(args: argparse.Namespace, target: Any, db_path: Path, save_name:
         result = session.finish_saving(exited=ended == "exited")
         warn_if_not_saved(result)
         if result is not None:
-            print(f"gpuanat: saved as run {result['run_id']} ({result['status']}) in {db_path}", file=sys.stderr)
+            print(f"gpuanat: saved as run {result.run_id} ({result.status}) in {db_path}", file=sys.stderr)
     if args.stop_signals.signal_number is not None:
         print(f"gpuanat: interrupted ({signal.Signals(args.stop_signals.signal_number).name})", file=sys.stderr)
         return args.stop_signals.exit_code or EXIT_STOPPED

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuanat.core.measure.diagnose import diagnose, recent_breakdown
 from gpuanat.core.measure.live_run import LiveRun
@@ -22,6 +22,7 @@ from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.protocol import Event, Ranked, Step
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.validation import validate_values
 from gpuanat.tui.widgets.line_chart import format_duration
 from gpuanat.tui.widgets.operations_panel import OperationsPanel
@@ -106,7 +107,7 @@ class LaunchPainter:
     def _show_step_strip(self, live: LiveRun) -> None:
         """The latest steps' time by phase and what bounds them, live."""
         breakdown = recent_breakdown(live.timed_steps, live.gpu_busy)
-        findings = diagnose({"config": live.config.to_json(), "step_time_breakdown": breakdown}) if breakdown else []
+        findings = diagnose(RunResult(config=live.config.to_json(), step_time_breakdown=breakdown)) if breakdown else []
         self._dashboard.step_strip.show(breakdown, findings[0].to_json() if findings else None)
 
     def _log_startup(self, live: LiveRun) -> None:
@@ -130,8 +131,8 @@ class LaunchPainter:
         live, last_result = self._dashboard.run_in_progress, self._dashboard.last_result
         if live is not None and live.gpu_indices:
             return live.gpu_indices[0]
-        if last_result and last_result.get("gpus"):
-            index: int | None = last_result["gpus"][0]["index"]
+        if last_result and last_result.gpus:
+            index: int | None = last_result.gpus[0]["index"]
             return index
         return None
 
@@ -140,7 +141,7 @@ class LaunchPainter:
         """What the status line says of the run: idle (and the prepared worker's state), starting, or its progress."""
         live, last_result = self._dashboard.run_in_progress, self._dashboard.last_result
         if live is None:
-            idle = "idle" if last_result is None else f"idle · last run {last_result['status']}"
+            idle = "idle" if last_result is None else f"idle · last run {last_result.status}"
             worker = self._prepared_worker_status()
             return idle if worker is None else f"{idle} · {WORKER_STATES[worker]}"
         if live.last_step is None:
@@ -190,14 +191,15 @@ class LaunchPainter:
         except (ConfigError, UnreadableModel):  # a --model this model cannot describe: no predicted column
             estimate = None
         context = CUDA_CONTEXT_BYTES if estimate is None else cuda_context_bytes(estimate)  # until measured here
-        last_config = RunConfig.from_json(last_result["config"]) if last_result else None
+        last_config = RunConfig.from_json(last_result.config) if last_result else None
         if (
             last_result is not None
             and last_config is not None
-            and last_result["bands"].get("cuda_context_bytes")
+            and last_result.bands is not None
+            and last_result.bands.cuda_context_bytes
             and (last_config.ranks, last_config.distributed) == (config.ranks, config.distributed)
         ):
-            context = last_result["bands"]["cuda_context_bytes"]
+            context = last_result.bands.cuda_context_bytes
         dashboard.query_one(TechniquesPanel).show(
             config,
             capabilities=dashboard.capabilities,
@@ -219,12 +221,12 @@ class LaunchPainter:
         )
         self._dashboard.query_one(OperationsPanel).show(anatomy, run_id, note)
 
-    def show_result(self, result: dict[str, Any]) -> None:
+    def show_result(self, result: RunResult) -> None:
         """A finished run's measured bands, its operations anatomy if profiled, and its steps' breakdown."""
         dashboard = self._dashboard
         dashboard.memory_view.show_result(result)
-        if result.get("operations_anatomy"):
-            dashboard.operations_shown = (result["operations_anatomy"], result["run_id"])
+        if result.operations_anatomy:
+            dashboard.operations_shown = (result.operations_anatomy, result.run_id)
         self.show_operations()
-        findings = result.get("diagnosis") or []
-        dashboard.step_strip.show(result.get("step_time_breakdown"), findings[0] if findings else None)
+        findings = result.diagnosis or []
+        dashboard.step_strip.show(result.step_time_breakdown, findings[0] if findings else None)

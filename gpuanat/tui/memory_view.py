@@ -8,7 +8,6 @@ is before any run (`show_idle`). The app calls these at its paint tick and when 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from gpuanat.core.measure.anatomy import gradients_after_backward_bytes
 from gpuanat.core.measure.live_run import LiveRun, trainable_weights_bytes
@@ -17,6 +16,7 @@ from gpuanat.core.memory.model_config import architecture_of
 from gpuanat.core.memory.predict import MemoryEstimate, peak_reserved_bytes
 from gpuanat.core.memory.shapes import lora_shapes
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.tui.widgets.gpu_lanes import Lane
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 
@@ -120,24 +120,24 @@ class MemoryView:
         )
         self._show_gradients_after_backward(gradients_after_backward_bytes(live.probe_bands))
 
-    def show_result(self, result: dict[str, Any]) -> None:
+    def show_result(self, result: RunResult) -> None:
         # The bands are one moment's, the end of forward (only accumulated gradients are alive then).
-        bands = result["bands"]
-        self._memory_bar.update_bands(bands, bands, result.get("device_memory_total_bytes"), result["unavailable"])
-        self._show_logits(result.get("logits_bytes"), result.get("logits_bytes"))
-        self._show_trainable(trainable_weights_bytes(result.get("params"), result.get("trainable_params")))
-        self._show_gradients_after_backward(result.get("gradients_after_backward_bytes"))
+        bands = result.bands.values() if result.bands is not None else {}
+        self._memory_bar.update_bands(bands, bands, result.device_memory_total_bytes, result.unavailable)
+        self._show_logits(result.logits_bytes, result.logits_bytes)
+        self._show_trainable(trainable_weights_bytes(result.params, result.trainable_params))
+        self._show_gradients_after_backward(result.gradients_after_backward_bytes)
         self._show_lanes(
             [
                 Lane(
-                    rank["gpu_index"],
-                    rank["rank"],
-                    rank["bands"],
-                    rank.get("device_memory_used_bytes"),
-                    rank.get("device_memory_total_bytes"),
+                    rank.gpu_index,
+                    rank.rank,
+                    rank.bands.values() if rank.bands is not None else {},
+                    rank.device_memory_used_bytes,
+                    rank.device_memory_total_bytes,
                     None,
                 )
-                for rank in result.get("ranks") or []
-                if rank.get("gpu_index") is not None
+                for rank in result.ranks or []
+                if rank.gpu_index is not None
             ]
         )

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from textual.message import Message
 
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 
 
 @dataclass
@@ -32,7 +32,7 @@ class RunStarted(Message):
 class RunFinished(Message):
     """A run ended: its recorded result, or None with why it could not be recorded."""
 
-    result: dict[str, Any] | None
+    result: RunResult | None
     failure: str | None = None
 
 

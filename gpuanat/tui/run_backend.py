@@ -27,6 +27,7 @@ from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import PROFILE_OPS_VARIABLE, Capabilities, RunConfig
 from gpuanat.core.vocabulary.protocol import Event
+from gpuanat.core.vocabulary.result import RunResult
 
 
 @dataclass
@@ -54,7 +55,7 @@ class RunBackend(Protocol):
         """What this machine can train (RuntimeError saying why when it cannot tell)."""
         ...
 
-    def run(self, config: RunConfig, hooks: RunHooks) -> dict[str, Any]:
+    def run(self, config: RunConfig, hooks: RunHooks) -> RunResult:
         """Train and record `config`; its recorded result."""
         ...
 
@@ -66,7 +67,7 @@ class RunBackend(Protocol):
         start: int,
         trial_steps: int,
         max_batch: int,
-        on_trial: Callable[[int, dict[str, Any]], None],
+        on_trial: Callable[[int, RunResult], None],
     ) -> FitResult:
         """The largest batch of `config` that trains, by trial runs of `trial_steps` steps from batch `start`."""
         ...
@@ -144,7 +145,7 @@ class LocalRunBackend:
             options["metrics"] = self._metrics
         return options
 
-    def run(self, config: RunConfig, hooks: RunHooks) -> dict[str, Any]:
+    def run(self, config: RunConfig, hooks: RunHooks) -> RunResult:
         with HistoryStore(self.db_path) as store:
             return execute_run(
                 config, store=store, requested_monotonic_s=hooks.requested_monotonic_s, **self._options(hooks)
@@ -158,7 +159,7 @@ class LocalRunBackend:
         start: int,
         trial_steps: int,
         max_batch: int,
-        on_trial: Callable[[int, dict[str, Any]], None],
+        on_trial: Callable[[int, RunResult], None],
     ) -> FitResult:
         with HistoryStore(self.db_path) as store:
             return run_fit(

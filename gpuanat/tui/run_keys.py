@@ -150,13 +150,13 @@ class RunKeys:
             dashboard.notify(f"The run could not be recorded: {message.failure}", severity="error", timeout=10)
         else:
             dashboard.last_result = result
-            status = result["status"]
-            steady = result.get("steady_samples_per_second")
+            status = result.status
+            steady = result.steady_samples_per_second
             detail = f", steady {steady:.1f} samples/s" if steady else ""
             severity: SeverityLevel = "information" if status == "ok" else "warning" if status == "stopped" else "error"
-            dashboard.notify(f"Run {result['run_id']}: {status}{detail}", severity=severity, timeout=6)
-            if result.get("history_error"):
-                dashboard.notify(result["history_error"], severity="warning", timeout=15)
+            dashboard.notify(f"Run {result.run_id}: {status}{detail}", severity=severity, timeout=6)
+            if result.history_error:
+                dashboard.notify(result.history_error, severity="warning", timeout=15)
             dashboard.painter.show_result(result)
         dashboard.painter.show_techniques()
         self.leave_if_quitting()

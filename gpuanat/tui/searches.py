@@ -41,14 +41,14 @@ def fit_search(control: RunControl, live: LiveRun, gpu_total: int | None) -> Non
             start=start,
             trial_steps=FIT_TRIAL_STEPS,
             max_batch=FIT_MAX_BATCH,
-            on_trial=lambda batch_size, result: control.post(FitTrialDone(batch_size, result["status"])),
+            on_trial=lambda batch_size, result: control.post(FitTrialDone(batch_size, str(result.status))),
         )
     except Exception as error:  # the dashboard must survive any failure of a run
         control.post(FitFinished(None, f"{type(error).__name__}: {error}"))
         return
     failure = None
     if fit.failure is not None:
-        failure = f"the trial at batch {fit.failure['config']['batch_size']} ended {fit.failure['status']}"
+        failure = f"the trial at batch {fit.failure.config['batch_size']} ended {fit.failure.status}"
     control.post(FitFinished(fit.largest_batch_size, failure))
 
 

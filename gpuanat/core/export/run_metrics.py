@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from gpuanat.core.export.metrics import RankSnapshot, tokens_per_second
 from gpuanat.core.measure.anatomy import gradients_after_backward_bytes
@@ -24,6 +23,7 @@ from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S
 from gpuanat.core.measure.samples import Sample
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.protocol import Event, Ranked
+from gpuanat.core.vocabulary.result import RunResult
 
 
 class RunMetrics:
@@ -34,7 +34,7 @@ class RunMetrics:
         self._live: LiveRun | None = None
         self._gpus: tuple[Gpu, ...] = ()
         self._sample: Sample | None = None
-        self._result: dict[str, Any] | None = None
+        self._result: RunResult | None = None
         self._predicted: dict[str, int | None] = {}
         """Predicted peak device bytes by configuration (computed once, at the first scrape that needs it)."""
 
@@ -56,9 +56,9 @@ class RunMetrics:
                 index = self._live.gpu_indices[0] if self._live.gpu_indices else None
                 self._live.observe_sample(sample, gpu_of(sample, index))
 
-    def run_ended(self, result: Mapping[str, Any]) -> None:
+    def run_ended(self, result: RunResult) -> None:
         with self._lock:
-            self._result = dict(result)
+            self._result = dataclasses.replace(result)
 
     def snapshots(self) -> list[RankSnapshot]:
         with self._lock:
@@ -74,19 +74,19 @@ class RunMetrics:
 
     def _predicted_peak(self, config: RunConfig) -> int | None:
         """Predicted peak device bytes of `config`, computed once (only the scrape thread asks)."""
-        from gpuanat.core.memory.predict import prediction_json
+        from gpuanat.core.memory.predict import prediction
 
         key = repr(config.to_json())
         if key not in self._predicted:
             try:
-                predicted = prediction_json(config)
+                predicted = prediction(config)
             except Exception:  # a model the prediction cannot describe: no series
                 predicted = None
-            self._predicted[key] = predicted.get("peak_device_bytes") if predicted else None
+            self._predicted[key] = predicted.peak_device_bytes if predicted else None
         return self._predicted[key]
 
     def _snapshot(
-        self, live: LiveRun, rank: int, sample: Sample | None, gpus: tuple[Gpu, ...], result: Mapping[str, Any] | None
+        self, live: LiveRun, rank: int, sample: Sample | None, gpus: tuple[Gpu, ...], result: RunResult | None
     ) -> RankSnapshot:
         config, state = live.config, live.rank(rank)
         gpu_index = live.gpu_indices[rank] if rank < len(live.gpu_indices) else None
@@ -97,12 +97,12 @@ class RunMetrics:
         status, used = "training", gpu.used_bytes if gpu else None
         gradients = gradients_after_backward_bytes(state.probe_bands)
         if result is not None:  # ended: the result's own numbers
-            entry = next((entry for entry in result.get("ranks") or [] if entry.get("rank") == rank), None)
-            status = (entry or {}).get("status") or result["status"]
+            entry = next((entry for entry in result.ranks if entry.rank == rank), None)
+            status = (entry.status if entry else None) or result.status or status
             if entry is not None:
-                bands, used = entry.get("bands") or {}, entry.get("device_memory_used_bytes")
-                gradients = entry.get("gradients_after_backward_bytes")
-                rate = entry.get("steady_samples_per_second") or rate
+                bands, used = entry.bands.values() if entry.bands else {}, entry.device_memory_used_bytes
+                gradients = entry.gradients_after_backward_bytes
+                rate = entry.steady_samples_per_second or rate
         phases = {}
         if rank == 0:
             breakdown = recent_breakdown(live.timed_steps, live.gpu_busy)

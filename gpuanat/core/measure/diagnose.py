@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuanat.core.vocabulary.protocol import STEP_PHASES
+from gpuanat.core.vocabulary.result import RunResult
 
 INPUT_BOUND_DATA_SHARE = 0.15
 """The data wait's share of the step above which a run whose GPU is not busy is input-bound: the GPU waits for the
@@ -90,7 +91,7 @@ ONE_GPU_FIELDS = {"gpus": None, "distributed": "none", "nproc": 1}
 
 
 def reference_rates(
-    config: Mapping[str, Any], runs: Sequence[tuple[Mapping[str, Any], str, Mapping[str, Any]]]
+    config: Mapping[str, Any], runs: Sequence[tuple[Mapping[str, Any], str, RunResult]]
 ) -> dict[str, float | None]:
     """From earlier runs (config, status, result), newest first: the steady samples/s of the same training on one GPU
     (`one_gpu_samples_per_second`) and without torch.compile (`eager_samples_per_second`), for `diagnose`."""
@@ -102,9 +103,9 @@ def reference_rates(
     def newest(changed: Mapping[str, Any]) -> float | None:
         return next(
             (
-                result.get("steady_samples_per_second")
+                result.steady_samples_per_second
                 for other, status, result in runs
-                if status == "ok" and result.get("steady_samples_per_second") and same(other, changed)
+                if status == "ok" and result.steady_samples_per_second and same(other, changed)
             ),
             None,
         )
@@ -151,7 +152,7 @@ def _percent(share: float) -> str:
 
 
 def diagnose(
-    result: Mapping[str, Any],
+    result: RunResult,
     *,
     one_gpu_samples_per_second: float | None = None,
     eager_samples_per_second: float | None = None,
@@ -160,13 +161,13 @@ def diagnose(
     `one_gpu_samples_per_second`: the same run on one GPU (several GPUs' scaling); `eager_samples_per_second`: the same
     run without torch.compile. Both from the history when it has them."""
     findings: list[Finding] = []
-    config = result.get("config") or {}
-    breakdown = result.get("step_time_breakdown")
+    config = result.config or {}
+    breakdown = result.step_time_breakdown
     if breakdown:
         findings.extend(_time_findings(config, breakdown, result))
-    total = result.get("device_memory_total_bytes")
-    reserved = result.get("peak_reserved_bytes")
-    if result.get("status") == "oom":
+    total = result.device_memory_total_bytes
+    reserved = result.peak_reserved_bytes
+    if result.status == "oom":
         findings.insert(
             0,
             Finding(
@@ -185,8 +186,8 @@ def diagnose(
                 "--expandable-segments cuts the allocator's fragmentation",
             )
         )
-    samples_per_second = result.get("steady_samples_per_second")
-    ranks = len(result.get("ranks") or []) or 1
+    samples_per_second = result.steady_samples_per_second
+    ranks = len(result.ranks or []) or 1
     if ranks > 1 and samples_per_second and one_gpu_samples_per_second:
         efficiency = samples_per_second / ranks / one_gpu_samples_per_second
         if efficiency < SCALING_EFFICIENCY_FLOOR:
@@ -201,15 +202,15 @@ def diagnose(
                 ),
             )
     if any(finding.bottleneck == "gpu-bound" for finding in findings):
-        findings.extend(_data_movement_findings(config, result.get("operations_anatomy")))
-    compile_stats = result.get("compile_stats")
+        findings.extend(_data_movement_findings(config, result.operations_anatomy))
+    compile_stats = result.compile_stats
     if config.get("compile") or config.get("compile_regions"):
         flag = "--compile" if config.get("compile") else "--compile-regions"
         findings.extend(_compile_findings(compile_stats, samples_per_second, eager_samples_per_second, flag))
     return findings
 
 
-def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any], result: Mapping[str, Any]) -> list[Finding]:
+def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any], result: RunResult) -> list[Finding]:
     share = breakdown["share"]
     busy = breakdown.get("gpu_busy_percent")
     busy_text = f"; NVML: a kernel ran {busy:.0f}% of the time" if busy is not None else ""
@@ -251,7 +252,7 @@ def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any], resu
         if config.get("grad_checkpointing"):
             fix += "; without --grad-checkpointing if memory allows (it runs the forward twice)"
         return [Finding("host-bound", evidence, fix)]
-    mfu = result.get("mfu")
+    mfu = result.mfu
     mfu_text = f"; MFU {_percent(mfu)}" if mfu is not None else ""
     if config.get("precision") == "fp32" and not config.get("tf32"):
         fix = "--precision bf16 or --tf32 computes on the tensor cores"

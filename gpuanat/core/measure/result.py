@@ -16,7 +16,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.diagnose import diagnose, step_time_breakdown
@@ -25,11 +24,19 @@ from gpuanat.core.measure.gpus import GpuChoice
 from gpuanat.core.measure.run_state import RankEvents, rank_status
 from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.measure.startup import time_to_first_step_s, wall_breakdown
-from gpuanat.core.memory.predict import prediction_json
+from gpuanat.core.memory.predict import prediction
 from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.percent import percent_delta
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.protocol import Done, Error, Event, Malformed, Step
+from gpuanat.core.vocabulary.result import (
+    EXITED_ERROR_KEYS,
+    RANK_ERROR_KEYS,
+    Bands,
+    RankResult,
+    RunError,
+    RunResult,
+)
 
 LOG_TAIL_LINES = 20
 """Lines of the training process's log a failed run's error quotes."""
@@ -114,7 +121,20 @@ def probe_cost_percent(done: Done | None) -> float | None:
     return 100.0 * in_steps_s / without_probe_s if without_probe_s > 0 else None
 
 
-def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> dict[str, Any]:
+@dataclass
+class _Memory:
+    """One rank's memory: peaks, NVML readings of its GPU and its bands, with why any is missing."""
+
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    device_memory_used_bytes: int | None
+    process_memory_used_bytes: int | None
+    device_memory_total_bytes: int | None
+    bands: Bands
+    unavailable: dict[str, str]
+
+
+def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> _Memory:
     """One rank's memory: peaks, NVML readings of its GPU and its bands, with why any is missing."""
     done, error = state.done, state.error
     unavailable: dict[str, str] = {}
@@ -140,37 +160,44 @@ def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> dict[str,
         process_used_bytes=state.peak_process_used_bytes,
         no_gpu_reason=no_gpu_reason,
     )
-    return {
-        "peak_allocated_bytes": peak_allocated,
-        "peak_reserved_bytes": peak_reserved,
-        "device_memory_used_bytes": device_used,
-        "process_memory_used_bytes": state.peak_process_used_bytes if no_gpu_reason is None else None,
-        "device_memory_total_bytes": state.device_total_bytes if no_gpu_reason is None else None,
-        "bands": bands.values(),
-        "unavailable": {**unavailable, **bands.unavailable},
-    }
+    return _Memory(
+        peak_allocated_bytes=peak_allocated,
+        peak_reserved_bytes=peak_reserved,
+        device_memory_used_bytes=device_used,
+        process_memory_used_bytes=state.peak_process_used_bytes if no_gpu_reason is None else None,
+        device_memory_total_bytes=state.device_total_bytes if no_gpu_reason is None else None,
+        bands=Bands.from_json(bands.values()),
+        unavailable={**unavailable, **bands.unavailable},
+    )
 
 
-def _rank_result(
-    rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus, run_stopped: bool
-) -> dict[str, Any]:
+def _rank_result(rank: int, config: RunConfig, state: RankRecord, nvml: NvmlStatus, run_stopped: bool) -> RankResult:
     """One entry of the result's `ranks`; `run_stopped`: the user stopped the run (rank 0's record says so)."""
     done, last_step = state.done, state.last_step
-    return {
-        "rank": rank,
-        "pid": state.hello.pid if state.hello else None,
-        "gpu_index": state.gpu_index,
-        "status": rank_status(state, run_stopped),
-        "samples": done.samples if done else (last_step.samples if last_step else 0),
-        "steady_samples_per_second": done.steady_samples_per_second if done else None,
-        "gradients_after_backward_bytes": gradients_after_backward_bytes(state.probe_bands),
-        "error": (
-            {"kind": state.error.kind, "message": state.error.message, "step": state.error.step}
+    memory = _memory(config, state, nvml)
+    return RankResult(
+        rank=rank,
+        pid=state.hello.pid if state.hello else None,
+        gpu_index=state.gpu_index,
+        status=rank_status(state, run_stopped),
+        samples=done.samples if done else (last_step.samples if last_step else 0),
+        steady_samples_per_second=done.steady_samples_per_second if done else None,
+        gradients_after_backward_bytes=gradients_after_backward_bytes(state.probe_bands),
+        error=(
+            RunError(
+                kind=state.error.kind, message=state.error.message, step=state.error.step, json_keys=RANK_ERROR_KEYS
+            )
             if state.error
             else None
         ),
-        **_memory(config, state, nvml),
-    }
+        peak_allocated_bytes=memory.peak_allocated_bytes,
+        peak_reserved_bytes=memory.peak_reserved_bytes,
+        device_memory_used_bytes=memory.device_memory_used_bytes,
+        process_memory_used_bytes=memory.process_memory_used_bytes,
+        device_memory_total_bytes=memory.device_memory_total_bytes,
+        bands=memory.bands,
+        unavailable=memory.unavailable,
+    )
 
 
 ERROR_CAUSE_ORDER = ("oom", "exited", "config", "exception")
@@ -208,17 +235,17 @@ def build_result(
     ranks: Mapping[int, RankRecord] | None = None,
     gpus: GpuChoice | None = None,
     parent_points: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """The run's result as the JSON contract of `gpuanat run --json`. The top level is rank 0's (its memory, its
+) -> RunResult:
+    """The run's result, the JSON contract of `gpuanat run --json`. The top level is rank 0's (its memory, its
     bands); samples and steady samples/s are the whole run's (every rank's summed); `ranks` has one entry per rank."""
     ranks = {0: state, **(ranks or {})}
     done = state.done
     status = _status(state, ranks)
     memory = _memory(config, state, nvml)
-    unavailable = dict(memory.pop("unavailable"))
+    unavailable = dict(memory.unavailable)
     steady_reason = done.steady_reason if done else f"run ended with status {status}"
     rank_results = [_rank_result(rank, config, ranks[rank], nvml, state.stopped_by_user) for rank in sorted(ranks)]
-    steady = _sum_or_none([entry["steady_samples_per_second"] for entry in rank_results])
+    steady = _sum_or_none([entry.steady_samples_per_second for entry in rank_results])
     if steady is None:
         unavailable["steady_samples_per_second"] = steady_reason or "not measured on every rank"
     last_step = state.last_step
@@ -235,88 +262,98 @@ def build_result(
         unavailable["mfu"] = speed.reason or "not measured"
     if speed.achieved_tflops is None:
         unavailable["achieved_tflops"] = speed.reason or "not measured"
-    result: dict[str, Any] = {
-        "run_id": run_id,
-        "name": name,
-        "status": status,
-        "config": config.to_json(),
-        "params": state.model.params if state.model else None,
-        "trainable_params": state.model.trainable_params if state.model else None,
-        "train_runtime_s": done.train_runtime_s if done else None,
-        "samples_per_second": done.samples_per_second if done else None,
-        "steady_samples_per_second": steady,
-        # every sample is seq-len tokens of the random dataset: the unit of causal LMs
-        "tokens_per_second": done.samples_per_second * config.seq_len if done and done.samples_per_second else None,
-        "steady_tokens_per_second": steady * config.seq_len if steady is not None else None,
-        # model FLOPs (6 × matmul weights + attention a token) at the steady rate, against the GPUs' dense peak
-        "flops_per_sample": speed.flops_per_sample,
-        "achieved_tflops": speed.achieved_tflops,
-        "peak_tflops": speed.peak_tflops,
-        "mfu": speed.mfu,
-        "logits_bytes": state.probe_bands.logits_bytes if state.probe_bands else None,
-        "warmup_steps": done.warmup_steps if done else None,
-        "steps": done.steps if done else (last_step.step if last_step else 0),
-        "samples": sum(entry["samples"] for entry in rank_results),
-        "train_loss": done.train_loss if done else None,
-        "probe_time_s": done.probe_time_s if done else None,
-        "probe_time_by_part_s": done.probe_time_by_part_s if done else None,
-        "probe_cost_percent": probe_cost_percent(done),
-        **memory,
-        "device": config.device,
-        "device_name": state.hello.device_name if state.hello else None,
-        "gpu_name": state.gpu_name,
-        "gpus": [gpu.to_json() for gpu in gpus.gpus] if gpus is not None else [],
-        "versions": state.hello.versions if state.hello else {},
-        "gradients_after_backward_bytes": gradients_after_backward_bytes(state.probe_bands),
-        "unavailable": unavailable,
-        "error": None,
-        "exit_code": state.exit_code,
-        "log_error": state.log_error,
-        "log_path": str(log_path),
-        "malformed_events": sum(len(rank_state.malformed) for rank_state in ranks.values()),
-        "ranks": rank_results,
-    }
-    predicted = prediction_json(
+    predicted = prediction(
         config.replace(gpus=str(len(gpus.gpus))) if gpus is not None and config.ranks is None else config
     )
-    result["predicted"] = predicted
-    result["prediction_error_percent"] = (
-        percent_delta(predicted["peak_allocated_bytes"], memory["peak_allocated_bytes"])
-        if predicted is not None
-        else None
+    result = RunResult(
+        run_id=run_id,
+        name=name,
+        status=status,
+        config=config.to_json(),
+        params=state.model.params if state.model else None,
+        trainable_params=state.model.trainable_params if state.model else None,
+        train_runtime_s=done.train_runtime_s if done else None,
+        samples_per_second=done.samples_per_second if done else None,
+        steady_samples_per_second=steady,
+        # every sample is seq-len tokens of the random dataset: the unit of causal LMs
+        tokens_per_second=done.samples_per_second * config.seq_len if done and done.samples_per_second else None,
+        steady_tokens_per_second=steady * config.seq_len if steady is not None else None,
+        # model FLOPs (6 × matmul weights + attention a token) at the steady rate, against the GPUs' dense peak
+        flops_per_sample=speed.flops_per_sample,
+        achieved_tflops=speed.achieved_tflops,
+        peak_tflops=speed.peak_tflops,
+        mfu=speed.mfu,
+        logits_bytes=state.probe_bands.logits_bytes if state.probe_bands else None,
+        warmup_steps=done.warmup_steps if done else None,
+        steps=done.steps if done else (last_step.step if last_step else 0),
+        samples=sum(entry.samples or 0 for entry in rank_results),
+        train_loss=done.train_loss if done else None,
+        probe_time_s=done.probe_time_s if done else None,
+        probe_time_by_part_s=done.probe_time_by_part_s if done else None,
+        probe_cost_percent=probe_cost_percent(done),
+        peak_allocated_bytes=memory.peak_allocated_bytes,
+        peak_reserved_bytes=memory.peak_reserved_bytes,
+        device_memory_used_bytes=memory.device_memory_used_bytes,
+        process_memory_used_bytes=memory.process_memory_used_bytes,
+        device_memory_total_bytes=memory.device_memory_total_bytes,
+        bands=memory.bands,
+        device=config.device,
+        device_name=state.hello.device_name if state.hello else None,
+        gpu_name=state.gpu_name,
+        gpus=[gpu.to_json() for gpu in gpus.gpus] if gpus is not None else [],
+        versions=state.hello.versions if state.hello else {},
+        gradients_after_backward_bytes=gradients_after_backward_bytes(state.probe_bands),
+        unavailable=unavailable,
+        error=_run_error(state, ranks, status, log_path),
+        exit_code=state.exit_code,
+        log_error=state.log_error,
+        log_path=str(log_path),
+        malformed_events=sum(len(rank_state.malformed) for rank_state in ranks.values()),
+        ranks=rank_results,
+        predicted=predicted,
+        prediction_error_percent=(
+            percent_delta(predicted.peak_allocated_bytes, memory.peak_allocated_bytes)
+            if predicted is not None
+            else None
+        ),
+        # where each steady step's time went, and what to change
+        step_time_breakdown=step_time_breakdown(
+            done.steady_phases_s if done else None,
+            done.steady_steps if done else None,
+            done.steady_gpu_caught_up_steps if done else None,
+            state.step_ends_s,
+            state.gpu_busy,
+            done.warmup_steps if done else None,
+        ),
+        compile_stats=done.compile_stats if done else None,
+        operations_anatomy=operations_anatomy(state.operations) if state.operations is not None else None,
     )
+    result.diagnosis = [finding.to_json() for finding in diagnose(result)]
+    # where the wall time went: rank 0's training process's points and the parent's
+    points = {**state.milestones, **(parent_points or {}), "recorded": time.monotonic()}
+    result.wall_breakdown_s = wall_breakdown(points)
+    result.time_to_first_step_s = time_to_first_step_s(points)
+    return result
+
+
+def _run_error(state: RankRecord, ranks: Mapping[int, RankRecord], status: str, log_path: Path) -> RunError | None:
+    """The error that best explains the run's end (`first_cause`), named by its rank; a training process that exited
+    without finishing and without a word; None when the run did not fail."""
     rank_error = first_cause([ranks[rank] for rank in sorted(ranks)])
     if rank_error is not None:
         failed_rank = next(rank for rank in sorted(ranks) if ranks[rank].error is rank_error)
         prefix = f"rank {failed_rank}: " if failed_rank and not rank_error.message.startswith("rank ") else ""
-        result["error"] = {
-            "kind": rank_error.kind,
-            "message": prefix + rank_error.message,
-            "step": rank_error.step,
-            "flag": rank_error.flag,
-        }
-    elif status == "failed":
-        result["error"] = {
-            "kind": "exception",
-            "flag": None,
-            "step": last_step.step + 1 if last_step else None,
-            "message": f"the training process exited with code {state.exit_code} "
+        return RunError(
+            kind=rank_error.kind, message=prefix + rank_error.message, step=rank_error.step, flag=rank_error.flag
+        )
+    if status == "failed":
+        last_step = state.last_step
+        return RunError(
+            kind="exception",
+            flag=None,
+            step=last_step.step + 1 if last_step else None,
+            message=f"the training process exited with code {state.exit_code} "
             f"without finishing; last lines of its log:\n{log_tail(log_path)}",
-        }
-    # where each steady step's time went, and what to change
-    result["step_time_breakdown"] = step_time_breakdown(
-        done.steady_phases_s if done else None,
-        done.steady_steps if done else None,
-        done.steady_gpu_caught_up_steps if done else None,
-        state.step_ends_s,
-        state.gpu_busy,
-        done.warmup_steps if done else None,
-    )
-    result["compile_stats"] = done.compile_stats if done else None
-    result["operations_anatomy"] = operations_anatomy(state.operations) if state.operations is not None else None
-    result["diagnosis"] = [finding.to_json() for finding in diagnose(result)]
-    # where the wall time went: rank 0's training process's points and the parent's
-    points = {**state.milestones, **(parent_points or {}), "recorded": time.monotonic()}
-    result["wall_breakdown_s"] = wall_breakdown(points)
-    result["time_to_first_step_s"] = time_to_first_step_s(points)
-    return result
+            json_keys=EXITED_ERROR_KEYS,
+        )
+    return None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from gpuanat.core.memory.bands.activations import (
     CUBLAS_WORKSPACE_BYTES,
@@ -48,6 +47,7 @@ from gpuanat.core.memory.parallel import (
 from gpuanat.core.memory.shapes import parameter_shapes
 from gpuanat.core.memory.sizes import MIB
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.result import Prediction
 
 CUDA_CONTEXT_BYTES = 760 * MIB
 """Per-process CUDA context, kernels and library handles outside torch's allocator: 742-758 MiB on the
@@ -210,30 +210,30 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     )
 
 
-def prediction_json(config: RunConfig) -> dict[str, Any] | None:
+def prediction(config: RunConfig) -> Prediction | None:
     """The estimate as stored with a run and printed by `gpuanat predict`; None for a --model whose config cannot be
     read or described (`unreadable_model_reason` says why)."""
     if unreadable_model_reason(config) is not None:
         return None
     estimate, caveat = estimate_memory(config), prediction_caveat(config)
-    return {
-        "weights_bytes": estimate.weights_bytes,
-        "gradients_bytes": estimate.gradients_bytes,
-        "optimizer_state_bytes": estimate.optimizer_state_bytes,
-        "activations_bytes": estimate.activations_bytes,
-        "gradients_at_forward_end_bytes": estimate.gradients_at_peak_bytes,
-        "temporaries_bytes": estimate.temporaries_bytes,
-        "peak_allocated_bytes": estimate.peak_allocated_bytes,
-        "peak_reserved_bytes": peak_reserved_bytes(estimate),
-        "cuda_context_bytes": cuda_context_bytes(estimate),
-        "communication_buffers_bytes": estimate.communication_buffers_bytes,
-        "ddp_first_buckets_bytes": estimate.first_buckets_bytes,
-        "peak_device_bytes": peak_device_bytes(estimate),
-        "ranks": estimate.ranks,
-        "logits_bytes": estimate.logits_bytes,
-        "confidence": "checked" if caveat is None else "unchecked",
-        "caveat": caveat,
-    }
+    return Prediction(
+        weights_bytes=estimate.weights_bytes,
+        gradients_bytes=estimate.gradients_bytes,
+        optimizer_state_bytes=estimate.optimizer_state_bytes,
+        activations_bytes=estimate.activations_bytes,
+        gradients_at_forward_end_bytes=estimate.gradients_at_peak_bytes,
+        temporaries_bytes=estimate.temporaries_bytes,
+        peak_allocated_bytes=estimate.peak_allocated_bytes,
+        peak_reserved_bytes=peak_reserved_bytes(estimate),
+        cuda_context_bytes=cuda_context_bytes(estimate),
+        communication_buffers_bytes=estimate.communication_buffers_bytes,
+        ddp_first_buckets_bytes=estimate.first_buckets_bytes,
+        peak_device_bytes=peak_device_bytes(estimate),
+        ranks=estimate.ranks,
+        logits_bytes=estimate.logits_bytes,
+        confidence="checked" if caveat is None else "unchecked",
+        caveat=caveat,
+    )
 
 
 def unreadable_model_reason(config: RunConfig) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 from gpuanat.core.run.session import execute_run
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,9 @@ def find_largest_batch(trains: Callable[[int], bool], start: int, limit: int) ->
 class FitResult:
     largest_batch_size: int
     trials: tuple[Trial, ...]
-    results: dict[int, dict[str, Any]]
+    results: dict[int, RunResult]
     """Each trial's run result, by batch size."""
-    failure: dict[str, Any] | None
+    failure: RunResult | None
     """The first trial that ended otherwise than trained or out of memory; the search stopped there."""
 
 
@@ -103,13 +104,13 @@ def run_fit(
     start: int,
     trial_steps: int,
     max_batch: int,
-    run_trial: Callable[..., dict[str, Any]] = execute_run,
-    on_trial: Callable[[int, dict[str, Any]], None] | None = None,
+    run_trial: Callable[..., RunResult] = execute_run,
+    on_trial: Callable[[int, RunResult], None] | None = None,
     **run_options: Any,
 ) -> FitResult:
     """Search with real runs of `trial_steps` steps, each recorded as "fit batch N"."""
-    results: dict[int, dict[str, Any]] = {}
-    failures: list[dict[str, Any]] = []
+    results: dict[int, RunResult] = {}
+    failures: list[RunResult] = []
 
     def trains(batch_size: int) -> bool:
         if failures:
@@ -121,9 +122,9 @@ def run_fit(
         results[batch_size] = result
         if on_trial is not None:
             on_trial(batch_size, result)
-        if result["status"] not in ("ok", "oom"):
+        if result.status not in ("ok", "oom"):
             failures.append(result)
-        return bool(result["status"] == "ok")
+        return result.status == "ok"
 
     largest, trials = find_largest_batch(trains, start, max_batch)
     return FitResult(largest, tuple(trials), results, failures[0] if failures else None)

@@ -28,6 +28,7 @@ from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S
 from gpuanat.core.vocabulary.protocol import Event, Malformed, Ranked
+from gpuanat.core.vocabulary.result import EXITED_ERROR_KEYS, RunError, RunResult
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchError, WatchTarget, resolve_target
 
@@ -68,7 +69,7 @@ def execute_script(
     trace_path: Path | None = None,
     stop_grace_s: float = 10.0,
     stop_requested: threading.Event | None = None,
-) -> dict[str, Any]:
+) -> RunResult:
     """Run `script` with `script_args` in a child with the probe attached, record it, return its result (the
     JSON contract of `gpuanat run --json`), named `name` (default: "script FILE.py"). Ctrl-C or `stop_requested`
     stops the child's process group."""
@@ -134,14 +135,11 @@ def execute_script(
         source.close()
     session.final_record(exit_code=exit_code)
     published = session.observed.run  # what the script's trainer published
-    error = None
+    error: RunError | None = None
     if published.error is not None:
-        error = {
-            "kind": published.error.kind,
-            "message": published.error.message,
-            "step": published.error.step,
-            "flag": None,
-        }
+        error = RunError(
+            kind=published.error.kind, message=published.error.message, step=published.error.step, flag=None
+        )
     if published.error is not None and published.error.kind == "oom":
         status = "oom"
     elif stopped:
@@ -151,13 +149,14 @@ def execute_script(
     else:
         status = "failed"
     if status == "failed" and error is None:
-        error = {
-            "kind": "exception",
-            "flag": None,
-            "step": None,
-            "message": f"the script exited with code {exit_code}; last lines of its log:\n{log_tail(log_path)}",
-        }
-    unavailable = dict(session.result(exited=True)["unavailable"])
+        error = RunError(
+            kind="exception",
+            flag=None,
+            step=None,
+            message=f"the script exited with code {exit_code}; last lines of its log:\n{log_tail(log_path)}",
+            json_keys=EXITED_ERROR_KEYS,
+        )
+    unavailable = dict(session.result(exited=True).unavailable)
     if published.model is None:
         # Nothing trained under the probe: every training figure is missing for that one reason.
         unavailable = {key: reason for key, reason in unavailable.items() if key.startswith(("device_", "bands"))}

@@ -47,6 +47,7 @@ from gpuanat.core.vocabulary.protocol import (
     Ranked,
     Step,
 )
+from gpuanat.core.vocabulary.result import RunResult
 
 SAMPLE_INTERVAL_S = 0.25
 HISTORY_FLUSH_INTERVAL_S = 1.0
@@ -97,7 +98,7 @@ def execute_run(
     requested_monotonic_s: float | None = None,
     warm_workers: WarmWorkers | None = None,
     metrics: RunMetrics | None = None,
-) -> dict[str, Any]:
+) -> RunResult:
     """Train `config` in a child process, record it, return its result.
 
     The GPUs are chosen first (`gpuanat.core.measure.gpus`, from what `gpu_reader` lists): ConfigError, before
@@ -261,7 +262,7 @@ def execute_run(
     result = build_result(
         run_id, config, state, nvml, log_path, name=name, ranks=ranks, gpus=choice, parent_points=parent_points
     )
-    result["start"] = start.to_json()
+    result.start = start.to_json()
     # The same training eager, or on one GPU, from the history (the compile and scaling findings); a busy history
     # only costs those findings.
     with contextlib.suppress(sqlite3.Error, HistoryError):
@@ -270,12 +271,10 @@ def execute_run(
             for row in reversed(store.runs(limit=HISTORY_REFERENCE_RUNS))
             if row.id != run_id
         ]
-        result["diagnosis"] = [
-            finding.to_json() for finding in diagnose(result, **reference_rates(result["config"], earlier))
+        result.diagnosis = [
+            finding.to_json() for finding in diagnose(result, **reference_rates(result.config, earlier))
         ]
     if metrics is not None:
         metrics.run_ended(result)
-    result["history_error"] = pending.finish(
-        lambda history: history.update_result(run_id, result, status=result["status"])
-    )
+    result.history_error = pending.finish(lambda history: history.update_result(run_id, result, status=result.status))
     return result

@@ -9,6 +9,7 @@ from typing import Any
 from gpuanat.core.operations.classify import GROUP_LABELS, GROUPS
 from gpuanat.core.percent import percent_delta
 from gpuanat.core.vocabulary.protocol import STEP_PHASES
+from gpuanat.core.vocabulary.result import Bands, RunResult
 
 COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("train_runtime_s", "time s"),
@@ -36,17 +37,18 @@ OPERATIONS_METRICS = {"ops_device_s": None, **{f"ops_{group}_s": group for group
 fused away shows as a kind's time falling."""
 
 
-def metric_value(result: dict[str, Any], key: str) -> float | None:
+def metric_value(result: RunResult, key: str) -> float | None:
     """A compared metric's value in a run's result."""
     if key in BAND_METRICS:
-        return (result.get("bands") or {}).get(key)
+        return getattr(result.bands, key) if isinstance(result.bands, Bands) else None
     if key in STEP_TIME_METRICS:
-        breakdown = result.get("step_time_breakdown") or {}
+        breakdown = result.step_time_breakdown or {}
         phase = STEP_TIME_METRICS[key]
         return breakdown.get("step_s") if phase is None else (breakdown.get("per_step_s") or {}).get(phase)
     if key in OPERATIONS_METRICS:
-        return _operations_seconds(result.get("operations_anatomy"), OPERATIONS_METRICS[key])
-    return result.get(key)
+        return _operations_seconds(result.operations_anatomy, OPERATIONS_METRICS[key])
+    value: float | None = getattr(result, key)  # the other metrics are the result's fields of their names
+    return value
 
 
 def _operations_seconds(anatomy: Any, group: str | None) -> float | None:
@@ -75,9 +77,7 @@ class Comparison:
     metrics: tuple[MetricRow, ...]
 
 
-def compare_runs(
-    run_ids: Sequence[int], configs: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]]
-) -> Comparison:
+def compare_runs(run_ids: Sequence[int], configs: Sequence[dict[str, Any]], results: Sequence[RunResult]) -> Comparison:
     """Side-by-side comparison of runs; deltas are against the first."""
     fields = sorted({key for config in configs for key in config})
     differing = tuple(

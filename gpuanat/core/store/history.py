@@ -39,6 +39,7 @@ from gpuanat.core.store.history_errors import EXIT_BAD_FILE, HistoryError, Histo
 from gpuanat.core.store.history_file import HistoryFile
 from gpuanat.core.store.history_schema import RUN_COLUMNS
 from gpuanat.core.store.interrupted import interrupted_result, process_started_at, recorder_alive, result_from_steps
+from gpuanat.core.vocabulary.result import RunResult
 
 ACTIVE_STATUSES = ("running",)
 RENAME_DEADLINE_S = 10.0
@@ -60,7 +61,8 @@ class RunRow:
     finished_at: float | None
     config: dict[str, Any]
     environment: dict[str, Any]
-    result: dict[str, Any]
+    result: RunResult
+    """The stored result as written (no key when the run stored none yet)."""
     log_path: str | None
 
 
@@ -157,9 +159,9 @@ class HistoryStore(HistoryFile):
                 db.executemany("INSERT INTO samples VALUES (?, ?, ?)", rows)
                 db.execute("UPDATE runs SET last_recorded_at = ? WHERE id = ?", (time.time(), run_id))
 
-    def update_result(self, run_id: int, result: Mapping[str, Any], *, status: str | None = None) -> None:
+    def update_result(self, run_id: int, result: RunResult, *, status: str | None = None) -> None:
         """Store the run's result so far; `status` other than running also marks it finished."""
-        result_json = json.dumps(dict(result))
+        result_json = json.dumps(result.to_json())
         with self._write("the run's result") as db:
             db.execute("UPDATE runs SET result_json = ? WHERE id = ?", (result_json, run_id))
             if status is not None:
@@ -185,7 +187,7 @@ class HistoryStore(HistoryFile):
                 db.execute(
                     "UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?"
                     " WHERE id = ? AND status = 'running'",
-                    (finished_at, json.dumps(result), run_id),
+                    (finished_at, json.dumps(result.to_json()), run_id),
                 )
                 finalised.append(run_id)
         return finalised
@@ -209,7 +211,7 @@ class HistoryStore(HistoryFile):
             row["recorder_pid"], row["recorder_started_at"], created_at=row["created_at"]
         )
 
-    def _interrupted_result(self, row: sqlite3.Row) -> dict[str, Any]:
+    def _interrupted_result(self, row: sqlite3.Row) -> RunResult:
         run_id = row["id"]
         rebuilt = result_from_steps(
             self._json(row["config_json"], run_id), self.steps(run_id), run_id=run_id, recorder_pid=row["recorder_pid"]
@@ -217,8 +219,9 @@ class HistoryStore(HistoryFile):
         return interrupted_result(self._json(row["result_json"], run_id), rebuilt)
 
     def _row(self, row: sqlite3.Row) -> RunRow:
-        run_id, status, result = row["id"], row["status"], self._json(row["result_json"], row["id"])
-        result = bands_of_one_moment(result)  # a row written before the bands were one moment's reads as now
+        run_id, status, stored = row["id"], row["status"], self._json(row["result_json"], row["id"])
+        # a row written before the bands were one moment's reads as now
+        result = RunResult.from_json(bands_of_one_moment(stored) if isinstance(stored, dict) else {})
         if self._gone(row):  # shown as a writable open will finalise it, without writing
             status, result = "interrupted", self._interrupted_result(row)
         return RunRow(

@@ -13,6 +13,7 @@ import psutil
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.vocabulary.protocol import ProbeBands
+from gpuanat.core.vocabulary.result import Bands, RunError, RunResult
 
 RECORDER_START_TOLERANCE_S = 1.0
 """Two readings of one process's start time agree within this (psutil derives it from the boot time and clock
@@ -53,7 +54,7 @@ def result_from_steps(
     *,
     run_id: int | None = None,
     recorder_pid: int | None = None,
-) -> dict[str, Any]:
+) -> RunResult:
     """The result of a run whose recorder stopped before it finished, rebuilt from its step records (in order)."""
     last = steps[-1] if steps else {}
     elapsed_s, samples = last.get("elapsed_s"), last.get("samples")
@@ -68,24 +69,33 @@ def result_from_steps(
     measured = _bands_of_step(with_bands[-1]) if with_bands else None
     recorder = f"the recorder (PID {recorder_pid})" if recorder_pid else "the recorder"
     counted = f"{len(steps)} recorded step" + ("" if len(steps) == 1 else "s")
-    return {
-        "run_id": run_id,
-        "status": "interrupted",
-        "config": dict(config),
-        "steps": last.get("step", 0),
-        "samples": samples or 0,
-        "train_runtime_s": elapsed_s,
-        "samples_per_second": samples / elapsed_s if samples is not None and elapsed_s else None,
-        "train_loss": losses[-1] if losses else None,
-        "peak_allocated_bytes": max(allocated) if allocated else None,
-        "peak_reserved_bytes": max(reserved) if reserved else None,
-        "bands": measured[0] if measured else None,
-        "gradients_after_backward_bytes": measured[1] if measured else None,
-        "error": {
-            "kind": "interrupted",
-            "message": f"{recorder} stopped before the run finished; this result was rebuilt from its {counted}",
-        },
-    }
+    return RunResult(
+        run_id=run_id,
+        status="interrupted",
+        config=dict(config),
+        steps=last.get("step", 0),
+        samples=samples or 0,
+        train_runtime_s=elapsed_s,
+        samples_per_second=samples / elapsed_s if samples is not None and elapsed_s else None,
+        train_loss=losses[-1] if losses else None,
+        peak_allocated_bytes=max(allocated) if allocated else None,
+        peak_reserved_bytes=max(reserved) if reserved else None,
+        bands=Bands.from_json(measured[0]) if measured else None,
+        gradients_after_backward_bytes=measured[1] if measured else None,
+        error=RunError(
+            kind="interrupted",
+            message=f"{recorder} stopped before the run finished; this result was rebuilt from its {counted}",
+            json_keys=("kind", "message"),
+        ),
+        json_keys=INTERRUPTED_RESULT_KEYS,
+    )
+
+
+INTERRUPTED_RESULT_KEYS = (
+    *("run_id", "status", "config", "steps", "samples", "train_runtime_s", "samples_per_second", "train_loss"),
+    *("peak_allocated_bytes", "peak_reserved_bytes", "bands", "gradients_after_backward_bytes", "error"),
+)
+"""The keys of a result rebuilt from a run's steps, in order."""
 
 
 def _bands_of_step(step: Mapping[str, Any]) -> tuple[dict[str, Any], int | None] | None:
@@ -107,7 +117,8 @@ def _bands_of_step(step: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]
     return (bands.values(), gradients_after_backward_bytes(probe))
 
 
-def interrupted_result(stored: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> dict[str, Any]:
-    """What a partial result already stored says wins over the rebuilt one (its None values do not), except the
-    status."""
-    return {**rebuilt, **{key: value for key, value in stored.items() if value is not None}, "status": "interrupted"}
+def interrupted_result(stored: Mapping[str, Any], rebuilt: RunResult) -> RunResult:
+    """What a partial result already stored (its JSON) says wins over the rebuilt one (its None values do not),
+    except the status."""
+    stored_values = {key: value for key, value in stored.items() if value is not None}
+    return RunResult.from_json({**rebuilt.to_json(), **stored_values, "status": "interrupted"})

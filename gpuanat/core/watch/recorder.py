@@ -19,6 +19,7 @@ from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S, PendingWrites
 from gpuanat.core.vocabulary.protocol import Step
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.watch.records import WatchRecords
 
 HISTORY_FLUSH_INTERVAL_S = 1.0
@@ -89,14 +90,14 @@ class HistoryRecorder:
         self._pending.flush()
         self._flushed_at_s = time.monotonic()
 
-    def finish(self, result: dict[str, Any]) -> None:
+    def finish(self, result: RunResult) -> None:
         store = self.store if threading.get_ident() == self._thread else HistoryStore(self.store.path)
         config, environment = self._records.config(), self._environment()
 
         def final_write(history: HistoryStore) -> None:
             history.set_config(self.run_id, config)
             history.set_environment(self.run_id, environment)
-            history.update_result(self.run_id, {**result, "run_id": self.run_id}, status=result["status"])
+            history.update_result(self.run_id, dataclasses.replace(result, run_id=self.run_id), status=result.status)
 
         self.history_error = self._pending.finish(final_write, store=store)
         store.close()

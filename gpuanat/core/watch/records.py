@@ -28,6 +28,7 @@ from gpuanat.core.measure.result import probe_cost_percent
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.vocabulary.protocol import Operations
+from gpuanat.core.vocabulary.result import Bands, RankResult, RunError, RunResult
 from gpuanat.core.watch.loop_kind import ProbeHint, probe_hint
 from gpuanat.core.watch.publications import Publications
 from gpuanat.core.watch.target import WatchTarget
@@ -51,6 +52,49 @@ def _gpu_used_by(gpu: GpuSample, nvml_pids: set[int]) -> tuple[int, bool]:
             else:
                 used += process.used_bytes
     return used, unknown
+
+
+WATCH_RESULT_KEYS = (
+    "run_id",
+    "name",
+    "kind",
+    "status",
+    "config",
+    "params",
+    "train_runtime_s",
+    "samples_per_second",
+    "steady_samples_per_second",
+    "warmup_steps",
+    "steps",
+    "samples",
+    "train_loss",
+    "probe_time_s",
+    "probe_time_by_part_s",
+    "probe_cost_percent",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "device_memory_used_bytes",
+    "process_memory_used_bytes",
+    "device_memory_total_bytes",
+    "peak_rss_bytes",
+    "peak_cpu_percent",
+    "device",
+    "device_name",
+    "gpu_name",
+    "versions",
+    "bands",
+    "gradients_after_backward_bytes",
+    "unavailable",
+    "published",
+    "watched_s",
+    "pid_namespace_note",
+    "error",
+    "log_path",
+    "malformed_events",
+    "ranks",
+    "operations_anatomy",
+)
+"""The keys of a watched run's result (`WatchRecords.result`), in order."""
 
 
 class WatchRecords:
@@ -393,7 +437,7 @@ class WatchRecords:
         config.update(self._description)
         return config
 
-    def result(self, *, exited: bool, run_id: int | None, name: str | None) -> dict[str, Any]:
+    def result(self, *, exited: bool, run_id: int | None, name: str | None) -> RunResult:
         """The watched run's result in the terms of `gpuanat run --json`, so history and compare read it; `run_id`
         and `name` are its history run's, None when it is not saved."""
         observed, run = self.observed, self.observed.run
@@ -434,50 +478,51 @@ class WatchRecords:
         if observed.peak_gpu_memory_bytes is None:
             unavailable["device_memory_used_bytes"] = (self.last_record or {}).get("gpu_memory_reason") or "no GPU"
         hello = run.hello
-        return {
-            "run_id": run_id,
-            "name": name,
-            "kind": self.kind,
-            "status": status,
-            "config": self.config(),
-            "params": run.model.params if run.model else None,
-            "train_runtime_s": train_runtime_s,
-            "samples_per_second": samples_per_second,
-            "steady_samples_per_second": done.steady_samples_per_second if done else None,
-            "warmup_steps": done.warmup_steps if done else None,
-            "steps": done.steps if done else (last_step.step if last_step else 0),
-            "samples": done.samples if done else (last_step.samples if last_step else 0),
-            "train_loss": done.train_loss if done else None,
-            "probe_time_s": done.probe_time_s if done else None,
-            "probe_time_by_part_s": done.probe_time_by_part_s if done else None,
-            "probe_cost_percent": probe_cost_percent(done),
-            "peak_allocated_bytes": done.peak_allocated_bytes if done else None,
-            "peak_reserved_bytes": (done.peak_reserved_bytes if done else None) or run.peak_reserved_bytes,
-            "device_memory_used_bytes": observed.peak_device_used_bytes,
-            "process_memory_used_bytes": observed.peak_gpu_memory_bytes,
-            "device_memory_total_bytes": observed.device_total_bytes,
-            "peak_rss_bytes": observed.peak_rss_bytes,
-            "peak_cpu_percent": observed.peak_cpu_percent,
-            "device": hello.device if hello else None,
-            "device_name": hello.device_name if hello else None,
-            "gpu_name": observed.gpu_name,
-            "versions": hello.versions if hello else {},
-            "bands": bands,
-            "gradients_after_backward_bytes": gradients_after_backward_bytes(run.probe_bands),
-            "unavailable": unavailable,
-            "published": observed.publisher_pid is not None,
-            "watched_s": round(self._clock() - self.started_s, 3),
-            "pid_namespace_note": self.mapping.note,
-            "error": (
-                {"kind": run.error.kind, "message": run.error.message, "step": run.error.step, "flag": run.error.flag}
+        return RunResult(
+            run_id=run_id,
+            name=name,
+            kind=self.kind,
+            status=status,
+            config=self.config(),
+            params=run.model.params if run.model else None,
+            train_runtime_s=train_runtime_s,
+            samples_per_second=samples_per_second,
+            steady_samples_per_second=done.steady_samples_per_second if done else None,
+            warmup_steps=done.warmup_steps if done else None,
+            steps=done.steps if done else (last_step.step if last_step else 0),
+            samples=done.samples if done else (last_step.samples if last_step else 0),
+            train_loss=done.train_loss if done else None,
+            probe_time_s=done.probe_time_s if done else None,
+            probe_time_by_part_s=done.probe_time_by_part_s if done else None,
+            probe_cost_percent=probe_cost_percent(done),
+            peak_allocated_bytes=done.peak_allocated_bytes if done else None,
+            peak_reserved_bytes=(done.peak_reserved_bytes if done else None) or run.peak_reserved_bytes,
+            device_memory_used_bytes=observed.peak_device_used_bytes,
+            process_memory_used_bytes=observed.peak_gpu_memory_bytes,
+            device_memory_total_bytes=observed.device_total_bytes,
+            peak_rss_bytes=observed.peak_rss_bytes,
+            peak_cpu_percent=observed.peak_cpu_percent,
+            device=hello.device if hello else None,
+            device_name=hello.device_name if hello else None,
+            gpu_name=observed.gpu_name,
+            versions=hello.versions if hello else {},
+            bands=Bands.from_json(bands),
+            gradients_after_backward_bytes=gradients_after_backward_bytes(run.probe_bands),
+            unavailable=unavailable,
+            published=observed.publisher_pid is not None,
+            watched_s=round(self._clock() - self.started_s, 3),
+            pid_namespace_note=self.mapping.note,
+            error=(
+                RunError(kind=run.error.kind, message=run.error.message, step=run.error.step, flag=run.error.flag)
                 if run.error
                 else None
             ),
-            "log_path": None,
-            "malformed_events": observed.malformed,
-            "ranks": (self.last_record or {}).get("ranks", []),
-            "operations_anatomy": operations_anatomy(run.operations) if run.operations else None,
-        }
+            log_path=None,
+            malformed_events=observed.malformed,
+            ranks=[RankResult.from_json(rank) for rank in (self.last_record or {}).get("ranks", [])],
+            operations_anatomy=operations_anatomy(run.operations) if run.operations else None,
+            json_keys=WATCH_RESULT_KEYS,
+        )
 
 
 def _process_name(pid: int | None) -> str | None:

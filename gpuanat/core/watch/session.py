@@ -32,6 +32,7 @@ from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.protocol import Event, Malformed, Ranked, Step
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.watch.publications import Publications, default_publication_dirs
 from gpuanat.core.watch.recorder import HistoryRecorder
 from gpuanat.core.watch.records import WatchRecords
@@ -180,17 +181,21 @@ class WatchSession:
     def saved_run_id(self) -> int | None:
         return self._recorder.run_id if self._recorder is not None else None
 
-    def finish_saving(self, *, exited: bool, **overrides: Any) -> dict[str, Any] | None:
+    def finish_saving(self, *, exited: bool, **overrides: Any) -> RunResult | None:
         """Write the result and status of the saved run (None when not saving) and close the store;
-        `overrides` replace entries of the result (a launched script's status, exit code and log)."""
+        `overrides` replace fields of the result (a launched script's status, exit code and log), a field the watch's
+        result lacks added at its end."""
         with self._lock:
             if self._recorder is None or self._recorder.finished:
                 return None
-            result = {**self.result(exited=exited), **overrides}
+            result = self.result(exited=exited)
+            for key, value in overrides.items():
+                setattr(result, key, value)
             self._recorder.finish(result)
-            return {**result, "history_error": self._recorder.history_error}
+            result.history_error = self._recorder.history_error
+            return result
 
-    def result(self, *, exited: bool) -> dict[str, Any]:
+    def result(self, *, exited: bool) -> RunResult:
         """The watched run's result in the terms of `gpuanat run --json`, so history and compare read it."""
         return self._records.result(
             exited=exited, run_id=self.saved_run_id, name=self._recorder.name if self._recorder else None

@@ -37,6 +37,7 @@ from gpuanat.core.measure.samples import NvmlStatus, Sample
 from gpuanat.core.run.session import SharedSampler
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.protocol import Event, Ranked
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.tui.launch_painter import LaunchPainter
 from gpuanat.tui.live_charts import LiveCharts, live_charts
 from gpuanat.tui.memory_view import MemoryView
@@ -138,7 +139,7 @@ class LaunchDashboard(DashboardScreen):
         self._sample_interval_s = sample_interval_s
         self.capabilities: Capabilities | None = None
         self.nvml: NvmlStatus | None = None
-        self.last_result: dict[str, Any] | None = None
+        self.last_result: RunResult | None = None
         self.operations_shown: tuple[Mapping[str, Any], int | None] | None = None
         """The operations anatomy on show and its run: the latest run's that was profiled."""
         self.sampler: Sampler | None = None

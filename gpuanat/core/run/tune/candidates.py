@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuanat.core.memory.allocation_templates import largest_batch
-from gpuanat.core.memory.predict import prediction_json, unreadable_model_reason
+from gpuanat.core.memory.predict import prediction, unreadable_model_reason
 from gpuanat.core.run.tune.result import Pruned, TuneTrial
 from gpuanat.core.run.tune.space import DIMENSION_FIELDS, MEMORY_MARGIN_FRACTION, SearchSpace, searched_fields
 from gpuanat.core.vocabulary.config import RunConfig
@@ -68,8 +68,8 @@ class Predictor:
 
     @staticmethod
     def peak_device_bytes(config: RunConfig) -> int | None:
-        predicted = prediction_json(config)
-        return predicted["peak_device_bytes"] if predicted is not None else None
+        predicted = prediction(config)
+        return predicted.peak_device_bytes if predicted is not None else None
 
 
 class Search:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 
 NOISE_FRACTION = 0.02
 """A move is kept only if it is this much faster than the best so far: back-to-back runs of one configuration
@@ -49,28 +50,28 @@ class TuneTrial:
     """The move it tried ("start" for the first trial, or one of DIMENSIONS)."""
     config: RunConfig
     """The configuration searched (the workload's own samples and epochs; the run trained `trial_steps` steps)."""
-    result: dict[str, Any]
+    result: RunResult
     """The run's result, as `gpuanat run --json` gives it."""
     wall_s: float
     """The trial's wall time, start-up included: what the budget pays."""
 
     @property
     def status(self) -> str:
-        return str(self.result["status"])
+        return str(self.result.status)
 
     @property
     def run_id(self) -> int | None:
-        return self.result.get("run_id")
+        return self.result.run_id
 
     @property
     def samples_per_second(self) -> float | None:
         """The steady rate (warm-up excluded); the whole run's where the run had no steady window."""
-        steady = self.result.get("steady_samples_per_second")
-        return steady if steady is not None else self.result.get("samples_per_second")
+        steady = self.result.steady_samples_per_second
+        return steady if steady is not None else self.result.samples_per_second
 
     @property
     def rate_source(self) -> str:
-        return "steady" if self.result.get("steady_samples_per_second") is not None else "whole run"
+        return "steady" if self.result.steady_samples_per_second is not None else "whole run"
 
     @property
     def ok(self) -> bool:
@@ -80,8 +81,8 @@ class TuneTrial:
         if source == "unmeasured":
             return None
         if source == "predicted_peak_allocated_bytes":
-            return (self.result.get("predicted") or {}).get("peak_allocated_bytes")
-        value = self.result.get(source)
+            return self.result.predicted.peak_allocated_bytes if self.result.predicted is not None else None
+        value = getattr(self.result, source)  # the measured sources are the result's fields of their names
         return int(value) if value is not None else None
 
 

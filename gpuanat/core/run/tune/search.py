@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from gpuanat.core.run.tune.runs import trial_config, trial_name
 from gpuanat.core.run.tune.space import SearchSpace
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import compile_mode
 
 FIRST_MOVES_FOR: dict[str, tuple[str, ...]] = {
@@ -60,7 +61,7 @@ def run_tune(
     log_dir: Path,
     trial_steps: int,
     budget_s: float,
-    run_trial: Callable[..., dict[str, Any]] = execute_run,
+    run_trial: Callable[..., RunResult] = execute_run,
     on_trial: Callable[[TuneTrial, Progress], None] | None = None,
     on_pruned: Callable[[Pruned], None] | None = None,
     on_kept: Callable[[TuneTrial, float], None] | None = None,
@@ -164,10 +165,10 @@ def run_tune(
     return result
 
 
-def moves_in_order(dimensions: Sequence[str], center_result: Mapping[str, Any]) -> list[str]:
+def moves_in_order(dimensions: Sequence[str], center_result: RunResult) -> list[str]:
     """`dimensions` with the moves that answer the kept run's main bottleneck first (FIRST_MOVES_FOR), the others
     in their usual order."""
-    findings = center_result.get("diagnosis") or []
+    findings = center_result.diagnosis or []
     first = FIRST_MOVES_FOR.get(findings[0]["bottleneck"], ()) if findings else ()
     return [dimension for dimension in first if dimension in dimensions] + [
         dimension for dimension in dimensions if dimension not in first

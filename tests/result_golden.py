@@ -1,0 +1,113 @@
+"""The `gpuanat run --json` results of real tiny CPU runs as gpuanat printed them before the result was typed
+(tests/data/result_golden.json), and the normalisation that makes two runs of one configuration comparable: what
+changes between runs (times and rates, run ids, PIDs, paths, the log's tail, which timing findings the diagnosis
+makes) is replaced by a placeholder; every key, its place and every other value stays as printed.
+
+`python tests/result_golden.py` recorded the file (at commit 29594be); the tests that run these configurations
+compare their fresh results with it (`assert_as_recorded`). Its "interrupted" and "predictions" entries are what
+`interrupted.result_from_steps`/`interrupted_result` and `predict.prediction_json` returned at that commit for the
+inputs beside them (test_result_contract).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+GOLDEN_PATH = Path(__file__).resolve().parent / "data" / "result_golden.json"
+_VOLATILE = {"run_id": "<run id>", "pid": "<pid>", "log_path": "<path>"}
+FINDING_KEYS = ["bottleneck", "evidence", "fix"]
+
+
+def normalised(value: Any, key: str | None = None, stopped: bool = False) -> Any:
+    """`value` with what differs between two runs of one configuration replaced by placeholders, keys in place; of a
+    stopped run also how far it trained (when the signal came)."""
+    if key is None and isinstance(value, dict) and value.get("status") == "stopped":
+        stopped = True
+    if stopped and key in ("steps", "samples") and isinstance(value, int):
+        return "<how far it trained>"
+    if key in _VOLATILE and value is not None:
+        return _VOLATILE[key]
+    if key == "diagnosis" and isinstance(value, list):
+        # which findings are made (if any) depends on the measured step times: only that each has its three parts
+        # (the file recorded each finding as its keys' JSON)
+        return [
+            finding
+            for finding in value
+            if not (isinstance(finding, dict) and list(finding) == FINDING_KEYS) and finding != json.dumps(FINDING_KEYS)
+        ]
+    if key == "message" and isinstance(value, str):
+        return value.split("\n", 1)[0]  # a failed run's message quotes its log's last lines (tqdm, timings)
+    if isinstance(value, dict):
+        return {name: normalised(item, name, stopped) for name, item in value.items()}
+    if isinstance(value, list):
+        return [normalised(item, None, stopped) for item in value]
+    if isinstance(value, float):
+        return "<float>"
+    return value
+
+
+def assert_as_recorded(name: str, result: dict[str, Any]) -> None:
+    """`result` (a fresh `gpuanat run --json` output) prints as the recorded one of configuration `name` did."""
+    golden = normalised(json.loads(GOLDEN_PATH.read_text())[name])  # (placeholders stay as they are)
+    fresh = normalised(result)
+    assert json.dumps(fresh) == json.dumps(golden), (name, _differences(fresh, golden))
+
+
+def _differences(fresh: Any, recorded: Any, where: str = "") -> list[str]:
+    """Where two normalised results differ: keys (in order) or values."""
+    if isinstance(fresh, dict) and isinstance(recorded, dict):
+        if list(fresh) != list(recorded):
+            return [f"{where or '/'}: keys {list(fresh)} != {list(recorded)}"]
+        return [line for key in fresh for line in _differences(fresh[key], recorded[key], f"{where}/{key}")]
+    if isinstance(fresh, list) and isinstance(recorded, list) and len(fresh) == len(recorded):
+        return [
+            line
+            for index, pair in enumerate(zip(fresh, recorded, strict=True))
+            for line in _differences(*pair, f"{where}[{index}]")
+        ]
+    return [] if json.dumps(fresh) == json.dumps(recorded) else [f"{where}: {fresh!r} != {recorded!r}"]
+
+
+def _record() -> None:
+    """Runs every configuration the tests compare and writes their normalised results to GOLDEN_PATH."""
+    import tempfile
+
+    import psutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from conftest import TINY_CPU, last_json, start_cli, wait_for_steps
+    from test_distributed_cpu import TWO_RANKS
+    from test_failures import FAULTS, STOPPED_RUN
+    from test_run_cpu import ALLOCATOR_CONF, RUNS
+
+    directory = Path(tempfile.mkdtemp())
+    recorded: dict[str, Any] = {}
+    started = {
+        **{
+            name: start_cli(["run", *args, "--json"], directory / "a.sqlite", extra_env=ALLOCATOR_CONF)
+            for name, args in RUNS.items()
+        },
+        **{
+            name: start_cli(["run", *TINY_CPU, "--json"], directory / "b.sqlite", fault=fault)
+            for name, fault in FAULTS.items()
+        },
+        "ddp_two_ranks": start_cli(["run", *TWO_RANKS, "--json"], directory / "c.sqlite"),
+    }
+    for name, process in started.items():
+        stdout, _stderr = process.communicate(timeout=900)
+        recorded[name] = normalised(last_json(stdout))
+        print(name, process.returncode, recorded[name]["status"], file=sys.stderr)
+    stopped = start_cli(STOPPED_RUN, directory / "d.sqlite")
+    wait_for_steps(directory / "d.sqlite", 2, psutil.Process(stopped.pid))
+    stopped.send_signal(signal.SIGINT)
+    stdout, _ = stopped.communicate(timeout=60)
+    recorded["stopped"] = normalised(last_json(stdout))
+    GOLDEN_PATH.write_text(json.dumps(recorded, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    _record()
