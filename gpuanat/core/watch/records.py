@@ -6,8 +6,8 @@ process, GPU memory of the tree on every GPU it uses (NVML per-process), GPU uti
 reports it, else device-wide, labelled), the device's other processes, how NVML's PIDs relate to ours
 (`pid_namespace`), and, once a process of the tree publishes probe events (`ObservedRun`), the step, throughput
 and memory bands, overall and per rank, exactly as for runs gpuanat launched. Reading a sample raises the
-observed run's peaks, which the result reports. `final_record` says the process exited; `result` is the watched
-run in the terms of `gpuanat run --json`, so history and compare read it.
+observed run's peaks, which the watched run's result reports (`watched_result`). `final_record` says the process
+exited.
 
 Plain Python: no torch, no UI. Nothing here samples or writes the history; the session hands each sample in.
 """
@@ -24,11 +24,9 @@ import psutil
 from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
-from gpuanat.core.measure.result import probe_cost_percent
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.vocabulary.protocol import Operations
-from gpuanat.core.vocabulary.result import Bands, RankResult, RunError, RunResult
 from gpuanat.core.watch.loop_kind import ProbeHint, probe_hint
 from gpuanat.core.watch.publications import Publications
 from gpuanat.core.watch.target import WatchTarget
@@ -52,49 +50,6 @@ def _gpu_used_by(gpu: GpuSample, nvml_pids: set[int]) -> tuple[int, bool]:
             else:
                 used += process.used_bytes
     return used, unknown
-
-
-WATCH_RESULT_KEYS = (
-    "run_id",
-    "name",
-    "kind",
-    "status",
-    "config",
-    "params",
-    "train_runtime_s",
-    "samples_per_second",
-    "steady_samples_per_second",
-    "warmup_steps",
-    "steps",
-    "samples",
-    "train_loss",
-    "probe_time_s",
-    "probe_time_by_part_s",
-    "probe_cost_percent",
-    "peak_allocated_bytes",
-    "peak_reserved_bytes",
-    "device_memory_used_bytes",
-    "process_memory_used_bytes",
-    "device_memory_total_bytes",
-    "peak_rss_bytes",
-    "peak_cpu_percent",
-    "device",
-    "device_name",
-    "gpu_name",
-    "versions",
-    "bands",
-    "gradients_after_backward_bytes",
-    "unavailable",
-    "published",
-    "watched_s",
-    "pid_namespace_note",
-    "error",
-    "log_path",
-    "malformed_events",
-    "ranks",
-    "operations_anatomy",
-)
-"""The keys of a watched run's result (`WatchRecords.result`), in order."""
 
 
 class WatchRecords:
@@ -284,7 +239,7 @@ class WatchRecords:
             },
             "published": published,
             "publisher_pid": observed.publisher_pid,
-            "publication_reason": None if published else self._publication_reason(),
+            "publication_reason": None if published else self.publication_reason(),
             "probe_hint": None if published or self._publications is None else self.probe_hint.to_json(),
             "step": last_step.step if last_step else None,
             "total_steps": run.model.total_steps if run.model else None,
@@ -354,7 +309,7 @@ class WatchRecords:
             )
         return sorted(ranks, key=lambda entry: entry["rank"])
 
-    def _publication_reason(self) -> str:
+    def publication_reason(self) -> str:
         if self._publications is None:
             return "the process has sent no probe events yet"
         problems = self._publications.problems
@@ -437,92 +392,9 @@ class WatchRecords:
         config.update(self._description)
         return config
 
-    def result(self, *, exited: bool, run_id: int | None, name: str | None) -> RunResult:
-        """The watched run's result in the terms of `gpuanat run --json`, so history and compare read it; `run_id`
-        and `name` are its history run's, None when it is not saved."""
-        observed, run = self.observed, self.observed.run
-        done, last_step = run.done, run.last_step
-        status = "ok" if done is not None and done.status == "ok" else "exited" if exited else "detached"
-        unavailable: dict[str, str] = {}
-        bands: dict[str, Any] = {}
-        if observed.publisher_pid is not None:
-            gpu_total = observed.device_total_bytes
-            memory = assemble_bands(
-                run.probe_bands,
-                reserved_bytes=(done.peak_reserved_bytes if done else None) or run.peak_reserved_bytes,
-                device_used_bytes=observed.peak_device_used_bytes,
-                device_total_bytes=gpu_total,
-                process_used_bytes=observed.peak_gpu_memory_bytes,
-                no_gpu_reason=(
-                    "CPU run: it uses no GPU memory"
-                    if run.hello and run.hello.device != "cuda"
-                    else None
-                    if observed.gpu_name
-                    else "no GPU readings"
-                ),
-            )
-            bands = memory.values()
-            unavailable.update(memory.unavailable)
-        else:
-            unavailable["bands"] = self._publication_reason()
-        train_runtime_s = done.train_runtime_s if done else (last_step.elapsed_s if last_step else None)
-        samples_per_second = (
-            done.samples_per_second
-            if done
-            else (last_step.samples / last_step.elapsed_s if last_step and last_step.elapsed_s > 0 else None)
-        )
-        if done is None or done.steady_samples_per_second is None:
-            unavailable["steady_samples_per_second"] = (
-                done.steady_reason if done else None
-            ) or "the run had not finished training when the watch ended"
-        if observed.peak_gpu_memory_bytes is None:
-            unavailable["device_memory_used_bytes"] = (self.last_record or {}).get("gpu_memory_reason") or "no GPU"
-        hello = run.hello
-        return RunResult(
-            run_id=run_id,
-            name=name,
-            kind=self.kind,
-            status=status,
-            config=self.config(),
-            params=run.model.params if run.model else None,
-            train_runtime_s=train_runtime_s,
-            samples_per_second=samples_per_second,
-            steady_samples_per_second=done.steady_samples_per_second if done else None,
-            warmup_steps=done.warmup_steps if done else None,
-            steps=done.steps if done else (last_step.step if last_step else 0),
-            samples=done.samples if done else (last_step.samples if last_step else 0),
-            train_loss=done.train_loss if done else None,
-            probe_time_s=done.probe_time_s if done else None,
-            probe_time_by_part_s=done.probe_time_by_part_s if done else None,
-            probe_cost_percent=probe_cost_percent(done),
-            peak_allocated_bytes=done.peak_allocated_bytes if done else None,
-            peak_reserved_bytes=(done.peak_reserved_bytes if done else None) or run.peak_reserved_bytes,
-            device_memory_used_bytes=observed.peak_device_used_bytes,
-            process_memory_used_bytes=observed.peak_gpu_memory_bytes,
-            device_memory_total_bytes=observed.device_total_bytes,
-            peak_rss_bytes=observed.peak_rss_bytes,
-            peak_cpu_percent=observed.peak_cpu_percent,
-            device=hello.device if hello else None,
-            device_name=hello.device_name if hello else None,
-            gpu_name=observed.gpu_name,
-            versions=hello.versions if hello else {},
-            bands=Bands.from_json(bands),
-            gradients_after_backward_bytes=gradients_after_backward_bytes(run.probe_bands),
-            unavailable=unavailable,
-            published=observed.publisher_pid is not None,
-            watched_s=round(self._clock() - self.started_s, 3),
-            pid_namespace_note=self.mapping.note,
-            error=(
-                RunError(kind=run.error.kind, message=run.error.message, step=run.error.step, flag=run.error.flag)
-                if run.error
-                else None
-            ),
-            log_path=None,
-            malformed_events=observed.malformed,
-            ranks=[RankResult.from_json(rank) for rank in (self.last_record or {}).get("ranks", [])],
-            operations_anatomy=operations_anatomy(run.operations) if run.operations else None,
-            json_keys=WATCH_RESULT_KEYS,
-        )
+    def watched_s(self) -> float:
+        """Seconds since the watch began, to the millisecond."""
+        return round(self._clock() - self.started_s, 3)
 
 
 def _process_name(pid: int | None) -> str | None:

@@ -37,6 +37,7 @@ from gpuanat.core.watch.publications import Publications, default_publication_di
 from gpuanat.core.watch.recorder import HistoryRecorder
 from gpuanat.core.watch.records import WatchRecords
 from gpuanat.core.watch.target import WatchTarget
+from gpuanat.core.watch.watched_result import watched_result
 
 KEPT_SAMPLES = 20_000
 """Samples kept for a save requested later (about 80 minutes at 4 Hz); older ones are dropped."""
@@ -197,8 +198,8 @@ class WatchSession:
 
     def result(self, *, exited: bool) -> RunResult:
         """The watched run's result in the terms of `gpuanat run --json`, so history and compare read it."""
-        return self._records.result(
-            exited=exited, run_id=self.saved_run_id, name=self._recorder.name if self._recorder else None
+        return watched_result(
+            self._records, exited=exited, run_id=self.saved_run_id, name=self._recorder.name if self._recorder else None
         )
 
     def close(self) -> None:
