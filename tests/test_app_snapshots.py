@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from recorded_backend import CAPABILITIES
 
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.replay import ReplaySource
@@ -58,14 +59,7 @@ def utc(monkeypatch):
 
 def h100_environment() -> tuple[dict, Capabilities, NvmlStatus]:
     trace_run = json.loads(STEPS.read_text().splitlines()[0])
-    capabilities = Capabilities(
-        torch_version="2.11.0+cu130",
-        cuda_available=True,
-        cuda_device_name="NVIDIA H100 80GB HBM3",
-        cuda_compute_capability=(9, 0),
-        cuda_total_memory_bytes=85_520_809_984,
-        bitsandbytes_version="0.50.2",
-    )
+    capabilities = CAPABILITIES  # the H100 the run was recorded on
     nvml = NvmlStatus(
         available=True,
         reason=None,
