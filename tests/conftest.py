@@ -20,6 +20,12 @@ import textual
 
 from gpuanat.tui.textual_internals import WRITTEN_AGAINST
 
+# One torch (OpenMP) thread for every training process the suite starts, and for the suite's own: on the two cores of
+# the CI box a child's two spinning threads beside the test process and gpuanat itself made its steps 10-90x slower
+# (16 steps of the tiny BERT: 2.7 s with two threads, 0.16 s with one; docs/testing.md). A run's behaviour does not
+# depend on it; set OMP_NUM_THREADS yourself to try another count.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 FAULT_INJECTION_DIR = Path(__file__).resolve().parent / "fault_injection"
 TINY_CPU = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "32", "--batch-size", "4"]
