@@ -45,7 +45,13 @@ def state_bytes(entry: dict) -> dict[str, int | None]:
 def cli_env(
     db: Path | None, fault: str | None = None, offline_hub: bool = False, extra_env: dict[str, str] | None = None
 ) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUANAT_")} | (extra_env or {})
+    # COLUMNS and LINES describe the terminal pytest runs in (pytest-xdist's workers set 80x24): left in, they would
+    # override the size of the terminal a test gives the dashboard (Python's shutil.get_terminal_size reads them first).
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("GPUANAT_") and key not in ("COLUMNS", "LINES")
+    } | (extra_env or {})
     # A script run by path (tests/scripts/*.py) imports gpuanat from this checkout even without an install.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if db is not None:
