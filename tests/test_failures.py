@@ -17,6 +17,9 @@ from result_golden import assert_as_recorded
 
 from gpuanat.core.store.history import HistoryStore
 
+pytestmark = pytest.mark.xdist_group("test_failures")
+"""Its tests share a module-scoped real run: pytest-xdist gives them all to one worker (`--dist loadgroup`)."""
+
 FAULTS = {"oom": "oom@3", "crash": "crash@3", "garbage": "garbage@2"}
 STOPPED_RUN = [
     *("run", "--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "100000", "--batch-size", "4"),

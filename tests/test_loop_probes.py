@@ -23,6 +23,9 @@ from gpuanat.core.measure.anatomy import stack_problems
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.watch.loop_kind import probe_hint, script_of
 
+pytestmark = pytest.mark.xdist_group("test_loop_probes")
+"""Its tests share a module-scoped real run: pytest-xdist gives them all to one worker (`--dist loadgroup`)."""
+
 SCRIPTS = {
     "plain": REPO / "tests" / "scripts" / "tiny_plain_loop.py",
     "lightning": REPO / "tests" / "scripts" / "tiny_lightning.py",

@@ -23,6 +23,9 @@ from gpuanat.core.operations.counts import contraction_flops, estimated_flops, m
 from gpuanat.core.operations.report import summary_lines
 from gpuanat.core.vocabulary.protocol import KernelRow, Operations
 
+pytestmark = pytest.mark.xdist_group("test_operations")
+"""Its tests share a module-scoped real run: pytest-xdist gives them all to one worker (`--dist loadgroup`)."""
+
 TINY = ["--device", "cpu", "--preset", "tiny", "--seq-len", "64", "--samples", "96"]
 
 

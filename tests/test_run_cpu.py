@@ -20,6 +20,9 @@ from transformers import AutoModelForSequenceClassification, BertConfig
 from gpuanat.core.measure.anatomy import stack_problems
 from gpuanat.core.vocabulary.presets import PRESETS
 
+pytestmark = pytest.mark.xdist_group("test_run_cpu")
+"""Its tests share a module-scoped real run: pytest-xdist gives them all to one worker (`--dist loadgroup`)."""
+
 BASE = ["--preset", "tiny", "--device", "cpu", "--seq-len", "64", "--samples", "64"]
 RUNS = {
     "adamw_bs8": [*BASE, "--batch-size", "8"],

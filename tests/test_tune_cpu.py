@@ -18,6 +18,9 @@ from gpuanat.core.memory.predict import max_batch_size
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import RunConfig
 
+pytestmark = pytest.mark.xdist_group("test_tune_cpu")
+"""Its tests share a module-scoped real run: pytest-xdist gives them all to one worker (`--dist loadgroup`)."""
+
 GPU_MEMORY = "1509MiB"
 """Small enough that the prediction bounds the tiny BERT at seq 32: batch 34 fits with SDPA, 31 with eager
 attention (the CUDA context and the driver's share take 1.35 GiB of it); 64 does not."""

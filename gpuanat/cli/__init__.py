@@ -80,6 +80,8 @@ def _run_command(argv: list[str] | None) -> int:
         return args.stop_signals.exit_code or EXIT_STOPPED
     except BrokenPipeError:
         return _reader_gone()
+    finally:
+        args.stop_signals.ignore_from_now()
 
 
 def _reader_gone() -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -43,6 +44,7 @@ class StopSignals:
         self.signal_number: int | None = None
         """The first stop signal received."""
         self._polled = 0
+        self._installed = False
 
     @property
     def exit_code(self) -> int | None:
@@ -63,7 +65,21 @@ class StopSignals:
         """Handle STOP_SIGNALS from now on, for the rest of the process (a command's whole life)."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
+        self._installed = True
         return self
+
+    def ignore_from_now(self) -> None:
+        """The command has ended: what it wrote is flushed and stop signals are ignored, so one that comes while
+        Python shuts down cannot change the exit status. Python puts its own handlers back to the default early in
+        its shutdown (an ignored signal it leaves ignored), so a second Ctrl-C or a repeated SIGTERM arriving then
+        would end the process by that signal instead of with the exit code the command returned."""
+        if not self._installed:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
     @contextlib.contextmanager
     def polled(self) -> Iterator[threading.Event]:
