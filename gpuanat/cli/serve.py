@@ -23,6 +23,7 @@ from typing import Any
 
 from gpuanat.cli.common import EXIT_OK, fail_usage
 from gpuanat.core.export.metrics import beyond_loopback_warning
+from gpuanat.core.run.python_command import python_module_command
 
 TOKEN_BYTES = 24
 
@@ -41,7 +42,7 @@ def served_command(served: list[str]) -> list[str]:
         fail_usage(f"serve: serves the dashboard (its flags after --) or `watch PID`, not `{parsed.command}`")
     if parsed.command == "watch" and parsed.json:
         fail_usage("serve watch: --json prints records, there is nothing to draw in a browser")
-    return [sys.executable, "-m", "gpuanat", *arguments]
+    return python_module_command("gpuanat", *arguments)
 
 
 def _server_class() -> Any:

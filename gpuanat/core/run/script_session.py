@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.result import log_tail
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
+from gpuanat.core.run.python_command import python_module_command
 from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import write_with_backoff
@@ -38,7 +38,7 @@ EVENT_POLL_INTERVAL_S = 0.2
 
 def script_command(script: Path, script_args: Sequence[str]) -> list[str]:
     """The child's command line: the launcher, then the script and its arguments as the user gave them."""
-    return [sys.executable, "-m", "gpuanat.worker.script", "--", str(script), *script_args]
+    return python_module_command("gpuanat.worker.script", "--", str(script), *script_args)
 
 
 NO_TRAINER = (
