@@ -336,3 +336,22 @@ def test_serving_beyond_loopback_warns(tmp_path):
     finally:
         stop(server)
     assert "reachable from other machines" in server.stderr.read()
+
+
+def test_serve_help_says_what_closing_the_tab_does(tmp_path):
+    """What the browser test above shows: a closed tab leaves the run training, and it is recorded; only the server's
+    stop (or `q`) ends it."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "gpuanat", "serve", "--help"],
+        cwd=REPO,
+        env=cli_env(tmp_path / "h.sqlite"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    description = " ".join(completed.stdout.split())
+    assert "Closing the tab leaves the dashboard and its run going" in description
+    assert "the run trains on and is recorded" in description
+    assert "stopping the server (ctrl+c) stops a run in progress and records it" in description
+    assert "Closing a tab quits" not in description and "each tab runs its own dashboard" not in description
