@@ -23,9 +23,10 @@ import shlex
 import sys
 from typing import Any
 
-from gpuanat.cli.common import EXIT_OK, fail_usage
+from gpuanat.cli.common import EXIT_OK, check_history_of, fail_usage
 from gpuanat.core.export.metrics import beyond_loopback_warning
 from gpuanat.core.run.python_command import python_module_command
+from gpuanat.core.store.history_errors import HistoryError
 
 TOKEN_BYTES = 24
 TOKEN_IN_URL = re.compile(r"([?&]token=)[^&#\s\"']*")
@@ -46,6 +47,10 @@ def served_command(served: list[str]) -> list[str]:
         fail_usage(f"serve: serves the dashboard (its flags after --) or `watch PID`, not `{parsed.command}`")
     if parsed.command == "watch" and parsed.json:
         fail_usage("serve watch: --json prints records, there is nothing to draw in a browser")
+    try:
+        check_history_of(parsed)
+    except HistoryError as error:
+        fail_usage(f"serve: {error}")
     return python_module_command("gpuanat", *arguments)
 
 
