@@ -91,6 +91,11 @@ def format_delta(value: float | None) -> str:
     return "" if value is None else f"{value:+.1f}%"
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and `noun`, in the plural unless it is one: "1 run", "3 runs"."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 HISTORY_COLUMNS = (
     Column("id", "id", numeric=True),
     Column("when", "when", keep=7),
