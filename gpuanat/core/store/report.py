@@ -249,7 +249,7 @@ def render_markdown(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -
 
 def render_csv(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = csv.writer(buffer, lineterminator="\n")  # csv's default ends lines with \r\n, as no Unix tool does
     writer.writerow([column.key for column in columns])
     for row in rows:
         writer.writerow(["" if row.get(column.key) is None else _csv_value(row.get(column.key)) for column in columns])
