@@ -22,13 +22,23 @@ _VOLATILE = {"run_id": "<run id>", "pid": "<pid>", "log_path": "<path>"}
 FINDING_KEYS = ["bottleneck", "evidence", "fix"]
 
 
+HOW_FAR_IT_TRAINED = {
+    *("steps", "samples", "steady_samples_per_second", "steady_tokens_per_second", "achieved_tflops", "mfu"),
+    "step_time_breakdown",
+}
+"""Of a stopped run, what depends on when the signal came: how far it trained, and whether that was past its warm-up
+(then it has a steady rate, its FLOP/s and its steps' phases; before, each is missing with a reason)."""
+
+
 def normalised(value: Any, key: str | None = None, stopped: bool = False) -> Any:
     """`value` with what differs between two runs of one configuration replaced by placeholders, keys in place; of a
-    stopped run also how far it trained (when the signal came)."""
+    stopped run also how far it trained (when the signal came: `HOW_FAR_IT_TRAINED`, and their reasons)."""
     if key is None and isinstance(value, dict) and value.get("status") == "stopped":
         stopped = True
-    if stopped and key in ("steps", "samples") and isinstance(value, int):
+    if stopped and key in HOW_FAR_IT_TRAINED:
         return "<how far it trained>"
+    if stopped and key == "unavailable" and isinstance(value, dict):
+        value = {name: reason for name, reason in value.items() if name not in HOW_FAR_IT_TRAINED}
     if key in _VOLATILE and value is not None:
         return _VOLATILE[key]
     if key == "diagnosis" and isinstance(value, list):

@@ -7,9 +7,12 @@ Mounting (a 2 MiB tmpfs, a read-only bind mount) needs root; those tests are ski
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import pty
+import select
 import signal
 import sqlite3
 import subprocess
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import fill_file_system, mount, run_cli, small_tmpfs
+from conftest import REPO, TINY_CPU, cli_env, fill_file_system, mount, run_cli, small_tmpfs
 
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, HistoryWriteError, write_with_backoff
@@ -308,6 +311,103 @@ def test_what_is_not_a_usable_history_gets_one_line_exit_2_and_stays_untouched(t
     assert refused.value.exit_code == 2 and not isinstance(refused.value, HistoryWriteError)
     assert _fingerprint(db) == before
     assert sorted(entry.name for entry in tmp_path.rglob("*")) == listing
+
+
+UNUSABLE_DB_PATHS = {
+    "a text file": lambda folder: _text_file(folder / "notes.txt"),
+    "a missing folder": lambda folder: folder / "no" / "such" / "history.sqlite",
+    "a directory": lambda folder: folder,
+}
+
+
+def _text_file(path: Path) -> Path:
+    path.write_text("not a history\n")
+    return path
+
+
+def _commands_with_a_history(db: Path) -> dict[str, list[str]]:
+    """Every command that takes --db (gpuanat/cli/parser.py), as a user would start it, with `db`."""
+    flag = ["--db", str(db)]
+    return {
+        "history": ["history", *flag],
+        "history --rename": ["history", "--rename", "1", "x", *flag],
+        "run": ["run", *TINY_CPU, *flag],
+        "run --script": ["run", "--script", str(Path(__file__).parent / "scripts" / "tiny_trainer.py"), *flag],
+        "sweep": ["sweep", "--device", "cpu", "--max-steps", "2", *flag],
+        "fit": ["fit", *flag],
+        "tune": ["tune", "--device", "cpu", "--budget", "2", *flag],
+        "watch --save": ["watch", str(os.getpid()), "--json", "--save", "--duration", "5", *flag],
+        "serve": ["serve", "--port", "1", "--", *flag],
+    }
+
+
+@pytest.mark.parametrize("unusable", sorted(UNUSABLE_DB_PATHS))
+def test_an_unusable_db_is_refused_at_once_by_every_command_that_takes_one(tmp_path, unusable):
+    """One line saying what is wrong and what to do, exit 2, before anything trains or is watched or served: nothing
+    printed on stdout, no file or folder made, and none of the commands' own checks reached (fit would say it needs
+    a GPU, serve that port 1 is not its to take)."""
+    folder = tmp_path / "here"
+    folder.mkdir()
+    db = UNUSABLE_DB_PATHS[unusable](folder)
+    listing = sorted(entry.relative_to(tmp_path) for entry in tmp_path.rglob("*"))
+    for command, args in _commands_with_a_history(db).items():
+        completed = run_cli(args, None, timeout_s=60)
+        lines = completed.stderr.strip().splitlines()
+        assert completed.returncode == 2 and len(lines) == 1, (command, completed.stderr)
+        assert lines[0].startswith("gpuanat: error: ") and str(db) in lines[0] and "--db" in lines[0], (command, lines)
+        assert completed.stdout == "", (command, completed.stdout)
+        assert sorted(entry.relative_to(tmp_path) for entry in tmp_path.rglob("*")) == listing, command
+
+
+def test_the_dashboard_refuses_an_unusable_db_before_it_draws(tmp_path):
+    """In a real terminal: before, it opened and failed only at `r` or `h`."""
+    db = _text_file(tmp_path / "notes.txt")
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuanat", "--db", str(db)],
+        cwd=REPO,
+        env={**cli_env(None), "COLUMNS": "80", "LINES": "24", "TERM": "xterm"},
+        stdin=follower,
+        stdout=follower,
+        stderr=subprocess.PIPE,
+    )
+    os.close(follower)
+    try:
+        returncode = process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        pytest.fail("the dashboard opened on a text file given as --db")
+    finally:
+        drawn = b""
+        with contextlib.suppress(OSError):
+            while select.select([leader], [], [], 0)[0] and (chunk := os.read(leader, 65536)):
+                drawn += chunk
+        os.close(leader)
+    stderr = process.stderr.read().decode() if process.stderr is not None else ""
+    assert returncode == 2 and stderr.strip().splitlines() == [
+        f"gpuanat: error: {db} is not a gpuanat history (not an SQLite database); gpuanat leaves it untouched — "
+        "pass another path with --db"
+    ], stderr
+    assert b"\x1b[?1049h" not in drawn  # the alternate screen never opened
+    assert db.read_text() == "not a history\n"
+
+
+def test_a_missing_history_in_an_existing_folder_is_no_error(tmp_path):
+    completed = run_cli(["history", "--db", str(tmp_path / "new.sqlite")], None, timeout_s=60)
+    assert completed.returncode == 0 and "No runs recorded yet" in completed.stdout, completed.stderr
+    assert list(tmp_path.iterdir()) == []  # a read creates nothing
+
+
+def test_a_busy_history_is_not_refused_the_command_waits_for_it(tmp_path):
+    db = tmp_path / "history.sqlite"
+    _history_with_runs(db)
+    holder = _hold_lock(db, 3)
+    completed = run_cli(["history", "--rename", "1", "renamed", "--db", str(db)], None, timeout_s=60)
+    holder.wait(timeout=30)
+    assert completed.returncode == 0 and "Run 1 is named “renamed” now." in completed.stdout, completed.stderr
+    with HistoryStore(db, read_only=True) as store:
+        assert store.run(1).name == "renamed"
 
 
 def test_history_leaves_the_file_byte_identical(tmp_path):

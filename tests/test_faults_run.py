@@ -30,14 +30,20 @@ from conftest import (
     fill_file_system,
     last_json,
     max_step,
+    run_cli,
     small_tmpfs,
     start_cli,
     wait_for_steps,
 )
 from event_fuzz import malformed_lines
+from textual.widgets import DataTable
 
+from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.result import RUN_RESULT_KEYS
+from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.worker.lifeline import PARENT_GONE_GRACE_S
 
 LONG_CPU_RUN = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "100000", "--batch-size", "4"]
@@ -157,6 +163,49 @@ def test_a_stop_signal_stops_the_run_and_records_it_as_stopped(db_path, signals)
     assert run.status == "stopped" and run.finished_at is not None
     assert run.result.status == "stopped" and run.result.run_id == result["run_id"]
     assert len(steps) >= 3
+
+
+@pytest.mark.asyncio
+async def test_a_run_stopped_after_its_warm_up_has_the_steady_rate_of_the_steps_it_made(db_path):
+    """Issue #48: a run stopped after 1,299 steps said "— (stopped before the end)" for its steady samples/s, and
+    compare "—". Its steady phase is the steps it finished after warm-up: their samples over their time, as the
+    steps it recorded give it; `compare` shows it."""
+    process = start_cli(["run", *LONG_CPU_RUN, "--json"], db_path)
+    try:
+        wait_for_steps(db_path, 30, psutil.Process(process.pid))  # 25,000 steps: the first 20 are warm-up
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr[-3000:]
+    result = last_json(stdout)
+    assert result["status"] == "stopped" and result["warmup_steps"] == 20 and result["steps"] >= 30
+    run, steps = _stored_run(db_path)
+    assert [step["step"] for step in steps] == list(range(1, result["steps"] + 1))
+    warm, last = steps[result["warmup_steps"] - 1], steps[-1]
+    expected = (last["samples"] - warm["samples"]) / (last["elapsed_s"] - warm["elapsed_s"])
+    assert result["steady_samples_per_second"] == pytest.approx(expected, rel=1e-6)
+    assert run.result.steady_samples_per_second == result["steady_samples_per_second"]
+    app = GpuAnatApp(
+        RunConfig(preset="tiny", device="cpu"), db_path=db_path, sampler_factory=lambda: open_source(prefer_nvml=False)
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.push_screen(CompareScreen([run, run], {run.id: steps}, {}))
+        await pilot.pause(0.2)
+        table = app.screen.query_one("#compare-metrics", DataTable)
+        cells = {str(row[0]): [str(cell) for cell in row[1:]] for row in map(table.get_row_at, range(table.row_count))}
+    assert cells["steady samples/s"][0] == f"{expected:.2f}"
+
+
+def test_a_run_stopped_in_its_warm_up_says_why_it_has_no_steady_rate(db_path):
+    completed = run_cli(["run", *LONG_CPU_RUN, "--json"], db_path, fault="interrupt@5")
+    result = last_json(completed.stdout)
+    assert result["status"] == "stopped" and result["steps"] == 4 and result["warmup_steps"] == 20, completed.stderr
+    assert result["steady_samples_per_second"] is None
+    assert result["unavailable"]["steady_samples_per_second"] == (
+        "stopped after 4 steps, before a steady one: the first 20 are warm-up"
+    )
 
 
 # --- a killed parent ----------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ import pytest
 from test_app_snapshots import fill_history, make_app
 from textual.widgets._toast import Toast
 
+from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.validation import machine_unsupported_reasons
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
@@ -166,3 +168,30 @@ async def test_while_a_run_starts_the_screen_says_where_it_is(db_path):
     for line in noted:  # each with the seconds the result records for it
         part, seconds = line.rsplit(" ", 2)[0], float(line.rsplit(" ", 2)[1])
         assert seconds == pytest.approx(result.wall_breakdown_s[part], abs=0.2)
+
+
+async def history_hint(db, typed_filter: str | None = None) -> str:
+    """The history pane's hint line, its filter typed first when given (`/`, the text, enter)."""
+    app = make_app(db, RunConfig())
+    async with app.run_test(size=(160, 40)) as pilot:
+        await ready(app, pilot)
+        await pilot.press("h")
+        assert isinstance(app.screen, HistoryScreen)
+        if typed_filter is not None:
+            await pilot.press("slash", *typed_filter, "enter")
+            assert len(app.screen.shown_run_ids) == 1
+        return str(app.screen.query_one("#history-hint").render())
+
+
+@pytest.mark.asyncio
+async def test_the_history_counts_one_run_in_the_singular(tmp_path):
+    """Issue #48: "1 runs". One run in the history; then one of the H100 sweep's eleven, shown by a filter."""
+    with HistoryStore(tmp_path / "one.sqlite") as store:
+        run_id = store.create_run(RunConfig(preset="tiny", device="cpu").to_json(), name="only")
+        store.update_result(run_id, RunResult.from_json({"status": "ok", "run_id": run_id}), status="ok")
+    assert (await history_hint(tmp_path / "one.sqlite")).startswith("History — 1 run · ")
+    fill_history(tmp_path / "h.sqlite")
+    with HistoryStore(tmp_path / "h.sqlite", read_only=True) as store:
+        names = [run.name for run in store.runs()]
+    unique = next(name for name in names if sum(name in other for other in names) == 1)
+    assert (await history_hint(tmp_path / "h.sqlite", unique)).startswith("History — 1 of 11 runs · ")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import REPO, cli_env
 
 from gpuanat.core.measure.process_tree import pid_alive
 from gpuanat.core.store.history import HistoryStore
@@ -377,3 +378,24 @@ def test_db_location_follows_env_then_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("GPUANAT_DB")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     assert default_db_path() == tmp_path / "data" / "gpuanat" / "history.sqlite"
+
+
+def test_history_csv_ends_its_lines_with_a_newline_alone(tmp_path):
+    """Issue #48: Python's csv writes \r\n; a CSV for Unix tools (`wc -l`, `cut`, `diff`) ends its lines with \n."""
+    db = tmp_path / "history.sqlite"
+    with HistoryStore(db) as store:
+        for name in ("plain", "with, a comma"):
+            run_id = store.create_run({"batch_size": 4, "preset": "tiny"}, name=name)
+            store.update_result(run_id, RunResult.from_json({"status": "ok", "run_id": run_id}), status="ok")
+    completed = subprocess.run(
+        [sys.executable, "-m", "gpuanat", "history", "--format", "csv"],
+        cwd=REPO,
+        env=cli_env(db),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.split(b"\n")
+    assert b"\r" not in completed.stdout and lines[-1] == b"" and len(lines) == 4, completed.stdout
+    assert lines[0].startswith(b"id,") and lines[2].startswith(b"2,") and b'"with, a comma"' in lines[2]

@@ -65,6 +65,19 @@ def test_a_profiled_cpu_run_has_the_anatomy_of_its_operations(profiled):
     assert in_optimizer_step and all(row["group"] == "optimizer" for row in in_optimizer_step)
 
 
+def test_the_profiler_s_own_step_marker_is_no_operation(profiled):
+    """torch.profiler's range around each step (`ProfilerStep#N`, in the trace) owns, on a CPU, the time between the
+    step's operators: it was the longest "other" kernel, half of the profile. It is no operation: not a row, not a
+    top kernel, not in the time the shares are of (issue #48)."""
+    result, trace, *_ = profiled
+    anatomy = result["operations_anatomy"]
+    assert "ProfilerStep#" in trace.read_text()  # the marker was in the profile
+    markers = [row["name"] for row in anatomy["kernels"] if row["name"].startswith("ProfilerStep")]
+    assert markers == []
+    for group in GROUPS:
+        assert not any(top["name"].startswith("ProfilerStep") for top in anatomy[group]["top_kernels"]), group
+
+
 def test_profiled_steps_are_after_warm_up_and_out_of_the_steady_window(profiled):
     result, *_ = profiled
     anatomy = result["operations_anatomy"]
@@ -276,6 +289,7 @@ def test_a_watched_loop_whose_probe_was_asked_to_profile_publishes_its_operation
     assert anatomy["profiled_steps"] == 2 and "kernels" not in anatomy
     assert final["operations_anatomy"]["contractions"] == anatomy["contractions"]
     assert final["operations_anatomy"]["kernels"]
+    assert not any(row["name"].startswith("ProfilerStep") for row in final["operations_anatomy"]["kernels"])
     assert shares_sum_error_percent(final["operations_anatomy"]) < 1e-9
 
 

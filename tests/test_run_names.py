@@ -135,8 +135,11 @@ def test_every_bad_rename_or_filter_is_one_line_and_exit_2(db_path, args, expect
 def test_renaming_in_a_history_that_does_not_exist_creates_none(tmp_path):
     db = tmp_path / "none" / "history.sqlite"
     completed = run_cli(["history", "--rename", "1", "x"], db, timeout_s=60)
-    assert completed.returncode == 2 and "there is no run 1" in completed.stderr
+    assert completed.returncode == 2 and f"the folder {db.parent} does not exist" in completed.stderr
     assert not db.parent.exists()
+    completed = run_cli(["history", "--rename", "1", "x"], tmp_path / "history.sqlite", timeout_s=60)
+    assert completed.returncode == 2 and "there is no run 1" in completed.stderr
+    assert list(tmp_path.iterdir()) == []  # in an existing folder: no run to rename, and no history made
 
 
 def cpu_dashboard(db_path: Path) -> GpuAnatApp:

@@ -112,5 +112,46 @@ def test_the_json_line_is_the_last_stdout_line_even_with_the_scripts_output(db_p
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert result["status"] == "ok"
-    assert "created no transformers Trainer" in result["unavailable"]["bands"]
+    assert result["unavailable"]["bands"].startswith("the script trained nothing under gpuanat's probe (no Trainer)")
     assert "hello from the script" in Path(result["log_path"]).read_text()
+
+
+CRASHING_SCRIPTS = {
+    "a loop of its own": (
+        "def train(model, optimizer, batches):\n    for batch in batches:\n        model(batch).sum().backward()\n"
+        "        optimizer.step()\n\n",
+        "a training loop of its own is measured once the script adds gpuanat's probe: with "
+        "gpuanat.probe.track(model, optimizer) as probe",
+    ),
+    "HF Trainer": (
+        "from transformers import Trainer\n\n\ndef train(model, data):\n"
+        "    Trainer(model=model, train_dataset=data)\n\n",
+        "gpuanat attaches its probe to every transformers Trainer the script creates",
+    ),
+    "Lightning": (
+        "import lightning\n\n",
+        "PyTorch Lightning is measured once the script adds gpuanat's probe: "
+        "Trainer(callbacks=[gpuanat.probe.LightningAnatomyCallback()])",
+    ),
+    "a loop gpuanat cannot tell": (
+        "",
+        "gpuanat attaches its probe to a transformers Trainer; Lightning needs "
+        "Trainer(callbacks=[gpuanat.probe.LightningAnatomyCallback()]), a loop of its own with gpuanat.probe.track(",
+    ),
+}
+
+
+def test_a_script_that_crashes_before_training_is_told_the_probe_route_of_its_loop(db_path, tmp_path):
+    """Issue #48: a crashed script was told it "created no transformers Trainer", whatever its loop; the probe's route
+    is the one for the loop its text shows (read, never run: a Lightning script need not have Lightning installed)."""
+    for loop, (body, route) in CRASHING_SCRIPTS.items():
+        script = tmp_path / "crash.py"
+        script.write_text(body + "raise RuntimeError('the data folder is missing')\n")
+        completed = run_cli(["run", "--json", "--script", str(script)], db_path, timeout_s=120)
+        assert completed.returncode == 1, (loop, completed.stderr[-2000:])
+        result = last_json(completed.stdout)
+        assert result["status"] == "failed" and "the data folder is missing" in result["error"]["message"], loop
+        reason = result["unavailable"]["training"]
+        assert reason.startswith("the script failed before training began under gpuanat's probe: "), (loop, reason)
+        assert route in reason and reason.endswith("only its processes were measured from outside"), (loop, reason)
+        assert "created no transformers Trainer" not in reason

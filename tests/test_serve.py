@@ -336,3 +336,49 @@ def test_serving_beyond_loopback_warns(tmp_path):
     finally:
         stop(server)
     assert "reachable from other machines" in server.stderr.read()
+
+
+def test_serve_help_says_what_closing_the_tab_does(tmp_path):
+    """What the browser test above shows: a closed tab leaves the run training, and it is recorded; only the server's
+    stop (or `q`) ends it."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "gpuanat", "serve", "--help"],
+        cwd=REPO,
+        env=cli_env(tmp_path / "h.sqlite"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    description = " ".join(completed.stdout.split())
+    assert "Closing the tab leaves the dashboard and its run going" in description
+    assert "the run trains on and is recorded" in description
+    assert "stopping the server (ctrl+c) stops a run in progress and records it" in description
+    assert "Closing a tab quits" not in description and "each tab runs its own dashboard" not in description
+
+
+def test_the_access_log_never_prints_the_token(tmp_path):
+    """The token is printed once, in the URL to open; the log of each request (its URL, its referrer: textual-serve's
+    scripts are asked for from the page with the token) says `token=…`, a wrong token too."""
+    server, url = start_server(tmp_path)
+    token = url.split("token=", 1)[1]
+    try:
+        requests = (
+            urllib.request.Request(url, headers={"Referer": url}),
+            urllib.request.Request(url.rsplit("/", 1)[0] + "/static/js/textual.js", headers={"Referer": url}),
+            urllib.request.Request(url.replace(token, token[:-2] + "xy")),
+        )
+        statuses = []
+        for request in requests:
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    statuses.append(response.status)
+            except urllib.error.HTTPError as refused:
+                statuses.append(refused.code)
+        assert statuses == [200, 200, 403]
+    finally:
+        stop(server)
+    output = server.stdout.read() + server.stderr.read()
+    assert output.count("GET /") == 3 and output.count("token=…") == 4, output
+    logged = "".join(output.split())  # the log's lines are wrapped: a token cut in two must be found too
+    assert token not in logged and token[:-2] not in logged, output

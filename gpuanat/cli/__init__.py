@@ -13,7 +13,7 @@ import os
 import sqlite3
 import sys
 
-from gpuanat.cli.common import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from gpuanat.cli.common import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, check_history_of
 from gpuanat.cli.dashboard import command_dashboard
 from gpuanat.cli.fit import command_fit
 from gpuanat.cli.history import command_history
@@ -68,6 +68,7 @@ def _run_command(argv: list[str] | None) -> int:
     # The dashboards handle stop signals on their event loop; the headless commands here.
     args.stop_signals = StopSignals() if args.command is None else StopSignals().install()
     try:
+        check_history_of(args)
         return handlers[args.command](args)
     except HistoryError as error:
         print(f"gpuanat: error: {error}", file=sys.stderr)

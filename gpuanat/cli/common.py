@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpuanat.core.run.stop_signals import StopSignals
 from gpuanat.core.run.warm import WarmWorkers
-from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.store.history_file import default_db_path
+from gpuanat.core.store.history import HistoryStore, check_usable_history
+from gpuanat.core.store.history_file import DB_ENV, default_db_path
 from gpuanat.core.vocabulary.config import (
     Capabilities,
     RunConfig,
@@ -81,6 +81,25 @@ def config_from_args(args: argparse.Namespace, cuda_available: bool) -> RunConfi
 
 def open_store(args: argparse.Namespace, *, read_only: bool = False) -> HistoryStore:
     return HistoryStore(args.db.expanduser() if args.db else default_db_path(), read_only=read_only)
+
+
+def check_history_of(args: argparse.Namespace) -> None:
+    """Refuse at once (HistoryError, exit 2) a history the command would use and cannot: before the dashboard opens
+    or a run trains, not at `r` or after the training. The commands that write (the dashboards, run, sweep, fit,
+    tune, `history --rename`, `watch --save` or with --db) need to write it; `history` reads it."""
+    command = getattr(args, "command", None)
+    if command == "history":
+        writes = args.rename is not None
+    elif command == "watch":
+        if args.save is None and args.db is None:
+            return  # nothing to save unless asked (`--save`, or `s` in its dashboard with the history given)
+        writes = True
+    elif command in (None, "run", "sweep", "fit", "tune"):
+        writes = True
+    else:
+        return
+    named = args.db is not None or bool(os.environ.get(DB_ENV))
+    check_usable_history(args.db.expanduser() if args.db else default_db_path(), writes=writes, named=named)
 
 
 @dataclass

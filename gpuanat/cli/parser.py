@@ -389,10 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="the dashboard (or `watch PID`) in a browser, behind a token",
-        description="Serve the dashboard in a browser through textual-serve: each tab runs its own dashboard, drawn\n"
-        "in the page. Bound to 127.0.0.1 by default (reach it with ssh -L); every page needs the token\n"
-        "printed at start (…/?token=…). Closing a tab quits that dashboard: a run in progress is stopped\n"
-        "and recorded, as after an SSH drop. Needs pip install 'gpuanat[serve]'.",
+        description="Serve the dashboard in a browser through textual-serve: one dashboard, drawn in the tab that\n"
+        "opened the URL last (a second tab takes it over). Bound to 127.0.0.1 by default (reach it with\n"
+        "ssh -L); every page needs the token printed at start (…/?token=…). Closing the tab leaves the\n"
+        "dashboard and its run going, as tmux outlives an SSH drop: the run trains on and is recorded;\n"
+        "open the URL again to see it. q in the page ends the dashboard; stopping the server (ctrl+c)\n"
+        "stops a run in progress and records it. Needs pip install 'gpuanat[serve]'.",
         epilog="Examples:\n  gpuanat serve\n  gpuanat serve -- --preset gpt2 --precision bf16\n"
         "  gpuanat serve watch 4242\n  gpuanat serve --port 8080\n\n"
         "Then, on your laptop: ssh -L 8000:localhost:8000 GPU-BOX, and open the printed URL.",

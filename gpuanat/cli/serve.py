@@ -16,15 +16,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import logging
+import re
 import secrets
 import shlex
 import sys
 from typing import Any
 
-from gpuanat.cli.common import EXIT_OK, fail_usage
+from gpuanat.cli.common import EXIT_OK, check_history_of, fail_usage
 from gpuanat.core.export.metrics import beyond_loopback_warning
+from gpuanat.core.run.python_command import python_module_command
+from gpuanat.core.store.history_errors import HistoryError
 
 TOKEN_BYTES = 24
+TOKEN_IN_URL = re.compile(r"([?&]token=)[^&#\s\"']*")
+"""A token in a logged URL (the request's, or the referrer's), right or wrong, up to the next parameter."""
 
 
 def served_command(served: list[str]) -> list[str]:
@@ -41,7 +47,11 @@ def served_command(served: list[str]) -> list[str]:
         fail_usage(f"serve: serves the dashboard (its flags after --) or `watch PID`, not `{parsed.command}`")
     if parsed.command == "watch" and parsed.json:
         fail_usage("serve watch: --json prints records, there is nothing to draw in a browser")
-    return [sys.executable, "-m", "gpuanat", *arguments]
+    try:
+        check_history_of(parsed)
+    except HistoryError as error:
+        fail_usage(f"serve: {error}")
+    return python_module_command("gpuanat", *arguments)
 
 
 def _server_class() -> Any:
@@ -61,6 +71,23 @@ def _server_class() -> Any:
             self.token = token
             self.cookie = f"gpuanat_serve_{port}"
             self.session = DashboardSession(command, self.download_manager)
+
+        def initialize_logging(self) -> None:
+            """textual-serve's log (aiohttp's access log among it) on the terminal, without the token: a request's
+            line holds its URL and referrer, and a terminal's output is often kept in a file. Tracebacks show no
+            local variables (the token is one of them)."""
+            super().initialize_logging()
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(self._without_token)
+                if hasattr(handler, "tracebacks_show_locals"):
+                    handler.tracebacks_show_locals = False
+
+        def _without_token(self, record: logging.LogRecord) -> bool:
+            message = record.getMessage()
+            redacted = TOKEN_IN_URL.sub(r"\1…", message).replace(self.token, "…")
+            if redacted != message:
+                record.msg, record.args = redacted, None
+            return True
 
         async def _make_app(self) -> Any:
             app = await super()._make_app()

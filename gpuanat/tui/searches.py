@@ -17,6 +17,7 @@ from gpuanat.core.memory.predict import unreadable_model_reason
 from gpuanat.core.run.tune.runs import run_command
 from gpuanat.core.run.tune.search import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS
 from gpuanat.core.run.tune.space import search_space
+from gpuanat.core.store.report import counted
 from gpuanat.core.vocabulary.config import Capabilities
 from gpuanat.tui.messages import FitFinished, FitStarting, FitTrialDone, TuneFinished, TuneTrialDone
 from gpuanat.tui.run_control import RunControl
@@ -74,7 +75,7 @@ def tune_search(control: RunControl, live: LiveRun, gpu_total: int | None, capab
         control.post(TuneFinished(None, None, f"no trial trained ({outcome.stop_reason})"))
         return
     summary = (
-        f"{len(outcome.trials)} trials, {len(outcome.front)} on the front; best {best.name} at "
+        f"{counted(len(outcome.trials), 'trial')}, {len(outcome.front)} on the front; best {best.name} at "
         f"{best.samples_per_second or 0:.1f} samples/s: {run_command(best.config)}"
     )
     control.post(TuneFinished(best.config, summary, None))

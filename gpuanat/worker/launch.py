@@ -2,11 +2,12 @@
 
     python -m gpuanat.worker.launch --events-fd FD --nproc N -- WORKER-ARGS...
 
-gpuanat starts this process (it holds the lifeline, in a process group of its own); it starts
-`python -m torch.distributed.run --standalone --nproc-per-node N -m gpuanat.worker WORKER-ARGS --rank-socket PATH`
-in its own group. torchrun starts every rank in a session of its own and passes it no descriptor, so each rank
-connects to a Unix socket this launcher listens on (in a private folder): its first line says which rank it is,
-then come its protocol events. The launcher forwards them to gpuanat's events pipe, each wrapped as `Ranked`.
+gpuanat starts this process (it holds the lifeline, in a process group of its own); it starts `python -P -m
+torch.distributed.run --standalone --nproc-per-node N --no-python python -u -P -m gpuanat.worker WORKER-ARGS
+--rank-socket PATH` in its own group. torchrun starts every rank in a session of its own and passes it no
+descriptor, so each rank connects to a Unix socket this launcher listens on (in a private folder): its first line
+says which rank it is, then come its protocol events. The launcher forwards them to gpuanat's events pipe, each
+wrapped as `Ranked`.
 
 The socket is also each rank's lifeline: the launcher never writes to it, so a rank reads end-of-file exactly
 when the launcher is gone, and ends its own group (gpuanat.worker.lifeline). When gpuanat goes, this launcher's
@@ -34,6 +35,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from gpuanat.core.run.python_command import python_module_command
 from gpuanat.core.vocabulary.protocol import Done, Error, EventLines, Malformed, Ranked
 from gpuanat.worker.events import EventWriter, ParentGone
 from gpuanat.worker.lifeline import hold_lifeline
@@ -48,19 +50,14 @@ RANK_LOST_GRACE_S = 5.0
 
 
 def torchrun_command(nproc: int, worker_args: list[str], socket_path: str) -> list[str]:
-    """torchrun on this host alone: a free port, no restarts (a failed rank fails the run)."""
+    """torchrun on this host alone: a free port, no restarts (a failed rank fails the run). torchrun's own `-m`
+    would start each rank as `python -u -m gpuanat.worker`, the current folder first on its `sys.path`; with
+    `--no-python` it runs the command given whole, so each rank is `python -u -P -m gpuanat.worker`."""
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "--max-restarts=0",
-        "-m",
-        "gpuanat.worker",
-        *worker_args,
-        "--rank-socket",
-        socket_path,
+        *python_module_command(
+            "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0", "--no-python"
+        ),
+        *python_module_command("gpuanat.worker", *worker_args, "--rank-socket", socket_path, unbuffered=True),
     ]
 
 

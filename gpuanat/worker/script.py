@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     emit = _emitter()
     attach_probe_to_every_trainer()
     sys.argv = [args[0], *args[1:]]
-    sys.path[0] = os.path.dirname(script)
+    if sys.flags.safe_path:  # started with -P (python_module_command): nothing of ours to replace
+        sys.path.insert(0, os.path.dirname(script))
+    else:  # `python -m` put the current folder first, where `python SCRIPT` puts the script's
+        sys.path[0] = os.path.dirname(script)
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_request:

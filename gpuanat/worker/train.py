@@ -280,6 +280,12 @@ def train(config: Any, emit: Any) -> int:
             return EXIT_OOM
         except KeyboardInterrupt:
             dump_memory_snapshot()
+            steady = probe.steady_state()  # of the steps it finished after warm-up, when it finished any
+            if steady["steady_reason"] is not None:
+                steady["steady_reason"] = (
+                    f"stopped after {probe.steps} steps, before a steady one: the first {steady['warmup_steps']} "
+                    "are warm-up"
+                )
             emit(
                 Done(
                     status="stopped",
@@ -287,14 +293,15 @@ def train(config: Any, emit: Any) -> int:
                     samples=probe.samples,
                     train_runtime_s=None,
                     samples_per_second=None,
-                    steady_samples_per_second=None,
-                    warmup_steps=getattr(probe, "warmup_steps", 0),
-                    steady_reason="stopped before the end",
+                    steady_samples_per_second=steady["steady_samples_per_second"],
+                    warmup_steps=steady["warmup_steps"],
+                    steady_reason=steady["steady_reason"],
                     peak_allocated_bytes=probe.peak_allocated_bytes,
                     peak_reserved_bytes=probe.peak_reserved_bytes,
                     bands=probe.last_bands,
                     probe_time_s=probe.probe_time_s,
                     probe_time_by_part_s=dict(probe.probe_time_by_part_s),
+                    **probe.steady_phases(),
                 )
             )
             return EXIT_STOPPED

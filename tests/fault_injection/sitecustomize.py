@@ -7,6 +7,7 @@ numbered STEP (1-based) fails in the chosen way. Everything else — worker, pro
 is the real code. Kinds:
   oom      raise torch.OutOfMemoryError, exactly what the CUDA caching allocator raises
   crash    SIGKILL the training process (a hard crash: no Python cleanup, no final event)
+  interrupt  SIGINT to the training process in that step (Ctrl-C reaching it mid-step)
   garbage  write a malformed line to the events pipe, then carry on normally
   fuzz     write the bytes of the file GPUANAT_TEST_FUZZ_FILE to the events pipe, then carry on normally
   fuzz-crash  write them, then SIGKILL the training process
@@ -37,6 +38,8 @@ if _FAULT and "GPUANAT_EVENTS_FD" in os.environ:  # only in the training child, 
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by test)")
             if _kind == "crash":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if _kind == "interrupt":
+                os.kill(os.getpid(), signal.SIGINT)
             if _kind == "garbage" and not getattr(self, "_garbage_sent", False):
                 self._garbage_sent = True
                 os.write(int(os.environ["GPUANAT_EVENTS_FD"]), b"this is not an event\n")

@@ -33,6 +33,12 @@ GROUP_MEANINGS = {
 }
 
 
+PROFILER_MARKERS = ("ProfilerStep#", "ProfilerStep*")
+"""The torch profiler's own range around each profiled step (`ProfilerStep#4`; `ProfilerStep*` once merged): no
+operation. On a CPU its own time is everything between the step's operators (Python, the loop), which would read as
+the longest "other" operator."""
+
+
 def _words(*patterns: str) -> re.Pattern[str]:
     return re.compile("|".join(patterns), re.IGNORECASE)
 

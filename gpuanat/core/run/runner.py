@@ -31,6 +31,7 @@ from typing import Any
 
 import psutil
 
+from gpuanat.core.run.python_command import python_module_command
 from gpuanat.core.thread_names import name_native_thread
 from gpuanat.core.vocabulary.config import Capabilities
 from gpuanat.core.vocabulary.protocol import Event, EventLines, Malformed, Ranked
@@ -134,7 +135,7 @@ def probe_capabilities(use_cache: bool = True) -> Capabilities:
         if cached is not None:
             return cached
     completed = subprocess.run(
-        [sys.executable, "-m", "gpuanat.worker.capabilities"],
+        python_module_command("gpuanat.worker.capabilities"),
         capture_output=True,
         text=True,
         check=False,
@@ -155,19 +156,10 @@ def worker_command(config_json: str, events_fd: int, ranks: int = 1) -> list[str
     """The command line of gpuanat's own training child: the worker itself, or for several ranks the rank launcher
     (gpuanat.worker.launch), which starts them through torchrun."""
     if ranks > 1:
-        return [
-            sys.executable,
-            "-m",
-            "gpuanat.worker.launch",
-            "--events-fd",
-            str(events_fd),
-            "--nproc",
-            str(ranks),
-            "--",
-            "--config",
-            config_json,
-        ]
-    return [sys.executable, "-m", "gpuanat.worker", "--events-fd", str(events_fd), "--config", config_json]
+        return python_module_command(
+            "gpuanat.worker.launch", "--events-fd", str(events_fd), "--nproc", str(ranks), "--", "--config", config_json
+        )
+    return python_module_command("gpuanat.worker", "--events-fd", str(events_fd), "--config", config_json)
 
 
 class ChildProcess:

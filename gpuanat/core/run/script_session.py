@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,12 +22,14 @@ from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.result import log_tail
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
+from gpuanat.core.run.python_command import python_module_command
 from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.history_errors import write_with_backoff
 from gpuanat.core.store.recording import FINAL_WRITE_DEADLINE_S
 from gpuanat.core.vocabulary.protocol import Event, Malformed, Ranked
 from gpuanat.core.vocabulary.result import EXITED_ERROR_KEYS, RunError, RunResult
+from gpuanat.core.watch.loop_kind import LOOP_NAMES, PROBES, ProbeHint, probe_hint
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchError, WatchTarget, resolve_target
 
@@ -38,13 +39,32 @@ EVENT_POLL_INTERVAL_S = 0.2
 
 def script_command(script: Path, script_args: Sequence[str]) -> list[str]:
     """The child's command line: the launcher, then the script and its arguments as the user gave them."""
-    return [sys.executable, "-m", "gpuanat.worker.script", "--", str(script), *script_args]
+    return python_module_command("gpuanat.worker.script", "--", str(script), *script_args)
 
 
-NO_TRAINER = (
-    "the script created no transformers Trainer, so gpuanat's probe measured no training; only its "
-    "processes were measured from outside"
-)
+FROM_OUTSIDE = "only its processes were measured from outside"
+
+
+def no_training_reason(status: str, hint: ProbeHint) -> str:
+    """Why a script's run measured no training, and the probe's route for the loop its text shows: gpuanat attaches
+    its probe to every transformers Trainer itself; Lightning and a loop of one's own add theirs
+    (`gpuanat.probe`)."""
+    ended = {"failed": "the script failed", "stopped": "the script was stopped", "oom": "the script ran out of memory"}
+    when = f"{ended[status]} before training began under gpuanat's probe" if status in ended else ""
+    if hint.has_probe:
+        route = "it uses gpuanat's probe, which measures once training begins"
+    elif hint.loop == "trainer":
+        route = "gpuanat attaches its probe to every transformers Trainer the script creates"
+    elif hint.loop in ("lightning", "plain"):
+        route = f"{LOOP_NAMES[hint.loop]} is measured once the script adds gpuanat's probe: {PROBES[hint.loop]}"
+    else:
+        route = (
+            "gpuanat attaches its probe to a transformers Trainer; Lightning needs "
+            f"{PROBES['lightning']}, a loop of its own {PROBES['plain']}"
+        )
+    if not when:
+        when = "the script trained nothing under gpuanat's probe" + ("" if hint.has_probe else " (no Trainer)")
+    return f"{when}: {route}; {FROM_OUTSIDE}"
 
 
 def _target(pid: int, command: list[str]) -> WatchTarget:
@@ -160,7 +180,8 @@ def execute_script(
     if published.model is None:
         # Nothing trained under the probe: every training figure is missing for that one reason.
         unavailable = {key: reason for key, reason in unavailable.items() if key.startswith(("device_", "bands"))}
-        unavailable["training"] = unavailable["bands"] = NO_TRAINER
+        reason = no_training_reason(status, probe_hint(["python", str(script.resolve())], None))
+        unavailable["training"] = unavailable["bands"] = reason
     elif published.done is None:
         unavailable["steady_samples_per_second"] = f"the script ended ({status}) before training finished"
     result = session.finish_saving(

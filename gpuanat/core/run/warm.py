@@ -23,13 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuanat.core.run.python_command import python_module_command
 from gpuanat.core.run.runner import ChildExited, ChildProcess
 from gpuanat.core.vocabulary.config import (
     ALLOCATOR_CONF_VARIABLE,
@@ -89,7 +89,7 @@ def cold_start_reason(prepared: Mapping[str, str], run: Mapping[str, str], ranks
 
 
 def warm_worker_command(events_fd: int, handoff_fd: int) -> list[str]:
-    return [sys.executable, "-m", "gpuanat.worker", "--events-fd", str(events_fd), "--warm-fd", str(handoff_fd)]
+    return python_module_command("gpuanat.worker", "--events-fd", str(events_fd), "--warm-fd", str(handoff_fd))
 
 
 @dataclass(frozen=True)

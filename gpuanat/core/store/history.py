@@ -273,3 +273,31 @@ class HistoryStore(HistoryFile):
     def samples(self, run_id: int) -> list[dict[str, Any]]:
         rows = self._fetch("SELECT sample_json FROM samples WHERE run_id = ? ORDER BY t_s", (run_id,))
         return [self._json(sample, run_id) for (sample,) in rows]
+
+
+def check_usable_history(path: Path, *, writes: bool, named: bool) -> None:
+    """Raise `HistoryError` (exit code 2) when `path` cannot be used as the history, before a command starts anything
+    (a dashboard, a training run) that would meet the problem only later: a file or directory that is not a gpuanat
+    history (`HistoryFile`'s checks), and for a command that `writes`, one it cannot write. A missing file is fine (a
+    read reads it as empty, a write creates it) when its folder exists, or when the path was not `named` by the user
+    (the default one's folders are created). A history that is only busy, or failing for now, is left to the
+    command, which waits for it or reports it."""
+    if not os.path.lexists(path):
+        folder = path.parent
+        if named and not folder.is_dir():
+            raise HistoryError(
+                f"history {path}: the folder {folder} does not exist; create it (mkdir -p {folder}) or pass "
+                "another path with --db",
+                EXIT_BAD_FILE,
+            )
+        if writes and folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise HistoryError(
+                f"history {path} cannot be created: the folder {folder} is not writable; pass another path with --db",
+                EXIT_BAD_FILE,
+            )
+        return
+    try:
+        HistoryFile(path, read_only=not writes).close()
+    except HistoryError as error:
+        if error.exit_code == EXIT_BAD_FILE:
+            raise

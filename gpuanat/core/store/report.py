@@ -91,6 +91,11 @@ def format_delta(value: float | None) -> str:
     return "" if value is None else f"{value:+.1f}%"
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and `noun`, in the plural unless it is one: "1 run", "3 runs"."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 HISTORY_COLUMNS = (
     Column("id", "id", numeric=True),
     Column("when", "when", keep=7),
@@ -244,7 +249,7 @@ def render_markdown(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -
 
 def render_csv(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = csv.writer(buffer, lineterminator="\n")  # csv's default ends lines with \r\n, as no Unix tool does
     writer.writerow([column.key for column in columns])
     for row in rows:
         writer.writerow(["" if row.get(column.key) is None else _csv_value(row.get(column.key)) for column in columns])

@@ -22,7 +22,7 @@ from textual.widgets import DataTable, Footer, Input, Label
 from gpuanat.core.printable import printable
 from gpuanat.core.store.history import RunRow
 from gpuanat.core.store.history_errors import HistoryError
-from gpuanat.core.store.report import HISTORY_COLUMNS, display_value, history_rows
+from gpuanat.core.store.report import HISTORY_COLUMNS, counted, display_value, history_rows
 from gpuanat.tui.screens.rename import RenameScreen
 from gpuanat.tui.text_fit import fit_words
 
@@ -178,7 +178,7 @@ class HistoryScreen(Screen[list[int]]):
         ids = [row["id"] for row in rows]
         if ids:
             table.move_cursor(row=ids.index(cursor_run_id) if cursor_run_id in ids else len(ids) - 1)
-        shown = f"{len(rows)} of {len(self._rows)} runs" if self.filter_text else f"{len(rows)} runs"
+        shown = f"{len(rows)} of {counted(len(self._rows), 'run')}" if self.filter_text else counted(len(rows), "run")
         order = (
             ""
             if self.sort_key == "id" and not self.descending

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from gpuanat.core.measure.gpus import rank_file_path
-from gpuanat.core.operations.classify import group_of, group_of_op
+from gpuanat.core.operations.classify import PROFILER_MARKERS, group_of, group_of_op
 from gpuanat.core.operations.counts import contraction_flops, estimated_flops, moved_bytes
 from gpuanat.core.vocabulary.config import PROFILE_OPS_TRACE_VARIABLE, PROFILE_OPS_VARIABLE
 from gpuanat.core.vocabulary.protocol import Event, KernelRow, Operations
@@ -33,7 +33,7 @@ MAX_ROWS = 200
 MAX_NAME_CHARS = 300
 """A kernel's name is cut to this many characters (C++ template names run to thousands)."""
 OPTIMIZER_RANGES = ("Optimizer.step#", "Optimizer.zero_grad#")
-DEVICE_RANGES = ("ProfilerStep#", "Optimizer.")
+DEVICE_RANGES = (*PROFILER_MARKERS, "Optimizer.")
 """Ranges torch draws on the device's timeline too (the profiler's steps, the optimizer's step): not work. (A
 compiled region's Triton kernel has a CPU range of its own name: its device event is work.)"""
 ANNOTATION_ACTIVITY_TYPES = (1, 2)
@@ -256,13 +256,17 @@ def kernel_rows(events: Iterable[Any], *, cuda: bool) -> list[KernelRow]:
             if moved is not None:
                 totals[key][3] = (totals[key][3] or 0.0) + moved
 
+    cpu_events = [
+        event
+        for event in events
+        if _is_cpu(event) and not event.is_async and not event.name.startswith(PROFILER_MARKERS)
+    ]
     if not cuda:
-        for event in events:
-            if _is_cpu(event) and not event.is_async and event.self_cpu_time_total > 0:
+        for event in cpu_events:
+            if event.self_cpu_time_total > 0:
                 add(event.name, event, event.self_cpu_time_total / 1e6)
         count_flops_and_bytes()
         return _rows(totals)
-    cpu_events = [event for event in events if _is_cpu(event) and not event.is_async]
     device_events: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     annotations: set[str] = set()
     for event in events:

@@ -25,6 +25,7 @@ class ProbeReadings:
     _step_peak_floor_bytes: int
     _steady_phases_s: dict[str, float]
     _steady_caught_up_steps: int
+    _last_step_end_s: float
     _compiled: bool
     _samples: int
     _optimizer: Any
@@ -43,13 +44,16 @@ class ProbeReadings:
     probe_time_by_part_s: dict[str, float]
 
     def steady_state(self) -> dict[str, Any]:
-        """Samples/s after warm-up, or None with the reason."""
+        """Samples/s after warm-up, or None with the reason. A run stopped before its last step (its window never
+        closed) has the steady rate of the steps it finished after warm-up."""
         result: dict[str, Any] = {
             "warmup_steps": getattr(self, "warmup_steps", 0),
             "steady_samples_per_second": None,
             "steady_reason": None,
         }
         start, end = getattr(self, "_steady_start", None), getattr(self, "_steady_end", None)
+        if start is not None and end is None and self.last_step is not None:
+            end = (self._last_step_end_s, self.last_step.samples)  # the last step it finished, not the one cut short
         if start is None or end is None or end[1] <= start[1] or end[0] <= start[0]:
             result["steady_reason"] = (
                 f"too few steps: the first {result['warmup_steps']} are warm-up and at least one more is needed"
