@@ -122,7 +122,8 @@ class SearchKeys:
             sampler.untrack(live.pid)
 
     def _end(self) -> None:
-        """Before the search's outcome is shown: its last events painted, no run live."""
+        """Before the search's outcome is shown: its last events painted, no run live, no question about it open."""
+        self._run_keys.run_ended()
         self._dashboard.paint()
         self._dashboard.forget_run()
 
