@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
+import re
 import statistics
 import threading
 import time
@@ -320,6 +321,9 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
             lambda: any(n.message.startswith("tune 1: ") for n in app.notices),
             what="the first tune trial",
         )
+        # its time left: no compiled trial timed yet, so what the eager trials left take at least (issue #48, 5)
+        (first,) = [n.message for n in app.notices if n.message.startswith("tune 1: ")]
+        assert re.search(r"· estimating… at least \S+ left \(\d+ trials; a trial with compiled regions", first), first
         await pilot.press("s")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the stop question")
         await pilot.press("y")

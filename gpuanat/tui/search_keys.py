@@ -99,7 +99,7 @@ class SearchKeys:
         self._untrack_trial()
         rate = f", {message.samples_per_second:.1f} samples/s" if message.samples_per_second else ""
         self._dashboard.notify(
-            f"{message.name}: {message.status}{rate} · about {format_duration(message.left_s)} left", timeout=6
+            f"{message.name}: {message.status}{rate} · {message.progress.left_words(format_duration)}", timeout=6
         )
 
     def tune_finished(self, message: TuneFinished) -> None:
