@@ -74,6 +74,9 @@ async def test_keys_change_the_config_the_child_receives(db_path):
         ) == (True, "bf16", 8, 2, "sgd", "eager")
         await pilot.press("A")
         assert app.dashboard.config.grad_accum == 1
+        # ] and [ step the run's length through the ladder: 32 → 64 → 128 → 64 (issue #48, point 9)
+        await pilot.press("right_square_bracket", "right_square_bracket", "left_square_bracket")
+        assert app.dashboard.config.samples == 64
         result = await run_to_completion(app, pilot)
     assert result.status == "ok", result.error
     with HistoryStore(db_path) as store:
@@ -85,8 +88,9 @@ async def test_keys_change_the_config_the_child_receives(db_path):
         received["batch_size"],
         received["optim"],
         received["attn"],
-    ) == (True, "bf16", 8, "sgd", "eager")
-    assert result.steps == 4  # 32 samples / batch 8
+        received["samples"],
+    ) == (True, "bf16", 8, "sgd", "eager", 64)
+    assert result.steps == 8  # 64 samples / batch 8
     assert result.bands.optimizer_state_bytes == 0  # SGD keeps no state
 
 
@@ -360,14 +364,14 @@ WITH_CUDA = Capabilities(
         (
             NO_CUDA,
             {},
-            {"device": "cpu", "preset": "tiny", "seq_len": 64, "samples": 64},
-            "training the tiny preset, seq 64, 64 samples",
+            {"device": "cpu", "preset": "tiny", "seq_len": 64, "samples": 2048},
+            "training the tiny preset, seq 64, 2048 samples",
         ),
         (
             NO_CUDA,
             {"seq_len": 128},
-            {"device": "cpu", "preset": "tiny", "seq_len": 128, "samples": 64},
-            "training the tiny preset, seq 128, 64 samples",
+            {"device": "cpu", "preset": "tiny", "seq_len": 128, "samples": 2048},
+            "training the tiny preset, seq 128, 2048 samples",
         ),
         (
             NO_CUDA,
@@ -397,7 +401,7 @@ async def test_without_cuda_the_workload_left_to_the_defaults_is_the_cpus(db_pat
         else:
             (message,) = [message for message in messages if note in message]
             assert message.startswith("No CUDA here (a CPU-only build); runs train on the CPU.")
-            assert "--preset" in message
+            assert message.endswith("([ and ]: the run's length; M: the model).")
         console = Console(width=120, record=True, file=io.StringIO())
         console.print(app.query_one(TechniquesPanel).render())
         shown = console.export_text()

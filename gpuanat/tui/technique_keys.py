@@ -1,5 +1,5 @@
-"""The launching dashboard's configured run: the technique keys (g, p, +, -, G, D, O, …), each of which changes it and
-shows it at once, and the capability probe's answer, which may move it to the CPU.
+"""The launching dashboard's configured run: the technique keys (g, p, +, -, [, ], G, D, O, …), each of which changes
+it and shows it at once, and the capability probe's answer, which may move it to the CPU.
 
 The next run trains what is configured here; the prepared training process (`RunBackend.prepare`) follows each change
 while no run is in progress.
@@ -50,9 +50,9 @@ class TechniqueKeys:
                 # Expandable segments are an option of the CUDA allocator (on by default from PYTORCH_CUDA_ALLOC_CONF).
                 dashboard.config = dashboard.config.replace(device="cpu", expandable_segments=False)
                 notes.append(f"No CUDA here ({capabilities.reason}); runs train on the CPU.")
-            dashboard.config, workload = workload_for_device(dashboard.config, self._untouched_fields)
+            dashboard.config, workload = workload_for_device(dashboard.config, self._untouched_fields, watched=True)
             if workload is not None:
-                notes.append(f"Sized for the CPU: {workload} (start gpuanat with --preset to choose).")
+                notes.append(f"Sized for the CPU: {workload} ([ and ]: the run's length; M: the model).")
             if notes:
                 dashboard.notify(" ".join(notes), timeout=10)
             dashboard.run_control.prepare_worker(dashboard.config)

@@ -90,6 +90,10 @@ LAUNCH_BINDINGS = [
         "x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments", show=False
     ),
     Binding("f", "fit", "Fit batch", id="fit"),
+    Binding("right_square_bracket", "step('samples', 1)", "Longer run", id="samples_up", key_display="]"),
+    Binding(
+        "left_square_bracket", "step('samples', -1)", "Shorter run", id="samples_down", key_display="[", show=False
+    ),
     Binding("T", "tune", "Tune: the fastest set that fits (short real runs)", id="tune", show=False),
     Binding("E", "toggle_technique('engine')", "Engine", id="engine", show=False),
     Binding("W", "toggle_technique('weights_dtype')", "Weights dtype", id="weights_dtype", show=False),

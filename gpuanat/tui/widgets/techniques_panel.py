@@ -209,10 +209,13 @@ class TechniquesPanel(Widget):
             )
         if not self.compact:
             lines.add_row(
-                Text(
-                    f"{printable(config.model or config.preset)} on {config.device}, seq {config.seq_len}, "
-                    f"{config.samples} samples",
-                    style=muted,
+                Text.assemble(
+                    ("[/] ", key_style),  # the run's length, its keys first as in the rows above
+                    (
+                        f"{config.samples} samples · {printable(config.model or config.preset)} on {config.device}, "
+                        f"seq {config.seq_len}",
+                        muted,
+                    ),
                     overflow="ellipsis",
                     no_wrap=True,
                 )
