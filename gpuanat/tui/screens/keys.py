@@ -22,7 +22,18 @@ TECHNIQUE_ACTION = re.compile(r"^(?:toggle_technique|step)\('(\w+)'")
 CYCLING_ACTIONS = {"cycle_gpus": "gpus", "cycle_distributed": "distributed"}
 """Actions that change a technique their own way (several GPUs)."""
 GROUPS = ("Runs", "Techniques of the next run", "Views")
-VIEW_ACTIONS = {"history", "compare", "pause", "redraw", "help", "quit", "command_palette", "save", "toggle_timeline"}
+VIEW_ACTIONS = {
+    "history",
+    "compare",
+    "pause",
+    "redraw",
+    "help",
+    "quit",
+    "command_palette",
+    "save",
+    "toggle_timeline",
+    "why_unavailable",
+}
 
 
 def key_rows(app: App[Any]) -> dict[str, list[tuple[str, str]]]:

@@ -90,6 +90,7 @@ LAUNCH_BINDINGS = [
         "x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments", show=False
     ),
     Binding("f", "fit", "Fit batch", id="fit"),
+    Binding("u", "why_unavailable", "Why unavailable: each red technique's reason", id="why_unavailable", show=False),
     Binding("right_square_bracket", "step('samples', 1)", "Longer run", id="samples_up", key_display="]"),
     Binding(
         "left_square_bracket", "step('samples', -1)", "Shorter run", id="samples_down", key_display="[", show=False
@@ -325,6 +326,9 @@ class LaunchDashboard(DashboardScreen):
 
     def action_step(self, field: str, direction: int) -> None:
         self.technique_keys.step(field, direction)
+
+    def action_why_unavailable(self) -> None:
+        self.technique_keys.why_unavailable()
 
     def action_cycle_gpus(self) -> None:
         self.technique_keys.cycle_gpus()
