@@ -17,6 +17,7 @@ import time
 import psutil
 import pytest
 from rich.console import Console
+from test_first_minute import screen_text
 
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
@@ -252,6 +253,11 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
             first.bands.activations_bytes,
             second.bands.activations_bytes,
         )
+        # no NVML here: the memory chart can never fill and says why, from the runs' own record (issue #48, 11)
+        with HistoryStore(db_path, read_only=True) as store:
+            reason = store.run(first.run_id).environment["nvml"]["reason"]
+        shown = " ".join(screen_text(app).split())
+        assert f"no GPU samples: {reason}" in shown and "waiting for" not in shown, shown
         await pilot.press("escape")
         assert not isinstance(app.screen, CompareScreen)
 
