@@ -265,3 +265,19 @@ async def test_history_sorts_and_filters_as_htop_does(tmp_path):
         await pilot.press("space", "up", "space", "enter")
         await pilot.pause(0.2)
         assert not isinstance(app.screen, HistoryScreen)
+
+
+def test_at_80x24_three_unavailable_techniques_keep_every_row_and_the_top_line_whole(snap_compare, tmp_path):
+    """Issue #48, point 10: a CPU box without NVML at 80×24, fp16, tf32 and expandable segments chosen (none can run
+    there): one line says how many are unavailable and that u says why, every technique row stays (or its key in the
+    folded line), and the top line is shortened at a word, not cut."""
+    from test_keys_page import cpu_app, until_probed
+
+    app = cpu_app(tmp_path, RunConfig(device="cpu", preset="tiny", seq_len=64, samples=64))
+
+    async def run_before(pilot) -> None:
+        await until_probed(app, pilot)
+        await pilot.press("p", "t", "x")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

@@ -101,10 +101,14 @@ def test_help_shows_each_techniques_default_and_no_issue_numbers():
         ("--batch-size", "4"),
         ("--precision", "fp32"),
         ("--grad-checkpointing", "off"),
-        ("--seq-len", "512"),
         ("--optim", "adamw_torch_fused"),
     ):
         assert re.search(re.escape(flag) + r".*?\(default: " + re.escape(default) + r"\)", text), flag
+    # the workload follows the machine: bert-large is the default with CUDA only (issue #48, point 9)
+    assert "(default: bert-large with CUDA; on a machine without CUDA, tiny)" in text
+    assert re.search(r"--seq-len N tokens per sample \(default: 512 with CUDA; on a machine without CUDA, 64,", text)
+    dashboard = " ".join(run_cli(["--help"], None, timeout_s=60).stdout.split())
+    assert re.search(r"--samples N .*?\(default: 512 with CUDA; on a machine without CUDA, 64; 2048 in the", dashboard)
     predict = run_cli(["predict", "--help"], None, timeout_s=60).stdout
     assert "issue" not in predict and "#" not in predict
 

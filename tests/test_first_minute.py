@@ -92,7 +92,7 @@ async def test_at_80x24_a_technique_this_machine_cannot_run_says_why_on_screen(d
     from test_tui import make_app as cpu_app  # the real capability probe: this machine has no CUDA
 
     app = cpu_app(db_path, TINY)
-    async with app.run_test(size=(80, 24)) as pilot:
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
         while app.dashboard.capabilities is None:
             await pilot.pause()
         await pilot.press("t")  # tf32: CUDA only
@@ -101,7 +101,48 @@ async def test_at_80x24_a_technique_this_machine_cannot_run_says_why_on_screen(d
         text = screen_text(app)
         reason = machine_unsupported_reasons(app.dashboard.config, app.dashboard.capabilities)[0][1]
         assert "tf32" in reason.lower() or "cuda" in reason.lower()
-        assert f"unavailable: {reason}"[:30] in text, text  # its first words at least, on the screen
+        assert "1 unavailable (red): u says why" in text, text
+        await pilot.press("u")  # the reason without a mouse (issue #48, point 10): a tooltip needs one
+        await pilot.pause()
+        assert app.notices[-1].message == f"--tf32: {reason}"
+        shown = f"--tf32: {reason}"[:28]  # the toast's first row, on screen
+        for _ in range(50):
+            if shown in " ".join(screen_text(app).split()):
+                break
+            await pilot.pause(0.05)
+        assert shown in " ".join(screen_text(app).split()), screen_text(app)
+
+
+@pytest.mark.asyncio
+async def test_at_80x24_every_technique_row_stays_and_the_top_line_ends_on_a_word(db_path):
+    """Issue #48, point 10: three techniques this CPU cannot run pushed the batch and accumulation rows out of the
+    panel, and the top line was cut mid-word ("NVML not found: no")."""
+    from test_tui import TINY
+    from test_tui import make_app as cpu_app
+
+    from gpuanat.tui.widgets.techniques_panel import ROWS
+
+    app = cpu_app(db_path, TINY)
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.dashboard.capabilities is None:
+            await pilot.pause()
+        await pilot.press("p", "t", "x")  # fp16, tf32, expandable segments: CUDA only
+        await pilot.pause()
+        rows = screen_text(app).splitlines()
+        reasons = machine_unsupported_reasons(app.dashboard.config, app.dashboard.capabilities)
+        assert len(reasons) == 3
+        assert any(f"{len(reasons)} unavailable (red): u says why" in row for row in rows), rows
+        end = next(index for index, row in enumerate(rows) if row.startswith("measured"))  # the memory bar's
+        panel = [row[:38] for row in rows[1:end] if row.strip()]  # the techniques panel's column above it
+        (folded,) = [row for row in panel if row.startswith("at defaults:")] or [""]
+        folded_keys = folded.removeprefix("at defaults:").split("(")[0]  # by their keys where labels do not fit
+        for _, key, label in ROWS:
+            assert any(label in row for row in panel) or key in folded_keys, (label, panel)
+        top = rows[0].rstrip()
+        assert len(top) <= 80 and top.endswith("host metrics only"), top
+        await pilot.press("u")
+        await pilot.pause()
+        assert app.notices[-1].message.splitlines() == [f"{flag}: {reason}" for flag, reason in reasons]
 
 
 @pytest.mark.asyncio

@@ -214,7 +214,7 @@ async def test_the_dashboard_shows_a_hostile_model_history_and_compare_as_data(t
     app = cpu_dashboard(tmp_path / "h.sqlite", RunConfig(preset="tiny", device="cpu", model=HOSTILE_MODEL))
     async with app.run_test(size=(160, 50), notifications=True) as pilot:
         await pilot.pause()
-        assert "/models/\\x1b]2;PWNED\\x07[bold]B[/]\\u2" in frame(app)  # the techniques panel cuts it here
+        assert "/models/\\x1b]2;PWNE…" in frame(app)  # the techniques panel cuts it here
         await pilot.press("h")
         await pilot.pause()
         text = frame(app)

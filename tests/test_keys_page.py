@@ -47,6 +47,49 @@ async def test_question_mark_lists_every_key_grouped_with_what_each_technique_do
 
 
 @pytest.mark.asyncio
+async def test_the_key_page_says_how_to_remap_without_pointing_at_docs_a_pip_install_lacks(tmp_path):
+    """Issue #48, point 12: the page pointed at docs/dashboard.md, which a pip install does not have."""
+    from test_first_minute import screen_text
+
+    app = h100_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until_probed(app, pilot)
+        await pilot.press("question_mark")
+        await pilot.press("end")  # the page scrolls: its last lines
+        await pilot.pause()
+        shown = " ".join(screen_text(app).split())
+    assert "docs/" not in shown
+    assert "Keys can be remapped in $XDG_CONFIG_HOME/gpuanat/config.toml" in shown, shown
+    assert 'run = "f5"' in shown and "samples_up/samples_down" in shown, shown
+
+
+@pytest.mark.asyncio
+async def test_keys_the_history_filter_types_are_not_advertised_while_it_has_the_focus(tmp_path):
+    """Issue #48, point 12: the footer showed `+ Batch+ - Batch-` while typing in the history's filter, where + and -
+    are typed into the filter (Textual leaves out typed letters, not the keys it names by words)."""
+    from textual.widgets import Input
+
+    def advertised() -> set[str]:  # what the footer draws from
+        return {key for key, active in app.screen.active_bindings.items() if active.binding.show}
+
+    app = h100_app(tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until_probed(app, pilot)
+        batch_size = app.dashboard.config.batch_size
+        await pilot.press("h")
+        await pilot.pause()
+        assert {"plus", "minus", "slash", "question_mark"} <= advertised()
+        await pilot.press("slash", "b", "plus", "minus")
+        await pilot.pause()
+        assert isinstance(app.focused, Input) and app.focused.value == "b+-"
+        assert not advertised() & {"plus", "minus", "slash", "question_mark", "right_square_bracket", "r"}, advertised()
+        assert "escape" in advertised() and app.dashboard.config.batch_size == batch_size
+        await pilot.press("escape")  # the filter ends: the keys are the dashboard's again
+        await pilot.pause()
+        assert {"plus", "minus", "slash", "question_mark"} <= advertised()
+
+
+@pytest.mark.asyncio
 async def test_a_remapped_key_shows_as_remapped(tmp_path):
     app = h100_app(tmp_path)
     app.set_keymap({"grad_checkpointing": "k"})

@@ -309,7 +309,7 @@ def test_human_summary_reads_like_the_docs(history_db):
     lines = completed.stdout.splitlines()
     assert any(line.startswith("Time: ") for line in lines)
     assert any(line.startswith("Samples/second: ") for line in lines)
-    assert "GPU memory occupied: — MiB." in lines
+    assert "GPU memory occupied: unknown (no GPU reading)." in lines  # not "— MiB" (issue #48, point 12)
     assert any(line.strip().startswith("weights") and "MiB" in line for line in lines)
     assert "Steady samples/second: — (too few steps" in completed.stdout
     assert any(line.startswith("gpuanat's probe: ") and "% of the training time" in line for line in lines)

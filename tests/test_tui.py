@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
+import re
 import statistics
 import threading
 import time
@@ -16,6 +17,7 @@ import time
 import psutil
 import pytest
 from rich.console import Console
+from test_first_minute import screen_text
 
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
@@ -73,6 +75,9 @@ async def test_keys_change_the_config_the_child_receives(db_path):
         ) == (True, "bf16", 8, 2, "sgd", "eager")
         await pilot.press("A")
         assert app.dashboard.config.grad_accum == 1
+        # ] and [ step the run's length through the ladder: 32 → 64 → 128 → 64 (issue #48, point 9)
+        await pilot.press("right_square_bracket", "right_square_bracket", "left_square_bracket")
+        assert app.dashboard.config.samples == 64
         result = await run_to_completion(app, pilot)
     assert result.status == "ok", result.error
     with HistoryStore(db_path) as store:
@@ -84,8 +89,9 @@ async def test_keys_change_the_config_the_child_receives(db_path):
         received["batch_size"],
         received["optim"],
         received["attn"],
-    ) == (True, "bf16", 8, "sgd", "eager")
-    assert result.steps == 4  # 32 samples / batch 8
+        received["samples"],
+    ) == (True, "bf16", 8, "sgd", "eager", 64)
+    assert result.steps == 8  # 64 samples / batch 8
     assert result.bands.optimizer_state_bytes == 0  # SGD keeps no state
 
 
@@ -247,6 +253,11 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
             first.bands.activations_bytes,
             second.bands.activations_bytes,
         )
+        # no NVML here: the memory chart can never fill and says why, from the runs' own record (issue #48, 11)
+        with HistoryStore(db_path, read_only=True) as store:
+            reason = store.run(first.run_id).environment["nvml"]["reason"]
+        shown = " ".join(screen_text(app).split())
+        assert f"no GPU samples: {reason}" in shown and "waiting for" not in shown, shown
         await pilot.press("escape")
         assert not isinstance(app.screen, CompareScreen)
 
@@ -320,6 +331,9 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
             lambda: any(n.message.startswith("tune 1: ") for n in app.notices),
             what="the first tune trial",
         )
+        # its time left: no compiled trial timed yet, so what the eager trials left take at least (issue #48, 5)
+        (first,) = [n.message for n in app.notices if n.message.startswith("tune 1: ")]
+        assert re.search(r"· estimating… at least \S+ left \(\d+ trials; a trial with compiled regions", first), first
         await pilot.press("s")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the stop question")
         await pilot.press("y")
@@ -356,14 +370,14 @@ WITH_CUDA = Capabilities(
         (
             NO_CUDA,
             {},
-            {"device": "cpu", "preset": "tiny", "seq_len": 64, "samples": 64},
-            "training the tiny preset, seq 64, 64 samples",
+            {"device": "cpu", "preset": "tiny", "seq_len": 64, "samples": 2048},
+            "training the tiny preset, seq 64, 2048 samples",
         ),
         (
             NO_CUDA,
             {"seq_len": 128},
-            {"device": "cpu", "preset": "tiny", "seq_len": 128, "samples": 64},
-            "training the tiny preset, seq 128, 64 samples",
+            {"device": "cpu", "preset": "tiny", "seq_len": 128, "samples": 2048},
+            "training the tiny preset, seq 128, 2048 samples",
         ),
         (
             NO_CUDA,
@@ -393,7 +407,7 @@ async def test_without_cuda_the_workload_left_to_the_defaults_is_the_cpus(db_pat
         else:
             (message,) = [message for message in messages if note in message]
             assert message.startswith("No CUDA here (a CPU-only build); runs train on the CPU.")
-            assert "--preset" in message
+            assert message.endswith("([ and ]: the run's length; M: the model).")
         console = Console(width=120, record=True, file=io.StringIO())
         console.print(app.query_one(TechniquesPanel).render())
         shown = console.export_text()

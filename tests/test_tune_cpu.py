@@ -5,6 +5,7 @@ from the test hook in tests/fault_injection (CI has no GPU to run out of)."""
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import sqlite3
 import time
@@ -115,7 +116,22 @@ def test_an_oom_start_steps_down_and_rules_the_batch_out(tuned):
     # after the OOM no batch of 32 or more with the same techniques was tried again
     sdpa = [t for t in trials[1:] if t["config"]["attn"] == "sdpa"]
     assert all(t["config"]["batch_size"] < 32 for t in sdpa)
-    assert "tune 1: bs32 — oom" in stderr and "left at least" in stderr
+    assert "tune 1: bs32 — oom" in stderr
+
+
+def test_each_trial_says_the_time_left_by_the_trials_left(tuned):
+    """Issue #48, point 5: the time left is the trials still to run if no move helps, each at the measured time of
+    the trials done (start-up included; no compiled trial here, so every kind is timed), and more only if a move
+    helps; the last trial of a search that converged has none left."""
+    summary, _, stderr = tuned
+    lines = [line for line in stderr.splitlines() if re.match(r"tune \d+: ", line)]
+    assert len(lines) == len(summary["trials"])
+    for line in lines:
+        assert re.search(
+            r"about \d+:\d\d left \(\d+ trials?; more if a move helps\)$|no trial left unless a move helps$", line
+        ), line
+    if summary["status"] == "converged":
+        assert lines[-1].endswith("no trial left unless a move helps"), lines[-1]
 
 
 def test_pruned_candidates_never_ran(tuned):

@@ -17,10 +17,11 @@ from gpuanat.cli.parser import build_parser
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.run.tune.result import NOISE_FRACTION, beats, pareto_front
 from gpuanat.core.run.tune.runs import run_flags
-from gpuanat.core.run.tune.search import moves_in_order, run_tune
+from gpuanat.core.run.tune.search import Progress, moves_in_order, run_tune
 from gpuanat.core.run.tune.space import DIMENSIONS, search_space
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.result import RunResult
+from gpuanat.core.vocabulary.techniques import compile_mode
 
 H100 = Capabilities(
     torch_version="2.11",
@@ -45,8 +46,10 @@ class FakeTrials:
         stop: threading.Event | None = None,
         speedup=lambda config: 1.0,
         bottleneck=lambda config: None,
+        trial_s=lambda config: TRIAL_S,
     ):
         self.now_s = 0.0
+        self.trial_s = trial_s
         self.bottleneck = bottleneck
         self.speedup = speedup
         self.configs: list[RunConfig] = []
@@ -59,7 +62,7 @@ class FakeTrials:
 
     def __call__(self, config: RunConfig, *, store: Any, log_dir: Path, name: str) -> RunResult:
         self.configs.append(config)
-        self.now_s += TRIAL_S
+        self.now_s += self.trial_s(config)
         run_id = next(self._ids)
         if self.stop_at == run_id:
             assert self.stop is not None
@@ -347,3 +350,41 @@ def test_one_gpu_or_a_workload_sharding_cannot_train_has_no_distributed_dimensio
         gpu_memory_bytes=H100_NVML_TOTAL_BYTES,
     )
     assert no_deepspeed.distributed_techniques == ("ddp", "fsdp")
+
+
+CPU_TRIAL_S = {"off": 14.0, "regions": 63.0, "model": 107.0}
+"""Wall time of a trial by its kind, start-up included, as a real `gpuanat tune --device cpu --preset tiny --seq-len
+64` took them on the 2-core development machine (20 steps; eager trials 11-20 s, compiled regions 63 s, the whole
+model compiled 107 s): a compiled trial costs several eager ones."""
+
+
+def test_the_time_left_is_the_trials_left_each_at_its_kinds_measured_time():
+    """Issue #48, point 5: "about 17 s left" for a tune that took 2 min 58 s. Fed the real trials' times by kind, the
+    time left is "estimating…" while a kind still to run was never timed, never more than what is left, and once no
+    move helps any more, exactly what is left."""
+    trials = FakeTrials(
+        trial_s=lambda config: CPU_TRIAL_S[compile_mode(config)],
+        speedup=lambda config: 1.2 if config.workers == 2 else 1.0,
+    )
+    seen: list[tuple[int, Progress]] = []
+    _, result = tune(trials, on_trial=lambda trial, progress: seen.append((trial.index, progress)))
+    assert result.stop_reason == "converged" and len(result.trials) >= 6
+    last_kept = max(result.kept)
+    assert last_kept > 1  # a move helped: more rounds than the first one's trials
+    for index, progress in seen:
+        left_s = result.elapsed_s - progress.elapsed_s
+        done = result.trials[:index]
+        timed = {compile_mode(trial.config) for trial in done}
+        still_to_run = {compile_mode(trial.config) for trial in result.trials[index:]}
+        if progress.estimated_left_s is None:
+            assert progress.untimed_kind not in timed, (index, progress)
+            assert progress.left_words(str).startswith("estimating… at least")
+            assert progress.timed_left_s <= left_s + 1e-9, (index, progress, left_s)
+            continue
+        assert still_to_run <= timed or index < last_kept, (index, progress)
+        assert progress.estimated_left_s <= left_s + 1e-9, (index, progress, left_s)
+        if index > last_kept:
+            assert progress.estimated_left_s == pytest.approx(left_s), (index, progress)
+            assert progress.trials_left == len(result.trials) - index
+    assert any(progress.estimated_left_s is None for _, progress in seen)  # a compiled trial was left untimed
+    assert seen[-1][1].trials_left == 0 and seen[-1][1].left_words(str) == "no trial left unless a move helps"

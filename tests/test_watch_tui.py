@@ -11,6 +11,7 @@ import time
 
 import psutil
 import pytest
+from test_first_minute import screen_text
 from textual.binding import Binding
 from watch_replay import STEPS, TRACE, make_watch_app, replay
 
@@ -100,6 +101,10 @@ async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tm
             assert app.dashboard.last_record["rss_bytes"] >= 64 * 1024 * 1024
             # no NVML: whether other processes use the GPU is unknown, not "none" (issue #17)
             assert "other processes on the GPU  unknown" in str(app.query_one(ProcessPanel).render())
+            # and the GPU charts, which can never fill, say why instead of waiting (issue #48, point 11)
+            await pilot.pause(0.2)
+            shown = screen_text(app)
+            assert shown.count("no GPU samples: no NVML in this test") == 2, shown  # memory and utilization
             footer_keys = {binding.key for (_, binding, enabled, _) in app.screen.active_bindings.values()}
             assert "s" in footer_keys and "r" not in footer_keys
             await pilot.press("r", "g", "p")  # launch and technique keys of the other dashboard do nothing here

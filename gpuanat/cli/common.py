@@ -302,15 +302,20 @@ def print_summary(result: RunResult) -> None:
         )
     if result.error:
         print(f"  {result.error.kind}: {result.error.message}")
+    occupied = (
+        "unknown (no GPU reading)"
+        if result.device_memory_used_bytes is None
+        else f"{format_mb(result.device_memory_used_bytes)} MiB"
+    )
     if "training" in result.unavailable:  # a script that trained nothing gpuanat could see
         print(f"Nothing measured: {result.unavailable['training']}.")
-        print(f"GPU memory occupied: {format_mb(result.device_memory_used_bytes)} MiB.")
+        print(f"GPU memory occupied: {occupied}.")
         print(f"Peak RSS: {format_bytes(result.peak_rss_bytes)}")
         print(f"Log: {result.log_path}")
         return
     print(f"Time: {format_number(result.train_runtime_s)}")
     print(f"Samples/second: {format_number(result.samples_per_second)}")
-    print(f"GPU memory occupied: {format_mb(result.device_memory_used_bytes)} MiB.")
+    print(f"GPU memory occupied: {occupied}.")
     steady = result.steady_samples_per_second
     note = (
         f"after {result.warmup_steps} warm-up steps"

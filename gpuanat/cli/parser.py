@@ -12,7 +12,7 @@ import shtab
 from gpuanat import __version__
 from gpuanat.cli.common import EXIT_USAGE
 from gpuanat.core.printable import printable
-from gpuanat.core.vocabulary.config import DEFAULT_PROFILE_OPS_STEPS, RunConfig
+from gpuanat.core.vocabulary.config import CPU_WORKLOAD, DASHBOARD_CPU_SAMPLES, DEFAULT_PROFILE_OPS_STEPS, RunConfig
 from gpuanat.core.vocabulary.techniques import TECHNIQUES, Technique
 
 CONFIG_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
@@ -77,6 +77,15 @@ def _with_default(technique: Technique) -> str:
     if "default" in technique.help or default is None:
         return technique.help
     shown = ("on" if default else "off") if isinstance(default, bool) else default
+    cpu_default = CPU_WORKLOAD.get(technique.field)
+    if cpu_default is not None:  # the workload follows the machine when left to the defaults (`workload_for_device`)
+        dashboard = f"; {DASHBOARD_CPU_SAMPLES} in the dashboard" if technique.field == "samples" else ""
+        return (
+            f"{technique.help} (default: {shown} with CUDA; on a machine without CUDA, {cpu_default}{dashboard}, "
+            "unless --preset or --model is given)"
+            if technique.field != "preset"
+            else f"{technique.help} (default: {shown} with CUDA; on a machine without CUDA, {cpu_default})"
+        )
     return f"{technique.help} (default: {shown})"
 
 

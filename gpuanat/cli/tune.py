@@ -310,7 +310,7 @@ def command_tune(args: argparse.Namespace) -> int:
             )
         print(
             f"{done.name} — {outcome} · run {done.run_id} · {done.wall_s:.0f} s | {_minutes(progress.elapsed_s)} "
-            f"of {_minutes(progress.budget_s)}, about {_minutes(progress.estimated_left_s)} left at least",
+            f"of {_minutes(progress.budget_s)}, {progress.left_words(_minutes)}",
             file=sys.stderr,
         )
 

@@ -72,6 +72,9 @@ class GpuAnatApp(DashboardApp[LaunchDashboard]):
     def action_step(self, field: str, direction: int) -> None:
         self.dashboard.action_step(field, direction)
 
+    def action_why_unavailable(self) -> None:
+        self.dashboard.action_why_unavailable()
+
     def action_cycle_gpus(self) -> None:
         self.dashboard.action_cycle_gpus()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from textual.message import Message
 
+from gpuanat.core.run.tune.search import Progress
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.result import RunResult
 
@@ -62,12 +63,12 @@ class FitFinished(Message):
 
 @dataclass
 class TuneTrialDone(Message):
-    """One trial of the tune ended; about `left_s` of the search's budget is left."""
+    """One trial of the tune ended; `progress` says where the search stands (the time left, or "estimating…")."""
 
     name: str
     status: str
     samples_per_second: float | None
-    left_s: float
+    progress: Progress
 
 
 @dataclass

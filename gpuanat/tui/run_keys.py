@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from textual.binding import Binding
 
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.startup import REQUESTED
 from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.validation import machine_unsupported_reason, validate_values
 from gpuanat.tui.messages import RunFinished, RunStarted
-from gpuanat.tui.screens.confirm import ConfirmScreen
+from gpuanat.tui.screens.confirm import ConfirmScreen, QuitQuestion
+
+QUIT_BINDING_IDS = ("quit", "quit_ctrl_c")
+"""The dashboard's bindings that quit (`gpuanat.tui.screens.dashboard.FIRST_BINDINGS`), in the order the quit question
+names their keys."""
 
 if TYPE_CHECKING:
     from textual.notifications import SeverityLevel
@@ -33,8 +40,12 @@ class RunKeys:
         self._dashboard = dashboard
         self.quit_after_run = False
         """q was answered yes (or a stop signal came) while a run was live: the dashboard leaves once it ends."""
-        self._stop_dialog: ConfirmScreen | None = None
-        """The "Stop run N?" question while it is open."""
+        self._question: ConfirmScreen | None = None
+        """The question about the run in progress ("Stop run N?" or "Stop it and quit?") while it is open: one at a
+        time, since a question stacked on another freezes the dashboard beneath both (Textual repaints a change of the
+        bottom screen through the top one only, and the middle one shows its own stale copy of it)."""
+        self._question_quits = False
+        """Whether the open question is the quit question (q or ctrl+c again answers it yes)."""
 
     def can_start(self) -> bool:
         """Whether a run (or search) may start now; says why not."""
@@ -74,22 +85,29 @@ class RunKeys:
         if live is None:
             dashboard.notify("No run in progress.")
             return
+        if self._question_open():
+            return  # the question on screen already asks about this run
 
         def answered(stop: bool | None) -> None:
-            self._stop_dialog = None
             if stop:
                 live.stop_requested.set()
 
-        self._stop_dialog = ConfirmScreen(f"Stop run {live.run_id or ''} ({live.config.techniques_summary()})?")
-        dashboard.app.push_screen(self._stop_dialog, answered)
+        self._ask(f"Stop run {live.run_id or ''} ({live.config.techniques_summary()})?", answered, quits=False)
 
     def quit(self) -> None:
-        """q: leave; while a run is live, ask, then stop and record it first."""
+        """q (or ctrl+c): leave; while a run is live, ask, then stop and record it first. Pressed again while the
+        question is open, it answers yes (q through the question's own binding, ctrl+c, a priority binding, here);
+        ctrl+c pressed while the stop question is open asks this instead."""
         dashboard = self._dashboard
         live = dashboard.run_in_progress
         if live is None:
             dashboard.app.exit()
             return
+        if self._question_open():
+            if self._question_quits:
+                self._answer(True)
+                return
+            self._answer(False)
 
         def answered(quit_now: bool | None) -> None:
             if quit_now:
@@ -99,7 +117,44 @@ class RunKeys:
                 self.quit_after_run = True
                 live.stop_requested.set()
 
-        dashboard.app.push_screen(ConfirmScreen("A run is in progress. Stop it and quit?"), answered)
+        again = " or ".join(self._quit_keys()) or "q"
+        self._ask(f"A run is in progress. Stop it and quit? ({again} again: yes)", answered, quits=True)
+
+    def _ask(self, question: str, answered: Callable[[bool | None], None], *, quits: bool) -> None:
+        screen = QuitQuestion(question) if quits else ConfirmScreen(question)
+
+        def closed(answer: bool | None) -> None:
+            if self._question is screen:
+                self._question = None
+            answered(answer)
+
+        self._question, self._question_quits = screen, quits
+        self._dashboard.app.push_screen(screen, closed)
+
+    def _question_open(self) -> bool:
+        return self._question is not None and self._question in self._dashboard.app.screen_stack
+
+    def _answer(self, answer: bool) -> None:
+        """Close the open question (and what was opened over it) as if `answer` had been given."""
+        question, self._question = self._question, None
+        if question is not None and question in self._dashboard.app.screen_stack:
+            question.pop_until_active()
+            question.dismiss(answer)
+
+    def _quit_keys(self) -> list[str]:
+        """The keys that quit, as the footer and the key page show them (remapped ones as remapped)."""
+        app = self._dashboard.app
+        quitting = [(key, active.binding) for key, active in app.active_bindings.items()]
+        return [
+            app.get_key_display(Binding(key, binding.action))
+            for binding_id in QUIT_BINDING_IDS
+            for key, binding in quitting
+            if binding.id == binding_id
+        ]
+
+    def run_ended(self) -> None:
+        """A run or search has ended: a question about it is moot, and goes away."""
+        self._answer(False)
 
     def stop_and_quit(self) -> None:
         """Leave without asking, after the run in progress (if any) is stopped and recorded."""
@@ -138,8 +193,7 @@ class RunKeys:
     def finished(self, message: RunFinished) -> None:
         """The run has ended and been recorded (or could not be): its result shown, the next process prepared."""
         dashboard = self._dashboard
-        if self._stop_dialog is not None and self._stop_dialog in dashboard.app.screen_stack:
-            self._stop_dialog.dismiss(False)  # the run it asked about has ended: the question is moot
+        self.run_ended()
         dashboard.paint()  # the run's last events and samples
         live = dashboard.forget_run()
         if live is not None and live.pid is not None and dashboard.sampler is not None:

@@ -99,7 +99,7 @@ class SearchKeys:
         self._untrack_trial()
         rate = f", {message.samples_per_second:.1f} samples/s" if message.samples_per_second else ""
         self._dashboard.notify(
-            f"{message.name}: {message.status}{rate} · about {format_duration(message.left_s)} left", timeout=6
+            f"{message.name}: {message.status}{rate} · {message.progress.left_words(format_duration)}", timeout=6
         )
 
     def tune_finished(self, message: TuneFinished) -> None:
@@ -122,7 +122,8 @@ class SearchKeys:
             sampler.untrack(live.pid)
 
     def _end(self) -> None:
-        """Before the search's outcome is shown: its last events painted, no run live."""
+        """Before the search's outcome is shown: its last events painted, no run live, no question about it open."""
+        self._run_keys.run_ended()
         self._dashboard.paint()
         self._dashboard.forget_run()
 

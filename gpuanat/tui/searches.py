@@ -64,7 +64,7 @@ def tune_search(control: RunControl, live: LiveRun, gpu_total: int | None, capab
             trial_steps=DEFAULT_TRIAL_STEPS,
             budget_s=60 * DEFAULT_BUDGET_MINUTES,
             on_trial=lambda trial, progress: control.post(
-                TuneTrialDone(trial.name, trial.status, trial.samples_per_second, progress.estimated_left_s)
+                TuneTrialDone(trial.name, trial.status, trial.samples_per_second, progress)
             ),
         )
     except Exception as error:  # the dashboard must survive any failure of a search

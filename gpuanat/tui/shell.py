@@ -27,13 +27,14 @@ from textual.binding import Binding
 from textual.markup import escape as escape_markup
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
+from textual.widgets import Input
 
 from gpuanat.core.printable import printable
 from gpuanat.core.run.stop_signals import STOP_SIGNALS, detach_from_terminal
 from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
 from gpuanat.tui.screens.dashboard import DashboardScreen
 from gpuanat.tui.screens.keys import CYCLING_ACTIONS, TECHNIQUE_ACTION
-from gpuanat.tui.textual_internals import install_partial_updates
+from gpuanat.tui.textual_internals import character_to_key, install_partial_updates
 
 HANGUP_RECORDING_TIMEOUT_S = 60.0
 """After a hangup, how long a stopping run may take to be recorded before the dashboard leaves anyway (the
@@ -50,6 +51,9 @@ class Notice:
     severity: SeverityLevel
     title: str = ""
 
+
+TYPED_KEYS = frozenset(character_to_key(chr(code)) for code in range(0x21, 0x7F))
+"""The keys of the printable ASCII characters as Textual names them ("+" is `plus`): what a text field types."""
 
 DashboardT = TypeVar("DashboardT", bound=DashboardScreen)
 DASHBOARD_MODE = "dashboard"
@@ -84,11 +88,29 @@ class DashboardApp(App[None], Generic[DashboardT]):
         # the dashboard has composed and run its `on_mount` (its sampler, its session). A default screen is started
         # without that wait, and a pilot could drive a dashboard not yet mounted.
         self.add_mode(DASHBOARD_MODE, self._dashboard_screen)
+        self._remapped_keys: dict[str, str] = dict(keymap or {})
+        """The user's keymap (binding id → keys), for `check_action` to know each binding's keys."""
         if keymap:
             self.set_keymap(keymap)
 
     def _dashboard_screen(self) -> Screen[None]:
         return self.dashboard
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While a text field has the focus (the history's filter, a run's new name), an action whose every key is a
+        character it types is neither shown nor run: the field takes the key. Textual leaves out of the footer the
+        letters the field takes, but not the keys it names by words (`plus`, `minus`, `question_mark`, …), so the
+        footer advertised `+ Batch+` while `+` went into the filter."""
+        return not (isinstance(self.focused, Input) and self._typed_keys_only(action))
+
+    def _typed_keys_only(self, action: str) -> bool:
+        keys = [
+            key.strip()
+            for binding in self.BINDINGS
+            if isinstance(binding, Binding) and binding.action.split("(")[0] == action
+            for key in self._remapped_keys.get(binding.id or "", binding.key).split(",")
+        ]
+        return bool(keys) and all(key in TYPED_KEYS for key in keys)
 
     def notify(
         self,

@@ -1,5 +1,5 @@
-"""The launching dashboard's configured run: the technique keys (g, p, +, -, G, D, O, …), each of which changes it and
-shows it at once, and the capability probe's answer, which may move it to the CPU.
+"""The launching dashboard's configured run: the technique keys (g, p, +, -, [, ], G, D, O, …), each of which changes
+it and shows it at once, and the capability probe's answer, which may move it to the CPU.
 
 The next run trains what is configured here; the prepared training process (`RunBackend.prepare`) follows each change
 while no run is in progress.
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from gpuanat.core.vocabulary.config import DEFAULT_PROFILE_OPS_STEPS, RunConfig, workload_for_device
 from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.techniques import changed_config, next_distributed, next_gpu_count
-from gpuanat.core.vocabulary.validation import validate_values
+from gpuanat.core.vocabulary.validation import machine_unsupported_reasons, validate_values
 from gpuanat.tui.messages import CapabilitiesFound
 
 if TYPE_CHECKING:
@@ -50,9 +50,9 @@ class TechniqueKeys:
                 # Expandable segments are an option of the CUDA allocator (on by default from PYTORCH_CUDA_ALLOC_CONF).
                 dashboard.config = dashboard.config.replace(device="cpu", expandable_segments=False)
                 notes.append(f"No CUDA here ({capabilities.reason}); runs train on the CPU.")
-            dashboard.config, workload = workload_for_device(dashboard.config, self._untouched_fields)
+            dashboard.config, workload = workload_for_device(dashboard.config, self._untouched_fields, watched=True)
             if workload is not None:
-                notes.append(f"Sized for the CPU: {workload} (start gpuanat with --preset to choose).")
+                notes.append(f"Sized for the CPU: {workload} ([ and ]: the run's length; M: the model).")
             if notes:
                 dashboard.notify(" ".join(notes), timeout=10)
             dashboard.run_control.prepare_worker(dashboard.config)
@@ -67,6 +67,19 @@ class TechniqueKeys:
 
     def step(self, field: str, direction: int) -> None:
         self.change_config(changed_config(self._dashboard.config, field, direction))
+
+    def why_unavailable(self) -> None:
+        """`u`: every technique chosen that this machine cannot run, each with its reason and the flag to fix (the
+        panel has room for one at most, and a tooltip needs a mouse)."""
+        dashboard = self._dashboard
+        if dashboard.capabilities is None:
+            dashboard.notify("Still checking what this machine can run; u again in a few seconds.", timeout=4)
+            return
+        reasons = machine_unsupported_reasons(dashboard.config, dashboard.capabilities)
+        if not reasons:
+            dashboard.notify("Every technique chosen can run here.", timeout=4)
+            return
+        dashboard.notify("\n".join(f"{flag}: {reason}" for flag, reason in reasons), severity="warning", timeout=20)
 
     def cycle_gpus(self) -> None:
         config, gpu_count = self._dashboard.config, self._dashboard.painter.gpu_count()

@@ -195,17 +195,26 @@ CPU_WORKLOAD: dict[str, Any] = {"preset": "tiny", "seq_len": 64, "samples": 64}
 a CPU, about 85 minutes a run. This one — 16 steps at the default batch 4 — takes a whole `gpuanat run` 6.2-6.7 s
 wall on an idle 2-core CPU (0.2 s of it training; the rest is imports, the capability probe and the model's
 construction), 14-16 s wall while other tests ran there."""
+DASHBOARD_CPU_SAMPLES = 2048
+"""Samples of the dashboard's CPU run when the user chose none: a run there is to be watched, and `CPU_WORKLOAD`'s 64
+were over in 0.27 s of training (issue #48). 2048 at the default batch 4 are 512 steps: ~8.6 s of training at the
+pace seen then (64 samples in 0.27 s), 25 s on the 2-core development machine under other sessions' load (82 samples/s
+measured at load 5.5, one torch thread). `[` and `]` change it."""
 WORKLOAD_CHOICE_FIELDS = ("preset", "model")
 """Either, given by the user, means they chose the workload: the device never changes it."""
 
 
-def workload_for_device(config: RunConfig, untouched: Collection[str]) -> tuple[RunConfig, str | None]:
+def workload_for_device(
+    config: RunConfig, untouched: Collection[str], *, watched: bool = False
+) -> tuple[RunConfig, str | None]:
     """`config` with its workload sized for the device it trains on, and what it trains now in a few words
     (None when nothing changed). `untouched` names the fields the user did not give: on the CPU, when neither
-    preset nor model was given, those of `CPU_WORKLOAD` take its values (a --seq-len or --samples given stays)."""
+    preset nor model was given, those of `CPU_WORKLOAD` take its values (a --seq-len or --samples given stays); a
+    `watched` run (the dashboard's) takes `DASHBOARD_CPU_SAMPLES` samples."""
     if config.device != "cpu" or not all(field in untouched for field in WORKLOAD_CHOICE_FIELDS):
         return config, None
-    changes = {field: value for field, value in CPU_WORKLOAD.items() if field in untouched}
+    workload = CPU_WORKLOAD | ({"samples": DASHBOARD_CPU_SAMPLES} if watched else {})
+    changes = {field: value for field, value in workload.items() if field in untouched}
     sized = config.replace(**changes)
     if sized == config:
         return config, None

@@ -179,7 +179,7 @@ TECHNIQUES: tuple[Technique, ...] = (
         choices=ENGINES,
     ),
     Technique("seq_len", "--seq-len", "int", "tokens per sample"),
-    Technique("samples", "--samples", "int", "samples in the random dataset (the docs use 512)"),
+    Technique("samples", "--samples", "int", "samples in the random dataset, the run's length (the docs use 512)"),
     Technique("epochs", "--epochs", "int", "passes over the dataset"),
     Technique("max_steps", "--max-steps", "int", "stop after this many optimizer steps (overrides --epochs)"),
 )
@@ -203,6 +203,8 @@ def with_compile_mode(config: Any, mode: str) -> Any:
 WORKER_CHOICES = (0, 1, 2, 4, 8)
 BATCH_SIZE_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 GRAD_ACCUM_STEPS = (1, 2, 4, 8, 16, 32, 64)
+SAMPLES_STEPS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+"""The run lengths the dashboard's `[` and `]` step through (samples of the random dataset)."""
 LORA_RANKS = (0, 8, 16, 32, 64)
 """The ranks the LoRA key cycles through (0: every weight trains)."""
 QLORA_DEFAULT_RANK = 16
@@ -227,6 +229,8 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
         return config.replace(batch_size=_step_through(BATCH_SIZE_STEPS, config.batch_size, direction))
     if field == "grad_accum":
         return config.replace(grad_accum=_step_through(GRAD_ACCUM_STEPS, config.grad_accum, direction))
+    if field == "samples":
+        return config.replace(samples=_step_through(SAMPLES_STEPS, config.samples, direction))
     if field == "lora":  # back to 0 the 4-bit base goes too: QLoRA without adapters trains nothing
         lora = LORA_RANKS[(LORA_RANKS.index(config.lora) + 1) % len(LORA_RANKS)] if config.lora in LORA_RANKS else 0
         return config.replace(lora=lora, load_in_4bit=config.load_in_4bit and lora > 0)

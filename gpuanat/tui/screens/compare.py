@@ -54,6 +54,16 @@ def _memory_series(samples: list[dict[str, Any]], pid: int | None) -> TimeSeries
     return series
 
 
+def _why_no_memory(run: Any, samples: list[dict[str, Any]]) -> str:
+    """Why a finished run's memory curve is empty, as its chart says it: it can never fill."""
+    nvml = (run.environment or {}).get("nvml") or {}
+    if nvml and not nvml.get("available", True):
+        return f"no GPU samples: {printable(str(nvml.get('reason') or 'NVML unavailable'))}"
+    if not samples:
+        return f"run {run.id} recorded no samples"
+    return f"run {run.id}'s samples hold no GPU memory of its process"
+
+
 def _throughput_series(steps: list[dict[str, Any]]) -> TimeSeries:
     series = TimeSeries()
     for previous, step in itertools.pairwise(steps):
@@ -124,10 +134,21 @@ class CompareScreen(Screen[None]):
             metrics.add_row(*cells)
         memory = self.query_one("#compare-memory", LineChart)
         throughput = self.query_one("#compare-throughput", LineChart)
+        no_memory, no_steps = [], []
         for run in self._runs:
             pid = run.environment.get("pid")
-            memory.set_series(f"run {run.id}", _memory_series(self._samples.get(run.id, []), pid))
-            throughput.set_series(f"run {run.id}", _throughput_series(self._steps.get(run.id, [])))
+            samples = self._samples.get(run.id, [])
+            memory_series = _memory_series(samples, pid)
+            memory.set_series(f"run {run.id}", memory_series)
+            throughput_series = _throughput_series(self._steps.get(run.id, []))
+            throughput.set_series(f"run {run.id}", throughput_series)
+            if not len(memory_series):
+                no_memory.append(_why_no_memory(run, samples))
+            if not len(throughput_series):
+                no_steps.append(f"run {run.id} recorded no steps")
+        # Finished runs: a chart none of them fills says why, not "waiting" (dict.fromkeys: one NVML reason once).
+        memory.empty_message = "; ".join(dict.fromkeys(no_memory))
+        throughput.empty_message = "; ".join(no_steps)
         memory.refresh_data()
         throughput.refresh_data()
 

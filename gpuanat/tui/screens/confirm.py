@@ -1,4 +1,4 @@
-"""A yes/no question; dismisses with True or False."""
+"""A yes/no question, dismissed with True or False; and the quit question, which the quit key answers yes."""
 
 from __future__ import annotations
 
@@ -34,3 +34,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, answer: bool) -> None:
         self.dismiss(answer)
+
+
+class QuitQuestion(ConfirmScreen):
+    """ "Stop it and quit?": the quit key pressed again answers yes. Its binding has the dashboard's quit binding's id,
+    so a remapped quit key answers it too (ctrl+c, a priority binding of the app, reaches the app's quit anyway)."""
+
+    BINDINGS = [Binding("q", "answer(True)", "Yes, quit", id="quit")]

@@ -234,7 +234,10 @@ class HistoryScreen(Screen[list[int]]):
         return int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """`n` is offered where the dashboard can save a name."""
+        """`n` is offered where the dashboard can save a name; `/` is typed into the filter while it has the focus,
+        and not advertised then."""
+        if action == "filter":
+            return not isinstance(self.focused, Input)
         return self._rename is not None if action == "rename" else True
 
     def action_rename(self) -> None:

@@ -22,7 +22,25 @@ TECHNIQUE_ACTION = re.compile(r"^(?:toggle_technique|step)\('(\w+)'")
 CYCLING_ACTIONS = {"cycle_gpus": "gpus", "cycle_distributed": "distributed"}
 """Actions that change a technique their own way (several GPUs)."""
 GROUPS = ("Runs", "Techniques of the next run", "Views")
-VIEW_ACTIONS = {"history", "compare", "pause", "redraw", "help", "quit", "command_palette", "save", "toggle_timeline"}
+REMAP_HELP = (
+    "Keys can be remapped in $XDG_CONFIG_HOME/gpuanat/config.toml (~/.config/gpuanat/config.toml): a [keymap] "
+    'table of binding ids and their keys, one a line, e.g. run = "f5" or batch_up = "u,plus". The ids: a '
+    "technique's field (grad_checkpointing, precision, optim, attn, compile, …), batch_up/batch_down, "
+    "accum_up/accum_down, samples_up/samples_down, run, stop, fit, tune, history, compare, help, quit."
+)
+"""How to remap keys, on the key page itself."""
+VIEW_ACTIONS = {
+    "history",
+    "compare",
+    "pause",
+    "redraw",
+    "help",
+    "quit",
+    "command_palette",
+    "save",
+    "toggle_timeline",
+    "why_unavailable",
+}
 
 
 def key_rows(app: App[Any]) -> dict[str, list[tuple[str, str]]]:
@@ -90,7 +108,9 @@ class KeysScreen(ModalScreen[None]):
             page.add_row("", Text(group, style="bold underline"))
             for keys, what in rows:  # Text, not markup: "pip install 'gpuanat[llm]'" keeps its brackets
                 page.add_row(Text(printable(keys)), Text(printable(what)))
-        page.add_row("", Text("? esc or q closes this page · keys can be remapped: docs/dashboard.md", style="dim"))
+        page.add_row("", Text("? esc or q closes this page", style="dim"))
+        # The remapping said here in full: a pip install has no docs/ to point at (issue #48).
+        page.add_row("", Text(REMAP_HELP, style="dim"))
         return page
 
     def action_dismiss_keys(self) -> None:

@@ -90,6 +90,11 @@ LAUNCH_BINDINGS = [
         "x", "toggle_technique('expandable_segments')", "Expandable segments", id="expandable_segments", show=False
     ),
     Binding("f", "fit", "Fit batch", id="fit"),
+    Binding("u", "why_unavailable", "Why unavailable: each red technique's reason", id="why_unavailable", show=False),
+    Binding("right_square_bracket", "step('samples', 1)", "Longer run", id="samples_up", key_display="]"),
+    Binding(
+        "left_square_bracket", "step('samples', -1)", "Shorter run", id="samples_down", key_display="[", show=False
+    ),
     Binding("T", "tune", "Tune: the fastest set that fits (short real runs)", id="tune", show=False),
     Binding("E", "toggle_technique('engine')", "Engine", id="engine", show=False),
     Binding("W", "toggle_technique('weights_dtype')", "Weights dtype", id="weights_dtype", show=False),
@@ -321,6 +326,9 @@ class LaunchDashboard(DashboardScreen):
 
     def action_step(self, field: str, direction: int) -> None:
         self.technique_keys.step(field, direction)
+
+    def action_why_unavailable(self) -> None:
+        self.technique_keys.why_unavailable()
 
     def action_cycle_gpus(self) -> None:
         self.technique_keys.cycle_gpus()

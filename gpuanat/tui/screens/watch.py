@@ -27,6 +27,7 @@ from textual.widgets import Footer
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
+from gpuanat.core.printable import printable
 from gpuanat.core.store.report import format_bytes
 from gpuanat.core.thread_names import name_native_thread
 from gpuanat.core.watch.session import WatchSession
@@ -152,6 +153,9 @@ class WatchDashboard(DashboardScreen):
         self._charts_by_id["cpu-chart"].set_series("CPU", self.series["cpu"])
         self._charts_by_id["throughput-chart"].set_series("samples/s", self.series["throughput"])
         self._source, self.nvml = self._sampler_factory()
+        if not self.nvml.available:  # the GPU charts can never fill: they say why instead of waiting
+            for chart_id in ("memory-chart", "util-chart"):
+                self._charts_by_id[chart_id].empty_message = f"no GPU samples: {printable(self.nvml.reason)}"
         self.session = self._session_factory(self.target, self.nvml)
         self._sampler = Sampler(
             self._source,

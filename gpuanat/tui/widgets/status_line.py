@@ -46,10 +46,27 @@ class StatusLine(CachedRows):
         return self._nvml, self._run_state, self._sampler_cpu_percent
 
     def build_rows(self, width: int, height: int) -> list[Strip]:
-        return text_rows(self, self.render(), width, height)
+        return text_rows(self, self.fitted(width), width, height)
 
     def render(self) -> Text:
-        # The run's progress first: at 80 columns it is what must show; the GPU and driver may be cut.
+        return self._text(short=False, sampler=True)
+
+    def fitted(self, width: int) -> Text:
+        """The line at `width` cells: whole where it fits, else shortened a part at a time — the sampler's cost
+        first, then the NVML banner's reason (the toast and `?` say it) — and cut only at a word's end."""
+        text = self._text(short=False, sampler=True)
+        for short, sampler in ((False, False), (True, True), (True, False)):
+            if text.cell_len <= width:
+                return text
+            text = self._text(short=short, sampler=sampler)
+        if text.cell_len > width:
+            cut = text.plain.rfind(" ", 0, max(0, width - 1))
+            text = text[: max(cut, 0)]
+            text.append("…")
+        return text
+
+    def _text(self, *, short: bool, sampler: bool) -> Text:
+        # The run's progress first: at 80 columns it is what must show; the GPU and driver may be shortened.
         muted = self.component_style("status-line--muted")
         text = Text("gpuanat ", style="bold")
         text.append(printable(self._run_state), style=self.component_style("status-line--run"))
@@ -59,12 +76,15 @@ class StatusLine(CachedRows):
             text.append("probing NVML…", style=muted)
         elif nvml.available:
             text.append(printable(gpu_names_text(nvml.gpu_names)))
-            text.append(f" · driver {printable(nvml.driver_version)}", style=muted)
+            if not short:
+                text.append(f" · driver {printable(nvml.driver_version)}", style=muted)
         else:
-            text.append(
-                f" NVML unavailable: {printable(nvml.reason)} — host metrics only ",
-                style=self.component_style("status-line--banner"),
+            banner = (
+                " no NVML: host metrics only "
+                if short
+                else f" NVML unavailable: {printable(nvml.reason)} — host metrics only "
             )
-        if self._sampler_cpu_percent is not None:
+            text.append(banner, style=self.component_style("status-line--banner"))
+        if sampler and self._sampler_cpu_percent is not None:
             text.append(f" · sampler {self._sampler_cpu_percent:.1f}% CPU", style=muted)
         return text

@@ -187,32 +187,41 @@ class TechniquesPanel(Widget):
         lines = Table.grid()
         unavailable = None
         if unsupported:
-            where = "below" if self.compact else "above"
-            more = (
-                f" (+{len(unsupported) - 1} more, in red {where}; all in the tooltip)" if len(unsupported) > 1 else ""
-            )
-            unavailable = Text(
-                f"unavailable: {printable(unsupported[0][1])}{more}",
-                style=self.get_component_rich_style("techniques-panel--unavailable"),
-            )
+            unavailable_style = self.get_component_rich_style("techniques-panel--unavailable")
+            if self.compact:  # one line, so that every row keeps its place at 80×24; u says the reasons
+                unavailable = Text.assemble(
+                    (f"{len(unsupported)} unavailable (red): ", unavailable_style),
+                    ("u", key_style),
+                    (" says why", unavailable_style),
+                    overflow="ellipsis",
+                    no_wrap=True,
+                )
+            else:
+                more = f" (+{len(unsupported) - 1} more, in red above; u says all)" if len(unsupported) > 1 else ""
+                unavailable = Text(f"unavailable: {printable(unsupported[0][1])}{more}", style=unavailable_style)
         if unavailable is not None and self.compact:  # first: at 80×24 the rows fill the panel's height
             lines.add_row(unavailable)
         lines.add_row(table)
         if folded:
-            lines.add_row(
-                Text(
-                    "at defaults: " + ", ".join(label for field, _, label in rows if field in folded),
-                    style=muted,
-                    overflow="ellipsis",
-                    no_wrap=True,
-                )
-            )
+            folded_rows = [(key, label) for field, key, label in rows if field in folded]
+            at_defaults = Text("at defaults: " + ", ".join(label for _, label in folded_rows), style=muted)
+            if self.size.width and at_defaults.cell_len > self.size.width:  # by their keys, so that none is cut off
+                at_defaults = Text("at defaults: ", style=muted)
+                for index, (key, _) in enumerate(folded_rows):
+                    at_defaults.append(" " if index else "", style=muted)
+                    at_defaults.append(key, style=key_style)
+                at_defaults.append(" (? names them)", style=muted)
+            at_defaults.overflow, at_defaults.no_wrap = "ellipsis", True
+            lines.add_row(at_defaults)
         if not self.compact:
             lines.add_row(
-                Text(
-                    f"{printable(config.model or config.preset)} on {config.device}, seq {config.seq_len}, "
-                    f"{config.samples} samples",
-                    style=muted,
+                Text.assemble(
+                    ("[/] ", key_style),  # the run's length, its keys first as in the rows above
+                    (
+                        f"{config.samples} samples · {printable(config.model or config.preset)} on {config.device}, "
+                        f"seq {config.seq_len}",
+                        muted,
+                    ),
                     overflow="ellipsis",
                     no_wrap=True,
                 )

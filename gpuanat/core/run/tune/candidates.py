@@ -267,11 +267,13 @@ class Search:
         if trial.dimension not in ("start", "batch"):
             self.dead.add(self._direction(trial.dimension, trial.config))
 
-    def untried(self, center: RunConfig) -> int:
-        """Candidates one move from `center` still to try: how many trials this round has left at least."""
-        return sum(
-            1
+    def untried(self, center: RunConfig) -> list[RunConfig]:
+        """Candidates one move from `center` still to try: the trials the search runs before it ends, if no move
+        from `center` helps (those of this round's dimensions still to come, and of the next round's for the
+        dimensions passed before `center` became the best)."""
+        return [
+            candidate
             for dimension in self.space.dimensions
             for candidate in self.alternatives(dimension, center)
             if candidate not in self.tried and not self.is_dead(dimension, candidate)
-        )
+        ]

@@ -42,15 +42,70 @@ COMPILE_TIME_FACTOR = 2.0
 """Before any compiled trial ran, one is expected to take this many times an eager trial (compilation)."""
 
 
+TRIAL_KINDS = {
+    "off": "an eager trial",
+    "regions": "a trial with compiled regions",
+    "model": "a trial with the model compiled",
+}
+"""The kinds of trial timed apart (`compile_mode`), as the progress names one not yet timed."""
+
+
 @dataclass(frozen=True)
 class Progress:
     """Where the search stands after a trial."""
 
     elapsed_s: float
     budget_s: float
-    estimated_left_s: float
-    """The trials one move from the best still to try, at the mean trial's time, capped by the budget left: a
-    floor while moves keep helping (each kept move opens a new round)."""
+    trials_left: int
+    """The trials the search runs before it ends if no further move helps: the candidates one move from the best
+    still untried. Each kept move opens another round, so the search may run more (never past the budget)."""
+    estimated_left_s: float | None
+    """Those trials' time, each at the mean wall time (start-up included) of the trials done of its kind — eager,
+    compiled regions, the whole model compiled (`compile_mode`) — capped by the budget left; None while a kind still
+    to run has no trial done to time it by (a compiled trial takes several eager ones' time: compilation)."""
+    untimed_kind: str | None = None
+    """A kind of trial still to run that no trial done has timed yet (then `estimated_left_s` is None)."""
+    timed_left_s: float = 0.0
+    """The time of the trials left whose kind is timed: while `estimated_left_s` is None, the least time left."""
+
+    def left_words(self, duration: Callable[[float], str]) -> str:
+        """The time left in words, durations written by `duration`: "about 2m05s left (6 trials; more if a move
+        helps)", "estimating… at least 1m10s left (6 trials; a trial with compiled regions not yet timed)"."""
+        if self.trials_left == 0:
+            return "no trial left unless a move helps"
+        trials = f"{self.trials_left} trial{'s' if self.trials_left != 1 else ''}"
+        if self.estimated_left_s is None:
+            kind = TRIAL_KINDS.get(self.untimed_kind or "", "a trial")
+            return f"estimating… at least {duration(self.timed_left_s)} left ({trials}; {kind} not yet timed)"
+        if self.estimated_left_s >= self.budget_s - self.elapsed_s:
+            return f"about {duration(self.estimated_left_s)} left ({trials}: to the budget's end)"
+        return f"about {duration(self.estimated_left_s)} left ({trials}; more if a move helps)"
+
+
+def estimate_progress(
+    elapsed_s: float, budget_s: float, trials_left: Sequence[RunConfig], done: Sequence[TuneTrial]
+) -> Progress:
+    """The search's progress after the trials `done`, with `trials_left` still to run (if no further move helps):
+    each trial left is timed by the mean wall time of the trials done of its kind (`compile_mode`)."""
+    walls_by_kind: dict[str, list[float]] = {}
+    for trial in done:
+        walls_by_kind.setdefault(compile_mode(trial.config), []).append(trial.wall_s)
+    timed_left_s, untimed_kind = 0.0, None
+    for config in trials_left:
+        walls = walls_by_kind.get(compile_mode(config))
+        if walls:
+            timed_left_s += sum(walls) / len(walls)
+        elif untimed_kind is None:
+            untimed_kind = compile_mode(config)
+    budget_left_s = max(0.0, budget_s - elapsed_s)
+    return Progress(
+        elapsed_s,
+        budget_s,
+        len(trials_left),
+        None if untimed_kind is not None else min(budget_left_s, timed_left_s),
+        untimed_kind,
+        min(budget_left_s, timed_left_s),
+    )
 
 
 def run_tune(
@@ -127,10 +182,8 @@ def run_tune(
         elif not trial.ok:
             search.mark_failed(trial)
         if on_trial is not None:
-            elapsed = clock() - started_s
-            mean = sum(t.wall_s for t in result.trials) / len(result.trials)
-            following = search.untried(center or config) if result.stop_reason != "interrupted" else 0
-            on_trial(trial, Progress(elapsed, budget_s, max(0.0, min(budget_s - elapsed, following * mean))))
+            following = search.untried(center or config) if result.stop_reason != "interrupted" else []
+            on_trial(trial, estimate_progress(clock() - started_s, budget_s, following, result.trials))
         return trial
 
     center_trial = _start(search, result, attempt, report_pruned)
