@@ -52,10 +52,10 @@ def test_missing_file_means_no_remapping(tmp_path):
 
 
 def test_keys_come_back_in_textuals_names(tmp_path):
-    path = write_config(tmp_path, '[keymap]\nrun = "f5"\nbatch_up = "u, +"\nhelp = "?"\nsave_watched = "ctrl+s"\n')
+    path = write_config(tmp_path, '[keymap]\nrun = "f5"\nbatch_up = "j, +"\nhelp = "?"\nsave_watched = "ctrl+s"\n')
     assert load_keymap(path, APPS) == {
         "run": "f5",
-        "batch_up": "u,plus",
+        "batch_up": "j,plus",
         "help": "question_mark",
         "save_watched": "ctrl+s",
     }
@@ -154,7 +154,7 @@ async def test_a_key_textual_reports_is_accepted_and_drives_the_action(tmp_path,
         ('run = "q"', "q", "run", "quit", "dashboard"),  # the tester's: `q` started a run
         ('run = "s"', "s", "run", "stop", "dashboard"),  # and `r` no longer ran
         ('run = "f5"\nstop = "f5"', "f5", "stop", "run", "dashboard"),
-        ('batch_up = "u,="\nbatch_down = "="', "equals_sign", "batch_down", "batch_up", "dashboard"),
+        ('batch_up = "j,="\nbatch_down = "="', "equals_sign", "batch_down", "batch_up", "dashboard"),
         ('run = "ctrl+q"', "ctrl+q", "run", "quit", "dashboard"),  # Textual's own quit
         ('run = "tab"', "tab", "run", "app.focus_next", "dashboard"),  # the screen's focus key
         ('save_watched = "h"', "h", "save_watched", "history", "watch dashboard"),

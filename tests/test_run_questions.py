@@ -70,14 +70,19 @@ async def test_ctrl_c_or_q_again_answers_the_quit_question_yes(db_path, again):
 
 @pytest.mark.asyncio
 async def test_one_question_at_a_time_the_dashboard_paints_beneath_and_it_goes_when_the_run_ends(db_path):
-    app = make_app(db_path, TINY.replace(samples=4 * 150))
+    app = make_app(db_path, TINY.replace(samples=4 * 1500))  # 1,500 steps: seconds on one thread, even under load
     async with app.run_test(size=(120, 40)) as pilot:
         await start_run(app, pilot)
         await pilot.press("s")
         (stop_question,) = questions(app)
         assert "Stop run" in question_text(stop_question)
         await pilot.press("ctrl+c")  # quitting while asked to stop: the quit question instead, not on top of it
-        await pilot.pause()
+        await wait_for(
+            pilot,
+            lambda: any("Stop it and quit?" in question_text(question) for question in questions(app)),
+            timeout_s=30,
+            what="the quit question",
+        )
         (quit_question,) = questions(app)
         assert "Stop it and quit?" in question_text(quit_question)
         step_when_asked = shown_step(app)
