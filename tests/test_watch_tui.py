@@ -105,6 +105,9 @@ async def test_the_dashboard_watches_a_real_process_saves_it_and_sees_it_exit(tm
             await pilot.pause(0.2)
             shown = screen_text(app)
             assert shown.count("no GPU samples: no NVML in this test") == 2, shown  # memory and utilization
+            # and so does the memory bar's measured row, whose reading can never come either
+            measured_row = next(line for line in shown.splitlines() if line.lstrip().startswith("measured"))
+            assert "no GPU readings: no NVML in this test" in measured_row, shown
             footer_keys = {binding.key for (_, binding, enabled, _) in app.screen.active_bindings.values()}
             assert "s" in footer_keys and "r" not in footer_keys
             await pilot.press("r", "g", "p")  # launch and technique keys of the other dashboard do nothing here

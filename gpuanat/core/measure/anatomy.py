@@ -23,6 +23,10 @@ from typing import Any
 
 from gpuanat.core.vocabulary.protocol import ProbeBands
 
+NO_GPU_READINGS = "no GPU readings"
+"""How the reason a band has no value begins when no GPU reading can come at all (no NVML): the views say it rather
+than wait."""
+
 BAND_NAMES: tuple[str, ...] = (
     "other_processes_bytes",
     "cuda_context_bytes",

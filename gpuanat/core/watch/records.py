@@ -21,7 +21,12 @@ from typing import Any
 
 import psutil
 
-from gpuanat.core.measure.anatomy import MemoryBands, assemble_bands, gradients_after_backward_bytes
+from gpuanat.core.measure.anatomy import (
+    NO_GPU_READINGS,
+    MemoryBands,
+    assemble_bands,
+    gradients_after_backward_bytes,
+)
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
@@ -130,7 +135,7 @@ class WatchRecords:
         gpu_memory_reason = None
         if not sample.gpus:
             gpu_memory_bytes = None
-            gpu_memory_reason = f"no GPU readings: {self.nvml.reason or 'NVML unavailable'}"
+            gpu_memory_reason = f"{NO_GPU_READINGS}: {self.nvml.reason or 'NVML unavailable'}"
         elif memory_unknown and not gpu_memory_bytes:
             gpu_memory_bytes = None
             gpu_memory_reason = "NVML lists the process without its memory (MIG or no permission)"
@@ -352,7 +357,7 @@ class WatchRecords:
         if hello is not None and hello.device != "cuda":
             no_gpu_reason = "CPU run: it uses no GPU memory"
         elif gpu is None:
-            no_gpu_reason = f"no GPU readings: {self.nvml.reason or 'NVML unavailable'}"
+            no_gpu_reason = f"{NO_GPU_READINGS}: {self.nvml.reason or 'NVML unavailable'}"
         return assemble_bands(
             self.observed.run.probe_bands,
             reserved_bytes=reserved_bytes,

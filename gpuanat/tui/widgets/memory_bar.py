@@ -21,7 +21,7 @@ from rich.style import Style
 from textual.geometry import Size
 from textual.strip import Strip
 
-from gpuanat.core.measure.anatomy import BAND_NAMES
+from gpuanat.core.measure.anatomy import BAND_NAMES, NO_GPU_READINGS
 from gpuanat.core.printable import printable
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.widgets.cached_rows import CachedRows
@@ -303,12 +303,21 @@ class MemoryBar(CachedRows):
             self._device_total_bytes is None
         )
 
+    def _why_no_bar(self, bands: Mapping[str, int | None]) -> str:
+        """What the measured row says while it has nothing to draw: that no GPU reading can come (no NVML), with
+        the reason, rather than waiting for one forever; else that it waits."""
+        if bands is self._current:
+            for reason in self._unavailable.values():
+                if reason.startswith(NO_GPU_READINGS):
+                    return printable(reason)
+        return "waiting for a reading…"
+
     def _bar_row(self, label: str, bands: Mapping[str, int | None], width: int) -> Strip:
         segments = [Segment(f"{label:<{LABEL_WIDTH}}", self._style("memory-bar--label"))]
         bar_width = max(0, width - LABEL_WIDTH)
         scale = self._scale_bytes()
         if scale <= 0:
-            segments.append(Segment("waiting for a reading…", self._style("memory-bar--reason")))
+            segments.append(Segment(self._why_no_bar(bands), self._style("memory-bar--reason")))
             return self._finish(segments, width)
         unattributed = self._unattributed_bytes if bands is self._current else None
         logits = (self._logits[0] if bands is self._current else self._logits[2]) if self._shows_logits() else None
