@@ -90,6 +90,11 @@ def test_memory_several_gpus_and_compile_rules_on_results_made_from_a_recorded_r
     two_gpus = {**run, "ranks": [{}, {}], "steady_samples_per_second": 1.2 * run["steady_samples_per_second"]}
     (first, *_) = diagnose(two_gpus, one_gpu_samples_per_second=run["steady_samples_per_second"])
     assert first.bottleneck == "communication-bound" and "60%" in first.evidence
+    assert first.evidence.startswith("2 GPUs trained") and first.evidence.endswith("of one GPU")
+    two_cpu_ranks = {**two_gpus, "config": {**run["config"], "device": "cpu"}}
+    (first_on_the_cpu, *_) = diagnose(two_cpu_ranks, one_gpu_samples_per_second=run["steady_samples_per_second"])
+    assert first_on_the_cpu.evidence.startswith("2 CPU ranks trained"), first_on_the_cpu.evidence
+    assert first_on_the_cpu.evidence.endswith("of one rank") and "GPU" not in first_on_the_cpu.evidence
     scaled = diagnose(
         {**two_gpus, "steady_samples_per_second": 1.9 * run["steady_samples_per_second"]},
         one_gpu_samples_per_second=run["steady_samples_per_second"],

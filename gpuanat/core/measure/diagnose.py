@@ -191,12 +191,14 @@ def diagnose(
     if ranks > 1 and samples_per_second and one_gpu_samples_per_second:
         efficiency = samples_per_second / ranks / one_gpu_samples_per_second
         if efficiency < SCALING_EFFICIENCY_FLOOR:
+            on_gpus = config.get("device", "cuda") == "cuda"  # the CPU's ranks are processes (gloo), not GPUs
+            trained_on, one = (f"{ranks} GPUs", "one GPU") if on_gpus else (f"{ranks} CPU ranks", "one rank")
             findings.insert(
                 0,
                 Finding(
                     "communication-bound",
-                    f"{ranks} GPUs trained {samples_per_second:.1f} samples/s, {_percent(efficiency)} of {ranks} × the "
-                    f"{one_gpu_samples_per_second:.1f}/s of one GPU",
+                    f"{trained_on} trained {samples_per_second:.1f} samples/s, {_percent(efficiency)} of {ranks} × "
+                    f"the {one_gpu_samples_per_second:.1f}/s of {one}",
                     "a larger --batch-size or --grad-accum (fewer gradient exchanges a sample); FSDP/ZeRO only when "
                     "memory needs them",
                 ),
