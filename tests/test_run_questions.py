@@ -10,9 +10,14 @@ import re
 import psutil
 import pytest
 from test_first_minute import screen_text
-from test_tui import TINY, make_app, wait_for
+from test_tui import (
+    TINY,
+    assert_the_child_gone_and_its_run_stopped,
+    make_app,
+    start_run_until_it_trains,
+    wait_for,
+)
 
-from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.screens.confirm import ConfirmScreen
 
 SHOWN_STEP = re.compile(r"step (\d+)/")
@@ -32,26 +37,12 @@ def shown_step(app) -> int | None:
     return int(match.group(1)) if match else None
 
 
-async def start_run(app, pilot) -> None:
-    await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
-    await pilot.press("r")
-    await wait_for(
-        pilot,
-        lambda: (
-            app.dashboard.run_in_progress is not None
-            and app.dashboard.run_in_progress.last_step is not None
-            and app.dashboard.run_in_progress.last_step.step >= 2
-        ),
-        what="two training steps",
-    )
-
-
 @pytest.mark.asyncio
 @pytest.mark.parametrize("again", ["ctrl+c", "q"])
 async def test_ctrl_c_or_q_again_answers_the_quit_question_yes(db_path, again):
     app = make_app(db_path, TINY.replace(samples=100_000))
     async with app.run_test(size=(120, 40)) as pilot:
-        await start_run(app, pilot)
+        await start_run_until_it_trains(app, pilot)
         child = psutil.Process(app.dashboard.run_in_progress.pid)
         await pilot.press("ctrl+c")
         (question,) = questions(app)
@@ -62,17 +53,14 @@ async def test_ctrl_c_or_q_again_answers_the_quit_question_yes(db_path, again):
         assert len(questions(app)) <= 1  # never two stacked
         await wait_for(pilot, lambda: not app.is_running, timeout_s=60, what="the app to exit")
     await asyncio.sleep(0)
-    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
-    with HistoryStore(db_path) as store:
-        (run,) = store.runs()
-    assert run.status == "stopped"
+    assert_the_child_gone_and_its_run_stopped(child, db_path)
 
 
 @pytest.mark.asyncio
 async def test_one_question_at_a_time_the_dashboard_paints_beneath_and_it_goes_when_the_run_ends(db_path):
     app = make_app(db_path, TINY.replace(samples=4 * 1500))  # 1,500 steps: seconds on one thread, even under load
     async with app.run_test(size=(120, 40)) as pilot:
-        await start_run(app, pilot)
+        await start_run_until_it_trains(app, pilot)
         await pilot.press("s")
         (stop_question,) = questions(app)
         assert "Stop run" in question_text(stop_question)

@@ -59,6 +59,29 @@ async def run_to_completion(app: GpuAnatApp, pilot) -> RunResult:
     return app.dashboard.last_result
 
 
+async def start_run_until_it_trains(app: GpuAnatApp, pilot) -> None:
+    """r, once the machine is probed; returns when the run has made two training steps."""
+    await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
+    await pilot.press("r")
+    await wait_for(
+        pilot,
+        lambda: (
+            app.dashboard.run_in_progress is not None
+            and app.dashboard.run_in_progress.last_step is not None
+            and app.dashboard.run_in_progress.last_step.step >= 2
+        ),
+        what="two training steps",
+    )
+
+
+def assert_the_child_gone_and_its_run_stopped(child: psutil.Process, db_path) -> None:
+    """After the dashboard left during its one run: the training process is gone and the run recorded as stopped."""
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    with HistoryStore(db_path) as store:
+        (run,) = store.runs()
+    assert run.status == "stopped"
+
+
 @pytest.mark.asyncio
 async def test_keys_change_the_config_the_child_receives(db_path):
     app = make_app(db_path)
@@ -266,27 +289,14 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
 async def test_quitting_during_a_run_stops_the_child(db_path):
     app = make_app(db_path, TINY.replace(samples=100_000))
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
-        await pilot.press("r")
-        await wait_for(
-            pilot,
-            lambda: (
-                app.dashboard.run_in_progress is not None
-                and app.dashboard.run_in_progress.last_step is not None
-                and app.dashboard.run_in_progress.last_step.step >= 2
-            ),
-            what="two training steps",
-        )
+        await start_run_until_it_trains(app, pilot)
         child = psutil.Process(app.dashboard.run_in_progress.pid)
         await pilot.press("q")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
         await wait_for(pilot, lambda: not app.is_running, timeout_s=60, what="the app to exit")
     await asyncio.sleep(0)
-    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
-    with HistoryStore(db_path) as store:
-        (run,) = store.runs()
-    assert run.status == "stopped"
+    assert_the_child_gone_and_its_run_stopped(child, db_path)
 
 
 @pytest.mark.asyncio

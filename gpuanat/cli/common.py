@@ -79,8 +79,13 @@ def config_from_args(args: argparse.Namespace, cuda_available: bool) -> RunConfi
     return distributed_for_ranks(RunConfig(**changes), untouched_fields(args))
 
 
+def history_path(args: argparse.Namespace) -> Path:
+    """The history a command uses: its --db, else $GPUANAT_DB or the default one."""
+    return args.db.expanduser() if args.db else default_db_path()
+
+
 def open_store(args: argparse.Namespace, *, read_only: bool = False) -> HistoryStore:
-    return HistoryStore(args.db.expanduser() if args.db else default_db_path(), read_only=read_only)
+    return HistoryStore(history_path(args), read_only=read_only)
 
 
 def check_history_of(args: argparse.Namespace) -> None:
@@ -99,7 +104,7 @@ def check_history_of(args: argparse.Namespace) -> None:
     else:
         return
     named = args.db is not None or bool(os.environ.get(DB_ENV))
-    check_usable_history(args.db.expanduser() if args.db else default_db_path(), writes=writes, named=named)
+    check_usable_history(history_path(args), writes=writes, named=named)
 
 
 @dataclass

@@ -10,12 +10,12 @@ from gpuanat.cli.common import (
     check_values,
     config_from_args,
     fail_usage,
+    history_path,
     metrics_endpoint,
     served_in_a_browser,
     untouched_fields,
     user_keymap,
 )
-from gpuanat.core.store.history_file import default_db_path
 
 
 def command_dashboard(args: argparse.Namespace) -> int:
@@ -32,7 +32,7 @@ def command_dashboard(args: argparse.Namespace) -> int:
     if not sys.stdout.isatty() and not served_in_a_browser():
         fail_usage("the dashboard needs a terminal; use `gpuanat run`, `sweep` or `history` in scripts")
     with metrics_endpoint(args.metrics, name="dashboard") as metrics:
-        db_path = args.db.expanduser() if args.db else default_db_path()
+        db_path = history_path(args)
         app = GpuAnatApp(
             config,
             db_path=db_path,

@@ -7,10 +7,9 @@ import argparse
 import json
 import sys
 
-from gpuanat.cli.common import EXIT_OK, fail_usage, open_store, print_table
+from gpuanat.cli.common import EXIT_OK, fail_usage, history_path, open_store, print_table
 from gpuanat.cli.parser import run_name
 from gpuanat.core.printable import printable
-from gpuanat.core.store.history_file import default_db_path
 
 LISTING_FLAGS = ("--format", "--json", "--limit", "--name")
 """What shapes a listing: none of them applies to a rename."""
@@ -52,9 +51,9 @@ def command_history(args: argparse.Namespace) -> int:
     elif output_format == "csv":
         sys.stdout.write(render_csv(HISTORY_COLUMNS, rows))
     elif not runs and args.name is not None:
-        print(f"No run's name contains “{printable(args.name)}” (history: {args.db or default_db_path()}).")
+        print(f"No run's name contains “{printable(args.name)}” (history: {history_path(args)}).")
     elif not runs:
-        print(f"No runs recorded yet. Start one with `gpuanat run` (history: {args.db or default_db_path()}).")
+        print(f"No runs recorded yet. Start one with `gpuanat run` (history: {history_path(args)}).")
     else:
         print_table(HISTORY_COLUMNS, rows)
     return EXIT_OK
@@ -87,7 +86,7 @@ def command_rename(args: argparse.Namespace) -> int:
         name = run_name(name_text) if name_text.strip() else None
     except argparse.ArgumentTypeError as error:
         fail_usage(f"--rename: {error}")
-    db_path = args.db.expanduser() if args.db else default_db_path()
+    db_path = history_path(args)
     if not db_path.exists():  # a rename creates no history: there is no run to rename
         fail_usage(f"--rename: there is no run {run_id}: history {db_path} has no runs yet")
     with open_store(args) as store:

@@ -13,13 +13,13 @@ from gpuanat.cli.common import (
     EXIT_OK,
     EXIT_STOPPED,
     fail_usage,
+    history_path,
     metrics_endpoint,
     served_in_a_browser,
     user_keymap,
     warn_if_not_saved,
 )
 from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.store.history_file import default_db_path
 
 
 def command_watch(args: argparse.Namespace) -> int:
@@ -34,7 +34,7 @@ def command_watch(args: argparse.Namespace) -> int:
     except WatchError as error:
         fail_usage(str(error))
     save_name = (args.save or None) if args.save is not None else None
-    db_path = args.db.expanduser() if args.db else default_db_path()
+    db_path = history_path(args)
     watch_metrics = _watch_metrics(args)
     snapshots = watch_metrics.snapshots if watch_metrics is not None else None
     with metrics_endpoint(args.metrics, snapshots, name=f"watch {args.pid}"):
