@@ -199,6 +199,7 @@ def train(config: Any, emit: Any) -> int:
     from gpuanat.core.vocabulary.errors import ConfigError
     from gpuanat.core.vocabulary.protocol import Done, Error, Hello
     from gpuanat.worker.probe.hf import AnatomyCallback
+    from gpuanat.worker.probe.oom_capture import CAPTURE, OOM_SNAPSHOT_VARIABLE
 
     reached = milestone_emitter(emit)
     reached("imported")
@@ -217,6 +218,8 @@ def train(config: Any, emit: Any) -> int:
     )
     reached("cuda ready")
     dump_memory_snapshot = record_memory_history(rank_file_path(os.environ.get(MEMORY_SNAPSHOT_VARIABLE), os.environ))
+    # An out-of-memory error from here on is described where it happens, the model's loading included
+    CAPTURE.attach(rank_file_path(os.environ.get(OOM_SNAPSHOT_VARIABLE), os.environ))
     probe = AnatomyCallback(emit)
     trainer = None
     with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:
@@ -262,6 +265,7 @@ def train(config: Any, emit: Any) -> int:
             dump_memory_snapshot()  # before the trainer's memory is freed (the frames unwound have freed theirs)
             # The model itself may not fit (no step yet), or a step ran out of memory.
             step = probe.steps + 1 if probe.started else 0
+            out_of_memory = probe.out_of_memory_at(error)  # read while the failing step's tensors are alive
             peak_allocated, reserved = probe.peak_allocated_bytes, probe.peak_reserved_bytes
             if peak_allocated is None and config.device == "cuda":
                 peak_allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved()
@@ -275,6 +279,7 @@ def train(config: Any, emit: Any) -> int:
                     step=step,
                     peak_allocated_bytes=peak_allocated,
                     reserved_bytes=reserved,
+                    out_of_memory=out_of_memory,
                 )
             )
             return EXIT_OOM

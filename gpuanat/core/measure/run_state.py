@@ -59,7 +59,8 @@ class RankEvents:
     last_step: Step | None = None
     """The furthest step so far."""
     probe_bands: ProbeBands | None = None
-    """The latest measured bands: of the step that measured last, or of `Done`."""
+    """The latest measured bands: of the step that measured last, or of `Done`; after an out-of-memory error, those
+    at the failing allocation."""
     done: Done | None = None
     error: Error | None = None
     operations: Operations | None = None
@@ -100,6 +101,9 @@ class RankEvents:
                 self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, event.peak_reserved_bytes)
         elif isinstance(event, Error):
             self.error = event if self.error is None else _merged(self.error, event)
+            failure = event.out_of_memory
+            if failure is not None and failure.bands is not None:  # the bands at the failing allocation
+                self.probe_bands = failure.bands
         elif isinstance(event, Operations):
             self.operations = event
         return None

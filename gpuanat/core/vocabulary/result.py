@@ -131,6 +131,7 @@ RUN_RESULT_KEYS = (
     *("exit_code", "log_error", "log_path", "malformed_events", "ranks", "predicted", "prediction_error_percent"),
     *("step_time_breakdown", "compile_stats", "operations_anatomy", "diagnosis", "wall_breakdown_s"),
     "time_to_first_step_s",
+    *("modules", "out_of_memory"),
 )
 """The keys of a launched run's result (`measure.result.build_result`), in order; the session adds `start` and
 `history_error` after them."""
@@ -215,6 +216,13 @@ class RunResult(JsonRecord):
     """Findings (`measure.diagnose.Finding.to_json`): what limits the run and what to change."""
     wall_breakdown_s: dict[str, float] | None = None
     time_to_first_step_s: float | None = None
+    modules: list[dict[str, Any]] | None = None
+    """Memory by module (`protocol.ModuleMemory`'s fields), rank 0's: at the peak of its last measured step, or at
+    the failing allocation of an out-of-memory run; its top modules, "(the rest)" and "(no module)"."""
+    out_of_memory: dict[str, Any] | None = None
+    """An out-of-memory run's failing allocation (`protocol.OutOfMemory`'s fields but its bands, which are the
+    failing rank's `bands`; and that `rank`): the phase, the module and line that asked, the allocation, the
+    allocator's and NVML's readings then, the largest live tensors."""
     start: dict[str, Any] | None = None
     """How the training process started (`run.warm`: prepared ahead or cold)."""
     history_error: str | None = None

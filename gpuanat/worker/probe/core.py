@@ -29,7 +29,9 @@ stderr, and a publication file that cannot be written turns publishing off the s
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,18 +39,18 @@ from typing import Any
 import torch
 
 from gpuanat.core.export.probe_metrics import exported, served_metrics
-from gpuanat.core.vocabulary.protocol import STEP_PHASES, Error, Event, ModelInfo, ProbeBands, Step
+from gpuanat.core.vocabulary.protocol import STEP_PHASES, Event, ModelInfo, ProbeBands, Step
 from gpuanat.worker.events import ParentGone
 from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
 from gpuanat.worker.probe.loop_inputs import batch_tensors, hello_event
 from gpuanat.worker.probe.model_flops import model_flops
+from gpuanat.worker.probe.module_memory import ModuleFollower
+from gpuanat.worker.probe.module_readings import ModuleReadings
+from gpuanat.worker.probe.oom_capture import CAPTURE, OOM_SNAPSHOT_VARIABLE
 from gpuanat.worker.probe.operations import OperationsProfiler, requested_steps
-from gpuanat.worker.probe.readings import ProbeReadings
 from gpuanat.worker.probe.sink import default_emit, warn
 from gpuanat.worker.probe.tensors import (
-    SavedTensors,
-    deepspeed_gradients,
     parameter_elements,
     quantization_state_tensors,
     read_gradients_before_zero_steps,
@@ -63,7 +65,7 @@ WARMUP_STEPS_OF_AN_OPEN_RUN = 10
 `total_steps`)."""
 
 
-class Probe(ProbeReadings):
+class Probe(ModuleReadings):
     """Measures weights, gradients, optimizer state, activations and throughput of a training run, at the points
     its adapter calls (see the module docstring).
 
@@ -102,8 +104,10 @@ class Probe(ProbeReadings):
         """`probe_time_s` split: once per run ("setup": start and end), the steps measured exactly, the other
         steps, and the waits of the two CUDA synchronisations that bracket the steady-state window (the GPU's
         queued work finishing, not the probe's own work)."""
-        self._saved_tensors: SavedTensors | None = None
-        """The forward pass's saved tensors, captured while a CPU step is measured."""
+        self._modules: ModuleFollower | None = None
+        """Follows the model's modules and what autograd saves in them on measured steps (not under compile)."""
+        self._activations_by_module: dict[str, int] | None = None
+        self._gradients_by_module: dict[str, int] = {}
         self._nvml: NvmlReader | None = None
         asked_steps, asked_trace = requested_steps()
         self.profile_ops_steps = asked_steps if profile_ops is None else profile_ops
@@ -114,9 +118,9 @@ class Probe(ProbeReadings):
 
     def _disable(self, reason: str) -> None:
         self.disabled_reason = reason
-        if self._saved_tensors is not None:
-            self._saved_tensors.stop([])
-            self._saved_tensors = None
+        if self._modules is not None:
+            self._modules.stop()
+            self._modules = None
         for hook in getattr(self, "_hooks", []):
             hook.remove()
         warn(f"the probe turned itself off after an error (training goes on): {reason}")
@@ -154,6 +158,10 @@ class Probe(ProbeReadings):
         self._compiled = compiled
         parameters = list(model.parameters())
         self._parameter_storage_keys = storage_keys(parameters)
+        self._modules = None if compiled else ModuleFollower(model, self._parameter_storage_keys, self._device)
+        CAPTURE.describe = self.state_at_failure
+        if self._cuda:
+            CAPTURE.attach(os.environ.get(OOM_SNAPSHOT_VARIABLE))
         self._weights_bytes = unique_storage_bytes(
             [*parameters, *model.buffers(), *quantization_state_tensors(parameters)]
         )
@@ -270,14 +278,16 @@ class Probe(ProbeReadings):
                 # The forward pass's own peak: keep the step's peak so far, then restart the counter.
                 self._step_peak_floor_bytes = max(self._step_peak_floor_bytes, allocator_bytes(self._device)[1])
                 torch.cuda.reset_peak_memory_stats(self._device)
-            if not self._cuda and not self._compiled:
-                self._saved_tensors = SavedTensors(self._parameter_storage_keys)
+            if self._modules is not None:
+                self._modules.forward_begins(batch)
 
     def _forward_ends(self, batch: list[torch.Tensor], output: Any) -> None:
         if not torch.compiler.is_compiling():
             self._step_phases.forward_ends()
         if not self._measuring:
             return
+        if self._modules is not None:
+            self._modules.forward_ends()
         gradients_now = self._gradients_bytes_now()
         optimizer_state_now = self._optimizer_state_bytes_now()
         self._gradients_at_forward_end_bytes = max(self._gradients_at_forward_end_bytes, gradients_now)
@@ -293,11 +303,12 @@ class Probe(ProbeReadings):
                 + (self._buffers_at_start_bytes or 0)
             )
             activations = allocated - live_bytes
-        elif self._saved_tensors is not None:
-            activations = self._saved_tensors.stop(batch)
-            self._saved_tensors = None
+        elif self._modules is not None:
+            activations = self._modules.saved_bytes()
         else:
             activations = None
+        if self._modules is not None and (activations or 0) >= (self._activations_bytes or 0):
+            self._activations_by_module = self._modules.saved_by_module()  # the largest micro-batch's
         if activations is not None:
             self._activations_bytes = max(self._activations_bytes or 0, activations)
         logits = getattr(output, "logits", None)
@@ -310,12 +321,6 @@ class Probe(ProbeReadings):
     def _read_gradients_before_step(self) -> None:
         if self._measuring:
             self._gradients_bytes = max(self._gradients_bytes, self._gradients_bytes_now())
-
-    def _gradients_bytes_now(self) -> int:
-        """Gradients on this rank: of the parameters, and with DeepSpeed ZeRO of its fp32 partitions."""
-        gradients = [p.grad for p in self._model.parameters()]
-        gradients.extend(deepspeed_gradients(self._optimizer))
-        return unique_storage_bytes(gradients, self._device)
 
     # --- step callbacks ----------------------------------------------------------------------
     @never_raises
@@ -334,6 +339,8 @@ class Probe(ProbeReadings):
             self._forward_peak_bytes = None
             self._logits_bytes = None
             self._batch_bytes = 0
+            self._activations_by_module = None
+            self._gradients_by_module = {}
         self._step_peak_floor_bytes = 0
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(self._device)
@@ -354,6 +361,7 @@ class Probe(ProbeReadings):
         self._step_phases.optimizer_begins()
         if self._measuring:
             self._gradients_bytes = max(self._gradients_bytes, self._gradients_bytes_now())
+            self._read_gradients_by_module()
 
     @never_raises
     def logged(self, loss: float | torch.Tensor | None, summary: Mapping[str, float]) -> None:
@@ -414,6 +422,7 @@ class Probe(ProbeReadings):
         bands = None
         if self._measuring:
             bands = self.measured_bands(step)
+            bands = dataclasses.replace(bands, modules=self._module_rows(bands))
             self.last_bands = bands
             self._measuring = False
         self.last_step = Step(
@@ -446,6 +455,8 @@ class Probe(ProbeReadings):
         self._ended = True
         for hook in self._hooks:
             hook.remove()
+        if self._modules is not None:
+            self._modules.stop()
         if self._operations is not None and not self._operations.done:
             self._operations.stop()
         if self._steady_start is not None and self._steady_end is None:
@@ -464,23 +475,6 @@ class Probe(ProbeReadings):
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
-
-    @never_raises
-    def failed(self, error: BaseException) -> None:
-        """The training loop raised `error` (out of memory, or another exception): said with the step it was in and
-        the allocator's figures, so a watch shows why the run ended."""
-        cuda = getattr(self, "_cuda", False)
-        oom = isinstance(error, torch.cuda.OutOfMemoryError)
-        allocated = allocator_bytes(self._device) if cuda else None
-        self._emit_safely(
-            Error(
-                kind="oom" if oom else "exception",
-                message=f"{type(error).__name__}: {error}",
-                step=self.steps + 1,
-                peak_allocated_bytes=allocated[1] if allocated else None,
-                reserved_bytes=allocated[2] if allocated else None,
-            )
-        )
 
     def _synchronize(self) -> None:
         started_s = time.perf_counter()

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from gpuanat.core.vocabulary.protocol import Done, ProbeBands, Step
-from gpuanat.worker.probe.tensors import optimizer_state_tensors, unique_storage_bytes
+from gpuanat.worker.probe.tensors import deepspeed_gradients, optimizer_state_tensors, unique_storage_bytes
 
 
 class ProbeReadings:
@@ -29,6 +29,7 @@ class ProbeReadings:
     _compiled: bool
     _samples: int
     _optimizer: Any
+    _model: Any
     _weights_bytes: int
     _gradients_bytes: int
     _activations_bytes: int | None
@@ -101,6 +102,12 @@ class ProbeReadings:
         if not getattr(self, "_cuda", False):
             return None
         return max(self._peak_reserved_bytes or 0, torch.cuda.memory_reserved(self._device))
+
+    def _gradients_bytes_now(self) -> int:
+        """Gradients on this rank: of the parameters, and with DeepSpeed ZeRO of its fp32 partitions."""
+        gradients = [p.grad for p in self._model.parameters()]
+        gradients.extend(deepspeed_gradients(self._optimizer))
+        return unique_storage_bytes(gradients, self._device)
 
     def _optimizer_state_bytes_now(self) -> int:
         return unique_storage_bytes(optimizer_state_tensors(self._optimizer), self._device)

@@ -26,6 +26,11 @@ class StepPhases:
         self._forward_seen = False
         self._step_end_event: Any = None
 
+    @property
+    def phase(self) -> str:
+        """The phase the step is in now (`STEP_PHASES`)."""
+        return self._phase
+
     def _enter(self, phase: str, now_s: float | None = None) -> None:
         now_s = time.perf_counter() if now_s is None else now_s
         self._phases_s[self._phase] += now_s - self._mark_s
