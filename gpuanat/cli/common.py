@@ -153,6 +153,7 @@ class ProgressView:
 def measurement_environment(
     *,
     memory_snapshot: Path | None = None,
+    keep_oom_snapshot: Path | None = None,
     profile_ops: int = 0,
     profile_ops_trace: Path | None = None,
     metrics: tuple[str, int] | None = None,
@@ -163,6 +164,7 @@ def measurement_environment(
     unchanged)."""
     from gpuanat.core.vocabulary.config import (
         MEMORY_SNAPSHOT_VARIABLE,
+        OOM_SNAPSHOT_VARIABLE,
         PROFILE_OPS_TRACE_VARIABLE,
         PROFILE_OPS_VARIABLE,
     )
@@ -170,6 +172,8 @@ def measurement_environment(
     asked = {}
     if memory_snapshot is not None:
         asked[MEMORY_SNAPSHOT_VARIABLE] = str(memory_snapshot.resolve())
+    if keep_oom_snapshot is not None:
+        asked[OOM_SNAPSHOT_VARIABLE] = str(keep_oom_snapshot.resolve())
     if profile_ops:
         asked[PROFILE_OPS_VARIABLE] = str(profile_ops)
         if profile_ops_trace is not None:
@@ -192,6 +196,7 @@ def run_recorded(
     name: str | None = None,
     trace_path: Path | None = None,
     memory_snapshot: Path | None = None,
+    keep_oom_snapshot: Path | None = None,
     requested_monotonic_s: float | None = None,
     profile_ops: int = 0,
     profile_ops_trace: Path | None = None,
@@ -203,7 +208,10 @@ def run_recorded(
     from gpuanat.core.run.session import execute_run
 
     env = measurement_environment(
-        memory_snapshot=memory_snapshot, profile_ops=profile_ops, profile_ops_trace=profile_ops_trace
+        memory_snapshot=memory_snapshot,
+        keep_oom_snapshot=keep_oom_snapshot,
+        profile_ops=profile_ops,
+        profile_ops_trace=profile_ops_trace,
     )
     view = ProgressView(label)
     try:

@@ -12,7 +12,13 @@ import shtab
 from gpuanat import __version__
 from gpuanat.cli.common import EXIT_USAGE
 from gpuanat.core.printable import printable
-from gpuanat.core.vocabulary.config import CPU_WORKLOAD, DASHBOARD_CPU_SAMPLES, DEFAULT_PROFILE_OPS_STEPS, RunConfig
+from gpuanat.core.vocabulary.config import (
+    CPU_WORKLOAD,
+    DASHBOARD_CPU_SAMPLES,
+    DEFAULT_PROFILE_OPS_STEPS,
+    OOM_SNAPSHOT_EVENTS,
+    RunConfig,
+)
 from gpuanat.core.vocabulary.techniques import TECHNIQUES, Technique
 
 CONFIG_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
@@ -192,6 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.pickle",
         help="record torch's allocator history (CUDA only) and write it here when the run ends, out "
         "of memory included: every allocation with its Python stack, for pytorch.org/memory_viz",
+    )
+    run.add_argument(
+        "--keep-oom-snapshot",
+        type=Path,
+        default=None,
+        metavar="FILE.pickle",
+        help="if the run runs out of GPU memory, write the allocator's snapshot here at the failing allocation "
+        f"(CUDA only; its last {OOM_SNAPSHOT_EVENTS:,} allocations with their Python stacks, so it stays tens of "
+        "MB), for pytorch.org/memory_viz; nothing is written when the run fits",
     )
     run.add_argument(
         "--script",

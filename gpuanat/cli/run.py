@@ -106,17 +106,19 @@ def command_run(args: argparse.Namespace) -> int:
     if args.script_args:
         fail_usage("arguments after -- are for a script: give it with --script SCRIPT.py")
     check_values(args)
-    if args.memory_snapshot is not None and not args.memory_snapshot.parent.resolve().is_dir():
-        fail_usage(f"--memory-snapshot: no such folder: {args.memory_snapshot.parent}")
+    for flag, path in (("--memory-snapshot", args.memory_snapshot), ("--keep-oom-snapshot", args.keep_oom_snapshot)):
+        if path is not None and not path.parent.resolve().is_dir():
+            fail_usage(f"{flag}: no such folder: {path.parent}")
     capabilities = detect_capabilities()
     config = machine_config(args, capabilities)
     unsupported = machine_unsupported_reason(config, capabilities)
     if unsupported is not None:
         fail_usage(f"{unsupported[0]}: {unsupported[1]}")
-    if args.memory_snapshot is not None and config.device != "cuda":
-        fail_usage(
-            f"--memory-snapshot: torch records its allocator's history only on CUDA, and this run is on {config.device}"
-        )
+    for flag, path in (("--memory-snapshot", args.memory_snapshot), ("--keep-oom-snapshot", args.keep_oom_snapshot)):
+        if path is not None and config.device != "cuda":
+            fail_usage(
+                f"{flag}: torch records its allocator's history only on CUDA, and this run is on {config.device}"
+            )
     with open_store(args) as store, metrics_endpoint(args.metrics, name=args.name) as metrics:
         result = run_recorded(
             config,
@@ -126,6 +128,7 @@ def command_run(args: argparse.Namespace) -> int:
             name=args.name,
             trace_path=args.trace_out,
             memory_snapshot=args.memory_snapshot,
+            keep_oom_snapshot=args.keep_oom_snapshot,
             requested_monotonic_s=process_started_monotonic_s(),
             profile_ops=args.profile_ops,
             profile_ops_trace=args.profile_ops_trace,
@@ -142,6 +145,12 @@ def command_run(args: argparse.Namespace) -> int:
             if written
             else f"gpuanat: no memory snapshot was written to {args.memory_snapshot} (see the log)",
             file=sys.stderr if args.json or not written else sys.stdout,
+        )
+    kept = (result.out_of_memory or {}).get("snapshot_path")
+    if kept:
+        print(
+            f"Out-of-memory snapshot: {printable(kept)} (drop it on pytorch.org/memory_viz)",
+            file=sys.stderr if args.json else sys.stdout,
         )
     run_error = result.error
     if run_error is not None and run_error.kind == "config":

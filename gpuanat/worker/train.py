@@ -199,7 +199,7 @@ def train(config: Any, emit: Any) -> int:
     from gpuanat.core.vocabulary.errors import ConfigError
     from gpuanat.core.vocabulary.protocol import Done, Error, Hello
     from gpuanat.worker.probe.hf import AnatomyCallback
-    from gpuanat.worker.probe.oom_capture import CAPTURE, OOM_SNAPSHOT_VARIABLE
+    from gpuanat.worker.probe.oom_capture import CAPTURE
 
     reached = milestone_emitter(emit)
     reached("imported")
@@ -219,7 +219,7 @@ def train(config: Any, emit: Any) -> int:
     reached("cuda ready")
     dump_memory_snapshot = record_memory_history(rank_file_path(os.environ.get(MEMORY_SNAPSHOT_VARIABLE), os.environ))
     # An out-of-memory error from here on is described where it happens, the model's loading included
-    CAPTURE.attach(rank_file_path(os.environ.get(OOM_SNAPSHOT_VARIABLE), os.environ))
+    CAPTURE.attach()
     probe = AnatomyCallback(emit)
     trainer = None
     with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:

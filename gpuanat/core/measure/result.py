@@ -16,10 +16,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.diagnose import diagnose, step_time_breakdown
+from gpuanat.core.measure.failure import Readings, bands_readings, modules_json, out_of_memory_json
 from gpuanat.core.measure.flops import utilization
 from gpuanat.core.measure.gpus import GpuChoice
 from gpuanat.core.measure.run_state import RankEvents, rank_status
@@ -146,19 +146,15 @@ def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> _Memory:
         no_gpu_reason = f"NVML unavailable: {nvml.reason}"
     peak_allocated = (done.peak_allocated_bytes if done else None) or (error.peak_allocated_bytes if error else None)
     peak_reserved = (done.peak_reserved_bytes if done else None) or (error.reserved_bytes if error else None)
-    bands_reserved, device_used, process_used, device_total = (
-        peak_reserved,
-        state.peak_device_used_bytes,
-        state.peak_process_used_bytes,
-        state.device_total_bytes,
+    readings = bands_readings(
+        Readings(peak_reserved, state.peak_device_used_bytes, state.peak_process_used_bytes, state.device_total_bytes),
+        error,
     )
-    failure = error.out_of_memory if error is not None else None
-    if failure is not None and failure.reserved_bytes is not None:
-        # the bands are the failing allocation's: held against the allocator's and NVML's readings of that instant
-        bands_reserved = failure.reserved_bytes
-        if failure.nvml_device_used_bytes is not None and failure.nvml_process_used_bytes is not None:
-            device_used, process_used = failure.nvml_device_used_bytes, failure.nvml_process_used_bytes
-            device_total = failure.device_total_bytes or device_total
+    device_used, process_used, device_total = (
+        readings.device_used_bytes,
+        readings.process_used_bytes,
+        readings.device_total_bytes,
+    )
     if config.device != "cuda":
         unavailable["peak_allocated_bytes"] = "CPU run: torch's CUDA allocator is not used"
     device_used = device_used if no_gpu_reason is None else None
@@ -168,7 +164,7 @@ def _memory(config: RunConfig, state: RankRecord, nvml: NvmlStatus) -> _Memory:
         unavailable["device_memory_used_bytes"] = "NVML gave no reading during the run"
     bands = assemble_bands(
         state.probe_bands,
-        reserved_bytes=bands_reserved,
+        reserved_bytes=readings.reserved_bytes,
         device_used_bytes=device_used,
         device_total_bytes=device_total,
         process_used_bytes=process_used,
@@ -342,27 +338,15 @@ def build_result(
         compile_stats=done.compile_stats if done else None,
         operations_anatomy=operations_anatomy(state.operations) if state.operations is not None else None,
     )
-    bands = state.probe_bands
-    if bands is not None and bands.modules is not None:
-        result.modules = [dataclasses.asdict(row) for row in bands.modules]
-    result.out_of_memory = _out_of_memory(ranks)
+    result.modules = modules_json(state.probe_bands)
+    cause = first_cause([ranks[rank] for rank in sorted(ranks)])
+    result.out_of_memory = out_of_memory_json(cause, next((r for r in ranks if ranks[r].error is cause), 0))
     result.diagnosis = [finding.to_json() for finding in diagnose(result)]
     # where the wall time went: rank 0's training process's points and the parent's
     points = {**state.milestones, **(parent_points or {}), "recorded": time.monotonic()}
     result.wall_breakdown_s = wall_breakdown(points)
     result.time_to_first_step_s = time_to_first_step_s(points)
     return result
-
-
-def _out_of_memory(ranks: Mapping[int, RankRecord]) -> dict[str, Any] | None:
-    """The failing allocation of the rank whose error ended the run, when it ran out of memory and said where."""
-    error = first_cause([ranks[rank] for rank in sorted(ranks)])
-    if error is None or error.out_of_memory is None:
-        return None
-    rank = next(rank for rank in sorted(ranks) if ranks[rank].error is error)
-    failure = dataclasses.asdict(error.out_of_memory)
-    failure.pop("bands")
-    return {"rank": rank, **failure}
 
 
 def _run_error(state: RankRecord, ranks: Mapping[int, RankRecord], status: str, log_path: Path) -> RunError | None:

@@ -95,7 +95,9 @@ class RankEvents:
             self.milestones.setdefault(event.name, event.monotonic_s)
         elif isinstance(event, Done):
             self.done = event
-            if event.bands is not None:
+            if event.bands is not None and (  # not over the bands of a failure that came before it
+                self.probe_bands is None or event.bands.measured_at_step >= self.probe_bands.measured_at_step
+            ):
                 self.probe_bands = event.bands
             if event.peak_reserved_bytes is not None:
                 self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, event.peak_reserved_bytes)

@@ -224,6 +224,10 @@ def workload_for_device(
 ALLOCATOR_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 MEMORY_SNAPSHOT_VARIABLE = "GPUANAT_MEMORY_SNAPSHOT"
 """Where the training child writes torch's allocator history (`gpuanat run --memory-snapshot`)."""
+OOM_SNAPSHOT_VARIABLE = "GPUANAT_KEEP_OOM_SNAPSHOT"
+"""Where the training child writes the allocator's snapshot when it runs out of memory (`--keep-oom-snapshot`)."""
+OOM_SNAPSHOT_EVENTS = 100_000
+"""Allocator events that snapshot keeps (the oldest dropped beyond): bounded, whatever the run's length."""
 PROFILE_OPS_VARIABLE = "GPUANAT_PROFILE_OPS"
 """Steps the probe profiles for the operations anatomy (`gpuanat run --profile-ops N`; any probe reads it, so a
 script watched by PID can be asked too); unset or 0: none."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
+from gpuanat.core.measure.failure import Readings, bands_readings, modules_json, out_of_memory_json
 from gpuanat.core.measure.result import probe_cost_percent
 from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.vocabulary.result import Bands, RankResult, RunError, RunResult
@@ -53,6 +54,7 @@ WATCH_RESULT_KEYS = (
     "malformed_events",
     "ranks",
     "operations_anatomy",
+    *("modules", "out_of_memory"),
 )
 """The keys of a watched run's result (`watched_result`), in order."""
 
@@ -66,13 +68,21 @@ def watched_result(records: WatchRecords, *, exited: bool, run_id: int | None, n
     unavailable: dict[str, str] = {}
     bands: dict[str, Any] = {}
     if observed.publisher_pid is not None:
-        gpu_total = observed.device_total_bytes
+        readings = bands_readings(
+            Readings(
+                (done.peak_reserved_bytes if done else None) or run.peak_reserved_bytes,
+                observed.peak_device_used_bytes,
+                observed.peak_gpu_memory_bytes,
+                observed.device_total_bytes,
+            ),
+            run.error,
+        )
         memory = assemble_bands(
             run.probe_bands,
-            reserved_bytes=(done.peak_reserved_bytes if done else None) or run.peak_reserved_bytes,
-            device_used_bytes=observed.peak_device_used_bytes,
-            device_total_bytes=gpu_total,
-            process_used_bytes=observed.peak_gpu_memory_bytes,
+            reserved_bytes=readings.reserved_bytes,
+            device_used_bytes=readings.device_used_bytes,
+            device_total_bytes=readings.device_total_bytes,
+            process_used_bytes=readings.process_used_bytes,
             no_gpu_reason=(
                 "CPU run: it uses no GPU memory"
                 if run.hello and run.hello.device != "cuda"
@@ -141,5 +151,7 @@ def watched_result(records: WatchRecords, *, exited: bool, run_id: int | None, n
         malformed_events=observed.malformed,
         ranks=[RankResult.from_json(rank) for rank in (records.last_record or {}).get("ranks", [])],
         operations_anatomy=operations_anatomy(run.operations) if run.operations else None,
+        modules=modules_json(run.probe_bands),
+        out_of_memory=out_of_memory_json(run.error, 0),
         json_keys=WATCH_RESULT_KEYS,
     )

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -47,7 +46,7 @@ from gpuanat.worker.probe.loop_inputs import batch_tensors, hello_event
 from gpuanat.worker.probe.model_flops import model_flops
 from gpuanat.worker.probe.module_memory import ModuleFollower
 from gpuanat.worker.probe.module_readings import ModuleReadings
-from gpuanat.worker.probe.oom_capture import CAPTURE, OOM_SNAPSHOT_VARIABLE
+from gpuanat.worker.probe.oom_capture import CAPTURE
 from gpuanat.worker.probe.operations import OperationsProfiler, requested_steps
 from gpuanat.worker.probe.sink import default_emit, warn
 from gpuanat.worker.probe.tensors import (
@@ -161,7 +160,7 @@ class Probe(ModuleReadings):
         self._modules = None if compiled else ModuleFollower(model, self._parameter_storage_keys, self._device)
         CAPTURE.describe = self.state_at_failure
         if self._cuda:
-            CAPTURE.attach(os.environ.get(OOM_SNAPSHOT_VARIABLE))
+            CAPTURE.attach()
         self._weights_bytes = unique_storage_bytes(
             [*parameters, *model.buffers(), *quantization_state_tensors(parameters)]
         )

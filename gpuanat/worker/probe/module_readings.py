@@ -34,9 +34,10 @@ from gpuanat.worker.probe.oom_capture import (
 )
 from gpuanat.worker.probe.readings import ProbeReadings
 
-STEP_PHASE_AT_FAILURE = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
-"""The probe's step phase (`timing.StepPhases`) -> the phase a failure is said to be in; any other is "between
-steps" (the data, the wait for the GPU)."""
+STEP_PHASE_AT_FAILURE = {"forward": "forward", "backward": "forward", "optimizer": "optimizer"}
+"""The probe's step phase (`timing.StepPhases`) -> the phase a failure is said to be in, when autograd's node and
+frames do not say backward: from the forward pass's end to the optimizer, that is the loop's code before
+`backward()` (its loss); any other phase is "between steps" (the data, the wait for the GPU)."""
 
 
 class ModuleReadings(ProbeReadings):
@@ -187,7 +188,7 @@ def _operation(failure: Failure, phase: str) -> str | None:
     """The backward's autograd node in backward (its Python frames are autograd's), else the source line."""
     if phase == "backward" and failure.autograd_node:
         return failure.autograd_node
-    return operation_line(failure.frames)
+    return operation_line(failure)
 
 
 def _with_modules(bands: ProbeBands, rows: list[ModuleMemory]) -> ProbeBands:

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
+from gpuanat.core.measure.gpus import rank_file_path
+from gpuanat.core.vocabulary.config import OOM_SNAPSHOT_EVENTS, OOM_SNAPSHOT_VARIABLE
 from gpuanat.core.vocabulary.protocol import OutOfMemory, ProbeBands
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
+from gpuanat.worker.probe.sink import warn
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class Failure:
 
     frames: list[types.FrameType]
     """Python's frames then, innermost first."""
+    lines: list[int]
+    """The line each frame was at then (a traceback's frame has moved on since: its line is the traceback's)."""
     autograd_node: str | None
     """The autograd node running (a backward's operation), when one was."""
     failed_allocation_bytes: int | None
@@ -37,11 +42,6 @@ class Failure:
 
 
 Describer = Callable[[Failure], OutOfMemory]
-
-OOM_SNAPSHOT_VARIABLE = "GPUANAT_KEEP_OOM_SNAPSHOT"
-"""Where the child writes the allocator's snapshot at an out-of-memory failure (`--keep-oom-snapshot`)."""
-OOM_SNAPSHOT_MAX_EVENTS = 100_000
-"""Allocator events kept for that snapshot: its size stays bounded (tens of MB) however long the run."""
 
 
 class OutOfMemoryCapture:
@@ -54,15 +54,15 @@ class OutOfMemoryCapture:
         self.snapshot_path: str | None = None
         self._attached = False
 
-    def attach(self, snapshot_path: str | None = None) -> None:
-        """Observe CUDA's out-of-memory errors from now on (a no-op without CUDA); with `snapshot_path`, the
-        allocator's history is recorded (bounded) and written there when memory runs out."""
+    def attach(self) -> None:
+        """Observe CUDA's out-of-memory errors from now on (a no-op without CUDA); when `--keep-oom-snapshot` asked
+        (`OOM_SNAPSHOT_VARIABLE`), the allocator's history is recorded (bounded) and written there (a rank's own
+        file) when memory runs out."""
         if not torch.cuda.is_available():
             return
+        snapshot_path = rank_file_path(os.environ.get(OOM_SNAPSHOT_VARIABLE), os.environ)
         if snapshot_path and snapshot_path != self.snapshot_path:
-            torch.cuda.memory._record_memory_history(
-                context="alloc", stacks="python", max_entries=OOM_SNAPSHOT_MAX_EVENTS
-            )
+            torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=OOM_SNAPSHOT_EVENTS)
             self.snapshot_path = snapshot_path
         if not self._attached:
             torch._C._cuda_attach_out_of_memory_observer(self.observed)  # type: ignore[attr-defined]  # (CUDA builds)
@@ -71,8 +71,11 @@ class OutOfMemoryCapture:
     def observed(self, device: int, allocation_bytes: int, device_total_bytes: int, device_free_bytes: int) -> None:
         """The allocator's call, just before it raises. Never raises itself (it would replace the real error)."""
         try:
+            # (on autograd's own thread, in a backward, there is no Python caller: no frame above this one)
+            frames = python_frames(sys._getframe().f_back)
             failure = Failure(
-                frames=python_frames(sys._getframe(1)),
+                frames=frames,
+                lines=[frame.f_lineno for frame in frames],
                 autograd_node=current_autograd_node(),
                 failed_allocation_bytes=allocation_bytes,
                 device_free_bytes=device_free_bytes,
@@ -83,8 +86,8 @@ class OutOfMemoryCapture:
             if self.snapshot_path:
                 state = _with_snapshot(state, self.snapshot_path)
             self.last = state
-        except Exception:  # a failure to describe leaves the error undescribed, never replaced
-            pass
+        except Exception as error:  # a failure to describe leaves the error undescribed, never replaced
+            warn(f"the memory at this out-of-memory error could not be read: {type(error).__name__}: {error}")
 
     def take(self) -> OutOfMemory | None:
         """The state at the last failure observed, once."""
@@ -114,14 +117,15 @@ def python_frames(frame: types.FrameType | None) -> list[types.FrameType]:
     return frames
 
 
-def traceback_frames(error: BaseException) -> list[types.FrameType]:
-    """The frames an exception passed through, innermost first."""
-    frames = []
+def traceback_frames(error: BaseException) -> tuple[list[types.FrameType], list[int]]:
+    """The frames an exception passed through, innermost first, and the line each was at."""
+    frames, lines = [], []
     traceback = error.__traceback__
     while traceback is not None:
         frames.append(traceback.tb_frame)
+        lines.append(traceback.tb_lineno)
         traceback = traceback.tb_next
-    return frames[::-1]
+    return frames[::-1], lines[::-1]
 
 
 def current_autograd_node() -> str | None:
@@ -137,16 +141,19 @@ _TORCH_FOLDER = os.path.dirname(torch.__file__) + os.sep
 _PROBE_FOLDER = os.path.dirname(__file__) + os.sep
 
 
-def operation_line(frames: Iterable[types.FrameType]) -> str | None:
+def operation_line(failure: Failure) -> str | None:
     """The source line that asked for the memory: the innermost frame outside torch's own Python and the probe,
     as `code  (file:line)`; else the innermost frame's."""
-    frames = [frame for frame in frames if not frame.f_code.co_filename.startswith(_PROBE_FOLDER)]
-    chosen = next((frame for frame in frames if not frame.f_code.co_filename.startswith(_TORCH_FOLDER)), None)
-    if chosen is None and frames:
-        chosen = frames[0]
-    if chosen is None:
+    placed = [
+        (frame, line)
+        for frame, line in zip(failure.frames, failure.lines, strict=True)
+        if not frame.f_code.co_filename.startswith(_PROBE_FOLDER)
+    ]
+    outside = [(frame, line) for frame, line in placed if not frame.f_code.co_filename.startswith(_TORCH_FOLDER)]
+    if not (outside or placed):
         return None
-    filename, line = chosen.f_code.co_filename, chosen.f_lineno
+    chosen, line = (outside or placed)[0]
+    filename = chosen.f_code.co_filename
     code = linecache.getline(filename, line).strip() or chosen.f_code.co_name
     return f"{code}  ({short_path(filename)}:{line})"
 
@@ -214,7 +221,7 @@ def describe_loading(device: torch.device) -> Describer:
             device_total_bytes=failure.device_total_bytes,
             allocated_bytes=allocated,
             reserved_bytes=reserved,
-            operation=operation_line(failure.frames),
+            operation=operation_line(failure),
             bands=bands,
             nvml_device_used_bytes=used,
             nvml_process_used_bytes=process,
@@ -225,8 +232,10 @@ def describe_loading(device: torch.device) -> Describer:
 
 def cpu_failure(error: BaseException, failed_allocation_bytes: int | None) -> Failure:
     """A CPU run's failure, from its error's traceback."""
+    frames, lines = traceback_frames(error)
     return Failure(
-        frames=traceback_frames(error),
+        frames=frames,
+        lines=lines,
         autograd_node=None,
         failed_allocation_bytes=failed_allocation_bytes,
         device_free_bytes=None,
