@@ -139,7 +139,9 @@ async def test_at_80x24_every_technique_row_stays_and_the_top_line_ends_on_a_wor
         for _, key, label in ROWS:
             assert any(label in row for row in panel) or key in folded_keys, (label, panel)
         top = rows[0].rstrip()
-        assert len(top) <= 80 and top.endswith("host metrics only"), top
+        # whole, not cut mid-word; the sampler's own CPU may follow once it has been measured (a slow machine)
+        assert len(top) <= 80 and "no NVML: host metrics only" in top, top
+        assert top.endswith("host metrics only") or top.endswith("% CPU"), top
         await pilot.press("u")
         await pilot.pause()
         assert app.notices[-1].message.splitlines() == [f"{flag}: {reason}" for flag, reason in reasons]
