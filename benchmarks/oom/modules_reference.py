@@ -59,17 +59,16 @@ def compare(name: str, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
         names = {module: module_name for module_name, module in model.named_modules()}
         for module, stats in tracker.memory_tracking.items():
             module_name = names.get(module)
-            if module_name is None or any(True for _ in module.children()):  # leaves only: no double counting
+            if module_name is None or layer_of(module_name) != module_name:  # the layers themselves, whole
                 continue
             before = stats.snapshots[_ModState.PRE_FW][-1][device][_MemRefType.ACT]
             after = stats.snapshots[_ModState.POST_FW][-1][device][_MemRefType.ACT]
-            layer = layer_of(module_name)
-            theirs_by_layer[layer] = theirs_by_layer.get(layer, 0) + max(0, after - before)
+            theirs_by_layer[module_name] = max(0, after - before)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     no_module = next((row.activations_bytes for row in rows if row.module == NO_MODULE), 0)
-    top = sorted(theirs_by_layer, key=lambda layer: -theirs_by_layer[layer])[:8]
+    top = sorted(theirs_by_layer)
     return {
         "model": name,
         "probe_activations_band_bytes": bands.activations_bytes,
@@ -77,9 +76,10 @@ def compare(name: str, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
         "probe_rows_sum_bytes": sum(row.activations_bytes for row in rows),
         "probe_no_module_bytes": no_module,
         "memtracker_root_activations_bytes": root_activations,
-        "memtracker_leaf_sum_bytes": sum(theirs_by_layer.values()),
+        "memtracker_layers_sum_bytes": sum(theirs_by_layer.values()),
+        "probe_layers_sum_bytes": sum(ours_by_layer.get(layer, 0) for layer in theirs_by_layer),
         "band_vs_memtracker_percent": 100.0 * (bands.activations_bytes - root_activations) / root_activations,
-        "layers": [
+        "layers_compared": [
             {"layer": layer, "memtracker_bytes": theirs_by_layer[layer], "probe_bytes": ours_by_layer.get(layer, 0)}
             for layer in top
         ],

@@ -44,7 +44,7 @@ from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
 from gpuanat.worker.probe.loop_inputs import batch_tensors, hello_event
 from gpuanat.worker.probe.model_flops import model_flops
-from gpuanat.worker.probe.module_memory import ModuleFollower
+from gpuanat.worker.probe.module_memory import ModuleFollower, Ownership
 from gpuanat.worker.probe.module_readings import ModuleReadings
 from gpuanat.worker.probe.oom_capture import CAPTURE
 from gpuanat.worker.probe.operations import OperationsProfiler, requested_steps
@@ -53,7 +53,6 @@ from gpuanat.worker.probe.tensors import (
     parameter_elements,
     quantization_state_tensors,
     read_gradients_before_zero_steps,
-    storage_keys,
     unique_storage_bytes,
 )
 from gpuanat.worker.probe.timing import StepPhases
@@ -104,6 +103,7 @@ class Probe(ModuleReadings):
         steps, and the waits of the two CUDA synchronisations that bracket the steady-state window (the GPU's
         queued work finishing, not the probe's own work)."""
         self._modules: ModuleFollower | None = None
+        self._ownership: Ownership | None = None
         """Follows the model's modules and what autograd saves in them on measured steps (not under compile)."""
         self._activations_by_module: dict[str, int] | None = None
         self._gradients_by_module: dict[str, int] = {}
@@ -156,8 +156,8 @@ class Probe(ModuleReadings):
         self._cuda = self._device.type == "cuda"
         self._compiled = compiled
         parameters = list(model.parameters())
-        self._parameter_storage_keys = storage_keys(parameters)
-        self._modules = None if compiled else ModuleFollower(model, self._parameter_storage_keys, self._device)
+        self._modules = None if compiled else ModuleFollower(model, self._device)
+        self._ownership = None if compiled else Ownership(model)
         CAPTURE.describe = self.state_at_failure
         if self._cuda:
             CAPTURE.attach()
@@ -423,6 +423,11 @@ class Probe(ModuleReadings):
             bands = self.measured_bands(step)
             bands = dataclasses.replace(bands, modules=self._module_rows(bands))
             self.last_bands = bands
+            if self._modules is not None:  # its hooks ran outside the probe's timed methods: counted here
+                self._modules.step_ends()
+                self.probe_time_s += self._modules.time_s
+                self.probe_time_by_part_s["measured steps"] += self._modules.time_s
+                self._modules.time_s = 0.0
             self._measuring = False
         self.last_step = Step(
             step=step,

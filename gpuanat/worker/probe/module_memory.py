@@ -11,6 +11,7 @@ pass (the peak) every saved tensor is; during the backward, those not yet freed.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,24 +28,31 @@ LARGEST_TENSORS = 10
 """Live tensors a failure names."""
 
 
-@dataclass
 class _Saved:
-    module: str
-    bytes: int
-    shape: list[int]
-    dtype: str
-    holders: list[weakref.ref[torch.Tensor]] = field(default_factory=list)
+    """One storage autograd saved: the module it was first saved in, its bytes, weak references to the tensors
+    saved on it (alive while autograd, or anyone, holds one)."""
 
-    def alive(self) -> bool:
-        return any(holder() is not None for holder in self.holders)
+    __slots__ = ("bytes", "holders", "module")
 
+    def __init__(self, module: str, size: int, holder: weakref.ref[torch.Tensor]) -> None:
+        self.module, self.bytes, self.holders = module, size, [holder]
 
-def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
-    try:
-        storage = tensor.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # a tensor without storage of its own
+    def alive(self) -> torch.Tensor | None:
+        """A tensor saved on it that is still alive; None when none is."""
+        for holder in self.holders:
+            tensor = holder()
+            if tensor is not None:
+                return tensor
         return None
-    return str(storage.device), storage.data_ptr()
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[bool, int] | None:
+    """(is CUDA, address) of the storage behind `tensor` (as `tensors.unique_storage_bytes` keys them: CUDA's unified
+    addressing keeps every device's apart); None for a tensor without storage of its own."""
+    try:
+        return tensor.is_cuda, tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def module_of_parameter(name: str) -> str:
@@ -54,20 +62,24 @@ def module_of_parameter(name: str) -> str:
 
 class ModuleFollower:
     """Follows one model's modules through a step: `forward_begins` starts capturing (module hooks and saved-tensor
-    hooks), `forward_ends` stops it; what was saved stays known, weakly, until the next `forward_begins`."""
+    hooks), `forward_ends` stops it; what was saved stays known, weakly, until the next `forward_begins`. Its hooks'
+    own time is kept in `time_s` (the probe counts it as its cost)."""
 
-    def __init__(self, model: torch.nn.Module, parameter_storage_keys: set[tuple[str, int]], device: torch.device):
+    def __init__(self, model: torch.nn.Module, device: torch.device):
         self.names = {id(module): name for name, module in model.named_modules()}
         """Each module's path, by its id."""
-        self._parameter_storage_keys = parameter_storage_keys
-        self._device_type = device.type
+        self._parameter_storage_keys = {
+            key for parameter in model.parameters() for shard in local_shards(parameter) if (key := _storage_key(shard))
+        }
+        self._cuda = device.type == "cuda"
         self._stack: list[str] = []
-        self.backward_module: str | None = None
-        """The module whose backward began last (its output's gradient reached it), while a backward runs."""
-        self._saved: dict[tuple[str, int], _Saved] = {}
-        self._batch_keys: set[tuple[str, int]] = set()
+        self._outputs: list[tuple[Any, str]] = []
+        """(autograd node of an output, module) as each module's forward ended: innermost modules first."""
+        self._saved: dict[tuple[bool, int], _Saved] = {}
+        self._batch_keys: set[tuple[bool, int]] = set()
         self._saved_hooks: Any = None
         self._module_hooks: list[Any] = []
+        self.time_s = 0.0
 
     # --- capture ---------------------------------------------------------------------------------
     def forward_begins(self, batch: Iterable[torch.Tensor]) -> None:
@@ -76,7 +88,7 @@ class ModuleFollower:
         self._saved = {}
         self._batch_keys = {key for tensor in batch if (key := _storage_key(tensor)) is not None}
         self._stack = []
-        self.backward_module = None
+        self._outputs = []
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._saved_hooks.__enter__()
         self._module_hooks = [
@@ -96,60 +108,61 @@ class ModuleFollower:
             hook.remove()
         self._module_hooks = []
 
-    @property
-    def capturing(self) -> bool:
-        return self._saved_hooks is not None
-
     def _module_begins(self, module: torch.nn.Module, args: Any) -> None:
+        started_s = time.perf_counter()
         name = self.names.get(id(module))
         if name is not None:
             self._stack.append(name)
+        self.time_s += time.perf_counter() - started_s
 
     def _module_ends(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        started_s = time.perf_counter()
         name = self.names.get(id(module))
-        if name is None:
-            return
-        if self._stack and self._stack[-1] == name:
-            self._stack.pop()
-        for tensor in _tensors_of(output):
-            node = tensor.grad_fn
+        if name is not None:
+            if self._stack and self._stack[-1] == name:
+                self._stack.pop()
+            node = getattr(output, "grad_fn", None) if isinstance(output, torch.Tensor) else _first_node(output)
             if node is not None:
-                node.register_prehook(self._backward_reaches(name))
-
-    def _backward_reaches(self, name: str) -> Any:
-        def prehook(grad_outputs: Any) -> None:
-            self.backward_module = name
-
-        return prehook
+                self._outputs.append((node, name))
+        self.time_s += time.perf_counter() - started_s
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        started_s = time.perf_counter()
         try:
-            if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):
+            if tensor.is_cuda != self._cuda or isinstance(tensor, torch.nn.Parameter):
                 return tensor
-            if tensor.device.type != self._device_type:
-                return tensor
-            key = _storage_key(tensor)
-            if key is None or key in self._parameter_storage_keys or key in self._batch_keys:
+            storage = tensor.untyped_storage()
+            key = (self._cuda, storage.data_ptr())
+            if key in self._parameter_storage_keys or key in self._batch_keys:
                 return tensor
             saved = self._saved.get(key)
             if saved is None:
-                storage = tensor.untyped_storage()
                 module = self._stack[-1] if self._stack else ""
-                saved = self._saved[key] = _Saved(module, storage.nbytes(), list(tensor.shape), _dtype(tensor))
-            saved.holders.append(weakref.ref(tensor))
+                self._saved[key] = _Saved(module, storage.nbytes(), weakref.ref(tensor))
+            else:
+                saved.holders.append(weakref.ref(tensor))
         except Exception:  # never into autograd: a tensor this cannot read is left uncounted
             pass
+        finally:
+            self.time_s += time.perf_counter() - started_s
         return tensor
 
     # --- what is known -------------------------------------------------------------------------
-    def current_module(self) -> str | None:
-        """The innermost module whose forward is running, else the module whose backward began last."""
+    def current_module(self, autograd_node: Any = None) -> str | None:
+        """The innermost module whose forward is running; in a backward, the module whose forward made
+        `autograd_node` (the node autograd runs), found by walking the graph down from each module's output."""
         if self._stack:
             return self._stack[-1]
-        return self.backward_module
+        if autograd_node is None:
+            return None
+        return _module_of_node(autograd_node, self._outputs)
+
+    def step_ends(self) -> None:
+        """The step is over: its graph's nodes are let go (what was saved stays known, weakly)."""
+        self._outputs = []
 
     def saved_alive(self) -> list[_Saved]:
-        return [saved for saved in self._saved.values() if saved.alive()]
+        return [saved for saved in self._saved.values() if saved.alive() is not None]
 
     def saved_bytes(self) -> int:
         """Bytes of the distinct storages saved for backward in the last forward pass and still alive."""
@@ -163,8 +176,12 @@ class ModuleFollower:
         return by_module
 
     def largest_saved(self, count: int) -> list[LiveTensor]:
-        alive = sorted(self.saved_alive(), key=lambda saved: -saved.bytes)[:count]
-        return [LiveTensor("activations", saved.module, saved.bytes, saved.shape, saved.dtype) for saved in alive]
+        largest = []
+        for saved in sorted(self.saved_alive(), key=lambda saved: -saved.bytes)[:count]:
+            tensor = saved.alive()
+            if tensor is not None:
+                largest.append(LiveTensor("activations", saved.module, saved.bytes, list(tensor.shape), _dtype(tensor)))
+        return largest
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
@@ -175,32 +192,48 @@ def _dtype(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-def _tensors_of(value: Any) -> list[torch.Tensor]:
-    """The tensors a module returned: itself, in a tuple or list, or a ModelOutput's / dict's values (one level)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
+def _first_node(value: Any) -> Any:
+    """The autograd node of the first tensor a module returned in a tuple, list or ModelOutput (one level)."""
     if isinstance(value, Mapping):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
-        return [item for item in value if isinstance(item, torch.Tensor)]
-    return []
+        for item in value:
+            if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+                return item.grad_fn
+    return None
 
 
-def _shard_bytes(tensor: torch.Tensor | None, seen: set[tuple[bool, int]]) -> int:
-    """Bytes of `tensor`'s storage on this rank, unless a storage in `seen` (which it joins)."""
-    if tensor is None:
-        return 0
-    total = 0
-    for shard in local_shards(tensor):
-        try:
-            storage = shard.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            continue
-        key = (shard.is_cuda, storage.data_ptr())
-        if key not in seen:
-            seen.add(key)
-            total += storage.nbytes()
-    return total
+MAX_NODES_WALKED = 200_000
+"""A bound on the graph walked at a failure (a forward of a large model makes tens of thousands of nodes)."""
+
+
+def _module_of_node(target: Any, outputs: list[tuple[Any, str]]) -> str | None:
+    """The module whose forward made autograd node `target`: each module's region is the graph below its output's
+    node down to the outputs of other modules; modules are tried innermost first (the order their forwards ended),
+    each claiming the nodes no inner module claimed."""
+    boundaries = {node for node, _ in outputs}
+    claimed: set[Any] = set()
+    walked = 0
+    for node, name in outputs:
+        stack = [node]
+        while stack and walked < MAX_NODES_WALKED:
+            current = stack.pop()
+            if current in claimed:
+                continue
+            claimed.add(current)
+            walked += 1
+            if current is target or current == target:
+                return name
+            for child, _ in getattr(current, "next_functions", ()):
+                if child is not None and child not in claimed and child not in boundaries:
+                    stack.append(child)
+    return None
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of `tensor`'s own elements on this rank (its shard, for a sharded tensor); a view counts its own
+    elements, not its whole storage (a gradient that views a flat bucket is that gradient's share)."""
+    return sum(shard.numel() * shard.element_size() for shard in local_shards(tensor))
 
 
 @dataclass
@@ -210,44 +243,69 @@ class OwnedMemory:
     parameters: dict[str, int] = field(default_factory=dict)
     gradients: dict[str, int] = field(default_factory=dict)
     optimizer_state: dict[str, int] = field(default_factory=dict)
-    tensors: list[LiveTensor] = field(default_factory=list)
-    """Each parameter, gradient and state tensor, for the largest of a failure."""
 
 
-def owned_memory(model: torch.nn.Module, optimizer: Any, *, with_tensors: bool = False) -> OwnedMemory:
-    """Parameters, gradients and optimizer state by module, each distinct storage counted once."""
-    owned = OwnedMemory()
-    seen: set[tuple[bool, int]] = set()
-    by_id: dict[int, str] = {}
+class Ownership:
+    """Which module owns each parameter and buffer, read once when training begins, and what they, their gradients
+    and the optimizer's state of them take, by module — one pass over the parameters, no storage lookups."""
 
-    def add(kind: dict[str, int], band: str, module: str, tensor: torch.Tensor | None) -> None:
-        size = _shard_bytes(tensor, seen)
-        if size:
-            kind[module] = kind.get(module, 0) + size
-            if with_tensors and tensor is not None:
-                owned.tensors.append(LiveTensor(band, module, size, list(tensor.shape), _dtype(tensor)))
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._parameters = [(module_of_parameter(name), p) for name, p in model.named_parameters()]
+        self._by_id = {id(parameter): module for module, parameter in self._parameters}
+        self.parameters: dict[str, int] = {}
+        """Parameters and buffers by module."""
+        for module, tensor in [*self._parameters, *((module_of_parameter(n), b) for n, b in model.named_buffers())]:
+            self.parameters[module] = self.parameters.get(module, 0) + tensor_bytes(tensor)
 
-    parameters = list(model.named_parameters())
-    for name, parameter in parameters:
-        module = module_of_parameter(name)
-        by_id[id(parameter)] = module
-        add(owned.parameters, "weights", module, parameter)
-    for name, buffer in model.named_buffers():
-        add(owned.parameters, "weights", module_of_parameter(name), buffer)
-    for name, parameter in parameters:
-        add(owned.gradients, "gradients", module_of_parameter(name), parameter.grad)
-    for wrapped in optimizer_chain(optimizer):
-        state = getattr(wrapped, "state", None)
-        if not isinstance(state, Mapping):
-            continue
-        for parameter, values in list(state.items()):
-            owner = by_id.get(id(parameter))
-            if owner is None or not isinstance(values, Mapping):
+    def gradients(self) -> dict[str, int]:
+        by_module: dict[str, int] = {}
+        for module, parameter in self._parameters:
+            gradient = parameter.grad
+            if gradient is not None:
+                by_module[module] = by_module.get(module, 0) + tensor_bytes(gradient)
+        return by_module
+
+    def _state_tensors(self, optimizer: Any) -> Iterable[tuple[str, torch.Tensor]]:
+        seen: set[int] = set()
+        for wrapped in optimizer_chain(optimizer):
+            state = getattr(wrapped, "state", None)
+            if not isinstance(state, Mapping) or id(state) in seen:
                 continue
-            for value in values.values():
-                if isinstance(value, torch.Tensor):
-                    add(owned.optimizer_state, "optimizer state", owner, value)
-    return owned
+            seen.add(id(state))
+            for parameter, values in list(state.items()):
+                module = self._by_id.get(id(parameter))
+                if module is not None and isinstance(values, Mapping):
+                    for value in values.values():
+                        if isinstance(value, torch.Tensor):
+                            yield module, value
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, int]:
+        by_module: dict[str, int] = {}
+        for module, tensor in self._state_tensors(optimizer):
+            by_module[module] = by_module.get(module, 0) + tensor_bytes(tensor)
+        return by_module
+
+    def owned(self, optimizer: Any, gradients: dict[str, int] | None = None) -> OwnedMemory:
+        """Parameters, gradients (`gradients` when given: read earlier, when they were complete), optimizer state."""
+        return OwnedMemory(
+            dict(self.parameters),
+            self.gradients() if gradients is None else dict(gradients),
+            self.optimizer_state(optimizer),
+        )
+
+    def live_tensors(self, optimizer: Any) -> list[LiveTensor]:
+        """Every parameter, gradient and optimizer state tensor, with its band and module (for a failure)."""
+        tensors = [LiveTensor("weights", m, tensor_bytes(p), list(p.shape), _dtype(p)) for m, p in self._parameters]
+        tensors.extend(
+            LiveTensor("gradients", m, tensor_bytes(p.grad), list(p.grad.shape), _dtype(p.grad))
+            for m, p in self._parameters
+            if p.grad is not None
+        )
+        tensors.extend(
+            LiveTensor("optimizer state", m, tensor_bytes(t), list(t.shape), _dtype(t))
+            for m, t in self._state_tensors(optimizer)
+        )
+        return tensors
 
 
 def module_rows(

@@ -19,9 +19,8 @@ from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
 from gpuanat.worker.probe.module_memory import (
     LARGEST_TENSORS,
     ModuleFollower,
-    OwnedMemory,
+    Ownership,
     module_rows,
-    owned_memory,
 )
 from gpuanat.worker.probe.oom_capture import (
     CAPTURE,
@@ -46,6 +45,7 @@ class ModuleReadings(ProbeReadings):
     _measuring: bool
     _nvml: NvmlReader | None
     _modules: ModuleFollower | None
+    _ownership: Ownership | None
     _activations_by_module: dict[str, int] | None
     _gradients_by_module: dict[str, int]
     _step_phases: Any
@@ -74,20 +74,19 @@ class ModuleReadings(ProbeReadings):
     # --- memory by module -----------------------------------------------------------------------
     def _read_gradients_by_module(self) -> None:
         """The gradients by module while they are complete (the optimizer is about to step)."""
-        gradients = owned_memory(self._model, None).gradients
-        for module, size in gradients.items():
+        if self._ownership is None:
+            return
+        for module, size in self._ownership.gradients().items():
             self._gradients_by_module[module] = max(self._gradients_by_module.get(module, 0), size)
 
     def _module_rows(self, bands: ProbeBands) -> list[ModuleMemory] | None:
         """The modules' rows of a measured step: activations saved at the end of its forward pass, parameters and
         optimizer state now, gradients at their maximum; the "(no module)" row tops each up to its band."""
-        if self._activations_by_module is None:
+        if self._activations_by_module is None or self._ownership is None:
             return None
-        owned = owned_memory(self._model, self._optimizer)
-        owned.gradients = dict(self._gradients_by_module)
         return module_rows(
             self._activations_by_module,
-            owned,
+            self._ownership.owned(self._optimizer, self._gradients_by_module),
             {
                 "activations": bands.activations_bytes,
                 "parameters": bands.weights_bytes,
@@ -125,7 +124,7 @@ class ModuleReadings(ProbeReadings):
         following = self._modules is not None and self._measuring
         module = module_of_frames(failure.frames, names)
         if module is None and following and self._modules is not None and phase in ("forward", "backward"):
-            module = self._modules.current_module()
+            module = self._modules.current_module(failure.autograd_node)
         gradients, optimizer_state = self._gradients_bytes_now(), self._optimizer_state_bytes_now()
         batch = self._batch_bytes if self._measuring else 0
         if following and self._modules is not None:
@@ -136,7 +135,7 @@ class ModuleReadings(ProbeReadings):
             activations, method = max(0, allocated - others), "allocator"
         else:
             activations, method = None, "unavailable"
-        owned = owned_memory(self._model, self._optimizer, with_tensors=True)
+        ownership = self._ownership or Ownership(self._model)
         bands = ProbeBands(
             weights_bytes=self._weights_bytes,
             gradients_bytes=gradients,
@@ -152,7 +151,7 @@ class ModuleReadings(ProbeReadings):
         saved_by_module = self._modules.saved_by_module() if following and self._modules is not None else {}
         rows = module_rows(
             saved_by_module,
-            owned,
+            ownership.owned(self._optimizer),
             {
                 "activations": activations,
                 "parameters": self._weights_bytes,
@@ -160,7 +159,7 @@ class ModuleReadings(ProbeReadings):
                 "optimizer_state": optimizer_state,
             },
         )
-        largest = self._largest_tensors(owned, following)
+        largest = self._largest_tensors(ownership, following)
         return OutOfMemory(
             phase=phase,
             failed_allocation_bytes=failure.failed_allocation_bytes,
@@ -177,8 +176,8 @@ class ModuleReadings(ProbeReadings):
             largest_tensors=largest,
         )
 
-    def _largest_tensors(self, owned: OwnedMemory, following: bool) -> list[LiveTensor]:
-        candidates = list(owned.tensors)
+    def _largest_tensors(self, ownership: Ownership, following: bool) -> list[LiveTensor]:
+        candidates = ownership.live_tensors(self._optimizer)
         if following and self._modules is not None:
             candidates.extend(self._modules.largest_saved(LARGEST_TENSORS))
         return sorted(candidates, key=lambda tensor: -tensor.bytes)[:LARGEST_TENSORS]
@@ -186,8 +185,8 @@ class ModuleReadings(ProbeReadings):
 
 def _operation(failure: Failure, phase: str) -> str | None:
     """The backward's autograd node in backward (its Python frames are autograd's), else the source line."""
-    if phase == "backward" and failure.autograd_node:
-        return failure.autograd_node
+    if phase == "backward" and failure.autograd_node is not None:
+        return type(failure.autograd_node).__name__
     return operation_line(failure)
 
 

@@ -16,6 +16,7 @@ import sys
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ class Failure:
     """Python's frames then, innermost first."""
     lines: list[int]
     """The line each frame was at then (a traceback's frame has moved on since: its line is the traceback's)."""
-    autograd_node: str | None
+    autograd_node: Any
     """The autograd node running (a backward's operation), when one was."""
     failed_allocation_bytes: int | None
     device_free_bytes: int | None
@@ -128,13 +129,12 @@ def traceback_frames(error: BaseException) -> tuple[list[types.FrameType], list[
     return frames[::-1], lines[::-1]
 
 
-def current_autograd_node() -> str | None:
-    """The autograd node the engine runs on this thread (a backward operation, e.g. "MmBackward0"), if any."""
+def current_autograd_node() -> Any:
+    """The autograd node the engine runs on this thread (a backward operation, e.g. `MmBackward0`), if any."""
     try:
-        node = torch._C._current_autograd_node()
+        return torch._C._current_autograd_node()
     except Exception:
         return None
-    return type(node).__name__ if node is not None else None
 
 
 _TORCH_FOLDER = os.path.dirname(torch.__file__) + os.sep

@@ -6,7 +6,6 @@ chain that accelerate and DeepSpeed wrap around the real optimizer.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -64,17 +63,6 @@ def parameter_elements(parameter: torch.Tensor) -> int:
     quantization state keeps the original shape."""
     shape = getattr(getattr(parameter, "quant_state", None), "shape", None)
     return math.prod(shape) if shape is not None else parameter.numel()
-
-
-def storage_keys(tensors: Iterable[torch.Tensor]) -> set[tuple[str, int]]:
-    """(device, address) of the storages behind `tensors` (their shards on this rank)."""
-    keys = set()
-    for tensor in tensors:
-        for shard in local_shards(tensor):
-            with contextlib.suppress(RuntimeError, NotImplementedError):
-                storage = shard.untyped_storage()
-                keys.add((str(storage.device), storage.data_ptr()))
-    return keys
 
 
 DEEPSPEED_MASTER_WEIGHTS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
@@ -154,30 +142,3 @@ def read_gradients_before_zero_steps(optimizer: Any, read: Callable[[], None]) -
 
             wrapped.step = step_measured
             return
-
-
-class SavedTensors:
-    """The activations of one forward pass where no CUDA allocator counts them (CPU): the distinct storages autograd
-    saves for backward, captured by saved-tensor hooks from construction until `stop`, weights left out."""
-
-    def __init__(self, parameter_storage_keys: set[tuple[str, int]]) -> None:
-        self._parameter_storage_keys = parameter_storage_keys
-        self._saved_bytes: dict[tuple[str, int], int] = {}
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
-        self._hooks.__enter__()
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        try:
-            storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return tensor
-        key = (str(storage.device), storage.data_ptr())
-        if key not in self._parameter_storage_keys:
-            self._saved_bytes[key] = storage.nbytes()
-        return tensor
-
-    def stop(self, batch: list[torch.Tensor]) -> int:
-        """Ends the capture; the bytes saved for backward, the `batch`'s own tensors left out."""
-        self._hooks.__exit__(None, None, None)
-        batch_keys = {(str(t.untyped_storage().device), t.untyped_storage().data_ptr()) for t in batch}
-        return sum(size for key, size in self._saved_bytes.items() if key not in batch_keys)
