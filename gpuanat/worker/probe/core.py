@@ -39,6 +39,7 @@ import torch
 from gpuanat.core.export.probe_metrics import exported, served_metrics
 from gpuanat.core.vocabulary.protocol import STEP_PHASES, Error, Event, ModelInfo, ProbeBands, Step
 from gpuanat.worker.events import ParentGone
+from gpuanat.worker.out_of_memory import is_out_of_memory
 from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
 from gpuanat.worker.probe.loop_inputs import batch_tensors, hello_event
@@ -470,7 +471,7 @@ class Probe(ProbeReadings):
         """The training loop raised `error` (out of memory, or another exception): said with the step it was in and
         the allocator's figures, so a watch shows why the run ended."""
         cuda = getattr(self, "_cuda", False)
-        oom = isinstance(error, torch.cuda.OutOfMemoryError)
+        oom = is_out_of_memory(error)
         allocated = allocator_bytes(self._device) if cuda else None
         self._emit_safely(
             Error(
