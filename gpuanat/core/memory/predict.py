@@ -252,8 +252,8 @@ HOST_CAVEAT = (
 def host_prediction(config: RunConfig) -> Prediction | None:
     """`prediction` for a run on the CPU (`gpuanat predict --device cpu`): the tensors in host memory, with no CUDA
     context, no caching allocator's reserve and no cuBLAS workspaces (None where the GPU's prediction has one:
-    `HOST_MEMORY_UNAVAILABLE`); None where `prediction` is. A CPU run's result keeps `prediction`, the GPU's, which
-    CPU tests of fit and tune stand in for a GPU with."""
+    `HOST_MEMORY_UNAVAILABLE`); None where `prediction` is. A CPU run's result still stores `prediction`, the GPU's
+    (`gpuanat tune --device cpu` prunes with it as on a GPU)."""
     predicted = prediction(config)
     if predicted is None:
         return None
@@ -263,7 +263,9 @@ def host_prediction(config: RunConfig) -> Prediction | None:
         predicted,
         activations_bytes=predicted.activations_bytes - CUBLAS_WORKSPACE_BYTES,
         peak_allocated_bytes=predicted.peak_allocated_bytes - CUBLAS_WORKSPACE_BYTES,
-        **dict.fromkeys(HOST_MEMORY_UNAVAILABLE),
+        cuda_context_bytes=None,
+        peak_reserved_bytes=None,
+        peak_device_bytes=None,
         confidence="unchecked",
         caveat=HOST_CAVEAT if predicted.caveat is None else f"{predicted.caveat}; {HOST_CAVEAT}",
     )
