@@ -28,18 +28,18 @@ from gpuanat.worker.out_of_memory import (
 )
 
 GIB = 1 << 30
-SEQUENCE = 32_768
+SEQUENCE = 131_072
 HEADS = 16
 FAILING_ALLOCATION_BYTES = HEADS * SEQUENCE * SEQUENCE * 4
-"""Eager attention's fp32 scores of one sequence of the first training step: 16 heads × 32,768² × 4 B = 64 GiB."""
-HOST_LIMIT_BYTES = 16 * GIB
-"""The address space each process of a run may map. VmPeak of the processes of a run of `long_sequence_bert`
-(the failing allocation maps nothing), measured on a 2-core box with torch 2.13 (CPU) and transformers 5.24:
-gpuanat 0.39 GiB, its capability probe 0.59 GiB, the training child 2.3 GiB (0.56 GiB of it resident at most), as
-the child of a tiny preset's normal run; the script child 2.3 GiB. 16 GiB leaves 7× that, for a torch with CUDA's
-libraries or a machine of many cores (more threads, more malloc arenas); the allocation that must fail is 4× above
-it. Everything the step allocates before the scores is a few tensors of 32,768 tokens × 64 × 4 B = 8 MiB, so the
-run never holds more than a few hundred MiB, on any machine."""
+"""Eager attention's fp32 scores of one sequence of the first training step: 16 heads × 131,072² × 4 B = 1 TiB."""
+HOST_LIMIT_BYTES = 128 * GIB
+"""The address space each process of a run may map. The most a process of these runs mapped (VmPeak; the failing
+allocation maps nothing): with torch 2.13 (CPU) and transformers 5.24 on a 2-core box, 0.39 GiB gpuanat, 0.59 GiB
+its capability probe, 2.6 GiB the training child (0.75 GiB of it resident at most), 2.3 GiB the script child; with torch
+2.11+cu130 on a 16-core H200 box, 3.7 GiB once torch is imported, 16.2 GiB once `torch.cuda.is_available()` has
+initialised the driver, 19.9 GiB after a few CPU steps of this model with HF Trainer imported. 128 GiB leaves 6×
+the most; the allocation that must fail is 8× above it. Everything the step allocates before the scores is a few
+tensors of 131,072 tokens × 64 × 4 B = 32 MiB, so the run never holds more than it does here, on any machine."""
 
 
 def lowered_address_space() -> None:
@@ -121,7 +121,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 tracked = "--probe" in sys.argv
 with gpuanat.probe.track(model, optimizer, total_steps=3) if tracked else contextlib.nullcontext() as probe:
     for step in range(1, 4):
-        rows = {FAILING_ALLOCATION_BYTES // 32} if step == 2 else 4  # step 2: a batch of 64 GiB (8 fp32 a row)
+        rows = {FAILING_ALLOCATION_BYTES // 32} if step == 2 else 4  # step 2: a batch of 1 TiB (8 fp32 a row)
         loss = model(torch.randn(rows, 8)).sum()
         loss.backward()
         optimizer.step()
