@@ -53,7 +53,8 @@ def test_oom_is_recorded_and_reported_plainly(faulted):
     assert result["status"] == "oom"
     assert result["error"]["kind"] == "oom" and result["error"]["step"] == 3
     assert "out of memory" in result["error"]["message"].lower()
-    assert "gpuanat: out of GPU memory at step 3" in stderr
+    # a CPU run: its line says host memory (the GPU's line: tests/test_host_oom.py)
+    assert "gpuanat: out of host memory (RAM) at step 3" in stderr
     assert "try a smaller --batch-size" in stderr  # no GPU to fit: the techniques that lower memory, not yet on
     assert "Traceback" not in stderr
     with HistoryStore(db) as store:

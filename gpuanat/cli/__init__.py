@@ -1,10 +1,10 @@
 """The `gpuanat` command: the live dashboard, and headless subcommands (run, sweep, predict, fit, tune,
 history, watch), one module each.
 
-Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of GPU memory, 130 stopped (128 + the
-signal's number when SIGTERM or SIGHUP stopped it: 143, 129). A history that cannot be used (HistoryError) is
-reported in one line by `main`: 2 when its path or file must be fixed, 1 for a fault (busy, full, I/O).
-Whatever a command prints is made printable on its way out (`gpuanat.cli.output`).
+Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of memory (the GPU's, or on a CPU run the
+host's), 130 stopped (128 + the signal's number when SIGTERM or SIGHUP stopped it: 143, 129). A history that cannot
+be used (HistoryError) is reported in one line by `main`: 2 when its path or file must be fixed, 1 for a fault (busy,
+full, I/O). Whatever a command prints is made printable on its way out (`gpuanat.cli.output`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ def command_predict(args: argparse.Namespace) -> int:
     from gpuanat.core.memory.allocation_templates import largest_batch, version_differences
     from gpuanat.core.memory.fit_ladder import fit_ladder
     from gpuanat.core.memory.predict import (
+        HOST_MEMORY_UNAVAILABLE,
         estimate_memory,
         fits_in,
+        host_prediction,
         max_batch_caveat,
         prediction,
         unreadable_model_reason,
@@ -34,9 +36,14 @@ def command_predict(args: argparse.Namespace) -> int:
         if count == 0:
             fail_usage("--gpus: all needs NVML to count the GPUs, and it lists none here; give a count, e.g. --gpus 8")
         config = config.replace(gpus=str(count))
+    on_cpu = config.device == "cpu"
     gpu_memory: int | None = None
     source = "--gpu-memory"
-    if args.gpu_memory is not None:
+    if on_cpu:  # its tensors are in host memory: no GPU to fit
+        if args.gpu_memory is not None:
+            fail_usage("--gpu-memory: a CPU run's tensors are in host memory; leave out --device cpu to fit a GPU")
+        source = "CPU run: its tensors are in host memory, no GPU's"
+    elif args.gpu_memory is not None:
         try:
             gpu_memory = parse_size(args.gpu_memory)
         except ValueError as error:
@@ -47,7 +54,7 @@ def command_predict(args: argparse.Namespace) -> int:
             gpu_memory, source = nvml.gpu_total_bytes[0], f"NVML: {nvml.gpu_names[0]}"
         else:
             source = f"no GPU memory to fit: {nvml.reason or 'no GPU'}; give --gpu-memory"
-    predicted = prediction(config)
+    predicted = host_prediction(config) if on_cpu else prediction(config)
     assert predicted is not None
     largest = largest_batch(config, gpu_memory) if gpu_memory is not None else None
     result: dict[str, Any] = {
@@ -63,11 +70,17 @@ def command_predict(args: argparse.Namespace) -> int:
         "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
         "fit_ladder": ([step.to_json() for step in fit_ladder(config, gpu_memory)] if gpu_memory is not None else None),
     }
+    if on_cpu:
+        result["unavailable"] = HOST_MEMORY_UNAVAILABLE
     if args.json:
         print(json.dumps(result))
         return EXIT_OK
     each = f", each of {predicted.ranks} ranks" if (predicted.ranks or 1) > 1 else ""
-    print(f"Prediction for {config.model or config.preset} {config.techniques_summary()}, seq {config.seq_len}{each}:")
+    where = ", in host memory (process RAM)" if on_cpu else ""
+    print(
+        f"Prediction for {config.model or config.preset} {config.techniques_summary()}, seq {config.seq_len}{each}"
+        f"{where}:"
+    )
     for key in (
         "weights_bytes",
         "gradients_bytes",
@@ -77,7 +90,8 @@ def command_predict(args: argparse.Namespace) -> int:
         "peak_allocated_bytes",
         "peak_device_bytes",
     ):
-        print(f"  {key.removesuffix('_bytes').replace('_', ' '):<22} {format_bytes(result[key]):>11}")
+        reason = f"  ({HOST_MEMORY_UNAVAILABLE[key]})" if on_cpu and key in HOST_MEMORY_UNAVAILABLE else ""
+        print(f"  {key.removesuffix('_bytes').replace('_', ' '):<22} {format_bytes(result[key]):>11}{reason}")
         if key == "activations_bytes" and result["logits_bytes"]:
             print(f"    {'of which logits':<20} {format_bytes(result['logits_bytes']):>11}")
         if key == "peak_allocated_bytes" and result["ddp_first_buckets_bytes"]:

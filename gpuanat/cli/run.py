@@ -83,7 +83,8 @@ def command_run_script(args: argparse.Namespace) -> int:
     else:
         print_named_summary(result, args.name)
     if result.status == "oom":
-        print(f"gpuanat: the script ran out of GPU memory: {result.error_message}", file=sys.stderr)
+        memory = {"cpu": "host memory (RAM)", "cuda": "GPU memory"}.get(result.device or "", "memory")
+        print(f"gpuanat: the script ran out of {memory}: {result.error_message}", file=sys.stderr)
     return exit_code_for(result.status or "failed", args.stop_signals)
 
 
@@ -157,15 +158,19 @@ def command_run(args: argparse.Namespace) -> int:
         print(f"gpuanat: error: {run_error.flag}: {run_error.message}", file=sys.stderr)
         return EXIT_USAGE
     if result.status == "oom":
-        from gpuanat.core.store.report import format_bytes
-
-        print(
-            f"gpuanat: out of GPU memory at step {run_error.step if run_error else None} "
-            f"(peak allocated {format_bytes(result.peak_allocated_bytes)}); "
-            f"{out_of_memory_hint(config, result.device_memory_total_bytes)}",
-            file=sys.stderr,
-        )
+        print(f"gpuanat: {out_of_memory_line(config, result)}", file=sys.stderr)
     return exit_code_for(result.status or "failed", args.stop_signals)
+
+
+def out_of_memory_line(config: Any, result: RunResult) -> str:
+    """What ran out (the GPU's memory, or on a CPU run the host's), at which step, and what to change."""
+    from gpuanat.core.store.report import format_bytes
+
+    step = result.error.step if result.error else None
+    hint = out_of_memory_hint(config, result.device_memory_total_bytes)
+    if config.device == "cpu":  # no GPU, and no CUDA allocator's peak: the summary's error says what failed
+        return f"out of host memory (RAM) at step {step}; {hint}"
+    return f"out of GPU memory at step {step} (peak allocated {format_bytes(result.peak_allocated_bytes)}); {hint}"
 
 
 def out_of_memory_hint(config: Any, gpu_memory_bytes: int | None) -> str:

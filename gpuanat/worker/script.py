@@ -7,7 +7,7 @@ creates gets an `AnatomyCallback` (unless it already has one), whose events go t
 GPUANAT_EVENTS_FD; the variable is removed before the script runs, so processes the script starts do not
 inherit a descriptor they do not have. The script then runs as `python SCRIPT ARGS` would run it: as
 `__main__`, with `sys.argv` = [SCRIPT, *ARGS] and its directory first on `sys.path`. An exception that ends
-the script is also reported as an `error` event (kind `oom` for a CUDA out-of-memory error).
+the script is also reported as an `error` event (kind `oom` when it ran out of memory: the GPU's, or the host's).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from gpuanat.core.vocabulary.protocol import Error, Event
 from gpuanat.worker.events import EventWriter, ParentGone
 from gpuanat.worker.lifeline import hold_lifeline
+from gpuanat.worker.out_of_memory import is_host_out_of_memory, is_out_of_memory, out_of_memory_message
 from gpuanat.worker.probe import sink
 from gpuanat.worker.probe.hf import AnatomyCallback
 
@@ -76,10 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         return code if isinstance(code, int) else (0 if code is None else 1)
     except Exception as error:
         if emit is not None:
-            kind = "oom" if type(error).__name__ == "OutOfMemoryError" else "exception"
-            event: Event = Error(
-                kind=kind, message=f"{type(error).__name__}: {error}".splitlines()[0], traceback=traceback.format_exc()
+            message = (
+                out_of_memory_message(error)  # says it was the host's memory, not the GPU's
+                if is_host_out_of_memory(error)
+                else f"{type(error).__name__}: {error}".splitlines()[0]
             )
+            kind = "oom" if is_out_of_memory(error) else "exception"
+            event: Event = Error(kind=kind, message=message, traceback=traceback.format_exc())
             with contextlib.suppress(ParentGone, OSError):
                 emit(event)
         traceback.print_exc()

@@ -1,7 +1,8 @@
 """The training child: builds the model (`model`), the data and HF Trainer from a RunConfig, trains, reports events.
 
 Run as `python -m gpuanat.worker --events-fd FD --config JSON`. Events go to FD; stdout and stderr
-stay the human log. Exit codes: 0 done, 1 exception, 2 config error, 3 out of memory, 130 stopped.
+stay the human log. Exit codes: 0 done, 1 exception, 2 config error, 3 out of memory (the GPU's, or on a CPU run the
+host's), 130 stopped.
 
 As a rank of a distributed run (started by torchrun through gpuanat.worker.launch) it is given
 `--rank-socket PATH` instead: it connects there, says which rank it is, sends its events on the connection and
@@ -23,6 +24,7 @@ import traceback
 from typing import Any
 
 from gpuanat.worker.model import build_model, compile_regions, compile_stats, is_causal_lm, training_device
+from gpuanat.worker.out_of_memory import is_out_of_memory, out_of_memory_message
 
 EXIT_OK, EXIT_EXCEPTION, EXIT_CONFIG, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
 LOGGING_STEPS = 10
@@ -261,7 +263,9 @@ def train(config: Any, emit: Any) -> int:
                 output = trainer.train()
                 metrics, global_step = output.metrics, output.global_step
             reached("trained")
-        except torch.OutOfMemoryError as error:
+        except Exception as error:  # out of the GPU's memory or the host's (a CPU run): others end the run as failed
+            if not is_out_of_memory(error):
+                raise
             dump_memory_snapshot()  # before the trainer's memory is freed (the frames unwound have freed theirs)
             # The model itself may not fit (no step yet), or a step ran out of memory.
             step = probe.steps + 1 if probe.started else 0
@@ -275,7 +279,7 @@ def train(config: Any, emit: Any) -> int:
             emit(
                 Error(
                     kind="oom",
-                    message=str(error).splitlines()[0],
+                    message=out_of_memory_message(error),
                     step=step,
                     peak_allocated_bytes=peak_allocated,
                     reserved_bytes=reserved,

@@ -167,7 +167,16 @@ def diagnose(
         findings.extend(_time_findings(config, breakdown, result))
     total = result.device_memory_total_bytes
     reserved = result.peak_reserved_bytes
-    if result.status == "oom":
+    if result.status == "oom" and config.get("device") == "cpu":  # bitsandbytes and the CUDA allocator: GPU only
+        findings.insert(
+            0,
+            Finding(
+                "memory-bound",
+                "the run ran out of host memory (RAM)",
+                "--grad-checkpointing, a smaller --batch-size with --grad-accum to keep the effective batch",
+            ),
+        )
+    elif result.status == "oom":
         findings.insert(
             0,
             Finding(

@@ -236,6 +236,41 @@ def prediction(config: RunConfig) -> Prediction | None:
     )
 
 
+HOST_MEMORY_UNAVAILABLE = {
+    "cuda_context_bytes": "CPU run: no CUDA context",
+    "peak_reserved_bytes": "CPU run: no caching allocator's reserve above the tensors",
+    "peak_device_bytes": "CPU run: no GPU memory; the peak allocated is in host memory",
+}
+"""What a prediction for the CPU leaves out, and why (`host_prediction`)."""
+HOST_CAVEAT = (
+    "on the CPU only the weights, gradients and optimizer state are exact; the activations are the GPU kernels' "
+    "model (a tiny BERT on the CPU kept as much with eager attention, more with SDPA); the process's own code and "
+    "libraries come on top"
+)
+
+
+def host_prediction(config: RunConfig) -> Prediction | None:
+    """`prediction` for a run on the CPU (`gpuanat predict --device cpu`): the tensors in host memory, with no CUDA
+    context, no caching allocator's reserve and no cuBLAS workspaces (None where the GPU's prediction has one:
+    `HOST_MEMORY_UNAVAILABLE`); None where `prediction` is. A CPU run's result still stores `prediction`, the GPU's
+    (`gpuanat tune --device cpu` prunes with it as on a GPU)."""
+    predicted = prediction(config)
+    if predicted is None:
+        return None
+    assert predicted.activations_bytes is not None and predicted.peak_allocated_bytes is not None
+    # `estimate_memory` counts the workspaces once in the activations of every workload and once in each moment's peak
+    return dataclasses.replace(
+        predicted,
+        activations_bytes=predicted.activations_bytes - CUBLAS_WORKSPACE_BYTES,
+        peak_allocated_bytes=predicted.peak_allocated_bytes - CUBLAS_WORKSPACE_BYTES,
+        cuda_context_bytes=None,
+        peak_reserved_bytes=None,
+        peak_device_bytes=None,
+        confidence="unchecked",
+        caveat=HOST_CAVEAT if predicted.caveat is None else f"{predicted.caveat}; {HOST_CAVEAT}",
+    )
+
+
 def unreadable_model_reason(config: RunConfig) -> str | None:
     """Why the run's --model cannot be predicted (its config not found, or an architecture the model does not
     describe); None where it can (every preset)."""

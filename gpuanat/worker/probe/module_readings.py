@@ -13,7 +13,12 @@ from typing import Any
 import torch
 
 from gpuanat.core.vocabulary.protocol import Error, Event, LiveTensor, ModuleMemory, OutOfMemory, ProbeBands
-from gpuanat.worker.out_of_memory import failed_allocation_bytes, is_gpu_out_of_memory, is_out_of_memory
+from gpuanat.worker.out_of_memory import (
+    failed_allocation_bytes,
+    is_gpu_out_of_memory,
+    is_out_of_memory,
+    out_of_memory_message,
+)
 from gpuanat.worker.probe.cost import never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
 from gpuanat.worker.probe.module_memory import (
@@ -63,7 +68,7 @@ class ModuleReadings(ProbeReadings):
         self._emit_safely(
             Error(
                 kind="oom" if oom else "exception",
-                message=f"{type(error).__name__}: {error}",
+                message=out_of_memory_message(error) if oom else f"{type(error).__name__}: {error}",
                 step=self.steps + 1,
                 peak_allocated_bytes=allocated[1] if allocated else None,
                 reserved_bytes=allocated[2] if allocated else None,
