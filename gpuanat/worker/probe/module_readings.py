@@ -17,7 +17,6 @@ from gpuanat.worker.out_of_memory import (
     failed_allocation_bytes,
     is_gpu_out_of_memory,
     is_out_of_memory,
-    out_of_memory_message,
 )
 from gpuanat.worker.probe.cost import never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
@@ -68,7 +67,7 @@ class ModuleReadings(ProbeReadings):
         self._emit_safely(
             Error(
                 kind="oom" if oom else "exception",
-                message=out_of_memory_message(error) if oom else f"{type(error).__name__}: {error}",
+                message=f"{type(error).__name__}: {error}",
                 step=self.steps + 1,
                 peak_allocated_bytes=allocated[1] if allocated else None,
                 reserved_bytes=allocated[2] if allocated else None,
