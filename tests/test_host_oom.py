@@ -101,6 +101,17 @@ def test_a_cpu_run_out_of_host_memory_ends_oom_with_exit_3(tmp_path, db_path):
     message = result["error"]["message"]
     assert message.startswith("out of host memory (RAM): DefaultCPUAllocator: can't allocate memory")
     assert failed_allocation_bytes(message) == FAILING_ALLOCATION_BYTES  # the scores, exactly
+    failure = result["out_of_memory"]  # the anatomy at the failing allocation (#49): read from the traceback
+    assert failure["failed_allocation_bytes"] == FAILING_ALLOCATION_BYTES
+    assert (failure["phase"], failure["step"]) == ("forward", 1)
+    assert failure["module"] == "bert.encoder.layer.0.attention.self"  # eager attention's scores: query x key
+    assert failure["operation"].startswith("attn_weights = torch.matmul(query, key.transpose(")
+    assert (
+        failure["operation"].endswith("(transformers/models/bert/modeling_bert.py:126)")
+        or ".py:" in failure["operation"]
+    )
+    weights = sum(row["parameters_bytes"] for row in result["modules"])
+    assert weights == result["bands"]["weights_bytes"] > 0  # the model's, module by module
     assert "gpuanat: out of host memory (RAM) at step 1; try a smaller --batch-size" in stderr
     assert "GPU" not in stderr and "CUDA" not in stderr and "Traceback" not in stderr
     (finding,) = [finding for finding in result["diagnosis"] if finding["bottleneck"] == "memory-bound"]
