@@ -49,6 +49,7 @@ def command_run_script(args: argparse.Namespace) -> int:
     script: Path = args.script
     if not script.is_file():
         fail_usage(f"--script: no such file: {script}")
+    check_snapshot_folders(args)
     if args.metrics is not None:  # the script's own probe serves them, as in a job gpuanat did not start
         print(
             f"gpuanat: the script's probe serves Prometheus metrics on {args.metrics[0]}:{args.metrics[1]} (its "
@@ -69,6 +70,7 @@ def command_run_script(args: argparse.Namespace) -> int:
                     trace_path=args.trace_out,
                     stop_requested=stop_requested,
                     env=measurement_environment(
+                        keep_oom_snapshot=args.keep_oom_snapshot,
                         profile_ops=args.profile_ops,
                         profile_ops_trace=args.profile_ops_trace,
                         metrics=args.metrics,
@@ -82,10 +84,33 @@ def command_run_script(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json()))
     else:
         print_named_summary(result, args.name)
+    print_kept_snapshot(result, args.json)
     if result.status == "oom":
         memory = {"cpu": "host memory (RAM)", "cuda": "GPU memory"}.get(result.device or "", "memory")
         print(f"gpuanat: the script ran out of {memory}: {result.error_message}", file=sys.stderr)
     return exit_code_for(result.status or "failed", args.stop_signals)
+
+
+def check_snapshot_folders(args: argparse.Namespace) -> None:
+    """`--memory-snapshot` and `--keep-oom-snapshot` write a file: their folder must exist (a script run has only the
+    second)."""
+    paths = (
+        ("--memory-snapshot", getattr(args, "memory_snapshot", None)),
+        ("--keep-oom-snapshot", args.keep_oom_snapshot),
+    )
+    for flag, path in paths:
+        if path is not None and not path.parent.resolve().is_dir():
+            fail_usage(f"{flag}: no such folder: {printable(str(path.parent))}")
+
+
+def print_kept_snapshot(result: RunResult, json_output: bool) -> None:
+    """Where `--keep-oom-snapshot` wrote the allocator's snapshot of the failure, when it did."""
+    kept = (result.out_of_memory or {}).get("snapshot_path")
+    if kept:
+        print(
+            f"Out-of-memory snapshot: {printable(kept)} (drop it on pytorch.org/memory_viz)",
+            file=sys.stderr if json_output else sys.stdout,
+        )
 
 
 def check_profile_ops(args: argparse.Namespace) -> None:
@@ -107,9 +132,7 @@ def command_run(args: argparse.Namespace) -> int:
     if args.script_args:
         fail_usage("arguments after -- are for a script: give it with --script SCRIPT.py")
     check_values(args)
-    for flag, path in (("--memory-snapshot", args.memory_snapshot), ("--keep-oom-snapshot", args.keep_oom_snapshot)):
-        if path is not None and not path.parent.resolve().is_dir():
-            fail_usage(f"{flag}: no such folder: {path.parent}")
+    check_snapshot_folders(args)
     capabilities = detect_capabilities()
     config = machine_config(args, capabilities)
     unsupported = machine_unsupported_reason(config, capabilities)
@@ -147,12 +170,7 @@ def command_run(args: argparse.Namespace) -> int:
             else f"gpuanat: no memory snapshot was written to {args.memory_snapshot} (see the log)",
             file=sys.stderr if args.json or not written else sys.stdout,
         )
-    kept = (result.out_of_memory or {}).get("snapshot_path")
-    if kept:
-        print(
-            f"Out-of-memory snapshot: {printable(kept)} (drop it on pytorch.org/memory_viz)",
-            file=sys.stderr if args.json else sys.stdout,
-        )
+    print_kept_snapshot(result, args.json)
     run_error = result.error
     if run_error is not None and run_error.kind == "config":
         print(f"gpuanat: error: {run_error.flag}: {run_error.message}", file=sys.stderr)
