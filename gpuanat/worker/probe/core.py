@@ -58,6 +58,11 @@ from gpuanat.worker.probe.tensors import (
 from gpuanat.worker.probe.timing import StepPhases
 
 FIRST_MEASURED_STEPS = 3
+MODULE_STEPS_ON_A_GPU = 2
+"""On a GPU, the measured steps whose modules are followed (their hooks cost a few ms a step): the first, and the
+second, the first with the optimizer's state, where runs that fit one step run out of memory; later measured steps
+carry the memory by module of the last one followed. On the CPU every measured step is: its activations band is
+what autograd saved."""
 WARMUP_STEPS_OF_AN_OPEN_RUN = 10
 """Warm-up steps when the loop does not say how many steps it will run (a plain loop's `track` without
 `total_steps`)."""
@@ -107,6 +112,8 @@ class Probe(ModuleReadings):
         """Follows the model's modules and what autograd saves in them on measured steps (not under compile)."""
         self._activations_by_module: dict[str, int] | None = None
         self._gradients_by_module: dict[str, int] = {}
+        self._following = False
+        """Whether this step's modules are followed (a measured step: on a GPU the first `MODULE_STEPS_ON_A_GPU`)."""
         self._nvml: NvmlReader | None = None
         asked_steps, asked_trace = requested_steps()
         self.profile_ops_steps = asked_steps if profile_ops is None else profile_ops
@@ -277,7 +284,7 @@ class Probe(ModuleReadings):
                 # The forward pass's own peak: keep the step's peak so far, then restart the counter.
                 self._step_peak_floor_bytes = max(self._step_peak_floor_bytes, allocator_bytes(self._device)[1])
                 torch.cuda.reset_peak_memory_stats(self._device)
-            if self._modules is not None:
+            if self._following and self._modules is not None:
                 self._modules.forward_begins(batch)
 
     def _forward_ends(self, batch: list[torch.Tensor], output: Any) -> None:
@@ -285,7 +292,7 @@ class Probe(ModuleReadings):
             self._step_phases.forward_ends()
         if not self._measuring:
             return
-        if self._modules is not None:
+        if self._following and self._modules is not None:
             self._modules.forward_ends()
         gradients_now = self._gradients_bytes_now()
         optimizer_state_now = self._optimizer_state_bytes_now()
@@ -302,11 +309,11 @@ class Probe(ModuleReadings):
                 + (self._buffers_at_start_bytes or 0)
             )
             activations = allocated - live_bytes
-        elif self._modules is not None:
+        elif self._following and self._modules is not None:
             activations = self._modules.saved_bytes()
         else:
             activations = None
-        if self._modules is not None and (activations or 0) >= (self._activations_bytes or 0):
+        if self._following and self._modules is not None and (activations or 0) >= (self._activations_bytes or 0):
             self._activations_by_module = self._modules.saved_by_module()  # the largest micro-batch's
         if activations is not None:
             self._activations_bytes = max(self._activations_bytes or 0, activations)
@@ -338,6 +345,10 @@ class Probe(ModuleReadings):
             self._forward_peak_bytes = None
             self._logits_bytes = None
             self._batch_bytes = 0
+        self._following = (
+            self._measuring and self._modules is not None and (not self._cuda or step <= MODULE_STEPS_ON_A_GPU)
+        )
+        if self._following:
             self._activations_by_module = None
             self._gradients_by_module = {}
         self._step_peak_floor_bytes = 0
@@ -360,6 +371,7 @@ class Probe(ModuleReadings):
         self._step_phases.optimizer_begins()
         if self._measuring:
             self._gradients_bytes = max(self._gradients_bytes, self._gradients_bytes_now())
+        if self._following:
             self._read_gradients_by_module()
 
     @never_raises
@@ -423,7 +435,7 @@ class Probe(ModuleReadings):
             bands = self.measured_bands(step)
             bands = dataclasses.replace(bands, modules=self._module_rows(bands))
             self.last_bands = bands
-            if self._modules is not None:  # its hooks ran outside the probe's timed methods: counted here
+            if self._following and self._modules is not None:  # its hooks ran outside the probe's methods: counted here
                 self._modules.step_ends()
                 self.probe_time_s += self._modules.time_s
                 self.probe_time_by_part_s["measured steps"] += self._modules.time_s

@@ -233,7 +233,12 @@ def _module_of_node(target: Any, outputs: list[tuple[Any, str]]) -> str | None:
 def tensor_bytes(tensor: torch.Tensor) -> int:
     """Bytes of `tensor`'s own elements on this rank (its shard, for a sharded tensor); a view counts its own
     elements, not its whole storage (a gradient that views a flat bucket is that gradient's share)."""
-    return sum(shard.numel() * shard.element_size() for shard in local_shards(tensor))
+    if type(tensor) in _PLAIN_TENSORS:  # most: no shard to look for
+        return tensor.nbytes
+    return sum(shard.nbytes for shard in local_shards(tensor))
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 @dataclass
@@ -252,6 +257,8 @@ class Ownership:
     def __init__(self, model: torch.nn.Module) -> None:
         self._parameters = [(module_of_parameter(name), p) for name, p in model.named_parameters()]
         self._by_id = {id(parameter): module for module, parameter in self._parameters}
+        self._state_shape: tuple[int, ...] = ()
+        self._state_by_module: dict[str, int] | None = None
         self.parameters: dict[str, int] = {}
         """Parameters and buffers by module."""
         for module, tensor in [*self._parameters, *((module_of_parameter(n), b) for n, b in model.named_buffers())]:
@@ -280,10 +287,16 @@ class Ownership:
                             yield module, value
 
     def optimizer_state(self, optimizer: Any) -> dict[str, int]:
+        """The optimizer's state by module; read again only when the optimizer holds state for other parameters than
+        at the last reading (its tensors keep their sizes from their first step on)."""
+        shape = tuple(len(getattr(wrapped, "state", None) or ()) for wrapped in optimizer_chain(optimizer))
+        if shape == self._state_shape and self._state_by_module is not None:
+            return dict(self._state_by_module)
         by_module: dict[str, int] = {}
         for module, tensor in self._state_tensors(optimizer):
             by_module[module] = by_module.get(module, 0) + tensor_bytes(tensor)
-        return by_module
+        self._state_shape, self._state_by_module = shape, by_module
+        return dict(by_module)
 
     def owned(self, optimizer: Any, gradients: dict[str, int] | None = None) -> OwnedMemory:
         """Parameters, gradients (`gradients` when given: read earlier, when they were complete), optimizer state."""

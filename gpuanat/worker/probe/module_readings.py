@@ -51,6 +51,7 @@ class ModuleReadings(ProbeReadings):
     _modules: ModuleFollower | None
     _ownership: Ownership | None
     _activations_by_module: dict[str, int] | None
+    _following: bool
     _gradients_by_module: dict[str, int]
     _step_phases: Any
 
@@ -84,8 +85,9 @@ class ModuleReadings(ProbeReadings):
             self._gradients_by_module[module] = max(self._gradients_by_module.get(module, 0), size)
 
     def _module_rows(self, bands: ProbeBands) -> list[ModuleMemory] | None:
-        """The modules' rows of a measured step: activations saved at the end of its forward pass, parameters and
-        optimizer state now, gradients at their maximum; the "(no module)" row tops each up to its band."""
+        """The modules' rows of a measured step, `bands`' own: the activations saved at the end of the forward pass and
+        the gradients at their maximum of the last step whose modules were followed, parameters and optimizer state
+        now; the "(no module)" row tops each column up to its band."""
         if self._activations_by_module is None or self._ownership is None:
             return None
         return module_rows(
@@ -125,7 +127,7 @@ class ModuleReadings(ProbeReadings):
             if failure.autograd_node is not None
             else phase_of_frames(failure.frames) or STEP_PHASE_AT_FAILURE.get(self._step_phases.phase, "between steps")
         )
-        following = self._modules is not None and self._measuring
+        following = self._modules is not None and self._following
         module = module_of_frames(failure.frames, names)
         if module is None and following and self._modules is not None and phase in ("forward", "backward"):
             module = self._modules.current_module(failure.autograd_node)
