@@ -12,6 +12,8 @@ import hashlib
 import json
 import shlex
 import sqlite3
+import subprocess
+import sys
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -156,9 +158,14 @@ def test_explain_of_each_recorded_h200_oom_run_says_what_its_result_holds(run_id
     if would_fit["command"] is None:
         assert would_fit["ideas"] and all(idea in text for idea in would_fit["ideas"])
         return
-    assert would_fit["command"] in text and would_fit["command"].endswith(" ".join(would_fit["flags"]))
-    # the command predicted to fit: `gpuanat predict` with its flags, for this GPU, needs no step of the ladder
+    assert would_fit["command"] in text
     words = shlex.split(would_fit["command"])
+    if would_fit["flags"]:  # the ladder's steps up to the one predicted to fit, added to the run's own flags
+        assert would_fit["command"].endswith(" ".join(would_fit["flags"]))
+    else:  # no step fits: the largest smaller batch predicted to fit
+        assert 0 < would_fit["max_batch_size"] < stored["config"]["batch_size"]
+        assert words[words.index("--batch-size") + 1] == str(would_fit["max_batch_size"])
+    # the command is predicted to fit: `gpuanat predict` with its flags, for this GPU, needs no step of the ladder
     assert words[:2] == ["gpuanat", "run"]
     predicted_run = run_cli(
         ["predict", *words[2:], "--gpu-memory", f"{would_fit['gpu_memory_bytes']}B", "--json"], None, timeout_s=60
@@ -336,3 +343,18 @@ def test_an_unreadable_history_is_refused_in_one_line_and_left_untouched(tmp_pat
     assert str(db) in line and "--db" in line
     assert sorted(tmp_path.rglob("*")) == listing
     assert (db.read_bytes() if db.is_file() else None) == before
+
+
+def test_explain_imports_no_torch_and_its_help_says_what_it_shows():
+    """A read of the history: seconds matter, so no torch (the history command's rule, test_import_hygiene)."""
+    code = (
+        "import sys\nfrom gpuanat.cli import main\n"
+        f"main(['explain', '--db', {str(H200_OOM_HISTORY)!r}])\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert completed.stdout.strip().splitlines()[-1] == "NO-TORCH"
+    assert "explain" in run_cli(["--help"], None, timeout_s=60).stdout
+    help_text = " ".join(run_cli(["explain", "--help"], None, timeout_s=60).stdout.split())
+    for words in ("RUN", "the last run", "--db", "--json", "by band and by module", "predicted to fit", "Exit codes"):
+        assert words in help_text, words

@@ -69,14 +69,16 @@ def _run_id(text: str | None) -> int | None:
 
 
 def fitting_command(explanation: Explanation) -> str | None:
-    """The run as a `gpuanat run` command with the fit ladder's flags predicted to fit added; None when there are
-    none."""
+    """The run as a `gpuanat run` command with the fit ladder's flags predicted to fit added, else at the largest
+    batch predicted to fit; None when neither is."""
     from gpuanat.core.run.tune.runs import run_command
 
     suggestion = explanation.would_fit
-    if suggestion is None or not suggestion.flags:
+    if suggestion is None or not (suggestion.flags or suggestion.max_batch_size):
         return None
     config = RunConfig.from_json({key: value for key, value in explanation.config.items() if value is not None})
+    if suggestion.max_batch_size:
+        return run_command(config.replace(batch_size=suggestion.max_batch_size))
     return " ".join([run_command(config), *suggestion.flags])
 
 
@@ -172,7 +174,12 @@ def _print_prediction(check: PredictionCheck | None, why_none: str | None, gpu_t
 
 
 def _print_would_fit(suggestion: FitSuggestion, command: str | None) -> None:
-    if command is not None:
+    if command is not None and suggestion.max_batch_size:
+        print(
+            f"What would fit: no step of the fit ladder is predicted to fit this GPU; batch {suggestion.max_batch_size}"
+            f" is (`gpuanat predict` with it shows why):\n  {printable(command)}"
+        )
+    elif command is not None:
         print(
             f"What would fit: add {' '.join(suggestion.flags)}, the fit ladder's cheapest step predicted to fit this "
             f"GPU (`gpuanat predict` with it shows why):\n  {printable(command)}"

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuanat.core.memory.model_config import UnreadableModel
-from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes
+from gpuanat.core.memory.predict import estimate_memory, fits_in, max_batch_size, peak_device_bytes
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.techniques import BY_SHARDING, with_distributed
 from gpuanat.core.vocabulary.validation import refusal
@@ -184,11 +184,15 @@ class FitSuggestion:
     """Why the memory model could not predict the run here (its model's config cannot be read); None when it could."""
     gpu_memory_bytes: int | None = None
     """The GPU's memory the ladder was held against; None when it is not known (a CPU run): then no ladder."""
+    max_batch_size: int | None = None
+    """Where no step is predicted to fit: the largest smaller batch predicted to fit with the run's techniques (the
+    bytes model's, as `gpuanat predict` gives it without a recorded run); None when none is, or it was not asked."""
 
     def to_json(self) -> dict[str, object]:
         return {
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "flags": list(self.flags),
+            "max_batch_size": self.max_batch_size,
             "ideas": list(self.ideas),
             "fits_as_is": self.fits_as_is,
             "not_predicted": self.not_predicted,
@@ -198,8 +202,8 @@ class FitSuggestion:
 def what_would_fit(config: RunConfig, gpu_memory_bytes: int | None) -> FitSuggestion:
     """What to change in `config`, which ran out of memory on a GPU of `gpu_memory_bytes` (None: its size is not
     known): the fit ladder's steps up to the one predicted to fit it, as `gpuanat predict` lists them; else the
-    techniques that lower memory and are not on yet."""
-    fits_as_is, not_predicted = False, None
+    largest batch predicted to fit, and the techniques that lower memory and are not on yet."""
+    fits_as_is, not_predicted, batch = False, None, None
     if gpu_memory_bytes:
         try:
             ladder = fit_ladder(config, gpu_memory_bytes)
@@ -210,7 +214,9 @@ def what_would_fit(config: RunConfig, gpu_memory_bytes: int | None) -> FitSugges
             if steps and steps[-1].fits:
                 return FitSuggestion(flags=tuple(step.flags for step in steps), gpu_memory_bytes=gpu_memory_bytes)
             fits_as_is = not ladder
-    ideas = ["a smaller --batch-size"]
+            largest = 0 if fits_as_is else max_batch_size(config, gpu_memory_bytes)
+            batch = largest if 0 < largest < config.batch_size else None
+    ideas = [f"--batch-size {batch} (predicted to fit)" if batch else "a smaller --batch-size"]
     if not config.grad_checkpointing:
         ideas.append("--grad-checkpointing")
     if config.precision == "fp32":
@@ -219,5 +225,6 @@ def what_would_fit(config: RunConfig, gpu_memory_bytes: int | None) -> FitSugges
         ideas=tuple(ideas),
         fits_as_is=fits_as_is,
         not_predicted=not_predicted,
+        max_batch_size=batch,
         gpu_memory_bytes=gpu_memory_bytes or None,
     )
