@@ -289,18 +289,21 @@ def test_a_result_recorded_before_memory_by_module_explains_what_it_has(tmp_path
     assert explained["would_fit"] is not None and "What would fit: " in text
 
 
-def test_a_model_this_machine_cannot_describe_still_gets_what_to_try(tmp_path):
-    """A history from another box: its run's --model is not in this machine's cache, so no ladder is predicted; the
-    techniques not on yet are said, and why there is no prediction."""
+@pytest.mark.parametrize(
+    ("key", "value"), [("model", "someone/not-in-this-cache"), ("preset", "a-preset-of-a-later-gpuanat")]
+)
+def test_a_run_this_machine_cannot_describe_still_gets_what_to_try(tmp_path, key, value):
+    """A history from another box: its run's --model is not in this machine's cache, or its preset is one this version
+    does not know, so no ladder is predicted; the techniques not on yet are said, and why there is no prediction."""
     recorded = next(run for run in RECORDED.values() if run["result"].get("out_of_memory"))
-    result = {**recorded["result"], "config": {**recorded["result"]["config"], "model": "someone/not-in-this-cache"}}
+    result = {**recorded["result"], "config": {**recorded["result"]["config"], key: value}}
     db = tmp_path / "history.sqlite"
     with HistoryStore(db) as store:
         run_id = store.create_run(result["config"])
         store.update_result(run_id, RunResult.from_json(result), status="oom")
     text, _ = explain([str(run_id)], db)
     would_fit = explained_json([str(run_id)], db)["would_fit"]
-    assert would_fit["command"] is None and "someone/not-in-this-cache" in would_fit["not_predicted"]
+    assert would_fit["command"] is None and value in would_fit["not_predicted"]
     assert "What would fit: not predicted here (" in text and "a smaller --batch-size" in text
 
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from gpuanat.core.memory.model_config import UnreadableModel
 from gpuanat.core.memory.predict import estimate_memory, fits_in, max_batch_size, peak_device_bytes
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.techniques import BY_SHARDING, with_distributed
-from gpuanat.core.vocabulary.validation import refusal
+from gpuanat.core.vocabulary.validation import refusal, validate_values
 
 LORA_RANK = 16
 GIB = 1024**3
@@ -181,7 +182,8 @@ class FitSuggestion:
     fits_as_is: bool = False
     """The memory model predicts the run fits as it is, so it has no step to offer (it missed)."""
     not_predicted: str | None = None
-    """Why the memory model could not predict the run here (its model's config cannot be read); None when it could."""
+    """Why the memory model could not predict the run here (its model's config cannot be read, or a value is unknown
+    to this version); None when it could."""
     gpu_memory_bytes: int | None = None
     """The GPU's memory the ladder was held against; None when it is not known (a CPU run): then no ladder."""
     max_batch_size: int | None = None
@@ -206,7 +208,10 @@ def what_would_fit(config: RunConfig, gpu_memory_bytes: int | None) -> FitSugges
     fits_as_is, not_predicted, batch = False, None, None
     if gpu_memory_bytes:
         try:
+            validate_values(config)  # a run recorded by another gpuanat may name a preset or a value unknown here
             ladder = fit_ladder(config, gpu_memory_bytes)
+        except ConfigError as error:
+            not_predicted = f"this gpuanat cannot train it: {error}"
         except UnreadableModel as error:
             not_predicted = str(error)
         else:
