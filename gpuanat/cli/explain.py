@@ -93,7 +93,8 @@ def print_explanation(explanation: Explanation, row: RunRow, command: str | None
     if failure is not None:
         _print_failure(explanation, failure)
     elif "out_of_memory" in explanation.missing:
-        print(f"Out of memory; the failing allocation was not recorded: {explanation.missing['out_of_memory']}.")
+        why = printable(explanation.missing["out_of_memory"])
+        print(f"Out of memory; the failing allocation was not recorded: {why}.")
     at = "at its failure" if explanation.at == "failure" else "at its peak"
     print(f"Memory {at}, by band:")
     for line in band_lines(
@@ -108,7 +109,7 @@ def print_explanation(explanation: Explanation, row: RunRow, command: str | None
         for line in module_lines(explanation.modules):
             print(line)
     else:
-        print(f"Memory {at}, by module: not recorded — {explanation.missing['modules']}.")
+        print(f"Memory {at}, by module: not recorded — {printable(explanation.missing['modules'])}.")
     tensors = failure.get("largest_tensors") if failure is not None else None
     if isinstance(tensors, list) and tensors:
         print("Largest live tensors at the failure:")
@@ -118,7 +119,7 @@ def print_explanation(explanation: Explanation, row: RunRow, command: str | None
     if explanation.would_fit is not None:
         _print_would_fit(explanation.would_fit, command)
     elif "would_fit" in explanation.missing:
-        print(f"What would fit: not predicted — {explanation.missing['would_fit']}.")
+        print(f"What would fit: not predicted — {printable(explanation.missing['would_fit'])}.")
     snapshot = failure.get("snapshot_path") if failure is not None else None
     if snapshot:
         print(f"Out-of-memory snapshot: {printable(snapshot)} (drop it on pytorch.org/memory_viz)")
@@ -145,7 +146,7 @@ def _print_failure(explanation: Explanation, failure: dict[str, Any]) -> None:
 
 def _print_prediction(check: PredictionCheck | None, why_none: str | None, gpu_total_bytes: int | None) -> None:
     if check is None:
-        print(f"Prediction before the run: none — {why_none}.")
+        print(f"Prediction before the run: none — {printable(why_none)}.")
         return
     device = (
         f" ({format_bytes(check.predicted_peak_device_bytes)} on the device with the CUDA context"

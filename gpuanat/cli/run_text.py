@@ -55,7 +55,7 @@ def run_title(result: RunResult, run_id: int | None = None, status: str | None =
     """ "Run 3: oom — bert-large bs172 on NVIDIA H200" (the id and status the history has, where given)."""
     where = result.gpu_name or result.device_name or result.device
     return (
-        f"Run {run_id if run_id is not None else result.run_id}: {status or result.status} — "
+        f"Run {run_id if run_id is not None else result.run_id}: {printable(status or result.status)} — "
         f"{run_words(result.config, kind)} on {printable(where) if where else 'the machine it ran on'}"
     )
 
