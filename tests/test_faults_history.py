@@ -331,6 +331,7 @@ def _commands_with_a_history(db: Path) -> dict[str, list[str]]:
     return {
         "history": ["history", *flag],
         "history --rename": ["history", "--rename", "1", "x", *flag],
+        "explain": ["explain", *flag],
         "run": ["run", *TINY_CPU, *flag],
         "run --script": ["run", "--script", str(Path(__file__).parent / "scripts" / "tiny_trainer.py"), *flag],
         "sweep": ["sweep", "--device", "cpu", "--max-steps", "2", *flag],

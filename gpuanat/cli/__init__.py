@@ -1,5 +1,5 @@
 """The `gpuanat` command: the live dashboard, and headless subcommands (run, sweep, predict, fit, tune,
-history, watch), one module each.
+history, explain, watch), one module each.
 
 Exit codes: 0 ok, 1 a run failed, 2 bad input (nothing started), 3 out of memory (the GPU's, or on a CPU run the
 host's), 130 stopped (128 + the signal's number when SIGTERM or SIGHUP stopped it: 143, 129). A history that cannot
@@ -15,6 +15,7 @@ import sys
 
 from gpuanat.cli.common import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, check_history_of
 from gpuanat.cli.dashboard import command_dashboard
+from gpuanat.cli.explain import command_explain
 from gpuanat.cli.fit import command_fit
 from gpuanat.cli.history import command_history
 from gpuanat.cli.output import printable_output
@@ -61,6 +62,7 @@ def _run_command(argv: list[str] | None) -> int:
         "fit": command_fit,
         "tune": command_tune,
         "history": command_history,
+        "explain": command_explain,
         "watch": command_watch,
         "serve": command_serve,
         None: command_dashboard,

@@ -91,10 +91,12 @@ def open_store(args: argparse.Namespace, *, read_only: bool = False) -> HistoryS
 def check_history_of(args: argparse.Namespace) -> None:
     """Refuse at once (HistoryError, exit 2) a history the command would use and cannot: before the dashboard opens
     or a run trains, not at `r` or after the training. The commands that write (the dashboards, run, sweep, fit,
-    tune, `history --rename`, `watch --save` or with --db) need to write it; `history` reads it."""
+    tune, `history --rename`, `watch --save` or with --db) need to write it; `history` and `explain` read it."""
     command = getattr(args, "command", None)
     if command == "history":
         writes = args.rename is not None
+    elif command == "explain":
+        writes = False
     elif command == "watch":
         if args.save is None and args.db is None:
             return  # nothing to save unless asked (`--save`, or `s` in its dashboard with the history given)
@@ -291,28 +293,16 @@ def exit_code_for(status: str, signals: StopSignals) -> int:
     return STATUS_EXIT_CODES[status]
 
 
-def print_summary(result: RunResult) -> None:
-    """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements."""
-    from gpuanat.core.measure.anatomy import BAND_NAMES
+def print_summary(result: RunResult, db: Path | None = None) -> None:
+    """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements; `db`: the history
+    given with --db, for the `gpuanat explain` command it names."""
+    from gpuanat.cli.run_text import band_lines, run_title, summary_memory_lines
     from gpuanat.core.measure.diagnose import breakdown_line
     from gpuanat.core.measure.startup import startup_line
     from gpuanat.core.operations.report import summary_lines as operations_summary_lines
     from gpuanat.core.store.report import format_bytes, format_mb, format_number
 
-    config = RunConfig.from_json({key: value for key, value in result.config.items() if value is not None})
-    where = result.gpu_name or result.device_name or result.device
-    script = result.config.get("script")
-    if script is not None:
-        arguments = " ".join(result.config.get("args") or [])
-        print(
-            f"Run {result.run_id}: {result.status} — script {script} {arguments}".rstrip()
-            + f" on {where or 'the machine it ran on'}"
-        )
-    else:
-        print(
-            f"Run {result.run_id}: {result.status} — {config.model or config.preset} "
-            f"{config.techniques_summary()} on {where}"
-        )
+    print(run_title(result))
     if result.error:
         print(f"  {result.error.kind}: {result.error.message}")
     occupied = (
@@ -361,16 +351,12 @@ def print_summary(result: RunResult) -> None:
     if started is not None:
         print(f"Start-up: {started}")
     print("Memory bands:")
-    for band in BAND_NAMES:
-        value = (result.bands.values() if result.bands is not None else {}).get(band)
-        label = band.removesuffix("_bytes").replace("_", " ")
-        reason = result.unavailable.get(band)
-        print(f"  {label:<22} {format_bytes(value):>11}" + (f"  ({reason})" if value is None and reason else ""))
-    if result.gradients_after_backward_bytes:
-        print(
-            f"  (at the end of the forward pass; after backward the gradients take "
-            f"{format_bytes(result.gradients_after_backward_bytes)})"
-        )
+    bands = result.bands.values() if result.bands is not None else None
+    at_failure = isinstance(result.out_of_memory, dict)
+    for line in band_lines(bands, result.unavailable, result.gradients_after_backward_bytes, at_failure=at_failure):
+        print(line)
+    for line in summary_memory_lines(result, db):
+        print(line)
     print(f"Log: {result.log_path}")
 
 

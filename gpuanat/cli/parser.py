@@ -437,6 +437,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve `gpuanat watch PID` instead of the dashboard; dashboard flags go after --",
     )
 
+    explain = commands.add_parser(
+        "explain",
+        help="where a recorded run's memory was, and why it ran out of memory",
+        description="Explain a recorded run (the last one unless RUN is given): where its GPU memory was, by band\n"
+        "and by module — at the allocation that failed for a run that ran out of memory, else at its peak. For\n"
+        "an out-of-memory run also: what failed (the allocation's size, the phase, step, module and operation\n"
+        "that asked for it), how far over the GPU it was, the largest live tensors, what the prediction made\n"
+        "before the run said against what the run reached, and what is predicted to fit, as a `gpuanat run`\n"
+        "command to paste (the fit ladder's cheapest step, as `gpuanat predict` lists it). A run recorded by an\n"
+        "earlier gpuanat is explained from what it has, and what it lacks is said. Reads the history, never\n"
+        "writes it; --db reads one copied from another machine.",
+        epilog="Examples:\n  gpuanat explain\n  gpuanat explain 12\n  gpuanat explain 12 --db gpu-box-history.sqlite"
+        "\n  gpuanat explain --json | jq .out_of_memory.module\n\n"
+        "Exit codes: 0 explained, 2 no such run, a RUN that is not a number, an empty or unusable history "
+        "(one line on stderr).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_argument(
+        "run",
+        nargs="?",
+        default=None,
+        metavar="RUN",
+        help="the run's number, as `gpuanat history` lists it (default: the last run)",
+    )
+    add_common(explain)
+    explain.add_argument("--json", action="store_true", help="print the explanation as one JSON object (strings exact)")
+
     history = commands.add_parser(
         "history",
         help="list recorded runs, or rename one",

@@ -30,11 +30,13 @@ from gpuanat.core.vocabulary.techniques import TECHNIQUES
 from gpuanat.core.vocabulary.validation import machine_unsupported_reason
 
 
-def print_named_summary(result: RunResult, name: str | None) -> None:
-    """The run's summary, under the name it was given (`--name`; escaped, as every string from outside)."""
+def print_named_summary(result: RunResult, name: str | None, db: Path | None = None) -> None:
+    """The run's summary, under the name it was given (`--name`; escaped, as every string from outside); `db`: the
+    history given with --db. Of an out-of-memory run the bands are the failing allocation's, and the summary says
+    what failed and which modules held the most activations."""
     if name is not None:
         print(f"Name: {printable(name)}")
-    print_summary(result)
+    print_summary(result, db)
 
 
 def command_run_script(args: argparse.Namespace) -> int:
@@ -83,7 +85,7 @@ def command_run_script(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
     else:
-        print_named_summary(result, args.name)
+        print_named_summary(result, args.name, args.db)
     print_kept_snapshot(result, args.json)
     if result.status == "oom":
         memory = {"cpu": "host memory (RAM)", "cuda": "GPU memory"}.get(result.device or "", "memory")
@@ -161,7 +163,7 @@ def command_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
     else:
-        print_named_summary(result, args.name)
+        print_named_summary(result, args.name, args.db)
     if args.memory_snapshot is not None:
         written = args.memory_snapshot.is_file()
         print(
@@ -188,22 +190,20 @@ def out_of_memory_line(config: Any, result: RunResult) -> str:
     hint = out_of_memory_hint(config, result.device_memory_total_bytes)
     if config.device == "cpu":  # no GPU, and no CUDA allocator's peak: the summary's error says what failed
         return f"out of host memory (RAM) at step {step}; {hint}"
-    return f"out of GPU memory at step {step} (peak allocated {format_bytes(result.peak_allocated_bytes)}); {hint}"
+    failure = result.out_of_memory or {}
+    allocated, failed = failure.get("allocated_bytes"), failure.get("failed_allocation_bytes")
+    reached = (
+        f"{format_bytes(allocated)} allocated when {format_bytes(failed)} more was asked for"
+        if allocated is not None and failed is not None
+        else f"peak allocated {format_bytes(result.peak_allocated_bytes)}"
+    )
+    return f"out of GPU memory at step {step} ({reached}); {hint}"
 
 
 def out_of_memory_hint(config: Any, gpu_memory_bytes: int | None) -> str:
     """What to change after running out of memory: the fit ladder's steps up to the one predicted to fit this GPU
     (as `gpuanat predict` lists them), else the techniques that lower memory and are not on yet."""
-    from gpuanat.core.memory.fit_ladder import fit_ladder
+    from gpuanat.cli.run_text import fit_hint
+    from gpuanat.core.memory.fit_ladder import what_would_fit
 
-    if gpu_memory_bytes:
-        steps = [step for step in fit_ladder(config, gpu_memory_bytes) if step.refused is None]
-        if steps and steps[-1].fits:
-            return f"add {' '.join(step.flags for step in steps)} (predicted to fit; `gpuanat predict` shows why)"
-    ideas = ["a smaller --batch-size"]
-    if not config.grad_checkpointing:
-        ideas.append("--grad-checkpointing")
-    if config.precision == "fp32":
-        ideas.append("--precision bf16")
-    *first, last = ideas
-    return "try " + (f"{', '.join(first)} or {last}" if first else last)
+    return fit_hint(what_would_fit(config, gpu_memory_bytes))

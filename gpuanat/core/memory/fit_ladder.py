@@ -8,6 +8,9 @@ gradient checkpointing (a third more compute); then bf16 weights, which change t
 which change what trains. A step this version cannot train (`validate_values` refuses it: LoRA under FSDP, for
 one), or one that lowers nothing for this run (checkpointing where the model's state peaks, not the activations), is
 left out and said so.
+
+`what_would_fit` is what a run that ran out of memory is told to change (`gpuanat run`'s hint, `gpuanat explain`):
+the ladder's steps up to the one predicted to fit, else the techniques that lower memory and are not on yet.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes
+from gpuanat.core.memory.model_config import UnreadableModel
+from gpuanat.core.memory.predict import estimate_memory, fits_in, max_batch_size, peak_device_bytes
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.techniques import BY_SHARDING, with_distributed
-from gpuanat.core.vocabulary.validation import refusal
+from gpuanat.core.vocabulary.validation import refusal, validate_values
 
 LORA_RANK = 16
 GIB = 1024**3
@@ -162,3 +167,69 @@ def fit_ladder(config: RunConfig, gpu_memory_bytes: int) -> list[LadderStep]:
         for waiting_rung in again:
             waiting.pop(waiting_rung.technique)
     return steps + list(waiting.values())
+
+
+@dataclass(frozen=True)
+class FitSuggestion:
+    """What to change after running out of memory (`gpuanat run`'s hint, `gpuanat explain`): the fit ladder's steps up
+    to the one predicted to fit, else the changes that lower memory and are not on yet."""
+
+    flags: tuple[str, ...] = ()
+    """The fit ladder's steps up to the first predicted to fit, each one's flags, in order: add them all. Empty when
+    no step is predicted to fit."""
+    ideas: tuple[str, ...] = ()
+    """Where no step is predicted to fit: the changes that lower memory and are not on yet, a smaller batch first."""
+    fits_as_is: bool = False
+    """The memory model predicts the run fits as it is, so it has no step to offer (it missed)."""
+    not_predicted: str | None = None
+    """Why the memory model could not predict the run here (its model's config cannot be read, or a value is unknown
+    to this version); None when it could."""
+    gpu_memory_bytes: int | None = None
+    """The GPU's memory the ladder was held against; None when it is not known (a CPU run): then no ladder."""
+    max_batch_size: int | None = None
+    """Where no step is predicted to fit: the largest smaller batch predicted to fit with the run's techniques (the
+    bytes model's, as `gpuanat predict` gives it without a recorded run); None when none is, or it was not asked."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "flags": list(self.flags),
+            "max_batch_size": self.max_batch_size,
+            "ideas": list(self.ideas),
+            "fits_as_is": self.fits_as_is,
+            "not_predicted": self.not_predicted,
+        }
+
+
+def what_would_fit(config: RunConfig, gpu_memory_bytes: int | None) -> FitSuggestion:
+    """What to change in `config`, which ran out of memory on a GPU of `gpu_memory_bytes` (None: its size is not
+    known): the fit ladder's steps up to the one predicted to fit it, as `gpuanat predict` lists them; else the
+    largest batch predicted to fit, and the techniques that lower memory and are not on yet."""
+    fits_as_is, not_predicted, batch = False, None, None
+    if gpu_memory_bytes:
+        try:
+            validate_values(config)  # a run recorded by another gpuanat may name a preset or a value unknown here
+            ladder = fit_ladder(config, gpu_memory_bytes)
+        except ConfigError as error:
+            not_predicted = f"this gpuanat cannot train it: {error}"
+        except UnreadableModel as error:
+            not_predicted = str(error)
+        else:
+            steps = [step for step in ladder if step.refused is None]
+            if steps and steps[-1].fits:
+                return FitSuggestion(flags=tuple(step.flags for step in steps), gpu_memory_bytes=gpu_memory_bytes)
+            fits_as_is = not ladder
+            largest = 0 if fits_as_is else max_batch_size(config, gpu_memory_bytes)
+            batch = largest if 0 < largest < config.batch_size else None
+    ideas = [f"--batch-size {batch} (predicted to fit)" if batch else "a smaller --batch-size"]
+    if not config.grad_checkpointing:
+        ideas.append("--grad-checkpointing")
+    if config.precision == "fp32":
+        ideas.append("--precision bf16")
+    return FitSuggestion(
+        ideas=tuple(ideas),
+        fits_as_is=fits_as_is,
+        not_predicted=not_predicted,
+        max_batch_size=batch,
+        gpu_memory_bytes=gpu_memory_bytes or None,
+    )
