@@ -164,7 +164,7 @@ class Probe(ModuleReadings):
         self._compiled = compiled
         parameters = list(model.parameters())
         self._modules = None if compiled else ModuleFollower(model, self._device)
-        self._ownership = None if compiled else Ownership(model)
+        self._ownership = None if compiled else Ownership(model, self._device)
         CAPTURE.describe = self.state_at_failure
         if self._cuda:
             CAPTURE.attach()

@@ -254,7 +254,9 @@ class Ownership:
     """Which module owns each parameter and buffer, read once when training begins, and what they, their gradients
     and the optimizer's state of them take, by module — one pass over the parameters, no storage lookups."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        """Only tensors on the training device count (an optimizer's step counters may stay on the CPU)."""
         self._parameters = [(module_of_parameter(name), p) for name, p in model.named_parameters()]
         self._by_id = {id(parameter): module for module, parameter in self._parameters}
         self._state_shape: tuple[int, ...] = ()
@@ -283,7 +285,7 @@ class Ownership:
                 module = self._by_id.get(id(parameter))
                 if module is not None and isinstance(values, Mapping):
                     for value in values.values():
-                        if isinstance(value, torch.Tensor):
+                        if isinstance(value, torch.Tensor) and value.is_cuda == self._cuda:
                             yield module, value
 
     def optimizer_state(self, optimizer: Any) -> dict[str, int]:

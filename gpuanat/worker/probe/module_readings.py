@@ -128,9 +128,11 @@ class ModuleReadings(ProbeReadings):
             else phase_of_frames(failure.frames) or STEP_PHASE_AT_FAILURE.get(self._step_phases.phase, "between steps")
         )
         following = self._modules is not None and self._following
-        module = module_of_frames(failure.frames, names)
-        if module is None and following and self._modules is not None and phase in ("forward", "backward"):
+        module = None  # the modules followed know it best (their hooks included), else the frames of forwards
+        if following and self._modules is not None and phase in ("forward", "backward"):
             module = self._modules.current_module(failure.autograd_node)
+        if module is None:
+            module = module_of_frames(failure.frames, names)
         gradients, optimizer_state = self._gradients_bytes_now(), self._optimizer_state_bytes_now()
         batch = self._batch_bytes if self._measuring else 0
         if following and self._modules is not None:
@@ -141,7 +143,7 @@ class ModuleReadings(ProbeReadings):
             activations, method = max(0, allocated - others), "allocator"
         else:
             activations, method = None, "unavailable"
-        ownership = self._ownership or Ownership(self._model)
+        ownership = self._ownership or Ownership(self._model, self._device)
         bands = ProbeBands(
             weights_bytes=self._weights_bytes,
             gradients_bytes=gradients,
