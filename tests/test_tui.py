@@ -324,6 +324,14 @@ async def test_quitting_during_a_run_stops_the_child(db_path):
     async with app.run_test(size=(120, 40)) as pilot:
         await start_run_until_it_trains(app, pilot)
         child = psutil.Process(app.dashboard.run_in_progress.pid)
+        # memory by module of the run in progress, following it while open: its bands are measured at steps 1-3
+        await pilot.press("b")
+        assert isinstance(app.screen, ModulesScreen) and "in progress, at step" in app.screen.shown.title
+        await wait_for(pilot, lambda: "at step 3's peak" in app.screen.shown.title, what="step 3's modules")
+        bands = app.dashboard.run_in_progress.probe_bands
+        assert bands is not None and bands.measured_at_step == 3 and bands.modules
+        assert sorted(row["module"] for row in app.screen.rows) == sorted(row.module for row in bands.modules)
+        await pilot.press("b")
         await pilot.press("q")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")

@@ -41,11 +41,14 @@ WORKER_NOTES = {
 
 
 def live_failure(live: LiveRun) -> dict[str, Any] | None:
-    """The run in progress's out-of-memory failure (its first rank's that ran out), as a result's `out_of_memory`."""
+    """The run in progress's out-of-memory failure (its first rank's that ran out), as a result's `out_of_memory`;
+    None also where the loop caught it and measured a later step (a batch-size finder that retries smaller)."""
     for rank in sorted(live.ranks):
-        failure = out_of_memory_json(live.ranks[rank].error, rank)
-        if failure is not None:
-            return failure
+        state = live.ranks[rank]
+        error = state.error
+        failure = error.out_of_memory if error is not None else None
+        if failure is not None and (failure.bands is None or failure.bands is state.probe_bands):
+            return out_of_memory_json(error, rank)
     return None
 
 

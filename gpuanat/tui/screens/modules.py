@@ -127,8 +127,9 @@ def wrapped_path(path: str, width: int) -> str:
     for part in path.split("."):
         piece = part if lines[-1] == "" else "." + part
         if lines[-1] and len(lines[-1]) + len(piece) > width:
-            lines[-1] += "."
-            lines.append(part)
+            room_for_the_dot = len(lines[-1]) < width
+            lines[-1] += "." if room_for_the_dot else ""
+            lines.append(part if room_for_the_dot else piece)
         else:
             lines[-1] += piece
     return "\n".join(lines)

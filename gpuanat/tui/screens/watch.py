@@ -279,10 +279,16 @@ class WatchDashboard(DashboardScreen):
         if record.get("modules") is not None:
             self._modules = record["modules"]
             self._modules_step = record.get("bands_measured_at_step", self._modules_step)
-        if record.get("out_of_memory") is not None and record["out_of_memory"] != self._failure:
-            self._failure = record["out_of_memory"]
-            self.failure_line.show(self._failure)
-            self._memory_bar.show_moment(at_failure=True)
+            if record.get("out_of_memory") is None and not record["exited"]:
+                self._show_failure(None)  # a later step's: the loop caught the failure and went on
+        if record.get("out_of_memory") is not None:
+            self._show_failure(record["out_of_memory"])
+
+    def _show_failure(self, failure: dict[str, Any] | None) -> None:
+        """The watched run's out-of-memory failure above the bar, whose bands are then that moment's; None: none."""
+        self._failure = failure
+        self.failure_line.show(failure)
+        self._memory_bar.show_moment(at_failure=failure is not None)
 
     def modules_shown(self) -> ModulesShown:
         """Memory by module of the watched run: its latest measured bands', or its failure's."""
