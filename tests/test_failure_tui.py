@@ -4,15 +4,18 @@ The H200's failure in an optimizer step (benchmarks/oom/optimizer_step.py, its p
 benchmarks/results/h200/oom/optimizer_events.jsonl) is replayed through the launching dashboard's run backend
 (`recorded_backend.RecordedOomBackend`: the events as a run delivers them, then the result gpuanat makes of them) and
 as the events of a process `gpuanat watch` follows (a real process, the real watch session). The apps are real,
-headless (Pilot); this machine has no NVML, so the memory at the failure is what the probe read then.
+headless (Pilot); this machine has no NVML, so the memory at the failure is what the probe read then. The history
+pane's `b` reads the H200's recorded history of out-of-memory runs (tests/data/h200_oom_history.sqlite).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from recorded_backend import OOM_EVENTS, RecordedOomBackend, oom_config
@@ -22,16 +25,20 @@ from test_tui import wait_for
 from gpuanat.core.measure.anatomy import stack_total_bytes
 from gpuanat.core.measure.process_tree import HostOnlySource
 from gpuanat.core.measure.samples import NvmlStatus
+from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.report import format_bytes
 from gpuanat.core.vocabulary.protocol import MODULES_REST, OutOfMemory, decode
 from gpuanat.core.watch.target import resolve_target
 from gpuanat.tui.app import GpuAnatApp
-from gpuanat.tui.screens.modules import ModulesScreen
+from gpuanat.tui.screens.history import HistoryScreen
+from gpuanat.tui.screens.modules import ModulesScreen, module_rows
 from gpuanat.tui.shell import DashboardApp
 from gpuanat.tui.watch_app import WatchApp
-from gpuanat.tui.widgets.failure_line import FailureLine
+from gpuanat.tui.widgets.failure_line import FailureLine, out_of_memory_sentence
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 
+H200_OOM_HISTORY = Path(__file__).resolve().parent / "data" / "h200_oom_history.sqlite"
+"""Out-of-memory runs recorded on an H200 (benchmarks/oom/oom_check.py)."""
 NO_NVML = NvmlStatus(
     available=False, reason="no NVML on this machine", driver_version=None, cuda_driver_version=None, gpu_names=()
 )
@@ -119,8 +126,8 @@ async def assert_memory_by_module_at_the_failure(app: DashboardApp, pilot, failu
 
 
 def words(text: str) -> str:
-    """`text` with each run of white space one space: as a screen shows it, wrapped."""
-    return " ".join(text.split())
+    """`text` with each run of white space one space, and without a view's border: as a screen shows it, wrapped."""
+    return " ".join(text.replace("│", " ").split())
 
 
 def largest_module_first(rows: list[dict]) -> str:
@@ -198,3 +205,28 @@ async def test_a_watched_process_that_runs_out_of_memory_shows_what_failed_and_t
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
+
+
+@pytest.mark.asyncio
+async def test_b_in_the_history_shows_a_recorded_run_s_modules_at_its_failure(tmp_path):
+    """The recorded H200 history of out-of-memory runs: `b` on a run in the history pane shows its modules at the
+    failing allocation, as its result holds them, and what failed."""
+    shutil.copy(H200_OOM_HISTORY, tmp_path / "h.sqlite")
+    with HistoryStore(tmp_path / "h.sqlite", read_only=True) as store:
+        runs = store.runs()
+    failed = [run for run in runs if run.result.modules and run.result.out_of_memory]
+    assert failed, "the recording holds a run with its modules at an out-of-memory failure"
+    run = failed[-1]
+    app, _ = oom_app(tmp_path, hold=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("h")
+        ids = app.screen.shown_run_ids  # the cursor starts on the newest
+        await pilot.press(*["up"] * (len(ids) - 1 - ids.index(run.id)), "b")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ModulesScreen) and not screen.follows_dashboard
+        assert screen.shown.title.startswith(f"run {run.id} (oom), at the failing allocation")
+        assert screen.rows == module_rows(run.result.modules)
+        assert words(out_of_memory_sentence(run.result.out_of_memory)) in words(screen_text(app))
+        await pilot.press("b")
+        assert isinstance(app.screen, HistoryScreen)
