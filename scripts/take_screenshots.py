@@ -9,6 +9,8 @@ The watch dashboard: `--watch-pid PID` watches a live process for `--mid-run-s` 
 watch.svg (on the GPU machine, a real bert-large run started outside gpuanat); `--watch-replay` saves
 watch_replay.svg from the H100 recording in tests/data, replayed as a watched process (no GPU needed).
 `--operations` saves operations.svg: the dashboard after `O`, with an H100 profile's operations anatomy (no GPU).
+`--modules` saves out_of_memory.svg and modules.svg: the dashboard after the out-of-memory failure recorded on an H200
+(tests/recorded_backend.py's replay), then memory by module (`b`) at that failure (no GPU).
 """
 
 from __future__ import annotations
@@ -135,6 +137,24 @@ async def take_operations(out_dir: Path) -> None:
         app.save_screenshot(filename="operations.svg", path=str(out_dir))
 
 
+async def take_modules(out_dir: Path) -> None:
+    """The dashboard after the H200's recorded out-of-memory failure (an optimizer step), then `b`: memory by
+    module at the failing allocation (tests/data and benchmarks/results/h200/oom; no GPU)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from test_app_snapshots import out_of_memory_replayed
+    from test_failure_tui import oom_app
+
+    app, _ = oom_app(Path(tempfile.mkdtemp(prefix="gpuanat-shots-")), hold=False)
+    async with app.run_test(size=(COLUMNS, ROWS)) as pilot:
+        await out_of_memory_replayed(app, pilot)
+        app.save_screenshot(filename="out_of_memory.svg", path=str(out_dir))
+        await pilot.press("b")
+        await pilot.pause()
+        app.save_screenshot(filename="modules.svg", path=str(out_dir))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, required=True)
@@ -155,6 +175,11 @@ def main() -> None:
         "--operations",
         action="store_true",
         help="only the operations panel with the H100 bert-large bf16 profile (operations.svg)",
+    )
+    parser.add_argument(
+        "--modules",
+        action="store_true",
+        help="only the H200's recorded out-of-memory failure and memory by module (out_of_memory.svg, modules.svg)",
     )
     parser.add_argument(
         "--gpus",
@@ -187,6 +212,9 @@ def main() -> None:
         return
     if args.operations:
         asyncio.run(take_operations(args.out_dir))
+        return
+    if args.modules:
+        asyncio.run(take_modules(args.out_dir))
         return
     if args.gpus is not None:
         config = RunConfig(

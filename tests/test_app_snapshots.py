@@ -281,3 +281,38 @@ def test_at_80x24_three_unavailable_techniques_keep_every_row_and_the_top_line_w
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+async def out_of_memory_replayed(app: GpuAnatApp, pilot) -> None:
+    """The dashboard once the H200's recorded failure has been replayed and its result recorded (no toast left)."""
+    from test_failure_tui import run_until_it_fails
+    from test_tui import wait_for
+
+    await run_until_it_fails(app, pilot)
+    await wait_for(pilot, lambda: app.dashboard.last_result is not None, what="the result")
+    app.clear_notifications()
+    await pilot.pause()
+
+
+def test_the_dashboard_after_an_out_of_memory_failure_recorded_on_an_h200(snap_compare, tmp_path):
+    """At 80×24: above the bar, what failed (the optimizer step, 64 MiB tried, 27 MiB free) and the largest tensor,
+    on two rows; the bar shows the memory at the failing allocation, every band from the probe's readings then."""
+    from test_failure_tui import oom_app
+
+    app, _ = oom_app(tmp_path, hold=False)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=lambda pilot: out_of_memory_replayed(app, pilot))
+
+
+def test_memory_by_module_at_an_out_of_memory_failure_recorded_on_an_h200(snap_compare, tmp_path):
+    """`b` at 80×24 after the H200's failure: what failed, then each module's activations, parameters, gradients and
+    optimizer state at the failing allocation, largest first, "(the rest)" last; long paths wrap at their dots."""
+    from test_failure_tui import oom_app
+
+    app, _ = oom_app(tmp_path, hold=False)
+
+    async def run_before(pilot) -> None:
+        await out_of_memory_replayed(app, pilot)
+        await pilot.press("b")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

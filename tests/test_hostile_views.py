@@ -301,3 +301,53 @@ async def test_a_child_s_log_keeps_its_colours_and_shows_every_other_escape(tmp_
         red_line = pane.lines[0]
         assert red_line.text == "red plain"
         assert [segment.style.color is not None for segment in red_line if segment.text.strip()] == [True, False]
+
+
+@recorded
+@pytest.mark.asyncio
+async def test_an_out_of_memory_failure_and_memory_by_module_show_module_paths_and_operations_as_data(tmp_path):
+    """A publication names the module that failed, the operation and the modules by module path: data from the
+    user's model, shown escaped and literal in the failure line and in memory by module (`b`)."""
+    from gpuanat.core.vocabulary.protocol import MODULES_REST, Error, LiveTensor, ModuleMemory, OutOfMemory, ProbeBands
+
+    module = "encoder.\x1b]2;PWNED\x07.[bold]B[/].\u202elayer"
+    bands = ProbeBands(
+        weights_bytes=1 << 30,
+        gradients_bytes=0,
+        optimizer_state_bytes=0,
+        activations_bytes=3 << 30,
+        activations_method="allocator",
+        batch_bytes=0,
+        measured_at_step=1,
+        modules=[
+            ModuleMemory(module, activations_bytes=2 << 30, parameters_bytes=1 << 29),
+            ModuleMemory(MODULES_REST, activations_bytes=1 << 30, parameters_bytes=1 << 29),
+        ],
+    )
+    failure = OutOfMemory(
+        phase="forward",
+        failed_allocation_bytes=1 << 30,
+        device_free_bytes=1 << 20,
+        step=1,
+        module=module,
+        operation=f"x = {MARKUP_PAYLOADS['click']}{EVIL_NAME}",
+        bands=bands,
+        largest_tensors=[LiveTensor("activations", module, 1 << 30, [1024], "float32\x1b[2J")],
+    )
+    app = hostile_watch_app(tmp_path)
+    async with app.run_test(size=(160, 50)) as pilot:
+        replay(app, until_elapsed_s=3.0)
+        session = app.dashboard.session
+        assert session is not None
+        session.add_events(PID, [Error(kind="oom", message=EVIL_NAME, step=1, out_of_memory=failure)])
+        app.dashboard.sample_now()
+        app.dashboard.paint()
+        await pilot.pause()
+        text = " ".join(frame(app).split())
+        assert f"out of memory in forward of {printable(module)}" in text, text
+        assert "[@click=app.quit]Q[/]evil\\x1b]0;PWNED\\x07" in text and "float32\\x1b[2J" in text
+        await pilot.press("b")
+        await pilot.pause()
+        text = frame(app)
+        assert "\\x1b]2;PWNED\\x07.[bold]B[/]." in text and "\\u202elayer" in text, text
+        assert app.is_running

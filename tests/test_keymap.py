@@ -158,6 +158,8 @@ async def test_a_key_textual_reports_is_accepted_and_drives_the_action(tmp_path,
         ('run = "ctrl+q"', "ctrl+q", "run", "quit", "dashboard"),  # Textual's own quit
         ('run = "tab"', "tab", "run", "app.focus_next", "dashboard"),  # the screen's focus key
         ('save_watched = "h"', "h", "save_watched", "history", "watch dashboard"),
+        ('modules = "M"', "M", "modules", "preset", "dashboard"),  # the model key; the watch has none
+        ('modules = "s"', "s", "modules", "stop", "dashboard"),
         ('run = "up"', "up", "run", "scroll_up", "dashboard"),  # the log pane, focused, scrolls with it
     ],
 )
@@ -176,6 +178,7 @@ def test_two_actions_on_one_key_are_refused_naming_both(tmp_path, config, key, f
         'quit = "ctrl+q"',  # the same action as Textual's own ctrl+q
         'run = "r"',  # its own default
         'save_watched = "r"',  # `r` is the dashboard's, and save_watched is only the watch dashboard's
+        'modules = "B"',  # a key of neither dashboard: memory by module in both
     ],
 )
 def test_keys_that_keep_one_action_each_are_accepted(tmp_path, config):

@@ -40,6 +40,7 @@ async def test_question_mark_lists_every_key_grouped_with_what_each_technique_do
         assert "L" in techniques and "G" in techniques and "D" in techniques and "M" in techniques
         views = {what: keys.split() for keys, what in rows["Views"]}
         assert views["Help"] == ["?"] and {"q", "^c"} <= set(views["Quit"])
+        assert views["Memory by module"] == ["b"]
         assert not any("Scroll" in what for group in rows.values() for _, what in group)
         assert dict(rows["Runs"])["r"] == "Run"
         await pilot.press("question_mark")

@@ -24,6 +24,7 @@ from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.percent import percent_delta
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
+from gpuanat.core.vocabulary.protocol import MODULES_REST, NO_MODULE
 from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import TECHNIQUES
 from gpuanat.tui.app import GpuAnatApp
@@ -31,6 +32,8 @@ from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.confirm import ConfirmScreen
 from gpuanat.tui.screens.history import HistoryScreen
+from gpuanat.tui.screens.modules import COLUMNS as MODULE_COLUMNS
+from gpuanat.tui.screens.modules import ModulesScreen
 from gpuanat.tui.widgets.techniques_panel import ROWS, TechniquesPanel
 
 TINY = RunConfig(preset="tiny", device="cpu", seq_len=32, samples=32, batch_size=4)
@@ -248,6 +251,33 @@ async def test_a_cuda_only_technique_on_the_cpu_is_refused_with_the_reason(db_pa
         assert any(reason in message for message in notifications)
 
 
+async def assert_b_lists_memory_by_module(app: GpuAnatApp, pilot, result: RunResult) -> None:
+    """`b` lists the modules of `result`'s run, each as the probe measured it (largest first, "(the rest)" last), with
+    its total; `b` again closes the view."""
+    await pilot.press("b")
+    await pilot.pause()
+    screen = app.screen
+    assert isinstance(screen, ModulesScreen) and f"run {result.run_id} (ok)" in screen.shown.title
+    assert result.modules and len(result.modules) > 2
+    measured = {row["module"]: row for row in result.modules}
+    rows = screen.rows
+    assert sorted(row["module"] for row in rows) == sorted(measured)
+    for row in rows:
+        assert {key: row[key] for key in measured[row["module"]]} == measured[row["module"]]
+        assert row["total_bytes"] == sum(row[key] for key, _ in MODULE_COLUMNS)
+    named = [row for row in rows if row["module"] not in (MODULES_REST, NO_MODULE)]
+    assert named == sorted(named, key=lambda row: -row["total_bytes"]) and rows[len(named) :] == [
+        row for row in rows if row["module"] in (MODULES_REST, NO_MODULE)
+    ]
+    assert result.bands is not None  # the parameters column adds up to the weights band
+    assert sum(row["parameters_bytes"] for row in rows) == result.bands.weights_bytes
+    shown = screen_text(app)
+    assert named[0]["module"].split(".")[-1] in shown and "(the rest)" in shown
+    await pilot.press("b")
+    await pilot.pause()
+    assert not isinstance(app.screen, ModulesScreen)
+
+
 @pytest.mark.asyncio
 async def test_a_run_streams_lands_in_history_and_compares(db_path):
     app = make_app(db_path)
@@ -255,6 +285,7 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
         await wait_for(pilot, lambda: app.dashboard.capabilities is not None, what="the capability probe")
         first = await run_to_completion(app, pilot)
         assert len(app.dashboard.series["throughput"]) >= 1
+        await assert_b_lists_memory_by_module(app, pilot, first)
         await pilot.press("plus")
         second = await run_to_completion(app, pilot)
         assert (first.status, second.status) == ("ok", "ok")
@@ -262,6 +293,8 @@ async def test_a_run_streams_lands_in_history_and_compares(db_path):
         assert isinstance(app.screen, HistoryScreen)
         table = app.screen.query_one("#history-table")
         assert table.row_count == 2
+        await assert_b_lists_memory_by_module(app, pilot, second)  # the run under the history's cursor
+        assert isinstance(app.screen, HistoryScreen)
         await pilot.press("up", "space", "space", "enter")
         await pilot.pause(0.2)
         assert isinstance(app.screen, CompareScreen)
@@ -291,6 +324,14 @@ async def test_quitting_during_a_run_stops_the_child(db_path):
     async with app.run_test(size=(120, 40)) as pilot:
         await start_run_until_it_trains(app, pilot)
         child = psutil.Process(app.dashboard.run_in_progress.pid)
+        # memory by module of the run in progress, following it while open: its bands are measured at steps 1-3
+        await pilot.press("b")
+        assert isinstance(app.screen, ModulesScreen) and "in progress, at step" in app.screen.shown.title
+        await wait_for(pilot, lambda: "at step 3's peak" in app.screen.shown.title, what="step 3's modules")
+        bands = app.dashboard.run_in_progress.probe_bands
+        assert bands is not None and bands.measured_at_step == 3 and bands.modules
+        assert sorted(row["module"] for row in app.screen.rows) == sorted(row.module for row in bands.modules)
+        await pilot.press("b")
         await pilot.press("q")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")

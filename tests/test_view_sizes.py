@@ -1,7 +1,7 @@
 """Every view at 80×24 (an SSH session's default), 120×40 and 200×50, by SVG snapshot, on the recorded H100 run and
 history: the dashboard, the key page (`?`), the history pane, the compare view and the watch dashboard. The sizes the
 other snapshot files already take (the dashboard at 120×40 and 80×24, history and compare at 120×40) are not
-taken twice."""
+taken twice; memory by module (`b`) and an out-of-memory failure are at 80×24 in test_app_snapshots.py."""
 
 from __future__ import annotations
 

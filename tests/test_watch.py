@@ -426,6 +426,15 @@ def test_watching_a_real_trainer_run_that_publishes(tmp_path):
         assert "CPU run" in record["bands_unavailable"]["free_bytes"]
         assert record["rss_bytes"] > reference["weights_bytes"]
     assert any(record["bands_measured_at_step"] is not None for record in published)
+    # memory by module comes with the bands it is of, once each (the dashboard's `b` keeps the latest); the final
+    # record has the latest whole, and no failure
+    with_modules = [record for record in published if record["modules"] is not None]
+    assert with_modules and with_modules[0]["bands_measured_at_step"] is not None
+    for record in with_modules:
+        parameters = sum(row["parameters_bytes"] for row in record["modules"])
+        assert parameters == record["bands"]["weights_bytes"] == reference["weights_bytes"]
+    assert final["modules"] == with_modules[-1]["modules"] and final["out_of_memory"] is None
+    assert all(record["out_of_memory"] is None for record in records) and final["bands"] is None
     rates = [record["samples_per_second"] for record in published if record["samples_per_second"] is not None]
     assert rates and all(rate > 0 for rate in rates)
     steps = [record["step"] for record in published if record["step"] is not None]  # None: before step 1 ended

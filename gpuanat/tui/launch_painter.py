@@ -9,10 +9,11 @@ The dashboard (`gpuanat.tui.screens.launch`) drains its inbox of samples and eve
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpuanat.core.measure.diagnose import diagnose, recent_breakdown
+from gpuanat.core.measure.failure import out_of_memory_json
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.samples import Sample
 from gpuanat.core.measure.startup import startup_progress, startup_status
@@ -37,6 +38,18 @@ WORKER_NOTES = {
     "preparing": "preparing the next training process ahead (torch and transformers imports)",
     "ready": "the next training process is ready: r starts training without the imports",
 }
+
+
+def live_failure(live: LiveRun) -> dict[str, Any] | None:
+    """The run in progress's out-of-memory failure (its first rank's that ran out), as a result's `out_of_memory`;
+    None also where the loop caught it and measured a later step (a batch-size finder that retries smaller)."""
+    for rank in sorted(live.ranks):
+        state = live.ranks[rank]
+        error = state.error
+        failure = error.out_of_memory if error is not None else None
+        if failure is not None and (failure.bands is None or failure.bands is state.probe_bands):
+            return out_of_memory_json(error, rank)
+    return None
 
 
 def run_progress(run_id: int | None, step: Step, total_steps: int | None) -> str:
@@ -67,8 +80,10 @@ class LaunchPainter:
         self._sampler_started_s = self._dashboard.clock()
 
     def start_up_begins(self) -> None:
-        """A run's (or a search's next trial's) start-up begins: its parts are logged afresh."""
+        """A run's (or a search's next trial's) start-up begins: its parts are logged afresh, and the last run's
+        failure goes."""
         self._startup_parts_logged = 0
+        self._show_failure(None, None)
 
     def process_started(self) -> None:
         """A run's training process runs: the prepared one, if any, is used up (its next status is logged)."""
@@ -97,12 +112,19 @@ class LaunchPainter:
                 if events:
                     self._show_step_strip(live)
                     self._show_live_operations(live)
+                    self._show_failure(live_failure(live), live.run_id)
+                    dashboard.paint_modules()
             dashboard.log_pane.poll()
             if live is not None:
                 self._log_startup(live)
             dashboard.status_line.show(
                 nvml=dashboard.nvml, run_state=self.run_state(), sampler_cpu_percent=self._sampler_cpu_percent()
             )
+
+    def _show_failure(self, failure: Mapping[str, Any] | None, run_id: int | None) -> None:
+        """What failed when the run ran out of memory, above the bar, which then shows that moment."""
+        self._dashboard.failure_line.show(failure, run_id)
+        self._dashboard.memory_view.show_moment(at_failure=failure is not None)
 
     def _show_step_strip(self, live: LiveRun) -> None:
         """The latest steps' time by phase and what bounds them, live."""
@@ -144,6 +166,9 @@ class LaunchPainter:
             idle = "idle" if last_result is None else f"idle · last run {last_result.status}"
             worker = self._prepared_worker_status()
             return idle if worker is None else f"{idle} · {WORKER_STATES[worker]}"
+        failure = live_failure(live)
+        if failure is not None:
+            return f"run {live.run_id}: out of memory" + (f" at step {failure['step']}" if failure.get("step") else "")
         if live.last_step is None:
             return (f"run {live.run_id}: " if live.run_id is not None else "run: ") + startup_status(
                 live.startup_points, time.monotonic()
@@ -225,6 +250,8 @@ class LaunchPainter:
         """A finished run's measured bands, its operations anatomy if profiled, and its steps' breakdown."""
         dashboard = self._dashboard
         dashboard.memory_view.show_result(result)
+        self._show_failure(result.out_of_memory, result.run_id)
+        dashboard.paint_modules()
         if result.operations_anatomy:
             dashboard.operations_shown = (result.operations_anatomy, result.run_id)
         self.show_operations()

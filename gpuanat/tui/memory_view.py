@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuanat.core.measure.anatomy import gradients_after_backward_bytes
+from gpuanat.core.measure.anatomy import gradients_after_backward_bytes, stack_total_bytes
 from gpuanat.core.measure.live_run import LiveRun, trainable_weights_bytes
 from gpuanat.core.measure.samples import GpuSample, Sample
 from gpuanat.core.memory.model_config import architecture_of
@@ -92,6 +92,10 @@ class MemoryView:
         adapters as predicted."""
         self._memory_bar.update_trainable(measured, self._predicted_trainable_bytes)
 
+    def show_moment(self, *, at_failure: bool) -> None:
+        """Whether the measured bands are of an out-of-memory failure's allocation rather than a forward pass's end."""
+        self._memory_bar.show_moment(at_failure)
+
     def show_idle(self, sample: Sample) -> None:
         gpu = sample.gpus[0]
         self._show_lanes([])
@@ -111,7 +115,8 @@ class MemoryView:
                 Lane(index, rank, rank_values, reading.used_bytes, reading.total_bytes, reading.gpu_util_percent)
             )
         self._show_lanes(lanes)
-        live.observe_peak(values, gpu.used_bytes if gpu else None)
+        # without a sample of the GPU (a failure's readings are its probe's) the bands that add up to it say it
+        live.observe_peak(values, gpu.used_bytes if gpu else stack_total_bytes(values))
         self._memory_bar.update_bands(values, live.peak_bands, gpu.total_bytes if gpu else None, unavailable)
         logits = live.probe_bands.logits_bytes if live.probe_bands else None
         self._show_logits(logits, logits)

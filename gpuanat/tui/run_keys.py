@@ -22,6 +22,7 @@ from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.validation import machine_unsupported_reason, validate_values
 from gpuanat.tui.messages import RunFinished, RunStarted
 from gpuanat.tui.screens.confirm import ConfirmScreen, QuitQuestion
+from gpuanat.tui.widgets.failure_line import out_of_memory_sentence
 
 QUIT_BINDING_IDS = ("quit", "quit_ctrl_c")
 """The dashboard's bindings that quit (`gpuanat.tui.screens.dashboard.FIRST_BINDINGS`), in the order the quit question
@@ -207,8 +208,12 @@ class RunKeys:
             status = result.status
             steady = result.steady_samples_per_second
             detail = f", steady {steady:.1f} samples/s" if steady else ""
+            if result.out_of_memory:
+                detail = f" — {out_of_memory_sentence(result.out_of_memory)}"
             severity: SeverityLevel = "information" if status == "ok" else "warning" if status == "stopped" else "error"
-            dashboard.notify(f"Run {result.run_id}: {status}{detail}", severity=severity, timeout=6)
+            dashboard.notify(
+                f"Run {result.run_id}: {status}{detail}", severity=severity, timeout=12 if result.out_of_memory else 6
+            )
             if result.history_error:
                 dashboard.notify(result.history_error, severity="warning", timeout=15)
             dashboard.painter.show_result(result)

@@ -160,6 +160,9 @@ class DashboardApp(App[None], Generic[DashboardT]):
     def action_history(self) -> None:
         self.dashboard.action_history()
 
+    def action_modules(self) -> None:
+        self.dashboard.action_modules()
+
     def action_compare(self) -> None:
         self.dashboard.action_compare()
 

@@ -39,6 +39,13 @@ def bands_readings(peaks: Readings, error: Error | None) -> Readings:
     )
 
 
+def read_the_gpu(error: Error | None) -> bool:
+    """Whether the probe read NVML's device memory at the failing allocation of an out-of-memory `error`: then the
+    bands of that moment are whole without a sample of the GPU (a watch or a dashboard that has none)."""
+    failure = error.out_of_memory if error is not None else None
+    return failure is not None and failure.nvml_device_used_bytes is not None
+
+
 def out_of_memory_json(error: Error | None, rank: int) -> dict[str, Any] | None:
     """A result's `out_of_memory`: the failing allocation (`protocol.OutOfMemory` but its bands, which are the
     failing rank's `bands`) and that `rank`; None when the run did not run out of memory or its probe did not say

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands
 from gpuanat.core.measure.diagnose import LIVE_WINDOW_STEPS
+from gpuanat.core.measure.failure import Readings, bands_readings, read_the_gpu
 from gpuanat.core.measure.run_state import RankEvents
 from gpuanat.core.measure.samples import GpuSample, Sample
 from gpuanat.core.vocabulary.config import RunConfig
@@ -149,19 +150,33 @@ class LiveRun:
         """One rank's bands now, of one moment (the end of forward: only accumulated gradients alive), from its
         own events and NVML's reading of its GPU and its PID; with why a band is missing."""
         gpu = gpu_of(sample, gpu_index)
-        probe, step = self.rank(rank).probe_bands, self.rank(rank).last_step
+        state = self.rank(rank)
+        probe, step = state.probe_bands, state.last_step
         pid = self.rank_pids.get(rank, self.pid if rank == 0 else None)
-        no_gpu = None if gpu is not None and self.config.device == "cuda" else "CPU run: no GPU memory"
+        failed = state.failure_shown
+        # after an out-of-memory failure the bands are the failing allocation's, and so are the readings beside them:
+        # its probe read the GPU then
+        read_gpu = gpu is not None or read_the_gpu(failed)
+        no_gpu = None if read_gpu and self.config.device == "cuda" else "CPU run: no GPU memory"
+        readings = bands_readings(
+            Readings(
+                reserved_bytes=step.reserved_bytes if step else None,
+                device_used_bytes=gpu.used_bytes if gpu else None,
+                process_used_bytes=(
+                    dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes([pid])
+                    if sample is not None and gpu is not None and pid
+                    else None
+                ),
+                device_total_bytes=gpu.total_bytes if gpu else None,
+            ),
+            failed,
+        )
         bands = assemble_bands(
             probe,
-            reserved_bytes=step.reserved_bytes if step else None,
-            device_used_bytes=gpu.used_bytes if gpu else None,
-            device_total_bytes=gpu.total_bytes if gpu else None,
-            process_used_bytes=(
-                dataclasses.replace(sample, gpus=(gpu,)).process_used_bytes([pid])
-                if sample is not None and gpu is not None and pid
-                else None
-            ),
+            reserved_bytes=readings.reserved_bytes,
+            device_used_bytes=readings.device_used_bytes,
+            device_total_bytes=readings.device_total_bytes,
+            process_used_bytes=readings.process_used_bytes,
             no_gpu_reason=no_gpu,
         )
         return gpu, bands.values(), bands.unavailable

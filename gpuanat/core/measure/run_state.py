@@ -127,6 +127,16 @@ class RankEvents:
             self.milestones["last step"] = step.monotonic_s
         return step
 
+    @property
+    def failure_shown(self) -> Error | None:
+        """The out-of-memory error whose failing allocation `probe_bands` holds (the allocator's and NVML's readings
+        of that moment go with them: `failure.bands_readings`); None while the bands are a measured step's."""
+        error = self.error
+        failure = error.out_of_memory if error is not None else None
+        if failure is None or failure.bands is None or failure.bands is not self.probe_bands:
+            return None
+        return error
+
     def samples_per_second(self, window_s: float) -> float | None:
         """Samples/s over the steps of about the last `window_s` seconds of training; None before two steps."""
         if len(self.recent_steps) < 2:

@@ -27,11 +27,13 @@ from gpuanat.core.measure.anatomy import (
     assemble_bands,
     gradients_after_backward_bytes,
 )
+from gpuanat.core.measure.failure import Readings, bands_readings, modules_json, out_of_memory_json, read_the_gpu
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
+from gpuanat.core.measure.run_state import RankEvents
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.operations.anatomy import operations_anatomy
-from gpuanat.core.vocabulary.protocol import Operations
+from gpuanat.core.vocabulary.protocol import Error, Operations, OutOfMemory, ProbeBands
 from gpuanat.core.watch.loop_kind import ProbeHint, probe_hint
 from gpuanat.core.watch.publications import Publications
 from gpuanat.core.watch.target import WatchTarget
@@ -90,6 +92,8 @@ class WatchRecords:
         self.observed = observed
         self.last_record: dict[str, Any] | None = None
         self.mapping = PidMapping()
+        self._modules_recorded: ProbeBands | None = None
+        self._failure_recorded: OutOfMemory | None = None
         self._other_process_names: dict[int | None, str | None] = {}
         """The names of the other processes on the GPUs, kept while NVML lists them (read once, not every sample)."""
 
@@ -264,6 +268,10 @@ class WatchRecords:
             # the probe's profile of its operations (asked with GPUANAT_PROFILE_OPS or its profile_ops=), in the
             # first record after it came, without the kernel rows (the result and the final record have them)
             "operations_anatomy": self._new_operations(run.operations),
+            # memory by module of the bands measured last, and an out-of-memory failure: each in the first record
+            # after it came (the final record has both), so that a record stays small at every sample
+            "modules": self._new_modules(run.probe_bands),
+            "out_of_memory": self._new_out_of_memory(run.error),
         }
         self.last_record = record
         return record
@@ -274,6 +282,20 @@ class WatchRecords:
             return None
         self._operations_recorded = operations
         return {key: value for key, value in operations_anatomy(operations).items() if key != "kernels"}
+
+    def _new_modules(self, bands: ProbeBands | None) -> list[dict[str, Any]] | None:
+        """Memory by module of `bands` when they are new since the last record, else None."""
+        if bands is None or bands is self._modules_recorded:
+            return None
+        self._modules_recorded = bands
+        return modules_json(bands)
+
+    def _new_out_of_memory(self, error: Error | None) -> dict[str, Any] | None:
+        """The out-of-memory failure (`out_of_memory_json`) when it is new since the last record, else None."""
+        if error is None or error.out_of_memory is None or error.out_of_memory is self._failure_recorded:
+            return None
+        self._failure_recorded = error.out_of_memory
+        return out_of_memory_json(error, 0)
 
     def _ranks(self, sample: Sample, mapping: Any) -> list[dict[str, Any]]:
         """Every publishing process (each rank of a distributed job) with its GPU and its own bands, computed as
@@ -291,13 +313,15 @@ class WatchRecords:
                 if gpu is not None
                 else "NVML lists no GPU memory of this process"
             )
-            memory = assemble_bands(
-                publisher.probe_bands,
-                reserved_bytes=publisher.reserved_bytes,
-                device_used_bytes=gpu.used_bytes if gpu else None,
-                device_total_bytes=gpu.total_bytes if gpu else None,
-                process_used_bytes=used,
-                no_gpu_reason=no_gpu,
+            memory = _bands_of(
+                publisher.state,
+                Readings(
+                    publisher.reserved_bytes,
+                    gpu.used_bytes if gpu else None,
+                    used,
+                    gpu.total_bytes if gpu else None,
+                ),
+                no_gpu,
             )
             ranks.append(
                 {
@@ -352,29 +376,36 @@ class WatchRecords:
         reserved_bytes: int | None,
         device_used_bytes: int | None,
     ) -> MemoryBands:
-        hello = self.observed.run.hello
+        run = self.observed.run
+        hello = run.hello
         no_gpu_reason = None
         if hello is not None and hello.device != "cuda":
             no_gpu_reason = "CPU run: it uses no GPU memory"
         elif gpu is None:
             no_gpu_reason = f"{NO_GPU_READINGS}: {self.nvml.reason or 'NVML unavailable'}"
-        return assemble_bands(
-            self.observed.run.probe_bands,
-            reserved_bytes=reserved_bytes,
-            device_used_bytes=device_used_bytes,
-            device_total_bytes=gpu.total_bytes if gpu else None,
-            process_used_bytes=process_used_bytes,
-            no_gpu_reason=no_gpu_reason,
+        return _bands_of(
+            run,
+            Readings(reserved_bytes, device_used_bytes, process_used_bytes, gpu.total_bytes if gpu else None),
+            no_gpu_reason,
         )
 
     def final_record(self, *, exit_code: int | None) -> dict[str, Any]:
         """The record that ends the watch because the process exited."""
         observed = self.observed
         run = observed.run  # the state of the process that speaks for the run
+        # a process that ran out of memory often exits before the next sample: the failing allocation's bands, from
+        # the readings its probe took then (`bands_readings`)
+        failure = (
+            _bands_of(run, Readings(None, None, None, observed.device_total_bytes), None)
+            if run.failure_shown is not None
+            else None
+        )
         return {
             "pid": self.target.pid,
             "t": round(self._clock() - self.started_s, 3),
             "exited": True,
+            "bands": failure.values() if failure else None,
+            "bands_unavailable": failure.unavailable if failure else None,
             "exit_code": exit_code,
             "training_done": run.done is not None,
             # the steps `done` counted: a publication throttles plain step lines, and may skip the last ones
@@ -384,6 +415,8 @@ class WatchRecords:
             "steady_samples_per_second": run.done.steady_samples_per_second if run.done else None,
             "malformed_events": observed.malformed,
             "operations_anatomy": operations_anatomy(run.operations) if run.operations else None,
+            "modules": modules_json(run.probe_bands),
+            "out_of_memory": out_of_memory_json(run.error, 0),
         }
 
     def observed_pids(self) -> list[int]:
@@ -400,6 +433,23 @@ class WatchRecords:
     def watched_s(self) -> float:
         """Seconds since the watch began, to the millisecond."""
         return round(self._clock() - self.started_s, 3)
+
+
+def _bands_of(state: RankEvents, readings: Readings, no_gpu_reason: str | None) -> MemoryBands:
+    """The bands of one publishing process from its probe's and `readings` taken beside them; after an out-of-memory
+    failure, the failing allocation's bands with that moment's readings (`bands_readings`)."""
+    failed = state.failure_shown
+    readings = bands_readings(readings, failed)
+    if read_the_gpu(failed):
+        no_gpu_reason = None  # its probe read the GPU at the failing allocation
+    return assemble_bands(
+        state.probe_bands,
+        reserved_bytes=readings.reserved_bytes,
+        device_used_bytes=readings.device_used_bytes,
+        device_total_bytes=readings.device_total_bytes,
+        process_used_bytes=readings.process_used_bytes,
+        no_gpu_reason=no_gpu_reason,
+    )
 
 
 def _process_name(pid: int | None) -> str | None:

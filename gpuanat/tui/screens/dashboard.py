@@ -21,6 +21,8 @@ from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.keys import KeysScreen, key_rows
+from gpuanat.tui.screens.modules import ModulesScreen, ModulesShown, shown_of_result
+from gpuanat.tui.widgets.failure_line import FailureLine
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -35,6 +37,7 @@ FIRST_BINDINGS = [
 in nvitop and htop — asking first while a run is live, like q."""
 SHARED_BINDINGS = [
     Binding("h", "history", "History", id="history"),
+    Binding("b", "modules", "Memory by module", id="modules", show=False),
     Binding("enter", "compare", "Compare", id="compare", show=False),
     Binding("space", "pause", "Pause charts", id="pause", show=False),
     Binding("ctrl+l", "redraw", "Redraw the whole screen", id="redraw", show=False, priority=True),
@@ -75,6 +78,10 @@ class DashboardScreen(Screen[None]):
     def status_line(self) -> StatusLine:
         return self.query_one(StatusLine)
 
+    @cached_property
+    def failure_line(self) -> FailureLine:
+        return self.query_one(FailureLine)
+
     # --- hooks of the dashboards -------------------------------------------------------------------
     def stop_and_quit(self) -> None:
         """Quit without asking, after stopping and recording whatever is in progress."""
@@ -88,6 +95,10 @@ class DashboardScreen(Screen[None]):
 
     def _layout_changed(self, compact: bool) -> None:
         """What the dashboard's own widgets do beyond the `-compact` class."""
+
+    def modules_shown(self) -> ModulesShown:
+        """What the memory-by-module view (`b`) shows of the dashboard's run."""
+        raise NotImplementedError
 
     def _start_paint_tick(self, interval_s: float) -> None:
         """Paint every `interval_s` while the app runs. Once shutdown begins its screens are taken down
@@ -106,6 +117,7 @@ class DashboardScreen(Screen[None]):
         compact = rows < COMPACT_BELOW_ROWS
         if compact != self.has_class("-compact"):
             self.set_class(compact, "-compact")
+            self.failure_line.max_rows = 2 if compact else 3
             self._layout_changed(compact)
             self._fit_memory_legend()
 
@@ -151,6 +163,28 @@ class DashboardScreen(Screen[None]):
         """Draw every cell again, as ctrl+l does in a shell: a terminal that lost what it showed (a garbled SSH
         session, a browser tab that attaches to `gpuanat serve`'s dashboard) gets all of it."""
         self.app.refresh(repaint=True, layout=True)
+
+    def action_modules(self) -> None:
+        """Memory by module: of the run under the history's cursor while the history is open, else of the dashboard's
+        run (following it while open); again: closed."""
+        top = self.app.screen
+        if isinstance(top, ModulesScreen):
+            top.dismiss()
+            return
+        if isinstance(top, HistoryScreen):
+            run = top.cursor_run
+            if run is None:
+                self.notify("No run in the history yet.", timeout=3)
+                return
+            self.app.push_screen(ModulesScreen(shown_of_result(run.result, run.id), follows_dashboard=False))
+            return
+        self.app.push_screen(ModulesScreen(self.modules_shown(), follows_dashboard=True))
+
+    def paint_modules(self) -> None:
+        """The memory-by-module view, while open on the dashboard's run, up to date (at the paint tick)."""
+        top = self.app.screen
+        if isinstance(top, ModulesScreen) and top.follows_dashboard:
+            top.show(self.modules_shown())
 
     def action_help(self) -> None:
         """gpuanat's key page: every key in use, grouped, each technique with what it does."""

@@ -233,6 +233,12 @@ class HistoryScreen(Screen[list[int]]):
             return None
         return int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
 
+    @property
+    def cursor_run(self) -> RunRow | None:
+        """The run under the cursor, as the history holds it (None in an empty table)."""
+        run_id = self.cursor_run_id
+        return next((run for run in self._runs if run.id == run_id), None)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """`n` is offered where the dashboard can save a name; `/` is typed into the filter while it has the focus,
         and not advertised then."""

@@ -31,6 +31,7 @@ REMAP_HELP = (
 """How to remap keys, on the key page itself."""
 VIEW_ACTIONS = {
     "history",
+    "modules",
     "compare",
     "pause",
     "redraw",

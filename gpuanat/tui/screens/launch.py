@@ -55,10 +55,12 @@ from gpuanat.tui.run_backend import RunBackend
 from gpuanat.tui.run_control import RunControl
 from gpuanat.tui.run_keys import RunKeys
 from gpuanat.tui.screens.dashboard import FIRST_BINDINGS, SHARED_BINDINGS, DashboardScreen
+from gpuanat.tui.screens.modules import ModulesShown, shown_of_live, shown_of_result
 from gpuanat.tui.search_keys import SearchKeys
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.technique_keys import TechniqueKeys
 from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline
+from gpuanat.tui.widgets.failure_line import FailureLine
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes
 from gpuanat.tui.widgets.log_pane import LogPane
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -167,6 +169,7 @@ class LaunchDashboard(DashboardScreen):
                 yield from live_charts()
                 yield AnatomyTimeline(id="timeline")
                 yield OperationsPanel(id="operations")
+        yield FailureLine(id="failure")
         yield MemoryBar(id="memory")
         yield StepStrip(id="steps")
         yield GpuLanes(id="lanes")
@@ -267,6 +270,18 @@ class LaunchDashboard(DashboardScreen):
         samples = [self._incoming_samples.popleft() for _ in range(len(self._incoming_samples))]
         events = [self._incoming_events.popleft() for _ in range(len(self._incoming_events))]
         self.painter.paint(samples, events)
+
+    def modules_shown(self) -> ModulesShown:
+        """Memory by module of the run in progress, else of the last run."""
+        if self._live is not None:
+            return shown_of_live(self._live)
+        if self.last_result is not None:
+            return shown_of_result(self.last_result)
+        return ModulesShown(
+            "no run yet",
+            why_none="No run yet: r runs one, and the probe measures memory by module "
+            "at its steps 1-3, then every 50th.",
+        )
 
     @property
     def run_state_text(self) -> str:

@@ -34,7 +34,9 @@ from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget
 from gpuanat.tui.messages import WatchSaved
 from gpuanat.tui.screens.dashboard import FIRST_BINDINGS, SHARED_BINDINGS, DashboardScreen
+from gpuanat.tui.screens.modules import NOT_FOLLOWED, ModulesShown
 from gpuanat.tui.series import TimeSeries
+from gpuanat.tui.widgets.failure_line import FailureLine
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -113,6 +115,11 @@ class WatchDashboard(DashboardScreen):
         self._peak_bands: dict[str, int | None] | None = None
         self._peak_device_used_bytes = -1
         self._operations_anatomy: dict[str, Any] | None = None
+        self._modules: list[dict[str, Any]] | None = None
+        """Memory by module of the watched run's latest measured bands (records carry it when new)."""
+        self._modules_step: int | None = None
+        self._failure: dict[str, Any] | None = None
+        """The watched run's out-of-memory failure, once published."""
         self._operations_shown = False
         self.series = {
             "device_used": TimeSeries(),
@@ -137,6 +144,7 @@ class WatchDashboard(DashboardScreen):
                     id="throughput-chart",
                 )
                 yield OperationsPanel(id="operations")
+        yield FailureLine(id="failure")
         yield MemoryBar(id="memory")
         yield GpuLanes(id="lanes")
         yield Footer()
@@ -221,6 +229,8 @@ class WatchDashboard(DashboardScreen):
         records = [self._incoming.popleft() for _ in range(len(self._incoming))]
         for record in records:
             self._add_record(record)
+        if records:
+            self.paint_modules()
         with self.app.batch_update():
             now_s = self._clock()
             for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
@@ -231,7 +241,12 @@ class WatchDashboard(DashboardScreen):
             )
 
     def _add_record(self, record: dict[str, Any]) -> None:
+        self._add_anatomy(record)
         if record["exited"]:
+            if record.get("bands"):  # the failing allocation's, where the process ran out of memory
+                main = _main_gpu(self.last_record) if self.last_record and "gpus" in self.last_record else None
+                total = main["total_bytes"] if main else None
+                self._memory_bar.update_bands(record["bands"], self._peak_bands, total, record["bands_unavailable"])
             self.last_record = {
                 **(
                     self.last_record
@@ -258,6 +273,40 @@ class WatchDashboard(DashboardScreen):
         if record["samples_per_second"] is not None and (throughput.last_t_s is None or t_s > throughput.last_t_s):
             throughput.append(t_s, record["samples_per_second"])
         self._show_bands(record, main)
+
+    def _add_anatomy(self, record: dict[str, Any]) -> None:
+        """Memory by module and an out-of-memory failure, from the records that bring them (the final one too)."""
+        if record.get("modules") is not None:
+            self._modules = record["modules"]
+            self._modules_step = record.get("bands_measured_at_step", self._modules_step)
+            if record.get("out_of_memory") is None and not record["exited"]:
+                self._show_failure(None)  # a later step's: the loop caught the failure and went on
+        if record.get("out_of_memory") is not None:
+            self._show_failure(record["out_of_memory"])
+
+    def _show_failure(self, failure: dict[str, Any] | None) -> None:
+        """The watched run's out-of-memory failure above the bar, whose bands are then that moment's; None: none."""
+        self._failure = failure
+        self.failure_line.show(failure)
+        self._memory_bar.show_moment(at_failure=failure is not None)
+
+    def modules_shown(self) -> ModulesShown:
+        """Memory by module of the watched run: its latest measured bands', or its failure's."""
+        who = f"PID {self.target.pid}"
+        if self._failure is not None:
+            moment = f"{who}, at the failing allocation"
+            return ModulesShown(moment, self._modules, self._failure, f"{who}: {NOT_FOLLOWED}")
+        if self._modules is None:
+            published = self.last_record is not None and self.last_record.get("published")
+            why = (
+                f"{who} has published no measured step with memory by module yet (the probe measures it at steps "
+                "1-3, then every 50th)"
+                if published
+                else f"{who} publishes no probe events: memory by module needs the probe (see the process panel)"
+            )
+            return ModulesShown(who, why_none=why)
+        step = f", at step {self._modules_step}'s peak (its forward pass's end)" if self._modules_step else ""
+        return ModulesShown(f"{who}{step}", self._modules)
 
     def action_toggle_operations(self) -> None:
         """`O`: the operations anatomy the watched probe published, in the charts' place; again: the charts."""

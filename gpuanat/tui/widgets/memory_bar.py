@@ -62,6 +62,8 @@ VALUE_WIDTH = 11
 """Room for the widest value, "1023.99 GiB" (a 141 GB card shows 131.03 GiB): columns never touch."""
 PREDICTED_WIDTH = 12
 LOGITS_SHOWN_FROM_BYTES = 1 << 20
+FAILURE_MOMENT_NOTE = "each column: one moment, the failing allocation"
+"""The moment after an out-of-memory failure: the bands are those of the allocation that failed."""
 
 
 BAND_COLOURS_CSS = """
@@ -160,6 +162,7 @@ class MemoryBar(CachedRows):
         self._has_reading = False
         self._version = 0
         self._legend = True
+        self._moment_note = MOMENT_NOTE
         self._logits: tuple[int | None, int | None, int | None] = (None, None, None)
         """(now, peak, predicted) bytes of a causal LM's logits, shown under the activations they are part of."""
         self._trainable: tuple[int | None, int | None] = (None, None)
@@ -167,6 +170,11 @@ class MemoryBar(CachedRows):
         self._gradients_after_backward: tuple[int | None, int | None] = (None, None)
         """(measured, predicted) bytes of the gradients after backward: another moment than the bars', said beside
         the gradients band (which holds those alive at the end of forward)."""
+
+    @property
+    def current(self) -> Mapping[str, int | None]:
+        """The measured bands shown (band name -> bytes; None: not measured)."""
+        return self._current
 
     @property
     def logits(self) -> tuple[int | None, int | None, int | None]:
@@ -204,6 +212,13 @@ class MemoryBar(CachedRows):
 
     def _shows_logits(self, logits: tuple[int | None, int | None, int | None] | None = None) -> bool:
         return any((value or 0) >= LOGITS_SHOWN_FROM_BYTES for value in (logits or self._logits))
+
+    def show_moment(self, at_failure: bool) -> None:
+        """Say beside the header which moment the columns are: a forward pass's end, or the failing allocation."""
+        note = FAILURE_MOMENT_NOTE if at_failure else MOMENT_NOTE
+        if note != self._moment_note:
+            self._moment_note = note
+            self._changed(layout=False)
 
     def show_legend(self, shown: bool) -> None:
         """Show the legend (a row per band) or only the bars and the device-used row: a short terminal that shows a
@@ -357,8 +372,8 @@ class MemoryBar(CachedRows):
         predicted_header = f"{'predicted':>{PREDICTED_WIDTH}}" if self._predicted is not None else ""
         header = f"{'':3}{'band':<{NAME_WIDTH}}{'now':>{VALUE_WIDTH}}{'peak':>{VALUE_WIDTH}}{predicted_header}"
         header_segments = [Segment(header, self._style("memory-bar--header"))]
-        if width - len(header) >= len(MOMENT_NOTE) + 2:  # the moment every column is of, where it fits
-            header_segments.append(Segment(f"  {MOMENT_NOTE}", self._style("memory-bar--reason")))
+        if width - len(header) >= len(self._moment_note) + 2:  # the moment every column is of, where it fits
+            header_segments.append(Segment(f"  {self._moment_note}", self._style("memory-bar--reason")))
         rows.append(self._finish(header_segments, width))
         for band in BAND_NAMES[:-1]:
             rows.append(self._band_row(band, width))
