@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
-from gpuanat.core.vocabulary.protocol import ProbeBands
+from gpuanat.core.vocabulary.protocol import probe_bands_from_json
 from gpuanat.core.vocabulary.result import Bands, RunError, RunResult
 
 RECORDER_START_TOLERANCE_S = 1.0
@@ -102,7 +102,7 @@ def _bands_of_step(step: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]
     """The bands of one moment from a step record's probe bands and the allocator's and NVML's readings it carries,
     with the gradients' maximum after backward; None when the record's bands cannot be read."""
     try:
-        probe = ProbeBands.from_json(dict(step["bands"]))
+        probe = probe_bands_from_json(dict(step["bands"]))
     except (TypeError, ValueError, KeyError):
         return None
     nvml = step.get("nvml_device_used_bytes") is not None

@@ -58,11 +58,6 @@ from gpuanat.worker.probe.tensors import (
 from gpuanat.worker.probe.timing import StepPhases
 
 FIRST_MEASURED_STEPS = 3
-MODULE_STEPS_ON_A_GPU = 2
-"""On a GPU, the measured steps whose modules are followed (their hooks cost a few ms a step): the first, and the
-second, the first with the optimizer's state, where runs that fit one step run out of memory; later measured steps
-carry the memory by module of the last one followed. On the CPU every measured step is: its activations band is
-what autograd saved."""
 WARMUP_STEPS_OF_AN_OPEN_RUN = 10
 """Warm-up steps when the loop does not say how many steps it will run (a plain loop's `track` without
 `total_steps`)."""
@@ -345,9 +340,7 @@ class Probe(ModuleReadings):
             self._forward_peak_bytes = None
             self._logits_bytes = None
             self._batch_bytes = 0
-        self._following = (
-            self._measuring and self._modules is not None and (not self._cuda or step <= MODULE_STEPS_ON_A_GPU)
-        )
+        self._following = self._follows_modules(step)
         if self._following:
             self._activations_by_module = None
             self._gradients_by_module = {}
@@ -435,11 +428,7 @@ class Probe(ModuleReadings):
             bands = self.measured_bands(step)
             bands = dataclasses.replace(bands, modules=self._module_rows(bands))
             self.last_bands = bands
-            if self._following and self._modules is not None:  # its hooks ran outside the probe's methods: counted here
-                self._modules.step_ends()
-                self.probe_time_s += self._modules.time_s
-                self.probe_time_by_part_s["measured steps"] += self._modules.time_s
-                self._modules.time_s = 0.0
+            self._module_step_ends()
             self._measuring = False
         self.last_step = Step(
             step=step,

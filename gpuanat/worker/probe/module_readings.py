@@ -37,6 +37,11 @@ from gpuanat.worker.probe.oom_capture import (
 )
 from gpuanat.worker.probe.readings import ProbeReadings
 
+MODULE_STEPS_ON_A_GPU = 2
+"""On a GPU, the measured steps whose modules are followed (their hooks cost a few ms a step): the first, and the
+second, the first with the optimizer's state, where runs that fit one step run out of memory; later measured steps
+carry the memory by module of the last one followed. On the CPU every measured step is: its activations band is
+what autograd saved."""
 STEP_PHASE_AT_FAILURE = {"forward": "forward", "backward": "forward", "optimizer": "optimizer"}
 """The probe's step phase (`timing.StepPhases`) -> the phase a failure is said to be in, when autograd's node and
 frames do not say backward: from the forward pass's end to the optimizer, that is the loop's code before
@@ -77,6 +82,19 @@ class ModuleReadings(ProbeReadings):
         )
 
     # --- memory by module -----------------------------------------------------------------------
+    def _follows_modules(self, step: int) -> bool:
+        """Whether measured step `step`'s modules are followed."""
+        return self._measuring and self._modules is not None and (not self._cuda or step <= MODULE_STEPS_ON_A_GPU)
+
+    def _module_step_ends(self) -> None:
+        """A followed step ended: its graph is let go, and its hooks' time (outside the probe's timed methods) is
+        counted in the probe's cost."""
+        if self._following and self._modules is not None:
+            self._modules.step_ends()
+            self.probe_time_s += self._modules.time_s
+            self.probe_time_by_part_s["measured steps"] += self._modules.time_s
+            self._modules.time_s = 0.0
+
     def _read_gradients_by_module(self) -> None:
         """The gradients by module while they are complete (the optimizer is about to step)."""
         if self._ownership is None:
