@@ -323,6 +323,11 @@ class Ownership:
         return tensors
 
 
+def _in_model_order(path: str) -> list[tuple[int, str]]:
+    """A module path's sort key that puts layer 2 before layer 10 ("h.2" < "h.10")."""
+    return [(int(part), "") if part.isdigit() else (-1, part) for part in path.split(".")]
+
+
 def module_rows(
     activations: Mapping[str, int],
     owned: OwnedMemory,
@@ -350,7 +355,7 @@ def module_rows(
     def total(module: str) -> int:
         return sum(column.get(module, 0) for column in columns.values())
 
-    ranked = sorted(modules, key=lambda module: (-total(module), module))
+    ranked = sorted(modules, key=lambda module: (-total(module), _in_model_order(module)))
     rows = [row(module, [module]) for module in ranked[:top]]
     if ranked[top:]:
         rows.append(row(MODULES_REST, ranked[top:]))

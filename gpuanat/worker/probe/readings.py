@@ -10,7 +10,12 @@ from typing import Any
 import torch
 
 from gpuanat.core.vocabulary.protocol import Done, ProbeBands, Step
-from gpuanat.worker.probe.tensors import deepspeed_gradients, optimizer_state_tensors, unique_storage_bytes
+from gpuanat.worker.probe.tensors import (
+    deepspeed_gradients,
+    optimizer_state_shape,
+    optimizer_state_tensors,
+    unique_storage_bytes,
+)
 
 
 class ProbeReadings:
@@ -110,7 +115,16 @@ class ProbeReadings:
         return unique_storage_bytes(gradients, self._device)
 
     def _optimizer_state_bytes_now(self) -> int:
-        return unique_storage_bytes(optimizer_state_tensors(self._optimizer), self._device)
+        """The optimizer state's distinct storages on this rank, counted again only when the optimizer holds other
+        entries than at the last count (its tensors keep their sizes from their first step on): a measured step
+        asks twice, and a large model's state is thousands of tensors."""
+        key = optimizer_state_shape(self._optimizer)
+        cached = getattr(self, "_optimizer_state_count", None)
+        if cached is not None and cached[0] == key:
+            return int(cached[1])
+        size = unique_storage_bytes(optimizer_state_tensors(self._optimizer), self._device)
+        self._optimizer_state_count = (key, size)
+        return size
 
     def measured_bands(self, step: int) -> ProbeBands:
         """The bands of measured step `step`: the exact byte counts read during it, the optimizer state now."""

@@ -116,6 +116,17 @@ def deepspeed_gradients(optimizer: Any) -> list[torch.Tensor]:
     return tensors
 
 
+def optimizer_state_shape(optimizer: Any) -> tuple[int, ...]:
+    """How many parameters have state and how many entries it has in all, for each optimizer of the chain, and how
+    many master weights DeepSpeed keeps: what changes when state is created (one tensor at a time)."""
+    shape = [len(deepspeed_master_weights(optimizer))]
+    for wrapped in optimizer_chain(optimizer):
+        state = getattr(wrapped, "state", None)
+        if isinstance(state, Mapping):
+            shape += [len(state), sum(len(values) for values in state.values() if isinstance(values, Mapping))]
+    return tuple(shape)
+
+
 def optimizer_state_tensors(optimizer: Any) -> Iterable[torch.Tensor]:
     """Every tensor held in the optimizer's state, also inside nested containers; with DeepSpeed ZeRO also its
     fp32 master weights."""
