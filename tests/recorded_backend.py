@@ -134,13 +134,14 @@ def oom_config() -> RunConfig:
     return RunConfig(model=str(OOM_MODEL), batch_size=4, seq_len=512, max_steps=3, optim="adamw_torch")
 
 
-class RecordedOomBackend:
+class RecordedOomBackend(RecordedRunBackend):
     """Replays the H200's out-of-memory failure for `run`: its events through the dashboard's `RunHooks`, then the
     result that gpuanat's recording makes of them (`build_result` over a `RankRecord` that took the same events).
     Until `release` is set the run holds its result back, so that a test sees the run in progress after its failure;
-    made with `hold=False` it is released at once. The recording names no PID: this process's stands for it."""
+    made with `hold=False` it is released at once. The recording names no PID: this process's stands for it. Like
+    the other recording, it cannot be searched (`fit`, `tune`) and prepares nothing."""
 
-    def __init__(self, log_dir: Path, *, hold: bool = False) -> None:
+    def __init__(self, log_dir: Path, *, hold: bool = False) -> None:  # (not the other recording's)
         self.events = [decode(line) for line in OOM_EVENTS.read_text().splitlines()]
         self.failure = next(event for event in self.events if isinstance(event, Error)).out_of_memory
         assert self.failure is not None
@@ -178,21 +179,3 @@ class RecordedOomBackend:
             record.observe(event)
         self.release.wait(60)
         return build_result(1, config, record, self.nvml, self._log)
-
-    def fit(self, *args: Any, **kwargs: Any) -> FitResult:
-        raise RuntimeError("a recorded run cannot be searched")
-
-    def tune(self, *args: Any, **kwargs: Any) -> TuneResult:
-        raise RuntimeError("a recorded run cannot be searched")
-
-    def prepare(self, config: RunConfig) -> None:
-        """Nothing to prepare: the recording is there."""
-
-    def prepared_status(self) -> str | None:
-        return None
-
-    def start_note(self) -> str | None:
-        return None
-
-    def close(self) -> None:
-        """Nothing is left behind."""

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpuanat.core.measure.anatomy import stack_total_bytes
+
 HERE = Path(__file__).resolve().parent
 CASES = {
     # the issue's own: a batch too large for bert-large in fp32 (forward)
@@ -64,37 +66,10 @@ def percent(ours: int | None, theirs: int | None) -> float | None:
 def run_case(name: str, out: Path) -> dict:
     snapshot = out / f"{name}.pickle"
     snapshot.unlink(missing_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "gpuanat",
-        "run",
-        *CASES[name],
-        "--max-steps",
-        "3",
-        "--json",
-        "--db",
-        str(out / "history.sqlite"),
-        "--name",
-        f"oom {name}",
-        "--keep-oom-snapshot",
-        str(snapshot),
-    ]
-    if CASES[name][0] == "--script":
-        command = [
-            sys.executable,
-            "-m",
-            "gpuanat",
-            "run",
-            "--json",
-            "--db",
-            str(out / "history.sqlite"),
-            "--name",
-            f"oom {name}",
-            "--keep-oom-snapshot",
-            str(snapshot),
-            *CASES[name],
-        ]
+    options = ["--json", "--db", str(out / "history.sqlite"), "--name", f"oom {name}"]
+    options += ["--keep-oom-snapshot", str(snapshot)]
+    steps = [] if CASES[name][0] == "--script" else ["--max-steps", "3"]  # (a script's arguments come last)
+    command = [sys.executable, "-m", "gpuanat", "run", *options, *steps, *CASES[name]]
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True)
     (out / f"{name}.err").write_text(done.stderr[-20000:])
@@ -128,19 +103,7 @@ def run_case(name: str, out: Path) -> dict:
     check["bands"] = result.get("bands")
     check["device_memory_used_bytes"] = result.get("device_memory_used_bytes")
     bands = result.get("bands") or {}
-    used = [
-        bands.get(key)
-        for key in (
-            "other_processes_bytes",
-            "cuda_context_bytes",
-            "weights_bytes",
-            "gradients_bytes",
-            "optimizer_state_bytes",
-            "activations_bytes",
-            "temporaries_and_cache_bytes",
-        )
-    ]
-    check["bands_sum_bytes"] = sum(used) if None not in used else None
+    check["bands_sum_bytes"] = stack_total_bytes(bands)  # the used bands, summed (None when one is missing)
     check["largest_tensors"] = failure.get("largest_tensors")
     check["modules"] = (result.get("modules") or [])[:6]
     if snapshot.is_file():
