@@ -131,6 +131,8 @@ class ModuleFollower:
         try:
             if tensor.is_cuda != self._cuda or isinstance(tensor, torch.nn.Parameter):
                 return tensor
+            if isinstance(tensor._base, torch.nn.Parameter):  # a weight's view (a gathered shard's too): no activation
+                return tensor
             storage = tensor.untyped_storage()
             key = (self._cuda, storage.data_ptr())
             if key in self._parameter_storage_keys or key in self._batch_keys:
