@@ -49,7 +49,7 @@ from gpuanat.core.measure.anatomy import (
 )
 from gpuanat.core.measure.samples import Sample
 from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.vocabulary.protocol import ProbeBands
+from gpuanat.core.vocabulary.protocol import probe_bands_from_json
 
 
 def _read_by_child(step: dict[str, Any]) -> bool:
@@ -113,7 +113,7 @@ def check_run(store: HistoryStore, run_id: int, pid: int) -> dict[str, Any] | No
             record.update(_sampler_reading(samples[nearest], step, pid, "sampler, outside the window"))
         # The bands as gpuanat shows them, from the probe's last exact measurement and this reading.
         memory = assemble_bands(
-            ProbeBands.from_json(bands) if bands else None,
+            probe_bands_from_json(bands) if bands else None,
             reserved_bytes=step["reserved_bytes"],
             device_used_bytes=record["device_used_bytes"],
             device_total_bytes=None,

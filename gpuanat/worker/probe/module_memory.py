@@ -68,6 +68,9 @@ class ModuleFollower:
     def __init__(self, model: torch.nn.Module, device: torch.device):
         self.names = {id(module): name for name, module in model.named_modules()}
         """Each module's path, by its id."""
+        self.by_module = not any(getattr(module, "_compiled_call_impl", None) is not None for module in model.modules())
+        """Whether modules are followed: not when parts of the model are compiled in place (`--compile-regions`), where
+        module hooks would break their graphs; what autograd saves is still captured, under "(no module)"."""
         self._parameter_storage_keys = {
             key for parameter in model.parameters() for shard in local_shards(parameter) if (key := _storage_key(shard))
         }
@@ -91,10 +94,11 @@ class ModuleFollower:
         self._outputs = []
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._saved_hooks.__enter__()
-        self._module_hooks = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self._module_begins),
-            torch.nn.modules.module.register_module_forward_hook(self._module_ends),
-        ]
+        if self.by_module:
+            self._module_hooks = [
+                torch.nn.modules.module.register_module_forward_pre_hook(self._module_begins),
+                torch.nn.modules.module.register_module_forward_hook(self._module_ends),
+            ]
 
     def forward_ends(self) -> None:
         self.stop()
@@ -139,7 +143,7 @@ class ModuleFollower:
                 return tensor
             saved = self._saved.get(key)
             if saved is None:
-                module = self._stack[-1] if self._stack else ""
+                module = (self._stack[-1] if self._stack else "") if self.by_module else NO_MODULE
                 self._saved[key] = _Saved(module, storage.nbytes(), weakref.ref(tensor))
             else:
                 saved.holders.append(weakref.ref(tensor))
@@ -357,14 +361,14 @@ def module_rows(
     def total(module: str) -> int:
         return sum(column.get(module, 0) for column in columns.values())
 
-    ranked = sorted(modules, key=lambda module: (-total(module), _in_model_order(module)))
+    ranked = sorted(modules - {NO_MODULE}, key=lambda module: (-total(module), _in_model_order(module)))
     rows = [row(module, [module]) for module in ranked[:top]]
     if ranked[top:]:
         rows.append(row(MODULES_REST, ranked[top:]))
-    beyond = {
-        f"{kind}_bytes": max(0, band - sum(column.values()))
+    beyond = {  # what no module holds: the bands beyond the modules' sums, and what was saved in none (`by_module`)
+        f"{kind}_bytes": column.get(NO_MODULE, 0)
+        + (max(0, band - sum(column.values())) if (band := totals.get(kind)) is not None else 0)
         for kind, column in columns.items()
-        if (band := totals.get(kind)) is not None
     }
     if any(beyond.values()):
         rows.append(ModuleMemory(module=NO_MODULE, **beyond))
