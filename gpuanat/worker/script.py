@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import runpy
 import sys
 import traceback
+import types
 from typing import Any
 
 from gpuanat.core.vocabulary.protocol import Error, Event
@@ -25,16 +29,27 @@ from gpuanat.worker.events import EventWriter, ParentGone
 from gpuanat.worker.lifeline import hold_lifeline
 from gpuanat.worker.out_of_memory import is_host_out_of_memory, is_out_of_memory, out_of_memory_message
 from gpuanat.worker.probe import sink
-from gpuanat.worker.probe.hf import AnatomyCallback
 
 EXIT_USAGE = 2
 
 
-def attach_probe_to_every_trainer() -> None:
-    """Wrap `Trainer.__init__` so that each Trainer gets an AnatomyCallback unless it has one already."""
-    from transformers import Trainer
+TRAINER_MODULE = "transformers.trainer"
 
-    original_init = Trainer.__init__
+
+def attach_probe_to_every_trainer() -> None:
+    """Wrap `Trainer.__init__` so that each Trainer gets an AnatomyCallback unless it has one already — once the
+    script imports transformers' Trainer: a script that never does (a loop of its own, Lightning) does not pay for
+    importing it (4 s of CPU on a CI machine)."""
+    if TRAINER_MODULE in sys.modules:
+        _wrap_trainer(sys.modules[TRAINER_MODULE].Trainer)
+    else:
+        sys.meta_path.insert(0, _TrainerImported())
+
+
+def _wrap_trainer(trainer: Any) -> None:
+    from gpuanat.worker.probe.hf import AnatomyCallback
+
+    original_init = trainer.__init__
 
     @functools.wraps(original_init)
     def init_with_probe(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -42,7 +57,28 @@ def attach_probe_to_every_trainer() -> None:
         if not any(isinstance(callback, AnatomyCallback) for callback in self.callback_handler.callbacks):
             self.add_callback(AnatomyCallback())
 
-    Trainer.__init__ = init_with_probe  # type: ignore[method-assign]
+    trainer.__init__ = init_with_probe
+
+
+class _TrainerImported(importlib.abc.MetaPathFinder):
+    """Finds `transformers.trainer` as the other finders do, and wraps its Trainer once the module has run."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != TRAINER_MODULE:
+            return None
+        sys.meta_path.remove(self)  # once: the module is imported once
+        spec = importlib.util.find_spec(fullname)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run_module = loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            run_module(module)
+            _wrap_trainer(module.Trainer)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # (this module's own loader)
+        return spec
 
 
 def _emitter() -> Any:
