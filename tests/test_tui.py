@@ -327,9 +327,16 @@ async def test_quitting_during_a_run_stops_the_child(db_path):
         # memory by module of the run in progress, following it while open: its bands are measured at steps 1-3
         await pilot.press("b")
         assert isinstance(app.screen, ModulesScreen) and "in progress, at step" in app.screen.shown.title
-        await wait_for(pilot, lambda: "at step 3's peak" in app.screen.shown.title, what="step 3's modules")
+
+        def step_shown() -> int:  # the view follows the run's measured steps: 1-3, then every 50th
+            found = re.search(r"at step (\d+)'s peak", app.screen.shown.title)
+            return int(found.group(1)) if found else 0
+
+        first = step_shown()
+        # (under load the painter may take steps 3 to 50 in one batch: the view then shows 50)
+        await wait_for(pilot, lambda: step_shown() > first, what="a later measured step's modules")
         bands = app.dashboard.run_in_progress.probe_bands
-        assert bands is not None and bands.measured_at_step == 3 and bands.modules
+        assert bands is not None and bands.measured_at_step >= step_shown() > first and bands.modules
         assert sorted(row["module"] for row in app.screen.rows) == sorted(row.module for row in bands.modules)
         await pilot.press("b")
         await pilot.press("q")
