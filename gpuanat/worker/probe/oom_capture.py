@@ -10,6 +10,7 @@ until it is handled, so the same description is read there from the traceback's 
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import os
 import sys
@@ -100,8 +101,7 @@ CAPTURE = OutOfMemoryCapture()
 
 
 def _with_snapshot(state: OutOfMemory, path: str) -> OutOfMemory:
-    import dataclasses
-
+    """`state` with the allocator's snapshot written to `path` (memory_viz's file), if it could be."""
     try:
         torch.cuda.memory._dump_snapshot(path)  # type: ignore[no-untyped-call]
     except Exception:
