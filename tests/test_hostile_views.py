@@ -344,7 +344,7 @@ async def test_an_out_of_memory_failure_and_memory_by_module_show_module_paths_a
         app.dashboard.paint()
         await pilot.pause()
         text = " ".join(frame(app).split())
-        assert f"out of memory in forward of {printable(module)}" in text, text
+        assert f"out of memory in the forward of {printable(module)}" in text, text
         assert "[@click=app.quit]Q[/]evil\\x1b]0;PWNED\\x07" in text and "float32\\x1b[2J" in text
         await pilot.press("b")
         await pilot.pause()

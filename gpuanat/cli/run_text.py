@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.anatomy import BAND_NAMES
+from gpuanat.core.measure.failure import PHASE_WORDS
 from gpuanat.core.memory.fit_ladder import FitSuggestion
 from gpuanat.core.printable import printable
 from gpuanat.core.store.report import MIB, format_bytes
@@ -29,14 +30,6 @@ MODULE_COLUMNS = (
     ("optimizer state", "optimizer_state_bytes"),
 )
 """The columns of memory by module: title, key of a `modules` row."""
-PHASE_WORDS = {
-    "loading": "while loading",
-    "forward": "in the forward",
-    "backward": "in the backward",
-    "optimizer": "in the optimizer step",
-    "between steps": "between steps",
-}
-"""An out-of-memory failure's phase, as the sentence that says where it failed reads it."""
 SUMMARY_TOP_MODULES = 3
 """The modules holding the most activations that an out-of-memory run's summary names."""
 

@@ -12,6 +12,16 @@ from typing import Any
 
 from gpuanat.core.vocabulary.protocol import Error, ProbeBands
 
+PHASE_WORDS = {
+    "loading": "while loading",
+    "forward": "in the forward",
+    "backward": "in the backward",
+    "optimizer": "in the optimizer step",
+    "between steps": "between steps",
+}
+"""An out-of-memory failure's phase (`OutOfMemory.phase`), as a sentence that says where it failed reads it (the CLI's
+summary and explain, the dashboard's failure line)."""
+
 
 @dataclass(frozen=True)
 class Readings:

@@ -16,30 +16,23 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.strip import Strip
 
+from gpuanat.core.measure.failure import PHASE_WORDS
 from gpuanat.core.printable import printable
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.widgets.cached_rows import CachedRows, text_height, text_rows
 
-PHASES = {
-    "loading": "loading the model",
-    "forward": "forward",
-    "backward": "backward",
-    "optimizer": "the optimizer step",
-    "between steps": "between steps",
-}
-"""The words for `OutOfMemory.phase`: where the step was when the allocation failed."""
 ROWS_AT_MOST = 3
 """The rows the line may take; the compact layout of short terminals gives it two (`max_rows`)."""
 
 
 def out_of_memory_sentence(failure: Mapping[str, Any], operation: str | None = None) -> str:
-    """ "out of memory in forward of bert.encoder.layer.10.output.dense (hidden_states = …), step 1: tried 768 MiB,
+    """ "out of memory in the forward of bert.encoder.layer.10.output.dense (hidden_states = …), step 1: tried 768 MiB,
     589 MiB free", from a result's `out_of_memory`; `operation` in place of the failure's own (a shortened one, ""
     for none). Not yet made printable: the module and the operation are the user's code."""
     phase = failure.get("phase")
-    text = "out of memory" + (f" in {PHASES.get(phase, phase)}" if phase else "")
+    text = "out of memory" + (f" {PHASE_WORDS.get(phase, f'in {phase}')}" if phase else "")
     if failure.get("module"):
-        text += f" of {failure['module']}"
+        text += (" of " if phase in ("forward", "backward") else " in ") + failure["module"]
     operation = failure.get("operation") if operation is None else operation
     if operation:
         text += f" ({operation})"
