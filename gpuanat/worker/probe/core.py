@@ -103,8 +103,9 @@ class Probe(ModuleReadings):
         steps, and the waits of the two CUDA synchronisations that bracket the steady-state window (the GPU's
         queued work finishing, not the probe's own work)."""
         self._modules: ModuleFollower | None = None
-        self._ownership: Ownership | None = None
         """Follows the model's modules and what autograd saves in them on measured steps (not under compile)."""
+        self._ownership: Ownership | None = None
+        """Which module owns each parameter (not under compile)."""
         self._activations_by_module: dict[str, int] | None = None
         self._gradients_by_module: dict[str, int] = {}
         self._following = False
