@@ -14,7 +14,7 @@ from conftest import REPO, cli_env
 SCRIPT = """
 import gc, weakref
 import torch
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
 from gpuanat.probe import AnatomyCallback
 
 class Samples(torch.utils.data.Dataset):
@@ -32,13 +32,35 @@ left = weakref.ref(model)
 del model, trainer
 gc.collect()
 print("model alive after training:", left() is not None)
+
+class Fails(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        raise RuntimeError("the training fails")
+
+model = BertForSequenceClassification(config)
+trainer = Trainer(model=model, args=arguments, train_dataset=Samples(),
+                  callbacks=[AnatomyCallback(lambda event: None), Fails()])
+try:
+    trainer.train()
+except RuntimeError:
+    pass
+left = weakref.ref(model)
+del model, trainer
+gc.collect()
+print("model alive after a failed training:", left() is not None)
 """
 
 
-def test_a_probe_that_ended_keeps_no_model_alive(tmp_path):
+def test_a_probe_that_ended_or_failed_keeps_no_model_alive(tmp_path):
     script = SCRIPT.replace("OUTPUT", repr(str(tmp_path / "out")))
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, env=cli_env(tmp_path / "history.sqlite"), capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env=cli_env(tmp_path / "history.sqlite"),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "model alive after training: False" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "model alive after a failed training: False" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
