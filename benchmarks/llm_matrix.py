@@ -438,8 +438,10 @@ HELD_OUT_50_LARGE = (
     "starcoder2-3b",
 )
 HELD_OUT_50_EXPERTS = ("olmoe-1b-7b", "qwen3-30b-a3b-4l", "mixtral-8x7b-2l", "qwen1.5-moe-a2.7b-4l")
-HELD_OUT_50_ATTENTION = {"mpt-1.3b": "eager", "gpt-neo-1.3b": "eager", "gemma-2-2b": "eager"}
-"""Families transformers 5 gives no SDPA attention (ALiBi, or attention written out in their modeling code)."""
+HELD_OUT_50_ATTENTION = {
+    **dict.fromkeys(("mpt-1.3b", "gpt-neo-1.3b", "gemma-2-2b", "codegen-350m-mono", "gpt-j-6b-6l"), "eager")
+}
+"""Families transformers 5.17 gives no SDPA attention (it refuses `attn_implementation="sdpa"` for them)."""
 
 
 def held_out_50_set(device: str) -> list[Case]:
