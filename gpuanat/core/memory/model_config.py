@@ -25,9 +25,10 @@ from gpuanat.core.memory.families import (
     ALIASES,
     ENCODER_FAMILIES,
     FAMILY_LAYOUTS,
-    LLAMA_LAYOUT,
     REFUSED_FAMILIES,
+    falcon_layout,
 )
+from gpuanat.core.memory.unknown_family import Unreadable, read_unknown_layout
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.presets import PRESETS, ModelPreset
 
@@ -61,6 +62,8 @@ def is_causal_lm_config(data: dict[str, Any]) -> bool:
 
 
 def _rotary_dim(data: dict[str, Any], head_dim: int) -> int:
+    if isinstance(data.get("rotary_dim"), int) and 0 < data["rotary_dim"] < head_dim:  # GPT-J, CodeGen: a width
+        return int(data["rotary_dim"])
     rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
     fraction = data.get("partial_rotary_factor", data.get("rotary_pct", rope.get("partial_rotary_factor")))
     return int(head_dim * fraction) if isinstance(fraction, (int, float)) and fraction < 1 else 0
@@ -92,27 +95,53 @@ def read_architecture(data: dict[str, Any], name: str) -> Architecture:
     return _read_decoder(data, name, family)
 
 
+def _layout(data: dict[str, Any], name: str, family: str, heads: int) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """What the family's code fixes (the table, Falcon's and MPT's switches), or what an unknown family's keys say."""
+    if family == "falcon":
+        return falcon_layout(data), ()
+    if family == "mpt":
+        attention: dict[str, Any] = data["attn_config"] if isinstance(data.get("attn_config"), dict) else {}
+        dropout = _dropout(attention, "attn_pdrop")  # MPT's attention, its output and its MLP's: all attn_pdrop
+        return {**FAMILY_LAYOUTS["mpt"], "dropout": dropout}, ()
+    if family in FAMILY_LAYOUTS:
+        return FAMILY_LAYOUTS[family], ()
+    activation = str(_first(data, "activation") or "silu")
+    try:
+        layout, assumed = read_unknown_layout(data, family, heads, activation)
+    except Unreadable as error:
+        raise UnreadableModel(
+            f"{name}: {family} is no family gpuanat knows and its config leaves unknown or contradicts what its "
+            f"memory depends on: {error}"
+        ) from None
+    if data.get("auto_map"):
+        assumed.append("the model runs custom code, which gpuanat cannot read")
+    return layout, tuple(assumed)
+
+
+def _buffer_bytes(layout: dict[str, Any], layers: int, positions: int, rotary_width: int) -> int:
+    """Buffers a family's code registers beside the rotary frequencies: GPT-J's and CodeGen's fp32 sinusoid table
+    (positions × rotary width), GPT-BigCode's boolean causal mask (positions²), one a layer in GPT-Neo."""
+    table = 4 * positions * rotary_width if layout.get("sinusoid_table") else 0
+    if layout.get("positions") == "alibi" and layout.get("rotary_tables_unused"):  # Falcon builds them all the same
+        table += 2 * (rotary_width // 2) * 4
+    masks = {1: 1, "per_layer": layers}.get(layout.get("causal_mask_buffers", 0), 0)
+    return table + masks * positions * positions
+
+
 def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
-    layout = FAMILY_LAYOUTS.get(family)
-    assumed: tuple[str, ...] = ()
-    if layout is None:
-        layout = LLAMA_LAYOUT
-        assumed = (
-            f"{family} is no family gpuanat knows: read as a Llama layer (RMSNorm before attention and "
-            "MLP, separate q/k/v projections, a gated MLP, rotary positions)",
-        )
-        if data.get("auto_map"):
-            assumed += ("the model runs custom code, which gpuanat cannot read",)
     h = _positive_int(data, "hidden_size", name)
     layers = _positive_int(data, "num_layers", name)
     heads = _positive_int(data, "num_heads", name)
-    kv_heads = _first(data, "kv_heads") or (1 if data.get("multi_query") else heads)
+    layout, assumed = _layout(data, name, family, heads)
+    kv_heads = layout.get("kv_heads") or _first(data, "kv_heads") or (1 if data.get("multi_query") else heads)
     head_dim = data.get("head_dim") or h // heads
     intermediate = layout["mlp_ratio"] * h if "mlp_ratio" in layout else _first(data, "intermediate_size") or 4 * h
     vocab = data.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise UnreadableModel(f"{name}: the config has no vocab_size")
-    activation_name = str(_first(data, "activation") or ("bloom_gelu" if family == "bloom" else "silu"))
+    activation_name = str(
+        layout.get("activation") or _first(data, "activation") or ("bloom_gelu" if family == "bloom" else "silu")
+    )
     activation = ACTIVATIONS.get(activation_name)
     if activation is None:
         activation = "saves_input"
@@ -134,7 +163,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     projection = data.get("word_embed_proj_dim") if family == "opt" else None
     attention_bias = bool(data.get("attention_bias", data.get("use_qkv_bias", layout.get("attention_bias", False))))
     qk_norm = "full" if data.get("qk_layernorm") and family == "stablelm" else layout.get("qk_norm", "none")
-    if family == "phi" and data.get("qk_layernorm"):
+    if (family == "phi" and data.get("qk_layernorm")) or data.get(layout.get("qk_norm_key", "")):
         qk_norm = "head"
     mlp_bias = bool(data.get("mlp_bias", data.get("use_bias", layout.get("mlp_bias", False))))
     return Architecture(
@@ -150,7 +179,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         max_positions=int(_first(data, "max_positions") or 0),
         tie_word_embeddings=bool(data.get("tie_word_embeddings", layout.get("tie_default", False))),
         attention_bias=attention_bias,
-        output_bias=layout.get("output_bias", False),
+        output_bias=attention_bias if layout.get("output_bias_is_attention_bias") else layout.get("output_bias", False),
         mlp_bias=mlp_bias,
         gated_mlp=layout.get("gated_mlp", True),
         activation=activation,
@@ -174,7 +203,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         embedding_size=int(projection) if projection and projection != h else 0,
         embedding_norm=layout.get("embedding_norm", False),
         scaled_embedding=layout.get("scaled_embedding", False),
-        rotary_buffers=layout.get("rotary_buffers", 1),
+        rotary_buffers=0 if layout.get("sinusoid_table") else layout.get("rotary_buffers", 1),
         rotary_dim=_rotary_dim(data, int(head_dim)),
         sliding_window_layers=sliding_layers,
         sliding_window=int(data.get("sliding_window") or 0),
@@ -184,11 +213,21 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         shared_expert_intermediate_size=shared_intermediate,
         shared_expert_gate=bool(layout.get("shared_expert_gate")) and shared_intermediate > 0,
         moe_layers=moe_layers,
-        residual_dropout=_dropout(data, layout.get("residual_dropout_key")),
+        residual_dropout=layout.get("dropout", _dropout(data, layout.get("residual_dropout_key"))),
         residual_dropout_sites=layout.get("residual_dropout_sites", 2),
         embedding_dropout=_dropout(data, layout.get("embedding_dropout_key")),
-        attention_dropout=_dropout(data, "attention_dropout"),
+        attention_dropout=layout.get(
+            "dropout", _dropout(data, layout.get("attention_dropout_key", "attention_dropout"))
+        ),
         final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0),
+        kv_broadcast_to_heads=layout.get("kv_broadcast_to_heads", False),
+        kv_expanded=layout.get("kv_expanded", False),
+        materialized_mask_heads=layout.get("materialized_mask_heads", 0),
+        bias_after_matmul=layout.get("bias_after_matmul", False),
+        qkv_split_copies=layout.get("qkv_split_copies", False),
+        extra_buffer_bytes=_buffer_bytes(
+            layout, layers, int(_first(data, "max_positions") or 0), _rotary_dim(data, int(head_dim)) or int(head_dim)
+        ),
         assumed=assumed,
     )
 
