@@ -341,3 +341,28 @@ def test_predict_refuses_a_contradictory_unknown_family_in_one_line(tmp_path, db
     assert completed.stderr.count("\n") == 1
     assert completed.stderr.startswith(f"gpuanat: error: --model: {path}: my_decoder is no family gpuanat knows")
     assert "multi_query says one key/value head and num_kv_heads 4 says otherwise" in completed.stderr
+
+
+def test_predict_reads_a_new_family_and_says_what_no_measurement_checked(tmp_path, db_path):
+    """A family read from its code is predicted with the caveat that no run of it was measured; one transformers gives
+    no SDPA attention says that it trains with eager attention only."""
+    for name, family, note in (
+        ("falcon-7b-multi-query-parallel", "falcon", "no falcon model was measured"),
+        ("mpt-alibi-no-bias", "mpt", "transformers gives mpt no SDPA attention: it trains with --attn eager only"),
+    ):
+        path = tmp_path / f"{name}.json"
+        path.write_text(_config(name).to_json_string())
+        completed = run_cli(
+            ["predict", "--model", str(path), "--seq-len", "128", "--gpu-memory", "24GiB", "--json"],
+            db_path,
+            timeout_s=60,
+        )
+        assert completed.returncode == 0, completed.stderr
+        predicted = json.loads(completed.stdout)
+        architecture = read_architecture(json.loads(path.read_text()), name)
+        assert architecture.family == family
+        assert (
+            predicted["weights_bytes"]
+            == 4 * parameter_shapes(architecture).params + parameter_shapes(architecture).buffer_bytes
+        )
+        assert note in predicted["caveat"] and predicted["confidence"] != "checked"

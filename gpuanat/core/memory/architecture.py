@@ -120,6 +120,9 @@ class Architecture:
     outputs fp32."""
     qkv_split_copies: bool = False
     """The fused q/k/v output is split into copies (CodeGen's interleaved layout), so it is not kept itself."""
+    eager_only: bool = False
+    """transformers gives the family no SDPA attention (BLOOM, MPT, GPT-Neo: their attention is written out), so it
+    trains with eager attention only."""
     extra_buffer_bytes: int = 0
     """Buffers besides the rotary frequencies: GPT-J's sinusoid table, GPT-BigCode's and GPT-Neo's causal masks."""
     assumed: tuple[str, ...] = ()

@@ -74,6 +74,7 @@ FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
         "residual_dropout_key": "hidden_dropout",
     },
     "bloom": {
+        "eager_only": True,
         **LAYER_NORM_PLAIN_MLP,
         "fused_qkv": True,
         "positions": "alibi",
@@ -140,6 +141,7 @@ FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
         "attention_dropout_key": "attn_pdrop",
     },
     "gpt_neo": {
+        "eager_only": True,
         **LAYER_NORM_PLAIN_MLP,
         "attention_bias": False,
         "positions": "learned",
@@ -160,6 +162,7 @@ FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
     "cohere": {"norm": "layer_python", "pre_norms": 1, "parallel_residual": True, "tie_default": True},
     "cohere2": {"norm": "layer_python", "pre_norms": 1, "parallel_residual": True, "tie_default": True},
     "mpt": {
+        "eager_only": True,
         "norm": "layer_weight_only",
         "gated_mlp": False,
         "fused_qkv": True,

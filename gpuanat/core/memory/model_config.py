@@ -225,6 +225,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         materialized_mask_heads=layout.get("materialized_mask_heads", 0),
         bias_after_matmul=layout.get("bias_after_matmul", False),
         qkv_split_copies=layout.get("qkv_split_copies", False),
+        eager_only=layout.get("eager_only", False),
         extra_buffer_bytes=_buffer_bytes(
             layout, layers, int(_first(data, "max_positions") or 0), _rotary_dim(data, int(head_dim)) or int(head_dim)
         ),
