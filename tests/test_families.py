@@ -1,8 +1,9 @@
 """Families outside the Llama-like table (issue #50), read from transformers' modeling code: for a tiny config of each
-(every Falcon variant, GPT-BigCode, GPT-J, CodeGen, MPT, Persimmon, Nemotron, Cohere, Cohere-2, GPT-Neo) the
-parameters, buffers and PEFT's adapters equal the model transformers builds, and one layer's saved tensors equal the
-derivation to the byte on the CPU (fp32, eager attention; Falcon's multi-query SDPA too). A model_type in no table is
-read for what its config's keys say, or refused with the reason (`predict --model`: exit 2, one line)."""
+(every Falcon variant, GPT-BigCode, GPT-J, CodeGen, MPT, Persimmon, Nemotron, Cohere, Cohere-2, GLM-4, OLMo-3,
+GPT-Neo) the parameters, buffers and PEFT's adapters equal the model transformers builds, and one layer's saved
+tensors equal the derivation to the byte on the CPU (fp32, eager attention; Falcon's multi-query SDPA too). A
+model_type in no table is read for what its config's keys say, or refused with the reason (`predict --model`: exit 2,
+one line)."""
 
 from __future__ import annotations
 
@@ -124,6 +125,21 @@ FAMILY_CONFIGS = {
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
         **TINY,
     },
+    "glm4-sandwich-fused-gate-up": {
+        "model_type": "glm4",
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+        "partial_rotary_factor": 0.5,
+        "pad_token_id": None,
+        **TINY,
+    },
+    "olmo3-sliding": {
+        "model_type": "olmo3",
+        "num_key_value_heads": 2,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        **TINY,
+    },
     "gpt-neo-local-global": {
         "model_type": "gpt_neo",
         "hidden_size": 64,
@@ -199,13 +215,18 @@ def _saved_bytes_per_token_of_one_layer(model, tokens: torch.Tensor) -> float:
 
 def _per_forward_bytes(name: str, architecture) -> int:
     """What a layer saves once a forward pass, not per token (at a real size a few KiB): GPT-J's and CodeGen's
-    sin and cos gathered from their table for q and for k (4 × seq × rotary width, fp32), Nemotron's two (1 + weight)
-    vectors, the two int64 indices ([-2] and [-1]) with which Falcon's multi-query and new-architecture layers pick
-    the key and the value out of the fused output."""
+    sin and cos gathered from their table for q and for k (4 × seq × rotary width, fp32), GLM-4's cos and sin repeated
+    to the rotary width, OLMo-3's global cos and sin (first read by this full-attention layer), Nemotron's two
+    (1 + weight) vectors, the two int64 indices ([-2] and [-1]) with which Falcon's multi-query and new-architecture
+    layers pick the key and the value out of the fused output."""
     if name.startswith(("gptj", "codegen")):
         return 4 * SEQ * architecture.rotary_dim * 4
     if name.startswith("nemotron"):
         return 2 * architecture.hidden_size * 4
+    if name.startswith("glm4"):
+        return 2 * SEQ * architecture.rotary_dim * 4
+    if name.startswith("olmo3"):
+        return 2 * SEQ * architecture.head_dim * 4
     if architecture.family == "falcon" and (architecture.kv_heads == 1 or architecture.kv_expanded):
         return 2 * 8
     return 0

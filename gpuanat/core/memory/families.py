@@ -58,6 +58,15 @@ FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
     },
     "olmo": {"norm": "layer_no_bias"},
     "olmo2": {"norm": "rms_fp32", "pre_norms": 0, "post_norms": 2, "qk_norm": "full", "qk_norm_kind": "rms_fp32"},
+    "olmo3": {
+        "norm": "rms_fp32",
+        "pre_norms": 0,
+        "post_norms": 2,
+        "qk_norm": "full",
+        "qk_norm_kind": "rms_fp32",
+        "rotary_per_layer_type": True,
+    },
+    "glm4": {"post_norms": 2, "fused_gate_up": True},
     "phi": {
         **LAYER_NORM_PLAIN_MLP,
         "pre_norms": 1,

@@ -128,6 +128,15 @@ def _buffer_bytes(layout: dict[str, Any], layers: int, positions: int, rotary_wi
     return table + masks * positions * positions
 
 
+def _rotary_buffers(layout: dict[str, Any], layer_types: list[str]) -> int:
+    """Rotary modules' frequency buffers: none with GPT-J's table, one set a layer type in OLMo-3."""
+    if layout.get("sinusoid_table"):
+        return 0
+    if layout.get("rotary_per_layer_type") and layer_types:
+        return len(set(layer_types))
+    return int(layout.get("rotary_buffers", 1))
+
+
 def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     h = _positive_int(data, "hidden_size", name)
     layers = _positive_int(data, "num_layers", name)
@@ -203,7 +212,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         embedding_size=int(projection) if projection and projection != h else 0,
         embedding_norm=layout.get("embedding_norm", False),
         scaled_embedding=layout.get("scaled_embedding", False),
-        rotary_buffers=0 if layout.get("sinusoid_table") else layout.get("rotary_buffers", 1),
+        rotary_buffers=_rotary_buffers(layout, layer_types),
         rotary_dim=_rotary_dim(data, int(head_dim)),
         sliding_window_layers=sliding_layers,
         sliding_window=int(data.get("sliding_window") or 0),
