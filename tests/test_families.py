@@ -1,6 +1,6 @@
 """Families outside the Llama-like table (issue #50), read from transformers' modeling code: for a tiny config of each
-(every Falcon variant, GPT-BigCode, GPT-J, CodeGen, MPT, Persimmon, Nemotron, Cohere, Cohere-2, GLM-4, OLMo-3,
-GPT-Neo) the parameters, buffers and PEFT's adapters equal the model transformers builds, and one layer's saved
+(every Falcon variant, GPT-BigCode, GPT-J, CodeGen, MPT, Persimmon, Nemotron, Cohere, Cohere-2, GLM-4, OLMo-3, OpenAI
+GPT, GPT-Neo) the parameters, buffers and PEFT's adapters equal the model transformers builds, and one layer's saved
 tensors equal the derivation to the byte on the CPU (fp32, eager attention; Falcon's multi-query SDPA too). A
 model_type in no table is read for what its config's keys say, or refused with the reason (`predict --model`: exit 2,
 one line)."""
@@ -139,6 +139,14 @@ FAMILY_CONFIGS = {
         "sliding_window": 16,
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
         **TINY,
+    },
+    "openai-gpt-post-norm": {
+        "model_type": "openai-gpt",
+        "n_embd": 64,
+        "n_layer": 3,
+        "n_head": 4,
+        "vocab_size": 512,
+        "n_positions": 256,
     },
     "gpt-neo-local-global": {
         "model_type": "gpt_neo",

@@ -120,12 +120,15 @@ def _layout(data: dict[str, Any], name: str, family: str, heads: int) -> tuple[d
 
 def _buffer_bytes(layout: dict[str, Any], layers: int, positions: int, rotary_width: int) -> int:
     """Buffers a family's code registers beside the rotary frequencies: GPT-J's and CodeGen's fp32 sinusoid table
-    (positions × rotary width), GPT-BigCode's boolean causal mask (positions²), one a layer in GPT-Neo."""
+    (positions × rotary width), GPT-BigCode's boolean causal mask (positions²), one a layer in GPT-Neo, an fp32 one a
+    layer and the int64 position ids in OpenAI GPT."""
     table = 4 * positions * rotary_width if layout.get("sinusoid_table") else 0
     if layout.get("positions") == "alibi" and layout.get("rotary_tables_unused"):  # Falcon builds them all the same
         table += 2 * (rotary_width // 2) * 4
     masks = {1: 1, "per_layer": layers}.get(layout.get("causal_mask_buffers", 0), 0)
-    return table + masks * positions * positions
+    position_ids = 8 * positions if layout.get("position_ids_buffer") else 0
+    mask_bytes = masks * positions * positions * int(layout.get("causal_mask_element_bytes", 1))
+    return table + mask_bytes + position_ids
 
 
 def _rotary_buffers(layout: dict[str, Any], layer_types: list[str]) -> int:
@@ -149,8 +152,12 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     if not isinstance(vocab, int) or vocab < 1:
         raise UnreadableModel(f"{name}: the config has no vocab_size")
     activation_name = str(
-        layout.get("activation") or _first(data, "activation") or ("bloom_gelu" if family == "bloom" else "silu")
+        layout.get("activation")
+        or data.get(layout.get("activation_key", ""))
+        or _first(data, "activation")
+        or ("bloom_gelu" if family == "bloom" else "silu")
     )
+    activation_name = layout.get("activation_names", {}).get(activation_name, activation_name)
     activation = ACTIVATIONS.get(activation_name)
     if activation is None:
         activation = "saves_input"
@@ -167,7 +174,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     layer_types = data.get("layer_types") or []
     sliding_layers = sum(1 for kind in layer_types if kind == "sliding_attention")
     parallel = bool(data.get("use_parallel_residual", layout.get("parallel_residual", False)))
-    post_norm = family == "opt" and data.get("do_layer_norm_before") is False
+    post_norm = (family == "opt" and data.get("do_layer_norm_before") is False) or bool(layout.get("post_norm"))
     pre_norms = 0 if post_norm else layout.get("pre_norms", 1 if parallel and family == "stablelm" else 2)
     projection = data.get("word_embed_proj_dim") if family == "opt" else None
     attention_bias = bool(data.get("attention_bias", data.get("use_qkv_bias", layout.get("attention_bias", False))))
