@@ -322,6 +322,8 @@ def prediction_caveat(config: RunConfig) -> str | None:
             notes.append("decoders were measured in bf16 only")
         if config.attn == "eager":
             notes.append("eager attention was not measured on a decoder")
+        elif arch.eager_only:
+            notes.append(f"transformers gives {arch.family} no SDPA attention: it trains with --attn eager only")
         if config.load_in_4bit and not config.grad_checkpointing:
             notes.append("QLoRA was measured with checkpointing only (its fp32 residual stream is modelled)")
         if config.liger or config.liger_layers:
