@@ -16,13 +16,15 @@ from test_dashboard_gpus import make_app
 from test_tune_search import H100, H100_NVML_TOTAL_BYTES, FakeTrials, tune
 
 from gpuanat.cli.run import out_of_memory_hint
+from gpuanat.core.measure.explain import explain_run
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.fit_ladder import REGIONS_FLAGS, fit_ladder, what_would_fit
-from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes
+from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes, prediction
 from gpuanat.core.run.fit import fit_start
 from gpuanat.core.run.tune.candidates import Predictor, Search
 from gpuanat.core.run.tune.space import search_space
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import compile_mode, with_compile_mode
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
@@ -142,3 +144,24 @@ async def test_the_dashboard_says_why_a_compiled_model_has_no_prediction(tmp_pat
         await pilot.press("c")
         await pilot.pause()
         assert compile_mode(app.dashboard.config) == "off" and "predicted peak: 37.65 GiB" in panel_text(app)
+
+
+def test_explain_says_why_a_compiled_run_that_ran_out_of_memory_had_no_predicted_peak():
+    """A compiled run's recorded prediction holds no peak: `explain` says why, and what would fit is not a ladder's
+    flags but the reason and the ideas."""
+    config = COMPILED_BS64.replace(batch_size=128)
+    predicted = prediction(config)
+    assert predicted is not None and predicted.peak_allocated_bytes is None
+    result = RunResult.from_json(
+        {
+            "status": "oom",
+            "config": config.to_json(),
+            "predicted": predicted.to_json(),
+            "device_memory_total_bytes": H100_NVML_TOTAL_BYTES,
+        }
+    )
+    explanation = explain_run(1, None, "launched", "oom", result)
+    assert explanation.prediction is None
+    assert explanation.missing["prediction"].startswith("no peak was predicted: the whole model compiled")
+    assert explanation.would_fit is not None and explanation.would_fit.flags == ()
+    assert "--compile-regions in place of --compile (predicted as eager)" in explanation.would_fit.ideas
