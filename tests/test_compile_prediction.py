@@ -11,12 +11,16 @@ import json
 
 import pytest
 from conftest import run_cli
+from recorded_backend import TRACE, RecordedRunBackend, recorded_config
 from rich.console import Console
 from test_dashboard_gpus import make_app
+from test_recorded_run import NVML as RECORDED_NVML
+from test_recorded_run import wait_until
 from test_tune_search import H100, H100_NVML_TOTAL_BYTES, FakeTrials, tune
 
 from gpuanat.cli.run import out_of_memory_hint
 from gpuanat.core.measure.explain import explain_run
+from gpuanat.core.measure.replay import ReplaySource
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.fit_ladder import REGIONS_FLAGS, fit_ladder, what_would_fit
 from gpuanat.core.memory.predict import estimate_memory, fits_in, peak_device_bytes, prediction
@@ -26,6 +30,7 @@ from gpuanat.core.run.tune.space import search_space
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import compile_mode, with_compile_mode
+from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 from gpuanat.tui.widgets.techniques_panel import TechniquesPanel
 
@@ -165,3 +170,25 @@ def test_explain_says_why_a_compiled_run_that_ran_out_of_memory_had_no_predicted
     assert explanation.missing["prediction"].startswith("no peak was predicted: the whole model compiled")
     assert explanation.would_fit is not None and explanation.would_fit.flags == ()
     assert "--compile-regions in place of --compile (predicted as eager)" in explanation.would_fit.ideas
+
+
+@pytest.mark.asyncio
+async def test_f_on_a_compiled_model_starts_from_eagers_prediction_and_says_it_bounds_nothing(db_path):
+    """The dashboard's f over the H100's recorded run, the whole model compiled: its first notice names eager's
+    predicted batch as a start that bounds nothing (the recorded backend then refuses to search)."""
+    config = with_compile_mode(recorded_config(), "model")
+    app = GpuAnatApp(
+        config,
+        db_path=db_path,
+        backend=RecordedRunBackend(),
+        sampler_factory=lambda: (ReplaySource(TRACE), RECORDED_NVML),
+        sample_interval_s=None,
+        paint_interval_s=0.05,
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.dashboard.capabilities is not None, "the capabilities")
+        await pilot.press("f")
+        await wait_until(pilot, lambda: any("fit stopped" in n.message for n in app.notices), "fit's end")
+    eager = largest_batch(config.replace(compile=False), app.dashboard.painter.gpu_total_bytes() or 0).batch_size
+    (starting,) = [notice.message for notice in app.notices if notice.message.startswith("fit: trials")]
+    assert f"from batch {eager} (eager's prediction: the whole model compiled is not predicted, no bound)" in starting
