@@ -321,8 +321,11 @@ def _gradient(
 
 
 def stream_for(config: RunConfig, arch: Architecture) -> AllocationStream | None:
-    """The stream of a single-GPU run this module describes; None where it does not (several GPUs, QLoRA's 4-bit
-    base, Liger's fused loss)."""
+    """The stream of a single-GPU causal LM's run; None where this module does not describe it: an encoder
+    classifier (its activations are a measured per-layer total, not tensor by tensor; BERT's largest batches are
+    replayed from recorded runs, `allocation_templates`), several GPUs, QLoRA's 4-bit base, Liger's fused loss."""
+    if arch.objective != "causal-lm":
+        return None
     if (config.ranks or 1) > 1 or config.distributed != "none" or config.load_in_4bit or config.liger:
         return None
     return decoder_stream(config, arch)

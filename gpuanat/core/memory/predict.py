@@ -45,6 +45,7 @@ from gpuanat.core.memory.parallel import (
     fsdp_tail_bytes,
     rank_state,
 )
+from gpuanat.core.memory.reserve import fits_replayed, reserve_above_peak_bytes
 from gpuanat.core.memory.shapes import parameter_shapes
 from gpuanat.core.memory.sizes import MIB
 from gpuanat.core.vocabulary.config import RunConfig
@@ -105,6 +106,11 @@ class MemoryEstimate:
     step_segments_above_peak_bytes: int = 0
     """ZeRO-3: the reserve its optimizer step adds (`RankState.step_segments_bytes`) beyond the peak allocated and the
     cache fraction: the reserve of the forward and backward passes and the step's segments beside it."""
+    reserve_above_peak_bytes: int | None = None
+    """What torch's allocator holds above the peak, from replaying the run's allocation stream (`reserve`); None
+    where no stream describes the run (several GPUs, QLoRA, Liger's loss): the cache fraction then."""
+    run_config: RunConfig | None = dataclasses.field(default=None, repr=False, compare=False)
+    """The configuration estimated, for replaying its stream against a GPU's capacity (`fits_in`)."""
 
 
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
@@ -208,6 +214,8 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
         if forward_end_peak >= max(first_step_peak, forward_return_peak, loss_peak)
         else 0,
         step_segments_above_peak_bytes=step_segments_above_peak,
+        reserve_above_peak_bytes=reserve_above_peak_bytes(config),
+        run_config=config,
     )
 
 
@@ -389,6 +397,8 @@ fitted rows: 0.14-0.84 GiB)."""
 def peak_reserved_bytes(estimate: MemoryEstimate) -> int:
     """Memory torch's allocator will have reserved at the peak. Away from the memory limit the segments that
     optimizer moments split cost nothing (the allocator just holds more), so only the cache fraction counts."""
+    if estimate.reserve_above_peak_bytes is not None:
+        return estimate.peak_allocated_bytes + estimate.reserve_above_peak_bytes
     cache = estimate.sharded_cache_bytes or max(
         estimate.cache_fraction * estimate.peak_allocated_bytes, ALLOCATOR_CACHE_MIN_BYTES
     )
@@ -415,6 +425,10 @@ def peak_device_bytes(estimate: MemoryEstimate) -> int:
 def fits_in(estimate: MemoryEstimate, gpu_memory_bytes: int) -> bool:
     """Whether the run fits a GPU of `gpu_memory_bytes` (its total, as NVML reports it). Near the limit the
     allocator gives its cache back before failing, so only fragmentation counts then."""
+    if estimate.run_config is not None and estimate.reserve_above_peak_bytes is not None:
+        replayed = fits_replayed(estimate.run_config, estimate.peak_allocated_bytes, gpu_memory_bytes)
+        if replayed is not None:
+            return replayed
     allocatable = gpu_memory_bytes - DRIVER_RESERVED_BYTES - cuda_context_bytes(estimate)
     return estimate.peak_allocated_bytes + fragmentation_bytes(estimate) <= allocatable
 
