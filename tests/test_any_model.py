@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, last_json, run_cli, state_bytes
 
-from gpuanat.core.memory.bands.decoder_layers import eager_scores_bytes, layer_bytes_per_token
+from gpuanat.core.memory.bands.decoder_layers import (
+    eager_scores_bytes,
+    layer_bytes_per_token,
+    wrapped_expert_weights_bytes,
+)
 from gpuanat.core.memory.model_config import UnreadableModel, model_architecture, read_architecture
 from gpuanat.core.memory.predict import estimate_memory
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
@@ -65,6 +69,24 @@ TINY_CONFIGS = {
         "shared_expert_intermediate_size": 96,
         **TINY,
     },
+    "qwen3-moe-dense-first": {
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "moe_intermediate_size": 32,
+        "mlp_only_layers": [0],
+        **TINY,
+    },
+    "olmoe": {
+        "model_type": "olmoe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_key_value_heads": 2,
+        "eos_token_id": None,
+        **TINY,
+    },
     "phi-parallel-dropout": {"model_type": "phi", "partial_rotary_factor": 0.5, "resid_pdrop": 0.1, **TINY},
     "phi3-fused": {"model_type": "phi3", "num_key_value_heads": 2, "pad_token_id": None, **TINY},
     "gpt-neox-fused-parallel": {"model_type": "gpt_neox", "rotary_pct": 0.25, **TINY},
@@ -99,9 +121,12 @@ TINY_CONFIGS = {
     "electra-projected": {"model_type": "electra", "embedding_size": 32, **TINY},
 }
 ENCODERS = ("bert", "roberta", "distilbert", "electra-projected")
-NOT_LAYER_CHECKED = (*ENCODERS, "mixtral", "qwen2-moe-shared-expert")
-"""Encoders (their activations are the bert-large coefficients, docs/memory-model.md); Mixtral (PEFT adapts its
-experts: a caveat); the tiny Qwen2-MoE (its CPU forward fails in transformers 5.24 at this size)."""
+MOE = ("granitemoe", "mixtral", "qwen2-moe-shared-expert", "qwen3-moe-dense-first", "olmoe")
+"""The tiny mixtures of experts: PEFT wraps Mixtral's, Qwen3-MoE's and OLMoE's router and experts, not GraniteMoE's
+or Qwen2-MoE's (`shapes.PEFT_EXPERT_PARAMETERS`); the Qwen3-MoE's first layer is dense, which "all-linear" leaves
+alone there."""
+NOT_LAYER_CHECKED = ENCODERS
+"""Encoders (their activations are the bert-large coefficients, docs/memory-model.md)."""
 PUBLISHED = REPO / "benchmarks" / "configs"
 
 
@@ -130,14 +155,17 @@ def test_every_parameter_is_read_from_the_config_as_transformers_builds_it(name)
     shapes = parameter_shapes(architecture)
     assert shapes.params == sum(parameter.numel() for parameter in model.parameters())
     assert shapes.tensors == len(list(model.parameters()))
-    if architecture.objective != "causal-lm" or name == "mixtral":  # PEFT adapts Mixtral's experts: a caveat
+    if architecture.objective != "causal-lm":
         return
     peft = pytest.importorskip("peft")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         adapted = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
-    trainable = sum(parameter.numel() for parameter in adapted.parameters() if parameter.requires_grad)
-    assert lora_shapes(architecture, RunConfig(preset="llama-tiny", lora=4)).params == trainable
+    trainable = [parameter for parameter in adapted.parameters() if parameter.requires_grad]
+    adapters = lora_shapes(architecture, RunConfig(preset="llama-tiny", lora=4))
+    assert adapters.params == sum(parameter.numel() for parameter in trainable)
+    assert adapters.tensors == len(trainable)
+    assert shapes.params + adapters.params == sum(parameter.numel() for parameter in adapted.parameters())
 
 
 @pytest.mark.parametrize("directory", sorted(path.name for path in PUBLISHED.iterdir()))
@@ -206,7 +234,12 @@ def test_one_layer_keeps_for_backward_what_the_derivation_says(name, lora):
         # table's cos and sin, first read by this (full-attention) layer, and each Gemma norm's fp32 (1 + weight).
         h, head_dim = architecture.hidden_size, architecture.head_dim
         derived += (2 * seq * head_dim * 4 + 4 * h * 4 + 2 * head_dim * 4) / (batch * seq)
-    if architecture.experts:  # the router's top-k weights and indices: a few bytes a token, left out
+    # per forward pass, not per token: the merged weights of the router and experts PEFT wraps
+    derived += wrapped_expert_weights_bytes(config, architecture) / (batch * seq)
+    if architecture.experts:
+        # The router's bookkeeping, a few bytes a token, left out: its top-k indices (int64) and weights, the sort's
+        # permutation and its inverse (int64), the routing weights in expert order. The grouped matmul runs on
+        # tokens × experts_per_token rows whatever the router chose, so its tensors do not depend on the routing.
         assert measured == pytest.approx(derived, rel=0.015)
     else:
         assert measured == derived
@@ -306,6 +339,33 @@ def test_a_config_the_model_cannot_describe_is_refused_with_why(tmp_path, db_pat
     completed = run_cli(["predict", "--model", str(path), "--gpu-memory", "24GiB"], db_path, timeout_s=60)
     assert completed.returncode == 2 and completed.stdout == ""
     assert completed.stderr.startswith(f"gpuanat: error: --model: {path}: ") and reason in completed.stderr
+
+
+@pytest.mark.parametrize("name", ["mixtral", "olmoe", "granitemoe"])
+def test_lora_dropout_on_experts_peft_wraps_is_refused_as_peft_refuses_it(tmp_path, db_path, name):
+    """peft 0.21's ParamWrapper (Mixtral's, OLMoE's router and experts) raises on any LoRA dropout; GraniteMoE's
+    experts are not wrapped, so its adapters take the dropout."""
+    path = _write_config(tmp_path, name)
+    peft = pytest.importorskip("peft")
+    model, _ = _build(_transformers_config(name))
+    wrapped = name != "granitemoe"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if wrapped:
+            with pytest.raises(ValueError, match="lora_dropout"):
+                peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.05))
+        else:
+            peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.05))
+    args = ["predict", "--model", str(path), "--seq-len", "128", "--lora", "4", "--lora-dropout", "0.05"]
+    completed = run_cli(args, db_path, timeout_s=60)
+    if wrapped:
+        assert completed.returncode == 2 and completed.stdout == ""
+        assert completed.stderr.strip().splitlines() == [
+            f"gpuanat: error: --model: PEFT adapts {name}'s router and experts as parameters, which take no LoRA "
+            "dropout (peft 0.21 refuses it): leave out --lora-dropout"
+        ]
+    else:
+        assert completed.returncode == 0 and "Prediction for" in completed.stdout
 
 
 def test_a_config_json_run_stores_its_prediction_and_its_exact_bands(tmp_path, db_path):

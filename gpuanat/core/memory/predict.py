@@ -28,6 +28,7 @@ from gpuanat.core.memory.bands.activations import (
     logits_element_bytes,
     temporaries_bytes,
 )
+from gpuanat.core.memory.bands.decoder_layers import wrapped_expert_gradient_bytes
 from gpuanat.core.memory.bands.optimizer import large_moment_bytes, optimizer_step_temporaries_bytes
 from gpuanat.core.memory.bands.precision import coefficients, is_mixed
 from gpuanat.core.memory.bands.weights import (
@@ -44,7 +45,7 @@ from gpuanat.core.memory.parallel import (
     fsdp_tail_bytes,
     rank_state,
 )
-from gpuanat.core.memory.shapes import parameter_shapes
+from gpuanat.core.memory.shapes import lora_expert_parameters, parameter_shapes
 from gpuanat.core.memory.sizes import MIB
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.result import Prediction
@@ -142,7 +143,9 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     fp32_logits = logits * 4 // logits_element_bytes(config)  # (none with Liger's fused loss)
     sixteen_bit_gradient = logits if fp32_logits != logits else 0
     backward_temporaries = (
-        fp32_logits + sixteen_bit_gradient if arch.objective == "causal-lm" else temporaries_bytes(config, arch)
+        max(fp32_logits + sixteen_bit_gradient, wrapped_expert_gradient_bytes(config, arch))
+        if arch.objective == "causal-lm"
+        else temporaries_bytes(config, arch)
     )
     temporaries = (
         max(backward_temporaries + dequantized_weight_bytes(config, arch), liger_transient_bytes(config, arch))
@@ -273,11 +276,16 @@ def host_prediction(config: RunConfig) -> Prediction | None:
 
 def unreadable_model_reason(config: RunConfig) -> str | None:
     """Why the run's --model cannot be predicted (its config not found, or an architecture the model does not
-    describe); None where it can (every preset)."""
+    describe, or LoRA dropout on experts PEFT cannot give it to); None where it can (every preset)."""
     try:
-        architecture_of(config)
+        arch = architecture_of(config)
     except UnreadableModel as error:
         return str(error)
+    if config.lora_dropout and lora_expert_parameters(arch, config):
+        return (
+            f"PEFT adapts {arch.family}'s router and experts as parameters, which take no LoRA dropout (peft 0.21 "
+            "refuses it): leave out --lora-dropout"
+        )
     return None
 
 
@@ -313,7 +321,7 @@ def prediction_caveat(config: RunConfig) -> str | None:
     if config.model is not None and not arch.assumed and arch.family not in CHECKED_MODEL_FAMILIES:
         notes.append(f"no {arch.family} model was measured (its layers are read from the config and the family's code)")
     if arch.experts and config.lora and arch.family != "granitemoe":
-        notes.append("PEFT adapts some families' experts and router (Mixtral's), which the adapters here leave out")
+        notes.append(f"LoRA on {arch.family}'s experts was checked on the CPU against peft 0.21, not on a GPU")
     if arch.objective == "causal-lm":
         measured = MEASURED_SHARDED_DECODER_FAMILIES if config.distributed == "fsdp" else MEASURED_DECODER_FAMILIES
         if config.model is None and arch.family not in measured:

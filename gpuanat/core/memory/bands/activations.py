@@ -15,6 +15,7 @@ from gpuanat.core.memory.bands.decoder_layers import (
     layer_bytes_per_token,
     outside_layers_bytes_per_token,
     residual_element_bytes,
+    wrapped_expert_weights_bytes,
 )
 from gpuanat.core.memory.bands.precision import coefficients, is_mixed, parameter_element_bytes, sharded_in_16_bit
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
@@ -103,7 +104,8 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     DeepSpeed compute in 16 bits, autocast off, the loss upcasting a copy it does not keep: on 2 H200s llama-3.1-8b's
     were 0.24 GiB at seq 1024, and the activations fell by that much per 1,024 tokens under both), with Gemma's
     soft-capping its tanh. Eager attention adds its probabilities, a sliding window its boolean mask (one for all
-    layers). Autocast's weight copies are `decoder_weight_casts_bytes`."""
+    layers), LoRA on experts PEFT wraps their merged weights (`wrapped_expert_weights_bytes`, per MoE layer; with
+    checkpointing the recomputed layer's, in backward). Autocast's weight copies are `decoder_weight_casts_bytes`."""
     arch = as_architecture(model)
     s, b, h, layers = config.seq_len, config.batch_size, arch.hidden_size, arch.num_layers
     masks = lora_dropout_bytes_per_token(config, arch)
@@ -121,7 +123,8 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     logits = b * s * arch.vocab_size * logits_element_bytes(config)
     log_probabilities = b * s * arch.vocab_size * 4
     softcapping = b * s * arch.vocab_size * (2 if is_mixed(config) else 4) if arch.final_logit_softcapping else 0
-    return b * (s * per_token + eager + sliding_mask) + logits + log_probabilities + softcapping, logits
+    merged = 0 if config.grad_checkpointing else arch.moe_layers * wrapped_expert_weights_bytes(config, arch)
+    return b * (s * per_token + eager + sliding_mask) + logits + log_probabilities + softcapping + merged, logits
 
 
 def temporaries_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:

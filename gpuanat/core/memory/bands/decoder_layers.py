@@ -29,7 +29,14 @@ from __future__ import annotations
 
 from gpuanat.core.memory.architecture import Architecture
 from gpuanat.core.memory.bands.precision import autocast_on, computes_in_16_bit, is_mixed
-from gpuanat.core.memory.shapes import attention_linears, gated_mlp_linears, lora_target_names, mlp_linears
+from gpuanat.core.memory.shapes import (
+    attention_linears,
+    gated_mlp_linears,
+    lora_expert_matrices,
+    lora_expert_parameters,
+    lora_target_names,
+    mlp_linears,
+)
 from gpuanat.core.vocabulary.config import RunConfig
 
 NORM_STATISTICS_BYTES = 8
@@ -63,6 +70,8 @@ class _Layer:
         self.frozen = bool(config.lora)
         """A LoRA or QLoRA base: its weights need no gradient, so nothing is kept to compute one."""
         self.adapted = lora_target_names(arch, config) if config.lora else set()
+        self.wrapped = lora_expert_parameters(arch, config)
+        """The router's and experts' parameters PEFT adapts through `ParamWrapper` (`shapes.PEFT_EXPERT_PARAMETERS`)."""
         self.lora_rank = config.lora
         self.liger = config.liger_layers and arch.objective == "causal-lm"
         self.saved = 0
@@ -100,14 +109,16 @@ class _Layer:
     def read_by_linears(self, element_bytes: int, width: int, names: list[str], kept_elsewhere: bool = False) -> None:
         """The input the linear layers `names` keep. Training: a 16-bit copy each of an fp32 input under autocast,
         else the input, shared. On a frozen base only LoRA's adapters keep it, each its own 16-bit copy under mixed
-        precision (PEFT casts the input to the adapter's fp32, autocast casts it back); `kept_elsewhere`: another
+        precision (PEFT casts the input to the adapter's fp32, autocast casts it back); a router whose weight PEFT
+        wraps is a linear layer of the merged weight, which keeps the input itself; `kept_elsewhere`: another
         operation keeps the input itself."""
         if self.frozen:
             adapted = sum(1 for name in names if name in self.adapted)
+            wrapped = "router" in names and "router" in self.wrapped
             self.saved += adapted * self.lora_rank * self.compute  # lora_A's output, which lora_B keeps
             if self.compute == 2:
-                self.saved += 2 * width * adapted
-            elif adapted and not kept_elsewhere:
+                self.saved += 2 * width * adapted + (element_bytes * width if wrapped and not kept_elsewhere else 0)
+            elif (adapted or wrapped) and not kept_elsewhere:
                 self.saved += element_bytes * width
         elif self.autocast and element_bytes == 4:
             self.saved += 2 * width * len(names)
@@ -162,11 +173,18 @@ class _Layer:
         """A mixture of experts past the router's input: per token and expert it visits, the gathered input, gate-up,
         the activation, the product and the expert's output (which the routing weight multiplies) — in fp32 under
         autocast with fp32 weights (transformers' grouped matmul is no autocast operation), without the input and the
-        product on a frozen base — and the router's fp32 probabilities."""
+        product on a frozen base, unless PEFT wraps the weight that reads them (gate-up reads the input, down the
+        product: the merged weight needs its gradient) — and the router's fp32 probabilities. Every token visits
+        `experts_per_token` experts, which the grouped matmul processes as one batch of tokens × experts_per_token
+        rows, so how the router spreads them over the experts changes no size."""
         arch = self.arch
         h, width = arch.hidden_size, arch.expert_intermediate_size
         element = 4 if self.autocast and self.stream == 4 and not self.frozen else self.compute
-        per_expert = element * (3 * width + h) + (0 if self.frozen else element * (width + h))
+        per_expert = element * (3 * width + h)
+        if not self.frozen or "gate_up" in self.wrapped:
+            per_expert += element * h
+        if not self.frozen or "down" in self.wrapped:
+            per_expert += element * width
         self.saved += arch.experts_per_token * per_expert + 4 * arch.experts
         if arch.shared_expert_intermediate_size:
             self.saved += 3 * self.compute * arch.shared_expert_intermediate_size
@@ -219,6 +237,41 @@ def layer_bytes_per_token(config: RunConfig, arch: Architecture, moe: bool = Fal
     if arch.residual_dropout:
         layer.saved += h * arch.residual_dropout_sites  # dropout masks
     return layer.saved
+
+
+def wrapped_expert_weights_bytes(config: RunConfig, arch: Architecture) -> int:
+    """What one MoE layer keeps per forward pass, whatever its tokens, where PEFT wraps its router's and experts'
+    parameters (`shapes.PEFT_EXPERT_PARAMETERS`): each `ParamWrapper` merges its weight for the forward pass
+    (peft 0.21: the experts' W + scaling·(B·A) in one `baddbmm` of the experts' factors, the router's W + ΔW), and
+    the matmul that reads the merged weight keeps it for the gradient of its input — a whole copy of the experts'
+    weights per layer, in the base's dtype. Under mixed precision the fp32 factors are cast to it and kept too:
+    `baddbmm`'s, cast by PEFT, and the router's B·A, cast by autocast."""
+    wrapped = lora_expert_parameters(arch, config)
+    if not wrapped:
+        return 0
+    element = 2 if is_mixed(config) else 4
+    e, h, width = arch.experts, arch.hidden_size, arch.expert_intermediate_size
+    merged = {"router": e * h, "gate_up": e * 2 * width * h, "down": e * width * h}
+    factors = sum(rows * cols for matrices in lora_expert_matrices(arch, config).values() for rows, cols in matrices)
+    return element * (sum(merged[name] for name in wrapped) + (factors if element != 4 else 0))
+
+
+def wrapped_expert_gradient_bytes(config: RunConfig, arch: Architecture) -> int:
+    """What the backward of one MoE layer whose expert weights PEFT wraps holds beyond what the forward kept (0 where
+    it wraps none): the grouped matmul's backward makes the merged weight's gradient whole before `baddbmm`'s backward
+    reduces it to the factors'. Down's comes first, beside every merged weight; gate-up's, twice its size, once down's
+    merged weight is freed: one down-sized gradient beyond the kept tensors, or gate-up's where only it is wrapped.
+    With checkpointing the recomputed layer holds its merged weights anew: the largest merged weight twice (with its
+    gradient). In the base's dtype."""
+    wrapped = lora_expert_parameters(arch, config) - {"router"}
+    if not wrapped:
+        return 0
+    element = 2 if is_mixed(config) else 4
+    down = arch.experts * arch.expert_intermediate_size * arch.hidden_size
+    largest = 2 * down if "gate_up" in wrapped else down
+    if config.grad_checkpointing:
+        return element * 2 * largest
+    return element * (largest if wrapped == {"gate_up"} else down)
 
 
 def eager_scores_bytes(config: RunConfig, arch: Architecture) -> int:
