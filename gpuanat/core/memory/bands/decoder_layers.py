@@ -239,6 +239,12 @@ def layer_bytes_per_token(config: RunConfig, arch: Architecture, moe: bool = Fal
     return layer.saved
 
 
+def _base_element_bytes(config: RunConfig) -> int:
+    """Bytes per element of a LoRA base's expert weights: 16-bit under mixed precision, fp32 otherwise and with QLoRA
+    (bitsandbytes quantizes linear layers only; `prepare_model_for_kbit_training` casts the 3-D experts to fp32)."""
+    return 2 if is_mixed(config) and not config.load_in_4bit else 4
+
+
 def wrapped_expert_weights_bytes(config: RunConfig, arch: Architecture) -> int:
     """What one MoE layer keeps per forward pass, whatever its tokens, where PEFT wraps its router's and experts'
     parameters (`shapes.PEFT_EXPERT_PARAMETERS`): each `ParamWrapper` merges its weight for the forward pass
@@ -249,7 +255,7 @@ def wrapped_expert_weights_bytes(config: RunConfig, arch: Architecture) -> int:
     wrapped = lora_expert_parameters(arch, config)
     if not wrapped:
         return 0
-    element = 2 if is_mixed(config) else 4
+    element = _base_element_bytes(config)
     e, h, width = arch.experts, arch.hidden_size, arch.expert_intermediate_size
     merged = {"router": e * h, "gate_up": e * 2 * width * h, "down": e * width * h}
     factors = sum(rows * cols for matrices in lora_expert_matrices(arch, config).values() for rows, cols in matrices)
@@ -266,7 +272,7 @@ def wrapped_expert_gradient_bytes(config: RunConfig, arch: Architecture) -> int:
     wrapped = lora_expert_parameters(arch, config) - {"router"}
     if not wrapped:
         return 0
-    element = 2 if is_mixed(config) else 4
+    element = _base_element_bytes(config)
     down = arch.experts * arch.expert_intermediate_size * arch.hidden_size
     largest = 2 * down if "gate_up" in wrapped else down
     if config.grad_checkpointing:
