@@ -368,13 +368,16 @@ def test_lora_dropout_on_experts_peft_wraps_is_refused_as_peft_refuses_it(tmp_pa
         assert completed.returncode == 0 and "Prediction for" in completed.stdout
 
 
-def test_a_config_json_run_stores_its_prediction_and_its_exact_bands(tmp_path, db_path):
-    gemma = _write_config(tmp_path, "gemma3-sandwich-sliding")
+@pytest.mark.parametrize("name", ["gemma3-sandwich-sliding", "mixtral"])
+def test_a_config_json_run_stores_its_prediction_and_its_exact_bands(tmp_path, db_path, name):
+    """The real worker builds and trains the model with LoRA: Mixtral's router and experts wrapped by PEFT, their
+    adapters' fp32 bytes, gradients and AdamW states as predicted."""
+    model_config = _write_config(tmp_path, name)
     completed = run_cli(
         [
             "run",
             "--model",
-            str(gemma),
+            str(model_config),
             "--device",
             "cpu",
             "--seq-len",
@@ -398,7 +401,7 @@ def test_a_config_json_run_stores_its_prediction_and_its_exact_bands(tmp_path, d
         assert state_bytes(result)[band] == getattr(predicted, band), band
     # the bands are the end of forward's: the gradients alive then, as predicted at the peak
     assert result["bands"]["gradients_bytes"] == predicted.gradients_at_peak_bytes
-    architecture = model_architecture(str(gemma))
+    architecture = model_architecture(str(model_config))
     assert result["params"] == parameter_shapes(architecture).params + lora_shapes(architecture, config).params
 
 
