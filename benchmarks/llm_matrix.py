@@ -418,8 +418,72 @@ def smoke_set(device: str) -> list[Case]:
     return cases
 
 
+HELD_OUT_50_SMALL = (
+    "falcon-rw-1b",
+    "santacoder",
+    "mpt-1.3b",
+    "codegen-350m-mono",
+    "gpt-neo-1.3b",
+    "qwen2-1.5b",
+)
+HELD_OUT_50_LARGE = (
+    "falcon-7b-8l",
+    "persimmon-8b-4l",
+    "nemotron-mini-4b-8l",
+    "gpt-j-6b-6l",
+    "command-r7b-4l",
+    "llama-3.2-3b",
+    "gemma-2-2b",
+    "phi-3-mini",
+    "starcoder2-3b",
+)
+HELD_OUT_50_EXPERTS = ("olmoe-1b-7b", "qwen3-30b-a3b-4l", "mixtral-8x7b-2l", "qwen1.5-moe-a2.7b-4l")
+HELD_OUT_50_ATTENTION = {
+    **dict.fromkeys(("mpt-1.3b", "gpt-neo-1.3b", "gemma-2-2b", "codegen-350m-mono", "gpt-j-6b-6l"), "eager")
+}
+"""Families transformers 5.17 gives no SDPA attention (it refuses `attn_implementation="sdpa"` for them)."""
+
+
+def held_out_50_set(device: str) -> list[Case]:
+    """Issue #50's held-out set (benchmarks/make_held_out_configs.py): models outside the development set, families
+    in and out of gpuanat's layout table and experts; full AMP, checkpointing, bf16 weights, LoRA, LoRA + checkpointing,
+    at seq 1024. The large models skip what cannot fit an 80 GB GPU (fp32 weights and AdamW at batch 4)."""
+    lora, gc = {"lora": LORA_RANK}, {"grad_checkpointing": True}
+    plans: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for model in HELD_OUT_50_SMALL:
+        plans[model] = [(batch, t) for batch in (1, 4) for t in UNSEEN_DECODER_TECHNIQUES]
+    for model in HELD_OUT_50_LARGE:
+        plans[model] = [
+            (1, {}),
+            (1, gc),
+            (4, gc),
+            (1, {"weights": "bf16"}),
+            (4, {"weights": "bf16"}),
+            (1, lora),
+            (4, lora),
+            (4, {**lora, **gc}),
+        ]
+    for model in HELD_OUT_50_EXPERTS:
+        plans[model] = [
+            (1, {}),
+            (1, {"weights": "bf16"}),
+            (1, lora),
+            (4, lora),
+            (1, {**lora, **gc}),
+            (4, {**lora, **gc}),
+        ]
+        if model == "olmoe-1b-7b":  # 6.9 B parameters: fp32 weights and AdamW states alone are 110 GB
+            plans[model].remove((1, {}))
+    return [
+        _lm(model, 1024, batch, **techniques, attn=HELD_OUT_50_ATTENTION.get(model, "sdpa"))
+        for model, plan in plans.items()
+        for batch, techniques in plan
+    ]
+
+
 CONFIG_SETS: dict[str, Callable[[str], list[Case]]] = {
     "unseen": unseen_set,
+    "held-out-50": held_out_50_set,
     "decoders": decoders_set,
     "small": small_set,
     "qlora": qlora_set,
@@ -885,6 +949,28 @@ class Context:
     probe: bool
     qlora: QloraBases
     liger_ever_applied: bool = False
+    trace_dir: Path | None = None
+    """Where each configuration's allocator history is written (`--trace-dir`), or None."""
+
+
+TRACE_ACTIONS = ("alloc", "free_completed", "segment_alloc", "segment_free", "oom")
+
+
+def _write_trace(trace_dir: Path | None, case: Case, snapshot: dict[str, Any]) -> None:
+    """The allocator's history of one configuration (the model's build included), as
+    benchmarks/allocation_trace.py cuts it down: [action, address, size, stream] per event, no stacks."""
+    import gzip
+
+    assert trace_dir is not None
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    events = [
+        [entry["action"], entry.get("addr", entry.get("device_free")), entry["size"], entry["stream"]]
+        for entry in snapshot["device_traces"][0]
+        if entry["action"] in TRACE_ACTIONS
+    ]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", case.key)
+    with gzip.open(trace_dir / f"{name}.json.gz", "wt") as file:
+        json.dump({"key": case.key, "config": case.to_json(), "events": events}, file)
 
 
 def build_model(case: Case, context: Context, record: dict[str, Any]) -> Any:
@@ -1001,6 +1087,9 @@ def measure(case: Case, context: Context) -> dict[str, Any]:
     probe = AnatomyCallback(events.append) if context.probe else None
     peaks = _make_step_peaks(device)
     model = trainer = dataset = None
+    tracing = context.trace_dir is not None and _cuda(device)
+    if tracing:
+        torch.cuda.memory._record_memory_history(context=None, max_entries=5_000_000)
     try:
         with liger_patched(case) as liger_info, tempfile.TemporaryDirectory(prefix="llm-matrix-") as output_dir:
             if liger_info:
@@ -1045,6 +1134,9 @@ def measure(case: Case, context: Context) -> dict[str, Any]:
         if any(text in str(error) for text in FATAL_CUDA_ERRORS):
             record["fatal"] = True
     finally:
+        if tracing:
+            _write_trace(context.trace_dir, case, torch.cuda.memory._snapshot())
+            torch.cuda.memory._record_memory_history(enabled=None)
         peaks.finish()
         peaks.uninstall()
         record["steps"] = peaks.steps
@@ -1215,7 +1307,11 @@ def run_set(args: argparse.Namespace) -> int:
         "runs": [],
     }
     context = Context(
-        device=args.device, steps=args.steps, probe=not args.no_probe, qlora=QloraBases(args.model_dir, args.device)
+        device=args.device,
+        steps=args.steps,
+        probe=not args.no_probe,
+        qlora=QloraBases(args.model_dir, args.device),
+        trace_dir=args.trace_dir,
     )
     print(
         f"{len(cases)} configurations of set {args.config_set!r} on {result['environment'].get('gpu', args.device)}; "
@@ -1337,6 +1433,7 @@ def main() -> int:
         help="where QLoRA's random bf16 checkpoints are saved (and found again by later runs)",
     )
     parser.add_argument("--list", action="store_true", help="print the set's configurations and exit")
+    parser.add_argument("--trace-dir", type=Path, help="write each configuration's allocator history here (CUDA)")
     parser.add_argument(
         "--repredict",
         type=Path,

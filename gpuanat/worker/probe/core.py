@@ -459,6 +459,8 @@ class Probe(ModuleReadings):
         if getattr(self, "_ended", False):  # said once, whichever of the loop's ends comes first
             return
         self._ended = True
+        if CAPTURE.describe == self.state_at_failure:  # the process's observer would keep this model alive
+            CAPTURE.describe = None
         for hook in self._hooks:
             hook.remove()
         if self._modules is not None:

@@ -15,6 +15,7 @@ import linecache
 import os
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -51,10 +52,20 @@ class OutOfMemoryCapture:
     `describe`, which the probe sets while training)."""
 
     def __init__(self) -> None:
-        self.describe: Describer | None = None
+        self._describe: weakref.WeakMethod[Describer] | None = None
         self.last: OutOfMemory | None = None
         self.snapshot_path: str | None = None
         self._attached = False
+
+    @property
+    def describe(self) -> Describer | None:
+        """The running probe's `state_at_failure`, held weakly: the observer lives as long as the process, and must
+        not keep a probe (its model, gradients and optimizer) alive after its training was dropped, ended or failed."""
+        return self._describe() if self._describe is not None else None
+
+    @describe.setter
+    def describe(self, method: Describer | None) -> None:
+        self._describe = weakref.WeakMethod(method) if method is not None else None
 
     def attach(self) -> None:
         """Observe CUDA's out-of-memory errors from now on (a no-op without CUDA); when `--keep-oom-snapshot` asked
