@@ -16,8 +16,8 @@ from gpuanat.core.memory.bands.decoder_layers import (
     layer_bytes_per_token,
     wrapped_expert_weights_bytes,
 )
-from gpuanat.core.memory.model_config import UnreadableModel, model_architecture, read_architecture
-from gpuanat.core.memory.predict import estimate_memory
+from gpuanat.core.memory.model_config import UnreadableModel, architecture_of, model_architecture, read_architecture
+from gpuanat.core.memory.predict import estimate_memory, prediction_caveat
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
 from gpuanat.core.vocabulary.config import RunConfig
 
@@ -125,6 +125,7 @@ MOE = ("granitemoe", "mixtral", "qwen2-moe-shared-expert", "qwen3-moe-dense-firs
 """The tiny mixtures of experts: PEFT wraps Mixtral's, Qwen3-MoE's and OLMoE's router and experts, not GraniteMoE's
 or Qwen2-MoE's (`shapes.PEFT_EXPERT_PARAMETERS`); the Qwen3-MoE's first layer is dense, which "all-linear" leaves
 alone there."""
+MOE_HELD_OUT_50 = ("olmoe-1b-7b", "qwen3-30b-a3b-4l", "mixtral-8x7b-2l", "qwen1.5-moe-a2.7b-4l")
 NOT_LAYER_CHECKED = ENCODERS
 """Encoders (their activations are the bert-large coefficients, docs/memory-model.md)."""
 PUBLISHED = REPO / "benchmarks" / "configs"
@@ -339,6 +340,41 @@ def test_a_config_the_model_cannot_describe_is_refused_with_why(tmp_path, db_pat
     completed = run_cli(["predict", "--model", str(path), "--gpu-memory", "24GiB"], db_path, timeout_s=60)
     assert completed.returncode == 2 and completed.stdout == ""
     assert completed.stderr.startswith(f"gpuanat: error: --model: {path}: ") and reason in completed.stderr
+
+
+HELD_OUT_50 = REPO / "benchmarks" / "results" / "h100" / "held_out50" / "held_out50.json"
+
+
+def test_experts_with_lora_on_the_h100_are_predicted_within_5_percent():
+    """Issue #50's held-out mixtures of experts with LoRA, plain Trainer on the H100 (peft 0.21.0, transformers 5.17):
+    PEFT's trainable parameters and tensors equal `lora_shapes` (Mixtral's, Qwen3-MoE's and OLMoE's router and experts
+    wrapped, Qwen2-MoE's shared expert adapted), and the peak allocated memory is within 5% of the prediction."""
+    results = json.loads(HELD_OUT_50.read_text())
+    runs = [
+        run
+        for run in results["runs"]
+        if run["status"] == "ok" and run["config"]["lora"] and run["config"]["preset"] in MOE_HELD_OUT_50
+    ]
+    assert {run["config"]["preset"] for run in runs} == set(MOE_HELD_OUT_50)
+    for run in runs:
+        case = run["config"]
+        config = RunConfig(
+            preset="llama-tiny",
+            model=str(REPO / "benchmarks" / "configs" / case["preset"] / "config.json"),
+            device="cuda",
+            precision=case["precision"],
+            batch_size=case["batch_size"],
+            seq_len=case["seq_len"],
+            grad_checkpointing=case["grad_checkpointing"],
+            lora=case["lora"],
+            optim=case["optim"],
+        )
+        architecture = architecture_of(config)
+        adapters = lora_shapes(architecture, config)
+        assert (adapters.params, adapters.tensors) == (run["params_trainable"], run["trainable_tensors"]), run["key"]
+        measured = run["max_memory_allocated_bytes"]
+        assert estimate_memory(config).peak_allocated_bytes == pytest.approx(measured, rel=0.05), run["key"]
+        assert "experts" not in (prediction_caveat(config) or ""), run["key"]
 
 
 @pytest.mark.parametrize("name", ["mixtral", "olmoe", "granitemoe"])

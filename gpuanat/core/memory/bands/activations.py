@@ -15,6 +15,7 @@ from gpuanat.core.memory.bands.decoder_layers import (
     layer_bytes_per_token,
     outside_layers_bytes_per_token,
     residual_element_bytes,
+    wrapped_expert_gradient_bytes,
     wrapped_expert_weights_bytes,
 )
 from gpuanat.core.memory.bands.precision import coefficients, is_mixed, parameter_element_bytes, sharded_in_16_bit
@@ -125,6 +126,16 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     softcapping = b * s * arch.vocab_size * (2 if is_mixed(config) else 4) if arch.final_logit_softcapping else 0
     merged = 0 if config.grad_checkpointing else arch.moe_layers * wrapped_expert_weights_bytes(config, arch)
     return b * (s * per_token + eager + sliding_mask) + logits + log_probabilities + softcapping + merged, logits
+
+
+def wrapped_expert_backward_bytes(config: RunConfig, arch: Architecture) -> int:
+    """What the backward of the last MoE layer holds beyond what the forward pass kept, where PEFT wraps its experts
+    (0 elsewhere): the merged weight's gradient (`wrapped_expert_gradient_bytes`) and, with checkpointing, the layer's
+    recomputed tensors. The loss's fp32 log-probabilities are freed by then (the caller takes them off)."""
+    transient = wrapped_expert_gradient_bytes(config, arch)
+    if transient and config.grad_checkpointing:
+        transient += config.batch_size * config.seq_len * layer_bytes_per_token(config, arch, moe=True)
+    return transient
 
 
 def temporaries_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:
