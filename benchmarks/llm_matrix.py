@@ -438,6 +438,17 @@ HELD_OUT_50_LARGE = (
     "starcoder2-3b",
 )
 HELD_OUT_50_EXPERTS = ("olmoe-1b-7b", "qwen3-30b-a3b-4l", "mixtral-8x7b-2l", "qwen1.5-moe-a2.7b-4l")
+HELD_OUT_50_ASIDE = (
+    "mpt-1.3b",
+    "gpt-j-6b-6l",
+    "nemotron-mini-4b-8l",
+    "starcoder2-3b",
+    "gemma-2-2b",
+    "qwen1.5-moe-a2.7b-4l",
+    "phi-3-mini",
+)
+"""Of issue #50's held-out set, the models kept aside (chosen after the first measurement, before any model change was
+checked on them): predicted once, at the end, with GPUANAT_PREDICT_ASIDE=1. The others guide the work."""
 HELD_OUT_50_ATTENTION = {
     **dict.fromkeys(("mpt-1.3b", "gpt-neo-1.3b", "gemma-2-2b", "codegen-350m-mono", "gpt-j-6b-6l"), "eager")
 }
@@ -557,6 +568,8 @@ def predict(
     """`gpuanat predict`'s estimate and its error against the measured peak (and bands, where measured)."""
     if case.preset in HELD_OUT and not os.environ.get("GPUANAT_PREDICT_HELD_OUT"):
         return {"error": f"held out: {case.preset} is predicted once, with GPUANAT_PREDICT_HELD_OUT=1"}
+    if case.preset in HELD_OUT_50_ASIDE and not os.environ.get("GPUANAT_PREDICT_ASIDE"):
+        return {"error": f"kept aside: {case.preset} is predicted once, with GPUANAT_PREDICT_ASIDE=1"}
     try:
         from gpuanat.core.memory.model_config import UnreadableModel
         from gpuanat.core.memory.predict import estimate_memory, peak_reserved_bytes

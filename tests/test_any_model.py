@@ -286,7 +286,7 @@ def test_predict_reads_a_config_json_and_says_what_it_assumed(tmp_path, db_path)
     )
     assert predicted["logits_bytes"] == 4 * 128 * 512 * 4
     assert predicted["max_batch_size"] > 4 and predicted["confidence"] == "checked"
-    # a family gpuanat does not know: read as a Llama, and said so
+    # a family gpuanat does not know: read for what its config's keys say, and what was assumed said so
     unknown = tmp_path / "unknown.json"
     unknown.write_text(
         json.dumps(
@@ -311,7 +311,8 @@ def test_predict_reads_a_config_json_and_says_what_it_assumed(tmp_path, db_path)
     )
     assert completed.returncode == 0, completed.stderr
     caveat = last_json(completed.stdout)["caveat"]
-    assert "my_decoder is no family gpuanat knows: read as a Llama layer" in caveat
+    assert "my_decoder is no family gpuanat knows: its layer read from its config's keys" in caveat
+    assert "a gated MLP (gate, up, down), as every silu decoder in transformers" in caveat
     table = run_cli(
         ["predict", "--model", str(unknown), "--precision", "bf16", "--seq-len", "128", "--gpu-memory", "24GiB"],
         db_path,

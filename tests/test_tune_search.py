@@ -164,14 +164,14 @@ def test_bert_large_on_an_h100_starts_strong_and_prunes_before_running():
 
 
 def test_an_oom_rules_its_direction_out_for_later_rounds():
-    # DataLoader workers help, and with them batch 64 more: round 1 keeps workers, compile runs out of memory;
-    # round 2 keeps batch 64, from which compile would be a new candidate
+    # DataLoader workers help, and with them batch 64 more: round 1 keeps workers, compiled regions run out of
+    # memory; round 2 keeps batch 64, from which compiled regions would be a new candidate
     def speedup(config: RunConfig) -> float:
         return (1.1 if config.workers else 1.0) * (1.05 if config.workers and config.batch_size == 64 else 1.0)
 
-    trials = FakeTrials(oom=lambda config: config.compile, speedup=speedup)
+    trials = FakeTrials(oom=lambda config: config.compile_regions, speedup=speedup)
     _, result = tune(trials)
-    compiled = [trial for trial in result.trials if trial.config.compile]
+    compiled = [trial for trial in result.trials if trial.config.compile_regions]
     assert len(compiled) == 1 and compiled[0].status == "oom" and compiled[0].config.batch_size == 128
     kept = [trial for trial in result.trials if trial.index in result.kept]
     assert [(trial.config.batch_size, trial.config.workers) for trial in kept] == [(128, 0), (128, 2), (64, 2)]
@@ -254,15 +254,17 @@ def test_the_cpu_searches_what_it_can_run():
     assert set(space.dimensions) == set(DIMENSIONS) - {"tf32", "liger", "distributed"}  # one GPU
 
 
-def test_a_gpu_bound_run_tries_the_fused_kernels_first_regions_before_the_whole_model():
+def test_a_gpu_bound_run_tries_the_fused_kernels_first_its_regions_compiled():
     """The H100's bert-large at batch 128 is GPU-bound (98% busy): only less GPU work a sample helps, so the
-    round tries compile first (its regions, then the whole model) instead of last; regions are kept."""
+    round tries compile first (its regions; never the whole model, whose memory is not predicted) instead of last;
+    regions are kept."""
     trials = FakeTrials(
         bottleneck=lambda config: "gpu-bound", speedup=lambda config: 1.1 if config.compile_regions else 1.0
     )
     _, result = tune(trials)
-    moves = [(trial.dimension, trial.config.compile_regions, trial.config.compile) for trial in result.trials[1:3]]
-    assert moves == [("compile", True, False), ("compile", False, True)]
+    moves = [(trial.dimension, trial.config.compile_regions, trial.config.compile) for trial in result.trials[1:2]]
+    assert moves == [("compile", True, False)]
+    assert result.trials[2].dimension != "compile"
     assert result.best is not None and result.best.config.compile_regions
     assert result.trials[1].index in result.kept
 

@@ -30,10 +30,8 @@ from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machin
 
 def command_fit(args: argparse.Namespace) -> int:
     from gpuanat.core.measure.nvml_source import probe_nvml
-    from gpuanat.core.memory.allocation_templates import largest_batch
-    from gpuanat.core.memory.predict import unreadable_model_reason
     from gpuanat.core.memory.sizes import parse_size
-    from gpuanat.core.run.fit import fit_unsupported_reason, run_fit
+    from gpuanat.core.run.fit import fit_start, fit_unsupported_reason, run_fit
 
     if not 1 <= args.trial_steps <= MAX_STEPS:
         fail_usage(f"--trial-steps: must be an integer ≥ 1 and ≤ {MAX_STEPS:,} (got {args.trial_steps})")
@@ -61,16 +59,11 @@ def command_fit(args: argparse.Namespace) -> int:
     if gpu_memory is None:
         nvml = probe_nvml()
         gpu_memory = nvml.gpu_total_bytes[0] if nvml.available and nvml.gpu_total_bytes else None
-    predicted = (
-        largest_batch(base, gpu_memory).batch_size
-        if gpu_memory is not None and unreadable_model_reason(base) is None
-        else None
-    )
-    start = predicted or base.batch_size
+    starting = fit_start(base, gpu_memory)
+    start, predicted = starting.batch_size, starting.predicted
     print(
-        f"fit: starting from batch {start}"
-        + (" (the prediction)" if predicted else "")
-        + f", {args.trial_steps} steps per trial, up to batch {args.max_batch}",
+        f"fit: starting from batch {start}{starting.words()}, {args.trial_steps} steps per trial, up to batch "
+        f"{args.max_batch}",
         file=sys.stderr,
     )
 

@@ -1,17 +1,21 @@
-"""`gpuanat predict`: memory bands, peaks and the largest batch that fits, without running."""
+"""`gpuanat predict`: memory bands, peaks and the largest batch that fits, without running. The whole model
+compiled is refused as a config it cannot describe is (exit 2), having printed what is exact and why the rest is
+not predicted."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-from gpuanat.cli.common import EXIT_OK, fail_usage, validated_config
+from gpuanat.cli.common import EXIT_OK, EXIT_USAGE, fail_usage, validated_config
 
 
 def command_predict(args: argparse.Namespace) -> int:
     from gpuanat.core.measure.nvml_source import probe_nvml
     from gpuanat.core.memory.allocation_templates import largest_batch, version_differences
+    from gpuanat.core.memory.compiled import COMPILE_UNPREDICTED_FIELDS, compile_unpredicted_reason
     from gpuanat.core.memory.fit_ladder import fit_ladder
     from gpuanat.core.memory.predict import (
         HOST_MEMORY_UNAVAILABLE,
@@ -56,7 +60,8 @@ def command_predict(args: argparse.Namespace) -> int:
             source = f"no GPU memory to fit: {nvml.reason or 'no GPU'}; give --gpu-memory"
     predicted = host_prediction(config) if on_cpu else prediction(config)
     assert predicted is not None
-    largest = largest_batch(config, gpu_memory) if gpu_memory is not None else None
+    uncovered = compile_unpredicted_reason(config)
+    largest = largest_batch(config, gpu_memory) if gpu_memory is not None and uncovered is None else None
     result: dict[str, Any] = {
         "config": config.to_json(),
         **predicted.to_json(),
@@ -70,11 +75,22 @@ def command_predict(args: argparse.Namespace) -> int:
         "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
         "fit_ladder": ([step.to_json() for step in fit_ladder(config, gpu_memory)] if gpu_memory is not None else None),
     }
+    unavailable = dict.fromkeys((*COMPILE_UNPREDICTED_FIELDS, "max_batch_size"), uncovered) if uncovered else {}
     if on_cpu:
-        result["unavailable"] = HOST_MEMORY_UNAVAILABLE
+        unavailable |= HOST_MEMORY_UNAVAILABLE
+    if unavailable:
+        result["unavailable"] = unavailable
+    exit_code = EXIT_OK
+    if uncovered is not None:
+        print(
+            "gpuanat: predict: --compile: the whole model compiled is not predicted (its activations, peaks and "
+            "largest batch; why: in the output); --compile-regions is",
+            file=sys.stderr,
+        )
+        exit_code = EXIT_USAGE
     if args.json:
         print(json.dumps(result))
-        return EXIT_OK
+        return exit_code
     each = f", each of {predicted.ranks} ranks" if (predicted.ranks or 1) > 1 else ""
     where = ", in host memory (process RAM)" if on_cpu else ""
     print(
@@ -91,6 +107,8 @@ def command_predict(args: argparse.Namespace) -> int:
         "peak_device_bytes",
     ):
         reason = f"  ({HOST_MEMORY_UNAVAILABLE[key]})" if on_cpu and key in HOST_MEMORY_UNAVAILABLE else ""
+        if not reason and result[key] is None and key in unavailable:
+            reason = "  (not predicted: the whole model compiled)"
         print(f"  {key.removesuffix('_bytes').replace('_', ' '):<22} {format_bytes(result[key]):>11}{reason}")
         if key == "activations_bytes" and result["logits_bytes"]:
             print(f"    {'of which logits':<20} {format_bytes(result['logits_bytes']):>11}")
@@ -100,10 +118,21 @@ def command_predict(args: argparse.Namespace) -> int:
                 f"    of which {buckets} are DDP's first buckets, which a rank may still hold at step 2 beside the "
                 "rebuilt ones (20 of 40 ranks did on H200s)"
             )
-    if result["caveat"]:
+    if uncovered is not None:
+        print(f"No prediction of the activations, the peaks or the largest batch: {uncovered}.")
+        other = result["caveat"].removeprefix(uncovered).removeprefix("; ")
+        if other:
+            print(f"Not checked: {other}.")
+    elif result["caveat"]:
         print(f"Not checked: {result['caveat']}.")
     if gpu_memory is None:
         print(f"Largest batch that fits: — ({source})")
+    elif uncovered is not None:
+        print(
+            f"On {format_bytes(gpu_memory)} ({source}): batch {config.batch_size} not predicted; largest batch that "
+            "fits: — (not predicted: the whole model compiled)"
+        )
+        print_fit_ladder(result["fit_ladder"], config, gpu_memory)
     else:
         estimate = estimate_memory(config)
         fits = "fits" if fits_in(estimate, gpu_memory) else "does NOT fit"
@@ -134,7 +163,7 @@ def command_predict(args: argparse.Namespace) -> int:
                 f"{recorded_with['transformers']}"
                 + (f" ({'; '.join(differences)}: its allocations may differ)" if differences else "")
             )
-    return EXIT_OK
+    return exit_code
 
 
 def print_fit_ladder(ladder: list[dict[str, Any]], config: Any, gpu_memory: int) -> None:

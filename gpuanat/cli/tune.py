@@ -274,6 +274,11 @@ def command_tune(args: argparse.Namespace) -> int:
         )
     else:
         limit = f"pruning by prediction to {_gib(space.usable_memory_bytes)} of the GPU's {_gib(gpu_memory)}"
+    if gpu_memory is not None and base.compile:  # the user's --compile: no candidate of the search would be
+        limit += (
+            " (--compile: the whole model compiled is not predicted; pruned as eager, which bounds nothing: "
+            "a trial that runs out of memory rules out larger batches)"
+        )
     print(
         f"tune: {base.model or base.preset} seq {base.seq_len}; searching {', '.join(space.dimensions)}; "
         + (f"holding {' '.join(held)} as given; " if held else "")

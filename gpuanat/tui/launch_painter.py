@@ -17,6 +17,7 @@ from gpuanat.core.measure.failure import out_of_memory_json
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.samples import Sample
 from gpuanat.core.measure.startup import startup_progress, startup_status
+from gpuanat.core.memory.compiled import compile_unpredicted_reason
 from gpuanat.core.memory.model_config import UnreadableModel
 from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, cuda_context_bytes, estimate_memory, peak_reserved_bytes
 from gpuanat.core.operations.anatomy import operations_anatomy
@@ -215,6 +216,11 @@ class LaunchPainter:
             estimate = estimate_memory(config)
         except (ConfigError, UnreadableModel):  # a --model this model cannot describe: no predicted column
             estimate = None
+        # the whole model compiled: the eager bytes model is no prediction of it (on the CPU only the exact tensor bands
+        # are shown, which compiling does not change)
+        not_predicted = compile_unpredicted_reason(config) if config.device == "cuda" else None
+        if not_predicted is not None:
+            estimate = None
         context = CUDA_CONTEXT_BYTES if estimate is None else cuda_context_bytes(estimate)  # until measured here
         last_config = RunConfig.from_json(last_result.config) if last_result else None
         if (
@@ -232,6 +238,7 @@ class LaunchPainter:
             gpu_total_bytes=self.gpu_total_bytes(),
             device_peak_bytes=None if estimate is None else peak_reserved_bytes(estimate) + context,
             several_gpus=self.gpu_count() > 1,
+            not_predicted=not_predicted,
         )
         dashboard.memory_view.show_predicted(config, estimate, context, self.gpu_total_bytes(), dashboard.compact)
 

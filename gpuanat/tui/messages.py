@@ -39,7 +39,8 @@ class RunFinished(Message):
 
 @dataclass
 class FitStarting(Message):
-    """The fit's first trial batch: the predicted largest batch (`method`), or the current batch without one."""
+    """The fit's first trial batch: the predicted largest batch (`method`: `replay`, `model`; `eager` for the whole
+    model compiled, which is not predicted), or the current batch without one (None)."""
 
     batch_size: int
     method: str | None

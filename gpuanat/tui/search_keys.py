@@ -71,7 +71,11 @@ class SearchKeys:
 
     # --- what the searches report ------------------------------------------------------------------
     def fit_starting(self, message: FitStarting) -> None:
-        source = {"replay": " (the prediction, replayed)", "model": " (the prediction)"}.get(message.method or "", "")
+        source = {
+            "replay": " (the prediction, replayed)",
+            "model": " (the prediction)",
+            "eager": " (eager's prediction: the whole model compiled is not predicted, no bound)",
+        }.get(message.method or "", "")
         self._dashboard.notify(
             f"fit: trials of {FIT_TRIAL_STEPS} steps from batch {message.batch_size}{source}", timeout=4
         )

@@ -12,8 +12,7 @@ configured run.
 from __future__ import annotations
 
 from gpuanat.core.measure.live_run import LiveRun
-from gpuanat.core.memory.allocation_templates import largest_batch
-from gpuanat.core.memory.predict import unreadable_model_reason
+from gpuanat.core.run.fit import fit_start
 from gpuanat.core.run.tune.runs import run_command
 from gpuanat.core.run.tune.search import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS
 from gpuanat.core.run.tune.space import search_space
@@ -29,13 +28,9 @@ FIT_MAX_BATCH = 1024
 def fit_search(control: RunControl, live: LiveRun, gpu_total: int | None) -> None:
     """The largest batch that trains, from the predicted largest batch on a GPU of `gpu_total` bytes."""
     try:
-        predicted = (
-            largest_batch(live.config, gpu_total)
-            if gpu_total and unreadable_model_reason(live.config) is None
-            else None
-        )  # a replay takes a second: not on the UI thread
-        start = predicted.batch_size if predicted and predicted.batch_size else live.config.batch_size
-        control.post(FitStarting(start, predicted.method if predicted and predicted.batch_size else None))
+        starting = fit_start(live.config, gpu_total or None)  # a replay takes a second: not on the UI thread
+        start = starting.batch_size
+        control.post(FitStarting(start, starting.method))
         fit = control.backend.fit(
             live.config,
             control.hooks(live),

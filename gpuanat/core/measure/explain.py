@@ -193,6 +193,8 @@ def _why_no_prediction(result: RunResult, configured: RunConfig | None) -> str:
         return _not_configured(result.config)
     if "predicted" not in result.json_keys:
         return f"{EARLIER_GPUANAT} its prediction"
+    if isinstance(result.predicted, Prediction) and result.predicted.caveat:  # no peak, and why (--compile)
+        return f"no peak was predicted: {result.predicted.caveat}"
     return "the memory model made no prediction for this run"
 
 

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-NORM_KINDS = ("rms", "rms_fp32", "layer", "layer_no_bias")
+NORM_KINDS = ("rms", "rms_fp32", "layer", "layer_no_bias", "layer_weight_only", "layer_1p", "layer_python")
 """How a norm computes, which decides what it keeps for backward:
 rms — Llama's RMSNorm: normalizes in fp32, casts back to the input's dtype, then multiplies by its weight;
 rms_fp32 — multiplies by its weight in fp32, then casts (Gemma's (1 + w), OLMo-2's);
-layer — torch's LayerNorm (autocast runs it in fp32), with a bias; layer_no_bias — without (OLMo's has no weight)."""
+layer — torch's LayerNorm (autocast runs it in fp32), with a bias; layer_no_bias — without (OLMo's has no weight);
+layer_weight_only — torch's LayerNorm with a weight and no bias (MPT);
+layer_1p — Nemotron's LayerNorm1P: torch's kernel with (1 + weight) and a bias, its input cast to autocast's 16-bit
+dtype and autocast then turned off, so it runs and keeps in 16 bits;
+layer_python — Cohere's LayerNorm written out in fp32 (no bias): it keeps the centred input twice (two
+subtractions), the reciprocal deviation and the normalized value its weight multiplies, not its input."""
 
-ACTIVATION_KINDS = ("saves_input", "saves_output", "tanh_composed", "sigmoid_composed")
+ACTIVATION_KINDS = ("saves_input", "saves_output", "tanh_composed", "sigmoid_composed", "squared_relu")
 """What an MLP's activation keeps for backward: its input (SiLU, exact GELU, torch's tanh GELU, BLOOM's GELU
 function); its output (ReLU); the intermediates of GELU's tanh formula written out in Python (`gelu_new`:
-x³ in fp32 under autocast, its tanh, x/2 and 1 + tanh); x and sigmoid(1.702x) (`quick_gelu`)."""
+x³ in fp32 under autocast, its tanh, x/2 and 1 + tanh); x and sigmoid(1.702x) (`quick_gelu`); squared ReLU
+(`relu2`: relu keeps its output, which `square` — `pow`, fp32 under autocast — reads, so an fp32 copy under autocast,
+and the square, fp32 under autocast, is what the next linear layer reads)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,25 @@ class Architecture:
     embedding_dropout: float = 0.0
     attention_dropout: float = 0.0
     final_logit_softcapping: float = 0.0
+    kv_broadcast_to_heads: bool = False
+    """Keys and values of fewer heads than the queries reach SDPA without `enable_gqa` (Falcon's multi-query layers):
+    no fused kernel takes them, so torch runs its math attention — in fp32 for 16-bit inputs — which keeps the query,
+    the key and value expanded to every head, and every score's probability."""
+    kv_expanded: bool = False
+    """Keys and values are broadcast to every head and copied before attention (Falcon's new decoder architecture)."""
+    materialized_mask_heads: int = 0
+    """Falcon builds one float attention mask for all layers, batch × this many heads × seq² in the embeddings' dtype
+    (its heads with ALiBi, whose slopes it holds; 1 without), which SDPA's kernels keep for the backward; 0: none."""
+    bias_after_matmul: bool = False
+    """A projection's bias is added after its matmul (Falcon's FalconLinear): under autocast, fp32 biases make the
+    outputs fp32."""
+    qkv_split_copies: bool = False
+    """The fused q/k/v output is split into copies (CodeGen's interleaved layout), so it is not kept itself."""
+    eager_only: bool = False
+    """transformers gives the family no SDPA attention (BLOOM, MPT, GPT-Neo: their attention is written out), so it
+    trains with eager attention only."""
+    extra_buffer_bytes: int = 0
+    """Buffers besides the rotary frequencies: GPT-J's sinusoid table, GPT-BigCode's and GPT-Neo's causal masks."""
     assumed: tuple[str, ...] = ()
     """What the reader assumed because the config did not say (an unknown model_type): the prediction's caveat."""
 

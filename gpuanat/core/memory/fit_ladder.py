@@ -5,7 +5,9 @@ The order is the docs' ("Efficient training on a single GPU", then the sharding 
 distributed technique first — DDP replicates everything, ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too,
 FSDP2 (ZeRO-3's sharding, in torch) the weights as well — as they cost some communication and no compute; then
 gradient checkpointing (a third more compute); then bf16 weights, which change the numerics; then LoRA and QLoRA,
-which change what trains. A step this version cannot train (`validate_values` refuses it: LoRA under FSDP, for
+which change what trains. The whole model compiled (`--compile`) is not predicted (`compiled`): its ladder begins
+with its regions compiled in its place, predicted as eager, so that no step is a compiled model's memory read from the
+eager bytes model. A step this version cannot train (`validate_values` refuses it: LoRA under FSDP, for
 one), or one that lowers nothing for this run (checkpointing where the model's state peaks, not the activations), is
 left out and said so.
 
@@ -19,15 +21,19 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuanat.core.memory.compiled import compile_unpredicted_reason
 from gpuanat.core.memory.model_config import UnreadableModel
 from gpuanat.core.memory.predict import estimate_memory, fits_in, max_batch_size, peak_device_bytes
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.errors import ConfigError
-from gpuanat.core.vocabulary.techniques import BY_SHARDING, with_distributed
+from gpuanat.core.vocabulary.techniques import BY_SHARDING, with_compile_mode, with_distributed
 from gpuanat.core.vocabulary.validation import refusal, validate_values
 
 LORA_RANK = 16
 GIB = 1024**3
+REGIONS_FLAGS = "--compile-regions, not --compile"
+"""The first step of a whole compiled model's ladder: a flag in place of another, not one added (`what_would_fit`
+says it as an idea, not as flags to append)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,14 @@ def _distributed_flags(run: RunConfig, stage: str) -> str:
 def _rungs(config: RunConfig) -> list[Rung]:
     """The ladder's techniques in order, for a run like `config`."""
     rungs: list[Rung] = []
+    if compile_unpredicted_reason(config) is not None:  # first, so that every later step is predicted
+        rungs.append(
+            Rung(
+                "compiled regions, not the whole model",
+                lambda run: with_compile_mode(run, "regions"),
+                lambda run: REGIONS_FLAGS,
+            )
+        )
     if (config.ranks or 1) > 1:
         for stage in BY_SHARDING[BY_SHARDING.index(config.distributed) + 1 : BY_SHARDING.index("fsdp") + 1]:
             rungs.append(
@@ -127,10 +141,15 @@ def _fits(config: RunConfig, gpu_memory_bytes: int) -> tuple[int, bool]:
 def fit_ladder(config: RunConfig, gpu_memory_bytes: int) -> list[LadderStep]:
     """The techniques added one by one to `config` until it fits GPUs of `gpu_memory_bytes` each; empty when it fits
     as given. A technique that lowers nothing yet is tried again after each later one (checkpointing helps once LoRA
-    has made the model's state small); those that never did come last, left out. One step `fits` where any did."""
-    current_peak, fits = _fits(config, gpu_memory_bytes)
-    if fits:
-        return []
+    has made the model's state small); those that never did come last, left out. One step `fits` where any did.
+    With the whole model compiled, whose memory is not predicted, it is never empty: its first step compiles the
+    regions in its place, and every step after keeps them."""
+    current_peak: int | None = None
+    """None: the run as given is not predicted, so its first step lowers something from unknown."""
+    if compile_unpredicted_reason(config) is None:
+        current_peak, fits = _fits(config, gpu_memory_bytes)
+        if fits:
+            return []
     steps: list[LadderStep] = []
     waiting: dict[str, LadderStep] = {}
     """Techniques that lowered nothing when tried, by name: their step as last tried."""
@@ -145,7 +164,8 @@ def fit_ladder(config: RunConfig, gpu_memory_bytes: int) -> list[LadderStep]:
             steps.append(LadderStep(rung.technique, flags, None, False, refused=refused.message))
             continue
         peak, fits = _fits(candidate, gpu_memory_bytes)
-        if peak >= current_peak and not fits:  # e.g. checkpointing where the model's state, not activations, peaks
+        # e.g. checkpointing where the model's state, not activations, peaks
+        if current_peak is not None and peak >= current_peak and not fits:
             waiting[rung.technique] = LadderStep(
                 rung.technique,
                 flags,
@@ -204,9 +224,12 @@ class FitSuggestion:
 def what_would_fit(config: RunConfig, gpu_memory_bytes: int | None) -> FitSuggestion:
     """What to change in `config`, which ran out of memory on a GPU of `gpu_memory_bytes` (None: its size is not
     known): the fit ladder's steps up to the one predicted to fit it, as `gpuanat predict` lists them; else the
-    largest batch predicted to fit, and the techniques that lower memory and are not on yet."""
-    fits_as_is, not_predicted, batch = False, None, None
-    if gpu_memory_bytes:
+    largest batch predicted to fit, and the techniques that lower memory and are not on yet. With the whole model
+    compiled, not predicted: no flags and no batch, and its regions compiled in its place the first idea after a
+    smaller batch."""
+    fits_as_is, batch = False, None
+    not_predicted = compile_unpredicted_reason(config)
+    if gpu_memory_bytes and not_predicted is None:
         try:
             validate_values(config)  # a run recorded by another gpuanat may name a preset or a value unknown here
             ladder = fit_ladder(config, gpu_memory_bytes)
@@ -222,6 +245,8 @@ def what_would_fit(config: RunConfig, gpu_memory_bytes: int | None) -> FitSugges
             largest = 0 if fits_as_is else max_batch_size(config, gpu_memory_bytes)
             batch = largest if 0 < largest < config.batch_size else None
     ideas = [f"--batch-size {batch} (predicted to fit)" if batch else "a smaller --batch-size"]
+    if config.compile:
+        ideas.append("--compile-regions in place of --compile (predicted as eager)")
     if not config.grad_checkpointing:
         ideas.append("--grad-checkpointing")
     if config.precision == "fp32":

@@ -4,10 +4,11 @@ write for it (no torch, no transformers).
 
 The config's own fields give the dimensions (under each family's key names) and what varies within a family
 (biases, parallel residual, q/k norms, partial rotary, dropout, sliding layers, experts). What a config does not
-say because the family's code fixes it — which norm, where, fused projections, a gated MLP — is `FAMILY_LAYOUTS`,
-read from transformers' modeling code, one line a family. A model_type not there is read as a Llama-style decoder
-(or a BERT-style encoder) with the assumptions named in `Architecture.assumed`; a config that lacks the dimensions,
-or an architecture this model cannot describe (DeBERTa's disentangled attention, ModernBERT), is refused with why.
+say because the family's code fixes it — which norm, where, fused projections, a gated MLP — is `FAMILY_LAYOUTS`
+(`families`), read from transformers' modeling code, one line a family. A model_type not there is read as a
+Llama-style decoder (or a BERT-style encoder) with the assumptions named in `Architecture.assumed`; a config that
+lacks the dimensions, or an architecture this model cannot describe (DeBERTa's disentangled attention, ModernBERT),
+is refused with why.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.memory.architecture import Architecture
+from gpuanat.core.memory.families import (
+    ACTIVATIONS,
+    ALIASES,
+    ENCODER_FAMILIES,
+    FAMILY_LAYOUTS,
+    REFUSED_FAMILIES,
+    falcon_layout,
+)
+from gpuanat.core.memory.unknown_family import Unreadable, read_unknown_layout
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.presets import PRESETS, ModelPreset
 
@@ -27,149 +37,8 @@ class UnreadableModel(Exception):
     """The model's config cannot be found or described; the message says why and what to do."""
 
 
-LLAMA_LAYOUT: dict[str, Any] = {}
-"""A Llama decoder layer: RMSNorm before attention and before the MLP, separate q/k/v/o, a gated SiLU MLP, rotary."""
-LAYER_NORM_PLAIN_MLP: dict[str, Any] = {
-    "norm": "layer",
-    "gated_mlp": False,
-    "attention_bias": True,
-    "output_bias": True,
-    "mlp_bias": True,
-}
-
-FAMILY_LAYOUTS: dict[str, dict[str, Any]] = {
-    # Llama's layer, as is
-    **dict.fromkeys(
-        (
-            "llama",
-            "mistral",
-            "ministral",
-            "granite",
-            "smollm3",
-            "exaone4",
-            "helium",
-            "arcee",
-            "seed_oss",
-            "glm",
-            "hunyuan_v1_dense",
-            "ernie4_5",
-        ),
-        LLAMA_LAYOUT,
-    ),
-    "qwen2": {"attention_bias": True},
-    "qwen3": {"qk_norm": "head"},
-    "mixtral": {"moe": True},
-    "granitemoe": {"moe": True},
-    "olmoe": {"moe": True, "qk_norm": "full"},
-    "qwen2_moe": {"moe": True, "attention_bias": True, "shared_expert_gate": True},
-    "qwen3_moe": {"moe": True, "qk_norm": "head"},
-    "phi3": {"fused_qkv": True, "fused_gate_up": True},
-    "gemma": {"norm": "rms_fp32", "tie_default": True, "scaled_embedding": True},
-    "gemma2": {"norm": "rms_fp32", "post_norms": 2, "tie_default": True, "scaled_embedding": True},
-    "gemma3_text": {
-        "norm": "rms_fp32",
-        "post_norms": 2,
-        "qk_norm": "head",
-        "qk_norm_kind": "rms_fp32",
-        "rotary_buffers": 2,
-        "tie_default": True,
-        "scaled_embedding": True,
-    },
-    "olmo": {"norm": "layer_no_bias"},
-    "olmo2": {"norm": "rms_fp32", "pre_norms": 0, "post_norms": 2, "qk_norm": "full", "qk_norm_kind": "rms_fp32"},
-    "phi": {
-        **LAYER_NORM_PLAIN_MLP,
-        "pre_norms": 1,
-        "parallel_residual": True,
-        "lm_head_bias": True,
-        "residual_dropout_key": "resid_pdrop",
-        "embedding_dropout_key": "embd_pdrop",
-    },
-    "stablelm": {"norm": "layer", "residual_dropout_key": "hidden_dropout", "residual_dropout_sites": 1},
-    "gpt_neox": {
-        **LAYER_NORM_PLAIN_MLP,
-        "fused_qkv": True,
-        "parallel_residual": True,
-        "residual_dropout_key": "hidden_dropout",
-    },
-    "bloom": {
-        **LAYER_NORM_PLAIN_MLP,
-        "fused_qkv": True,
-        "positions": "alibi",
-        "embedding_norm": True,
-        "mlp_ratio": 4,
-        "residual_dropout_key": "hidden_dropout",
-        "tie_default": True,
-    },
-    "opt": {
-        **LAYER_NORM_PLAIN_MLP,
-        "positions": "learned",
-        "position_offset": 2,
-        "residual_dropout_key": "dropout",
-        "tie_default": True,
-    },
-    "starcoder2": {
-        **LAYER_NORM_PLAIN_MLP,
-        "residual_dropout_key": "residual_dropout",
-        "embedding_dropout_key": "embedding_dropout",
-    },
-    "gpt2": {
-        **LAYER_NORM_PLAIN_MLP,
-        "fused_qkv": True,
-        "positions": "learned",
-        "residual_dropout_key": "resid_pdrop",
-        "embedding_dropout_key": "embd_pdrop",
-        "tie_default": True,
-    },
-}
-"""What each decoder family's modeling code fixes and its config does not say (transformers 5)."""
-
-ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert")
-"""BERT-style encoders (post-norm LayerNorm layers, learned positions), trained as 2-label classifiers."""
-REFUSED_FAMILIES = {
-    "deberta": "DeBERTa's disentangled attention",
-    "deberta-v2": "DeBERTa's disentangled attention",
-    "modernbert": "ModernBERT's unpadded, alternating attention",
-    "t5": "an encoder-decoder",
-    "bart": "an encoder-decoder",
-    "mamba": "a state-space model, not attention layers",
-    "mamba2": "a state-space model",
-    "jamba": "a hybrid of attention and Mamba layers",
-    "deepseek_v2": "DeepSeek's latent attention (MLA)",
-    "deepseek_v3": "DeepSeek's latent attention (MLA)",
-}
-"""Families whose layers this model does not describe, and why."""
-
-ACTIVATIONS = {
-    "silu": "saves_input",
-    "swish": "saves_input",
-    "gelu": "saves_input",
-    "gelu_pytorch_tanh": "saves_input",
-    "gelu_python": "saves_input",
-    "gelu_accurate": "tanh_composed",
-    "relu": "saves_output",
-    "gelu_new": "tanh_composed",
-    "gelu_fast": "tanh_composed",
-    "quick_gelu": "sigmoid_composed",
-    "bloom_gelu": "saves_input",
-}
-"""transformers' ACT2FN names by what they keep for backward (`architecture.ACTIVATION_KINDS`)."""
-
-_ALIASES = {
-    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
-    "num_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
-    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
-    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim"),
-    "max_positions": ("max_position_embeddings", "n_positions", "seq_length"),
-    "activation": ("hidden_act", "hidden_activation", "activation_function"),
-    "experts": ("num_local_experts", "num_experts", "n_routed_experts"),
-    "experts_per_token": ("num_experts_per_tok", "num_experts_per_token", "moe_topk"),
-}
-
-
 def _first(data: dict[str, Any], field: str) -> Any:
-    for key in _ALIASES[field]:
+    for key in ALIASES[field]:
         if data.get(key) is not None:
             return data[key]
     return None
@@ -178,7 +47,7 @@ def _first(data: dict[str, Any], field: str) -> Any:
 def _positive_int(data: dict[str, Any], field: str, name: str) -> int:
     value = _first(data, field)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        keys = " or ".join(_ALIASES[field])
+        keys = " or ".join(ALIASES[field])
         what = field.replace("_", " ")
         raise UnreadableModel(f"{name}: the config has no {keys} (a positive integer), so its {what} is unknown")
     return value
@@ -193,6 +62,8 @@ def is_causal_lm_config(data: dict[str, Any]) -> bool:
 
 
 def _rotary_dim(data: dict[str, Any], head_dim: int) -> int:
+    if isinstance(data.get("rotary_dim"), int) and 0 < data["rotary_dim"] < head_dim:  # GPT-J, CodeGen: a width
+        return int(data["rotary_dim"])
     rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
     fraction = data.get("partial_rotary_factor", data.get("rotary_pct", rope.get("partial_rotary_factor")))
     return int(head_dim * fraction) if isinstance(fraction, (int, float)) and fraction < 1 else 0
@@ -224,27 +95,69 @@ def read_architecture(data: dict[str, Any], name: str) -> Architecture:
     return _read_decoder(data, name, family)
 
 
+def _layout(data: dict[str, Any], name: str, family: str, heads: int) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """What the family's code fixes (the table, Falcon's and MPT's switches), or what an unknown family's keys say."""
+    if family == "falcon":
+        return falcon_layout(data), ()
+    if family == "mpt":
+        attention: dict[str, Any] = data["attn_config"] if isinstance(data.get("attn_config"), dict) else {}
+        dropout = _dropout(attention, "attn_pdrop")  # MPT's attention, its output and its MLP's: all attn_pdrop
+        return {**FAMILY_LAYOUTS["mpt"], "dropout": dropout}, ()
+    if family in FAMILY_LAYOUTS:
+        return FAMILY_LAYOUTS[family], ()
+    activation = str(_first(data, "activation") or "silu")
+    try:
+        layout, assumed = read_unknown_layout(data, family, heads, activation)
+    except Unreadable as error:
+        raise UnreadableModel(
+            f"{name}: {family} is no family gpuanat knows and its config leaves unknown or contradicts what its "
+            f"memory depends on: {error}"
+        ) from None
+    if data.get("auto_map"):
+        assumed.append("the model runs custom code, which gpuanat cannot read")
+    return layout, tuple(assumed)
+
+
+def _buffer_bytes(layout: dict[str, Any], layers: int, positions: int, rotary_width: int) -> int:
+    """Buffers a family's code registers beside the rotary frequencies: GPT-J's and CodeGen's fp32 sinusoid table
+    (positions × rotary width), GPT-BigCode's boolean causal mask (positions²), one a layer in GPT-Neo, an fp32 one a
+    layer and the int64 position ids in OpenAI GPT."""
+    table = 4 * positions * rotary_width if layout.get("sinusoid_table") else 0
+    if layout.get("positions") == "alibi" and layout.get("rotary_tables_unused"):  # Falcon builds them all the same
+        table += 2 * (rotary_width // 2) * 4
+    masks = {1: 1, "per_layer": layers}.get(layout.get("causal_mask_buffers", 0), 0)
+    position_ids = 8 * positions if layout.get("position_ids_buffer") else 0
+    mask_bytes = masks * positions * positions * int(layout.get("causal_mask_element_bytes", 1))
+    return table + mask_bytes + position_ids
+
+
+def _rotary_buffers(layout: dict[str, Any], layer_types: list[str]) -> int:
+    """Rotary modules' frequency buffers: none with GPT-J's table, one set a layer type in OLMo-3."""
+    if layout.get("sinusoid_table"):
+        return 0
+    if layout.get("rotary_per_layer_type") and layer_types:
+        return len(set(layer_types))
+    return int(layout.get("rotary_buffers", 1))
+
+
 def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
-    layout = FAMILY_LAYOUTS.get(family)
-    assumed: tuple[str, ...] = ()
-    if layout is None:
-        layout = LLAMA_LAYOUT
-        assumed = (
-            f"{family} is no family gpuanat knows: read as a Llama layer (RMSNorm before attention and "
-            "MLP, separate q/k/v projections, a gated MLP, rotary positions)",
-        )
-        if data.get("auto_map"):
-            assumed += ("the model runs custom code, which gpuanat cannot read",)
     h = _positive_int(data, "hidden_size", name)
     layers = _positive_int(data, "num_layers", name)
     heads = _positive_int(data, "num_heads", name)
-    kv_heads = _first(data, "kv_heads") or (1 if data.get("multi_query") else heads)
+    layout, assumed = _layout(data, name, family, heads)
+    kv_heads = layout.get("kv_heads") or _first(data, "kv_heads") or (1 if data.get("multi_query") else heads)
     head_dim = data.get("head_dim") or h // heads
     intermediate = layout["mlp_ratio"] * h if "mlp_ratio" in layout else _first(data, "intermediate_size") or 4 * h
     vocab = data.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise UnreadableModel(f"{name}: the config has no vocab_size")
-    activation_name = str(_first(data, "activation") or ("bloom_gelu" if family == "bloom" else "silu"))
+    activation_name = str(
+        layout.get("activation")
+        or data.get(layout.get("activation_key", ""))
+        or _first(data, "activation")
+        or ("bloom_gelu" if family == "bloom" else "silu")
+    )
+    activation_name = layout.get("activation_names", {}).get(activation_name, activation_name)
     activation = ACTIVATIONS.get(activation_name)
     if activation is None:
         activation = "saves_input"
@@ -261,12 +174,12 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
     layer_types = data.get("layer_types") or []
     sliding_layers = sum(1 for kind in layer_types if kind == "sliding_attention")
     parallel = bool(data.get("use_parallel_residual", layout.get("parallel_residual", False)))
-    post_norm = family == "opt" and data.get("do_layer_norm_before") is False
+    post_norm = (family == "opt" and data.get("do_layer_norm_before") is False) or bool(layout.get("post_norm"))
     pre_norms = 0 if post_norm else layout.get("pre_norms", 1 if parallel and family == "stablelm" else 2)
     projection = data.get("word_embed_proj_dim") if family == "opt" else None
     attention_bias = bool(data.get("attention_bias", data.get("use_qkv_bias", layout.get("attention_bias", False))))
     qk_norm = "full" if data.get("qk_layernorm") and family == "stablelm" else layout.get("qk_norm", "none")
-    if family == "phi" and data.get("qk_layernorm"):
+    if (family == "phi" and data.get("qk_layernorm")) or data.get(layout.get("qk_norm_key", "")):
         qk_norm = "head"
     mlp_bias = bool(data.get("mlp_bias", data.get("use_bias", layout.get("mlp_bias", False))))
     return Architecture(
@@ -282,7 +195,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         max_positions=int(_first(data, "max_positions") or 0),
         tie_word_embeddings=bool(data.get("tie_word_embeddings", layout.get("tie_default", False))),
         attention_bias=attention_bias,
-        output_bias=layout.get("output_bias", False),
+        output_bias=attention_bias if layout.get("output_bias_is_attention_bias") else layout.get("output_bias", False),
         mlp_bias=mlp_bias,
         gated_mlp=layout.get("gated_mlp", True),
         activation=activation,
@@ -306,7 +219,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         embedding_size=int(projection) if projection and projection != h else 0,
         embedding_norm=layout.get("embedding_norm", False),
         scaled_embedding=layout.get("scaled_embedding", False),
-        rotary_buffers=layout.get("rotary_buffers", 1),
+        rotary_buffers=_rotary_buffers(layout, layer_types),
         rotary_dim=_rotary_dim(data, int(head_dim)),
         sliding_window_layers=sliding_layers,
         sliding_window=int(data.get("sliding_window") or 0),
@@ -316,11 +229,22 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
         shared_expert_intermediate_size=shared_intermediate,
         shared_expert_gate=bool(layout.get("shared_expert_gate")) and shared_intermediate > 0,
         moe_layers=moe_layers,
-        residual_dropout=_dropout(data, layout.get("residual_dropout_key")),
+        residual_dropout=layout.get("dropout", _dropout(data, layout.get("residual_dropout_key"))),
         residual_dropout_sites=layout.get("residual_dropout_sites", 2),
         embedding_dropout=_dropout(data, layout.get("embedding_dropout_key")),
-        attention_dropout=_dropout(data, "attention_dropout"),
+        attention_dropout=layout.get(
+            "dropout", _dropout(data, layout.get("attention_dropout_key", "attention_dropout"))
+        ),
         final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0),
+        kv_broadcast_to_heads=layout.get("kv_broadcast_to_heads", False),
+        kv_expanded=layout.get("kv_expanded", False),
+        materialized_mask_heads=layout.get("materialized_mask_heads", 0),
+        bias_after_matmul=layout.get("bias_after_matmul", False),
+        qkv_split_copies=layout.get("qkv_split_copies", False),
+        eager_only=layout.get("eager_only", False),
+        extra_buffer_bytes=_buffer_bytes(
+            layout, layers, int(_first(data, "max_positions") or 0), _rotary_dim(data, int(head_dim)) or int(head_dim)
+        ),
         assumed=assumed,
     )
 

@@ -37,6 +37,7 @@ from gpuanat.core.memory.bands.weights import (
     dequantized_weight_bytes,
     half_weight_copies_bytes,
 )
+from gpuanat.core.memory.compiled import compile_unpredicted_reason
 from gpuanat.core.memory.model_config import UnreadableModel, architecture_of
 from gpuanat.core.memory.parallel import (
     RANK_COMMUNICATION_CONTEXT_BYTES,
@@ -217,11 +218,12 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
 
 def prediction(config: RunConfig) -> Prediction | None:
     """The estimate as stored with a run and printed by `gpuanat predict`; None for a --model whose config cannot be
-    read or described (`unreadable_model_reason` says why)."""
+    read or described (`unreadable_model_reason` says why). With the whole model compiled, the bands it cannot cover
+    are None (`compiled.COMPILE_UNPREDICTED_FIELDS`) and its caveat begins with why."""
     if unreadable_model_reason(config) is not None:
         return None
     estimate, caveat = estimate_memory(config), prediction_caveat(config)
-    return Prediction(
+    predicted = Prediction(
         weights_bytes=estimate.weights_bytes,
         gradients_bytes=estimate.gradients_bytes,
         optimizer_state_bytes=estimate.optimizer_state_bytes,
@@ -238,6 +240,20 @@ def prediction(config: RunConfig) -> Prediction | None:
         logits_bytes=estimate.logits_bytes,
         confidence="checked" if caveat is None else "unchecked",
         caveat=caveat,
+    )
+    unpredicted = compile_unpredicted_reason(config)
+    if unpredicted is None:
+        return predicted
+    return dataclasses.replace(  # COMPILE_UNPREDICTED_FIELDS
+        predicted,
+        activations_bytes=None,
+        temporaries_bytes=None,
+        peak_allocated_bytes=None,
+        peak_reserved_bytes=None,
+        peak_device_bytes=None,
+        logits_bytes=None,
+        confidence="unchecked",
+        caveat=unpredicted if caveat is None else f"{unpredicted}; {caveat}",
     )
 
 
@@ -262,12 +278,13 @@ def host_prediction(config: RunConfig) -> Prediction | None:
     predicted = prediction(config)
     if predicted is None:
         return None
-    assert predicted.activations_bytes is not None and predicted.peak_allocated_bytes is not None
     # `estimate_memory` counts the workspaces once in the activations of every workload and once in each moment's peak
+    # (none of them predicted with the whole model compiled)
+    activations, peak = predicted.activations_bytes, predicted.peak_allocated_bytes
     return dataclasses.replace(
         predicted,
-        activations_bytes=predicted.activations_bytes - CUBLAS_WORKSPACE_BYTES,
-        peak_allocated_bytes=predicted.peak_allocated_bytes - CUBLAS_WORKSPACE_BYTES,
+        activations_bytes=activations - CUBLAS_WORKSPACE_BYTES if activations is not None else None,
+        peak_allocated_bytes=peak - CUBLAS_WORKSPACE_BYTES if peak is not None else None,
         cuda_context_bytes=None,
         peak_reserved_bytes=None,
         peak_device_bytes=None,
@@ -337,6 +354,8 @@ def prediction_caveat(config: RunConfig) -> str | None:
             notes.append("decoders were measured in bf16 only")
         if config.attn == "eager":
             notes.append("eager attention was not measured on a decoder")
+        elif arch.eager_only:
+            notes.append(f"transformers gives {arch.family} no SDPA attention: it trains with --attn eager only")
         if config.load_in_4bit and not config.grad_checkpointing:
             notes.append("QLoRA was measured with checkpointing only (its fp32 residual stream is modelled)")
         if config.liger or config.liger_layers:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuanat.core.memory.architecture import Architecture
+from gpuanat.core.memory.families import MODULE_NAMES
 from gpuanat.core.memory.model_config import preset_architecture
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.presets import ModelPreset
@@ -38,16 +39,6 @@ class ParameterShapes:
     buffer_bytes: int
 
 
-MODULE_NAMES: dict[str, dict[str, str]] = {
-    "phi": {"o": "dense"},
-    "phi3": {"qkv": "qkv_proj", "gate_up": "gate_up_proj"},
-    "gpt_neox": {"qkv": "query_key_value", "o": "dense", "fc1": "dense_h_to_4h", "fc2": "dense_4h_to_h"},
-    "bloom": {"qkv": "query_key_value", "o": "dense", "fc1": "dense_h_to_4h", "fc2": "dense_4h_to_h"},
-    "opt": {"o": "out_proj"},
-    "starcoder2": {"fc1": "c_fc", "fc2": "c_proj"},
-    "gpt2": {"qkv": "c_attn", "o": "c_proj", "fc1": "c_fc", "fc2": "c_proj"},
-}
-"""Module names of a layer's projections where a family does not use Llama's (q_proj … down_proj, fc1, fc2)."""
 _DEFAULT_NAMES = {
     "q": "q_proj",
     "k": "k_proj",
@@ -174,15 +165,15 @@ def expert_params(arch: Architecture) -> int:
 
 def _norm_vectors(arch: Architecture, width: int, count: int, kind: str | None = None) -> list[int]:
     kind = kind or arch.norm
-    per_norm = {"layer": [width, width], "layer_no_bias": []}.get(kind, [width])
+    per_norm = {"layer": [width, width], "layer_1p": [width, width], "layer_no_bias": []}.get(kind, [width])
     return per_norm * count
 
 
 def _layer_vectors(arch: Architecture, moe: bool) -> list[int]:
     h, q, kv = arch.hidden_size, arch.query_width, arch.kv_width
     vectors = _norm_vectors(arch, h, arch.pre_norms + arch.post_norms + (2 if arch.post_layer_norm else 0))
-    if arch.qk_norm == "head":
-        vectors += [arch.head_dim, arch.head_dim]
+    if arch.qk_norm == "head":  # one norm over each head's query, one over its key: LayerNorms with a bias
+        vectors += _norm_vectors(arch, arch.head_dim, 2, arch.qk_norm_kind)
     elif arch.qk_norm == "full":
         vectors += [q, kv]
     if arch.attention_bias:
@@ -222,7 +213,7 @@ def _decoder_shapes(arch: Architecture) -> tuple[list[tuple[int, int]], list[int
         vectors += [v]
     rotary = arch.rotary_dim or arch.head_dim
     buffer_bytes = 2 * (rotary // 2) * 4 * arch.rotary_buffers if arch.positions == "rotary" else 0
-    buffer_bytes += 4 if arch.scaled_embedding else 0
+    buffer_bytes += (4 if arch.scaled_embedding else 0) + arch.extra_buffer_bytes
     return matrices, vectors, len(embeddings), buffer_bytes
 
 

@@ -1,5 +1,9 @@
 """The largest batch that trains: start from the prediction, confirm with short real runs.
 
+Where the run is not predicted — a --model whose config cannot be described, or the whole model compiled — the
+search starts elsewhere and says so (`fit_start`): the whole model compiled from the batch predicted for eager, which
+bounds nothing (on the H100 bert-large compiled whole took 1.7x eager's memory, docs/compile.md), else the batch given.
+
 The search steps up from the predicted batch while batches train (or down while they run out of
 memory), by 8 and then by doubling steps, then bisects between the largest that trained and the
 smallest that did not. Each trial is a real run of a few steps, recorded in the history like any other.
@@ -12,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuanat.core.memory.allocation_templates import largest_batch
+from gpuanat.core.memory.compiled import compile_unpredicted_reason
+from gpuanat.core.memory.predict import unreadable_model_reason
 from gpuanat.core.run.session import execute_run
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import RunConfig
@@ -34,6 +41,41 @@ def fit_unsupported_reason(config: RunConfig) -> str | None:
         f"fit needs a CUDA GPU: it finds the largest batch that fits GPU memory, and this run is on "
         f"{config.device}; gpuanat predict --gpu-memory 24GiB predicts it for a GPU of that size"
     )
+
+
+@dataclass(frozen=True)
+class FitStart:
+    """Where the search starts, and why there."""
+
+    batch_size: int
+    predicted: int | None
+    """The largest batch predicted to fit; None where the run is not predicted (or no GPU size is known)."""
+    method: str | None
+    """How `batch_size` was found: the prediction's method (`replay`, `model`), `eager` (the whole model compiled
+    starts where eager is predicted to fit, no bound), or None: the batch given."""
+
+    def words(self) -> str:
+        """ "(the prediction)" and the like: why the search starts at `batch_size`; empty for the batch given."""
+        if self.method == "eager":
+            return (
+                " (eager's prediction, which bounds nothing here: the whole model compiled is not predicted, "
+                "the trials decide)"
+            )
+        return " (the prediction)" if self.method is not None else ""
+
+
+def fit_start(config: RunConfig, gpu_memory_bytes: int | None) -> FitStart:
+    """The batch the search starts from on a GPU of `gpu_memory_bytes` (None: not known): the largest predicted to
+    fit; for the whole model compiled, never its own prediction (there is none) but eager's; else `config`'s batch."""
+    if gpu_memory_bytes is None or unreadable_model_reason(config) is not None:
+        return FitStart(config.batch_size, None, None)
+    if compile_unpredicted_reason(config) is not None:
+        eager = largest_batch(config.replace(compile=False), gpu_memory_bytes).batch_size
+        return FitStart(eager, None, "eager") if eager else FitStart(config.batch_size, None, None)
+    predicted = largest_batch(config, gpu_memory_bytes)
+    if not predicted.batch_size:
+        return FitStart(config.batch_size, 0, None)
+    return FitStart(predicted.batch_size, predicted.batch_size, predicted.method)
 
 
 FIRST_STEP = 8

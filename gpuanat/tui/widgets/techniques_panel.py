@@ -104,6 +104,8 @@ class TechniquesPanel(Widget):
         self._gpu_total_bytes: int | None = None
         self._device_peak_bytes: int | None = None
         self._caveat: str | None = None
+        self._not_predicted: str | None = None
+        """Why the configured run has no prediction at all (the whole model compiled), said in its place."""
         self._several_gpus = False
         self._available_lines: int | None = None
         """The lines the panel's container leaves it (None until laid out): rows at their defaults fold into one
@@ -128,10 +130,13 @@ class TechniquesPanel(Widget):
         gpu_total_bytes: int | None,
         device_peak_bytes: int | None,
         several_gpus: bool = False,
+        not_predicted: str | None = None,
     ) -> None:
         """`device_peak_bytes`: the predicted peak (of one rank) with the allocator's cache and the CUDA context;
-        `several_gpus`: show the GPU and distributed rows."""
+        `several_gpus`: show the GPU and distributed rows; `not_predicted`: why there is no prediction (with
+        `estimate` None), the whole of it in the tooltip."""
         self._config, self._capabilities, self._estimate = config, capabilities, estimate
+        self._not_predicted = not_predicted
         self._gpu_total_bytes, self._device_peak_bytes = gpu_total_bytes, device_peak_bytes
         self._several_gpus = several_gpus or config.ranks != 1
         # What no measurement checked of this prediction (a decoder in fp32, FSDP2 on 8 GPUs, …): said beside it
@@ -141,6 +146,7 @@ class TechniquesPanel(Widget):
         tooltip = "\n".join(
             [f"{flag}: {reason}" for flag, reason in reasons]
             + ([f"prediction unchecked: {self._caveat}"] if self._caveat else [])
+            + ([f"no prediction: {not_predicted}"] if not_predicted else [])
         )
         self.tooltip = Text(printable(tooltip, keep="\n")) if tooltip else None
         self.refresh(layout=True)
@@ -257,6 +263,17 @@ class TechniquesPanel(Widget):
 
     def _prediction_text(self) -> Text:
         muted = self.get_component_rich_style("techniques-panel--muted")
+        if self._not_predicted is not None:  # why, in short (whole in the tooltip and `gpuanat predict`)
+            text = Text("predicted peak: ", style=muted)
+            text.append("none", style=self.get_component_rich_style("techniques-panel--warning"))
+            text.append(
+                printable(
+                    " — the whole model compiled is not predicted (inductor chooses what to save or recompute; "
+                    "bert-large took 1.7× eager's memory); c: eager, then compiled regions, both predicted"
+                ),
+                style=muted,
+            )
+            return text
         if self._estimate is None:
             return Text("predicted peak: —", style=muted)
         if self._config.device != "cuda":

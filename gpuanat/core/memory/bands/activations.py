@@ -105,8 +105,9 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     DeepSpeed compute in 16 bits, autocast off, the loss upcasting a copy it does not keep: on 2 H200s llama-3.1-8b's
     were 0.24 GiB at seq 1024, and the activations fell by that much per 1,024 tokens under both), with Gemma's
     soft-capping its tanh. Eager attention adds its probabilities, a sliding window its boolean mask (one for all
-    layers), LoRA on experts PEFT wraps their merged weights (`wrapped_expert_weights_bytes`, per MoE layer; with
-    checkpointing the recomputed layer's, in backward). Autocast's weight copies are `decoder_weight_casts_bytes`."""
+    layers), Falcon its float mask where its attention keeps it (`Architecture.materialized_mask_heads`), LoRA on
+    experts PEFT wraps their merged weights (`wrapped_expert_weights_bytes`, per MoE layer; with checkpointing the
+    recomputed layer's, in backward). Autocast's weight copies are `decoder_weight_casts_bytes`."""
     arch = as_architecture(model)
     s, b, h, layers = config.seq_len, config.batch_size, arch.hidden_size, arch.num_layers
     masks = lora_dropout_bytes_per_token(config, arch)
@@ -121,11 +122,14 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     per_token += outside_layers_bytes_per_token(config, arch)
     eager = 0 if config.grad_checkpointing else layers * arch.num_heads * s * s * eager_scores_bytes(config, arch)
     sliding_mask = s * s if arch.sliding_window_layers and not config.grad_checkpointing else 0
+    mask_kept = config.grad_checkpointing or not (config.attn == "eager" or arch.kv_broadcast_to_heads)
+    falcon_mask = s * s * arch.materialized_mask_heads * residual_element_bytes(config) if mask_kept else 0
     logits = b * s * arch.vocab_size * logits_element_bytes(config)
     log_probabilities = b * s * arch.vocab_size * 4
     softcapping = b * s * arch.vocab_size * (2 if is_mixed(config) else 4) if arch.final_logit_softcapping else 0
     merged = 0 if config.grad_checkpointing else arch.moe_layers * wrapped_expert_weights_bytes(config, arch)
-    return b * (s * per_token + eager + sliding_mask) + logits + log_probabilities + softcapping + merged, logits
+    per_sample = s * per_token + eager + sliding_mask + falcon_mask
+    return b * per_sample + logits + log_probabilities + softcapping + merged, logits
 
 
 def wrapped_expert_backward_bytes(config: RunConfig, arch: Architecture) -> int:

@@ -88,9 +88,16 @@ class _Layer:
         """Add a norm's saved tensors, per token; returns its output's element bytes. `input_kept`: another norm of
         the same fp32 input keeps it already; `vectors`: how many vectors of a token it normalizes (q/k norms: one a
         head); `qk`: a q/k norm. A frozen weight's multiplication keeps nothing (its gradient is not computed)."""
-        if kind in ("layer", "layer_no_bias"):  # torch's kernel keeps its input and statistics, frozen or not
+        if kind == "layer_python":  # two centred fp32 copies, 1/σ, and the normalized value the weight multiplies
+            self.saved += 8 * width + RMS_STATISTICS_BYTES * vectors + (0 if self.frozen else 4 * width)
+            return input_bytes
+        if kind == "layer_1p" and self.autocast:  # cast to 16 bits, then torch's kernel with autocast off
+            self.saved += NORM_STATISTICS_BYTES + (0 if input_bytes == 2 and input_kept else 2 * width)
+            return 2
+        if kind in ("layer", "layer_no_bias", "layer_weight_only", "layer_1p"):  # torch's kernel keeps its input and
+            # statistics, frozen or not
             fp32_input = self.autocast or input_bytes == 4
-            self.saved += NORM_STATISTICS_BYTES
+            self.saved += NORM_STATISTICS_BYTES * vectors
             kept_input = 4 if fp32_input else input_bytes
             if not (input_kept and (input_bytes == 4 or not self.autocast)):
                 self.saved += kept_input * width
@@ -128,27 +135,42 @@ class _Layer:
     def attention(self, config: RunConfig, output_projection: str) -> None:
         arch, c = self.arch, self.compute
         q, kv = arch.query_width, arch.kv_width
-        if arch.qk_norm != "none":
+        eager, rotary = config.attn == "eager", arch.positions == "rotary"
+        fused_views = arch.fused_qkv and not arch.qkv_split_copies
+        if arch.qk_norm != "none":  # (reading views of a fused output, it keeps that output unless it casts them)
             self.norm(
                 arch.qk_norm_kind,
                 q + kv,
                 c,
+                input_kept=fused_views,
                 vectors=arch.num_heads + arch.kv_heads if arch.qk_norm == "head" else 2,
                 qk=True,
             )
-        eager, rotary = config.attn == "eager", arch.positions == "rotary"
-        if eager and kv != q:
-            qkv = 3 * q  # eager attention's keys and values repeated to every head (copies)
+            if fused_views and not self.autocast and eager and rotary:  # SDPA's views keep the output below
+                self.saved += c * (q + 2 * kv)
+        if arch.kv_expanded:
+            kv = q  # keys and values copied to every head before attention
+        math = arch.kv_broadcast_to_heads and not eager  # torch's math attention: fp32 q and expanded k, v
+        if math or (eager and kv != q):
+            qkv = 3 * q  # the keys and values repeated to every head (copies)
+        elif self.fp32_biased_outputs(arch.attention_bias) or arch.qkv_split_copies or arch.kv_expanded:
+            qkv = q + 2 * kv  # SDPA's 16-bit casts of fp32 q, k, v; CodeGen's and Falcon-40B's copies
         elif arch.fused_qkv and not (eager and rotary):
             qkv = q + 2 * kv + (q + kv if rotary else 0)  # SDPA's v (and without rotary q and k) view the fused output
         else:  # (eager attention's matmul copies a strided v)
             qkv = q + 2 * kv  # q and k (after rotary, new tensors) and v
-        self.saved += c * (qkv + q) + (0 if eager else 4 * arch.num_heads)  # + the output; SDPA's log-sum-exp
+        lse = 0 if eager or math else 4 * arch.num_heads  # SDPA's log-sum-exp
+        self.saved += (4 if math else c) * qkv + c * q + lse  # + the output
         self.read_by_linears(c, q, [output_projection], kept_elsewhere=True)
+
+    def fp32_biased_outputs(self, biased: bool) -> bool:
+        """Falcon's projections add their bias after the matmul: under autocast an fp32 bias makes the output fp32."""
+        return self.arch.bias_after_matmul and biased and self.autocast and self.stream == 4
 
     def mlp(self, names: list[str]) -> None:
         """A gated or plain MLP's own tensors and its output projection's input (`names`: its linear layers)."""
-        arch, c = self.arch, self.compute
+        arch = self.arch
+        c = 4 if self.fp32_biased_outputs(arch.mlp_bias) else self.compute
         width, kind, down = arch.intermediate_size, arch.activation, names[-1]
         if arch.gated_mlp:  # gate (the activation's input), the activation and up (the product's); Liger: gate, up
             self.saved += c * width * (2 if kind == "saves_output" or self.liger else 3)
@@ -158,6 +180,9 @@ class _Layer:
             # x³'s fp32 input, tanh, 1 + tanh (fp32 under autocast, where pow runs in fp32) and x / 2; the output is
             # fp32 then
             self.saved += (3 * 4 + c if self.autocast else 4 * c) * width
+            self.read_by_linears(4 if self.autocast else c, width, [down])
+        elif kind == "squared_relu":  # relu's output, pow's fp32 copy of it under autocast; the square is read
+            self.saved += c * width + (4 * width if self.autocast and c == 2 else 0)
             self.read_by_linears(4 if self.autocast else c, width, [down])
         elif kind == "sigmoid_composed":
             self.saved += 2 * c * width
@@ -283,6 +308,8 @@ def wrapped_expert_gradient_bytes(config: RunConfig, arch: Architecture) -> int:
 def eager_scores_bytes(config: RunConfig, arch: Architecture) -> int:
     """Eager attention's probabilities per score and layer: fp32 from the softmax and the 16-bit cast the matmul with
     v keeps (fp32: the one tensor); with attention dropout its mask and its output in place of the cast."""
+    if arch.kv_broadcast_to_heads and config.attn != "eager":
+        return 4  # torch's math attention keeps the fp32 probabilities (Falcon's multi-query layers under SDPA)
     if config.attn != "eager":
         return 0
     if is_mixed(config):

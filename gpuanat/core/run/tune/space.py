@@ -32,8 +32,9 @@ DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
 """The dimensions searched, in the order of the moves, and the RunConfig fields each one sets (Liger: all its
 kernels or none, as HF Trainer's use_liger_kernel). On several GPUs the distributed technique is one: DDP, ZeRO-1/2
 (with DeepSpeed), FSDP2 and ZeRO-3 trade communication for the memory a larger batch needs, which only a run shows.
-torch.compile comes last: its trials are the longest (compilation). Its values: eager, the regions outside attention
-compiled (faster than eager on the H100), the whole model compiled (slower there, with 1.7× the memory)."""
+torch.compile comes last: its trials are the longest (compilation). Its values: eager and the regions outside attention
+compiled (faster than eager on the H100); never the whole model, whose memory is not predicted (slower there, with
+1.7× the memory: `candidates.COMPILE_CANDIDATES`)."""
 DIMENSIONS = tuple(DIMENSION_FIELDS)
 MEMORY_MARGIN_FRACTION = 0.02
 """Left free of the GPU's memory when pruning by prediction: the predicted peak is within a few % of the measured
