@@ -125,7 +125,9 @@ MOE = ("granitemoe", "mixtral", "qwen2-moe-shared-expert", "qwen3-moe-dense-firs
 """The tiny mixtures of experts: PEFT wraps Mixtral's, Qwen3-MoE's and OLMoE's router and experts, not GraniteMoE's
 or Qwen2-MoE's (`shapes.PEFT_EXPERT_PARAMETERS`); the Qwen3-MoE's first layer is dense, which "all-linear" leaves
 alone there."""
-MOE_HELD_OUT_50 = ("olmoe-1b-7b", "qwen3-30b-a3b-4l", "mixtral-8x7b-2l", "qwen1.5-moe-a2.7b-4l")
+MOE_HELD_OUT_50 = ("olmoe-1b-7b", "qwen3-30b-a3b-4l", "mixtral-8x7b-2l")
+"""Issue #50's held-out mixtures of experts that guide the work (qwen1.5-moe-a2.7b-4l is kept aside,
+`llm_matrix.HELD_OUT_50_ASIDE`)."""
 NOT_LAYER_CHECKED = ENCODERS
 """Encoders (their activations are the bert-large coefficients, docs/memory-model.md)."""
 PUBLISHED = REPO / "benchmarks" / "configs"
@@ -349,7 +351,7 @@ HELD_OUT_50 = REPO / "benchmarks" / "results" / "h100" / "held_out50" / "held_ou
 def test_experts_with_lora_on_the_h100_are_predicted_within_5_percent():
     """Issue #50's held-out mixtures of experts with LoRA, plain Trainer on the H100 (peft 0.21.0, transformers 5.17):
     PEFT's trainable parameters and tensors equal `lora_shapes` (Mixtral's, Qwen3-MoE's and OLMoE's router and experts
-    wrapped, Qwen2-MoE's shared expert adapted), and the peak allocated memory is within 5% of the prediction."""
+    wrapped), and the peak allocated memory is within 5% of the prediction."""
     results = json.loads(HELD_OUT_50.read_text())
     runs = [
         run
