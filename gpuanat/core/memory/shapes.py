@@ -169,6 +169,11 @@ def _norm_vectors(arch: Architecture, width: int, count: int, kind: str | None =
     return per_norm * count
 
 
+def layer_vectors(arch: Architecture, moe: bool) -> list[int]:
+    """Every 1-D parameter of one layer (norms' weights and biases, the linear layers' biases)."""
+    return _layer_vectors(arch, moe)
+
+
 def _layer_vectors(arch: Architecture, moe: bool) -> list[int]:
     h, q, kv = arch.hidden_size, arch.query_width, arch.kv_width
     vectors = _norm_vectors(arch, h, arch.pre_norms + arch.post_norms + (2 if arch.post_layer_norm else 0))

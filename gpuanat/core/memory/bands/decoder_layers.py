@@ -59,6 +59,22 @@ def residual_element_bytes(config: RunConfig) -> int:
     return 2 if config.lora or computes_in_16_bit(config) else 4
 
 
+class SavedBytes:
+    """Bytes per token saved for backward, kept as the list of what each operation added (`+=`): the tensors, in the
+    order the forward pass allocates them, which the allocator's replay needs (`allocation_stream`)."""
+
+    def __init__(self) -> None:
+        self.tensors: list[int] = []
+
+    def __iadd__(self, bytes_per_token: int) -> SavedBytes:
+        if bytes_per_token:
+            self.tensors.append(int(bytes_per_token))
+        return self
+
+    def __int__(self) -> int:
+        return sum(self.tensors)
+
+
 class _Layer:
     """One layer's saved bytes per token, added up operation by operation."""
 
@@ -74,7 +90,7 @@ class _Layer:
         """The router's and experts' parameters PEFT adapts through `ParamWrapper` (`shapes.PEFT_EXPERT_PARAMETERS`)."""
         self.lora_rank = config.lora
         self.liger = config.liger_layers and arch.objective == "causal-lm"
-        self.saved = 0
+        self.saved = SavedBytes()
 
     def liger_norm(self, width: int, input_bytes: int, input_kept: bool, vectors: int) -> int:
         """Liger's RMSNorm: the input itself (unless already kept) and the fp32 statistics; its output in the
@@ -160,7 +176,10 @@ class _Layer:
         else:  # (eager attention's matmul copies a strided v)
             qkv = q + 2 * kv  # q and k (after rotary, new tensors) and v
         lse = 0 if eager or math else 4 * arch.num_heads  # SDPA's log-sum-exp
-        self.saved += (4 if math else c) * qkv + c * q + lse  # + the output
+        self.saved += (4 if math else c) * (qkv - 2 * kv)  # q (with the fused output's views)
+        self.saved += (4 if math else c) * kv  # k
+        self.saved += (4 if math else c) * kv  # v
+        self.saved += c * q + lse  # the output
         self.read_by_linears(c, q, [output_projection], kept_elsewhere=True)
 
     def fp32_biased_outputs(self, biased: bool) -> bool:
@@ -173,7 +192,8 @@ class _Layer:
         c = 4 if self.fp32_biased_outputs(arch.mlp_bias) else self.compute
         width, kind, down = arch.intermediate_size, arch.activation, names[-1]
         if arch.gated_mlp:  # gate (the activation's input), the activation and up (the product's); Liger: gate, up
-            self.saved += c * width * (2 if kind == "saves_output" or self.liger else 3)
+            for _tensor in range(2 if kind == "saves_output" or self.liger else 3):
+                self.saved += c * width
             self.read_by_linears(c, width, [down])
             return
         if kind == "tanh_composed":
@@ -220,6 +240,15 @@ class _Layer:
 
 def layer_bytes_per_token(config: RunConfig, arch: Architecture, moe: bool = False) -> int:
     """Bytes one decoder layer keeps for backward, per token (see the module's docstring)."""
+    return int(_layer_saved(config, arch, moe))
+
+
+def layer_tensors_per_token(config: RunConfig, arch: Architecture, moe: bool = False) -> list[int]:
+    """What one decoder layer keeps for backward, per token, tensor by tensor in the order the forward makes them."""
+    return _layer_saved(config, arch, moe).tensors
+
+
+def _layer_saved(config: RunConfig, arch: Architecture, moe: bool) -> SavedBytes:
     layer = _Layer(config, arch)
     h = arch.hidden_size
     stream, compute = layer.stream, layer.compute
@@ -319,6 +348,15 @@ def eager_scores_bytes(config: RunConfig, arch: Architecture) -> int:
 
 def outside_layers_bytes_per_token(config: RunConfig, arch: Architecture) -> int:
     """What the embeddings' side and the final norm and LM head's input keep, per token."""
+    return int(_outside_layers_saved(config, arch))
+
+
+def outside_layers_tensors_per_token(config: RunConfig, arch: Architecture) -> list[int]:
+    """The same, tensor by tensor."""
+    return _outside_layers_saved(config, arch).tensors
+
+
+def _outside_layers_saved(config: RunConfig, arch: Architecture) -> SavedBytes:
     layer = _Layer(config, arch)
     h, e = arch.hidden_size, arch.embedding_width
     if arch.embedding_dropout:
