@@ -16,7 +16,8 @@ The rules, each an implementation fact:
 - A gated MLP keeps gate and up (or the fused output they view), the activation's output and the product; a plain MLP
   fc1's output and the activation's; an activation written out in Python (`gelu_new`) its intermediates, fp32 under
   autocast where `pow` runs in fp32. A mixture of experts keeps, for each of the token's experts, its input, the
-  expert MLP's tensors and its output (which the routing weight multiplies), and the router's fp32 probabilities.
+  expert MLP's tensors and its output (which the routing weight multiplies), and the router's fp32 probabilities;
+  where PEFT wraps the experts' weights (LoRA), each layer also keeps the merged weights its matmuls read.
 - Dropout keeps a 1-byte mask.
 - Liger Kernel's layer kernels (`--liger-layers`), each an autograd Function over Triton kernels, which autocast
   leaves alone: its RMSNorm keeps its input as it is, in the input's dtype, and an fp32 reciprocal root mean square a
@@ -225,12 +226,15 @@ class _Layer:
         arch = self.arch
         h, width = arch.hidden_size, arch.expert_intermediate_size
         element = 4 if self.autocast and self.stream == 4 and not self.frozen else self.compute
-        per_expert = element * (3 * width + h)
+        visits = arch.experts_per_token
+        self.saved += 4 * arch.experts  # the router's probabilities
         if not self.frozen or "gate_up" in self.wrapped:
-            per_expert += element * h
+            self.saved += visits * element * h  # the gathered input
+        self.saved += visits * element * 2 * width  # gate-up's output: the activation's input and up
+        self.saved += visits * element * width  # the activation's output
         if not self.frozen or "down" in self.wrapped:
-            per_expert += element * width
-        self.saved += arch.experts_per_token * per_expert + 4 * arch.experts
+            self.saved += visits * element * width  # the product
+        self.saved += visits * element * h  # the expert's output, which the routing weight multiplies
         if arch.shared_expert_intermediate_size:
             self.saved += 3 * self.compute * arch.shared_expert_intermediate_size
             self.read_by_linears(self.compute, arch.shared_expert_intermediate_size, shared_down)
