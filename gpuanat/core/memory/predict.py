@@ -27,6 +27,7 @@ from gpuanat.core.memory.bands.activations import (
     liger_transient_bytes,
     logits_element_bytes,
     temporaries_bytes,
+    wrapped_expert_backward_bytes,
 )
 from gpuanat.core.memory.bands.optimizer import large_moment_bytes, optimizer_step_temporaries_bytes
 from gpuanat.core.memory.bands.precision import coefficients, is_mixed
@@ -46,7 +47,7 @@ from gpuanat.core.memory.parallel import (
     rank_state,
 )
 from gpuanat.core.memory.reserve import fits_replayed, reserve_above_peak_bytes
-from gpuanat.core.memory.shapes import parameter_shapes
+from gpuanat.core.memory.shapes import lora_expert_parameters, parameter_shapes
 from gpuanat.core.memory.sizes import MIB
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.result import Prediction
@@ -148,8 +149,12 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     # llama-3.1-8b with LoRA at seq 4096: 15.72 GiB measured, 15.70 so)
     fp32_logits = logits * 4 // logits_element_bytes(config)  # (none with Liger's fused loss)
     sixteen_bit_gradient = logits if fp32_logits != logits else 0
+    # Where PEFT wraps a mixture of experts' weights, the last MoE layer's backward can hold more, once the loss's
+    # fp32 log-probabilities (the size of the fp32 logits) are freed (H100, benchmarks/results/h100/held_out50/)
     backward_temporaries = (
-        fp32_logits + sixteen_bit_gradient if arch.objective == "causal-lm" else temporaries_bytes(config, arch)
+        max(fp32_logits + sixteen_bit_gradient, wrapped_expert_backward_bytes(config, arch) - fp32_logits)
+        if arch.objective == "causal-lm"
+        else temporaries_bytes(config, arch)
     )
     temporaries = (
         max(backward_temporaries + dequantized_weight_bytes(config, arch), liger_transient_bytes(config, arch))
@@ -298,11 +303,16 @@ def host_prediction(config: RunConfig) -> Prediction | None:
 
 def unreadable_model_reason(config: RunConfig) -> str | None:
     """Why the run's --model cannot be predicted (its config not found, or an architecture the model does not
-    describe); None where it can (every preset)."""
+    describe, or LoRA dropout on experts PEFT cannot give it to); None where it can (every preset)."""
     try:
-        architecture_of(config)
+        arch = architecture_of(config)
     except UnreadableModel as error:
         return str(error)
+    if config.lora_dropout and lora_expert_parameters(arch, config):
+        return (
+            f"PEFT adapts {arch.family}'s router and experts as parameters, which take no LoRA dropout (peft 0.21 "
+            "refuses it): leave out --lora-dropout"
+        )
     return None
 
 
@@ -329,6 +339,11 @@ CHECKED_MODEL_FAMILIES = (
 """Families whose configs (--model) were checked against plain Trainer runs on the H100 (docs/any-model.md)."""
 
 
+LORA_CHECKED_EXPERT_FAMILIES = ("granitemoe", "mixtral", "qwen3_moe", "olmoe", "qwen2_moe")
+"""Mixtures of experts whose LoRA runs were measured on the H100 against a plain Trainer (docs/any-model.md, experts
+with adapters): PEFT wraps the routers and experts of the middle three, not GraniteMoE's or Qwen2-MoE's."""
+
+
 def prediction_caveat(config: RunConfig) -> str | None:
     """Why not to trust a prediction: what no measurement has checked; None where measurements held it (BERT on the
     H100: docs/memory-model.md; bert-base, gpt2 and the decoders of the H100 matrix: docs/llm.md; the config.json
@@ -337,8 +352,8 @@ def prediction_caveat(config: RunConfig) -> str | None:
     notes = list(arch.assumed)
     if config.model is not None and not arch.assumed and arch.family not in CHECKED_MODEL_FAMILIES:
         notes.append(f"no {arch.family} model was measured (its layers are read from the config and the family's code)")
-    if arch.experts and config.lora and arch.family != "granitemoe":
-        notes.append("PEFT adapts some families' experts and router (Mixtral's), which the adapters here leave out")
+    if arch.experts and config.lora and arch.family not in LORA_CHECKED_EXPERT_FAMILIES:
+        notes.append(f"LoRA on {arch.family}'s experts was not measured (what PEFT adapts there is read from its code)")
     if arch.objective == "causal-lm":
         measured = MEASURED_SHARDED_DECODER_FAMILIES if config.distributed == "fsdp" else MEASURED_DECODER_FAMILIES
         if config.model is None and arch.family not in measured:

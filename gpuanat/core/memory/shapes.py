@@ -103,14 +103,59 @@ def model_linears(arch: Architecture) -> list[tuple[str, tuple[int, int]]]:
     return []
 
 
+_QWEN2_MOE_V4_NAMES = {"gate": "router", "gate_proj": "gate_up", "up_proj": "gate_up", "down_proj": "down"}
+PEFT_EXPERT_PARAMETERS: dict[str, dict[str, str]] = {
+    "mixtral": {"gate": "router", "w1": "gate_up", "w3": "gate_up", "w2": "down"},
+    "qwen3_moe": _QWEN2_MOE_V4_NAMES,
+    "olmoe": _QWEN2_MOE_V4_NAMES,
+}
+"""The families whose router and experts PEFT adapts as parameters, and which v4 module name stands for which of them
+("router": the router's weight; "gate_up", "down": the experts' 3-D weights). transformers 5 fused each family's
+per-expert linear layers into 3-D parameters and made its router a module of its own; PEFT (0.21.0-0.21.2,
+`utils/transformers_weight_conversion._convert_peft_config_moe`) converts a LoRA config for the families whose
+weights transformers converts from v4 (`conversion_mapping._MODEL_TO_CONVERSION_PATTERN`, 5.17-5.24: Mixtral's own,
+and Qwen2-MoE's pattern, which Qwen3-MoE and OLMoE use — Qwen2-MoE itself is not listed, so it is not converted):
+"all-linear" (or a list naming them) targets the v4 names, which become `target_parameters` — a `ParamWrapper` on
+the router's weight and on each of the experts' two weights, gate-up at twice the rank (PEFT's `rank_pattern`: two
+v4 matrices fused) — and leave `target_modules`, so a dense layer's MLP of the same names is not adapted either.
+GraniteMoE's and Qwen2-MoE's routers and experts (and a shared expert's linear layers, which "all-linear" adapts)
+stay as the other families' are."""
+
+
 def lora_target_names(arch: Architecture, config: RunConfig) -> set[str]:
     """The module names of the linear layers LoRA adapts, as PEFT picks them: "all-linear", every one but the LM head
-    (a mixture of experts' 3-D expert weights and its router are no linear layers here); else those named."""
+    (a mixture of experts' 3-D expert weights and its router are no linear layers here); else those named. Where PEFT
+    adapts a family's experts as parameters (`PEFT_EXPERT_PARAMETERS`), their v4 names are not modules'."""
     names = {name for moe in (False, True) for name, _ in layer_linears(arch, moe)}
     names |= {name for name, _ in model_linears(arch)}
+    if config.lora_targets != "all-linear":
+        names &= {name.strip() for name in config.lora_targets.split(",")}
+    return names - PEFT_EXPERT_PARAMETERS.get(arch.family, {}).keys() if arch.moe_layers else names
+
+
+def lora_expert_parameters(arch: Architecture, config: RunConfig) -> set[str]:
+    """Which of a mixture of experts' parameters LoRA adapts through PEFT's `ParamWrapper` ("router", "gate_up",
+    "down"; `PEFT_EXPERT_PARAMETERS`): with "all-linear" all three; else those whose v4 names are listed."""
+    v4_names = PEFT_EXPERT_PARAMETERS.get(arch.family, {})
+    if not (config.lora and arch.moe_layers and v4_names):
+        return set()
     if config.lora_targets == "all-linear":
-        return names
-    return names & {name.strip() for name in config.lora_targets.split(",")}
+        return set(v4_names.values())
+    listed = {name.strip() for name in config.lora_targets.split(",")}
+    # gate-up only with both its v4 names (PEFT refuses to adapt half of a fused weight)
+    return {part for part in set(v4_names.values()) if all(n in listed for n, p in v4_names.items() if p == part)}
+
+
+def lora_expert_matrices(arch: Architecture, config: RunConfig) -> dict[str, list[tuple[int, int]]]:
+    """The adapters PEFT's `ParamWrapper` adds to one MoE layer, by parameter: lora_A (rank·experts × in) and lora_B
+    (out × rank·experts) of each 3-D expert weight (gate-up at twice the rank), lora_A and lora_B of the router's."""
+    rank, e, h, width = config.lora, arch.experts, arch.hidden_size, arch.expert_intermediate_size
+    shapes = {
+        "router": [(rank, h), (e, rank)],
+        "gate_up": [(2 * rank * e, h), (2 * width, 2 * rank * e)],
+        "down": [(rank * e, width), (h, rank * e)],
+    }
+    return {name: shapes[name] for name in sorted(lora_expert_parameters(arch, config))}
 
 
 def expert_params(arch: Architecture) -> int:
@@ -244,24 +289,25 @@ def _adapted_layer_linears(arch: Architecture, config: RunConfig, moe: bool = Fa
     return list(full.matrices[full.embedding_tensors :])
 
 
-def _adapted_linears(arch: Architecture, config: RunConfig) -> list[tuple[int, int]]:
-    """Every linear layer LoRA adapts in the model."""
+def _adapted_linears(arch: Architecture, config: RunConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Every linear layer LoRA adapts in the model, and the adapters of the experts' parameters PEFT wraps."""
     if arch.objective != "causal-lm":
-        return _adapted_layer_linears(arch, config)
+        return _adapted_layer_linears(arch, config), []
     adapted = (
         _adapted_layer_linears(arch, config) * arch.dense_layers
         + _adapted_layer_linears(arch, config, moe=True) * arch.moe_layers
     )
     targets = lora_target_names(arch, config)
-    return adapted + [shape for name, shape in model_linears(arch) if name in targets]
+    experts = [shape for matrices in lora_expert_matrices(arch, config).values() for shape in matrices]
+    return adapted + [shape for name, shape in model_linears(arch) if name in targets], experts * arch.moe_layers
 
 
 def lora_shapes(model: Architecture | ModelPreset, config: RunConfig) -> ParameterShapes:
-    """The LoRA adapters' parameters: A (rank × in) and B (out × rank) on each adapted linear layer."""
+    """The LoRA adapters' parameters: A (rank × in) and B (out × rank) on each adapted linear layer, and on the
+    experts' parameters PEFT wraps (`lora_expert_matrices`)."""
     rank = config.lora
-    matrices = [
-        shape for out, inp in _adapted_linears(as_architecture(model), config) for shape in ((rank, inp), (out, rank))
-    ]
+    linears, experts = _adapted_linears(as_architecture(model), config)
+    matrices = [shape for out, inp in linears for shape in ((rank, inp), (out, rank))] + experts
     return ParameterShapes(
         params=sum(r * c for r, c in matrices),
         tensors=len(matrices),

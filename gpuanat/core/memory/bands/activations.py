@@ -15,6 +15,8 @@ from gpuanat.core.memory.bands.decoder_layers import (
     layer_bytes_per_token,
     outside_layers_bytes_per_token,
     residual_element_bytes,
+    wrapped_expert_gradient_bytes,
+    wrapped_expert_weights_bytes,
 )
 from gpuanat.core.memory.bands.precision import coefficients, is_mixed, parameter_element_bytes, sharded_in_16_bit
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
@@ -103,8 +105,9 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     DeepSpeed compute in 16 bits, autocast off, the loss upcasting a copy it does not keep: on 2 H200s llama-3.1-8b's
     were 0.24 GiB at seq 1024, and the activations fell by that much per 1,024 tokens under both), with Gemma's
     soft-capping its tanh. Eager attention adds its probabilities, a sliding window its boolean mask (one for all
-    layers), Falcon its float mask where its attention keeps it (`Architecture.materialized_mask_heads`).
-    Autocast's weight copies are `decoder_weight_casts_bytes`."""
+    layers), Falcon its float mask where its attention keeps it (`Architecture.materialized_mask_heads`), LoRA on
+    experts PEFT wraps their merged weights (`wrapped_expert_weights_bytes`, per MoE layer; with checkpointing the
+    recomputed layer's, in backward). Autocast's weight copies are `decoder_weight_casts_bytes`."""
     arch = as_architecture(model)
     s, b, h, layers = config.seq_len, config.batch_size, arch.hidden_size, arch.num_layers
     masks = lora_dropout_bytes_per_token(config, arch)
@@ -124,7 +127,19 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     logits = b * s * arch.vocab_size * logits_element_bytes(config)
     log_probabilities = b * s * arch.vocab_size * 4
     softcapping = b * s * arch.vocab_size * (2 if is_mixed(config) else 4) if arch.final_logit_softcapping else 0
-    return b * (s * per_token + eager + sliding_mask + falcon_mask) + logits + log_probabilities + softcapping, logits
+    merged = 0 if config.grad_checkpointing else arch.moe_layers * wrapped_expert_weights_bytes(config, arch)
+    per_sample = s * per_token + eager + sliding_mask + falcon_mask
+    return b * per_sample + logits + log_probabilities + softcapping + merged, logits
+
+
+def wrapped_expert_backward_bytes(config: RunConfig, arch: Architecture) -> int:
+    """What the backward of the last MoE layer holds beyond what the forward pass kept, where PEFT wraps its experts
+    (0 elsewhere): the merged weight's gradient (`wrapped_expert_gradient_bytes`) and, with checkpointing, the layer's
+    recomputed tensors. The loss's fp32 log-probabilities are freed by then (the caller takes them off)."""
+    transient = wrapped_expert_gradient_bytes(config, arch)
+    if transient and config.grad_checkpointing:
+        transient += config.batch_size * config.seq_len * layer_bytes_per_token(config, arch, moe=True)
+    return transient
 
 
 def temporaries_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:

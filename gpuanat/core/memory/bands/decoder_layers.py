@@ -16,7 +16,8 @@ The rules, each an implementation fact:
 - A gated MLP keeps gate and up (or the fused output they view), the activation's output and the product; a plain MLP
   fc1's output and the activation's; an activation written out in Python (`gelu_new`) its intermediates, fp32 under
   autocast where `pow` runs in fp32. A mixture of experts keeps, for each of the token's experts, its input, the
-  expert MLP's tensors and its output (which the routing weight multiplies), and the router's fp32 probabilities.
+  expert MLP's tensors and its output (which the routing weight multiplies), and the router's fp32 probabilities;
+  where PEFT wraps the experts' weights (LoRA), each layer also keeps the merged weights its matmuls read.
 - Dropout keeps a 1-byte mask.
 - Liger Kernel's layer kernels (`--liger-layers`), each an autograd Function over Triton kernels, which autocast
   leaves alone: its RMSNorm keeps its input as it is, in the input's dtype, and an fp32 reciprocal root mean square a
@@ -29,7 +30,14 @@ from __future__ import annotations
 
 from gpuanat.core.memory.architecture import Architecture
 from gpuanat.core.memory.bands.precision import autocast_on, computes_in_16_bit, is_mixed
-from gpuanat.core.memory.shapes import attention_linears, gated_mlp_linears, lora_target_names, mlp_linears
+from gpuanat.core.memory.shapes import (
+    attention_linears,
+    gated_mlp_linears,
+    lora_expert_matrices,
+    lora_expert_parameters,
+    lora_target_names,
+    mlp_linears,
+)
 from gpuanat.core.vocabulary.config import RunConfig
 
 NORM_STATISTICS_BYTES = 8
@@ -79,6 +87,8 @@ class _Layer:
         self.frozen = bool(config.lora)
         """A LoRA or QLoRA base: its weights need no gradient, so nothing is kept to compute one."""
         self.adapted = lora_target_names(arch, config) if config.lora else set()
+        self.wrapped = lora_expert_parameters(arch, config)
+        """The router's and experts' parameters PEFT adapts through `ParamWrapper` (`shapes.PEFT_EXPERT_PARAMETERS`)."""
         self.lora_rank = config.lora
         self.liger = config.liger_layers and arch.objective == "causal-lm"
         self.saved = SavedBytes()
@@ -123,14 +133,16 @@ class _Layer:
     def read_by_linears(self, element_bytes: int, width: int, names: list[str], kept_elsewhere: bool = False) -> None:
         """The input the linear layers `names` keep. Training: a 16-bit copy each of an fp32 input under autocast,
         else the input, shared. On a frozen base only LoRA's adapters keep it, each its own 16-bit copy under mixed
-        precision (PEFT casts the input to the adapter's fp32, autocast casts it back); `kept_elsewhere`: another
+        precision (PEFT casts the input to the adapter's fp32, autocast casts it back); a router whose weight PEFT
+        wraps is a linear layer of the merged weight, which keeps the input itself; `kept_elsewhere`: another
         operation keeps the input itself."""
         if self.frozen:
             adapted = sum(1 for name in names if name in self.adapted)
+            wrapped = "router" in names and "router" in self.wrapped
             self.saved += adapted * self.lora_rank * self.compute  # lora_A's output, which lora_B keeps
             if self.compute == 2:
-                self.saved += 2 * width * adapted
-            elif adapted and not kept_elsewhere:
+                self.saved += 2 * width * adapted + (element_bytes * width if wrapped and not kept_elsewhere else 0)
+            elif (adapted or wrapped) and not kept_elsewhere:
                 self.saved += element_bytes * width
         elif self.autocast and element_bytes == 4:
             self.saved += 2 * width * len(names)
@@ -207,12 +219,22 @@ class _Layer:
         """A mixture of experts past the router's input: per token and expert it visits, the gathered input, gate-up,
         the activation, the product and the expert's output (which the routing weight multiplies) — in fp32 under
         autocast with fp32 weights (transformers' grouped matmul is no autocast operation), without the input and the
-        product on a frozen base — and the router's fp32 probabilities."""
+        product on a frozen base, unless PEFT wraps the weight that reads them (gate-up reads the input, down the
+        product: the merged weight needs its gradient) — and the router's fp32 probabilities. Every token visits
+        `experts_per_token` experts, which the grouped matmul processes as one batch of tokens × experts_per_token
+        rows, so how the router spreads them over the experts changes no size."""
         arch = self.arch
         h, width = arch.hidden_size, arch.expert_intermediate_size
         element = 4 if self.autocast and self.stream == 4 and not self.frozen else self.compute
-        per_expert = element * (3 * width + h) + (0 if self.frozen else element * (width + h))
-        self.saved += arch.experts_per_token * per_expert + 4 * arch.experts
+        visits = arch.experts_per_token
+        self.saved += 4 * arch.experts  # the router's probabilities
+        if not self.frozen or "gate_up" in self.wrapped:
+            self.saved += visits * element * h  # the gathered input
+        self.saved += visits * element * 2 * width  # gate-up's output: the activation's input and up
+        self.saved += visits * element * width  # the activation's output
+        if not self.frozen or "down" in self.wrapped:
+            self.saved += visits * element * width  # the product
+        self.saved += visits * element * h  # the expert's output, which the routing weight multiplies
         if arch.shared_expert_intermediate_size:
             self.saved += 3 * self.compute * arch.shared_expert_intermediate_size
             self.read_by_linears(self.compute, arch.shared_expert_intermediate_size, shared_down)
@@ -273,6 +295,47 @@ def _layer_saved(config: RunConfig, arch: Architecture, moe: bool) -> SavedBytes
     if arch.residual_dropout:
         layer.saved += h * arch.residual_dropout_sites  # dropout masks
     return layer.saved
+
+
+def _base_element_bytes(config: RunConfig) -> int:
+    """Bytes per element of a LoRA base's expert weights: 16-bit under mixed precision, fp32 otherwise and with QLoRA
+    (bitsandbytes quantizes linear layers only; `prepare_model_for_kbit_training` casts the 3-D experts to fp32)."""
+    return 2 if is_mixed(config) and not config.load_in_4bit else 4
+
+
+def wrapped_expert_weights_bytes(config: RunConfig, arch: Architecture) -> int:
+    """What one MoE layer keeps per forward pass, whatever its tokens, where PEFT wraps its router's and experts'
+    parameters (`shapes.PEFT_EXPERT_PARAMETERS`): each `ParamWrapper` merges its weight for the forward pass
+    (peft 0.21: the experts' W + scaling·(B·A) in one `baddbmm` of the experts' factors, the router's W + ΔW), and
+    the matmul that reads the merged weight keeps it for the gradient of its input — a whole copy of the experts'
+    weights per layer, in the base's dtype. Under mixed precision the fp32 factors are cast to it and kept too:
+    `baddbmm`'s, cast by PEFT, and the router's B·A, cast by autocast."""
+    wrapped = lora_expert_parameters(arch, config)
+    if not wrapped:
+        return 0
+    element = _base_element_bytes(config)
+    e, h, width = arch.experts, arch.hidden_size, arch.expert_intermediate_size
+    merged = {"router": e * h, "gate_up": e * 2 * width * h, "down": e * width * h}
+    factors = sum(rows * cols for matrices in lora_expert_matrices(arch, config).values() for rows, cols in matrices)
+    return element * (sum(merged[name] for name in wrapped) + (factors if element != 4 else 0))
+
+
+def wrapped_expert_gradient_bytes(config: RunConfig, arch: Architecture) -> int:
+    """What the backward of one MoE layer whose expert weights PEFT wraps holds beyond what the forward kept (0 where
+    it wraps none): the grouped matmul's backward makes the merged weight's gradient whole before `baddbmm`'s backward
+    reduces it to the factors'. Down's comes first, beside every merged weight; gate-up's, twice its size, once down's
+    merged weight is freed: one down-sized gradient beyond the kept tensors, or gate-up's where only it is wrapped.
+    With checkpointing the recomputed layer holds its merged weights anew: the largest merged weight twice (with its
+    gradient). In the base's dtype."""
+    wrapped = lora_expert_parameters(arch, config) - {"router"}
+    if not wrapped:
+        return 0
+    element = _base_element_bytes(config)
+    down = arch.experts * arch.expert_intermediate_size * arch.hidden_size
+    largest = 2 * down if "gate_up" in wrapped else down
+    if config.grad_checkpointing:
+        return element * 2 * largest
+    return element * (largest if wrapped == {"gate_up"} else down)
 
 
 def eager_scores_bytes(config: RunConfig, arch: Architecture) -> int:
