@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from gpuanat.core.memory.architecture import Architecture
 from gpuanat.core.memory.bands.activations import logits_element_bytes
 from gpuanat.core.memory.bands.decoder_layers import (
+    eager_scores_bytes,
     layer_tensors_per_token,
     outside_layers_tensors_per_token,
     residual_element_bytes,
@@ -133,8 +134,11 @@ def decoder_stream(config: RunConfig, arch: Architecture) -> AllocationStream:
     casts = autocast_on(config) and weight_bytes == 4 and not lora
     causal = arch.objective == "causal-lm"
     layers = [_layer_parameters(arch, config, moe=index >= arch.dense_layers) for index in range(arch.num_layers)]
+    scores = config.batch_size * arch.num_heads * config.seq_len**2
+    score_bytes = eager_scores_bytes(config, arch)  # eager attention's probabilities: fp32, then their 16-bit cast
+    eager = [scores * 4, scores * (score_bytes - 4)] if score_bytes else []
     layer_saved = {
-        moe: [per_token * tokens for per_token in layer_tensors_per_token(config, arch, moe=moe)]
+        moe: [per_token * tokens for per_token in layer_tensors_per_token(config, arch, moe=moe)] + eager
         for moe in {index >= arch.dense_layers for index in range(arch.num_layers)}
     }
     outside_saved = [per_token * tokens for per_token in outside_layers_tensors_per_token(config, arch)]
@@ -251,6 +255,10 @@ def _forward_backward(
     logits = log_probabilities = None
     if causal:
         logits = stream.alloc(tokens * v * compute)
+        for _operation in range(_logits_operations(arch)):  # each makes a new tensor from the last
+            following = stream.alloc(tokens * v * compute)
+            stream.free(logits)
+            logits = following
         upcast = stream.alloc(tokens * v * 4) if compute != 4 else None
         log_probabilities = stream.alloc(tokens * v * 4)
         stream.free(upcast)
@@ -266,6 +274,10 @@ def _forward_backward(
         stream.free(log_probabilities_gradient, log_probabilities)
         head_input_gradient_16 = stream.alloc(tokens * v * compute) if compute != 4 else None
         stream.free(logits_gradient)
+        for _operation in range(_logits_operations(arch)):
+            following = stream.alloc(tokens * v * compute)
+            stream.free(head_input_gradient_16)
+            head_input_gradient_16 = following
         if not lora:  # (a LoRA base's head is frozen)
             _gradient(stream, gradients, ("head",), v * e, grad_bytes, casts)
         flowing = stream.alloc(tokens * e * compute)
@@ -302,6 +314,12 @@ def _forward_backward(
         else:
             _gradient(stream, gradients, key, v * e, grad_bytes, False)
     stream.free(flowing, embedded, *batch)
+
+
+def _logits_operations(arch: Architecture) -> int:
+    """Element-wise operations on the logits before the loss, each a new vocabulary-sized tensor: soft-capping's
+    division, tanh and multiplication (Gemma), the scaling of Cohere's and Granite's logits."""
+    return (3 if arch.final_logit_softcapping else 0) + (1 if arch.logits_scaled else 0)
 
 
 def _gradient(

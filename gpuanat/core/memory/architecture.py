@@ -106,6 +106,9 @@ class Architecture:
     embedding_dropout: float = 0.0
     attention_dropout: float = 0.0
     final_logit_softcapping: float = 0.0
+    logits_scaled: bool = False
+    """The logits are multiplied or divided by a constant before the loss (Cohere's `logit_scale`, Granite's
+    `logits_scaling`): one more vocabulary-sized tensor in the forward and in the backward."""
     kv_broadcast_to_heads: bool = False
     """Keys and values of fewer heads than the queries reach SDPA without `enable_gqa` (Falcon's multi-query layers):
     no fused kernel takes them, so torch runs its math attention — in fp32 for 16-bit inputs — which keeps the query,

@@ -236,6 +236,7 @@ def _read_decoder(data: dict[str, Any], name: str, family: str) -> Architecture:
             "dropout", _dropout(data, layout.get("attention_dropout_key", "attention_dropout"))
         ),
         final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0),
+        logits_scaled=any(data.get(key) not in (None, 1, 1.0) for key in ("logit_scale", "logits_scaling")),
         kv_broadcast_to_heads=layout.get("kv_broadcast_to_heads", False),
         kv_expanded=layout.get("kv_expanded", False),
         materialized_mask_heads=layout.get("materialized_mask_heads", 0),
