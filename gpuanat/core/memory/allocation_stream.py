@@ -159,6 +159,8 @@ def decoder_stream(config: RunConfig, arch: Architecture) -> AllocationStream:
     stream.alloc(h * weight_bytes)  # the final norm
     if head_untied or not causal:
         stream.alloc(head_rows * e * weight_bytes)
+    else:  # transformers builds the LM head's own weight, then ties it to the embeddings'
+        stream.transient(v * e * weight_bytes)
     for layer in layers:
         for rows, cols in layer.adapters:
             stream.alloc(rows * cols * 4)
@@ -278,10 +280,17 @@ def _forward_backward(
             following = stream.alloc(tokens * v * compute)
             stream.free(head_input_gradient_16)
             head_input_gradient_16 = following
-        if not lora:  # (a LoRA base's head is frozen)
-            _gradient(stream, gradients, ("head",), v * e, grad_bytes, casts)
-        flowing = stream.alloc(tokens * e * compute)
-        stream.free(head_input_gradient_16, head_copy)
+        flowing = stream.alloc(tokens * e * compute)  # the gradient flowing into the LM head's input
+        if lora:  # (a LoRA base's head is frozen)
+            stream.free(head_input_gradient_16, head_copy)
+        else:  # the weight's gradient (16-bit under autocast), then the logits' gradient and the cast weight go
+            weight_gradient = stream.alloc(v * e * (2 if casts else grad_bytes))
+            stream.free(head_input_gradient_16, head_copy)
+            if casts:  # cast back to fp32, accumulated into .grad
+                gradients[("head",)] = stream.alloc(v * e * 4)
+                stream.free(weight_gradient)
+            else:
+                gradients[("head",)] = weight_gradient
     else:
         flowing = stream.alloc(tokens * h * compute)
     stream.free(*outside)
