@@ -2,7 +2,8 @@
 # Issue #50's out-of-memory edge: for each configuration, the largest batch `gpuanat predict` says fits this GPU
 # (read through NVML), then `gpuanat run` at that batch and at one more (3 optimizer steps each). The prediction
 # holds where the first trains and the second runs out of memory.
-#   OUT=dir benchmarks/oom/edge_check.sh
+#   OUT=dir benchmarks/oom/edge_check.sh                       # the configurations below
+#   OUT=dir benchmarks/oom/edge_check.sh "CONFIG" "CONFIG@B1,B2"   # these; @: only these batch sizes
 set -u
 OUT=${OUT:-/tmp/edge}
 mkdir -p "$OUT"
@@ -14,10 +15,14 @@ CONFIGS=(
   "--model benchmarks/configs/gemma-3-1b/config.json --precision bf16 --seq-len 1024 --lora 16"
   "--preset llama-3.2-1b --precision bf16 --seq-len 1024 --grad-checkpointing"
 )
-for config in "${CONFIGS[@]}"; do
+if [ $# -gt 0 ]; then CONFIGS=("$@"); fi
+for item in "${CONFIGS[@]}"; do
+  config=${item%@*}
   # shellcheck disable=SC2086
   largest=$(python3 -m gpuanat predict $config --json | python3 -c "import json,sys; print(json.load(sys.stdin)['max_batch_size'])")
-  for batch in "$largest" "$((largest + 1))"; do
+  batches="$largest $((largest + 1))"
+  if [ "$item" != "$config" ]; then batches=${item#*@}; batches=${batches//,/ }; fi
+  for batch in $batches; do
     # shellcheck disable=SC2086
     python3 -m gpuanat run $config --batch-size "$batch" --max-steps 3 --samples $((batch * 3)) --db "$DB" --json \
       > "$OUT/run.json" 2> "$OUT/run.err"
