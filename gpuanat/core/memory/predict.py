@@ -35,6 +35,7 @@ from gpuanat.core.memory.bands.weights import (
     decoder_weight_casts_bytes,
     dequantized_weight_bytes,
     half_weight_copies_bytes,
+    tied_embedding_gradient_bytes,
 )
 from gpuanat.core.memory.compiled import compile_unpredicted_reason
 from gpuanat.core.memory.model_config import UnreadableModel, architecture_of
@@ -153,7 +154,8 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     # DDP's first buckets, which their rebuild as step 2 begins may leave to a rank (`ddp_first_buckets_may_outlive`)
     forward_end_peak = weights + optimizer + activations + gradients_at_peak + temporaries + held.first_buckets_bytes
     # Late in backward with checkpointing, the kept inputs are mostly freed, but nearly all gradients exist while
-    # the first layer is recomputed; then the optimizer step, with its own temporaries: at small batches, the peak.
+    # the first layer is recomputed; then a tied embedding's gradient added to the LM head's as backward ends; then the
+    # optimizer step, with its own temporaries: at small batches, the peak.
     step_temporaries = held.step_temporaries_bytes or optimizer_step_temporaries_bytes(config, shapes)
     first_step_peak = (
         weights
@@ -164,6 +166,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
             temporaries if config.grad_checkpointing else 0,
             step_temporaries,
             fsdp_backward_units_bytes(config, arch, shapes),
+            tied_embedding_gradient_bytes(config, arch),
         )
     )
     # Under FSDP2 the loss is computed while the LM head's unit is held twice, its all-gather buffer beside its
