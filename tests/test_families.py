@@ -319,6 +319,64 @@ def test_falcon_alibi_mask_is_cast_by_every_layer_under_autocast_and_each_copy_k
     assert sum(masks.values()) == derived
 
 
+@pytest.mark.parametrize(("autocast", "lora"), [(False, 0), (True, 0), (True, 4)], ids=["fp32", "amp", "amp-lora"])
+def test_falcon_multi_query_checkpointed_backward_peaks_at_the_softmax_gradient_as_derived(autocast, lora, tmp_path):
+    """With checkpointing, backward recomputes each multi-query layer and runs torch's math attention backward: the
+    recomputed layer, its fp32 probabilities and the softmax's two fp32 gradients at once (the peak, in
+    `_softmax_backward_data`), every gradient already allocated (`zero_grad(set_to_none=False)`) — measured by the
+    profiler's allocator events on the CPU, whose math attention upcasts 16-bit inputs as CUDA's does."""
+    from gpuanat.core.memory.bands.activations import checkpointed_math_attention_bytes
+
+    profiler = pytest.importorskip("torch.profiler")
+    keys = {**FALCON, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 8, "ffn_hidden_size": 64}
+    model_config = transformers.AutoConfig.for_model(
+        "falcon", **keys, multi_query=True, parallel_attn=True, alibi=False, bias=False
+    )
+    architecture = read_architecture(model_config.to_dict(), "falcon-multi-query-tiny")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(model_config, attn_implementation="sdpa")
+        if lora:
+            peft = pytest.importorskip("peft")
+            model = peft.get_peft_model(model, peft.LoraConfig(r=lora, target_modules="all-linear"))
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        model.enable_input_require_grads()
+    model.train()
+    torch.manual_seed(0)
+    batch, seq = 2, 256  # the scores (8 heads × 256² × 4 bytes) far above the rest of the layer
+    tokens = torch.randint(0, 512, (batch, seq))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+
+    step()
+    model.zero_grad(set_to_none=False)
+    with profiler.profile(activities=[profiler.ProfilerActivity.CPU], profile_memory=True) as profile:
+        step()
+    trace = tmp_path / "trace.json"
+    profile.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    memory = sorted((event for event in events if event.get("name") == "[memory]"), key=lambda event: event["ts"])
+    start = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]  # weights and gradients
+    backward = min(event["ts"] for event in events if event.get("ph") == "X" and "Backward" in event.get("name", ""))
+    peak = max(event["args"]["Total Allocated"] for event in memory if event["ts"] >= backward) - start
+    config = RunConfig(
+        preset="llama-tiny",
+        precision="bf16" if autocast else "fp32",
+        seq_len=seq,
+        batch_size=batch,
+        grad_checkpointing=True,
+        lora=lora,
+    )
+    derived = checkpointed_math_attention_bytes(config, architecture)
+    scores = batch * architecture.num_heads * seq * seq * 4
+    assert derived > 3 * scores
+    assert abs(peak - derived) < 0.03 * derived
+
+
 UNKNOWN = {
     "model_type": "my_decoder",
     "architectures": ["MyDecoderForCausalLM"],

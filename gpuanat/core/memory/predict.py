@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from gpuanat.core.memory.bands.activations import (
     CUBLAS_WORKSPACE_BYTES,
     activations_bytes,
+    checkpointed_math_attention_bytes,
     decoder_activations_bytes,
     liger_kept_bytes,
     liger_transient_bytes,
@@ -167,6 +168,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
             step_temporaries,
             fsdp_backward_units_bytes(config, arch, shapes),
             tied_embedding_gradient_bytes(config, arch),
+            checkpointed_math_attention_bytes(config, arch),
         )
     )
     # Under FSDP2 the loss is computed while the LM head's unit is held twice, its all-gather buffer beside its

@@ -148,6 +148,24 @@ def falcon_mask_bytes_per_score(config: RunConfig, arch: Architecture) -> int:
     return residual_element_bytes(config)
 
 
+def checkpointed_math_attention_bytes(config: RunConfig, arch: Architecture) -> int:
+    """With checkpointing, what a layer whose attention is torch's math attention (Falcon's multi-query layers under
+    SDPA) holds while backward recomputes it, above the weights, gradients and optimizer state: the recomputed
+    layer's saved tensors, its fp32 probabilities among them, and the softmax's backward beside them, the gradient
+    of the probabilities and of the scores, two more fp32 score-sized tensors (the same code on the CPU, where
+    `_softmax_backward_data` is the peak). With full fine-tuning the moment is the first layer's, every gradient
+    made; with LoRA the last layer's, which comes first, every layer's kept input beside it. The H100 held about
+    0.2 GiB a sequence more (falcon-7b-8l, seq 1024: 4.89 GiB above the weights, gradients, optimizer state and
+    cuBLAS's workspaces at batch 4, this 3.99), which the code read here does not show; `predict` says so."""
+    if not (config.grad_checkpointing and arch.kv_broadcast_to_heads and config.attn != "eager"):
+        return 0
+    s, b = config.seq_len, config.batch_size
+    scores = arch.num_heads * s * s * eager_scores_bytes(config, arch)
+    recomputed = s * layer_bytes_per_token(config, arch) + 3 * scores
+    kept_inputs = s * arch.num_layers * residual_element_bytes(config) * arch.hidden_size if config.lora else 0
+    return b * (recomputed + kept_inputs)
+
+
 def temporaries_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:
     s, b, h, a = config.seq_len, config.batch_size, preset.hidden_size, preset.num_heads
     c = coefficients(config)
