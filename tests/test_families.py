@@ -15,6 +15,7 @@ from conftest import run_cli
 
 from gpuanat.core.memory.bands.decoder_layers import eager_scores_bytes, layer_bytes_per_token
 from gpuanat.core.memory.model_config import UnreadableModel, read_architecture
+from gpuanat.core.memory.predict import prediction_caveat
 from gpuanat.core.memory.shapes import lora_shapes, parameter_shapes
 from gpuanat.core.vocabulary.config import RunConfig
 
@@ -375,6 +376,12 @@ def test_falcon_multi_query_checkpointed_backward_peaks_at_the_softmax_gradient_
     scores = batch * architecture.num_heads * seq * seq * 4
     assert derived > 3 * scores
     assert abs(peak - derived) < 0.03 * derived
+    # what the H100 held beyond this derivation the prediction says
+    path = tmp_path / "config.json"
+    path.write_text(model_config.to_json_string())
+    caveat = prediction_caveat(config.replace(model=str(path))) or ""
+    assert "multi-query math attention held about 0.2 GiB a sequence more" in caveat
+    assert "multi-query" not in (prediction_caveat(config.replace(model=str(path), grad_checkpointing=False)) or "")
 
 
 UNKNOWN = {
