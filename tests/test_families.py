@@ -269,21 +269,23 @@ def test_one_layer_of_each_family_keeps_for_backward_what_the_derivation_says(na
     assert measured == derived
 
 
-def test_falcon_multi_query_under_sdpa_is_torch_math_attention_as_derived():
+@pytest.mark.parametrize("batch", [1, BATCH])
+def test_falcon_multi_query_under_sdpa_is_torch_math_attention_as_derived(batch):
     """Falcon-7B's one key/value head reaches SDPA without enable_gqa, which no fused kernel takes: torch's math
     attention keeps the query, the key and value expanded to every head and every score's probability — the same code
-    on the CPU as on CUDA, where it also upcasts 16-bit inputs to fp32 (allowFP16BF16ReductionMathSDP is off)."""
+    on the CPU as on CUDA, where it also upcasts 16-bit inputs to fp32 (allowFP16BF16ReductionMathSDP is off). matmul
+    broadcasts the one key/value head to every head: a view of it for one sequence, copies for several."""
     name = "falcon-7b-multi-query-parallel"
     model, architecture = _build(name, device="cpu", attn="sdpa")
     assert architecture.kv_heads == 1 and architecture.kv_broadcast_to_heads
     model.train()
     torch.manual_seed(0)
-    measured = _saved_bytes_per_token_of_one_layer(model, torch.randint(0, 512, (BATCH, SEQ)))
-    config = RunConfig(preset="llama-tiny", precision="fp32", seq_len=SEQ, batch_size=BATCH, device="cpu")
+    measured = _saved_bytes_per_token_of_one_layer(model, torch.randint(0, 512, (batch, SEQ)))
+    config = RunConfig(preset="llama-tiny", precision="fp32", seq_len=SEQ, batch_size=batch, device="cpu")
     probabilities = architecture.num_heads * SEQ * eager_scores_bytes(config, architecture)
     assert probabilities == architecture.num_heads * SEQ * 4
     derived = layer_bytes_per_token(config, architecture) + probabilities
-    assert measured == derived + _per_forward_bytes(name, architecture) / (BATCH * SEQ)
+    assert measured == derived + _per_forward_bytes(name, architecture) / (batch * SEQ)
     mixed = RunConfig(preset="llama-tiny", precision="bf16", seq_len=SEQ, batch_size=BATCH)
     assert eager_scores_bytes(mixed, architecture) == 4  # fp32 probabilities under bf16 autocast too
 
