@@ -18,7 +18,13 @@ from gpuanat.core.memory.bands.decoder_layers import (
     wrapped_expert_gradient_bytes,
     wrapped_expert_weights_bytes,
 )
-from gpuanat.core.memory.bands.precision import coefficients, is_mixed, parameter_element_bytes, sharded_in_16_bit
+from gpuanat.core.memory.bands.precision import (
+    autocast_on,
+    coefficients,
+    is_mixed,
+    parameter_element_bytes,
+    sharded_in_16_bit,
+)
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, lora_adapted_inputs_per_layer
 from gpuanat.core.vocabulary.config import RunConfig
@@ -122,8 +128,7 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     per_token += outside_layers_bytes_per_token(config, arch)
     eager = 0 if config.grad_checkpointing else layers * arch.num_heads * s * s * eager_scores_bytes(config, arch)
     sliding_mask = s * s if arch.sliding_window_layers and not config.grad_checkpointing else 0
-    mask_kept = config.grad_checkpointing or not (config.attn == "eager" or arch.kv_broadcast_to_heads)
-    falcon_mask = s * s * arch.materialized_mask_heads * residual_element_bytes(config) if mask_kept else 0
+    falcon_mask = s * s * arch.materialized_mask_heads * falcon_mask_bytes_per_score(config, arch)
     logits = b * s * arch.vocab_size * logits_element_bytes(config)
     log_probabilities = b * s * arch.vocab_size * 4
     softcapping = b * s * arch.vocab_size * (2 if is_mixed(config) else 4) if arch.final_logit_softcapping else 0
@@ -140,6 +145,40 @@ def wrapped_expert_backward_bytes(config: RunConfig, arch: Architecture) -> int:
     if transient and config.grad_checkpointing:
         transient += config.batch_size * config.seq_len * layer_bytes_per_token(config, arch, moe=True)
     return transient
+
+
+def falcon_mask_bytes_per_score(config: RunConfig, arch: Architecture) -> int:
+    """What Falcon's materialized float mask (`Architecture.materialized_mask_heads` × seq² a sequence, built in the
+    embeddings' dtype) keeps, per score: the fused SDPA kernel saves the mask it reads, none where the attention is
+    eager or torch's math attention (multi-query: it adds the mask, which keeps nothing). Built in fp32 under autocast
+    (fp32 weights), SDPA's autocast casts it to 16 bits in every layer — a cast of a tensor that needs no gradient,
+    which autocast does not cache — so each layer keeps its own 16-bit copy (falcon-rw-1b on the H100, AMP, seq 1024:
+    24 layers × 32 heads × 2 bytes = 6 GiB at batch 4). With checkpointing the layer's inputs keep the one mask."""
+    if config.grad_checkpointing:
+        return residual_element_bytes(config)
+    if config.attn == "eager" or arch.kv_broadcast_to_heads:
+        return 0
+    if autocast_on(config) and residual_element_bytes(config) == 4:
+        return arch.num_layers * 2
+    return residual_element_bytes(config)
+
+
+def checkpointed_math_attention_bytes(config: RunConfig, arch: Architecture) -> int:
+    """With checkpointing, what a layer whose attention is torch's math attention (Falcon's multi-query layers under
+    SDPA) holds while backward recomputes it, above the weights, gradients and optimizer state: the recomputed
+    layer's saved tensors, its fp32 probabilities among them, and the softmax's backward beside them, the gradient
+    of the probabilities and of the scores, two more fp32 score-sized tensors (the same code on the CPU, where
+    `_softmax_backward_data` is the peak). With full fine-tuning the moment is the first layer's, every gradient
+    made; with LoRA the last layer's, which comes first, every layer's kept input beside it. The H100 held about
+    0.2 GiB a sequence more (falcon-7b-8l, seq 1024: 4.89 GiB above the weights, gradients, optimizer state and
+    cuBLAS's workspaces at batch 4, this 3.99), which the code read here does not show; `predict` says so."""
+    if not (config.grad_checkpointing and arch.kv_broadcast_to_heads and config.attn != "eager"):
+        return 0
+    s, b = config.seq_len, config.batch_size
+    scores = arch.num_heads * s * s * eager_scores_bytes(config, arch)
+    recomputed = s * layer_bytes_per_token(config, arch) + 3 * scores
+    kept_inputs = s * arch.num_layers * residual_element_bytes(config) * arch.hidden_size if config.lora else 0
+    return b * (recomputed + kept_inputs)
 
 
 def temporaries_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:

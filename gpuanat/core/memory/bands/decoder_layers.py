@@ -168,7 +168,9 @@ class _Layer:
         if arch.kv_expanded:
             kv = q  # keys and values copied to every head before attention
         math = arch.kv_broadcast_to_heads and not eager  # torch's math attention: fp32 q and expanded k, v
-        if math or (eager and kv != q):
+        if math and config.batch_size == 1:  # matmul broadcasts one sequence's single k, v head as a view
+            qkv = q + 2 * kv
+        elif math or (eager and kv != q):
             qkv = 3 * q  # the keys and values repeated to every head (copies)
         elif self.fp32_biased_outputs(arch.attention_bias) or arch.qkv_split_copies or arch.kv_expanded:
             qkv = q + 2 * kv  # SDPA's 16-bit casts of fp32 q, k, v; CodeGen's and Falcon-40B's copies

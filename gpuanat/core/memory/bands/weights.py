@@ -11,7 +11,7 @@ makes of its fp32 LM head; and the weight bitsandbytes dequantizes for each matm
 from __future__ import annotations
 
 from gpuanat.core.memory.architecture import Architecture
-from gpuanat.core.memory.bands.precision import autocast_on, computes_in_16_bit, is_mixed
+from gpuanat.core.memory.bands.precision import autocast_on, computes_in_16_bit, is_mixed, parameter_element_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, expert_params, quantized_matrices
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.presets import ModelPreset
@@ -105,3 +105,26 @@ def decoder_weight_casts_bytes(config: RunConfig, preset: Architecture | ModelPr
         return head
     # a mixture of experts' weights are not cast: transformers' grouped matmul is no autocast operation
     return 2 * (_matmul_params(shapes) - expert_params(arch)) + (head if arch.tie_word_embeddings else 0)
+
+
+def tied_embedding_gradient_bytes(config: RunConfig, preset: Architecture | ModelPreset) -> int:
+    """What the gradient of a causal LM's tied embedding adds as the backward pass ends, beside every gradient: the
+    LM head's gradient of the shared weight waits in autograd's input buffer for the embedding's (vocabulary × width,
+    the weight's dtype), which arrives last and is added to it. Under autocast with fp32 weights the head's gradient
+    comes out of the cast's backward, a fresh tensor, and the embedding's is added to it in place: one more
+    vocabulary-sized tensor. Where the head's matmul ran in the weight's own dtype (bf16 weights, fp32) the buffer adds
+    them out of place (`aten::add`): the sum beside both, two more. On the H100 command-r7b-4l (256,000 × 4,096)
+    peaked 3.91 GiB above weights, gradients, optimizer state and cuBLAS's workspaces at batch 1, fp32 under AMP and
+    bf16 weights alike. Frozen embeddings (LoRA, QLoRA) have none; Liger's fused loss and several ranks were not
+    measured."""
+    arch = as_architecture(preset)
+    if not (
+        arch.tie_word_embeddings
+        and arch.objective == "causal-lm"
+        and config.distributed == "none"
+        and not (config.lora or config.load_in_4bit or config.liger)
+    ):
+        return 0
+    element_bytes = parameter_element_bytes(config)
+    copies = 1 if autocast_on(config) and element_bytes == 4 else 2
+    return copies * element_bytes * arch.vocab_size * arch.embedding_width
