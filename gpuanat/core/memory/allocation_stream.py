@@ -318,8 +318,13 @@ def _forward_backward(
         stream.free(*reversed(recomputed), *copies[index], *reversed(kept[index]))
     if not lora:
         key: tuple[object, ...] = ("head",) if causal and arch.tie_word_embeddings else ("embeddings",)
-        if key in gradients:  # tied: the embeddings' dense gradient is added to the head's
+        if key in gradients and casts:  # tied: the embeddings' dense gradient is added to the head's, in place
             stream.transient(v * e * 4)
+        elif key in gradients:  # with bf16 or fp32 weights the sum is made out of place (`weights.py`,
+            dense = stream.alloc(v * e * grad_bytes)  # tied_embedding_gradient_bytes)
+            total = stream.alloc(v * e * grad_bytes)
+            stream.free(dense, gradients[key])
+            gradients[key] = total
         else:
             _gradient(stream, gradients, key, v * e, grad_bytes, False)
     stream.free(flowing, embedded, *batch)
