@@ -17,6 +17,8 @@ def command_predict(args: argparse.Namespace) -> int:
     from gpuanat.core.memory.allocation_templates import largest_batch, version_differences
     from gpuanat.core.memory.compiled import COMPILE_UNPREDICTED_FIELDS, compile_unpredicted_reason
     from gpuanat.core.memory.fit_ladder import fit_ladder
+    from gpuanat.core.memory.measured_nearby import measured_nearby
+    from gpuanat.core.memory.model_config import architecture_of
     from gpuanat.core.memory.predict import (
         HOST_MEMORY_UNAVAILABLE,
         estimate_memory,
@@ -75,6 +77,8 @@ def command_predict(args: argparse.Namespace) -> int:
         "max_batch_caveat": max_batch_caveat(config) if largest and largest.method == "model" else None,
         "fit_ladder": ([step.to_json() for step in fit_ladder(config, gpu_memory)] if gpu_memory is not None else None),
     }
+    nearby = None if on_cpu or uncovered else measured_nearby(config, architecture_of(config).family)
+    result["measured_nearby"] = nearby.text if nearby else None
     unavailable = dict.fromkeys((*COMPILE_UNPREDICTED_FIELDS, "max_batch_size"), uncovered) if uncovered else {}
     if on_cpu:
         unavailable |= HOST_MEMORY_UNAVAILABLE
@@ -104,6 +108,7 @@ def command_predict(args: argparse.Namespace) -> int:
         "activations_bytes",
         "cuda_context_bytes",
         "peak_allocated_bytes",
+        "peak_reserved_bytes",
         "peak_device_bytes",
     ):
         reason = f"  ({HOST_MEMORY_UNAVAILABLE[key]})" if on_cpu and key in HOST_MEMORY_UNAVAILABLE else ""
@@ -125,6 +130,8 @@ def command_predict(args: argparse.Namespace) -> int:
             print(f"Not checked: {other}.")
     elif result["caveat"]:
         print(f"Not checked: {result['caveat']}.")
+    if result["measured_nearby"]:
+        print(f"Measured nearby: {result['measured_nearby']}.")
     if gpu_memory is None:
         print(f"Largest batch that fits: — ({source})")
     elif uncovered is not None:
@@ -140,6 +147,8 @@ def command_predict(args: argparse.Namespace) -> int:
             f"replaying a recorded run's allocations, {format_bytes(result['max_batch_least_left_bytes'])} left at "
             f"its tightest; the bytes model says {result['max_batch_size_model']}"
             if result["max_batch_method"] == "replay"
+            else "replaying the allocations derived from the model and techniques"
+            if result["max_batch_method"] == "stream"
             else "the bytes model"
         )
         print(

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuanat.core.memory.allocator import AllocationTemplate, Replay
 from gpuanat.core.memory.predict import max_batch_size
+from gpuanat.core.memory.reserve import reserve_above_peak_bytes
 from gpuanat.core.vocabulary.config import RunConfig
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "data" / "allocation"
@@ -72,7 +73,8 @@ def template_for(config: RunConfig) -> RecordedTemplate | None:
 class LargestBatch:
     batch_size: int
     method: str
-    """"replay" (of a recorded run's allocations) or "model" (bytes and a fragmentation allowance)."""
+    """"replay" (of a recorded run's allocations), "stream" (of the allocations derived from the model and the
+    techniques: a causal LM on one GPU, `reserve`) or "model" (bytes and a fragmentation allowance)."""
     least_left_bytes: int | None = None
     """With the replay: the least the device had left at that batch, after any reservation (at least the driver's
     page, `DRIVER_PAGE_BYTES`). A few MiB is as near the edge as the recorded GPU's capacity was read: to the byte,
@@ -115,7 +117,8 @@ def largest_batch(config: RunConfig, gpu_memory_bytes: int) -> LargestBatch:
     estimate = max_batch_size(config, gpu_memory_bytes)
     recorded = template_for(config) if config.distributed == "none" else None  # recorded on one GPU alone
     if recorded is None:
-        return LargestBatch(estimate, "model", model_batch_size=estimate)
+        method = "stream" if reserve_above_peak_bytes(config) is not None else "model"
+        return LargestBatch(estimate, method, model_batch_size=estimate)
     batch_size, least_left = _replayed(
         template_name(config.to_json()), gpu_memory_bytes, config.expandable_segments, max(1, estimate)
     )
