@@ -44,6 +44,8 @@ from gpuanat.core.memory.shapes import (
     ParameterShapes,
     layer_linears,
     layer_vectors,
+    lora_expert_matrices,
+    lora_expert_parameters,
     lora_target_names,
     model_linears,
 )
@@ -105,7 +107,10 @@ class _LayerParameters:
     """(rows, columns) and whether autocast casts it (a linear layer's weight; not a mixture's 3-D experts)."""
     vectors: tuple[int, ...]
     adapters: tuple[tuple[int, int], ...]
-    """LoRA's A and B of the layer's adapted linear layers."""
+    """LoRA's A and B of the layer's adapted linear layers (and of the experts PEFT wraps)."""
+    merged: tuple[int, ...] = ()
+    """Where PEFT wraps a mixture's router and experts: the weights each merges per forward pass and the matmul keeps
+    (bytes; `decoder_layers.wrapped_expert_weights_bytes`), router, gate-up, down."""
 
 
 def _layer_parameters(arch: Architecture, config: RunConfig, moe: bool) -> _LayerParameters:
@@ -120,7 +125,15 @@ def _layer_parameters(arch: Architecture, config: RunConfig, moe: bool) -> _Laye
         for name, (out, inp) in linears:
             if name in targets:
                 adapters += [(config.lora, inp), (out, config.lora)]
-    return _LayerParameters(tuple(matrices), tuple(layer_vectors(arch, moe)), tuple(adapters))
+    merged: list[int] = []
+    if config.lora and moe:
+        wrapped = lora_expert_parameters(arch, config)
+        adapters += [shape for matrices in lora_expert_matrices(arch, config).values() for shape in matrices]
+        e, width, h = arch.experts, arch.expert_intermediate_size, arch.hidden_size
+        element = 2 if is_mixed(config) and not config.load_in_4bit else 4
+        sizes = {"router": e * h, "gate_up": e * 2 * width * h, "down": e * width * h}
+        merged = [element * sizes[name] for name in ("router", "gate_up", "down") if name in wrapped]
+    return _LayerParameters(tuple(matrices), tuple(layer_vectors(arch, moe)), tuple(adapters), tuple(merged))
 
 
 def decoder_stream(config: RunConfig, arch: Architecture) -> AllocationStream:
@@ -246,12 +259,12 @@ def _forward_backward(
         if checkpointing:
             cache += layer_copies
             copies.append([])
-            own = [stream.alloc(size) for size in layer_saved[moe]]
+            own = [stream.alloc(size) for size in (*layer.merged, *layer_saved[moe])]
             stream.free(*own)
             kept.append([stream.alloc(tokens * h * residual)])
         else:
             copies.append(layer_copies)
-            kept.append([stream.alloc(size) for size in layer_saved[moe]])
+            kept.append([stream.alloc(size) for size in (*layer.merged, *layer_saved[moe])])
     outside = [stream.alloc(size) for size in outside_saved]
     head_copy = stream.alloc(v * e * 2) if casts and causal else None
     logits = log_probabilities = None
@@ -300,9 +313,11 @@ def _forward_backward(
         recomputed: list[int] = []
         if checkpointing:
             copies[index] = [stream.alloc(rows * cols * 2) for (rows, cols), cast in layer.matrices if casts and cast]
-            recomputed = [stream.alloc(size) for size in layer_saved[moe]]
+            recomputed = [stream.alloc(size) for size in (*layer.merged, *layer_saved[moe])]
         widest = max([arch.intermediate_size, arch.expert_intermediate_size * arch.experts_per_token, arch.hidden_size])
         inner = stream.alloc(tokens * widest * compute)
+        for merged in reversed(layer.merged):  # the merged weight's whole gradient, reduced to its factors'
+            stream.transient(merged)
         if lora:
             for position, (rows, cols) in enumerate(layer.adapters):
                 _gradient(stream, gradients, (index, "adapter", position), rows * cols, 4, False)
