@@ -8,8 +8,8 @@ allocated and peak reserved memory.
 
 Sources (benchmarks/results/h100/): unseen/unseen.json (issue #29's 15 published configs), llm/decoders.json and
 llm/decoders_llama.json (the presets qwen2.5-0.5b and llama-3.2-1b), held_out50/held_out50.json (issue #50's 19
-models; since its kept-aside models were checked, with GPUANAT_PREDICT_ASIDE=1). Runs gpuanat cannot express (another objective,
-QLoRA, Liger) are left out.
+models; since its kept-aside models were checked, with GPUANAT_PREDICT_ASIDE=1). Runs gpuanat cannot express
+(another objective, QLoRA, Liger) are left out.
 """
 
 from __future__ import annotations

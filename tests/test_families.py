@@ -472,10 +472,11 @@ def test_predict_refuses_a_contradictory_unknown_family_in_one_line(tmp_path, db
 
 
 def test_predict_reads_a_new_family_and_says_what_no_measurement_checked(tmp_path, db_path):
-    """A family read from its code is predicted with the caveat that no run of it was measured; one transformers gives
-    no SDPA attention says that it trains with eager attention only."""
+    """A family read from its code is predicted with the caveat that no run of it was measured (Cohere's first
+    version: its second was measured on the H100); one transformers gives no SDPA attention says that it trains with
+    eager attention only."""
     for name, family, note in (
-        ("falcon-7b-multi-query-parallel", "falcon", "no falcon model was measured"),
+        ("cohere-parallel-python-layernorm", "cohere", "no cohere model was measured"),
         ("mpt-alibi-no-bias", "mpt", "transformers gives mpt no SDPA attention: it trains with --attn eager only"),
     ):
         path = tmp_path / f"{name}.json"

@@ -130,7 +130,7 @@ def command_predict(args: argparse.Namespace) -> int:
             print(f"Not checked: {other}.")
     elif result["caveat"]:
         print(f"Not checked: {result['caveat']}.")
-    if result["measured_nearby"]:
+    if result["measured_nearby"] and result["measured_nearby"] not in (result["caveat"] or ""):
         print(f"Measured nearby: {result['measured_nearby']}.")
     if gpu_memory is None:
         print(f"Largest batch that fits: — ({source})")

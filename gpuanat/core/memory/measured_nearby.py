@@ -6,6 +6,7 @@ other runs, else every family's runs with these techniques — for the peak allo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -45,6 +46,11 @@ def _table() -> tuple[dict[str, Any], ...]:
         return ()
 
 
+def measured_families() -> frozenset[str]:
+    """The families with H100 runs on record (`gpuanat --model` configs read as these were checked)."""
+    return frozenset(str(row["family"]) for row in _table())
+
+
 @dataclass(frozen=True)
 class MeasuredNearby:
     text: str
@@ -52,6 +58,8 @@ class MeasuredNearby:
     runs: int
     worst_allocated_percent: float | None
     worst_reserved_percent: float | None
+    same_techniques: bool = False
+    """The runs are of the same family with the same techniques (`technique_kind`)."""
 
     @property
     def trusted(self) -> bool:
@@ -102,13 +110,8 @@ def measured_nearby(config: RunConfig, family: str) -> MeasuredNearby:
             _worst(rows, "reserved_error_percent"),
         )
     nearby = MeasuredNearby(
-        text, len(rows), _worst(rows, "allocated_error_percent"), _worst(rows, "reserved_error_percent")
+        text, len(rows), _worst(rows, "allocated_error_percent"), _worst(rows, "reserved_error_percent"), bool(same)
     )
     if not nearby.trusted:
-        return MeasuredNearby(
-            f"{text} — off by more than {TRUSTED_PERCENT:.0f}% there",
-            nearby.runs,
-            nearby.worst_allocated_percent,
-            nearby.worst_reserved_percent,
-        )
+        return dataclasses.replace(nearby, text=f"{text} — off by more than {TRUSTED_PERCENT:.0f}% there")
     return nearby

@@ -40,6 +40,7 @@ from gpuanat.core.memory.bands.weights import (
     tied_embedding_gradient_bytes,
 )
 from gpuanat.core.memory.compiled import compile_unpredicted_reason
+from gpuanat.core.memory.measured_nearby import measured_families, measured_nearby
 from gpuanat.core.memory.model_config import UnreadableModel, architecture_of
 from gpuanat.core.memory.parallel import (
     RANK_COMMUNICATION_CONTEXT_BYTES,
@@ -326,22 +327,6 @@ MEASURED_DECODER_FAMILIES = ("llama", "qwen2")
 MEASURED_SHARDED_DECODER_FAMILIES = (*MEASURED_DECODER_FAMILIES, "mistral")
 """Decoder families measured under FSDP2 on 2 and 4 H200s against a plain Trainer (docs/several-gpus.md):
 llama-3.1-8b, qwen2.5-7b, mistral-7b."""
-CHECKED_MODEL_FAMILIES = (
-    "llama",
-    "qwen2",
-    "qwen3",
-    "opt",
-    "gpt_neox",
-    "gemma3_text",
-    "granitemoe",
-    "olmo2",
-    "bert",
-    "distilbert",
-    "phi",
-    "stablelm",
-    "bloom",
-)
-"""Families whose configs (--model) were checked against plain Trainer runs on the H100 (docs/any-model.md)."""
 
 
 LORA_CHECKED_EXPERT_FAMILIES = ("granitemoe", "mixtral", "qwen3_moe", "olmoe", "qwen2_moe")
@@ -355,7 +340,7 @@ def prediction_caveat(config: RunConfig) -> str | None:
     models of docs/any-model.md)."""
     arch = architecture_of(config)
     notes = list(arch.assumed)
-    if config.model is not None and not arch.assumed and arch.family not in CHECKED_MODEL_FAMILIES:
+    if config.model is not None and not arch.assumed and arch.family not in measured_families():
         notes.append(f"no {arch.family} model was measured (its layers are read from the config and the family's code)")
     if arch.experts and config.lora and arch.family not in LORA_CHECKED_EXPERT_FAMILIES:
         notes.append(f"LoRA on {arch.family}'s experts was not measured (what PEFT adapts there is read from its code)")
@@ -365,9 +350,7 @@ def prediction_caveat(config: RunConfig) -> str | None:
             notes.append(f"no {arch.family} decoder was measured (its layers are Llama's, so the model applies)")
         if not is_mixed(config):
             notes.append("decoders were measured in bf16 only")
-        if config.attn == "eager":
-            notes.append("eager attention was not measured on a decoder")
-        elif arch.eager_only:
+        if config.attn != "eager" and arch.eager_only:
             notes.append(f"transformers gives {arch.family} no SDPA attention: it trains with --attn eager only")
         if arch.kv_broadcast_to_heads and config.grad_checkpointing and config.attn != "eager":
             notes.append(
@@ -386,6 +369,9 @@ def prediction_caveat(config: RunConfig) -> str | None:
         notes += sharded_decoder_notes(config)
     elif config.lora:
         notes.append("LoRA was measured on decoders only: the adapters are exact, the activations may be off")
+    nearby = measured_nearby(config, arch.family)
+    if nearby.same_techniques and not nearby.trusted:  # (measured so, and not to 10%)
+        notes.append(nearby.text)
     if not notes:
         return None
     return "; ".join(notes) + "; the weights, gradients and optimizer state are exact"
