@@ -6,7 +6,9 @@ makes) is replaced by a placeholder; every key, its place and every other value 
 `python tests/result_golden.py` recorded the file (at commit 29594be); the tests that run these configurations
 compare their fresh results with it (`assert_as_recorded`). Its "interrupted" and "predictions" entries are what
 `interrupted.result_from_steps`/`interrupted_result` and `predict.prediction_json` returned at that commit for the
-inputs beside them (test_result_contract).
+inputs beside them (test_result_contract). Changed since by intent (issue #50): the prediction stored with
+"compiled_bs8" (the whole model compiled is not predicted: its peaks are null, with the reason as the caveat), and a
+one-GPU decoder's predicted peak reserved and device memory in "predictions" (the replayed allocation stream).
 """
 
 from __future__ import annotations
