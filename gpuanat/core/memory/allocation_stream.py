@@ -37,6 +37,7 @@ from gpuanat.core.memory.bands.decoder_layers import (
     layer_tensors_per_token,
     outside_layers_tensors_per_token,
     residual_element_bytes,
+    wrapped_expert_merged_bytes,
 )
 from gpuanat.core.memory.bands.optimizer import optimizer_state_tensors
 from gpuanat.core.memory.bands.precision import autocast_on, is_mixed, parameter_element_bytes
@@ -45,7 +46,6 @@ from gpuanat.core.memory.shapes import (
     layer_linears,
     layer_vectors,
     lora_expert_matrices,
-    lora_expert_parameters,
     lora_target_names,
     model_linears,
 )
@@ -128,17 +128,14 @@ def _layer_parameters(arch: Architecture, config: RunConfig, moe: bool) -> _Laye
                 adapters += [(config.lora, inp), (out, config.lora)]
     merged: list[int] = []
     if config.lora and moe:
-        wrapped = lora_expert_parameters(arch, config)
         adapters += [shape for matrices in lora_expert_matrices(arch, config).values() for shape in matrices]
-        e, width, h = arch.experts, arch.expert_intermediate_size, arch.hidden_size
-        element = 2 if is_mixed(config) and not config.load_in_4bit else 4
-        sizes = {"router": e * h, "gate_up": e * 2 * width * h, "down": e * width * h}
-        merged = [element * sizes[name] for name in ("router", "gate_up", "down") if name in wrapped]
+        merged = wrapped_expert_merged_bytes(config, arch)
     return _LayerParameters(tuple(matrices), tuple(layer_vectors(arch, moe)), tuple(adapters), tuple(merged))
 
 
 def decoder_stream(config: RunConfig, arch: Architecture) -> AllocationStream:
-    """The requests of a causal LM's (or a classifier's) training on one GPU; see the module's docstring."""
+    """The requests of a causal LM's training on one GPU; see the module's docstring. (Its branches for a 2-label
+    head are what a classifier would take; `stream_for` does not give it one: their activations are no tensor list.)"""
     stream = _Stream()
     tokens = config.batch_size * config.seq_len
     h, e, v = arch.hidden_size, arch.embedding_width, arch.vocab_size

@@ -312,14 +312,21 @@ def wrapped_expert_weights_bytes(config: RunConfig, arch: Architecture) -> int:
     the matmul that reads the merged weight keeps it for the gradient of its input — a whole copy of the experts'
     weights per layer, in the base's dtype. Under mixed precision the fp32 factors are cast to it and kept too:
     `baddbmm`'s, cast by PEFT, and the router's B·A, cast by autocast."""
-    wrapped = lora_expert_parameters(arch, config)
-    if not wrapped:
+    merged = wrapped_expert_merged_bytes(config, arch)
+    if not merged:
         return 0
     element = _base_element_bytes(config)
-    e, h, width = arch.experts, arch.hidden_size, arch.expert_intermediate_size
-    merged = {"router": e * h, "gate_up": e * 2 * width * h, "down": e * width * h}
     factors = sum(rows * cols for matrices in lora_expert_matrices(arch, config).values() for rows, cols in matrices)
-    return element * (sum(merged[name] for name in wrapped) + (factors if element != 4 else 0))
+    return sum(merged) + (element * factors if element != 4 else 0)
+
+
+def wrapped_expert_merged_bytes(config: RunConfig, arch: Architecture) -> list[int]:
+    """The merged weights of one MoE layer whose parameters PEFT wraps, in the base's dtype, router, gate-up, down (of
+    those it wraps): what `wrapped_expert_weights_bytes` counts beside the cast factors."""
+    wrapped = lora_expert_parameters(arch, config)
+    e, h, width = arch.experts, arch.hidden_size, arch.expert_intermediate_size
+    sizes = {"router": e * h, "gate_up": e * 2 * width * h, "down": e * width * h}
+    return [_base_element_bytes(config) * sizes[name] for name in ("router", "gate_up", "down") if name in wrapped]
 
 
 def wrapped_expert_gradient_bytes(config: RunConfig, arch: Architecture) -> int:
