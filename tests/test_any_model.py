@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, last_json, run_cli, state_bytes
+from saved_tensors import saved_bytes_per_token_of_one_layer
 
 from gpuanat.core.memory.bands.decoder_layers import (
     eager_scores_bytes,
@@ -184,26 +185,6 @@ def test_a_published_config_json_has_the_published_parameter_count(directory):
     assert parameter_shapes(architecture).params == sum(parameter.numel() for parameter in model.parameters())
 
 
-def _saved_bytes_per_token_of_one_layer(model, tokens: torch.Tensor) -> float:
-    """What autograd saves while the model's second layer runs, once per storage, parameters left out, per token."""
-    (layer,) = [module for name, module in model.named_modules() if name.endswith(("layers.1", "h.1"))]
-    parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
-    inside, seen, charged = [False], set(), [0]
-    layer.register_forward_pre_hook(lambda module, args: inside.__setitem__(0, True))
-    layer.register_forward_hook(lambda module, args, output: inside.__setitem__(0, False))
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters and storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            charged[0] += storage.nbytes() if inside[0] else 0
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=tokens, labels=tokens)
-    return charged[0] / tokens.numel()
-
-
 CPU_DROPOUT_MASK_EXTRA_BYTES = 3
 """torch's CPU dropout keeps a mask in the input's dtype (fp32: 4 bytes); CUDA's fused dropout a bool (1 byte), which
 the model counts."""
@@ -223,7 +204,7 @@ def test_one_layer_keeps_for_backward_what_the_derivation_says(name, lora):
     model.train()
     batch, seq = 2, 32
     torch.manual_seed(0)
-    measured = _saved_bytes_per_token_of_one_layer(model, torch.randint(0, 512, (batch, seq)))
+    measured = saved_bytes_per_token_of_one_layer(model, torch.randint(0, 512, (batch, seq)))
     config = RunConfig(
         preset="llama-tiny", precision="fp32", attn="eager", lora=lora, seq_len=seq, batch_size=batch, device="cpu"
     )

@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 from conftest import run_cli
+from saved_tensors import saved_bytes_per_token_of_one_layer
 
 from gpuanat.core.memory.bands.decoder_layers import eager_scores_bytes, layer_bytes_per_token
 from gpuanat.core.memory.model_config import UnreadableModel, read_architecture
@@ -201,27 +202,6 @@ def test_every_parameter_buffer_and_adapter_is_read_from_the_family_code(name):
     assert lora_shapes(architecture, RunConfig(preset="llama-tiny", lora=4)).params == trainable
 
 
-def _saved_bytes_per_token_of_one_layer(model, tokens: torch.Tensor) -> float:
-    """What autograd saves while the model's second layer runs, once per storage, parameters and buffers (the weights
-    band: GPT-Neo's mask buffer, which its attention slices) left out, per token."""
-    (layer,) = [module for name, module in model.named_modules() if name.endswith(("layers.1", "h.1", "blocks.1"))]
-    held = {tensor.untyped_storage().data_ptr() for tensor in [*model.parameters(), *model.buffers()]}
-    inside, seen, charged = [False], set(), [0]
-    layer.register_forward_pre_hook(lambda module, args: inside.__setitem__(0, True))
-    layer.register_forward_hook(lambda module, args, output: inside.__setitem__(0, False))
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in held and storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            charged[0] += storage.nbytes() if inside[0] else 0
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=tokens, labels=tokens)
-    return charged[0] / tokens.numel()
-
-
 def _per_forward_bytes(name: str, architecture) -> int:
     """What a layer saves once a forward pass, not per token (at a real size a few KiB): GPT-J's and CodeGen's
     sin and cos gathered from their table for q and for k (4 × seq × rotary width, fp32), GLM-4's cos and sin repeated
@@ -254,7 +234,7 @@ def test_one_layer_of_each_family_keeps_for_backward_what_the_derivation_says(na
             model = peft.get_peft_model(model, peft.LoraConfig(r=lora, target_modules="all-linear"))
     model.train()
     torch.manual_seed(0)
-    measured = _saved_bytes_per_token_of_one_layer(model, torch.randint(0, 512, (BATCH, SEQ)))
+    measured = saved_bytes_per_token_of_one_layer(model, torch.randint(0, 512, (BATCH, SEQ)))
     config = RunConfig(
         preset="llama-tiny", precision="fp32", attn="eager", lora=lora, seq_len=SEQ, batch_size=BATCH, device="cpu"
     )
@@ -280,7 +260,7 @@ def test_falcon_multi_query_under_sdpa_is_torch_math_attention_as_derived(batch)
     assert architecture.kv_heads == 1 and architecture.kv_broadcast_to_heads
     model.train()
     torch.manual_seed(0)
-    measured = _saved_bytes_per_token_of_one_layer(model, torch.randint(0, 512, (batch, SEQ)))
+    measured = saved_bytes_per_token_of_one_layer(model, torch.randint(0, 512, (batch, SEQ)))
     config = RunConfig(preset="llama-tiny", precision="fp32", seq_len=SEQ, batch_size=batch, device="cpu")
     probabilities = architecture.num_heads * SEQ * eager_scores_bytes(config, architecture)
     assert probabilities == architecture.num_heads * SEQ * 4
