@@ -9,11 +9,13 @@ tracked processes; `open_source()` picks it when NVML works, else `HostOnlySourc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
+from gpuanat.core.measure.gpm import GpmReader, GpmReading
 from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource, HostProcessMeter
 from gpuanat.core.measure.samples import (
     GpuSample,
@@ -24,6 +26,9 @@ from gpuanat.core.measure.samples import (
     SampleSource,
 )
 
+GPM_REFRESH_S = 1.0
+"""How often each GPU's GPM counters are read (each reading is the interval since the previous one, as NVML's own
+`nvidia-smi dmon --gpm-metrics` samples them); the samples between carry it."""
 PROCESS_UTILIZATION_REFRESH_S = 1.0
 """How often each process's GPU utilization is read. NVML's nvmlDeviceGetProcessUtilization cost 2.3 ms of CPU a
 call on the H100 (the memory, utilization, power, temperature and process list together 0.05 ms;
@@ -107,6 +112,12 @@ def _nvml_or_none(pynvml: Any, read: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+def _optional_reading(pynvml: Any, name: str, *args: Any) -> Any:
+    """A reading older drivers or bindings may lack: None where the call is missing or NVML reports an error."""
+    read = getattr(pynvml, name, None)
+    return _nvml_or_none(pynvml, read, *args) if read is not None else None
+
+
 def nvml_memory_info(pynvml: Any, handle: Any) -> Any:
     """The device's memory: NVML's v2 reading, which separates the driver's reserved memory, where the driver
     gives it, else v1 (no `reserved`); None when NVML reports an error."""
@@ -167,6 +178,10 @@ class NvmlSource:
         self._process_utilization: dict[int, tuple[ProcessUtilization, ...] | None] = {}
         """Per GPU, the last per-process utilization read, carried by the samples until the next read."""
         self._process_utilization_read_at_s = -math.inf
+        self._gpm = {index: GpmReader(pynvml, handle) for index, handle, _name in self._devices}
+        self._gpm_readings: dict[int, GpmReading | None] = {}
+        """Per GPU, the last GPM reading, carried by the samples until the next (`GPM_REFRESH_S`)."""
+        self._gpm_read_at_s = -math.inf
 
     def read(self, pids: Iterable[int]) -> Sample:
         t_s = self._clock()
@@ -175,6 +190,9 @@ class NvmlSource:
             self._process_utilization = {
                 index: self._read_process_utilization(index, handle) for index, handle, _name in self._devices
             }
+        if t_s - self._gpm_read_at_s >= GPM_REFRESH_S:
+            self._gpm_read_at_s = t_s
+            self._gpm_readings = {index: reader.read() for index, reader in self._gpm.items()}
         gpus = tuple(self._read_gpu(index, handle, name) for index, handle, name in self._devices)
         return Sample(t_s=t_s, gpus=gpus, host=self._host.measure(pids))
 
@@ -203,7 +221,30 @@ class NvmlSource:
                 for process in processes
             ),
             process_utilization=self._process_utilization.get(index),
+            **self._read_activity(index, handle),
         )
+
+    def _read_activity(self, index: int, handle: Any) -> dict[str, Any]:
+        """GPM's last reading (`gpm`), the energy counter, the clocks and the throttle reasons."""
+        nvml = self._nvml
+        gpm = self._gpm_readings.get(index)
+        reader = self._gpm[index]
+        readings: dict[str, Any] = dataclasses.asdict(gpm) if gpm is not None else {}
+        if gpm is None and reader.unavailable_reason:
+            readings["gpm_unavailable"] = reader.unavailable_reason
+        energy = _optional_reading(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle)
+        sm_clock = _optional_reading(nvml, "nvmlDeviceGetClockInfo", handle, getattr(nvml, "NVML_CLOCK_SM", 1))
+        memory_clock = _optional_reading(nvml, "nvmlDeviceGetClockInfo", handle, getattr(nvml, "NVML_CLOCK_MEM", 2))
+        reasons = _optional_reading(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if reasons is None:
+            reasons = _optional_reading(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        return {
+            **readings,
+            "energy_mj": int(energy) if energy is not None else None,
+            "sm_clock_mhz": int(sm_clock) if sm_clock is not None else None,
+            "memory_clock_mhz": int(memory_clock) if memory_clock is not None else None,
+            "clocks_event_reasons": int(reasons) if reasons is not None else None,
+        }
 
     def _read_process_utilization(self, index: int, handle: Any) -> tuple[ProcessUtilization, ...] | None:
         """Each process's mean SM and memory utilization over NVML's samples since the previous read."""
@@ -241,6 +282,8 @@ class NvmlSource:
         """Shut NVML down; idempotent."""
         if not self._closed:
             self._closed = True
+            for reader in getattr(self, "_gpm", {}).values():
+                reader.close()
             _shutdown_nvml(self._nvml)
 
 

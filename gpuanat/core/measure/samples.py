@@ -40,6 +40,21 @@ class ProcessUtilization:
     memory_util_percent: float
 
 
+_OPTIONAL_READINGS = (
+    "sm_active_percent",
+    "sm_occupancy_percent",
+    "tensor_active_percent",
+    "tensor_16bit_active_percent",
+    "dram_bandwidth_percent",
+    "gpm_unavailable",
+    "energy_mj",
+    "sm_clock_mhz",
+    "memory_clock_mhz",
+    "clocks_event_reasons",
+)
+"""GpuSample's readings added since its first traces were recorded: left out of its JSON when None."""
+
+
 @dataclass(frozen=True)
 class GpuSample:
     """One GPU at one instant. Every reading is None when NVML could not give it."""
@@ -63,9 +78,27 @@ class GpuSample:
     process_utilization: tuple[ProcessUtilization, ...] | None = None
     """Per-process utilization since the previous read, for the processes that used the GPU in that time;
     None when it was not read (the default) or this GPU does not report it."""
+    sm_active_percent: float | None = None
+    """NVML GPM (`gpm.GPM_METRICS`), over the last GPM interval: share of time the SMs had a warp resident."""
+    sm_occupancy_percent: float | None = None
+    tensor_active_percent: float | None = None
+    """Share of time the tensor pipes (any precision) were active: what "busy" means for a matmul-bound step."""
+    tensor_16bit_active_percent: float | None = None
+    dram_bandwidth_percent: float | None = None
+    gpm_unavailable: str | None = None
+    """Why the GPM readings are None (an older GPU, MIG, no permission); None where they were read."""
+    energy_mj: int | None = None
+    """NVML's energy counter, millijoules since the driver loaded (nvmlDeviceGetTotalEnergyConsumption)."""
+    sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    clocks_event_reasons: int | None = None
+    """NVML's clocks event (throttle) reasons bitmask (`gpm.throttle_names`)."""
 
     def to_json(self) -> dict[str, Any]:
         fields = _flat_fields(self)  # taken at every sample: not dataclasses.asdict, which deep-copies each field
+        for name in _OPTIONAL_READINGS:  # traces recorded without them stay as they were
+            if fields[name] is None:
+                del fields[name]
         fields["processes"] = [_flat_fields(process) for process in self.processes]
         if self.process_utilization is None:
             del fields["process_utilization"]  # traces recorded without it stay as they were
