@@ -17,13 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuanat.core.measure.activity import steady_activity
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.diagnose import diagnose, step_time_breakdown
 from gpuanat.core.measure.failure import Readings, bands_readings, modules_json, out_of_memory_json
 from gpuanat.core.measure.flops import utilization
 from gpuanat.core.measure.gpus import GpuChoice
 from gpuanat.core.measure.run_state import RankEvents, rank_status
-from gpuanat.core.measure.samples import NvmlStatus, Sample
+from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.measure.startup import time_to_first_step_s, wall_breakdown
 from gpuanat.core.memory.predict import prediction
 from gpuanat.core.operations.anatomy import operations_anatomy
@@ -62,6 +63,8 @@ class RankRecord(RankEvents):
     """When its error came, among every rank's: of two errors of one kind, the earlier is the cause."""
     gpu_busy: list[tuple[float, float]] = field(default_factory=list)
     """(sampler time, NVML utilization %) of this rank's GPU, every sample."""
+    gpu_readings: list[tuple[float, GpuSample]] = field(default_factory=list)
+    """(sampler time, this rank's GPU without its process lists), every sample: its activity and energy."""
 
     def observe(self, event: Event | Malformed) -> Step | None:
         if isinstance(event, Error):
@@ -76,6 +79,7 @@ class RankRecord(RankEvents):
         self.gpu_name = gpu.name
         if gpu.gpu_util_percent is not None:
             self.gpu_busy.append((sample.t_s, gpu.gpu_util_percent))
+        self.gpu_readings.append((sample.t_s, dataclasses.replace(gpu, processes=(), process_utilization=None)))
         self.device_total_bytes = gpu.total_bytes
         if gpu.used_bytes is not None:
             self.peak_device_used_bytes = max(self.peak_device_used_bytes or 0, gpu.used_bytes)
@@ -339,6 +343,18 @@ def build_result(
         operations_anatomy=operations_anatomy(state.operations) if state.operations is not None else None,
     )
     result.modules = modules_json(state.probe_bands)
+    ends = state.step_ends_s
+    start_s = ends.get(done.warmup_steps or 0) if done and ends else None
+    activity = steady_activity(
+        state.gpu_readings,
+        (start_s, max(ends.values())) if start_s is not None else None,
+        steady,
+        config.seq_len,
+        no_gpu_reason="CPU run: no GPU" if config.device != "cuda" else None if nvml.available else nvml.reason,
+    )
+    for name, value in activity.values.items():
+        setattr(result, name, value)
+    result.unavailable |= activity.unavailable
     cause = first_cause([ranks[rank] for rank in sorted(ranks)])
     result.out_of_memory = out_of_memory_json(cause, next((r for r in ranks if ranks[r].error is cause), 0))
     result.diagnosis = [finding.to_json() for finding in diagnose(result)]

@@ -132,6 +132,8 @@ RUN_RESULT_KEYS = (
     *("step_time_breakdown", "compile_stats", "operations_anatomy", "diagnosis", "wall_breakdown_s"),
     "time_to_first_step_s",
     *("modules", "out_of_memory"),
+    *("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent"),
+    *("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token"),
 )
 """The keys of a launched run's result (`measure.result.build_result`), in order; the session adds `start` and
 `history_error` after them."""
@@ -223,6 +225,20 @@ class RunResult(JsonRecord):
     """An out-of-memory run's failing allocation (`protocol.OutOfMemory`'s fields but its bands, which are the
     failing rank's `bands`; and that `rank`): the phase, the module and line that asked, the allocation, the
     allocator's and NVML's readings then, the largest live tensors."""
+    sm_active_percent: float | None = None
+    """Rank 0's GPU over the steady steps (`measure.activity`): NVML GPM's median share of time its SMs were
+    active; `tensor_active_percent` its tensor pipes (what "busy" means for matmuls), `dram_bandwidth_percent` its
+    memory bandwidth, `sm_occupancy_percent` the warps resident."""
+    sm_occupancy_percent: float | None = None
+    tensor_active_percent: float | None = None
+    dram_bandwidth_percent: float | None = None
+    average_power_w: float | None = None
+    """From NVML's energy counter over the steady steps."""
+    energy_joules: float | None = None
+    """The whole run's, NVML's energy counter from the first sample to the last."""
+    joules_per_sample: float | None = None
+    """At the steady rate: average power over steady samples/s."""
+    joules_per_token: float | None = None
     start: dict[str, Any] | None = None
     """How the training process started (`run.warm`: prepared ahead or cold)."""
     history_error: str | None = None

@@ -1,0 +1,73 @@
+"""How busy a run kept its GPU over its steady steps, and what that cost in energy (issue #51): the medians of NVML
+GPM's readings (`gpm`: SMs active, occupancy, tensor pipes active, DRAM bandwidth) over the steady window, the
+average power over it from NVML's energy counter, the energy per sample and per token at the steady rate, and the
+whole run's energy. Each value None has its reason, for the result's `unavailable`."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuanat.core.measure.samples import GpuSample
+
+ACTIVITY_PERCENTS = ("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent")
+"""The GPM readings a result carries, as steady-window medians."""
+ENERGY_FIELDS = ("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token")
+ACTIVITY_FIELDS = (*ACTIVITY_PERCENTS, *ENERGY_FIELDS)
+
+
+@dataclass(frozen=True)
+class Activity:
+    values: dict[str, float | None]
+    """`ACTIVITY_FIELDS` by name."""
+    unavailable: dict[str, str]
+    """Why each None value is."""
+
+
+def steady_activity(
+    readings: Sequence[tuple[float, GpuSample]],
+    window: tuple[float, float] | None,
+    steady_samples_per_second: float | None,
+    seq_len: int,
+    no_gpu_reason: str | None = None,
+) -> Activity:
+    """The activity of the GPU read in `readings` ((sampler time, the GPU's sample), in order) over `window`
+    (the steady steps on the sampler's clock; None: no steady window), and the energy at the steady rate."""
+    values: dict[str, float | None] = dict.fromkeys(ACTIVITY_FIELDS)
+    if no_gpu_reason is not None or not readings:
+        reason = no_gpu_reason or "NVML gave no reading during the run"
+        return Activity(values, dict.fromkeys(ACTIVITY_FIELDS, reason))
+    unavailable: dict[str, str] = {}
+    energy = [(t_s, gpu.energy_mj) for t_s, gpu in readings if gpu.energy_mj is not None]
+    if len(energy) >= 2:
+        values["energy_joules"] = (energy[-1][1] - energy[0][1]) / 1000.0
+    else:
+        unavailable["energy_joules"] = "NVML's energy counter is not readable on this GPU"
+    steady = [(t_s, gpu) for t_s, gpu in readings if window is not None and window[0] <= t_s <= window[1]]
+    if not steady:
+        reason = "no steady steps to read over" if window is None else "no sample fell in the steady steps"
+        unavailable |= {name: reason for name in (*ACTIVITY_PERCENTS, "average_power_w")}
+    else:
+        gpm_reason = next((gpu.gpm_unavailable for _t, gpu in steady if gpu.gpm_unavailable), None)
+        for name in ACTIVITY_PERCENTS:
+            percents = [getattr(gpu, name) for _t, gpu in steady if getattr(gpu, name) is not None]
+            if percents:
+                values[name] = statistics.median(percents)
+            else:
+                unavailable[name] = gpm_reason or "NVML GPM gave no reading (it needs a Hopper or later GPU)"
+        in_window = [(t_s, mj) for t_s, mj in energy if window is not None and window[0] <= t_s <= window[1]]
+        if len(in_window) >= 2 and in_window[-1][0] > in_window[0][0]:
+            values["average_power_w"] = (
+                (in_window[-1][1] - in_window[0][1]) / 1000.0 / (in_window[-1][0] - in_window[0][0])
+            )
+        else:
+            unavailable["average_power_w"] = "fewer than two energy readings in the steady steps"
+    power = values["average_power_w"]
+    if power is not None and steady_samples_per_second:
+        values["joules_per_sample"] = power / steady_samples_per_second
+        values["joules_per_token"] = power / (steady_samples_per_second * seq_len)
+    else:
+        reason = "no steady samples/s" if power is not None else "no steady power"
+        unavailable |= {"joules_per_sample": reason, "joules_per_token": reason}
+    return Activity(values, unavailable)
