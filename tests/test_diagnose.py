@@ -271,3 +271,21 @@ def test_one_recompilation_a_frame_is_a_specialisation_more_is_a_failing_guard()
     assert compile_findings({"graphs": 3, "graph_breaks": 0, "frames": 2}) == []
     (finding,) = compile_findings({"graphs": 10, "graph_breaks": 0, "frames": 2})
     assert finding.evidence == "torch.compile met 0 graph break(s) and compiled 10 graph(s) (8 recompilation(s))"
+
+
+def test_a_busy_gpu_whose_tensor_pipes_idle_says_so():
+    """bert-large bf16 at batch 64 through gpuanat on the H100 (benchmarks/results/h100/gpm/bert.json), with the tensor
+    pipes' and DRAM's activity an independent GPM sampler read over the run (benchmarks/results/h100/gpm/
+    independent.jsonl, the run's window: medians 27.3% and 44.2%)."""
+    lines = (RESULTS.parent / "gpm" / "bert.json").read_text().splitlines()
+    run = json.loads([line for line in lines if line.startswith("{")][-1])
+    (finding,) = [f for f in diagnose(run) if f.bottleneck == "gpu-bound"]
+    assert "tensor" not in finding.evidence  # recorded before the result carried GPM's readings
+    run.update(tensor_active_percent=27.3, dram_bandwidth_percent=44.2)
+    (finding,) = [f for f in diagnose(run) if f.bottleneck == "gpu-bound"]
+    busy = run["step_time_breakdown"]["gpu_busy_percent"]
+    assert finding.evidence.startswith(f"the GPU was busy {busy:.0f}% of the time but its tensor pipes only 27%")
+    assert "DRAM bandwidth 44%" in finding.evidence
+    run.update(tensor_active_percent=93.6)  # a GEMM-bound step's
+    (finding,) = [f for f in diagnose(run) if f.bottleneck == "gpu-bound"]
+    assert "the tensor pipes 94%" in finding.evidence
