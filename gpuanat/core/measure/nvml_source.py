@@ -28,7 +28,8 @@ from gpuanat.core.measure.samples import (
 
 GPM_REFRESH_S = 1.0
 """How often each GPU's GPM counters are read (each reading is the interval since the previous one, as NVML's own
-`nvidia-smi dmon --gpm-metrics` samples them); the samples between carry it."""
+`nvidia-smi dmon --gpm-metrics` samples them; the samples between carry it), and its energy counter (only the sample
+that read it has it: a rate needs the time it was read)."""
 PROCESS_UTILIZATION_REFRESH_S = 1.0
 """How often each process's GPU utilization is read. NVML's nvmlDeviceGetProcessUtilization cost 2.3 ms of CPU a
 call on the H100 (the memory, utilization, power, temperature and process list together 0.05 ms;
@@ -182,6 +183,7 @@ class NvmlSource:
         self._gpm_readings: dict[int, GpmReading | None] = {}
         """Per GPU, the last GPM reading, carried by the samples until the next (`GPM_REFRESH_S`)."""
         self._gpm_read_at_s = -math.inf
+        self._gpm_due = True
 
     def read(self, pids: Iterable[int]) -> Sample:
         t_s = self._clock()
@@ -190,7 +192,8 @@ class NvmlSource:
             self._process_utilization = {
                 index: self._read_process_utilization(index, handle) for index, handle, _name in self._devices
             }
-        if t_s - self._gpm_read_at_s >= GPM_REFRESH_S:
+        self._gpm_due = t_s - self._gpm_read_at_s >= GPM_REFRESH_S
+        if self._gpm_due:
             self._gpm_read_at_s = t_s
             self._gpm_readings = {index: reader.read() for index, reader in self._gpm.items()}
         gpus = tuple(self._read_gpu(index, handle, name) for index, handle, name in self._devices)
@@ -232,7 +235,9 @@ class NvmlSource:
         readings: dict[str, Any] = dataclasses.asdict(gpm) if gpm is not None else {}
         if gpm is None and reader.unavailable_reason:
             readings["gpm_unavailable"] = reader.unavailable_reason
-        energy = _optional_reading(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle)
+        # the energy counter cost 3.1 ms of CPU a read on the H100, the other readings 2-80 µs
+        # (benchmarks/results/h100/gpm/read_cost.json): read with GPM's, and only in that sample, at its time
+        energy = _optional_reading(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle) if self._gpm_due else None
         sm_clock = _optional_reading(nvml, "nvmlDeviceGetClockInfo", handle, getattr(nvml, "NVML_CLOCK_SM", 1))
         memory_clock = _optional_reading(nvml, "nvmlDeviceGetClockInfo", handle, getattr(nvml, "NVML_CLOCK_MEM", 2))
         reasons = _optional_reading(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)

@@ -88,7 +88,8 @@ class GpuSample:
     gpm_unavailable: str | None = None
     """Why the GPM readings are None (an older GPU, MIG, no permission); None where they were read."""
     energy_mj: int | None = None
-    """NVML's energy counter, millijoules since the driver loaded (nvmlDeviceGetTotalEnergyConsumption)."""
+    """NVML's energy counter, millijoules since the driver loaded (nvmlDeviceGetTotalEnergyConsumption), in the
+    samples that read it (once a second: `nvml_source.GPM_REFRESH_S`)."""
     sm_clock_mhz: int | None = None
     memory_clock_mhz: int | None = None
     clocks_event_reasons: int | None = None
