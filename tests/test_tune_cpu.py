@@ -244,6 +244,7 @@ def test_bad_input_is_one_line_and_exit_2(db_path):
         (["--trial-steps", "2"], "--trial-steps: must be an integer ≥ 3"),
         (["--budget", "0"], "--budget: minutes, more than 0"),
         (["--gpu-memory", "24"], "--gpu-memory: give a unit"),
+        (["--objective", "energy"], "--objective energy: a trial's energy is read from NVML's energy counter"),
     ):
         completed = run_cli(["tune", "--device", "cpu", "--preset", "tiny", *arguments], db_path)
         assert completed.returncode == 2, (arguments, completed.stderr)

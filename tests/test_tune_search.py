@@ -47,8 +47,10 @@ class FakeTrials:
         speedup=lambda config: 1.0,
         bottleneck=lambda config: None,
         trial_s=lambda config: TRIAL_S,
+        joules=lambda config: None,
     ):
         self.now_s = 0.0
+        self.joules = joules
         self.trial_s = trial_s
         self.bottleneck = bottleneck
         self.speedup = speedup
@@ -80,6 +82,7 @@ class FakeTrials:
             steady_samples_per_second=rate,
             samples_per_second=rate * 0.9,
             peak_reserved_bytes=config.batch_size * 2**28,
+            joules_per_sample=self.joules(config),
             diagnosis=[{"bottleneck": bottleneck, "evidence": "", "fix": ""}] if bottleneck else [],
         )
 
@@ -390,3 +393,24 @@ def test_the_time_left_is_the_trials_left_each_at_its_kinds_measured_time():
             assert progress.trials_left == len(result.trials) - index
     assert any(progress.estimated_left_s is None for _, progress in seen)  # a compiled trial was left untimed
     assert seen[-1][1].trials_left == 0 and seen[-1][1].left_words(str) == "no trial left unless a move helps"
+
+
+def test_the_energy_objective_keeps_the_move_that_lowers_the_energy_a_sample_not_the_fastest():
+    """With --objective energy a move is kept when it lowers the joules a sample by more than the noise, whatever
+    its speed: here fp32 trains at half bf16's rate and, in this made-up model, on a third of the energy a sample."""
+
+    def joules(config: RunConfig) -> float:
+        return 1.0 if config.precision == "fp32" else 3.0
+
+    _space, fastest = tune(FakeTrials(joules=joules))
+    assert fastest.objective == "throughput" and fastest.best is not None
+    assert fastest.best.config.precision in ("bf16", "fp16")
+    _space, thriftiest = tune(FakeTrials(joules=joules), objective="energy")
+    assert thriftiest.objective == "energy" and thriftiest.best is not None
+    assert thriftiest.best.config.precision == "fp32"
+    assert thriftiest.best.joules_per_sample == 1.0
+    assert (
+        thriftiest.best.rate("energy") == 1.0 and thriftiest.best.rate("throughput") < fastest.best.samples_per_second
+    )
+    _space, unread = tune(FakeTrials(), objective="energy")  # no energy read: nothing to choose by
+    assert unread.best is None

@@ -134,6 +134,7 @@ def trial_json(trial: Any, source: str | None, kept: list[int]) -> dict[str, Any
         "samples_per_second": trial.samples_per_second,
         "rate_source": trial.rate_source,
         "steady_samples_per_second": result.steady_samples_per_second,
+        "joules_per_sample": trial.joules_per_sample,
         "peak_memory_bytes": trial.memory_bytes(source) if source is not None else None,
         "peak_reserved_bytes": result.peak_reserved_bytes,
         "device_memory_used_bytes": result.device_memory_used_bytes,
@@ -163,6 +164,7 @@ def tune_json(
         }
     return {
         "status": outcome.stop_reason,
+        "objective": outcome.objective,
         "device": base.device,
         "gpu_memory_bytes": space.gpu_memory_bytes,
         "usable_memory_bytes": space.usable_memory_bytes,
@@ -223,8 +225,11 @@ def _print_front(summary: dict[str, Any]) -> None:
         print("* the whole run's rate, warm-up included: the trial had no steady window")
     best = summary["best"]
     if best is not None:
+        energy = f", {best['joules_per_sample']:.3g} J a sample" if best.get("joules_per_sample") is not None else ""
+        least = " (the least energy a sample)" if summary.get("objective") == "energy" else ""
         print(
-            f"Best: {best['command']}  ({best['samples_per_second']:.2f} samples/s, {_gib(best['peak_memory_bytes'])})"
+            f"Best{least}: {best['command']}  ({best['samples_per_second']:.2f} samples/s{energy}, "
+            f"{_gib(best['peak_memory_bytes'])})"
         )
 
 
@@ -241,6 +246,11 @@ def command_tune(args: argparse.Namespace) -> int:
     unsupported = machine_unsupported_reason(base, capabilities)
     if unsupported is not None:
         fail_usage(f"{unsupported[0]}: {unsupported[1]}")
+    if args.objective == "energy" and base.device != "cuda":
+        fail_usage(
+            f"--objective energy: a trial's energy is read from NVML's energy counter, and this run trains on the "
+            f"{base.device}; tune on a GPU, or leave --objective out (throughput)"
+        )
     gpu_memory = _memory_limit(given_memory, base, capabilities)
     if args.effective_batch is not None and args.batch_size is not None:
         base = base.replace(grad_accum=args.effective_batch // args.batch_size)
@@ -347,6 +357,7 @@ def command_tune(args: argparse.Namespace) -> int:
             on_pruned=pruned,
             on_kept=kept,
             stop=stop,
+            objective=args.objective,
         )
     summary = tune_json(outcome, base=base, space=space, budget_s=budget_s, trial_steps=args.trial_steps, held=held)
     why = {

@@ -70,6 +70,18 @@ class TuneTrial:
         return steady if steady is not None else self.result.samples_per_second
 
     @property
+    def joules_per_sample(self) -> float | None:
+        """Energy a sample at the steady rate (NVML's energy counter: a GPU run's)."""
+        return self.result.joules_per_sample
+
+    def rate(self, objective: str) -> float | None:
+        """What the search maximizes: samples/s ("throughput"), or samples a joule ("energy")."""
+        if objective == "energy":
+            joules = self.joules_per_sample
+            return 1.0 / joules if joules else None
+        return self.samples_per_second
+
+    @property
     def rate_source(self) -> str:
         return "steady" if self.result.steady_samples_per_second is not None else "whole run"
 
@@ -96,6 +108,8 @@ class TuneResult:
     """converged (no move helped), budget, interrupted, failed (a trial failed for a reason other than memory
     where the search could not go on), nothing fits (the prediction refuses every start)."""
     elapsed_s: float = 0.0
+    objective: str = "throughput"
+    """What a move had to improve (`TuneTrial.rate`): "throughput" or "energy"."""
 
     @property
     def ok_trials(self) -> list[TuneTrial]:
@@ -115,12 +129,13 @@ class TuneResult:
 
     @property
     def best(self) -> TuneTrial | None:
-        """The fastest ok trial (of equal speeds, the one using less memory): on the front by construction."""
+        """The fastest ok trial (of equal speeds, the one using less memory): on the front by construction; with the
+        energy objective, the one that used the least energy a sample."""
         source = self.memory_source
-        ok = self.ok_trials
+        ok = [trial for trial in self.ok_trials if trial.rate(self.objective) is not None]
         if not ok or source is None:
             return None
-        return max(ok, key=lambda trial: (trial.samples_per_second or 0.0, -(trial.memory_bytes(source) or 0)))
+        return max(ok, key=lambda trial: (trial.rate(self.objective) or 0.0, -(trial.memory_bytes(source) or 0)))
 
 
 def memory_source(trials: Sequence[TuneTrial]) -> str | None:

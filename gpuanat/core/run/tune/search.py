@@ -123,17 +123,19 @@ def run_tune(
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
     noise: float = NOISE_FRACTION,
+    objective: str = "throughput",
     **run_options: Any,
 ) -> TuneResult:
     """Search from `base` (the workload, and every technique the user fixed) within `space`, each trial a real run
     of `trial_steps` steps through `run_trial` (`execute_run`'s signature), recorded in `store` as "tune N: …".
     Stops when no move helps, when the next trial would not end within `budget_s` (estimated from the trials
     done), or when `stop` is set — returning what was found so far each time. `on_kept` gets each trial moved
-    to and its gain over the best before it (a fraction; 0 for the start)."""
+    to and its gain over the best before it (a fraction; 0 for the start). `objective`: what a move must improve,
+    steady samples/s ("throughput") or samples a joule ("energy", `TuneTrial.rate`)."""
     started_s = clock()
     predictor = Predictor(space)
     search = Search(base, space, predictor)
-    result = TuneResult()
+    result = TuneResult(objective=objective)
     reported_pruned: set[RunConfig] = set()
 
     def report_pruned() -> None:
@@ -198,12 +200,12 @@ def run_tune(
             report_pruned()
             trials = [attempt(candidate, dimension, center_trial.config) for candidate in candidates]
             report_pruned()
-            ok = [trial for trial in trials if trial is not None and trial.ok]
+            ok = [trial for trial in trials if trial is not None and trial.ok and trial.rate(objective) is not None]
             if ok:
-                fastest = max(ok, key=lambda trial: trial.samples_per_second or 0.0)
-                best_rate = center_trial.samples_per_second or 0.0
-                if fastest is not center_trial and beats(fastest.samples_per_second or 0.0, best_rate, noise):
-                    gain = (fastest.samples_per_second or 0.0) / best_rate - 1.0 if best_rate else 0.0
+                fastest = max(ok, key=lambda trial: trial.rate(objective) or 0.0)
+                best_rate = center_trial.rate(objective) or 0.0
+                if fastest is not center_trial and beats(fastest.rate(objective) or 0.0, best_rate, noise):
+                    gain = (fastest.rate(objective) or 0.0) / best_rate - 1.0 if best_rate else 0.0
                     center_trial = fastest
                     result.kept.append(fastest.index)
                     moved = True
