@@ -232,7 +232,7 @@ def test_a_new_history_is_marked_as_gpuanat_s(tmp_path):
     HistoryStore(tmp_path / "h.sqlite").close()
     with closing(sqlite3.connect(tmp_path / "h.sqlite")) as db:
         assert db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID == 0x47414E54
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -249,7 +249,7 @@ def test_a_version_1_history_is_read_as_it_is_and_upgraded_by_a_writable_open(tm
         new_id = store.create_run({"batch_size": 4})
     with closing(sqlite3.connect(db, isolation_level=None)) as raw:
         assert raw.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert raw.execute("SELECT recorder_started_at FROM runs WHERE id = ?", (new_id,)).fetchone()[0] > 0
 
 
@@ -271,7 +271,7 @@ def test_a_history_of_a_newer_gpuanat_is_read_but_not_written(tmp_path):
     with HistoryStore(db) as store:
         store.create_run({"batch_size": 4})
     with closing(sqlite3.connect(db, isolation_level=None)) as raw:
-        raw.execute("PRAGMA user_version = 3")
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with HistoryStore(db, read_only=True) as reader:
         assert len(reader.runs()) == 1
     with pytest.raises(HistoryError, match="newer gpuanat") as refused:

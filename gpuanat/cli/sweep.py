@@ -26,7 +26,7 @@ from gpuanat.core.vocabulary.validation import machine_unsupported_reason
 
 
 def command_sweep(args: argparse.Namespace) -> int:
-    from gpuanat.core.store.report import SWEEP_COLUMNS, sweep_rows
+    from gpuanat.core.store.report import SWEEP_COLUMNS, sweep_rows, unavailable_notes
     from gpuanat.core.store.sweep import BASE_TECHNIQUE_FIELDS, EXPERIMENTS
 
     fixed = [
@@ -85,6 +85,8 @@ def command_sweep(args: argparse.Namespace) -> int:
         print(json.dumps([{**result, **row} for result, row in zip(results, rows, strict=False)]))
     else:
         print_table(SWEEP_COLUMNS, rows)
+        for note in unavailable_notes(results):
+            print(note)
     if interrupted:
         return args.stop_signals.exit_code or EXIT_STOPPED
     return EXIT_OK if all(r["status"] in ("ok", "skipped", "oom") for r in results) else EXIT_FAILED

@@ -48,6 +48,19 @@ class RankSnapshot:
     device_used_bytes: int | None = None
     device_total_bytes: int | None = None
     gpu_util_percent: float | None = None
+    sm_active_percent: float | None = None
+    """NVML GPM's readings of the rank's GPU over its last interval (`GpuSample`): SMs active, tensor pipes active,
+    DRAM bandwidth used; None on a GPU without GPM."""
+    tensor_active_percent: float | None = None
+    dram_bandwidth_percent: float | None = None
+    power_w: float | None = None
+    energy_joules: float | None = None
+    """NVML's energy counter of the rank's GPU: joules since the driver loaded."""
+    sm_clock_mhz: int | None = None
+    throttle_reasons: tuple[str, ...] | None = None
+    """What slows the GPU's clocks now (`gpm.throttle_names`): () for nothing; None when not read."""
+    joules_per_sample: float | None = None
+    """Energy a training sample cost: the ended run's result's (its steady power over its steady rate)."""
     step: int | None = None
     total_steps: int | None = None
     samples_per_second: float | None = None
@@ -113,6 +126,12 @@ def _gauge(name: str, documentation: str, labels: list[str], unit: str = "") -> 
 LABELS = ["rank", "gpu", "UUID", "Hostname", "job", "run_id"]
 
 
+def _counter(name: str, documentation: str, unit: str) -> Any:
+    from prometheus_client.core import CounterMetricFamily
+
+    return CounterMetricFamily(f"{PREFIX}_{name}", documentation, labels=LABELS, unit=unit)
+
+
 def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: str) -> list[Any]:
     """The metric families of `snapshots`: each a gauge with one sample per rank (per band, phase or status)."""
     families = {
@@ -129,6 +148,26 @@ def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: st
         "used": _gauge("gpu_memory_used", "Device memory used, as NVML reads it", LABELS, "bytes"),
         "total": _gauge("gpu_memory_total", "Device memory in all", LABELS, "bytes"),
         "util": _gauge("gpu_utilization_percent", "NVML's GPU utilization of the rank's GPU", LABELS),
+        "sm_active": _gauge("sm_active_percent", "NVML GPM: share of time the GPU's SMs had a warp resident", LABELS),
+        "tensor_active": _gauge(
+            "tensor_active_percent", "NVML GPM: share of time the GPU's tensor pipes were active", LABELS
+        ),
+        "dram": _gauge("dram_bandwidth_percent", "NVML GPM: the GPU's DRAM bandwidth used, of its peak", LABELS),
+        "power": _gauge("gpu_power", "NVML's power draw of the rank's GPU", LABELS, "watts"),
+        "energy": _counter("gpu_energy", "NVML's energy counter of the rank's GPU, since the driver loaded", "joules"),
+        "sm_clock": _gauge("sm_clock", "The GPU's SM clock now", LABELS, "hertz"),
+        "throttled": _gauge(
+            "clocks_throttled", "1 while something slows the GPU's clocks (power, heat), else 0", LABELS
+        ),
+        "throttle_reason": _gauge(
+            "clocks_throttle_reason", "1 for each reason the GPU's clocks are slowed now", [*LABELS, "reason"]
+        ),
+        "joules_per_sample": _gauge(
+            "energy_per_sample",
+            "Energy a training sample cost: the ended run's steady power over its steady rate (its result's)",
+            LABELS,
+            "joules",
+        ),
         "step": _gauge("step", "The latest optimizer step", LABELS),
         "total_steps": _gauge("total_steps", "Steps the run will train", LABELS),
         "samples": _gauge("samples_per_second", "Training samples per second, the latest steps", LABELS),
@@ -166,6 +205,14 @@ def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: st
             ("used", snapshot.device_used_bytes),
             ("total", snapshot.device_total_bytes),
             ("util", snapshot.gpu_util_percent),
+            ("sm_active", snapshot.sm_active_percent),
+            ("tensor_active", snapshot.tensor_active_percent),
+            ("dram", snapshot.dram_bandwidth_percent),
+            ("power", snapshot.power_w),
+            ("energy", snapshot.energy_joules),
+            ("sm_clock", None if snapshot.sm_clock_mhz is None else snapshot.sm_clock_mhz * 1e6),
+            ("throttled", None if snapshot.throttle_reasons is None else int(bool(snapshot.throttle_reasons))),
+            ("joules_per_sample", snapshot.joules_per_sample),
             ("step", snapshot.step),
             ("total_steps", snapshot.total_steps),
             ("samples", snapshot.samples_per_second),
@@ -176,6 +223,8 @@ def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: st
         ):
             if value is not None:
                 families[key].add_metric(labels, value)
+        for reason in snapshot.throttle_reasons or ():
+            families["throttle_reason"].add_metric([*labels, reason], 1)
         for phase, seconds in snapshot.step_phase_seconds.items():
             families["phases"].add_metric([*labels, phase], seconds)
         families["status"].add_metric([*labels, snapshot.status], 1)

@@ -17,6 +17,7 @@ from gpuanat.core.export.metrics import RankSnapshot, tokens_per_second
 from gpuanat.core.measure.anatomy import gradients_after_backward_bytes
 from gpuanat.core.measure.diagnose import recent_breakdown
 from gpuanat.core.measure.flops import utilization
+from gpuanat.core.measure.gpm import throttle_names
 from gpuanat.core.measure.gpus import Gpu
 from gpuanat.core.measure.live_run import LiveRun, gpu_of
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S
@@ -95,6 +96,7 @@ class RunMetrics:
         step = state.last_step
         rate = state.samples_per_second(THROUGHPUT_WINDOW_S)
         status, used = "training", gpu.used_bytes if gpu else None
+        joules_per_sample = None
         gradients = gradients_after_backward_bytes(state.probe_bands)
         if result is not None:  # ended: the result's own numbers
             entry = next((entry for entry in result.ranks if entry.rank == rank), None)
@@ -103,6 +105,7 @@ class RunMetrics:
                 bands, used = entry.bands.values() if entry.bands else {}, entry.device_memory_used_bytes
                 gradients = entry.gradients_after_backward_bytes
                 rate = entry.steady_samples_per_second or rate
+            joules_per_sample = result.joules_per_sample if rank == 0 else None  # rank 0's GPU's, at the steady rate
         phases = {}
         if rank == 0:
             breakdown = recent_breakdown(live.timed_steps, live.gpu_busy)
@@ -123,6 +126,18 @@ class RunMetrics:
             device_used_bytes=used,
             device_total_bytes=gpu.total_bytes if gpu else None,
             gpu_util_percent=gpu.gpu_util_percent if gpu else None,
+            sm_active_percent=gpu.sm_active_percent if gpu else None,
+            tensor_active_percent=gpu.tensor_active_percent if gpu else None,
+            dram_bandwidth_percent=gpu.dram_bandwidth_percent if gpu else None,
+            power_w=gpu.power_w if gpu else None,
+            energy_joules=gpu.energy_mj / 1000.0 if gpu and gpu.energy_mj is not None else None,
+            sm_clock_mhz=gpu.sm_clock_mhz if gpu else None,
+            throttle_reasons=(
+                tuple(throttle_names(gpu.clocks_event_reasons))
+                if gpu and gpu.clocks_event_reasons is not None
+                else None
+            ),
+            joules_per_sample=joules_per_sample,
             step=step.step if step else None,
             total_steps=state.model.total_steps if state.model else None,
             samples_per_second=rate,

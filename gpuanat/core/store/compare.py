@@ -16,6 +16,11 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("samples_per_second", "samples/s"),
     ("steady_samples_per_second", "steady samples/s"),
     ("achieved_tflops", "TFLOP/s"),
+    ("sm_active_percent", "SMs active %"),
+    ("tensor_active_percent", "tensor pipes active %"),
+    ("dram_bandwidth_percent", "DRAM bandwidth %"),
+    ("average_power_w", "power W"),
+    ("joules_per_sample", "J/sample (lower is better)"),
     ("step_s", "step time"),
     *((f"step_{phase}_s", f"  {phase}") for phase in STEP_PHASES),
     ("peak_allocated_bytes", "peak allocated"),
@@ -32,6 +37,15 @@ BAND_METRICS = {"weights_bytes", "optimizer_state_bytes", "activations_bytes"}
 accumulation keeps alive at the end of forward, 0 without it)."""
 STEP_TIME_METRICS = {"step_s": None, **{f"step_{phase}_s": phase for phase in STEP_PHASES}}
 """The steady step's mean time and its phases (the result's `step_time_breakdown`)."""
+ACTIVITY_METRICS = {
+    "sm_active_percent",
+    "tensor_active_percent",
+    "dram_bandwidth_percent",
+    "average_power_w",
+    "joules_per_sample",
+}
+"""The GPU's steady activity and energy (`measure.activity`): none on a CPU run, before a GPM-capable GPU, or in a
+run recorded before gpuanat read them, and then no row."""
 OPERATIONS_METRICS = {"ops_device_s": None, **{f"ops_{group}_s": group for group in GROUPS}}
 """A profiled step's device time, and each kind of operation's (the result's `operations_anatomy`): what a technique
 fused away shows as a kind's time falling."""
@@ -88,8 +102,9 @@ def compare_runs(run_ids: Sequence[int], configs: Sequence[dict[str, Any]], resu
     metrics = []
     for key, label in COMPARED_METRICS:
         values = tuple(metric_value(result, key) for result in results)
-        if (key in STEP_TIME_METRICS or key in OPERATIONS_METRICS) and all(value is None for value in values):
-            continue  # runs recorded before steps were timed, or none profiled: no rows of dashes
+        optional = key in STEP_TIME_METRICS or key in OPERATIONS_METRICS or key in ACTIVITY_METRICS
+        if optional and all(value is None for value in values):
+            continue  # runs recorded before steps were timed, none profiled, or none on a GPU: no rows of dashes
         deltas = (None, *(percent_delta(value, values[0]) for value in values[1:]))
         metrics.append(MetricRow(key, label, values, deltas))
     return Comparison(tuple(run_ids), differing, tuple(metrics))

@@ -37,7 +37,7 @@ from typing import Any
 from gpuanat.core.measure.anatomy import bands_of_one_moment
 from gpuanat.core.store.history_errors import EXIT_BAD_FILE, HistoryError, HistoryWriteError, one_line
 from gpuanat.core.store.history_file import HistoryFile
-from gpuanat.core.store.history_schema import RUN_COLUMNS
+from gpuanat.core.store.history_schema import ACTIVITY_COLUMNS, RUN_COLUMNS
 from gpuanat.core.store.interrupted import interrupted_result, process_started_at, recorder_alive, result_from_steps
 from gpuanat.core.vocabulary.result import RunResult
 
@@ -64,6 +64,14 @@ class RunRow:
     result: RunResult
     """The stored result as written (no key when the run stored none yet)."""
     log_path: str | None
+
+
+_ACTIVITY_ASSIGNMENTS = ", ".join(f"{column} = ?" for column in ACTIVITY_COLUMNS)
+
+
+def _activity_values(result: RunResult) -> tuple[float | None, ...]:
+    """The result's values of the activity columns, in their order."""
+    return tuple(getattr(result, column) for column in ACTIVITY_COLUMNS)
 
 
 class HistoryStore(HistoryFile):
@@ -163,7 +171,10 @@ class HistoryStore(HistoryFile):
         """Store the run's result so far; `status` other than running also marks it finished."""
         result_json = json.dumps(result.to_json())
         with self._write("the run's result") as db:
-            db.execute("UPDATE runs SET result_json = ? WHERE id = ?", (result_json, run_id))
+            db.execute(
+                f"UPDATE runs SET result_json = ?, {_ACTIVITY_ASSIGNMENTS} WHERE id = ?",
+                (result_json, *_activity_values(result), run_id),
+            )
             if status is not None:
                 finished_at = None if status in ACTIVE_STATUSES else time.time()
                 db.execute("UPDATE runs SET status = ?, finished_at = ? WHERE id = ?", (status, finished_at, run_id))
@@ -185,9 +196,9 @@ class HistoryStore(HistoryFile):
                 result = self._interrupted_result(row)
                 finished_at = row["last_recorded_at"] or self._estimated_last_record(run_id, row["created_at"]) or now()
                 db.execute(
-                    "UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?"
+                    f"UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?, {_ACTIVITY_ASSIGNMENTS}"
                     " WHERE id = ? AND status = 'running'",
-                    (finished_at, json.dumps(result.to_json()), run_id),
+                    (finished_at, json.dumps(result.to_json()), *_activity_values(result), run_id),
                 )
                 finalised.append(run_id)
         return finalised

@@ -11,7 +11,8 @@ What it guarantees:
 - **Only our files.** A history gpuanat creates carries `PRAGMA application_id` APPLICATION_ID ('GANT') and
   `user_version` SCHEMA_VERSION. An existing file is used only if it carries our application_id, or is a
   version-1 history of an earlier gpuanat (application_id 0, user_version 1, exactly the tables runs, steps and
-  samples with their columns), which a writable open upgrades to version 2 in one transaction. Anything else —
+  samples with their columns), which a writable open upgrades, as it does a version-2 history, to SCHEMA_VERSION in
+  one transaction. Anything else —
   another application's SQLite file, a truncated or damaged file, random bytes, a directory, a symbolic link, an
   empty file — is refused with exit code 2 and left untouched. An empty file is never ours: gpuanat builds a new
   history beside its path and links it in whole, so no crash leaves an empty or half-made file at the path.
@@ -49,6 +50,7 @@ from gpuanat.core.store.history_errors import (
 from gpuanat.core.store.history_schema import (
     APPLICATION_ID,
     MIGRATION_FROM_1,
+    MIGRATION_FROM_2,
     RUN_COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
@@ -251,7 +253,7 @@ class HistoryFile:
         return db
 
     def _columns_present(self, db: sqlite3.Connection) -> str:
-        """The runs columns to select: NULL for the version-2 columns a version-1 file lacks."""
+        """The runs columns to select: NULL for the columns of later versions an earlier file lacks."""
         present = {name for (name,) in self._execute(db, "SELECT name FROM pragma_table_info('runs')")}
         return ", ".join(column if column in present else f"NULL AS {column}" for column in RUN_COLUMNS.split(", "))
 
@@ -364,13 +366,15 @@ class HistoryFile:
         raise self._not_ours(f"application_id {application_id:#x}, user_version {version}, tables: {found}")
 
     def _migrate(self) -> None:
-        """Upgrade a version-1 history to version 2 in one transaction (another process may have done it first)."""
+        """Upgrade a version-1 or version-2 history to SCHEMA_VERSION in one transaction (another process may have done
+        it first)."""
         version = self._execute(self._db, "PRAGMA user_version")[0][0]
         if version >= SCHEMA_VERSION and self._execute(self._db, "PRAGMA application_id")[0][0] == APPLICATION_ID:
             return
-        with self._write("the upgrade of its schema to version 2") as db:
-            if db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-                for statement in MIGRATION_FROM_1:
+        with self._write(f"the upgrade of its schema to version {SCHEMA_VERSION}") as db:
+            found = db.execute("PRAGMA user_version").fetchone()[0]
+            if found < SCHEMA_VERSION:
+                for statement in (*(MIGRATION_FROM_1 if found < 2 else ()), *MIGRATION_FROM_2):
                     db.execute(statement)
                 db.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -6,9 +6,10 @@ Plain Python: no torch, no UI.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """PRAGMA user_version. 1: the first schema (its files carry no application_id); 2: runs also keep their
-recorder's start time and the time of their last recorded write, to finalise runs whose recorder is gone."""
+recorder's start time and the time of their last recorded write, to finalise runs whose recorder is gone; 3: runs
+also keep their GPU's activity and energy (`ACTIVITY_COLUMNS`) as columns, for queries across runs."""
 APPLICATION_ID = int.from_bytes(b"GANT", "big")
 """PRAGMA application_id of every history gpuanat creates (0x47414E54, ASCII 'GANT')."""
 
@@ -26,7 +27,15 @@ CREATE TABLE IF NOT EXISTS runs (
     log_path TEXT,
     recorder_pid INTEGER,
     recorder_started_at REAL,
-    last_recorded_at REAL
+    last_recorded_at REAL,
+    sm_active_percent REAL,
+    sm_occupancy_percent REAL,
+    tensor_active_percent REAL,
+    dram_bandwidth_percent REAL,
+    average_power_w REAL,
+    energy_joules REAL,
+    joules_per_sample REAL,
+    joules_per_token REAL
 );
 CREATE TABLE IF NOT EXISTS steps (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -42,13 +51,31 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 CREATE INDEX IF NOT EXISTS samples_by_run ON samples(run_id, t_s);
 """
-"""Schema version 2. `recorder_started_at`: the recorder's process start time (Unix time, psutil);
-`last_recorded_at`: Unix time of the last write of steps or samples, the end of a run whose recorder died."""
+"""Schema version 3. `recorder_started_at`: the recorder's process start time (Unix time, psutil);
+`last_recorded_at`: Unix time of the last write of steps or samples, the end of a run whose recorder died.
+The activity columns (`ACTIVITY_COLUMNS`) repeat the stored result's values of their names (NULL where it has none),
+so a query can sort and filter runs by them: `SELECT id, joules_per_sample FROM runs ORDER BY joules_per_sample`."""
+
+ACTIVITY_COLUMNS = (
+    *("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent"),
+    *("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token"),
+)
+"""The result's GPU activity and energy (`measure.activity`) that version 3 keeps as columns of runs."""
 
 MIGRATION_FROM_1 = (
     "ALTER TABLE runs ADD COLUMN recorder_started_at REAL",
     "ALTER TABLE runs ADD COLUMN last_recorded_at REAL",
 )
+MIGRATION_FROM_2 = (
+    *(f"ALTER TABLE runs ADD COLUMN {column} REAL" for column in ACTIVITY_COLUMNS),
+    # the results a gpuanat of schema 2 already wrote with these values: a damaged result_json stays as it is, NULL
+    "UPDATE runs SET "
+    + ", ".join(
+        f"{column} = CASE WHEN json_valid(result_json) THEN json_extract(result_json, '$.{column}') END"
+        for column in ACTIVITY_COLUMNS
+    ),
+)
+"""Version 2 to 3: the activity columns, filled from the results stored."""
 V1_TABLES = {
     "runs": (
         "id",

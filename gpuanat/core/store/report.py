@@ -111,11 +111,14 @@ HISTORY_COLUMNS = (
     Column("gpu_memory_mb", "GPU mem MiB", numeric=True, keep=1),
     Column("achieved_tflops", "TFLOP/s", numeric=True, keep=7),
     Column("mfu", "MFU", numeric=True, keep=8),
+    Column("tensor_active_percent", "tensor %", numeric=True, keep=12),
+    Column("joules_per_sample", "J/sample", numeric=True, keep=13),
     Column("prediction_error_delta", "pred err", numeric=True, keep=9),
     Column("bottleneck", "bottleneck", keep=10),
     Column("operations", "ops C/N/E %", keep=11),
 )
-"""At 80 columns: id, name, status, samples/s, GPU memory, peak allocated (and techniques, cut short)."""
+"""At 80 columns: id, name, status, samples/s, GPU memory, peak allocated (and techniques, cut short). Tensor % and
+J/sample (the GPU's steady activity and energy, `measure.activity`) stand beside MFU and go first."""
 
 
 def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
@@ -140,6 +143,8 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
                 "gpu_memory_mb": result.device_memory_used_bytes,
                 "achieved_tflops": result.achieved_tflops,
                 "mfu": result.mfu,
+                "tensor_active_percent": result.tensor_active_percent,
+                "joules_per_sample": result.joules_per_sample,
                 "prediction_error_delta": result.prediction_error_percent,
                 "bottleneck": next((finding.get("bottleneck") for finding in result.diagnosis or []), None),
                 "operations": operations_shares(result.operations_anatomy),
@@ -183,8 +188,15 @@ SWEEP_COLUMNS = (
     Column("gpu_memory_mb", "GPU mem MiB", numeric=True),
     Column("memory_delta", "Δ mem", numeric=True),
     Column("peak_allocated", "Peak alloc", numeric=True),
+    Column("tensor_active_percent", "Tensor %", numeric=True),
+    Column("joules_per_sample", "J/sample", numeric=True),
+    Column("joules_per_sample_delta", "Δ J/sample", numeric=True),
     Column("reason", "reason"),
 )
+"""The docs' experiment table, and how busy each experiment kept the GPU's tensor pipes and what a sample cost in
+energy (lower is better); `unavailable_notes` says why a value is missing."""
+ACTIVITY_TITLES = {"tensor_active_percent": "Tensor %", "joules_per_sample": "J/sample"}
+"""The activity columns of the sweep table whose missing values `unavailable_notes` explains."""
 
 
 def sweep_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -210,10 +222,39 @@ def sweep_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "gpu_memory_mb": memory,
                 "memory_delta": percent_delta(memory, baseline.get("device_memory_used_bytes")),
                 "peak_allocated": result.get("peak_allocated_bytes"),
+                "tensor_active_percent": result.get("tensor_active_percent"),
+                "joules_per_sample": result.get("joules_per_sample"),
+                "joules_per_sample_delta": percent_delta(
+                    result.get("joules_per_sample"), baseline.get("joules_per_sample")
+                ),
                 "reason": result.get("reason") or "",
             }
         )
     return rows
+
+
+def unavailable_notes(results: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per reason the experiments that trained give for a "—" in an activity column (`ACTIVITY_TITLES`):
+    '"—" in Tensor %, J/sample (2 experiments: vanilla, fp16): CPU run: it uses no GPU memory'. Made printable."""
+    missing: dict[str, dict[str, list[str]]] = {}
+    """reason -> column title -> the experiments it explains."""
+    for result in results:
+        if result.get("status") != "ok":
+            continue  # an experiment that did not train says why in its reason column
+        for key, title in ACTIVITY_TITLES.items():
+            if result.get(key) is None:
+                reason = (result.get("unavailable") or {}).get(key) or "not recorded"
+                missing.setdefault(reason, {}).setdefault(title, []).append(str(result.get("name")))
+    lines = []
+    for reason, titles in missing.items():
+        names = list(dict.fromkeys(name for named in titles.values() for name in named))
+        lines.append(f"“—” in {', '.join(titles)} ({counted(len(names), 'experiment')}: {', '.join(names)}): {reason}")
+    return [printable(line) for line in lines]
+
+
+def format_joules(value: float) -> str:
+    """Joules with three decimals under 10 J (a small model's sample costs a fraction of one), else one."""
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
 
 
 def display_value(key: str, value: Any) -> str:
@@ -231,6 +272,10 @@ def display_value(key: str, value: Any) -> str:
         return f"{value:.1f}" if value >= 1 else f"{value:.3f}"
     if key == "mfu":
         return f"{100 * value:.1f}%"
+    if key == "tensor_active_percent":
+        return f"{value:.1f}%"
+    if key == "joules_per_sample":
+        return format_joules(value)
     if key in ("time_s", "samples_per_second", "steady_samples_per_second"):
         return format_number(value)
     return printable(value)
