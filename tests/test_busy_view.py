@@ -24,6 +24,7 @@ from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget
 from gpuanat.tui.app import GpuAnatApp
 from gpuanat.tui.run_backend import LocalRunBackend
+from gpuanat.tui.watch_app import WatchApp
 from gpuanat.tui.widgets.gpu_activity import GpuActivityLine
 
 WORKLOADS = Path(__file__).resolve().parent / "data" / "gpm_h100_workloads.jsonl"
@@ -212,3 +213,61 @@ def test_watch_records_carry_each_gpus_activity_as_the_sampler_read_it(tmp_path)
     assert gemm["tensor_active_percent"] > 90 and gemm["throttle_reasons"] == ["software power cap"]
     launch = records[steps["launch"]]["gpus"][0]
     assert launch["sm_active_percent"] < 1 and launch["device_util_percent"] > 10
+
+
+BERT_TRACE = Path(__file__).resolve().parent.parent / "benchmarks/results/h100/gpm/bert_trace.jsonl"
+"""gpuanat's --trace-out of bert-large bf16 batch 64 on the H100: NVML's busy near 100%, the tensor pipes about 30%."""
+BERT_PID = 775
+"""The training process, as NVML listed it in the trace."""
+
+
+def make_bert_watch_app(db_path: Path, proc_root: Path) -> WatchApp:
+    """The watch dashboard of the bert run's training process, fed its recorded trace through the real sampler."""
+    (proc_root / str(BERT_PID)).mkdir(parents=True)
+    first_t_s = json.loads(BERT_TRACE.read_text().splitlines()[0])["t_s"]
+    target = WatchTarget(
+        pid=BERT_PID, name="python3", command="python3 -m gpuanat.worker", create_time_s=0.0, username=None
+    )
+
+    def session(target: WatchTarget, nvml: NvmlStatus) -> WatchSession:
+        return WatchSession(
+            target,
+            nvml,
+            clock=lambda: first_t_s,
+            publication_dirs_for=lambda pid: [],
+            process_alive=lambda: True,
+            resolver=PidNamespaceResolver(proc_root, check_visible_pids=False),
+        )
+
+    return WatchApp(
+        target,
+        db_path=db_path,
+        sampler_factory=lambda: (ReplaySource(BERT_TRACE), NVML),
+        session_factory=session,
+        clock=lambda: first_t_s,
+        interval_s=None,
+        paint_interval_s=3600,
+    )
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+async def test_the_watch_dashboard_shows_the_watched_gpus_tensor_pipes_beside_busy(tmp_path, size):
+    source = ReplaySource(BERT_TRACE)
+    samples = [source.read([]) for _ in range(len(source))]
+    training = [i for i, sample in enumerate(samples) if (sample.gpus[0].gpu_util_percent or 0) >= 99]
+    index = training[len(training) // 2]
+    gpu = samples[index].gpus[0]
+    app = make_bert_watch_app(tmp_path / "h.sqlite", tmp_path / "proc")
+    async with app.run_test(size=size) as pilot:
+        for _ in range(index + 1):
+            app.dashboard.sample_now()
+        app.dashboard.paint()
+        await pilot.pause()
+        row = activity_row(app)
+    # NVML's "busy" says a kernel ran; the tensor pipes were active about a third of the time
+    assert f"busy {whole(gpu.gpu_util_percent)}% · tensor {whole(gpu.tensor_active_percent)}%" in row
+    assert 20 < whole(gpu.tensor_active_percent) < 40
+    assert f"SM {whole(gpu.sm_active_percent)}%" in row
+    assert row.endswith("power cap") == (throttle_names(gpu.clocks_event_reasons) == ["software power cap"])
+    assert len(row) <= size[0] - 2
