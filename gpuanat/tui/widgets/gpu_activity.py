@@ -106,7 +106,9 @@ class GpuActivityLine(CachedRows):
         repaints nothing."""
         shown = tuple(_rounded(activity) for activity in activities)
         reasons = sorted({activity.gpm_unavailable for activity in activities if activity.gpm_unavailable})
-        self.tooltip = "; ".join(printable(reason) for reason in reasons) or None
+        tooltip = "; ".join(printable(reason) for reason in reasons) or None
+        if tooltip != self.tooltip:
+            self.tooltip = tooltip
         self.display = bool(shown)
         if shown != self._shown:
             layout = len(shown) != len(self._shown)
