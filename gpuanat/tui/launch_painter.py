@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from gpuanat.core.measure.diagnose import diagnose, recent_breakdown
 from gpuanat.core.measure.failure import out_of_memory_json
 from gpuanat.core.measure.live_run import LiveRun
-from gpuanat.core.measure.samples import Sample
+from gpuanat.core.measure.samples import GpuSample, Sample
 from gpuanat.core.measure.startup import startup_progress, startup_status
 from gpuanat.core.memory.compiled import compile_unpredicted_reason
 from gpuanat.core.memory.model_config import UnreadableModel
@@ -121,6 +121,8 @@ class LaunchPainter:
             dashboard.status_line.show(
                 nvml=dashboard.nvml, run_state=self.run_state(), sampler_cpu_percent=self._sampler_cpu_percent()
             )
+            if samples:
+                dashboard.show_activity(self._shown_gpus(charts.latest_sample))
 
     def _show_failure(self, failure: Mapping[str, Any] | None, run_id: int | None) -> None:
         """What failed when the run ran out of memory, above the bar, which then shows that moment."""
@@ -158,6 +160,16 @@ class LaunchPainter:
             index: int | None = last_result.gpus[0]["index"]
             return index
         return None
+
+    def _shown_gpus(self, sample: Sample | None) -> list[GpuSample]:
+        """The GPUs whose activity shows: the run's in progress, else the one the charts show (else the first)."""
+        if sample is None or not sample.gpus:
+            return []
+        live = self._dashboard.run_in_progress
+        wanted = list(live.gpu_indices) if live is not None and live.gpu_indices else [self.shown_gpu_index()]
+        by_index = {gpu.index: gpu for gpu in sample.gpus}
+        shown = [by_index[index] for index in wanted if index in by_index]
+        return shown or [sample.gpus[0]]
 
     # --- the status line ---------------------------------------------------------------------------
     def run_state(self) -> str:

@@ -28,6 +28,7 @@ from gpuanat.core.measure.anatomy import (
     gradients_after_backward_bytes,
 )
 from gpuanat.core.measure.failure import Readings, bands_readings, modules_json, out_of_memory_json, read_the_gpu
+from gpuanat.core.measure.gpm import throttle_names
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.measure.run_state import RankEvents
@@ -37,6 +38,21 @@ from gpuanat.core.vocabulary.protocol import Error, Operations, OutOfMemory, Pro
 from gpuanat.core.watch.loop_kind import ProbeHint, probe_hint
 from gpuanat.core.watch.publications import Publications
 from gpuanat.core.watch.target import WatchTarget
+
+ACTIVITY_READINGS = (
+    "sm_active_percent",
+    "sm_occupancy_percent",
+    "tensor_active_percent",
+    "tensor_16bit_active_percent",
+    "dram_bandwidth_percent",
+    "gpm_unavailable",
+    "energy_mj",
+    "sm_clock_mhz",
+    "memory_clock_mhz",
+    "clocks_event_reasons",
+)
+"""How busy each GPU really is, its energy counter and clocks (issue #51): in each record's GPU entry, named as in
+`GpuSample`, None where not read; `throttle_reasons` beside them says the set reasons in words."""
 
 
 def _gpu_of(gpus: Sequence[GpuSample], nvml_pids: set[int]) -> GpuSample | None:
@@ -134,6 +150,8 @@ class WatchRecords:
                     "memory_util_percent": gpu.memory_util_percent,
                     "power_w": gpu.power_w,
                     "temperature_c": gpu.temperature_c,
+                    **{name: getattr(gpu, name) for name in ACTIVITY_READINGS},
+                    "throttle_reasons": throttle_names(gpu.clocks_event_reasons),
                 }
             )
         gpu_memory_reason = None

@@ -9,6 +9,7 @@ terminal's size to it, and keeps the notifications said.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from textual.binding import Binding
 from textual.screen import Screen
 
+from gpuanat.core.measure.samples import GpuSample
 from gpuanat.core.store.history import RENAME_DEADLINE_S, HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
 from gpuanat.tui.screens.compare import CompareScreen
@@ -23,6 +25,7 @@ from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.keys import KeysScreen, key_rows
 from gpuanat.tui.screens.modules import ModulesScreen, ModulesShown, shown_of_result
 from gpuanat.tui.widgets.failure_line import FailureLine
+from gpuanat.tui.widgets.gpu_activity import GpuActivity, GpuActivityLine, has_activity
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -77,6 +80,16 @@ class DashboardScreen(Screen[None]):
     @cached_property
     def status_line(self) -> StatusLine:
         return self.query_one(StatusLine)
+
+    @cached_property
+    def activity_line(self) -> GpuActivityLine:
+        return self.query_one(GpuActivityLine)
+
+    def show_activity(self, readings: Sequence[GpuSample | Mapping[str, Any]]) -> None:
+        """How busy these GPUs really are, one row each (`GpuActivityLine`); the compact layout keeps the first (rank
+        0's: the lanes below say each GPU's utilization). Readings of a trace without GPM and clocks show no row."""
+        shown = [reading for reading in readings if has_activity(reading)]
+        self.activity_line.show([GpuActivity.of(reading) for reading in shown[: 1 if self.compact else None]])
 
     @cached_property
     def failure_line(self) -> FailureLine:

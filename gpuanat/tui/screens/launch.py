@@ -61,6 +61,7 @@ from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.technique_keys import TechniqueKeys
 from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline
 from gpuanat.tui.widgets.failure_line import FailureLine
+from gpuanat.tui.widgets.gpu_activity import GpuActivityLine
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes
 from gpuanat.tui.widgets.log_pane import LogPane
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -163,6 +164,7 @@ class LaunchDashboard(DashboardScreen):
     # --- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
+        yield GpuActivityLine(id="activity")
         with Horizontal(id="top"):
             yield TechniquesPanel(self.config, id="techniques")
             with Vertical(id="charts"):

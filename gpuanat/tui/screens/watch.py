@@ -37,6 +37,7 @@ from gpuanat.tui.screens.dashboard import FIRST_BINDINGS, SHARED_BINDINGS, Dashb
 from gpuanat.tui.screens.modules import NOT_FOLLOWED, ModulesShown
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.failure_line import FailureLine
+from gpuanat.tui.widgets.gpu_activity import GpuActivityLine
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
@@ -132,6 +133,7 @@ class WatchDashboard(DashboardScreen):
     # --- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
+        yield GpuActivityLine(id="activity")
         with Horizontal(id="top"):
             yield ProcessPanel(id="processes")
             with Vertical(id="charts"):
@@ -273,6 +275,8 @@ class WatchDashboard(DashboardScreen):
         if record["samples_per_second"] is not None and (throughput.last_t_s is None or t_s > throughput.last_t_s):
             throughput.append(t_s, record["samples_per_second"])
         self._show_bands(record, main)
+        used = [gpu for gpu in record["gpus"] if gpu["uses_it"]]
+        self.show_activity(used or ([main] if main is not None else []))
 
     def _add_anatomy(self, record: dict[str, Any]) -> None:
         """Memory by module and an out-of-memory failure, from the records that bring them (the final one too)."""
