@@ -11,7 +11,7 @@ import shtab
 
 from gpuanat import __version__
 from gpuanat.cli.common import EXIT_USAGE
-from gpuanat.cli.tune_parser import add_tune_parser
+from gpuanat.cli.tune_parser import add_tune_options, tune_subparser
 from gpuanat.core.printable import printable
 from gpuanat.core.vocabulary.config import (
     CPU_WORKLOAD,
@@ -280,7 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--max-batch", type=int, default=4096, metavar="N", help="stop searching at this batch (4096)")
     fit.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
-    add_tune_parser(commands)
+    tune = tune_subparser(commands)
+    add_technique_flags(tune)
+    add_common(tune)
+    add_metrics(tune)
+    add_tune_options(tune)
+    add_profile_ops(tune, trace=False)
 
     watch = commands.add_parser(
         "watch",

@@ -6,11 +6,10 @@ import argparse
 from typing import Any
 
 
-def add_tune_parser(commands: Any) -> None:
-    """The `tune` subcommand of the parser's `commands`."""
-    from gpuanat.cli.parser import add_common, add_metrics, add_profile_ops, add_technique_flags
-
-    tune = commands.add_parser(
+def tune_subparser(commands: Any) -> argparse.ArgumentParser:
+    """The `tune` subcommand of the parser's `commands`, its description; the caller adds the flags it shares with
+    the other commands, then `add_tune_options`."""
+    tune: argparse.ArgumentParser = commands.add_parser(
         "tune",
         help="search the techniques for the fastest training that fits, with short real runs",
         description=(
@@ -42,9 +41,11 @@ def add_tune_parser(commands: Any) -> None:
         "(predicted, or every trial ran out of memory), 130 stopped (the front so far is printed).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_technique_flags(tune)
-    add_common(tune)
-    add_metrics(tune)
+    return tune
+
+
+def add_tune_options(tune: argparse.ArgumentParser) -> None:
+    """What only `tune` takes: the memory to fit, the budget, the trials, the search, the objective."""
     tune.add_argument(
         "--gpu-memory",
         metavar="SIZE",
@@ -100,4 +101,3 @@ def add_tune_parser(commands: Any) -> None:
         action="store_true",
         help="print the front, every trial, what was not tried and the best set as one JSON object",
     )
-    add_profile_ops(tune, trace=False)
