@@ -120,3 +120,17 @@ def test_throttle_reasons_name_only_what_slows_a_busy_gpu():
     assert throttle_names(None) == []
     recorded = {sample.gpus[0].clocks_event_reasons for _w, sample in _readings()}
     assert recorded <= {0, 1, 4} and recorded  # idle between steps, at most the power cap while working
+
+
+def test_a_steady_window_shorter_than_the_energy_counters_reads_takes_the_power_readings_mean():
+    """The counter is read once a second (`nvml_source.GPM_REFRESH_S`): a short trial's steady steps may hold one read
+    or none; its power is then the mean of the samples' power readings, as recorded during the GEMM step."""
+    samples = _readings()
+    start, end = _window("gemm")
+    inside = [(s.t_s, s.gpus[0]) for wall, s in samples if start <= wall <= end]
+    short = [(t, dataclasses.replace(gpu, energy_mj=None)) for t, gpu in inside[:3]]  # 0.75 s, no counter read
+    activity = steady_activity(short, (short[0][0], short[-1][0]), 40.0, 512)
+    watts = [gpu.power_w for _t, gpu in short]
+    assert activity.values["average_power_w"] == pytest.approx(sum(watts) / len(watts))
+    assert activity.values["joules_per_sample"] == pytest.approx(sum(watts) / len(watts) / 40.0)
+    assert "energy_joules" in activity.unavailable  # the run's own energy needs the counter

@@ -1,7 +1,8 @@
 """How busy a run kept its GPU over its steady steps, and what that cost in energy (issue #51): the medians of NVML
 GPM's readings (`gpm`: SMs active, occupancy, tensor pipes active, DRAM bandwidth) over the steady window, the
 average power over it from NVML's energy counter, the energy per sample and per token at the steady rate, and the
-whole run's energy. Each value None has its reason, for the result's `unavailable`."""
+whole run's energy. Each value None has its reason, for the result's `unavailable`. (The energy counter is read
+once a second: a steady window with fewer than two of its reads takes the mean of the power readings instead.)"""
 
 from __future__ import annotations
 
@@ -61,8 +62,12 @@ def steady_activity(
             values["average_power_w"] = (
                 (in_window[-1][1] - in_window[0][1]) / 1000.0 / (in_window[-1][0] - in_window[0][0])
             )
-        else:
-            unavailable["average_power_w"] = "fewer than two energy readings in the steady steps"
+        else:  # a window shorter than the counter's once-a-second reads: the power readings' mean
+            watts = [gpu.power_w for _t, gpu in steady if gpu.power_w is not None]
+            if watts:
+                values["average_power_w"] = statistics.fmean(watts)
+            else:
+                unavailable["average_power_w"] = "no energy or power reading in the steady steps"
     power = values["average_power_w"]
     if power is not None and steady_samples_per_second:
         values["joules_per_sample"] = power / steady_samples_per_second
