@@ -17,9 +17,8 @@ from test_first_minute import screen_text
 from gpuanat.core.measure.gpm import throttle_names
 from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
 from gpuanat.core.measure.replay import ReplaySource
-from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
+from gpuanat.core.measure.samples import ACTIVITY_READINGS, GpuSample, NvmlStatus, Sample
 from gpuanat.core.vocabulary.config import RunConfig
-from gpuanat.core.watch.records import ACTIVITY_READINGS
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget
 from gpuanat.tui.app import GpuAnatApp

@@ -40,7 +40,7 @@ class ProcessUtilization:
     memory_util_percent: float
 
 
-_OPTIONAL_READINGS = (
+ACTIVITY_READINGS = (
     "sm_active_percent",
     "sm_occupancy_percent",
     "tensor_active_percent",
@@ -52,7 +52,8 @@ _OPTIONAL_READINGS = (
     "memory_clock_mhz",
     "clocks_event_reasons",
 )
-"""GpuSample's readings added since its first traces were recorded: left out of its JSON when None."""
+"""GpuSample's readings of how busy the GPU really is, its energy counter and clocks (issue #51), added since its
+first traces were recorded: left out of its JSON when None."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class GpuSample:
 
     def to_json(self) -> dict[str, Any]:
         fields = _flat_fields(self)  # taken at every sample: not dataclasses.asdict, which deep-copies each field
-        for name in _OPTIONAL_READINGS:  # traces recorded without them stay as they were
+        for name in ACTIVITY_READINGS:  # traces recorded without them stay as they were
             if fields[name] is None:
                 del fields[name]
         fields["processes"] = [_flat_fields(process) for process in self.processes]

@@ -32,27 +32,15 @@ from gpuanat.core.measure.gpm import throttle_names
 from gpuanat.core.measure.observed_run import THROUGHPUT_WINDOW_S, ObservedRun
 from gpuanat.core.measure.pid_namespace import PidMapping, PidNamespaceResolver
 from gpuanat.core.measure.run_state import RankEvents
-from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
+from gpuanat.core.measure.samples import ACTIVITY_READINGS, GpuSample, NvmlStatus, Sample
 from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.vocabulary.protocol import Error, Operations, OutOfMemory, ProbeBands
 from gpuanat.core.watch.loop_kind import ProbeHint, probe_hint
 from gpuanat.core.watch.publications import Publications
 from gpuanat.core.watch.target import WatchTarget
 
-ACTIVITY_READINGS = (
-    "sm_active_percent",
-    "sm_occupancy_percent",
-    "tensor_active_percent",
-    "tensor_16bit_active_percent",
-    "dram_bandwidth_percent",
-    "gpm_unavailable",
-    "energy_mj",
-    "sm_clock_mhz",
-    "memory_clock_mhz",
-    "clocks_event_reasons",
-)
-"""How busy each GPU really is, its energy counter and clocks (issue #51): in each record's GPU entry, named as in
-`GpuSample`, None where not read; `throttle_reasons` beside them says the set reasons in words."""
+# `samples.ACTIVITY_READINGS` (issue #51) go in each record's GPU entry, named as in `GpuSample`, None where not read;
+# `throttle_reasons` beside them says the set reasons in words.
 
 
 def _gpu_of(gpus: Sequence[GpuSample], nvml_pids: set[int]) -> GpuSample | None:
