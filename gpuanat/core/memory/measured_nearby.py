@@ -75,6 +75,12 @@ def _span(rows: list[dict[str, Any]], key: str) -> tuple[float, float]:
     return min(values), max(values)
 
 
+def _range(span: tuple[float, float]) -> str:
+    """ "-1.5..+0.2%", or one value where the runs agree to the tenth."""
+    low, high = f"{span[0]:+.1f}", f"{span[1]:+.1f}"
+    return f"{low}%" if low == high else f"{low}..{high}%"
+
+
 def _worst(rows: list[dict[str, Any]], key: str) -> float:
     return max((float(row[key]) for row in rows), key=abs)
 
@@ -91,7 +97,7 @@ def measured_nearby(config: RunConfig, family: str) -> MeasuredNearby:
         allocated, reserved = _span(rows, "allocated_error_percent"), _span(rows, "reserved_error_percent")
         text = (
             f"measured on {len(rows)} H100 run{'s' if len(rows) > 1 else ''} of {which}: peak allocated "
-            f"{allocated[0]:+.1f}..{allocated[1]:+.1f}%, peak reserved {reserved[0]:+.1f}..{reserved[1]:+.1f}%"
+            f"{_range(allocated)}, peak reserved {_range(reserved)}"
         )
     else:
         rows = [row for row in table if row["kind"] == kind]
