@@ -19,7 +19,8 @@ tensor where sizes differ, in the order torch allocates and frees them:
   then per layer in reverse (recomputed first with checkpointing), each weight's gradient — under autocast a 16-bit
   gradient then the fp32 one it is accumulated into —, the gradient flowing into the layer's widest activation, and
   the layer's saved tensors freed; the embeddings' gradient;
-- the optimizer step: at the first, every state tensor (`optimizer_state_tensors`, parameter by parameter), the
+- the optimizer step: at the first, every state tensor (`optimizer_state_tensors` of the parameters the optimizer
+  band counts, `shapes.parameter_shapes` or `lora_shapes`: matrices, then vectors, as Trainer's groups order them), the
   foreach AdamW's temporaries; then `zero_grad` frees every gradient (set to None).
 
 Sizes are rounded by the allocator itself in the replay. Steps: two (`STEPS_REPLAYED`: the reserve grows in the
@@ -42,12 +43,13 @@ from gpuanat.core.memory.bands.decoder_layers import (
 from gpuanat.core.memory.bands.optimizer import optimizer_state_tensors
 from gpuanat.core.memory.bands.precision import autocast_on, is_mixed, parameter_element_bytes
 from gpuanat.core.memory.shapes import (
-    ParameterShapes,
     layer_linears,
     layer_vectors,
     lora_expert_matrices,
+    lora_shapes,
     lora_target_names,
     model_linears,
+    parameter_shapes,
 )
 from gpuanat.core.vocabulary.config import RunConfig
 
@@ -175,7 +177,7 @@ def decoder_stream(config: RunConfig, arch: Architecture) -> AllocationStream:
     for layer in layers:
         for rows, cols in layer.adapters:
             stream.alloc(rows * cols * 4)
-    trainable = _trainable_sizes(config, arch, layers, outside_matrices, head_untied or not causal, head_rows)
+    trained = lora_shapes(arch, config) if lora else parameter_shapes(arch)  # as the optimizer band counts them
 
     steps = max(1, min(STEPS_REPLAYED, config.max_steps or STEPS_REPLAYED))
     for step in range(steps):
@@ -183,46 +185,13 @@ def decoder_stream(config: RunConfig, arch: Architecture) -> AllocationStream:
         for _micro in range(max(1, config.grad_accum)):
             _forward_backward(stream, config, arch, layers, layer_saved, outside_saved, gradients, tokens, casts)
         if step == 0:
-            for tensor in optimizer_state_tensors(config, _shapes_of(trainable)):
+            for tensor in optimizer_state_tensors(config, trained):
                 stream.alloc(tensor.bytes)
         if config.optim == "adamw_torch":  # foreach AdamW: the square roots of a group's second moments at once
-            temporaries = [stream.alloc(size * grad_bytes) for size in trainable if size > 1]
+            temporaries = [stream.alloc(rows * cols * grad_bytes) for rows, cols in trained.matrices]
             stream.free(*temporaries)
         stream.free(*gradients.values())
     return AllocationStream(tuple(stream.operations), tuple(stream.sizes))
-
-
-def _trainable_sizes(
-    config: RunConfig,
-    arch: Architecture,
-    layers: list[_LayerParameters],
-    outside_matrices: list[tuple[int, int]],
-    head: bool,
-    head_rows: int,
-) -> list[int]:
-    """Elements of every trained parameter, in the optimizer's order (the model's)."""
-    if config.lora:
-        return [rows * cols for layer in layers for rows, cols in layer.adapters]
-    sizes = [rows * cols for rows, cols in outside_matrices]
-    for layer in layers:
-        sizes += [rows * cols for (rows, cols), _cast in layer.matrices] + list(layer.vectors)
-    sizes.append(arch.hidden_size)
-    if head:
-        sizes.append(head_rows * arch.embedding_width)
-    return sizes
-
-
-def _shapes_of(sizes: list[int]) -> ParameterShapes:
-    matrices = tuple((size, 1) for size in sizes)
-    return ParameterShapes(
-        params=sum(sizes),
-        tensors=len(sizes),
-        matrices=matrices,
-        vectors=(),
-        embedding_params=0,
-        embedding_tensors=0,
-        buffer_bytes=0,
-    )
 
 
 def _forward_backward(
