@@ -5,6 +5,15 @@ from __future__ import annotations
 
 import torch
 
+TINY = {  # the tiny decoders the saved-tensor checks build: 3 layers, so the second is a middle one
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+}
+
 
 def saved_bytes_per_token_of_one_layer(model, tokens: torch.Tensor) -> float:
     """What autograd saves while the model's second layer runs, once per storage, parameters and buffers (the weights

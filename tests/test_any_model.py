@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, last_json, run_cli, state_bytes
-from saved_tensors import saved_bytes_per_token_of_one_layer
+from saved_tensors import TINY, saved_bytes_per_token_of_one_layer
 
 from gpuanat.core.memory.bands.decoder_layers import (
     eager_scores_bytes,
@@ -25,14 +25,6 @@ from gpuanat.core.vocabulary.config import RunConfig
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-TINY = {
-    "hidden_size": 64,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "intermediate_size": 128,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-}
 TINY_CONFIGS = {
     "llama-untied-gqa": {"model_type": "llama", "num_key_value_heads": 2, "tie_word_embeddings": False, **TINY},
     "qwen2-tied-qkv-bias": {"model_type": "qwen2", "num_key_value_heads": 2, "tie_word_embeddings": True, **TINY},

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 from conftest import run_cli
-from saved_tensors import saved_bytes_per_token_of_one_layer
+from saved_tensors import TINY, saved_bytes_per_token_of_one_layer
 
 from gpuanat.core.memory.bands.decoder_layers import eager_scores_bytes, layer_bytes_per_token
 from gpuanat.core.memory.model_config import UnreadableModel, read_architecture
@@ -23,14 +23,6 @@ from gpuanat.core.vocabulary.config import RunConfig
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-TINY = {
-    "hidden_size": 64,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "intermediate_size": 128,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-}
 FALCON = {
     "hidden_size": 64,
     "num_hidden_layers": 3,
