@@ -61,10 +61,13 @@ class RankRecord(RankEvents):
     """NVML index of the GPU this rank trains on; None when unknown (no NVML): the first GPU NVML lists."""
     error_order: int | None = None
     """When its error came, among every rank's: of two errors of one kind, the earlier is the cause."""
-    gpu_busy: list[tuple[float, float]] = field(default_factory=list)
-    """(sampler time, NVML utilization %) of this rank's GPU, every sample."""
     gpu_readings: list[tuple[float, GpuSample]] = field(default_factory=list)
-    """(sampler time, this rank's GPU without its process lists), every sample: its activity and energy."""
+    """(sampler time, this rank's GPU without its process lists), every sample: its utilization, activity, energy."""
+
+    @property
+    def gpu_busy(self) -> list[tuple[float, float]]:
+        """(sampler time, NVML utilization %) of this rank's GPU, every sample that read it."""
+        return [(t_s, gpu.gpu_util_percent) for t_s, gpu in self.gpu_readings if gpu.gpu_util_percent is not None]
 
     def observe(self, event: Event | Malformed) -> Step | None:
         if isinstance(event, Error):
@@ -77,8 +80,6 @@ class RankRecord(RankEvents):
             return
         gpu = gpus[0]
         self.gpu_name = gpu.name
-        if gpu.gpu_util_percent is not None:
-            self.gpu_busy.append((sample.t_s, gpu.gpu_util_percent))
         self.gpu_readings.append((sample.t_s, dataclasses.replace(gpu, processes=(), process_utilization=None)))
         self.device_total_bytes = gpu.total_bytes
         if gpu.used_bytes is not None:
