@@ -270,3 +270,53 @@ async def test_the_watch_dashboard_shows_the_watched_gpus_tensor_pipes_beside_bu
     assert f"SM {whole(gpu.sm_active_percent)}%" in row
     assert row.endswith("power cap") == (throttle_names(gpu.clocks_event_reasons) == ["software power cap"])
     assert len(row) <= size[0] - 2
+
+
+def test_watch_metrics_export_the_watched_gpus_activity_power_clock_and_throttle(tmp_path):
+    """`gpuanat watch PID --metrics`: the series Prometheus scrapes from the watch's latest record (the bert run's
+    training process mid-run, its recorded H100 sample made into a record by the watch's session) carry that GPU's
+    readings: tensor pipes, SMs, DRAM, power, energy, SM clock, throttle reasons."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuanat.core.export.metrics import metric_families
+    from gpuanat.core.export.watch_metrics import WatchMetrics
+
+    (tmp_path / str(BERT_PID)).mkdir()
+    target = WatchTarget(pid=BERT_PID, name="python3", command="", create_time_s=0.0, username=None)
+    session = WatchSession(
+        target,
+        NVML,
+        publication_dirs_for=lambda pid: [],
+        process_alive=lambda: True,
+        resolver=PidNamespaceResolver(tmp_path, check_visible_pids=False),
+    )
+    source = ReplaySource(BERT_TRACE)
+    samples = [source.read([]) for _ in range(len(source))]
+    capped = [i for i, sample in enumerate(samples) if sample.gpus[0].clocks_event_reasons == 4]
+    assert capped, "the recorded run drew its power cap"
+    for sample in samples[: capped[len(capped) // 2] + 1]:
+        record = session.handle(sample)
+    gpu = sample.gpus[0]
+    watch_metrics = WatchMetrics({0: "GPU-h100"})
+    watch_metrics.observe(json.loads(json.dumps(record)))  # as --json writes it
+
+    class Source:
+        def collect(self):
+            return metric_families(watch_metrics.snapshots(), hostname="box", job="watch")
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Source())
+    values = {
+        (sample.name, sample.labels.get("reason")): sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+    }
+    assert values[("gpuanat_tensor_active_percent", None)] == pytest.approx(gpu.tensor_active_percent)
+    assert values[("gpuanat_sm_active_percent", None)] == pytest.approx(gpu.sm_active_percent)
+    assert values[("gpuanat_dram_bandwidth_percent", None)] == pytest.approx(gpu.dram_bandwidth_percent)
+    assert values[("gpuanat_gpu_power_watts", None)] == pytest.approx(gpu.power_w)
+    assert values[("gpuanat_gpu_energy_joules_total", None)] == pytest.approx(gpu.energy_mj / 1000)
+    assert values[("gpuanat_sm_clock_hertz", None)] == pytest.approx(gpu.sm_clock_mhz * 1e6)
+    assert values[("gpuanat_clocks_throttled", None)] == 1.0
+    assert values[("gpuanat_clocks_throttle_reason", "software power cap")] == 1.0

@@ -289,3 +289,30 @@ def test_a_busy_gpu_whose_tensor_pipes_idle_says_so():
     run.update(tensor_active_percent=93.6)  # a GEMM-bound step's
     (finding,) = [f for f in diagnose(run) if f.bottleneck == "gpu-bound"]
     assert "the tensor pipes 94%" in finding.evidence
+
+
+def test_a_gpu_held_down_by_its_power_cap_is_named_with_its_fix():
+    """The bert-large run above with the throttle summary of the H100's recorded GEMM step (`steady_activity` over
+    tests/data/gpm_h100_workloads.jsonl: the software power cap set in most samples, clocks ~1,400 MHz at 700 W)."""
+    lines = (RESULTS.parent / "gpm" / "bert.json").read_text().splitlines()
+    run = json.loads([line for line in lines if line.startswith("{")][-1])
+    assert not [f for f in diagnose(run) if f.bottleneck == "throttled"]  # recorded without the clocks
+    run.update(
+        throttled_percent=88.0,
+        throttle_reasons={"software power cap": 88.0},
+        sm_clock_mhz=1395.0,
+        average_power_w=699.5,
+    )
+    (finding,) = [f for f in diagnose(run) if f.bottleneck == "throttled"]
+    assert finding.evidence == (
+        "the GPU's clocks were held down by its software power cap in 88% of the steady steps' samples; "
+        "SM clock median 1,395 MHz, 700 W"
+    )
+    assert "nvidia-smi -q -d POWER" in finding.fix
+    run.update(throttled_percent=30.0, throttle_reasons={"hardware thermal slowdown": 25.0, "software power cap": 5.0})
+    (finding,) = [f for f in diagnose(run) if f.bottleneck == "throttled"]
+    assert "by its hardware thermal slowdown in 25%" in finding.evidence
+    assert "(also: software power cap)" in finding.evidence
+    assert "too hot" in finding.fix
+    run.update(throttled_percent=diagnosis.THROTTLED_PERCENT - 1)  # a few samples: clocks mostly free
+    assert not [f for f in diagnose(run) if f.bottleneck == "throttled"]

@@ -134,3 +134,31 @@ def test_a_steady_window_shorter_than_the_energy_counters_reads_takes_the_power_
     assert activity.values["average_power_w"] == pytest.approx(sum(watts) / len(watts))
     assert activity.values["joules_per_sample"] == pytest.approx(sum(watts) / len(watts) / 40.0)
     assert "energy_joules" in activity.unavailable  # the run's own energy needs the counter
+
+
+def test_the_gemm_steps_clocks_held_down_by_the_power_cap_are_counted_the_launch_bound_steps_not():
+    """The GEMM step drew the H100's 700 W limit and NVML set its software power cap reason (clocks 1,380-1,440 MHz of
+    1,980); the launch-bound step drew a fraction of it. The result's throttle summary over each step's window."""
+    samples = _readings()
+
+    def throttle(kind: str) -> tuple[dict, dict | None]:
+        start, end = _window(kind)
+        inside = [(s.t_s, s.gpus[0]) for wall, s in samples if start <= wall <= end]
+        masks = [gpu.clocks_event_reasons for _t, gpu in inside]
+        activity = steady_activity([(s.t_s, s.gpus[0]) for _w, s in samples], (inside[0][0], inside[-1][0]), 40.0, 1)
+        capped = 100 * sum(1 for mask in masks if mask & 0x4) / len(masks)
+        clocks = statistics.median(gpu.sm_clock_mhz for _t, gpu in inside)
+        assert activity.values["throttled_percent"] == pytest.approx(capped)
+        assert activity.values["sm_clock_mhz"] == clocks
+        return activity.values, activity.throttle_reasons
+
+    gemm, gemm_reasons = throttle("gemm")
+    assert gemm["throttled_percent"] > 50 and gemm_reasons == {"software power cap": gemm["throttled_percent"]}
+    assert gemm["sm_clock_mhz"] < 1500  # held down from its 1,980 MHz
+    launch, launch_reasons = throttle("launch")
+    assert launch["throttled_percent"] == 0.0 and launch_reasons == {}
+    cpu = steady_activity([], None, None, 1, no_gpu_reason="CPU run: no GPU")
+    assert cpu.throttle_reasons is None
+    assert {cpu.unavailable[name] for name in ("sm_clock_mhz", "throttled_percent", "throttle_reasons")} == {
+        "CPU run: no GPU"
+    }

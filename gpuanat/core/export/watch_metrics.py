@@ -1,4 +1,5 @@
-"""The metrics of a watched process tree (`gpuanat watch PID --metrics`): its latest record, rank by rank.
+"""The metrics of a watched process tree (`gpuanat watch PID --metrics`): its latest record, rank by rank, with the
+activity, power, energy, clock and throttle readings of each rank's GPU.
 
 Each publishing process (each rank of a torchrun job) gives one rank's series, with the bands the record computed for
 it; a tree that publishes nothing gives its GPU memory and utilization alone. Plain Python: no torch, no UI.
@@ -64,6 +65,13 @@ class WatchMetrics:
                     device_used_bytes=entry.get("used_bytes"),
                     device_total_bytes=entry.get("total_bytes"),
                     gpu_util_percent=gpu.get("device_util_percent"),
+                    sm_active_percent=gpu.get("sm_active_percent"),
+                    tensor_active_percent=gpu.get("tensor_active_percent"),
+                    dram_bandwidth_percent=gpu.get("dram_bandwidth_percent"),
+                    power_w=gpu.get("power_w"),
+                    energy_joules=gpu["energy_mj"] / 1000.0 if gpu.get("energy_mj") is not None else None,
+                    sm_clock_mhz=gpu.get("sm_clock_mhz"),
+                    throttle_reasons=tuple(gpu["throttle_reasons"]) if "throttle_reasons" in gpu else None,
                     step=entry.get("step"),
                     total_steps=record.get("total_steps"),
                     samples_per_second=record.get("samples_per_second") if first else None,

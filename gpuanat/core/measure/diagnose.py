@@ -39,13 +39,28 @@ not arithmetic, is worth fixing: the paper's BERT-large spent 39% there; on the 
 spent 39%, fp32's 6% (docs/operations.md)."""
 SCALING_EFFICIENCY_FLOOR = 0.8
 """Several GPUs: per-GPU samples/s below this share of the same run on one GPU is communication-bound."""
+THROTTLED_PERCENT = 20.0
+"""The share of the steady steps' samples with a throttling reason set (`result.throttled_percent`) from which the
+clocks are named as a cause: a GPU held down a fifth of its steps runs those steps slower than its clocks allow."""
+THROTTLE_FIXES = {
+    "software power cap": "the GPU draws its power limit: a step does not get faster at this power; less work a sample "
+    "(bf16 weights, fused kernels) gives more samples a joule; the limit itself: `nvidia-smi -q -d POWER` (an admin "
+    "may raise it with `nvidia-smi -pl`)",
+    "hardware slowdown": "the board slowed itself (power supply, a hardware event): `nvidia-smi -q -d PERFORMANCE` "
+    "names it; ask the box's admin",
+    "hardware power brake slowdown": "the board's power brake (its supply): `nvidia-smi -q -d PERFORMANCE`; ask the "
+    "box's admin",
+    "software thermal slowdown": "the GPU runs too hot: its cooling and airflow (`nvidia-smi -q -d TEMPERATURE`)",
+    "hardware thermal slowdown": "the GPU runs too hot: its cooling and airflow (`nvidia-smi -q -d TEMPERATURE`)",
+}
+"""What to try for each throttling reason (`gpm.throttle_names`)."""
 
 
 @dataclass(frozen=True)
 class Finding:
     bottleneck: str
     """"input-bound", "host-bound", "gpu-bound", "memory-bound", "communication-bound", "data-movement" (kernels
-    that move memory more than they compute), "compile"."""
+    that move memory more than they compute), "compile", "throttled" (the GPU's clocks held down)."""
     evidence: str
     """What was measured that says so."""
     fix: str
@@ -165,6 +180,7 @@ def diagnose(
     breakdown = result.step_time_breakdown
     if breakdown:
         findings.extend(_time_findings(config, breakdown, result))
+    findings.extend(_throttle_findings(result))
     total = result.device_memory_total_bytes
     reserved = result.peak_reserved_bytes
     if result.status == "oom" and config.get("device") == "cpu":  # bitsandbytes and the CUDA allocator: GPU only
@@ -274,6 +290,30 @@ def _time_findings(config: Mapping[str, Any], breakdown: Mapping[str, Any], resu
     else:
         fix = "the GPU is busy: fused kernels (Liger for decoders), or less work a sample (--seq-len)"
     return [Finding("gpu-bound", _busy_evidence(busy, result) + mfu_text, fix)]
+
+
+def _throttle_findings(result: RunResult) -> list[Finding]:
+    """Clocks held down over the steady steps (`THROTTLED_PERCENT`): the reason set most often, and its fix."""
+    share, reasons = result.throttled_percent, result.throttle_reasons or {}
+    if share is None or share < THROTTLED_PERCENT or not reasons:
+        return []
+    reason, reason_share = max(reasons.items(), key=lambda item: item[1])
+    clock, power = result.sm_clock_mhz, result.average_power_w
+    readings = ", ".join(
+        text
+        for text in (
+            f"SM clock median {clock:,.0f} MHz" if clock is not None else "",
+            f"{power:.0f} W" if power is not None else "",
+        )
+        if text
+    )
+    others = [name for name in reasons if name != reason]
+    evidence = (
+        f"the GPU's clocks were held down by its {reason} in {reason_share:.0f}% of the steady steps' samples"
+        + (f" (also: {', '.join(others)})" if others else "")
+        + (f"; {readings}" if readings else "")
+    )
+    return [Finding("throttled", evidence, THROTTLE_FIXES.get(reason, "`nvidia-smi -q -d PERFORMANCE` names it"))]
 
 
 TENSOR_IDLE_PERCENT = 50.0

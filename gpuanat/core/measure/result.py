@@ -355,6 +355,7 @@ def build_result(
     )
     for name, value in activity.values.items():
         setattr(result, name, value)
+    result.throttle_reasons = activity.throttle_reasons
     result.unavailable |= activity.unavailable
     cause = first_cause([ranks[rank] for rank in sorted(ranks)])
     result.out_of_memory = out_of_memory_json(cause, next((r for r in ranks if ranks[r].error is cause), 0))
