@@ -112,7 +112,15 @@ class MemoryView:
             rank_gpu, rank_values, _ = live.rank_bands(rank, sample, index)
             reading = rank_gpu or GpuSample(index, "", None, None, None, None, None, None, None, ())
             lanes.append(
-                Lane(index, rank, rank_values, reading.used_bytes, reading.total_bytes, reading.gpu_util_percent)
+                Lane(
+                    index,
+                    rank,
+                    rank_values,
+                    reading.used_bytes,
+                    reading.total_bytes,
+                    reading.gpu_util_percent,
+                    reading.tensor_active_percent,
+                )
             )
         self._show_lanes(lanes)
         # without a sample of the GPU (a failure's readings are its probe's) the bands that add up to it say it

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gpuanat.core.measure.gpm import throttle_names
 from gpuanat.core.measure.samples import GpuSample
+from gpuanat.core.vocabulary.result import RunResult
 
 ACTIVITY_PERCENTS = ("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent")
 """The GPM readings a result carries, as steady-window medians."""
@@ -32,12 +33,19 @@ class Activity:
     unavailable: dict[str, str]
     """Why each None value is."""
 
+    def fill(self, result: RunResult) -> None:
+        """Set these values in `result`, and their reasons in its `unavailable`."""
+        for name, value in self.values.items():
+            setattr(result, name, value)
+        result.throttle_reasons = self.throttle_reasons
+        result.unavailable |= self.unavailable
+
 
 def steady_activity(
     readings: Sequence[tuple[float, GpuSample]],
     window: tuple[float, float] | None,
     steady_samples_per_second: float | None,
-    seq_len: int,
+    seq_len: float,
     no_gpu_reason: str | None = None,
 ) -> Activity:
     """The activity of the GPU read in `readings` ((sampler time, the GPU's sample), in order) over `window`

@@ -4,7 +4,8 @@
 published it: with torchrun, one rank, whose `RankEvents` (`run_state`, the same reduction as a launched run's) keeps
 its hello, model, steps, bands, done and error. Rank 0 (without ranks, the first process that publishes) speaks for
 the run: its state is the run's, and its new steps are kept for the history. The run's peaks are kept here too:
-reserved memory from its events; GPU memory, RSS and CPU, which the watch's records raise as samples arrive.
+reserved memory from its events; GPU memory, RSS and CPU, which the watch's records raise as samples arrive, and the
+main GPU's readings (its activity, power and energy for the result).
 
 Plain Python: no torch, no UI; nothing here reads a sample or writes the history.
 """
@@ -20,11 +21,15 @@ from typing import Any
 import psutil
 
 from gpuanat.core.measure.run_state import RankEvents
+from gpuanat.core.measure.samples import GpuSample
 from gpuanat.core.vocabulary.protocol import Event, Malformed, ProbeBands, Ranked, Step
 
 THROUGHPUT_WINDOW_S = 5.0
 """Samples/s in a record is the rate over the published steps of about this many seconds of training."""
 KEPT_STEPS = 20_000
+KEPT_GPU_READINGS = 14_400
+"""The main GPU's readings a watch keeps for the result's activity and energy (`measure.activity`): an hour at the
+watch's 4 Hz; a longer run's steady medians are over its last hour."""
 
 
 @dataclass
@@ -75,6 +80,10 @@ class ObservedRun:
     peak_cpu_percent: float | None = None
     steps: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=KEPT_STEPS))
     """The run's new steps as records, for the history."""
+    gpu_readings: collections.deque[tuple[float, GpuSample]] = field(
+        default_factory=lambda: collections.deque(maxlen=KEPT_GPU_READINGS)
+    )
+    """(sampler time, the tree's main GPU without its process lists), the latest `KEPT_GPU_READINGS` samples."""
     publishers: dict[int, Publisher] = field(default_factory=dict)
     """Every publishing process, by PID, in the order they first published: each rank of a distributed job."""
 

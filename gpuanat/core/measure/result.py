@@ -353,10 +353,7 @@ def build_result(
         config.seq_len,
         no_gpu_reason="CPU run: no GPU" if config.device != "cuda" else None if nvml.available else nvml.reason,
     )
-    for name, value in activity.values.items():
-        setattr(result, name, value)
-    result.throttle_reasons = activity.throttle_reasons
-    result.unavailable |= activity.unavailable
+    activity.fill(result)
     cause = first_cause([ranks[rank] for rank in sorted(ranks)])
     result.out_of_memory = out_of_memory_json(cause, next((r for r in ranks if ranks[r].error is cause), 0))
     result.diagnosis = [finding.to_json() for finding in diagnose(result)]

@@ -15,6 +15,7 @@ Plain Python: no torch, no UI. Nothing here samples or writes the history; the s
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -214,6 +215,9 @@ class WatchRecords:
         main_gpu, main_process_bytes = self._main_gpu(sample, tree_nvml_pids)
         if main_gpu is not None:
             observed.gpu_name, observed.device_total_bytes = main_gpu.name, main_gpu.total_bytes
+            observed.gpu_readings.append(
+                (sample.t_s, dataclasses.replace(main_gpu, processes=(), process_utilization=None))
+            )
             if main_gpu.used_bytes is not None:
                 observed.peak_device_used_bytes = max(observed.peak_device_used_bytes or 0, main_gpu.used_bytes)
 

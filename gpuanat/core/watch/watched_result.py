@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuanat.core.measure.activity import ACTIVITY_FIELDS, THROTTLE_FIELDS, Activity, steady_activity
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.failure import Readings, bands_readings, modules_json, out_of_memory_json
 from gpuanat.core.measure.result import probe_cost_percent
@@ -55,8 +56,33 @@ WATCH_RESULT_KEYS = (
     "ranks",
     "operations_anatomy",
     *("modules", "out_of_memory"),
+    *ACTIVITY_FIELDS,
+    *THROTTLE_FIELDS,
 )
 """The keys of a watched run's result (`watched_result`), in order."""
+
+
+def _activity(records: WatchRecords) -> Activity:
+    """The main GPU's activity over the run's steady steps (`measure.activity`), as a launched run's result has it."""
+    observed, run = records.observed, records.observed.run
+    done, last_step, hello = run.done, run.last_step, run.hello
+    ends = run.step_ends_s
+    start_s = ends.get(done.warmup_steps or 0) if done and ends else None
+    tokens_per_sample = last_step.tokens / last_step.samples if last_step and last_step.samples else 1.0
+    no_gpu = (
+        "CPU run: no GPU"
+        if hello and hello.device != "cuda"
+        else None
+        if observed.gpu_name
+        else (records.last_record or {}).get("gpu_memory_reason") or "no GPU readings"
+    )
+    return steady_activity(
+        list(observed.gpu_readings),
+        (start_s, max(ends.values())) if start_s is not None else None,
+        done.steady_samples_per_second if done else None,
+        tokens_per_sample,
+        no_gpu_reason=no_gpu,
+    )
 
 
 def watched_result(records: WatchRecords, *, exited: bool, run_id: int | None, name: str | None) -> RunResult:
@@ -108,7 +134,7 @@ def watched_result(records: WatchRecords, *, exited: bool, run_id: int | None, n
     if observed.peak_gpu_memory_bytes is None:
         unavailable["device_memory_used_bytes"] = (records.last_record or {}).get("gpu_memory_reason") or "no GPU"
     hello = run.hello
-    return RunResult(
+    result = RunResult(
         run_id=run_id,
         name=name,
         kind=records.kind,
@@ -155,3 +181,5 @@ def watched_result(records: WatchRecords, *, exited: bool, run_id: int | None, n
         out_of_memory=out_of_memory_json(run.error, 0),
         json_keys=WATCH_RESULT_KEYS,
     )
+    _activity(records).fill(result)
+    return result

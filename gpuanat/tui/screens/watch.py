@@ -353,9 +353,18 @@ class WatchDashboard(DashboardScreen):
             self._peak_bands = dict(bands)
         self._memory_bar.update_bands(bands, self._peak_bands, total, unavailable, unattributed)
         self._memory_bar.update_gradients_after_backward(record.get("gradients_after_backward_bytes"), None)
+        gpus = {gpu["index"]: gpu for gpu in record.get("gpus") or []}
         self._show_lanes(
-            [  # every publishing rank of a distributed job, on its own GPU
-                Lane(rank["gpu_index"], rank["rank"], rank["bands"], rank["used_bytes"], rank["total_bytes"], None)
+            [  # every publishing rank of a distributed job, on its own GPU, with that GPU's busy and tensor readings
+                Lane(
+                    rank["gpu_index"],
+                    rank["rank"],
+                    rank["bands"],
+                    rank["used_bytes"],
+                    rank["total_bytes"],
+                    gpus.get(rank["gpu_index"], {}).get("device_util_percent"),
+                    gpus.get(rank["gpu_index"], {}).get("tensor_active_percent"),
+                )
                 for rank in record.get("ranks") or []
                 if rank["gpu_index"] is not None
             ]

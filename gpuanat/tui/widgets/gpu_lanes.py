@@ -1,5 +1,6 @@
 """GpuLanes: one row per GPU of a run on several GPUs — that GPU's memory as a stacked bar of its rank's bands, the
-memory used of its total, and its utilization. Nothing is drawn for a run on one GPU (the memory bar above says it
+memory used of its total, its utilization (a kernel ran) and its tensor pipes' activity (NVML GPM, where read:
+"95% · tensor 30%"; "t30%" on a narrow screen). Nothing is drawn for a run on one GPU (the memory bar above says it
 all). One row a GPU keeps eight GPUs readable at 80×24.
 
 A subclass of MemoryBar for its look: the same glyphs and the same colours for each band, from the theme.
@@ -30,10 +31,14 @@ class Lane:
     used_bytes: int | None
     total_bytes: int | None
     util_percent: float | None
+    tensor_percent: float | None = None
+    """NVML GPM's tensor pipes active (`GpuSample.tensor_active_percent`); None where not read."""
 
 
 LABEL_WIDTH = 10
 """Columns before a bar: "GPU 1 r1"."""
+WIDE_TENSOR_WIDTH = 60
+"""From this width a lane says "· tensor 30%", below it "t30%"."""
 
 
 class GpuLanes(MemoryBar):
@@ -70,6 +75,9 @@ class GpuLanes(MemoryBar):
         label = f"GPU {lane.gpu_index} r{lane.rank}"
         segments = [Segment(f"{label:<{LABEL_WIDTH}}", self._style("memory-bar--label"))]
         util = f" {lane.util_percent:3.0f}%" if lane.util_percent is not None else "    —"
+        if lane.tensor_percent is not None:
+            tensor = f"{lane.tensor_percent:.0f}%"
+            util += f" · tensor {tensor:>4}" if width >= WIDE_TENSOR_WIDTH else f" t{tensor:>4}"
         reading = f" {format_bytes(lane.used_bytes)}/{format_bytes(lane.total_bytes)}"
         bar_width = max(0, width - LABEL_WIDTH - len(reading) - len(util))
         values = [lane.bands.get(band) or 0 for band in BAND_NAMES]
