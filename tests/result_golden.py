@@ -28,7 +28,7 @@ KEYS_ADDED_SINCE = (
     *("modules", "out_of_memory"),
     *("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent"),
     *("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token"),
-    *("sm_clock_mhz", "throttled_percent", "throttle_reasons"),
+    *("sm_clock_mhz", "max_sm_clock_mhz", "throttled_percent", "throttle_reasons"),
 )
 """Keys a result has gained since the file was recorded (issue #49: memory by module, the failing allocation; issue
 #51: the GPU's activity, energy and clocks), before the session's own; every key recorded keeps its place and its

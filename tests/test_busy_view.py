@@ -7,6 +7,7 @@ Regenerate the snapshot with `pytest tests/test_busy_view.py --snapshot-update` 
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -320,3 +321,36 @@ def test_watch_metrics_export_the_watched_gpus_activity_power_clock_and_throttle
     assert values[("gpuanat_sm_clock_hertz", None)] == pytest.approx(gpu.sm_clock_mhz * 1e6)
     assert values[("gpuanat_clocks_throttled", None)] == 1.0
     assert values[("gpuanat_clocks_throttle_reason", "software power cap")] == 1.0
+
+
+@pytest.mark.asyncio
+async def test_the_activity_rows_figures_change_at_most_once_a_second_a_throttle_reason_at_once(tmp_path):
+    """At the watch's 4 Hz the power's watts move at every sample; the row repaints them once a second of the samples'
+    own time (GPM reads once a second), but a throttle reason that comes or goes shows with its sample."""
+    from gpuanat.tui.screens.dashboard import ACTIVITY_REPAINT_INTERVAL_S
+
+    steps = step_samples()
+    start = steps["gemm"] - 40  # before the GEMM step's power cap to its middle, and on
+    app = make_app(tmp_path / "h.sqlite")
+    async with app.run_test(size=(120, 40)) as pilot:
+        replay = Replay(app, pilot)
+        await replay.until(start)
+        rows = []
+        for index in range(start + 1, start + 41):
+            await replay.until(index)
+            rows.append((RECORDED[index], activity_row(app)))
+    changes = [(sample, row) for (_, before), (sample, row) in itertools.pairwise(rows) if row != before]
+    assert len(changes) >= 5  # the figures move through the step
+    last_t_s, last_capped = None, False
+    for sample, row in changes:
+        capped = row.endswith("power cap")
+        assert capped == (throttle_names(sample.gpus[0].clocks_event_reasons) == ["software power cap"])
+        if last_t_s is not None and sample.t_s - last_t_s < ACTIVITY_REPAINT_INTERVAL_S:
+            assert capped != last_capped, "a change within a second that is not a throttle reason's"
+        last_t_s, last_capped = sample.t_s, capped
+    moved = [
+        (round(before.gpus[0].power_w), before.gpus[0].sm_clock_mhz)
+        != (round(now.gpus[0].power_w), now.gpus[0].sm_clock_mhz)
+        for (before, _), (now, _) in itertools.pairwise(rows)
+    ]
+    assert sum(moved) > 2 * len(changes)  # the samples' watts and clocks moved more often than the row

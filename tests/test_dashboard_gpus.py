@@ -43,7 +43,9 @@ def ddp_result() -> dict:
     return next(row for row in map(json.loads, RESULTS.read_text().splitlines()) if row["technique"] == "ddp")
 
 
-def make_app(db_path: Path, config: RunConfig, gpu_names: tuple[str, ...] = ("NVIDIA H200", "NVIDIA H200")):
+def make_app(
+    db_path: Path, config: RunConfig, gpu_names: tuple[str, ...] = ("NVIDIA H200", "NVIDIA H200"), trace: Path = TRACE
+):
     capabilities = Capabilities(
         torch_version="2.11.0+cu130",
         cuda_available=True,
@@ -59,7 +61,7 @@ def make_app(db_path: Path, config: RunConfig, gpu_names: tuple[str, ...] = ("NV
     return GpuAnatApp(
         config,
         db_path=db_path,
-        sampler_factory=lambda: (ReplaySource(TRACE), nvml),
+        sampler_factory=lambda: (ReplaySource(trace), nvml),
         backend=LocalRunBackend(db_path, capabilities_probe=lambda: capabilities),
         clock=lambda: FROZEN_T_S,
         sample_interval_s=None,
@@ -311,3 +313,45 @@ async def test_a_prediction_no_measurement_checked_says_so_beside_it_and_why_in_
             tooltip = str(app.query_one(TechniquesPanel).tooltip or "")
         assert ("unchecked" in panel) is unchecked, panel
         assert ("decoders were measured in bf16 only" in tooltip) is unchecked, tooltip
+
+
+H100X2_GPM_TRACE = DATA / "h100x2_ddp_gpm_trace.jsonl"
+"""`gpuanat run --gpus 2 --distributed ddp --trace-out` on the H100 x2 with GPM read on both GPUs; its result:
+benchmarks/results/h100x2/gpm_same_steps/run_ddp.json."""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+async def test_each_gpus_lane_says_its_own_tensor_activity(tmp_path, size):
+    """Several GPUs at 80×24 show rank 0's activity row only; each lane says its GPU's busy and tensor figures."""
+    result_path = RESULTS.parents[2] / "h100x2" / "gpm_same_steps" / "run_ddp.json"
+    result = json.loads(result_path.read_text().splitlines()[-1])
+    samples = [json.loads(line) for line in H100X2_GPM_TRACE.read_text().splitlines()]
+    training = [
+        index
+        for index, sample in enumerate(samples)
+        if all((gpu["gpu_util_percent"] or 0) > 50 and gpu.get("tensor_active_percent") for gpu in sample["gpus"])
+    ]
+    shown_at = training[len(training) // 2]
+    config = RunConfig.from_json(result["config"])
+    app = make_app(tmp_path / "h.sqlite", config, ("NVIDIA H100 80GB HBM3",) * 2, H100X2_GPM_TRACE)
+    async with app.run_test(size=size) as pilot:
+        while app.dashboard.capabilities is None:
+            await pilot.pause()
+        app.dashboard.follow_run(
+            LiveRun(config=config, stop_requested=threading.Event(), run_id=1, pid=999, gpu_indices=(0, 1))
+        )
+        for _ in range(shown_at + 1):
+            app.dashboard.sample_now()
+        app.dashboard.paint()
+        await pilot.pause()
+        lanes = app.query_one(GpuLanes)
+        drawn = [lanes.render_line(row).text for row in range(len(lanes.lanes))]
+    assert len(drawn) == 2
+    for index, line in enumerate(drawn):
+        gpu = samples[shown_at]["gpus"][index]
+        busy, tensor = round(gpu["gpu_util_percent"]), round(gpu["tensor_active_percent"])
+        assert line.startswith(f"GPU {index} r{index}"), line
+        tensor_text = f"· tensor {tensor}%" if size[0] >= 60 else f"t{tensor}%"
+        assert f"{busy:3d}% {tensor_text}".replace("  ", " ") in " ".join(line.split()), line
+        assert len(line.rstrip()) <= size[0]

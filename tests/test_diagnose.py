@@ -292,24 +292,32 @@ def test_a_busy_gpu_whose_tensor_pipes_idle_says_so():
 
 
 def test_a_gpu_held_down_by_its_power_cap_is_named_with_its_fix():
-    """The bert-large run above with the throttle summary of the H100's recorded GEMM step (`steady_activity` over
-    tests/data/gpm_h100_workloads.jsonl: the software power cap set in most samples, clocks ~1,400 MHz at 700 W)."""
+    """The bert-large run above with the clocks of two runs on the H100 x2 (benchmarks/results/h100x2/gpm_same_steps/):
+    the GEMM loop held at 1,395 of 1,980 MHz by its power cap is named; bert-large bf16 at batch 64, whose power cap
+    reason was set in every sample with its clock at 1,965 MHz, is not (no loss worth naming)."""
     lines = (RESULTS.parent / "gpm" / "bert.json").read_text().splitlines()
     run = json.loads([line for line in lines if line.startswith("{")][-1])
     assert not [f for f in diagnose(run) if f.bottleneck == "throttled"]  # recorded without the clocks
     run.update(
-        throttled_percent=88.0,
-        throttle_reasons={"software power cap": 88.0},
+        throttled_percent=100.0,
+        throttle_reasons={"software power cap": 100.0},
         sm_clock_mhz=1395.0,
-        average_power_w=699.5,
+        max_sm_clock_mhz=1980.0,
+        average_power_w=696.1,
     )
     (finding,) = [f for f in diagnose(run) if f.bottleneck == "throttled"]
     assert finding.evidence == (
-        "the GPU's clocks were held down by its software power cap in 88% of the steady steps' samples; "
-        "SM clock median 1,395 MHz, 700 W"
+        "the GPU's clocks were held down by its software power cap in 100% of the steady steps' samples; "
+        "SM clock median 1,395 MHz of its 1,980, 696 W"
     )
     assert "nvidia-smi -q -d POWER" in finding.fix
-    run.update(throttled_percent=30.0, throttle_reasons={"hardware thermal slowdown": 25.0, "software power cap": 5.0})
+    run.update(sm_clock_mhz=1965.0, average_power_w=654.9)  # bert-large's own clocks: the reason set, no loss
+    assert not [f for f in diagnose(run) if f.bottleneck == "throttled"]
+    run.update(
+        sm_clock_mhz=1500.0,
+        throttled_percent=30.0,
+        throttle_reasons={"hardware thermal slowdown": 25.0, "software power cap": 5.0},
+    )
     (finding,) = [f for f in diagnose(run) if f.bottleneck == "throttled"]
     assert "by its hardware thermal slowdown in 25%" in finding.evidence
     assert "(also: software power cap)" in finding.evidence

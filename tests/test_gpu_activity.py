@@ -93,7 +93,9 @@ def test_energy_per_sample_is_the_steady_power_over_the_steady_rate():
     assert activity.values["joules_per_token"] == pytest.approx(power / 40.0 / 512)
     whole = readings[-1][1].energy_mj - readings[0][1].energy_mj
     assert activity.values["energy_joules"] == pytest.approx(whole / 1000)
-    assert activity.unavailable == {}
+    assert activity.unavailable == {
+        "max_sm_clock_mhz": "NVML gave no maximum SM clock for this GPU"
+    }  # recorded before read
 
 
 def test_without_gpm_or_a_gpu_every_value_says_why():
@@ -123,7 +125,7 @@ def test_throttle_reasons_name_only_what_slows_a_busy_gpu():
 
 
 def test_a_steady_window_shorter_than_the_energy_counters_reads_takes_the_power_readings_mean():
-    """The counter is read once a second (`nvml_source.GPM_REFRESH_S`): a short trial's steady steps may hold one read
+    """The counter is read every 5 s (`nvml_source.ENERGY_REFRESH_S`): a short trial's steady steps may hold one read
     or none; its power is then the mean of the samples' power readings, as recorded during the GEMM step."""
     samples = _readings()
     start, end = _window("gemm")

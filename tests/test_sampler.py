@@ -596,3 +596,37 @@ def test_h100_trace_replays_with_the_invariants_of_real_nvml_data():
             assert 0 <= gpu.used_bytes <= gpu.total_bytes
             processes_used_bytes = sum(p.used_bytes or 0 for p in gpu.processes)
             assert processes_used_bytes <= gpu.used_bytes
+
+
+class RecordedNvmlWithEnergy(RecordedNvml):
+    """`RecordedNvml` over the H100's GPM recording (tests/data/gpm_h100_workloads.jsonl), with its energy counter:
+    each read counted."""
+
+    def __init__(self, trace: Path) -> None:
+        super().__init__(trace)
+        self.energy_reads = 0
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
+        self.energy_reads += 1
+        return self._gpu(handle)["energy_mj"]
+
+
+def test_the_energy_counter_is_read_every_five_seconds_and_only_that_sample_carries_it():
+    """The counter costs 3.1 ms of CPU a read on the H100 (the rest of a sample 0.15 ms): `ENERGY_REFRESH_S`."""
+    from gpuanat.core.measure.nvml_source import ENERGY_REFRESH_S
+
+    nvml = RecordedNvmlWithEnergy(Path(__file__).resolve().parent / "data" / "gpm_h100_workloads.jsonl")
+    clock = itertools.count(step=0.25)
+    source = NvmlSource(per_process=False, nvml=nvml, clock=lambda: next(clock))
+    samples = []
+    for at in range(48):  # 12 s at the watch's 0.25 s
+        nvml.at = at
+        samples.append(source.read([]))
+    source.close()
+    assert ENERGY_REFRESH_S == 5.0
+    assert nvml.energy_reads == 3  # at 0, 5 and 10 s
+    carried = [at for at, sample in enumerate(samples) if sample.gpus[0].energy_mj is not None]
+    assert carried == [0, 20, 40]
+    assert [samples[at].gpus[0].energy_mj for at in carried] == [
+        nvml.samples[at]["gpus"][0]["energy_mj"] for at in carried
+    ]

@@ -13,9 +13,11 @@ steps counted between those two times. Prints one JSON line per run and a summar
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sqlite3
 import statistics
+from pathlib import Path
 
 NAMES = ("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent")
 
@@ -27,9 +29,9 @@ def main() -> int:
     parser.add_argument("--clock", required=True)
     parser.add_argument("--interval", type=float, default=1.0)
     args = parser.parse_args()
-    clock = json.loads(open(args.clock).read())
+    clock = json.loads(Path(args.clock).read_text())
     offset_s = clock["wall_s"] - clock["monotonic_s"]
-    lines = [json.loads(line) for line in open(args.independent) if line.strip()]
+    lines = [json.loads(line) for line in Path(args.independent).read_text().splitlines() if line.strip()]
     db = sqlite3.connect(args.history)
     worst: dict[str, float] = {}
     for run_id, name, result_json in db.execute("SELECT id, name, result_json FROM runs ORDER BY id"):
@@ -51,17 +53,9 @@ def main() -> int:
                 worst[key] = max(worst.get(key, 0.0), abs(ours - theirs))
         if len(inside) >= 2:
             first, last = inside[0], inside[-1]
-
-            def samples_at(wall_s: float) -> float:
-                """The samples the steps had counted at `wall_s`, linear between the two steps around it."""
-                points = sorted((s["monotonic_s"] + offset_s, s["samples"]) for s in ends.values())
-                for (t0, n0), (t1, n1) in zip(points, points[1:], strict=False):
-                    if t0 <= wall_s <= t1:
-                        return n0 + (n1 - n0) * (wall_s - t0) / (t1 - t0) if t1 > t0 else n1
-                return points[-1][1]
-
+            points = sorted((s["monotonic_s"] + offset_s, s["samples"]) for s in ends.values())
             joules = (last["energy_mj"] - first["energy_mj"]) / 1000
-            samples = samples_at(last["wall_s"]) - samples_at(first["wall_s"])
+            samples = _samples_at(points, last["wall_s"]) - _samples_at(points, first["wall_s"])
             theirs_j = joules / samples if samples > 0 else None
             ours_j = result.get("joules_per_sample")
             row["joules_per_sample"] = {"gpuanat": ours_j, "independent": theirs_j}
@@ -73,6 +67,15 @@ def main() -> int:
         print(json.dumps(row))
     print(json.dumps({"worst_difference": worst}))
     return 0
+
+
+def _samples_at(points: list[tuple[float, int]], wall_s: float) -> float:
+    """The samples the steps ((wall time, samples so far), in order) had counted at `wall_s`, linear between the two
+    steps around it."""
+    for (t0, n0), (t1, n1) in itertools.pairwise(points):
+        if t0 <= wall_s <= t1:
+            return n0 + (n1 - n0) * (wall_s - t0) / (t1 - t0) if t1 > t0 else n1
+    return points[-1][1]
 
 
 if __name__ == "__main__":

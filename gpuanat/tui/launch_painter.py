@@ -122,7 +122,8 @@ class LaunchPainter:
                 nvml=dashboard.nvml, run_state=self.run_state(), sampler_cpu_percent=self._sampler_cpu_percent()
             )
             if samples:
-                dashboard.show_activity(self._shown_gpus(charts.latest_sample))
+                latest = charts.latest_sample
+                dashboard.show_activity(self._shown_gpus(latest), latest.t_s if latest else None)
 
     def _show_failure(self, failure: Mapping[str, Any] | None, run_id: int | None) -> None:
         """What failed when the run ran out of memory, above the bar, which then shows that moment."""

@@ -1,9 +1,9 @@
 """How busy a run kept its GPU over its steady steps, and what that cost in energy (issue #51): the medians of NVML
 GPM's readings (`gpm`: SMs active, occupancy, tensor pipes active, DRAM bandwidth) over the steady window, the
 average power over it from NVML's energy counter, the energy per sample and per token at the steady rate, and the
-whole run's energy; and whether its clocks were held down (`throttle`). Each value None has its reason, for the
-result's `unavailable`. (The energy counter is read once a second: a steady window with fewer than two of its reads
-takes the mean of the power readings instead.)"""
+whole run's energy; and whether its clocks were held down (`THROTTLE_FIELDS`). Each value None has its reason, for
+the result's `unavailable`. (The energy counter is read every `nvml_source.ENERGY_REFRESH_S`: a steady window with
+fewer than two of its reads takes the mean of the power readings instead.)"""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ ACTIVITY_PERCENTS = ("sm_active_percent", "sm_occupancy_percent", "tensor_active
 """The GPM readings a result carries, as steady-window medians."""
 ENERGY_FIELDS = ("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token")
 ACTIVITY_FIELDS = (*ACTIVITY_PERCENTS, *ENERGY_FIELDS)
-THROTTLE_FIELDS = ("sm_clock_mhz", "throttled_percent", "throttle_reasons")
-"""The clocks over the steady steps: the SM clock's median, the share of samples with a throttling reason set
-(`gpm.THROTTLING_REASONS`), and that share by reason ({} when none was)."""
+THROTTLE_FIELDS = ("sm_clock_mhz", "max_sm_clock_mhz", "throttled_percent", "throttle_reasons")
+"""The clocks over the steady steps: the SM clock's median, the GPU's highest SM clock, the share of samples with a
+throttling reason set (`gpm.THROTTLING_REASONS`), and that share by reason ({} when none was)."""
 
 
 @dataclass(frozen=True)
 class Activity:
     values: dict[str, float | None]
-    """`ACTIVITY_FIELDS`, `sm_clock_mhz` and `throttled_percent` by name."""
+    """`ACTIVITY_FIELDS` and `THROTTLE_FIELDS` but the reasons, by name."""
     throttle_reasons: dict[str, float] | None
     """Percent of the steady samples each throttling reason was set in, by its name (`gpm.throttle_names`)."""
     unavailable: dict[str, str]
@@ -50,7 +50,7 @@ def steady_activity(
 ) -> Activity:
     """The activity of the GPU read in `readings` ((sampler time, the GPU's sample), in order) over `window`
     (the steady steps on the sampler's clock; None: no steady window), and the energy at the steady rate."""
-    values: dict[str, float | None] = dict.fromkeys((*ACTIVITY_FIELDS, "sm_clock_mhz", "throttled_percent"))
+    values: dict[str, float | None] = dict.fromkeys((*ACTIVITY_FIELDS, *THROTTLE_FIELDS[:-1]))
     if no_gpu_reason is not None or not readings:
         reason = no_gpu_reason or "NVML gave no reading during the run"
         return Activity(values, None, dict.fromkeys((*ACTIVITY_FIELDS, *THROTTLE_FIELDS), reason))
@@ -104,6 +104,11 @@ def _throttle(
         values["sm_clock_mhz"] = statistics.median(clocks)
     else:
         unavailable["sm_clock_mhz"] = "NVML gave no SM clock in the steady steps"
+    highest = [gpu.max_sm_clock_mhz for _t, gpu in steady if gpu.max_sm_clock_mhz is not None]
+    if highest:
+        values["max_sm_clock_mhz"] = max(highest)
+    else:
+        unavailable["max_sm_clock_mhz"] = "NVML gave no maximum SM clock for this GPU"
     masks = [gpu.clocks_event_reasons for _t, gpu in steady if gpu.clocks_event_reasons is not None]
     if not masks:
         reason = "NVML gave no clocks event (throttle) reasons in the steady steps"

@@ -28,8 +28,12 @@ from gpuanat.core.measure.samples import (
 
 GPM_REFRESH_S = 1.0
 """How often each GPU's GPM counters are read (each reading is the interval since the previous one, as NVML's own
-`nvidia-smi dmon --gpm-metrics` samples them; the samples between carry it), and its energy counter (only the sample
-that read it has it: a rate needs the time it was read)."""
+`nvidia-smi dmon --gpm-metrics` samples them; the samples between carry it)."""
+ENERGY_REFRESH_S = 5.0
+"""How often each GPU's energy counter is read (only the sample that read it has it: a rate needs the time it was
+read). A read cost 3.1 ms of CPU on the H100 (benchmarks/results/h100/gpm/read_cost.json), the rest of a sample 0.15
+ms: once a second it was most of the sampler's time on two GPUs. A steady window with fewer than two reads takes
+the power readings' mean instead (`measure.activity`)."""
 PROCESS_UTILIZATION_REFRESH_S = 1.0
 """How often each process's GPU utilization is read. NVML's nvmlDeviceGetProcessUtilization cost 2.3 ms of CPU a
 call on the H100 (the memory, utilization, power, temperature and process list together 0.05 ms;
@@ -180,10 +184,17 @@ class NvmlSource:
         """Per GPU, the last per-process utilization read, carried by the samples until the next read."""
         self._process_utilization_read_at_s = -math.inf
         self._gpm = {index: GpmReader(pynvml, handle) for index, handle, _name in self._devices}
+        sm = getattr(pynvml, "NVML_CLOCK_SM", 1)
+        self._max_sm_clock_mhz: dict[int, int | None] = {}
+        for index, handle, _name in self._devices:  # read once: it does not change
+            highest = _optional_reading(pynvml, "nvmlDeviceGetMaxClockInfo", handle, sm)
+            self._max_sm_clock_mhz[index] = int(highest) if highest is not None else None
         self._gpm_readings: dict[int, GpmReading | None] = {}
         """Per GPU, the last GPM reading, carried by the samples until the next (`GPM_REFRESH_S`)."""
         self._gpm_read_at_s = -math.inf
         self._gpm_due = True
+        self._energy_read_at_s = -math.inf
+        self._energy_due = True
 
     def read(self, pids: Iterable[int]) -> Sample:
         t_s = self._clock()
@@ -193,6 +204,9 @@ class NvmlSource:
                 index: self._read_process_utilization(index, handle) for index, handle, _name in self._devices
             }
         self._gpm_due = t_s - self._gpm_read_at_s >= GPM_REFRESH_S
+        self._energy_due = t_s - self._energy_read_at_s >= ENERGY_REFRESH_S
+        if self._energy_due:
+            self._energy_read_at_s = t_s
         if self._gpm_due:
             self._gpm_read_at_s = t_s
             self._gpm_readings = {index: reader.read() for index, reader in self._gpm.items()}
@@ -235,9 +249,9 @@ class NvmlSource:
         readings: dict[str, Any] = dataclasses.asdict(gpm) if gpm is not None else {}
         if gpm is None and reader.unavailable_reason:
             readings["gpm_unavailable"] = reader.unavailable_reason
-        # the energy counter cost 3.1 ms of CPU a read on the H100, the other readings 2-80 µs
-        # (benchmarks/results/h100/gpm/read_cost.json): read with GPM's, and only in that sample, at its time
-        energy = _optional_reading(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle) if self._gpm_due else None
+        # the energy counter cost 3.1 ms of CPU a read on the H100, the other readings 2-80 µs: every
+        # `ENERGY_REFRESH_S`, and only in that sample, at its time
+        energy = _optional_reading(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle) if self._energy_due else None
         sm_clock = _optional_reading(nvml, "nvmlDeviceGetClockInfo", handle, getattr(nvml, "NVML_CLOCK_SM", 1))
         memory_clock = _optional_reading(nvml, "nvmlDeviceGetClockInfo", handle, getattr(nvml, "NVML_CLOCK_MEM", 2))
         reasons = _optional_reading(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
@@ -247,6 +261,7 @@ class NvmlSource:
             **readings,
             "energy_mj": int(energy) if energy is not None else None,
             "sm_clock_mhz": int(sm_clock) if sm_clock is not None else None,
+            "max_sm_clock_mhz": self._max_sm_clock_mhz.get(index),
             "memory_clock_mhz": int(memory_clock) if memory_clock is not None else None,
             "clocks_event_reasons": int(reasons) if reasons is not None else None,
         }

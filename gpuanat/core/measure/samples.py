@@ -49,6 +49,7 @@ ACTIVITY_READINGS = (
     "gpm_unavailable",
     "energy_mj",
     "sm_clock_mhz",
+    "max_sm_clock_mhz",
     "memory_clock_mhz",
     "clocks_event_reasons",
 )
@@ -90,8 +91,10 @@ class GpuSample:
     """Why the GPM readings are None (an older GPU, MIG, no permission); None where they were read."""
     energy_mj: int | None = None
     """NVML's energy counter, millijoules since the driver loaded (nvmlDeviceGetTotalEnergyConsumption), in the
-    samples that read it (once a second: `nvml_source.GPM_REFRESH_S`)."""
+    samples that read it (every `nvml_source.ENERGY_REFRESH_S`)."""
     sm_clock_mhz: int | None = None
+    max_sm_clock_mhz: int | None = None
+    """The highest SM clock the GPU runs at (nvmlDeviceGetMaxClockInfo): what a throttled clock is held below."""
     memory_clock_mhz: int | None = None
     clocks_event_reasons: int | None = None
     """NVML's clocks event (throttle) reasons bitmask (`gpm.throttle_names`)."""

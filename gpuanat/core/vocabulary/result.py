@@ -134,7 +134,7 @@ RUN_RESULT_KEYS = (
     *("modules", "out_of_memory"),
     *("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent"),
     *("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token"),
-    *("sm_clock_mhz", "throttled_percent", "throttle_reasons"),
+    *("sm_clock_mhz", "max_sm_clock_mhz", "throttled_percent", "throttle_reasons"),
 )
 """The keys of a launched run's result (`measure.result.build_result`), in order; the session adds `start` and
 `history_error` after them."""
@@ -241,7 +241,8 @@ class RunResult(JsonRecord):
     """At the steady rate: average power over steady samples/s."""
     joules_per_token: float | None = None
     sm_clock_mhz: float | None = None
-    """Rank 0's GPU over the steady steps: the SM clock's median."""
+    """Rank 0's GPU over the steady steps: the SM clock's median; `max_sm_clock_mhz` the highest it runs at."""
+    max_sm_clock_mhz: float | None = None
     throttled_percent: float | None = None
     """The share of the steady steps' samples in which something held the GPU's clocks down (power or thermal
     caps, hardware slowdowns: `gpm.THROTTLING_REASONS`); `throttle_reasons` that share by reason."""

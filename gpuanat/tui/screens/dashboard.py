@@ -50,6 +50,12 @@ COMPACT_BELOW_ROWS = 34
 """Shorter terminals (80×24 over SSH) get the compact layout (the screen's `-compact` class)."""
 
 
+ACTIVITY_REPAINT_INTERVAL_S = 1.0
+"""The activity rows' figures change at most this often (sampler time), as the charts repaint: at 4 Hz the power's
+watts moved at every sample and repainted the row (6 KB/s to the terminal on the H100 x2, benchmarks/results/
+h100x2/watch_cost/)."""
+
+
 class DashboardScreen(Screen[None]):
     """The charts, the memory bar and the GPU lanes of a dashboard, and the keys both dashboards have."""
 
@@ -59,6 +65,8 @@ class DashboardScreen(Screen[None]):
         self.compare_selection: list[int] = []
         """Runs picked in the history pane for the compare view (enter)."""
         self.charts_paused = False
+        self._activity_shown: tuple[float | None, Any] = (None, None)
+        """(sampler time, what changes the row's shape: its GPUs, throttle reasons, GPM's reason) last shown."""
 
     # The dashboard's widgets are composed once: found once, not by a walk of the DOM at every paint tick.
     @cached_property
@@ -85,11 +93,24 @@ class DashboardScreen(Screen[None]):
     def activity_line(self) -> GpuActivityLine:
         return self.query_one(GpuActivityLine)
 
-    def show_activity(self, readings: Sequence[GpuSample | Mapping[str, Any]]) -> None:
+    def show_activity(self, readings: Sequence[GpuSample | Mapping[str, Any]], t_s: float | None) -> None:
         """How busy these GPUs really are, one row each (`GpuActivityLine`); the compact layout keeps the first (rank
-        0's: the lanes below say each GPU's utilization). Readings of a trace without GPM and clocks show no row."""
+        0's: the lanes below say each GPU's utilization). Readings of a trace without GPM and clocks show no row.
+        `t_s`, the readings' sampler time: the figures change at most once every `ACTIVITY_REPAINT_INTERVAL_S` of it
+        (GPM reads once a second; power and clocks move at every sample), a throttle reason or a GPU at once."""
         shown = [reading for reading in readings if has_activity(reading)]
-        self.activity_line.show([GpuActivity.of(reading) for reading in shown[: 1 if self.compact else None]])
+        activities = [GpuActivity.of(reading) for reading in shown[: 1 if self.compact else None]]
+        shape = tuple((a.index, a.clocks_event_reasons, a.gpm_unavailable) for a in activities)
+        last_t_s, last_shape = self._activity_shown
+        if (
+            shape == last_shape
+            and t_s is not None
+            and last_t_s is not None
+            and t_s - last_t_s < ACTIVITY_REPAINT_INTERVAL_S
+        ):
+            return
+        self._activity_shown = (t_s, shape)
+        self.activity_line.show(activities)
 
     @cached_property
     def failure_line(self) -> FailureLine:

@@ -234,6 +234,11 @@ class WatchDashboard(DashboardScreen):
         if records:
             self.paint_modules()
         with self.app.batch_update():
+            latest = self.last_record
+            if records and latest is not None and "gpus" in latest:  # the latest record's GPUs, how busy
+                main = _main_gpu(latest)
+                used = [gpu for gpu in latest["gpus"] if gpu["uses_it"]]
+                self.show_activity(used or ([main] if main is not None else []), latest.get("t"))
             now_s = self._clock()
             for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
                 chart.refresh_data(now_s)
@@ -275,8 +280,6 @@ class WatchDashboard(DashboardScreen):
         if record["samples_per_second"] is not None and (throughput.last_t_s is None or t_s > throughput.last_t_s):
             throughput.append(t_s, record["samples_per_second"])
         self._show_bands(record, main)
-        used = [gpu for gpu in record["gpus"] if gpu["uses_it"]]
-        self.show_activity(used or ([main] if main is not None else []))
 
     def _add_anatomy(self, record: dict[str, Any]) -> None:
         """Memory by module and an out-of-memory failure, from the records that bring them (the final one too)."""
