@@ -265,6 +265,10 @@ async def test_the_watch_dashboard_shows_the_watched_gpus_tensor_pipes_beside_bu
         app.dashboard.paint()
         await pilot.pause()
         row = activity_row(app)
+        from gpuanat.tui.widgets.line_chart import LineChart
+
+        assert app.dashboard.query_one("#util-chart", LineChart).series_names[-1] == "tensor"
+        assert app.dashboard.series["tensor_active"].last == gpu.tensor_active_percent
     # NVML's "busy" says a kernel ran; the tensor pipes were active about a third of the time
     assert f"busy {whole(gpu.gpu_util_percent)}% · tensor {whole(gpu.tensor_active_percent)}%" in row
     assert 20 < whole(gpu.tensor_active_percent) < 40
@@ -354,3 +358,22 @@ async def test_the_activity_rows_figures_change_at_most_once_a_second_a_throttle
         for (before, _), (now, _) in itertools.pairwise(rows)
     ]
     assert sum(moved) > 2 * len(changes)  # the samples' watts and clocks moved more often than the row
+
+
+@pytest.mark.asyncio
+async def test_the_utilization_chart_plots_the_tensor_pipes_beside_busy_where_gpm_reads(tmp_path):
+    """The GEMM step's samples: the chart's "tensor" series holds what GPM read, beside NVML's utilization; a trace
+    recorded without GPM keeps the chart's one series."""
+    from gpuanat.tui.widgets.line_chart import LineChart
+
+    app = make_app(tmp_path / "h.sqlite")
+    async with app.run_test(size=(120, 40)) as pilot:
+        gpu = await Replay(app, pilot).until(step_samples()["gemm"])
+        chart = app.dashboard.query_one("#util-chart", LineChart)
+        assert chart.series_names == ("GPU util", "tensor")
+        title = chart.render_line(0).text
+    assert "tensor" in title and f"{gpu.tensor_active_percent:.0f}" in title.split("tensor", 1)[1]
+    old = make_app(tmp_path / "old.sqlite", Path(__file__).resolve().parent / "data" / "nvml_trace_h100.jsonl")
+    async with old.run_test(size=(120, 40)) as pilot:
+        await Replay(old, pilot).until(20)
+        assert old.dashboard.query_one("#util-chart", LineChart).series_names == ("GPU util",)

@@ -67,6 +67,17 @@ def throughput_title(live: LiveRun | None, rank_rate: float | None, gpu: GpuSamp
     return f"{title} · {achieved}" + (f", {100 * speed.mfu:.0f}% MFU" if speed.mfu is not None else "")
 
 
+TENSOR_SERIES = "tensor"
+"""The utilization chart's second series, NVML GPM's tensor pipes active (issue #51): busy beside what worked."""
+
+
+def add_tensor_series(util_chart: LineChart, series: TimeSeries) -> None:
+    """Chart `series` (tensor pipes active, %) beside the utilization, from the first GPM reading on: a GPU or a
+    trace without GPM keeps the chart as it was."""
+    if TENSOR_SERIES not in util_chart.series_names:
+        util_chart.set_series(TENSOR_SERIES, series)
+
+
 class LiveCharts:
     """The series behind the charts and what each sample and event adds to them."""
 
@@ -81,6 +92,7 @@ class LiveCharts:
             "device_used": TimeSeries(),
             "run_used": TimeSeries(),
             "gpu_util": TimeSeries(),
+            "tensor_active": TimeSeries(),
             "throughput": TimeSeries(reduce="mean"),
             "host_rss": TimeSeries(),
             "host_cpu": TimeSeries(reduce="mean"),
@@ -138,6 +150,9 @@ class LiveCharts:
                 self.series["device_used"].append(sample.t_s, gpu.used_bytes)
             if gpu.gpu_util_percent is not None:
                 self.series["gpu_util"].append(sample.t_s, gpu.gpu_util_percent)
+            if gpu.tensor_active_percent is not None:
+                add_tensor_series(self._charts_by_id["util-chart"], self.series["tensor_active"])
+                self.series["tensor_active"].append(sample.t_s, gpu.tensor_active_percent)
             if run_used is not None:
                 self.series["run_used"].append(sample.t_s, run_used)
 

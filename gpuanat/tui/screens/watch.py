@@ -32,6 +32,7 @@ from gpuanat.core.store.report import format_bytes
 from gpuanat.core.thread_names import name_native_thread
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget
+from gpuanat.tui.live_charts import add_tensor_series
 from gpuanat.tui.messages import WatchSaved
 from gpuanat.tui.screens.dashboard import FIRST_BINDINGS, SHARED_BINDINGS, DashboardScreen
 from gpuanat.tui.screens.modules import NOT_FOLLOWED, ModulesShown
@@ -126,6 +127,7 @@ class WatchDashboard(DashboardScreen):
             "device_used": TimeSeries(),
             "process_used": TimeSeries(),
             "gpu_util": TimeSeries(),
+            "tensor_active": TimeSeries(),
             "cpu": TimeSeries(reduce="mean"),
             "throughput": TimeSeries(reduce="mean"),
         }
@@ -274,6 +276,12 @@ class WatchDashboard(DashboardScreen):
         if record["gpu_util_percent"] is not None:
             self.series["gpu_util"].append(t_s, record["gpu_util_percent"])
             self._charts_by_id["util-chart"].title = UTIL_TITLES[record["gpu_util_scope"]]
+        tensor = next((gpu["tensor_active_percent"] for gpu in record["gpus"] if gpu["uses_it"]), None)
+        if tensor is None and main is not None:
+            tensor = main.get("tensor_active_percent")
+        if tensor is not None:
+            add_tensor_series(self._charts_by_id["util-chart"], self.series["tensor_active"])
+            self.series["tensor_active"].append(t_s, tensor)
         if record["cpu_percent"] is not None:
             self.series["cpu"].append(t_s, record["cpu_percent"])
         throughput = self.series["throughput"]

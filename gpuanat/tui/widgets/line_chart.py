@@ -230,6 +230,10 @@ class LineChart(CachedRows):
         self._formatter_version += 1
         self.repaint_changes()
 
+    @property
+    def series_names(self) -> tuple[str, ...]:
+        return tuple(self._series)
+
     def set_series(self, name: str, series: TimeSeries) -> None:
         """Show `series` under `name` (added after the others, or replacing the one of that name)."""
         self._series[name] = series
