@@ -53,11 +53,12 @@ def command_history(args: argparse.Namespace) -> int:
     elif output_format == "csv":
         sys.stdout.write(render_csv((*HISTORY_COLUMNS, TAGS_COLUMN), rows))
     elif not runs and (args.name is not None or args.tagged is not None):
-        wanted = [
-            *([f"whose name contains “{printable(args.name)}”"] if args.name is not None else []),
-            *([f"tagged “{printable(args.tagged)}”"] if args.tagged is not None else []),
-        ]
-        print(f"No run {' and '.join(wanted)} (history: {history_path(args)}).")
+        named = f"name contains “{printable(args.name)}”" if args.name is not None else None
+        if args.tagged is None:
+            print(f"No run's {named} (history: {history_path(args)}).")
+        else:
+            whose = f" whose {named}" if named else ""
+            print(f"No run tagged “{printable(args.tagged)}”{whose} (history: {history_path(args)}).")
     elif not runs:
         print(f"No runs recorded yet. Start one with `gpuanat run` (history: {history_path(args)}).")
     else:
