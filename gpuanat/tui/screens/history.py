@@ -28,7 +28,6 @@ from gpuanat.core.store.history_errors import HistoryError
 from gpuanat.core.store.report import HISTORY_COLUMNS, TAGS_COLUMN, counted, display_value, listing_rows
 from gpuanat.core.store.searches import SearchLine, fold_searches
 from gpuanat.tui.screens.confirm import ConfirmScreen
-from gpuanat.tui.screens.keys import KeysScreen, key_rows
 from gpuanat.tui.screens.rename import RenameScreen, TagScreen
 from gpuanat.tui.text_fit import fit_words
 
@@ -135,8 +134,7 @@ class HistoryScreen(Screen[list[int]]):
         Binding("n", "rename", "Rename", id="history.rename"),
         Binding("t", "tag", "Tag", id="history.tag"),
         Binding("d", "delete", "Delete", id="history.delete"),
-        Binding("e", "expand", "Expand/fold search", id="history.expand"),
-        Binding("question_mark", "keys", "Keys", id="history.keys", key_display="?", show=False),
+        Binding("e", "expand", "Expand", id="history.expand"),
         Binding("h,escape", "close", "Back", id="history.back"),
     ]
     DEFAULT_CSS = """
@@ -428,10 +426,6 @@ class HistoryScreen(Screen[list[int]]):
         (self.expanded.add if folded else self.expanded.discard)(run.search.id)
         self._rows = table_rows(self._runs, self.expanded)
         self._fill(cursor_key=str(run.id) if folded else f"s{run.search.id}")
-
-    def action_keys(self) -> None:
-        """The history's keys, as the dashboard's `?` lists the dashboard's."""
-        self.app.push_screen(KeysScreen(key_rows(self.app)))
 
     def action_toggle_selection(self) -> None:
         table = self.query_one(DataTable)
