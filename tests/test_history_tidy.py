@@ -320,3 +320,31 @@ def test_a_delete_interrupted_by_a_signal_leaves_the_history_whole(tmp_path):
         assert counts == dict.fromkeys(kept, samples_per_run), stop
         if stop == signal.SIGTERM and kept == present:  # stopped as Ctrl-C stops a command, the write rolled back
             assert (deleting.returncode, stderr) == (128 + signal.SIGTERM, "gpuanat: interrupted\n")
+
+
+def test_bad_deletes_are_one_line_and_exit_2_and_delete_nothing(tmp_path):
+    db = tmp_path / "history.sqlite"
+    shutil.copy(RECORDED_V3, db)
+    with HistoryStore(db) as store:  # upgraded, and a run with a hostile name
+        hostile = store.create_run({"preset": "tiny"}, name=HOSTILE_TAG)
+        store.update_result(hostile, RunResult(run_id=hostile, status="ok"), status="ok")
+    before = db.read_bytes()
+    for args, says in [
+        (["--delete", "12x"], "--delete: 12x is not a run's number or a search (sN)"),
+        (["--delete", "0"], "--delete: 0 is not a run's number"),
+        (["--delete", "s"], "--delete: s is not a run's number"),
+        (["--delete", "1", "\x1b[2J"], "--delete: \\x1b[2J is not a run's number"),
+        (["--delete", "1", "99", "--yes"], "--delete: there is no run 99"),
+        (["--delete", "s1", "--yes"], "--delete: there is no search s1"),
+        (["--delete", "1", "--limit", "1"], "--delete: --limit shapes a listing"),
+        (["--yes"], "--yes answers --delete's question"),
+        (["--rename", "1", "x", "--yes"], "--yes answers --delete's question; --rename asks none"),
+    ]:
+        refused = _no_stdin(["history", *args], db)
+        assert (refused.returncode, refused.stdout) == (2, ""), args
+        assert len(refused.stderr.splitlines()) == 1 and says in refused.stderr, (args, refused.stderr)
+        assert "\x1b" not in refused.stderr
+    assert db.read_bytes() == before
+    listed = _no_stdin(["history", "--delete", str(hostile), "--yes"], db)
+    assert listed.returncode == 0 and "\x1b" not in listed.stdout and "\u202e" not in listed.stdout
+    assert f"  run {hostile} · " in listed.stdout and "“base\\x1b[31mline\\u202e” · ok" in listed.stdout

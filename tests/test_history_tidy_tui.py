@@ -9,7 +9,6 @@ import pytest
 from hostile import raw_in_terminal_output
 from test_run_names import cpu_dashboard
 from textual.app import App
-from textual.widgets import Input
 
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.result import RunResult

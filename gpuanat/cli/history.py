@@ -39,7 +39,8 @@ def command_history(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         fail_usage(f"--limit: must be an integer ≥ 1 (got {args.limit})")
     with open_store(args, read_only=True) as store:
-        runs = store.runs(name_contains=args.name, tagged=args.tagged)
+        # a search's line needs all its trials: the limit then applies to the lines, below
+        runs = store.runs(limit=args.limit if args.trials else None, name_contains=args.name, tagged=args.tagged)
         totals = {run.search.id: len(store.search_trials(run.search.id)) for run in runs if run.search is not None}
     lines: list[RunRow | SearchLine] = list(runs) if args.trials else fold_searches(runs, totals)
     if args.limit is not None:

@@ -363,15 +363,19 @@ class HistoryStore(HistoryFile):
 
     def run(self, run_id: int) -> RunRow | None:
         rows = self._fetch(f"SELECT {self._run_columns} FROM runs WHERE id = ?", (run_id,))
-        return self._row(rows[0], *self._tags_and_searches()) if rows else None
+        return self._row(rows[0], *self._tags_and_searches(run_id)) if rows else None
 
-    def _tags_and_searches(self) -> tuple[dict[int, tuple[str, ...]], dict[int, SearchRef]]:
-        """Every run's tags and every search, by id (none in a file before schema 4)."""
+    def _tags_and_searches(self, run_id: int | None = None) -> tuple[dict[int, tuple[str, ...]], dict[int, SearchRef]]:
+        """Every run's tags (run `run_id`'s only, when given) and every search, by id (none before schema 4)."""
         if not self.keeps_tags:
             return {}, {}
         tags: dict[int, list[str]] = {}
-        for run_id, tag in self._fetch("SELECT run_id, tag FROM run_tags ORDER BY tag"):
-            tags.setdefault(run_id, []).append(tag)
+        query = "SELECT run_id, tag FROM run_tags"
+        parameters: tuple[int, ...] = ()
+        if run_id is not None:
+            query, parameters = query + " WHERE run_id = ?", (run_id,)
+        for tagged_id, tag in self._fetch(query + " ORDER BY tag", parameters):
+            tags.setdefault(tagged_id, []).append(tag)
         searches = {
             row["id"]: SearchRef(row["id"], row["kind"], row["name"], row["created_at"])
             for row in self._fetch("SELECT id, kind, name, created_at FROM searches")
