@@ -52,7 +52,7 @@ class RunInProgress(HistoryError):
         listed = ", ".join(map(str, run_ids))
         super().__init__(
             f"run {listed} {'is' if len(run_ids) == 1 else 'are'} still being recorded by another process; "
-            "stop it (or let it end) and delete it then",
+            "stop it (or let it end), then delete it",
             EXIT_BAD_FILE,
         )
 
