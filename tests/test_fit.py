@@ -7,6 +7,7 @@ from conftest import cli_env
 
 from gpuanat.core.run.fit import find_largest_batch, run_fit
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.searches import best_trial, start_search
 from gpuanat.core.vocabulary.config import RunConfig
 
 
@@ -53,6 +54,7 @@ def test_fit_confirms_with_real_runs(db_path):
             trial_steps=2,
             max_batch=64,
             env=cli_env(db_path, fault="oom-above@6"),
+            search_id=start_search(store, "fit", base),
         )
         runs = store.runs()
     assert fit.failure is None
@@ -72,3 +74,7 @@ def test_fit_confirms_with_real_runs(db_path):
         ("fit batch 7", "oom"),
     ]
     assert all(run.result.steps == 2 for run in runs if run.status == "ok")
+    # every trial recorded under its search, whose best is the largest batch that trained
+    assert {(run.search.kind, run.search.name) for run in runs if run.search is not None} == {("fit", "fit tiny")}
+    assert all(run.search == runs[0].search for run in runs)
+    assert best_trial("fit", runs).name == "fit batch 6"

@@ -17,7 +17,20 @@ TINY_TRAINER = REPO / "tests" / "scripts" / "tiny_trainer.py"
 
 def test_a_script_without_the_callback_is_recorded_with_its_bands(db_path):
     completed = run_cli(
-        ["run", "--json", "--script", str(TINY_TRAINER), "--", "--samples", "32", "--batch-size", "8"], db_path
+        [
+            "run",
+            "--json",
+            "--tag",
+            "script",
+            "--script",
+            str(TINY_TRAINER),
+            "--",
+            "--samples",
+            "32",
+            "--batch-size",
+            "8",
+        ],
+        db_path,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = last_json(completed.stdout)
@@ -40,7 +53,7 @@ def test_a_script_without_the_callback_is_recorded_with_its_bands(db_path):
         (run,) = store.runs()
         steps = store.steps(run.id)
         samples = store.samples(run.id)
-    assert (run.kind, run.name, run.status) == ("launched", "script tiny_trainer.py", "ok")
+    assert (run.kind, run.name, run.status, run.tags) == ("launched", "script tiny_trainer.py", "ok", ("script",))
     assert run.result.to_json()["bands"] == result["bands"]
     assert [step["step"] for step in steps] == list(range(1, 13))
     # the host was measured while the script ran; the sample taken as it exited may find no process

@@ -402,6 +402,7 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
         trials = [run for run in store.runs() if (run.name or "").startswith("tune ")]
     ok = [run for run in trials if run.status == "ok"]
     assert ok and ok[0].name.startswith("tune 1: ")  # the strong start trained
+    assert len({run.search for run in trials}) == 1 and trials[0].search.kind == "tune"  # one search, in the history
     best = max(ok, key=lambda run: run.result.steady_samples_per_second or run.result.samples_per_second)
     lasting = ("samples", "epochs", "max_steps")
     assert {key: value for key, value in app.dashboard.config.to_json().items() if key not in lasting} == {

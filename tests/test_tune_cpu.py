@@ -5,6 +5,7 @@ from the test hook in tests/fault_injection (CI has no GPU to run out of)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import signal
 import sqlite3
@@ -53,15 +54,15 @@ def search_config(entry: dict) -> RunConfig:
 def tuned(tmp_path_factory):
     db = tmp_path_factory.mktemp("tune") / "history.sqlite"
     # Batches above 16 run out of memory: the start (32, the largest power of two predicted to fit) does.
-    completed = run_cli([*TUNE, "--json"], db, fault="oom-above@16", timeout_s=600)
+    completed = run_cli([*TUNE, "--json", "--tag", "tuned"], db, fault="oom-above@16", timeout_s=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     with HistoryStore(db) as store:
         runs = {run.id: run for run in store.runs()}
-    return last_json(completed.stdout), runs, completed.stderr
+    return last_json(completed.stdout), runs, completed.stderr, db
 
 
 def test_json_contract(tuned):
-    summary, _, _ = tuned
+    summary, *_ = tuned
     assert set(summary) >= {
         "status",
         "device",
@@ -105,7 +106,7 @@ def test_json_contract(tuned):
 
 
 def test_an_oom_start_steps_down_and_rules_the_batch_out(tuned):
-    summary, _, stderr = tuned
+    summary, _, stderr, _ = tuned
     trials = summary["trials"]
     assert [(t["config"]["batch_size"], t["status"], t["dimension"]) for t in trials[:2]] == [
         (32, "oom", "start"),
@@ -123,7 +124,7 @@ def test_each_trial_says_the_time_left_by_the_trials_left(tuned):
     """Issue #48, point 5: the time left is the trials still to run if no move helps, each at the measured time of
     the trials done (start-up included; no compiled trial here, so every kind is timed), and more only if a move
     helps; the last trial of a search that converged has none left."""
-    summary, _, stderr = tuned
+    summary, _, stderr, _ = tuned
     lines = [line for line in stderr.splitlines() if re.match(r"tune \d+: ", line)]
     assert len(lines) == len(summary["trials"])
     for line in lines:
@@ -135,7 +136,7 @@ def test_each_trial_says_the_time_left_by_the_trials_left(tuned):
 
 
 def test_pruned_candidates_never_ran(tuned):
-    summary, runs, _ = tuned
+    summary, runs, *_ = tuned
     usable = summary["usable_memory_bytes"]
     assert summary["pruned"], "the prediction bounded nothing"
     for refused in summary["pruned"]:
@@ -152,7 +153,7 @@ def test_pruned_candidates_never_ran(tuned):
 
 
 def test_every_point_of_the_front_is_a_recorded_run(tuned):
-    summary, runs, _ = tuned
+    summary, runs, *_ = tuned
     assert summary["front"]
     for point in summary["front"]:
         run = runs[point["run_id"]]
@@ -176,7 +177,7 @@ def test_every_point_of_the_front_is_a_recorded_run(tuned):
 
 
 def test_the_best_is_the_fastest_trial_and_runs_as_printed(tuned):
-    summary, _, _ = tuned
+    summary, *_ = tuned
     best = summary["best"]
     ok = [trial for trial in summary["trials"] if trial["status"] == "ok"]
     assert best["samples_per_second"] == max(trial["samples_per_second"] for trial in ok)
@@ -185,6 +186,17 @@ def test_the_best_is_the_fastest_trial_and_runs_as_printed(tuned):
     args = build_parser().parse_args(best["command"].split()[1:])
     assert config_from_args(args, cuda_available=False) == search_config(best)
     assert search_config(best).samples == 512 and search_config(best).max_steps is None
+
+
+def test_the_trials_are_one_search_in_the_history_its_best_the_tunes(tuned):
+    summary, runs, _, db = tuned
+    searches = {run.search for run in runs.values()}
+    assert len(searches) == 1 and next(iter(searches)).kind == "tune"
+    assert all(run.tags == ("tuned",) for run in runs.values())  # `tune --tag` tags every trial
+    (line,) = json.loads(run_cli(["history", "--json"], db).stdout)
+    assert line["id"] == summary["best"]["run_id"]
+    assert line["search"]["trials"] == len(summary["trials"]) and line["search"]["trial_ids"] == sorted(runs)
+    assert len(json.loads(run_cli(["history", "--json", "--trials"], db).stdout)) == len(runs)
 
 
 def _runs_created(db) -> int:

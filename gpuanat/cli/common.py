@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -91,10 +91,11 @@ def open_store(args: argparse.Namespace, *, read_only: bool = False) -> HistoryS
 def check_history_of(args: argparse.Namespace) -> None:
     """Refuse at once (HistoryError, exit 2) a history the command would use and cannot: before the dashboard opens
     or a run trains, not at `r` or after the training. The commands that write (the dashboards, run, sweep, fit,
-    tune, `history --rename`, `watch --save` or with --db) need to write it; `history` and `explain` read it."""
+    tune, `history --rename/--tag/--untag/--delete`, `watch --save` or with --db) need to write it; `history` and
+    `explain` read it."""
     command = getattr(args, "command", None)
     if command == "history":
-        writes = args.rename is not None
+        writes = any(edit is not None for edit in (args.rename, args.tag, args.untag, args.delete))
     elif command == "explain":
         writes = False
     elif command == "watch":
@@ -204,9 +205,11 @@ def run_recorded(
     profile_ops_trace: Path | None = None,
     warm_workers: WarmWorkers | None = None,
     metrics: RunMetrics | None = None,
+    search_id: int | None = None,
+    tags: Sequence[str] = (),
 ) -> RunResult:
     """One run with its progress on stderr; with `warm_workers` (sweep, tune, fit) a process prepared during the
-    previous run takes it."""
+    previous run takes it. `search_id`, `tags`: as `execute_run` records them."""
     from gpuanat.core.run.session import execute_run
 
     env = measurement_environment(
@@ -230,6 +233,8 @@ def run_recorded(
                 requested_monotonic_s=requested_monotonic_s,
                 warm_workers=warm_workers,
                 metrics=metrics,
+                search_id=search_id,
+                tags=tags,
             )
     except ConfigError as error:  # the GPUs asked for cannot be had: nothing was started or recorded
         view.close()

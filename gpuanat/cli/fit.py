@@ -23,6 +23,7 @@ from gpuanat.cli.common import (
     run_recorded,
 )
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.searches import start_search
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machine_unsupported_reason
@@ -67,9 +68,19 @@ def command_fit(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
 
-    def trial_with_progress(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> RunResult:
+    def trial_with_progress(
+        config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str, search_id: int
+    ) -> RunResult:
         return run_recorded(
-            config, store, args.stop_signals, label=name, name=name, warm_workers=workers, metrics=metrics
+            config,
+            store,
+            args.stop_signals,
+            label=name,
+            name=name,
+            warm_workers=workers,
+            metrics=metrics,
+            search_id=search_id,
+            tags=args.tags,
         )
 
     def trial_done(batch_size: int, result: RunResult) -> None:
@@ -89,6 +100,7 @@ def command_fit(args: argparse.Namespace) -> int:
             max_batch=args.max_batch,
             run_trial=trial_with_progress,
             on_trial=trial_done,
+            search_id=start_search(store, "fit", base),
         )
     if args.stop_signals.requested.is_set():
         print("gpuanat: fit stopped before it found the largest batch", file=sys.stderr)

@@ -1,62 +1,108 @@
-"""`gpuanat history`: the recorded runs as a table, markdown, CSV or JSON (reads, never writes); `--rename` gives one
-run a new name (the one write, retried while the history is busy)."""
+"""`gpuanat history`: the recorded runs as a table, markdown, CSV or JSON (reads, never writes), a tune's or fit's
+trials folded into one line per search unless `--trials`; `--rename` gives one run a new name; `--tag`/`--untag` tag
+runs and `--delete` deletes them after showing them and asking (`history_edit`). Each write is retried while the
+history is busy."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Any
 
 from gpuanat.cli.common import EXIT_OK, fail_usage, history_path, open_store, print_table
+from gpuanat.cli.history_edit import command_delete, command_tag, refuse_listing_flags
 from gpuanat.cli.parser import run_name
 from gpuanat.core.printable import printable
-
-LISTING_FLAGS = ("--format", "--json", "--limit", "--name")
-"""What shapes a listing: none of them applies to a rename."""
+from gpuanat.core.store.history import RunRow
+from gpuanat.core.store.searches import SearchLine, fold_searches
 
 
 def command_history(args: argparse.Namespace) -> int:
     if args.rename is not None:
         return command_rename(args)
-    from gpuanat.core.store.report import HISTORY_COLUMNS, history_rows, render_csv, render_markdown
+    if args.tag is not None or args.untag is not None:
+        return command_tag(args)
+    if args.delete is not None:
+        return command_delete(args)
+    if args.yes:
+        fail_usage("--yes answers --delete's question; give it with --delete")
+    from gpuanat.core.store.report import (
+        HISTORY_COLUMNS,
+        TAGS_COLUMN,
+        listing_rows,
+        render_csv,
+        render_markdown,
+    )
 
     output_format = "json" if args.json else args.format or "table"
     if args.limit is not None and args.limit < 1:
         fail_usage(f"--limit: must be an integer ≥ 1 (got {args.limit})")
     with open_store(args, read_only=True) as store:
-        runs = store.runs(limit=args.limit, name_contains=args.name)
+        # a search's line needs all its trials: the limit then applies to the lines, below
+        runs = store.runs(limit=args.limit if args.trials else None, name_contains=args.name, tagged=args.tagged)
+        totals = {run.search.id: len(store.search_trials(run.search.id)) for run in runs if run.search is not None}
+    lines: list[RunRow | SearchLine] = list(runs) if args.trials else fold_searches(runs, totals)
+    if args.limit is not None:
+        lines = lines[-args.limit :]
     if output_format == "json":
-        print(
-            json.dumps(
-                [
-                    {
-                        "id": run.id,
-                        "kind": run.kind,
-                        "name": run.name,
-                        "status": run.status,
-                        "created_at": run.created_at,
-                        "finished_at": run.finished_at,
-                        "config": run.config,
-                        "result": run.result.to_json(),
-                    }
-                    for run in runs
-                ],
-                indent=2,
-            )
-        )
+        print(json.dumps([_json_entry(line) for line in lines], indent=2))
         return EXIT_OK
-    rows = history_rows(runs)
+    rows = listing_rows(lines)
     if output_format == "md":
-        sys.stdout.write(render_markdown(HISTORY_COLUMNS, rows))
+        sys.stdout.write(render_markdown((*HISTORY_COLUMNS, TAGS_COLUMN), rows))
     elif output_format == "csv":
-        sys.stdout.write(render_csv(HISTORY_COLUMNS, rows))
-    elif not runs and args.name is not None:
-        print(f"No run's name contains “{printable(args.name)}” (history: {history_path(args)}).")
+        sys.stdout.write(render_csv((*HISTORY_COLUMNS, TAGS_COLUMN), rows))
+    elif not runs and (args.name is not None or args.tagged is not None):
+        named = f"name contains “{printable(args.name)}”" if args.name is not None else None
+        if args.tagged is None:
+            print(f"No run's {named} (history: {history_path(args)}).")
+        else:
+            whose = f" whose {named}" if named else ""
+            print(f"No run tagged “{printable(args.tagged)}”{whose} (history: {history_path(args)}).")
     elif not runs:
         print(f"No runs recorded yet. Start one with `gpuanat run` (history: {history_path(args)}).")
     else:
-        print_table(HISTORY_COLUMNS, rows)
+        tagged = any(row["tags"] for row in rows)
+        print_table((*HISTORY_COLUMNS, TAGS_COLUMN) if tagged else HISTORY_COLUMNS, rows)
+        folded = [line.key for line in lines if isinstance(line, SearchLine)]
+        if folded:
+            print(
+                f"{', '.join(folded)}: {'a search' if len(folded) == 1 else 'searches'} (tune, fit) shown as "
+                f"{'its' if len(folded) == 1 else 'their'} best trial; --trials lists every trial, "
+                f"--delete {folded[-1]} deletes all of them"
+            )
     return EXIT_OK
+
+
+def _run_json(run: RunRow) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "kind": run.kind,
+        "name": run.name,
+        "status": run.status,
+        "created_at": run.created_at,
+        "finished_at": run.finished_at,
+        "tags": list(run.tags),
+        "search": None
+        if run.search is None
+        else {"id": run.search.id, "kind": run.search.kind, "name": run.search.name},
+        "config": run.config,
+        "result": run.result.to_json(),
+    }
+
+
+def _json_entry(line: RunRow | SearchLine) -> dict[str, Any]:
+    """A run's object; a folded search's is its best trial's, whose `search` also counts and lists the trials."""
+    if isinstance(line, RunRow):
+        return _run_json(line)
+    entry = _run_json(line.best)
+    entry["search"] = {
+        **entry["search"],
+        "trials": line.total_trials,
+        "trial_ids": [trial.id for trial in line.trials],
+    }
+    return entry
 
 
 def command_rename(args: argparse.Namespace) -> int:
@@ -64,15 +110,7 @@ def command_rename(args: argparse.Namespace) -> int:
     from gpuanat.core.store.history import RENAME_DEADLINE_S
     from gpuanat.core.store.history_errors import write_with_backoff
 
-    given = {
-        "--format": args.format is not None,
-        "--json": args.json,
-        "--limit": args.limit is not None,
-        "--name": args.name is not None,
-    }
-    listing = [flag for flag in LISTING_FLAGS if given[flag]]
-    if listing:
-        fail_usage(f"--rename: {listing[0]} shapes a listing and does not apply to a rename; give --rename alone")
+    refuse_listing_flags(args, "--rename")
     run_id_text, name_text = args.rename
     try:
         run_id = int(run_id_text)

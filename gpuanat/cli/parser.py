@@ -46,6 +46,31 @@ def run_name(text: str) -> str:
     return text
 
 
+def tag_text(text: str) -> str:
+    """A tag as given (UTF-8 text, not blank), kept exactly and shown escaped."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a tag cannot be empty or blank; give it some text, e.g. --tag baseline")
+    try:
+        return run_name(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"the tag {printable(text)!s} is not UTF-8 text, which the history keeps tags as; give it in UTF-8"
+        ) from None
+
+
+def add_run_tags(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--tag NAME` (repeatable) on the commands that record runs: every run `what` records carries it."""
+    parser.add_argument(
+        "--tag",
+        dest="tags",
+        type=tag_text,
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"tag {what} NAME in the history (repeatable); `gpuanat history --tagged NAME` lists them",
+    )
+
+
 def profiled_steps(text: str) -> int:
     """`--profile-ops N`: a step count from 1 to 50."""
     if not text.isdigit() or not 1 <= int(text) <= 50:
@@ -219,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         "flags do not apply (the script sets its own TrainingArguments)",
     )
     add_profile_ops(run, trace=True)
+    add_run_tags(run, "the run")
 
     sweep = commands.add_parser(
         "sweep",
@@ -241,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run only this experiment (repeatable); names as in the table",
     )
     add_profile_ops(sweep, trace=False)
+    add_run_tags(sweep, "every experiment's run")
 
     predict = commands.add_parser(
         "predict",
@@ -279,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--trial-steps", type=int, default=3, metavar="N", help="optimizer steps per trial (3)")
     fit.add_argument("--max-batch", type=int, default=4096, metavar="N", help="stop searching at this batch (4096)")
     fit.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_run_tags(fit, "every trial")
 
     tune = tune_subparser(commands)
     add_technique_flags(tune)
@@ -286,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics(tune)
     add_tune_options(tune)
     add_profile_ops(tune, trace=False)
+    add_run_tags(tune, "every trial")
 
     watch = commands.add_parser(
         "watch",
@@ -389,11 +418,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     history = commands.add_parser(
         "history",
-        help="list recorded runs, or rename one",
-        description="List recorded runs, oldest first (reading the history, never writing it); or, with --rename,\n"
-        "give one run a new name.",
+        help="list recorded runs; rename, tag or delete them",
+        description="List recorded runs, oldest first (reading the history, never writing it); a tune's or fit's\n"
+        "trials show as one line, its search (id sN: the best trial, how many trials), unless --trials.\n"
+        "Or change it: --rename one run, --tag/--untag runs, --delete runs (it shows what it will delete\n"
+        "and asks first; --yes for scripts). An ID is a run's number, or sN for all of search N's trials.",
         epilog="Examples:\n  gpuanat history --format md\n  gpuanat history --name bf16 --limit 5\n"
-        '  gpuanat history --rename 12 "bf16, batch 16"\n  gpuanat history --rename 12 ""   # no name',
+        "  gpuanat history --tagged baseline --json\n  gpuanat history --trials\n"
+        '  gpuanat history --rename 12 "bf16, batch 16"\n  gpuanat history --rename 12 ""   # no name\n'
+        "  gpuanat history --tag 12 13 baseline\n  gpuanat history --untag 13 baseline\n"
+        "  gpuanat history --delete 14 s3        # run 14, and search 3's trials\n"
+        "  gpuanat history --delete 14 --yes  # without asking (scripts)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(history)
@@ -410,6 +445,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the runs whose name contains TEXT (in any case)",
     )
     history.add_argument(
+        "--tagged", type=tag_text, default=None, metavar="NAME", help="only the runs tagged NAME (exactly)"
+    )
+    history.add_argument(
+        "--trials",
+        action="store_true",
+        help="list every trial of a tune or fit, each with its search, instead of one line per search",
+    )
+    history.add_argument(
         "--rename",
         nargs=2,
         default=None,
@@ -417,4 +460,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="name run RUN_ID NAME instead of listing (an empty or blank NAME removes its name); the "
         "name is kept as given and shown with any control characters escaped",
     )
+    history.add_argument(
+        "--tag",
+        nargs="+",
+        default=None,
+        metavar="ID",
+        help="--tag ID [ID ...] NAME: tag these runs NAME (the last word is the tag); sN tags search N's trials",
+    )
+    history.add_argument(
+        "--untag", nargs="+", default=None, metavar="ID", help="--untag ID [ID ...] NAME: take the tag NAME away"
+    )
+    history.add_argument(
+        "--delete",
+        nargs="+",
+        default=None,
+        metavar="ID",
+        help="delete these runs (sN: search N and its trials) with their steps, samples, tags and the logs gpuanat "
+        "wrote for them; shows them and asks (y/N) first",
+    )
+    history.add_argument("--yes", action="store_true", help="with --delete: delete without asking (scripts)")
     return parser

@@ -71,6 +71,7 @@ def command_run_script(args: argparse.Namespace) -> int:
                     on_event=view,
                     trace_path=args.trace_out,
                     stop_requested=stop_requested,
+                    tags=args.tags,
                     env=measurement_environment(
                         keep_oom_snapshot=args.keep_oom_snapshot,
                         profile_ops=args.profile_ops,
@@ -159,6 +160,7 @@ def command_run(args: argparse.Namespace) -> int:
             profile_ops=args.profile_ops,
             profile_ops_trace=args.profile_ops_trace,
             metrics=metrics,
+            tags=args.tags,
         )
     if args.json:
         print(json.dumps(result.to_json()))

@@ -72,6 +72,7 @@ def command_sweep(args: argparse.Namespace) -> int:
                 profile_ops=args.profile_ops,
                 warm_workers=workers,
                 metrics=metrics,
+                tags=args.tags,
             )
             # the sweep's entry: the run's result with why it did not train, one line
             reason = result.error.message.splitlines()[0] if result.error else ""

@@ -25,6 +25,7 @@ from gpuanat.cli.common import (
     run_recorded,
 )
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.searches import start_search
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
@@ -296,7 +297,7 @@ def command_tune(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
 
-    def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str) -> RunResult:
+    def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str, search_id: int) -> RunResult:
         return run_recorded(
             config,
             store,
@@ -306,6 +307,8 @@ def command_tune(args: argparse.Namespace) -> int:
             profile_ops=args.profile_ops,
             warm_workers=workers,
             metrics=metrics,
+            search_id=search_id,
+            tags=args.tags,
         )
 
     def trial_done(done: Any, progress: Any) -> None:
@@ -358,6 +361,7 @@ def command_tune(args: argparse.Namespace) -> int:
             on_kept=kept,
             stop=stop,
             objective=args.objective,
+            search_id=start_search(store, "tune", base),
         )
     summary = tune_json(outcome, base=base, space=space, budget_s=budget_s, trial_steps=args.trial_steps, held=held)
     why = {

@@ -25,6 +25,7 @@ from gpuanat.core.run.tune.search import Progress, run_tune
 from gpuanat.core.run.tune.space import SearchSpace
 from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.history import HistoryStore
+from gpuanat.core.store.searches import start_search
 from gpuanat.core.vocabulary.config import PROFILE_OPS_VARIABLE, Capabilities, RunConfig
 from gpuanat.core.vocabulary.protocol import Event
 from gpuanat.core.vocabulary.result import RunResult
@@ -169,6 +170,7 @@ class LocalRunBackend:
                 trial_steps=trial_steps,
                 max_batch=max_batch,
                 on_trial=on_trial,
+                search_id=start_search(store, "fit", config),
                 **self._options(hooks),
             )
 
@@ -191,6 +193,7 @@ class LocalRunBackend:
                 budget_s=budget_s,
                 stop=hooks.stop_requested,
                 on_trial=on_trial,
+                search_id=start_search(store, "tune", config),
                 **self._options(hooks),
             )
 

@@ -89,14 +89,15 @@ def execute_script(
     trace_path: Path | None = None,
     stop_grace_s: float = 10.0,
     stop_requested: threading.Event | None = None,
+    tags: Sequence[str] = (),
 ) -> RunResult:
     """Run `script` with `script_args` in a child with the probe attached, record it, return its result (the
-    JSON contract of `gpuanat run --json`), named `name` (default: "script FILE.py"). Ctrl-C or `stop_requested`
-    stops the child's process group."""
+    JSON contract of `gpuanat run --json`), named `name` (default: "script FILE.py") and tagged `tags`. Ctrl-C or
+    `stop_requested` stops the child's process group."""
     description = {"script": str(script.resolve()), "args": list(script_args), "cwd": os.getcwd()}
     name = f"script {script.name}" if name is None else name
     run_id = write_with_backoff(
-        lambda: store.create_run(description, kind="launched", name=name), deadline_s=FINAL_WRITE_DEADLINE_S
+        lambda: store.create_run(description, kind="launched", name=name, tags=tags), deadline_s=FINAL_WRITE_DEADLINE_S
     )
     log_path = log_dir / f"run-{run_id}.log"
     write_with_backoff(lambda: store.set_log_path(run_id, log_path), deadline_s=FINAL_WRITE_DEADLINE_S)

@@ -15,7 +15,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,8 @@ def execute_run(
     requested_monotonic_s: float | None = None,
     warm_workers: WarmWorkers | None = None,
     metrics: RunMetrics | None = None,
+    search_id: int | None = None,
+    tags: Sequence[str] = (),
 ) -> RunResult:
     """Train `config` in a child process, record it, return its result.
 
@@ -123,7 +125,8 @@ def execute_run(
     choice, environment = run_environment(config, os.environ if env is None else env, gpu_reader)
     rank_count = len(choice.gpus) if choice is not None else (config.ranks or 1)
     run_id = write_with_backoff(
-        lambda: store.create_run(config.to_json(), name=name), deadline_s=FINAL_WRITE_DEADLINE_S
+        lambda: store.create_run(config.to_json(), name=name, search_id=search_id, tags=tags),
+        deadline_s=FINAL_WRITE_DEADLINE_S,
     )
     log_path = log_dir / f"run-{run_id}.log"
     pending = PendingWrites(store, run_id)

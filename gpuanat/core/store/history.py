@@ -42,6 +42,21 @@ from gpuanat.core.store.interrupted import interrupted_result, process_started_a
 from gpuanat.core.vocabulary.result import RunResult
 
 ACTIVE_STATUSES = ("running",)
+
+
+class RunInProgress(HistoryError):
+    """Runs that another process is recording now cannot be deleted: their ids in `run_ids`."""
+
+    def __init__(self, run_ids: list[int]) -> None:
+        self.run_ids = run_ids
+        listed = ", ".join(map(str, run_ids))
+        super().__init__(
+            f"run {listed} {'is' if len(run_ids) == 1 else 'are'} still being recorded by another process; "
+            "stop it (or let it end), then delete it",
+            EXIT_BAD_FILE,
+        )
+
+
 RENAME_DEADLINE_S = 10.0
 """How long a rename (`history --rename`, the dashboard's `n`) retries a busy or full history through
 `write_with_backoff` before it says the name was not saved: someone is waiting for it."""
@@ -64,6 +79,47 @@ class RunRow:
     result: RunResult
     """The stored result as written (no key when the run stored none yet)."""
     log_path: str | None
+    tags: tuple[str, ...] = ()
+    """Its tags (`history --tag`, `run --tag`, the dashboard's `t`), sorted; user text kept as given (shown escaped)."""
+    search: SearchRef | None = None
+    """The `tune` or `fit` it is a trial of; None for a run of its own."""
+
+
+@dataclass(frozen=True)
+class SearchRef:
+    """A `tune` or `fit`: the search whose trials name it (schema 4's `searches`)."""
+
+    id: int
+    kind: str
+    """"tune" or "fit"."""
+    name: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """What `HistoryStore.delete_runs` removed."""
+
+    run_ids: tuple[int, ...]
+    log_paths: tuple[str, ...]
+    """The log files removed: only those gpuanat wrote under the history's own log folder (`own_log_path`)."""
+
+
+def own_log_path(history_path: Path, run_id: int, log_path: str | None) -> Path | None:
+    """Run `run_id`'s log when gpuanat wrote it where it writes logs — `logs/run-ID.log` beside the history, a
+    regular file, not a link — else None: a file elsewhere is never gpuanat's to delete."""
+    if not log_path:
+        return None
+    expected = history_path.parent / "logs" / f"run-{run_id}.log"
+    given = Path(log_path)
+    try:
+        if given.is_symlink() or not given.is_file() or not expected.is_file():
+            return None
+        if os.path.samefile(given, expected) and given.resolve() == expected.resolve():
+            return expected
+    except OSError:
+        return None
+    return None
 
 
 _ACTIVITY_ASSIGNMENTS = ", ".join(f"{column} = ?" for column in ACTIVITY_COLUMNS)
@@ -101,15 +157,18 @@ class HistoryStore(HistoryFile):
         kind: str = "launched",
         name: str | None = None,
         created_at: float | None = None,
+        search_id: int | None = None,
+        tags: Iterable[str] = (),
     ) -> int:
         """A new run, `running` until `update_result` gives it a final status; `created_at` (Unix time)
-        defaults to now and is set when importing runs recorded elsewhere. The recorder is this process."""
+        defaults to now and is set when importing runs recorded elsewhere. The recorder is this process. `search_id`:
+        the search (`create_search`) it is a trial of; `tags`: tags it starts with, in the same transaction."""
         config_json = json.dumps(dict(config))
         recorder_started_at = process_started_at(os.getpid())
         with self._write("the new run") as db:
             cursor = db.execute(
-                "INSERT INTO runs (kind, name, status, created_at, config_json, recorder_pid, recorder_started_at)"
-                " VALUES (?, ?, 'running', ?, ?, ?, ?)",
+                "INSERT INTO runs (kind, name, status, created_at, config_json, recorder_pid, recorder_started_at,"
+                " search_id) VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
                 (
                     kind,
                     name,
@@ -117,7 +176,20 @@ class HistoryStore(HistoryFile):
                     config_json,
                     os.getpid(),
                     recorder_started_at,
+                    search_id,
                 ),
+            )
+            assert cursor.lastrowid is not None
+            db.executemany(
+                "INSERT OR IGNORE INTO run_tags (run_id, tag) VALUES (?, ?)", [(cursor.lastrowid, tag) for tag in tags]
+            )
+            return cursor.lastrowid
+
+    def create_search(self, kind: str, name: str | None = None) -> int:
+        """A new search (`kind` "tune" or "fit") whose trials `create_run(search_id=…)` records; its id."""
+        with self._write("the new search") as db:
+            cursor = db.execute(
+                "INSERT INTO searches (kind, name, created_at) VALUES (?, ?, ?)", (kind, name, time.time())
             )
             assert cursor.lastrowid is not None
             return cursor.lastrowid
@@ -229,7 +301,12 @@ class HistoryStore(HistoryFile):
         )
         return interrupted_result(self._json(row["result_json"], run_id), rebuilt)
 
-    def _row(self, row: sqlite3.Row) -> RunRow:
+    def _row(
+        self,
+        row: sqlite3.Row,
+        tags: Mapping[int, tuple[str, ...]] | None = None,
+        searches: Mapping[int, SearchRef] | None = None,
+    ) -> RunRow:
         run_id, status, stored = row["id"], row["status"], self._json(row["result_json"], row["id"])
         # a row written before the bands were one moment's reads as now
         result = RunResult.from_json(bands_of_one_moment(stored) if isinstance(stored, dict) else {})
@@ -246,6 +323,8 @@ class HistoryStore(HistoryFile):
             environment=self._json(row["environment_json"], run_id),
             result=result,
             log_path=row["log_path"],
+            tags=(tags or {}).get(run_id, ()),
+            search=(searches or {}).get(row["search_id"]) if row["search_id"] is not None else None,
         )
 
     def _json(self, text: str | None, run_id: int) -> Any:
@@ -259,23 +338,102 @@ class HistoryStore(HistoryFile):
                 EXIT_BAD_FILE,
             ) from error
 
-    def runs(self, limit: int | None = None, *, name_contains: str | None = None) -> list[RunRow]:
-        """Runs, oldest first: those whose name contains `name_contains` (in any case) when given, the last `limit`
-        of them when given."""
-        query = f"SELECT {self._run_columns} FROM runs ORDER BY id DESC"
+    def runs(
+        self, limit: int | None = None, *, name_contains: str | None = None, tagged: str | None = None
+    ) -> list[RunRow]:
+        """Runs, oldest first: those whose name contains `name_contains` (in any case) when given, those tagged
+        `tagged` (exactly) when given, the last `limit` of them when given."""
+        query = f"SELECT {self._run_columns} FROM runs"
         parameters: tuple[Any, ...] = ()
+        if tagged is not None:
+            if not self.keeps_tags:
+                return []
+            query += " WHERE id IN (SELECT run_id FROM run_tags WHERE tag = ?)"
+            parameters = (tagged,)
+        query += " ORDER BY id DESC"
         if limit is not None and name_contains is None:
             query += " LIMIT ?"
-            parameters = (limit,)
+            parameters = (*parameters, limit)
         rows = self._fetch(query, parameters)
         if name_contains is not None:  # in Python: SQLite's lower() and LIKE fold ASCII letters only
             needle = name_contains.casefold()
             rows = [row for row in rows if row["name"] is not None and needle in row["name"].casefold()][:limit]
-        return [self._row(row) for row in reversed(rows)]
+        tags, searches = self._tags_and_searches()
+        return [self._row(row, tags, searches) for row in reversed(rows)]
 
     def run(self, run_id: int) -> RunRow | None:
         rows = self._fetch(f"SELECT {self._run_columns} FROM runs WHERE id = ?", (run_id,))
-        return self._row(rows[0]) if rows else None
+        return self._row(rows[0], *self._tags_and_searches(run_id)) if rows else None
+
+    def _tags_and_searches(self, run_id: int | None = None) -> tuple[dict[int, tuple[str, ...]], dict[int, SearchRef]]:
+        """Every run's tags (run `run_id`'s only, when given) and every search, by id (none before schema 4)."""
+        if not self.keeps_tags:
+            return {}, {}
+        tags: dict[int, list[str]] = {}
+        query = "SELECT run_id, tag FROM run_tags"
+        parameters: tuple[int, ...] = ()
+        if run_id is not None:
+            query, parameters = query + " WHERE run_id = ?", (run_id,)
+        for tagged_id, tag in self._fetch(query + " ORDER BY tag", parameters):
+            tags.setdefault(tagged_id, []).append(tag)
+        searches = {
+            row["id"]: SearchRef(row["id"], row["kind"], row["name"], row["created_at"])
+            for row in self._fetch("SELECT id, kind, name, created_at FROM searches")
+        }
+        return {run_id: tuple(found) for run_id, found in tags.items()}, searches
+
+    def search_trials(self, search_id: int) -> list[int]:
+        """The ids of search `search_id`'s trials, oldest first (none: no such search)."""
+        if not self.keeps_tags:
+            return []
+        rows = self._fetch("SELECT id FROM runs WHERE search_id = ? ORDER BY id", (search_id,))
+        return [run_id for (run_id,) in rows]
+
+    def tag_runs(self, run_ids: Iterable[int], tag: str, *, tagged: bool = True) -> int:
+        """Give the runs `run_ids` the tag `tag` (`tagged` False: take it away); how many runs changed. Ids of runs
+        that are not there are passed over. A busy or full history raises HistoryWriteError, nothing written."""
+        ids = list(dict.fromkeys(run_ids))
+        marks = ", ".join("?" * len(ids))
+        with self._write("the runs' tags") as db:
+            if tagged:
+                cursor = db.execute(
+                    f"INSERT OR IGNORE INTO run_tags (run_id, tag) SELECT id, ? FROM runs WHERE id IN ({marks})",
+                    (tag, *ids),
+                )
+            else:
+                cursor = db.execute(f"DELETE FROM run_tags WHERE tag = ? AND run_id IN ({marks})", (tag, *ids))
+            return cursor.rowcount
+
+    def in_progress(self, run_ids: Iterable[int]) -> list[int]:
+        """Those of `run_ids` that another process is recording now (`running`, their recorder alive)."""
+        ids = list(run_ids)
+        query = f"SELECT {self._run_columns} FROM runs WHERE status = 'running' AND id IN ({', '.join('?' * len(ids))})"
+        return [row["id"] for row in self._fetch(query, ids) if not self._gone(row)]
+
+    def delete_runs(self, run_ids: Iterable[int]) -> Deleted:
+        """Delete the runs `run_ids` with their steps, samples and tags, in one transaction (an interrupted delete
+        deletes nothing), and a search left without trials; then the log files gpuanat wrote for them under its own
+        log folder (`own_log_path`). A run another process records now is refused (RunInProgress, nothing deleted);
+        ids not there are passed over. A busy or full history raises HistoryWriteError, nothing deleted."""
+        ids = list(dict.fromkeys(run_ids))
+        marks = ", ".join("?" * len(ids))
+        with self._write(f"the deletion of {len(ids)} runs") as db:
+            rows = db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id IN ({marks}) ORDER BY id", ids).fetchall()
+            busy = [row["id"] for row in rows if row["status"] in ACTIVE_STATUSES and not self._gone(row)]
+            if busy:
+                raise RunInProgress(busy)
+            found = [row["id"] for row in rows]
+            logs = [own_log_path(self.path, row["id"], row["log_path"]) for row in rows]
+            for table, column in (("steps", "run_id"), ("samples", "run_id"), ("run_tags", "run_id"), ("runs", "id")):
+                db.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", found)
+            db.execute("DELETE FROM searches WHERE NOT EXISTS (SELECT 1 FROM runs WHERE runs.search_id = searches.id)")
+        removed = []
+        for log in logs:
+            if log is not None:
+                with suppress(FileNotFoundError):
+                    log.unlink()
+                    removed.append(str(log))
+        return Deleted(tuple(found), tuple(removed))
 
     def steps(self, run_id: int) -> list[dict[str, Any]]:
         rows = self._fetch("SELECT record_json FROM steps WHERE run_id = ? ORDER BY step", (run_id,))

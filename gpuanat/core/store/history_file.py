@@ -11,8 +11,8 @@ What it guarantees:
 - **Only our files.** A history gpuanat creates carries `PRAGMA application_id` APPLICATION_ID ('GANT') and
   `user_version` SCHEMA_VERSION. An existing file is used only if it carries our application_id, or is a
   version-1 history of an earlier gpuanat (application_id 0, user_version 1, exactly the tables runs, steps and
-  samples with their columns), which a writable open upgrades, as it does a version-2 history, to SCHEMA_VERSION in
-  one transaction. Anything else —
+  samples with their columns), which a writable open upgrades, as it does a version-2 or version-3 history, to
+  SCHEMA_VERSION in one transaction. Anything else —
   another application's SQLite file, a truncated or damaged file, random bytes, a directory, a symbolic link, an
   empty file — is refused with exit code 2 and left untouched. An empty file is never ours: gpuanat builds a new
   history beside its path and links it in whole, so no crash leaves an empty or half-made file at the path.
@@ -51,6 +51,7 @@ from gpuanat.core.store.history_schema import (
     APPLICATION_ID,
     MIGRATION_FROM_1,
     MIGRATION_FROM_2,
+    MIGRATION_FROM_3,
     RUN_COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
@@ -125,6 +126,8 @@ class HistoryFile:
         self._immutable_state: tuple[int, ...] | None = None
         """The file's state when read through immutable=1 (reads check it did not change); None otherwise."""
         self._run_columns = RUN_COLUMNS
+        self.keeps_tags = True
+        """Whether the file has version 4's tags and searches: a read-only open of an earlier file has none."""
         if read_only:
             self._db = self._open_read_only()
         else:
@@ -208,6 +211,9 @@ class HistoryFile:
         try:
             self._check_identity(db, writable=False)
             self._run_columns = self._columns_present(db)
+            self.keeps_tags = bool(
+                self._execute(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'run_tags'")
+            )
         except BaseException:
             db.close()
             raise
@@ -366,7 +372,7 @@ class HistoryFile:
         raise self._not_ours(f"application_id {application_id:#x}, user_version {version}, tables: {found}")
 
     def _migrate(self) -> None:
-        """Upgrade a version-1 or version-2 history to SCHEMA_VERSION in one transaction (another process may have done
+        """Upgrade a history of version 1, 2 or 3 to SCHEMA_VERSION in one transaction (another process may have done
         it first)."""
         version = self._execute(self._db, "PRAGMA user_version")[0][0]
         if version >= SCHEMA_VERSION and self._execute(self._db, "PRAGMA application_id")[0][0] == APPLICATION_ID:
@@ -374,7 +380,12 @@ class HistoryFile:
         with self._write(f"the upgrade of its schema to version {SCHEMA_VERSION}") as db:
             found = db.execute("PRAGMA user_version").fetchone()[0]
             if found < SCHEMA_VERSION:
-                for statement in (*(MIGRATION_FROM_1 if found < 2 else ()), *MIGRATION_FROM_2):
+                upgrades = (
+                    *(MIGRATION_FROM_1 if found < 2 else ()),
+                    *(MIGRATION_FROM_2 if found < 3 else ()),
+                    *MIGRATION_FROM_3,
+                )
+                for statement in upgrades:
                     db.execute(statement)
                 db.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

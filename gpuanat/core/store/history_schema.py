@@ -1,19 +1,38 @@
-"""The history's tables: the schema of version SCHEMA_VERSION, the upgrade from version 1, what a version-1 file
-holds exactly (an earlier gpuanat's, which carries no application_id), and the columns a runs row is read with.
+"""The history's tables: the schema of version SCHEMA_VERSION, the upgrades from versions 1, 2 and 3, what a version-1
+file holds exactly (an earlier gpuanat's, which carries no application_id), and the columns a runs row is read with.
 
 Plain Python: no torch, no UI.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """PRAGMA user_version. 1: the first schema (its files carry no application_id); 2: runs also keep their
 recorder's start time and the time of their last recorded write, to finalise runs whose recorder is gone; 3: runs
-also keep their GPU's activity and energy (`ACTIVITY_COLUMNS`) as columns, for queries across runs."""
+also keep their GPU's activity and energy (`ACTIVITY_COLUMNS`) as columns, for queries across runs; 4: runs carry
+tags (`run_tags`), and the trials of a `tune` or `fit` the search they belong to (`searches`, `runs.search_id`)."""
 APPLICATION_ID = int.from_bytes(b"GANT", "big")
 """PRAGMA application_id of every history gpuanat creates (0x47414E54, ASCII 'GANT')."""
 
-SCHEMA = """
+SEARCH_TABLES = """
+CREATE TABLE IF NOT EXISTS searches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    name TEXT,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS run_tags (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    tag TEXT NOT NULL,
+    PRIMARY KEY (run_id, tag)
+);
+CREATE INDEX IF NOT EXISTS run_tags_by_tag ON run_tags(tag);
+"""
+"""Version 4's tables. `searches`: one row per `tune` or `fit` (kind "tune" or "fit"), whose trials name it in
+`runs.search_id`; `run_tags`: a run's tags, user text kept as given."""
+
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL,
@@ -35,7 +54,8 @@ CREATE TABLE IF NOT EXISTS runs (
     average_power_w REAL,
     energy_joules REAL,
     joules_per_sample REAL,
-    joules_per_token REAL
+    joules_per_token REAL,
+    search_id INTEGER REFERENCES searches(id)
 );
 CREATE TABLE IF NOT EXISTS steps (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -51,7 +71,9 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 CREATE INDEX IF NOT EXISTS samples_by_run ON samples(run_id, t_s);
 """
-"""Schema version 3. `recorder_started_at`: the recorder's process start time (Unix time, psutil);
+    + SEARCH_TABLES
+)
+"""Schema version 4. `recorder_started_at`: the recorder's process start time (Unix time, psutil);
 `last_recorded_at`: Unix time of the last write of steps or samples, the end of a run whose recorder died.
 The activity columns (`ACTIVITY_COLUMNS`) repeat the stored result's values of their names (NULL where it has none),
 so a query can sort and filter runs by them: `SELECT id, joules_per_sample FROM runs ORDER BY joules_per_sample`."""
@@ -76,6 +98,11 @@ MIGRATION_FROM_2 = (
     ),
 )
 """Version 2 to 3: the activity columns, filled from the results stored."""
+MIGRATION_FROM_3 = (
+    *(statement.strip() for statement in SEARCH_TABLES.split(";") if statement.strip()),
+    "ALTER TABLE runs ADD COLUMN search_id INTEGER REFERENCES searches(id)",
+)
+"""Version 3 to 4: the searches and tags tables, and each run's search (none for the runs recorded before)."""
 V1_TABLES = {
     "runs": (
         "id",
@@ -97,6 +124,6 @@ V1_TABLES = {
 V1_INDEXES = {"steps_by_run", "samples_by_run"}
 RUN_COLUMNS = (
     "id, kind, name, status, created_at, finished_at, config_json, environment_json, result_json,"
-    " log_path, recorder_pid, recorder_started_at, last_recorded_at"
+    " log_path, recorder_pid, recorder_started_at, last_recorded_at, search_id"
 )
 """The columns of a runs row as `HistoryStore._row`, `_gone` and `finalise_interrupted` read it (by name)."""

@@ -17,6 +17,7 @@ from gpuanat.core.operations.anatomy import group_share
 from gpuanat.core.percent import percent_delta
 from gpuanat.core.printable import printable
 from gpuanat.core.store.history import RunRow
+from gpuanat.core.store.searches import SearchLine
 from gpuanat.core.vocabulary.config import RunConfig
 
 MIB = 1024**2
@@ -121,6 +122,24 @@ HISTORY_COLUMNS = (
 J/sample (the GPU's steady activity and energy, `measure.activity`) stand beside MFU and go first."""
 
 
+TAGS_COLUMN = Column("tags", "tags", keep=5, shrinks=True)
+"""A run's tags, comma-separated: after HISTORY_COLUMNS in md and CSV, and in a table where a run shown has any."""
+
+
+def listing_rows(lines: Sequence[RunRow | SearchLine]) -> list[dict[str, Any]]:
+    """`history_rows` of runs and folded searches (`searches.fold_searches`): a search's row is its best trial's,
+    its id the search's ("s3") and its name what it was and how many trials it ran; its tags those of any trial."""
+    rows = []
+    for line in lines:
+        if isinstance(line, SearchLine):
+            (row,) = history_rows([line.best])
+            tags = sorted({tag for trial in line.trials for tag in trial.tags})
+            rows.append({**row, "id": line.key, "name": line.words(), "tags": ", ".join(tags) or None})
+        else:
+            rows.extend(history_rows([line]))
+    return rows
+
+
 def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
     """One row per run, values raw (numbers stay numbers) for export."""
     rows = []
@@ -148,6 +167,7 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
                 "prediction_error_delta": result.prediction_error_percent,
                 "bottleneck": next((finding.get("bottleneck") for finding in result.diagnosis or []), None),
                 "operations": operations_shares(result.operations_anatomy),
+                "tags": ", ".join(run.tags) or None,
             }
         )
     return rows

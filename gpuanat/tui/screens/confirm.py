@@ -23,13 +23,17 @@ class ConfirmScreen(ModalScreen[bool]):
                                background: $surface; }
     """
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, details: list[str] | None = None) -> None:
+        """`details`: lines under the question (what it is about: the runs a delete deletes), each shown printable."""
         super().__init__()
         self._question = question
+        self._details = details or []
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(Text(printable(self._question)))  # Text, not markup: it may name a model path
+            for line in self._details:
+                yield Label(Text(printable(line)), classes="confirm-detail")
             yield Label(Text.assemble(("y", "bold"), " yes · ", ("n", "bold"), " no"))
 
     def action_answer(self, answer: bool) -> None:

@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from gpuanat.core.measure.samples import GpuSample
-from gpuanat.core.store.history import RENAME_DEADLINE_S, HistoryStore
+from gpuanat.core.store.history import RENAME_DEADLINE_S, Deleted, HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
@@ -239,13 +239,25 @@ class DashboardScreen(Screen[None]):
         except HistoryError as error:  # an unusable history is reported, the dashboard goes on
             self.notify(str(error), severity="error")
             return
-        self.app.push_screen(HistoryScreen(runs, rename=self._rename_run), chosen)
+        self.app.push_screen(
+            HistoryScreen(runs, rename=self._rename_run, tag=self._tag_runs, delete=self._delete_runs), chosen
+        )
 
     def _rename_run(self, run_id: int, name: str | None) -> bool:
         """The history pane's `n`: the run's new name saved, retried while the history is busy (a worker thread
         calls it). False when the run is not there."""
         with HistoryStore(self.db_path) as store:
             return write_with_backoff(lambda: store.set_name(run_id, name), deadline_s=RENAME_DEADLINE_S)
+
+    def _tag_runs(self, run_ids: list[int], tag: str) -> int:
+        """The history pane's `t`, retried while the history is busy (a worker thread calls it)."""
+        with HistoryStore(self.db_path) as store:
+            return write_with_backoff(lambda: store.tag_runs(run_ids, tag), deadline_s=RENAME_DEADLINE_S)
+
+    def _delete_runs(self, run_ids: list[int]) -> Deleted:
+        """The history pane's `d`, once answered yes, retried while the history is busy (a worker thread calls it)."""
+        with HistoryStore(self.db_path) as store:
+            return write_with_backoff(lambda: store.delete_runs(run_ids), deadline_s=RENAME_DEADLINE_S)
 
     def action_compare(self) -> None:
         try:

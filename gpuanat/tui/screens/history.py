@@ -1,14 +1,17 @@
 """Every recorded run (this session's and earlier ones), newest last; pick runs to compare.
 
 As in htop and nvitop: `<` and `>` choose the column the rows are sorted by (its title marked ▲ or ▼), `I` inverts
-the order, `/` filters the rows to those whose name, status, model, techniques or device contain the text typed
-(escape clears the filter). `n` renames the run under the cursor (`screens/rename.py`), saved through the `rename`
-the dashboard gives the screen, off the event loop: the history may be busy for a while."""
+the order, `/` filters the rows to those whose name, status, model, techniques, device or tags contain the text typed
+(escape clears the filter). `n` renames the run under the cursor (`screens/rename.py`), `t` tags the selected runs (or
+the one under the cursor), `d` deletes them after asking (`screens/confirm.py`): each saved through what the dashboard
+gives the screen, off the event loop, since the history may be busy for a while. A tune's or fit's trials show as one
+row, its search (`core/store/searches.py`), until `e` expands it; `e` on one of its trials folds it again."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from rich.text import Text
@@ -20,13 +23,17 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
 from gpuanat.core.printable import printable
-from gpuanat.core.store.history import RunRow
+from gpuanat.core.store.history import Deleted, RunRow
 from gpuanat.core.store.history_errors import HistoryError
-from gpuanat.core.store.report import HISTORY_COLUMNS, counted, display_value, history_rows
-from gpuanat.tui.screens.rename import RenameScreen
+from gpuanat.core.store.report import HISTORY_COLUMNS, TAGS_COLUMN, counted, display_value, listing_rows
+from gpuanat.core.store.searches import SearchLine, fold_searches
+from gpuanat.tui.screens.confirm import ConfirmScreen
+from gpuanat.tui.screens.rename import RenameScreen, TagScreen
 from gpuanat.tui.text_fit import fit_words
 
 SELECTED_MARK = "✓"
+DELETE_LISTED = 10
+"""The most runs `d`'s question lists one a line; more are counted."""
 SCREEN_COLUMN_ORDER = (
     "id",
     "when",
@@ -63,10 +70,15 @@ SORT_KEYS = (
     "device",
 )
 """The columns `<` and `>` step through; `id` (the order the runs were made in) first."""
-FILTERED_KEYS = ("name", "status", "model", "techniques", "device")
+FILTERED_KEYS = ("name", "status", "model", "techniques", "device", "tags")
 Rename = Callable[[int, str | None], bool]
 """Saves a run's new name (None: no name) in the history; False when the run is not there. Blocks: called off the
 event loop. Raises HistoryError when the history cannot take it."""
+Tag = Callable[[list[int], str], int]
+"""Tags the runs with the tag; how many did not have it. Blocks, off the event loop; raises HistoryError."""
+Delete = Callable[[list[int]], Deleted]
+"""Deletes the runs (`HistoryStore.delete_runs`). Blocks, off the event loop; raises HistoryError (RunInProgress for a
+run another process records)."""
 
 
 def sorted_rows(rows: list[dict[str, Any]], key: str, descending: bool) -> list[dict[str, Any]]:
@@ -82,6 +94,24 @@ def filtered_rows(rows: list[dict[str, Any]], text: str) -> list[dict[str, Any]]
     if not needle:
         return rows
     return [row for row in rows if any(needle in str(row.get(key) or "").lower() for key in FILTERED_KEYS)]
+
+
+def table_rows(runs: list[RunRow], expanded: set[int]) -> list[dict[str, Any]]:
+    """The table's rows: each search folded into one row (its best trial's, `key` "s3") unless `expanded`; every row
+    with its `key` (the table's row key), `run_id` (the run it opens and compares) and `run_ids` (what `t` and `d` act
+    on: a folded search's every trial), and `order` (its place in the run order)."""
+    lines = [
+        trial
+        for line in fold_searches(runs)
+        for trial in (line.trials if isinstance(line, SearchLine) and line.search.id in expanded else (line,))
+    ]
+    rows = listing_rows(lines)
+    for line, row in zip(lines, rows, strict=True):
+        trials = line.trials if isinstance(line, SearchLine) else (line,)
+        best = line.best if isinstance(line, SearchLine) else line
+        row.update(key=str(row["id"]), run_id=best.id, run_ids=[trial.id for trial in trials], order=trials[0].id)
+        row["when"] = row["when"][5:]  # the year goes: MM-DD HH:MM
+    return rows
 
 
 class HistoryScreen(Screen[list[int]]):
@@ -102,6 +132,9 @@ class HistoryScreen(Screen[list[int]]):
         Binding("I", "invert_sort", "Invert order", id="history.invert", show=False),
         Binding("slash", "filter", "Filter", id="history.filter", key_display="/"),
         Binding("n", "rename", "Rename", id="history.rename"),
+        Binding("t", "tag", "Tag", id="history.tag"),
+        Binding("d", "delete", "Delete", id="history.delete"),
+        Binding("e", "expand", "Expand", id="history.expand"),
         Binding("h,escape", "close", "Back", id="history.back"),
     ]
     DEFAULT_CSS = """
@@ -111,13 +144,21 @@ class HistoryScreen(Screen[list[int]]):
     HistoryScreen.-filtering #history-filter { display: block; }
     """
 
-    def __init__(self, runs: list[RunRow], rename: Rename | None = None) -> None:
-        """`rename` saves a new name (`Rename`); without it `n` is not offered."""
+    def __init__(
+        self, runs: list[RunRow], rename: Rename | None = None, tag: Tag | None = None, delete: Delete | None = None
+    ) -> None:
+        """`rename` saves a new name (`Rename`), `tag` a tag (`Tag`), `delete` deletes runs (`Delete`); without one
+        its key is not offered."""
         super().__init__()
         self._runs = runs
         self._rename = rename
-        self._rows = self._table_rows(runs)
-        self.selected: list[int] = []
+        self._tag = tag
+        self._delete = delete
+        self.expanded: set[int] = set()
+        """The searches whose trials show one a row."""
+        self._rows = table_rows(runs, self.expanded)
+        self.selected: list[str] = []
+        """The selected rows' keys: a run's id, or a folded search's ("s3")."""
         self.sort_key = "id"
         self.descending = False
         self.filter_text = ""
@@ -135,14 +176,7 @@ class HistoryScreen(Screen[list[int]]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self._fill(cursor_run_id=self._rows[-1]["id"] if self._rows else None)
-
-    @staticmethod
-    def _table_rows(runs: list[RunRow]) -> list[dict[str, Any]]:
-        rows = history_rows(runs)
-        for row in rows:
-            row["when"] = row["when"][5:]  # the year goes: MM-DD HH:MM
-        return rows
+        self._fill(cursor_key=self._rows[-1]["key"] if self._rows else None)
 
     @property
     def run_rows(self) -> list[dict[str, Any]]:
@@ -151,33 +185,44 @@ class HistoryScreen(Screen[list[int]]):
 
     @property
     def shown_run_ids(self) -> list[int]:
-        """The runs the table shows, in its order."""
-        return [row["id"] for row in self._shown_rows()]
+        """The runs the table shows, in its order (a folded search's best trial for it)."""
+        return [row["run_id"] for row in self._shown_rows()]
+
+    @property
+    def shown_keys(self) -> list[str]:
+        """The rows the table shows, in its order: run ids, and "s3" for a folded search."""
+        return [row["key"] for row in self._shown_rows()]
 
     def _shown_rows(self) -> list[dict[str, Any]]:
-        return sorted_rows(filtered_rows(self._rows, self.filter_text), self.sort_key, self.descending)
+        key = "order" if self.sort_key == "id" else self.sort_key
+        return sorted_rows(filtered_rows(self._rows, self.filter_text), key, self.descending)
 
-    def _fill(self, cursor_run_id: int | None = None) -> None:
-        """(Re)build the table: the filter, then the sort; the cursor stays on the run it was on where shown."""
+    def _columns(self) -> tuple[Any, ...]:
+        """The screen's columns, and the tags where a run has any."""
+        return (*SCREEN_COLUMNS, TAGS_COLUMN) if any(row["tags"] for row in self._rows) else SCREEN_COLUMNS
+
+    def _fill(self, cursor_key: str | None = None) -> None:
+        """(Re)build the table: the filter, then the sort; the cursor stays on the row it was on where shown."""
         table = self.query_one(DataTable)
-        if cursor_run_id is None and table.row_count:
-            cursor_run_id = int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
+        if cursor_key is None and table.row_count:
+            cursor_key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
         table.clear(columns=True)
         table.add_column(" ", key="selected")
-        for column in SCREEN_COLUMNS:
+        columns = self._columns()
+        for column in columns:
             mark = (" ▼" if self.descending else " ▲") if column.key == self.sort_key else ""
             table.add_column(column.title + mark, key=column.key)
         rows = self._shown_rows()
         for row in rows:
-            # Text, not markup: names and models read as given (display_value made them printable).
+            # Text, not markup: names, models and tags read as given (display_value made them printable).
             table.add_row(
-                SELECTED_MARK if row["id"] in self.selected else "",
-                *(Text(display_value(column.key, row.get(column.key))) for column in SCREEN_COLUMNS),
-                key=str(row["id"]),
+                SELECTED_MARK if row["key"] in self.selected else "",
+                *(Text(display_value(column.key, row.get(column.key))) for column in columns),
+                key=row["key"],
             )
-        ids = [row["id"] for row in rows]
-        if ids:
-            table.move_cursor(row=ids.index(cursor_run_id) if cursor_run_id in ids else len(ids) - 1)
+        keys = [row["key"] for row in rows]
+        if keys:
+            table.move_cursor(row=keys.index(cursor_key) if cursor_key in keys else len(keys) - 1)
         shown = f"{len(rows)} of {counted(len(self._rows), 'run')}" if self.filter_text else counted(len(rows), "run")
         order = (
             ""
@@ -226,12 +271,19 @@ class HistoryScreen(Screen[list[int]]):
         self.query_one(DataTable).focus()
 
     @property
-    def cursor_run_id(self) -> int | None:
-        """The run under the cursor (None in an empty table)."""
+    def cursor_row(self) -> dict[str, Any] | None:
+        """The row under the cursor (None in an empty table)."""
         table = self.query_one(DataTable)
         if table.row_count == 0:
             return None
-        return int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return next((row for row in self._rows if row["key"] == key), None)
+
+    @property
+    def cursor_run_id(self) -> int | None:
+        """The run under the cursor, a folded search's best trial (None in an empty table)."""
+        row = self.cursor_row
+        return None if row is None else int(row["run_id"])
 
     @property
     def cursor_run(self) -> RunRow | None:
@@ -244,7 +296,8 @@ class HistoryScreen(Screen[list[int]]):
         and not advertised then."""
         if action == "filter":
             return not isinstance(self.focused, Input)
-        return self._rename is not None if action == "rename" else True
+        offered = {"rename": self._rename, "tag": self._tag, "delete": self._delete}
+        return offered[action] is not None if action in offered else True
 
     def action_rename(self) -> None:
         run_id = self.cursor_run_id
@@ -277,31 +330,122 @@ class HistoryScreen(Screen[list[int]]):
 
     def _show_name(self, run_id: int, name: str | None) -> None:
         self._runs = [dataclasses.replace(run, name=name) if run.id == run_id else run for run in self._runs]
-        self._rows = self._table_rows(self._runs)
-        if self.is_attached:  # the user may have left the history while the name was saved
-            self._fill()
+        self._refill()
         self._say(f"Run {run_id} is named “{name}” now." if name is not None else f"Run {run_id} has no name now.")
+
+    def _refill(self) -> None:
+        self._rows = table_rows(self._runs, self.expanded)
+        known = {row["key"] for row in self._rows}
+        self.selected = [key for key in self.selected if key in known]
+        if self.is_attached:  # the user may have left the history while the history was written
+            self._fill()
 
     def _say(self, message: str, severity: SeverityLevel = "information") -> None:
         self.notify(printable(message), severity=severity, markup=False)  # it quotes a name: data, never markup
 
+    def _targets(self) -> list[RunRow]:
+        """What `t` and `d` act on: the selected rows, else the row under the cursor; a folded search's every trial."""
+        keys = self.selected or ([self.cursor_row["key"]] if self.cursor_row is not None else [])
+        run_ids = {run_id for row in self._rows if row["key"] in keys for run_id in row["run_ids"]}
+        return [run for run in self._runs if run.id in run_ids]
+
+    def action_tag(self) -> None:
+        runs = self._targets()
+        if self._tag is None or not runs:
+            return
+
+        def typed(tag: str | None) -> None:
+            if tag is not None and tag.strip():  # None: cancelled; a blank tag is no tag
+                self._save_tag([run.id for run in runs], tag)
+
+        self.app.push_screen(TagScreen([run.id for run in runs]), typed)
+
+    @work(thread=True, exclusive=True, group="history-tag")
+    def _save_tag(self, run_ids: list[int], tag: str) -> None:
+        assert self._tag is not None
+        try:
+            self._tag(run_ids, tag)
+        except HistoryError as error:
+            self.app.call_from_thread(self._say, f"The tag was not saved: {error}", "error")
+            return
+        self.app.call_from_thread(self._show_tag, run_ids, tag)
+
+    def _show_tag(self, run_ids: list[int], tag: str) -> None:
+        self._runs = [
+            dataclasses.replace(run, tags=tuple(sorted({*run.tags, tag}))) if run.id in run_ids else run
+            for run in self._runs
+        ]
+        self._refill()
+        self._say(f"{counted(len(run_ids), 'run')} tagged “{tag}”: {', '.join(map(str, run_ids))}.")
+
+    def action_delete(self) -> None:
+        runs = self._targets()
+        if self._delete is None or not runs:
+            return
+        lines = [
+            f"run {run.id} · {datetime.fromtimestamp(run.created_at):%Y-%m-%d %H:%M} · "
+            + (f"“{run.name}”" if run.name is not None else "(no name)")
+            + f" · {run.status}"
+            for run in runs
+        ]
+        left = len(lines) - (DELETE_LISTED - 1)
+        shown = lines if len(lines) <= DELETE_LISTED else [*lines[: DELETE_LISTED - 1], f"… and {left} more"]
+        question = f"Delete {counted(len(runs), 'run')} with their steps, samples, tags and logs?"
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._delete_runs([run.id for run in runs])
+
+        self.app.push_screen(ConfirmScreen(question, shown), answered)
+
+    @work(thread=True, exclusive=True, group="history-delete")
+    def _delete_runs(self, run_ids: list[int]) -> None:
+        assert self._delete is not None
+        try:
+            deleted = self._delete(run_ids)
+        except HistoryError as error:
+            self.app.call_from_thread(self._say, f"Nothing was deleted: {error}", "error")
+            return
+        self.app.call_from_thread(self._show_deleted, deleted)
+
+    def _show_deleted(self, deleted: Deleted) -> None:
+        self._runs = [run for run in self._runs if run.id not in deleted.run_ids]
+        self._refill()
+        self._say(f"Deleted {counted(len(deleted.run_ids), 'run')}: {', '.join(map(str, deleted.run_ids))}.")
+
+    def action_expand(self) -> None:
+        """A folded search's row shows its trials; a trial's row folds its search again."""
+        row = self.cursor_row
+        if row is None:
+            return
+        run = next(run for run in self._runs if run.id == row["run_id"])
+        if run.search is None:
+            self.notify("Not a tune's or fit's trial: nothing to expand.", timeout=3)
+            return
+        folded = run.search.id not in self.expanded
+        (self.expanded.add if folded else self.expanded.discard)(run.search.id)
+        self._rows = table_rows(self._runs, self.expanded)
+        self._fill(cursor_key=str(run.id) if folded else f"s{run.search.id}")
+
     def action_toggle_selection(self) -> None:
         table = self.query_one(DataTable)
-        run_id = self.cursor_run_id
-        if run_id is None:
+        row = self.cursor_row
+        if row is None:
             return
-        if run_id in self.selected:
-            self.selected.remove(run_id)
+        key = row["key"]
+        if key in self.selected:
+            self.selected.remove(key)
         else:
-            self.selected.append(run_id)
-        table.update_cell(str(run_id), "selected", SELECTED_MARK if run_id in self.selected else "")
+            self.selected.append(key)
+        table.update_cell(key, "selected", SELECTED_MARK if key in self.selected else "")
         table.action_cursor_down()
 
     def action_compare(self) -> None:
         if self.has_class("-filtering"):  # enter in the filter: keep it, back to the table
             self._end_filtering(keep=True)
             return
-        run_ids = list(self.selected)
+        by_key = {row["key"]: row["run_id"] for row in self._rows}
+        run_ids = [by_key[key] for key in self.selected]
         if len(run_ids) < 2:  # the selected run and the latest other one, or the last two runs the table shows
             latest_first = sorted(self.shown_run_ids, reverse=True)
             run_ids = sorted(run_ids + [run_id for run_id in latest_first if run_id not in run_ids][: 2 - len(run_ids)])

@@ -1,4 +1,5 @@
-"""The history's rename box (`n`): one line to type a run's name in; enter saves it, escape leaves it as it was.
+"""The history's rename box (`n`): one line to type a run's name in; enter saves it, escape leaves it as it was. And
+its tag box (`t`): one line to type a tag in for the runs chosen.
 
 Dismisses with the name typed ("" when the box was emptied: the run then has no name), or None when cancelled. A
 current name that a terminal could act on (controls, escapes) is not put in the box, where it would be drawn raw:
@@ -37,6 +38,36 @@ class RenameScreen(ModalScreen[str | None]):
             yield Label(Text(f"Name of run {self._run_id} ({shown})"))  # Text, not markup: the name is data
             yield Input(value=editable, placeholder="no name", id="rename-input")
             yield Label(Text("enter saves (empty: no name) · escape cancels"), id="rename-hint")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class TagScreen(ModalScreen[str | None]):
+    """Dismisses with the tag typed, or None when cancelled."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="tag.cancel")]
+    DEFAULT_CSS = """
+    TagScreen { align: center middle; }
+    TagScreen > Vertical { width: 70; max-width: 100%; height: auto; border: thick $primary; padding: 1 2;
+                           background: $surface; }
+    TagScreen #tag-hint { color: $text-muted; }
+    """
+
+    def __init__(self, run_ids: list[int]) -> None:
+        super().__init__()
+        self._run_ids = run_ids
+
+    def compose(self) -> ComposeResult:
+        listed = ", ".join(map(str, self._run_ids))
+        with Vertical():
+            yield Label(Text(f"Tag run{'s' if len(self._run_ids) > 1 else ''} {listed}"))
+            yield Input(placeholder="tag", id="tag-input")
+            yield Label(Text("enter tags them · escape cancels"), id="tag-hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
