@@ -259,3 +259,38 @@ def test_prometheus_serves_the_gpus_activity_energy_clocks_and_the_runs_energy_p
         "gpuanat_energy_per_sample_joules" not in training or not training["gpuanat_energy_per_sample_joules"].samples
     )  # the run's, once it has ended
     assert value(ended, "gpuanat_energy_per_sample_joules") == gemm.joules_per_sample
+
+
+SAME_STEPS = Path(__file__).resolve().parent.parent / "benchmarks/results/h100x2/gpm_same_steps"
+
+
+def _recorded(name: str) -> RunResult:
+    return RunResult.from_json(json.loads((SAME_STEPS / name).read_text().splitlines()[-1]))
+
+
+def test_a_runs_summary_says_how_busy_the_gpu_was_and_what_the_run_cost_in_energy():
+    """`gpuanat run`'s text summary of two results recorded on the H100 x2: the GEMM loop held down by its power cap,
+    bert-large through Trainer; and a CPU run's reasons."""
+    from gpuanat.cli.run_text import activity_lines
+
+    gemm = _recorded("run_gemm.json")
+    activity, energy = activity_lines(gemm)
+    assert activity == (
+        f"GPU activity: tensor pipes {gemm.tensor_active_percent:.0f}%, SMs {gemm.sm_active_percent:.0f}%, "
+        f"DRAM bandwidth {gemm.dram_bandwidth_percent:.0f}% (steady medians, NVML GPM); SM clock 1,395 MHz, "
+        "throttled in 100% of the samples (software power cap)"
+    )
+    assert energy.startswith(f"Energy: {gemm.joules_per_sample:.3g} J/sample")
+    assert f"the whole run {gemm.energy_joules / 3600:.3g} Wh" in energy
+    bert = _recorded("run_bert.json")
+    activity, energy = activity_lines(bert)
+    assert "tensor pipes 30%" in activity and f"{bert.average_power_w:.0f} W average" in energy
+    assert f"{bert.joules_per_token:.3g} J/token" in energy
+    cpu = RunResult.from_json({"status": "ok", "unavailable": dict.fromkeys(ACTIVITY_FIELDS, "CPU run: no GPU")})
+    assert activity_lines(cpu) == ["GPU activity: — (CPU run: no GPU)", "Energy: — (CPU run: no GPU)"]
+
+
+def test_compare_gives_the_whole_runs_energy_in_wh():
+    gemm, bert = _recorded("run_gemm.json"), _recorded("run_bert.json")
+    rows = {row.key: row for row in compare_runs([1, 2], [{}, {}], [gemm, bert]).metrics}
+    assert rows["energy_wh"].values == pytest.approx((gemm.energy_joules / 3600, bert.energy_joules / 3600))

@@ -200,3 +200,40 @@ def summary_memory_lines(result: RunResult, db: Path | None = None) -> list[str]
 def _int(value: object) -> int | None:
     """`value` where it is an integer (a result from another version may hold anything)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def activity_lines(result: RunResult) -> list[str]:
+    """How busy the GPU really was over the steady steps and what the run cost in energy (`measure.activity`), or
+    why not: "GPU activity: tensor pipes 30%, SMs 82%, DRAM bandwidth 48% (steady medians, NVML GPM)", "Energy: …"."""
+    why = result.unavailable
+    tensor, sm, dram = result.tensor_active_percent, result.sm_active_percent, result.dram_bandwidth_percent
+    if tensor is None and sm is None:
+        activity = f"GPU activity: — ({printable(why.get('tensor_active_percent') or 'not read')})"
+    else:
+        parts = [
+            f"{label} {value:.0f}%"
+            for label, value in (("tensor pipes", tensor), ("SMs", sm), ("DRAM bandwidth", dram))
+            if value is not None
+        ]
+        activity = f"GPU activity: {', '.join(parts)} (steady medians, NVML GPM)"
+    clock, highest, throttled = result.sm_clock_mhz, result.max_sm_clock_mhz, result.throttled_percent
+    if clock is not None:
+        activity += f"; SM clock {clock:,.0f}" + (f" of {highest:,.0f}" if highest else "") + " MHz"
+        if throttled:
+            reasons = ", ".join(result.throttle_reasons or {})
+            activity += f", throttled in {throttled:.0f}% of the samples ({printable(reasons)})"
+    per_sample, power, joules = result.joules_per_sample, result.average_power_w, result.energy_joules
+    if per_sample is None and joules is None:
+        energy = f"Energy: — ({printable(why.get('joules_per_sample') or 'not read')})"
+    else:
+        parts = []
+        if per_sample is not None:
+            parts.append(f"{per_sample:.3g} J/sample")
+        if result.joules_per_token is not None:
+            parts.append(f"{result.joules_per_token:.3g} J/token")
+        if power is not None:
+            parts.append(f"{power:.0f} W average over the steady steps")
+        if joules is not None:
+            parts.append(f"the whole run {joules / 3600:.3g} Wh")
+        energy = f"Energy: {', '.join(parts)}"
+    return [activity, energy]

@@ -21,6 +21,7 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("dram_bandwidth_percent", "DRAM bandwidth %"),
     ("average_power_w", "power W"),
     ("joules_per_sample", "J/sample (lower is better)"),
+    ("energy_wh", "energy Wh (whole run)"),
     ("step_s", "step time"),
     *((f"step_{phase}_s", f"  {phase}") for phase in STEP_PHASES),
     ("peak_allocated_bytes", "peak allocated"),
@@ -43,6 +44,7 @@ ACTIVITY_METRICS = {
     "dram_bandwidth_percent",
     "average_power_w",
     "joules_per_sample",
+    "energy_wh",
 }
 """The GPU's steady activity and energy (`measure.activity`): none on a CPU run, before a GPM-capable GPU, or in a
 run recorded before gpuanat read them, and then no row."""
@@ -61,6 +63,8 @@ def metric_value(result: RunResult, key: str) -> float | None:
         return breakdown.get("step_s") if phase is None else (breakdown.get("per_step_s") or {}).get(phase)
     if key in OPERATIONS_METRICS:
         return _operations_seconds(result.operations_anatomy, OPERATIONS_METRICS[key])
+    if key == "energy_wh":
+        return result.energy_joules / 3600 if result.energy_joules is not None else None
     value: float | None = getattr(result, key)  # the other metrics are the result's fields of their names
     return value
 
