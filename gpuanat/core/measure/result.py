@@ -357,6 +357,10 @@ def build_result(
         setattr(result, name, value)
     result.throttle_reasons = activity.throttle_reasons
     result.unavailable |= activity.unavailable
+    losses, no_loss = state.loss.result_values()
+    for name, value in losses.items():
+        setattr(result, name, value)
+    result.unavailable |= no_loss
     cause = first_cause([ranks[rank] for rank in sorted(ranks)])
     result.out_of_memory = out_of_memory_json(cause, next((r for r in ranks if ranks[r].error is cause), 0))
     result.diagnosis = [finding.to_json() for finding in diagnose(result)]

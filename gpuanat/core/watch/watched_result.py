@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.failure import Readings, bands_readings, modules_json, out_of_memory_json
+from gpuanat.core.measure.loss_curve import LOSS_FIELDS
 from gpuanat.core.measure.result import probe_cost_percent
 from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.vocabulary.result import Bands, RankResult, RunError, RunResult
@@ -55,6 +56,7 @@ WATCH_RESULT_KEYS = (
     "ranks",
     "operations_anatomy",
     *("modules", "out_of_memory"),
+    *LOSS_FIELDS,
 )
 """The keys of a watched run's result (`watched_result`), in order."""
 
@@ -108,7 +110,7 @@ def watched_result(records: WatchRecords, *, exited: bool, run_id: int | None, n
     if observed.peak_gpu_memory_bytes is None:
         unavailable["device_memory_used_bytes"] = (records.last_record or {}).get("gpu_memory_reason") or "no GPU"
     hello = run.hello
-    return RunResult(
+    result = RunResult(
         run_id=run_id,
         name=name,
         kind=records.kind,
@@ -155,3 +157,8 @@ def watched_result(records: WatchRecords, *, exited: bool, run_id: int | None, n
         out_of_memory=out_of_memory_json(run.error, 0),
         json_keys=WATCH_RESULT_KEYS,
     )
+    losses, no_loss = run.loss.result_values()
+    for key, value in losses.items():
+        setattr(result, key, value)
+    result.unavailable |= no_loss
+    return result
