@@ -71,14 +71,18 @@ class LossCurve:
 
     def observe(self, event: Logged) -> bool:
         """Take the logged values an event carries; True when they are a log not seen before."""
-        step = event.loss_step
+        return self.add(event.loss_step, event.loss, event.learning_rate, event.grad_norm)
+
+    def add(
+        self, step: int | None, loss: float | None, learning_rate: float | None = None, grad_norm: float | None = None
+    ) -> bool:
+        """The values logged at `step` (None: no log yet); True when that log was not seen before."""
         if step is None or (self.logged_step is not None and step <= self.logged_step):
             return False
-        self.logged_step, self.loss = step, event.loss
-        self.learning_rate, self.grad_norm = event.learning_rate, event.grad_norm
-        if event.loss is not None:
-            self.points.append((step, event.loss))
-            self.min_loss = event.loss if self.min_loss is None else min(self.min_loss, event.loss)
+        self.logged_step, self.loss, self.learning_rate, self.grad_norm = step, loss, learning_rate, grad_norm
+        if loss is not None:
+            self.points.append((step, loss))
+            self.min_loss = loss if self.min_loss is None else min(self.min_loss, loss)
             if len(self.points) > KEPT_POINTS:
                 self.points = downsampled(self.points)
         return True
@@ -95,20 +99,11 @@ class LossCurve:
 
 
 def curve_of_steps(steps: Sequence[Any]) -> LossCurve:
-    """The curve of stored step records (`Step` as JSON, in order), as a recorder that died left them."""
+    """The curve of stored step records (`Step` as JSON, in order), as a recorder that died left them; records written
+    before the steps carried `loss_step` give none."""
     curve = LossCurve()
     for record in steps:
         step, loss = record.get("loss_step"), record.get("loss")
         if isinstance(step, int) and (loss is None or isinstance(loss, (int, float))):
-            curve.observe(_Logged(step, None if loss is None else float(loss)))
+            curve.add(step, None if loss is None else float(loss))
     return curve
-
-
-@dataclass(frozen=True)
-class _Logged:
-    """The logged values of a stored step record, read as an event's."""
-
-    loss_step: int
-    loss: float | None
-    learning_rate: float | None = None
-    grad_norm: float | None = None

@@ -21,6 +21,8 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("dram_bandwidth_percent", "DRAM bandwidth %"),
     ("average_power_w", "power W"),
     ("joules_per_sample", "J/sample (lower is better)"),
+    ("final_loss", "final loss (lower is better)"),
+    ("min_loss", "min loss (lower is better)"),
     ("step_s", "step time"),
     *((f"step_{phase}_s", f"  {phase}") for phase in STEP_PHASES),
     ("peak_allocated_bytes", "peak allocated"),
@@ -46,6 +48,9 @@ ACTIVITY_METRICS = {
 }
 """The GPU's steady activity and energy (`measure.activity`): none on a CPU run, before a GPM-capable GPU, or in a
 run recorded before gpuanat read them, and then no row."""
+LOSS_METRICS = {"final_loss", "min_loss"}
+"""The loss the loop logged: none in a run whose loop logged none, or recorded before gpuanat kept it, and then no
+row."""
 OPERATIONS_METRICS = {"ops_device_s": None, **{f"ops_{group}_s": group for group in GROUPS}}
 """A profiled step's device time, and each kind of operation's (the result's `operations_anatomy`): what a technique
 fused away shows as a kind's time falling."""
@@ -102,7 +107,9 @@ def compare_runs(run_ids: Sequence[int], configs: Sequence[dict[str, Any]], resu
     metrics = []
     for key, label in COMPARED_METRICS:
         values = tuple(metric_value(result, key) for result in results)
-        optional = key in STEP_TIME_METRICS or key in OPERATIONS_METRICS or key in ACTIVITY_METRICS
+        optional = (
+            key in STEP_TIME_METRICS or key in OPERATIONS_METRICS or key in ACTIVITY_METRICS or key in LOSS_METRICS
+        )
         if optional and all(value is None for value in values):
             continue  # runs recorded before steps were timed, none profiled, or none on a GPU: no rows of dashes
         deltas = (None, *(percent_delta(value, values[0]) for value in values[1:]))

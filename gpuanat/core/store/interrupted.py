@@ -98,7 +98,7 @@ def result_from_steps(
 INTERRUPTED_RESULT_KEYS = (
     *("run_id", "status", "config", "steps", "samples", "train_runtime_s", "samples_per_second", "train_loss"),
     *("peak_allocated_bytes", "peak_reserved_bytes", "bands", "gradients_after_backward_bytes", "error"),
-    *LOSS_FIELDS,
+    *(*LOSS_FIELDS, "unavailable"),
 )
 """The keys of a result rebuilt from a run's steps, in order."""
 
