@@ -1,5 +1,5 @@
 """Runs side by side: the techniques that differ, every metric with its Δ% against the first run, and
-their memory and throughput curves overlaid."""
+their memory, throughput and loss curves overlaid (the loss by step)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from gpuanat.core.store.history import RunRow
 from gpuanat.core.store.report import format_bytes, format_delta
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
+from gpuanat.tui.widgets.loss_chart import LossChart
 
 BYTE_METRICS = BAND_METRICS | {"peak_allocated_bytes", "device_memory_used_bytes", "gradients_after_backward_bytes"}
 
@@ -106,6 +107,7 @@ class CompareScreen(Screen[None]):
             yield LineChart(
                 "Throughput of each run (samples/s)", formatter=lambda v: f"{v:.1f}/s", id="compare-throughput"
             )
+            yield LossChart("Loss of each run by step", id="compare-loss")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -151,6 +153,17 @@ class CompareScreen(Screen[None]):
         throughput.empty_message = "; ".join(no_steps)
         memory.refresh_data()
         throughput.refresh_data()
+        self._show_losses()
+
+    def _show_losses(self) -> None:
+        """The runs' loss curves overlaid by step (their results' `loss_curve`); none logged: each run's reason."""
+        curves = {f"run {run.id}": [(step, loss) for step, loss in run.result.loss_curve or []] for run in self._runs}
+        chart = self.query_one("#compare-loss", LossChart)
+        chart.empty_message = "; ".join(
+            f"run {run.id}: {printable(run.result.unavailable.get('final_loss') or 'no loss recorded')}"
+            for run in self._runs
+        )
+        chart.show_curves({name: points for name, points in curves.items() if points})
 
     def action_close(self) -> None:
         self.dismiss(None)

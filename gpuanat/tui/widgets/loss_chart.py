@@ -42,7 +42,7 @@ def latest_values(learning_rate: float | None, grad_norm: float | None) -> str:
 
 class LossChart(LineChart):
     """Curves of (step, loss), named, on one axis from the first logged step to the last; the `-logged` class once
-one has a point (a dashboard shows the chart then)."""
+    one has a point (a dashboard shows the chart then)."""
 
     shares_time_axis: ClassVar[bool] = False
 
