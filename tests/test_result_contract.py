@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from result_golden import GOLDEN_PATH
 
-from gpuanat.core.memory.predict import prediction
 from gpuanat.core.measure.loss_curve import LOSS_FIELDS, NO_LOSS_REASON
+from gpuanat.core.memory.predict import prediction
 from gpuanat.core.store.interrupted import interrupted_result, result_from_steps
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.result import Bands, RankResult, RunError, RunResult
