@@ -14,9 +14,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
 from gpuanat.core.printable import printable
-from gpuanat.core.store.compare import BAND_METRICS, OPERATIONS_METRICS, STEP_TIME_METRICS, compare_runs
+from gpuanat.core.store.compare import BAND_METRICS, LOSS_METRICS, OPERATIONS_METRICS, STEP_TIME_METRICS, compare_runs
 from gpuanat.core.store.history import RunRow
-from gpuanat.core.store.report import format_bytes, format_delta
+from gpuanat.core.store.report import format_bytes, format_delta, format_loss
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.loss_chart import LossChart
@@ -36,6 +36,8 @@ def _value(key: str, value: float | None) -> str:
         return "—"
     if key in STEP_TIME_METRICS or key in OPERATIONS_METRICS:
         return f"{1000 * value:.1f} ms"
+    if key in LOSS_METRICS:
+        return format_loss(value)
     return format_bytes(int(value)) if key in BYTE_METRICS else f"{value:.2f}"
 
 

@@ -58,6 +58,8 @@ class LossChart(LineChart):
         self._base_title = title
         self._floor = 0.0
         self._curves_key: object = None
+        self.curves: dict[str, list[tuple[float, float]]] = {}
+        """The curves shown, by name, as given."""
 
     def _label(self, value: float) -> str:
         return format_loss(value + self._floor)
@@ -71,6 +73,7 @@ class LossChart(LineChart):
         if key == self._curves_key:
             return
         self._curves_key = key
+        self.curves = {name: [(step, loss) for step, loss in points] for name, points in curves.items()}
         losses = [loss for points in curves.values() for _, loss in points]
         floor = loss_floor(min(losses), max(losses)) if losses else 0.0
         if floor != self._floor:
@@ -90,7 +93,7 @@ class LossChart(LineChart):
 
     def clear(self) -> None:
         """A new run: no curve until its loop logs."""
-        self._curves_key, self._floor = None, 0.0
+        self._curves_key, self._floor, self.curves = None, 0.0, {}
         self._series.clear()
         self.remove_class("-logged")
         self.title = self._base_title
