@@ -67,6 +67,12 @@ class LossChart(LineChart):
     def x_axis_labels(self, start_s: float, end_s: float) -> tuple[str, str]:
         return f"step {start_s:.0f}", f"{end_s:.0f}"
 
+    def refresh_data(self, now_s: float | None = None) -> None:
+        """As `LineChart`'s, but nothing while hidden (a dashboard hides it until the first log): shown, it is drawn
+        whole, from the curves as they are then."""
+        if self.display:
+            super().refresh_data(now_s)
+
     def show_curves(self, curves: Mapping[str, Sequence[tuple[float, float]]]) -> None:
         """Show these curves ((step, loss) points in step order, by name): stored again only when they changed."""
         key = tuple((name, len(points), tuple(points[-1]) if points else None) for name, points in curves.items())
