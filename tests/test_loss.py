@@ -10,6 +10,7 @@ import io
 import json
 import math
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,32 @@ def test_compare_gives_the_final_and_lowest_loss_lower_being_better(trainer_run)
     # runs recorded before the loss was kept: no rows of dashes
     older = RunResult.from_json({key: value for key, value in result.items() if "loss" not in key})
     assert "final_loss" not in {row.key for row in compare_runs([1, 2], [{}, {}], [older, older]).metrics}
+
+
+def test_history_compare_gives_the_final_and_lowest_loss_of_recorded_runs(trainer_run, tmp_path):
+    first, trainer_db, _ = trainer_run
+    db = tmp_path / "history.sqlite"
+    with sqlite3.connect(trainer_db) as source, sqlite3.connect(db) as copy:  # the module's run, and one more here
+        source.backup(copy)
+    completed = run_cli(["run", *TINY_CPU, "--samples", TRAINER_SAMPLES, "--batch-size", "8", "--json"], db)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    second = last_json(completed.stdout)
+    ids = [str(first["run_id"]), str(second["run_id"])]
+    table = run_cli(["history", "--db", str(db), "--compare", *ids], None)
+    assert table.returncode == 0, table.stderr
+    final_row = next(line for line in table.stdout.splitlines() if "final loss" in line)
+    assert f"{first['final_loss']:.4g}" in final_row and f"{second['final_loss']:.4g}" in final_row, table.stdout
+    assert "batch_size" in table.stdout  # the technique that differs
+    compared = json.loads(run_cli(["history", "--db", str(db), "--compare", *ids, "--json"], None).stdout)
+    rows = {row["key"]: row for row in compared["metrics"]}
+    assert rows["final_loss"]["values"] == [first["final_loss"], second["final_loss"]]
+    assert rows["min_loss"]["values"] == [first["min_loss"], second["min_loss"]]
+    assert compared["differing"]["batch_size"] == [4, 8]
+    markdown = run_cli(["history", "--db", str(db), "--compare", *ids, "--format", "md"], None).stdout
+    assert any(line.startswith("| min loss (lower is better) |") for line in markdown.splitlines()), markdown
+    for bad in ([ids[0]], [ids[0], "999"], [ids[0], "x"]):  # one line and exit 2, nothing written
+        refused = run_cli(["history", "--db", str(db), "--compare", *bad], None)
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
 
 def test_a_plain_loop_gives_its_loss_learning_rate_and_grad_norm_through_track(tmp_path):

@@ -16,6 +16,10 @@ LISTING_FLAGS = ("--format", "--json", "--limit", "--name")
 
 
 def command_history(args: argparse.Namespace) -> int:
+    if args.compare is not None:
+        from gpuanat.cli.history_compare import command_compare
+
+        return command_compare(args)
     if args.rename is not None:
         return command_rename(args)
     from gpuanat.core.store.report import HISTORY_COLUMNS, history_rows, render_csv, render_markdown

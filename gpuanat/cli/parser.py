@@ -393,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="List recorded runs, oldest first (reading the history, never writing it); or, with --rename,\n"
         "give one run a new name.",
         epilog="Examples:\n  gpuanat history --format md\n  gpuanat history --name bf16 --limit 5\n"
+        "  gpuanat history --compare 3 7\n"
         '  gpuanat history --rename 12 "bf16, batch 16"\n  gpuanat history --rename 12 ""   # no name',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -416,5 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("RUN_ID", "NAME"),
         help="name run RUN_ID NAME instead of listing (an empty or blank NAME removes its name); the "
         "name is kept as given and shown with any control characters escaped",
+    )
+    history.add_argument(
+        "--compare",
+        nargs="+",
+        default=None,
+        metavar="RUN_ID",
+        help="compare these runs instead of listing: the techniques that differ and every metric (the final and "
+        "lowest loss among them) with its Δ%% against the first run",
     )
     return parser

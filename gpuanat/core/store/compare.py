@@ -8,6 +8,7 @@ from typing import Any
 
 from gpuanat.core.operations.classify import GROUP_LABELS, GROUPS
 from gpuanat.core.percent import percent_delta
+from gpuanat.core.store.report import format_bytes, format_loss
 from gpuanat.core.vocabulary.protocol import STEP_PHASES
 from gpuanat.core.vocabulary.result import Bands, RunResult
 
@@ -54,6 +55,20 @@ row."""
 OPERATIONS_METRICS = {"ops_device_s": None, **{f"ops_{group}_s": group for group in GROUPS}}
 """A profiled step's device time, and each kind of operation's (the result's `operations_anatomy`): what a technique
 fused away shows as a kind's time falling."""
+
+
+BYTE_METRICS = BAND_METRICS | {"peak_allocated_bytes", "device_memory_used_bytes", "gradients_after_backward_bytes"}
+
+
+def format_metric(key: str, value: float | None) -> str:
+    """A compared metric's value as the compare view and `history --compare` show it."""
+    if value is None:
+        return "—"
+    if key in STEP_TIME_METRICS or key in OPERATIONS_METRICS:
+        return f"{1000 * value:.1f} ms"
+    if key in LOSS_METRICS:
+        return format_loss(value)
+    return format_bytes(int(value)) if key in BYTE_METRICS else f"{value:.2f}"
 
 
 def metric_value(result: RunResult, key: str) -> float | None:

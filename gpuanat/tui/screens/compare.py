@@ -14,14 +14,12 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
 from gpuanat.core.printable import printable
-from gpuanat.core.store.compare import BAND_METRICS, LOSS_METRICS, OPERATIONS_METRICS, STEP_TIME_METRICS, compare_runs
+from gpuanat.core.store.compare import compare_runs, format_metric
 from gpuanat.core.store.history import RunRow
-from gpuanat.core.store.report import format_bytes, format_delta, format_loss
+from gpuanat.core.store.report import format_bytes, format_delta
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
 from gpuanat.tui.widgets.loss_chart import LossChart
-
-BYTE_METRICS = BAND_METRICS | {"peak_allocated_bytes", "device_memory_used_bytes", "gradients_after_backward_bytes"}
 
 
 def technique_text(value: object) -> str:
@@ -29,16 +27,6 @@ def technique_text(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return "—" if value is None else str(value)
-
-
-def _value(key: str, value: float | None) -> str:
-    if value is None:
-        return "—"
-    if key in STEP_TIME_METRICS or key in OPERATIONS_METRICS:
-        return f"{1000 * value:.1f} ms"
-    if key in LOSS_METRICS:
-        return format_loss(value)
-    return format_bytes(int(value)) if key in BYTE_METRICS else f"{value:.2f}"
 
 
 def _memory_series(samples: list[dict[str, Any]], pid: int | None) -> TimeSeries:
@@ -132,7 +120,7 @@ class CompareScreen(Screen[None]):
         for row in self.comparison.metrics:
             cells: list[str | Text] = [row.label]
             for index, value in enumerate(row.values):
-                cells.append(_value(row.key, value))
+                cells.append(format_metric(row.key, value))
                 if index:
                     cells.append(format_delta(row.deltas_percent[index]))
             metrics.add_row(*cells)
