@@ -150,6 +150,24 @@ def test_a_plain_loop_gives_its_loss_learning_rate_and_grad_norm_through_track(t
     assert step_11["learning_rate"] == read[0]["learning_rate"]
 
 
+def test_lightning_s_probe_gives_the_loss_lightning_logs_and_its_learning_rate(tmp_path):
+    written = tmp_path / "losses.jsonl"
+    script = str(REPO / "tests" / "scripts" / "tiny_lightning.py")
+    completed = run_cli(
+        ["run", "--json", "--script", script, "--", "--probe", "--loss-log", str(written)], tmp_path / "history.sqlite"
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = last_json(completed.stdout)
+    losses = {line["step"]: line["loss"] for line in map(json.loads, written.read_text().splitlines())}
+    assert len(losses) == result["steps"] == 16
+    # Lightning logs every 5 steps here (log_every_n_steps=5), and the probe reads the last step's too
+    assert result["loss_curve"] == [[step, losses[step]] for step in (5, 10, 15, 16)]
+    assert result["final_loss"] == losses[16]
+    with HistoryStore(tmp_path / "history.sqlite", read_only=True) as store:
+        step_6 = store.steps(result["run_id"])[5]
+    assert (step_6["step"], step_6["loss_step"], step_6["learning_rate"]) == (6, 5, 1e-4)  # the AdamW's lr
+
+
 def test_a_run_whose_loop_logs_no_loss_says_why(tmp_path):
     completed = run_cli(["run", *TINY_CPU, "--json"], tmp_path / "history.sqlite")  # 8 steps: no log at 10
     assert completed.returncode == 0, completed.stderr[-3000:]

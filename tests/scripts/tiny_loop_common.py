@@ -36,8 +36,8 @@ def options(description: str) -> argparse.Namespace:
         "--loss-log",
         type=Path,
         default=None,
-        help="(plain loop) clip the gradients, give the probe the loss, learning rate and gradients' norm, and write "
-        "each step's as a JSON line here",
+        help="write each step's loss as a JSON line here (the plain loop also clips the gradients and gives the probe "
+        "the loss, learning rate and gradients' norm)",
     )
     return parser.parse_args()
 
