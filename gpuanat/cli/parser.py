@@ -389,9 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     history = commands.add_parser(
         "history",
-        help="list recorded runs, or rename one",
-        description="List recorded runs, oldest first (reading the history, never writing it); or, with --rename,\n"
-        "give one run a new name.",
+        help="list recorded runs, compare them, or rename one",
+        description="List recorded runs, oldest first (reading the history, never writing it); with --compare,\n"
+        "show runs side by side; or, with --rename, give one run a new name.",
         epilog="Examples:\n  gpuanat history --format md\n  gpuanat history --name bf16 --limit 5\n"
         "  gpuanat history --compare 3 7\n"
         '  gpuanat history --rename 12 "bf16, batch 16"\n  gpuanat history --rename 12 ""   # no name',
