@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.activity import ACTIVITY_FIELDS, THROTTLE_FIELDS
+from gpuanat.core.measure.loss_curve import LOSS_FIELDS
 
 GOLDEN_PATH = Path(__file__).resolve().parent / "data" / "result_golden.json"
 _VOLATILE = {"run_id": "<run id>", "pid": "<pid>", "log_path": "<path>"}
@@ -29,10 +30,11 @@ KEYS_ADDED_SINCE = (
     *("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent"),
     *("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token"),
     *("sm_clock_mhz", "max_sm_clock_mhz", "throttled_percent", "throttle_reasons"),
+    *LOSS_FIELDS,
 )
 """Keys a result has gained since the file was recorded (issue #49: memory by module, the failing allocation; issue
-#51: the GPU's activity, energy and clocks), before the session's own; every key recorded keeps its place and its
-value, and a new one that is None says why in `unavailable`."""
+#51: the GPU's activity, energy and clocks; issue #52: the loss), before the session's own; every key recorded keeps
+its place and its value, and a new one that is None says why in `unavailable`."""
 
 
 HOW_FAR_IT_TRAINED = {
@@ -80,7 +82,7 @@ def assert_as_recorded(name: str, result: dict[str, Any]) -> None:
     added = [key for key in fresh if key not in golden]
     assert added == [key for key in KEYS_ADDED_SINCE if key in fresh], (name, added)  # the new ones, and only them
     # (a run's modules and failure are None, not unread)
-    readings = [key for key in added if key in (*ACTIVITY_FIELDS, *THROTTLE_FIELDS)]
+    readings = [key for key in added if key in (*ACTIVITY_FIELDS, *THROTTLE_FIELDS, *LOSS_FIELDS)]
     missing = [key for key in readings if fresh[key] is None and key not in (fresh.get("unavailable") or {})]
     assert not missing, (name, "a new value None without its reason in unavailable", missing)
     fresh = {key: value for key, value in fresh.items() if key not in added}  # every other key in its place

@@ -19,6 +19,10 @@ from gpuanat.core.store.searches import SearchLine, fold_searches
 
 
 def command_history(args: argparse.Namespace) -> int:
+    if args.compare is not None:
+        from gpuanat.cli.history_compare import command_compare
+
+        return command_compare(args)
     if args.rename is not None:
         return command_rename(args)
     if args.tag is not None or args.untag is not None:

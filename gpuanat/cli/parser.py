@@ -418,13 +418,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     history = commands.add_parser(
         "history",
-        help="list recorded runs; rename, tag or delete them",
+        help="list recorded runs; compare, rename, tag or delete them",
         description="List recorded runs, oldest first (reading the history, never writing it); a tune's or fit's\n"
         "trials show as one line, its search (id sN: the best trial, how many trials), unless --trials.\n"
-        "Or change it: --rename one run, --tag/--untag runs, --delete runs (it shows what it will delete\n"
-        "and asks first; --yes for scripts). An ID is a run's number, or sN for all of search N's trials.",
+        "With --compare, show runs side by side. Or change it: --rename one run, --tag/--untag runs,\n"
+        "--delete runs (it shows what it will delete and asks first; --yes for scripts). An ID is a run's\n"
+        "number, or sN for all of search N's trials.",
         epilog="Examples:\n  gpuanat history --format md\n  gpuanat history --name bf16 --limit 5\n"
         "  gpuanat history --tagged baseline --json\n  gpuanat history --trials\n"
+        "  gpuanat history --compare 3 7\n"
         '  gpuanat history --rename 12 "bf16, batch 16"\n  gpuanat history --rename 12 ""   # no name\n'
         "  gpuanat history --tag 12 13 baseline\n  gpuanat history --untag 13 baseline\n"
         "  gpuanat history --delete 14 s3        # run 14, and search 3's trials\n"
@@ -479,4 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
         "wrote for them; shows them and asks (y/N) first",
     )
     history.add_argument("--yes", action="store_true", help="with --delete: delete without asking (scripts)")
+    history.add_argument(
+        "--compare",
+        nargs="+",
+        default=None,
+        metavar="RUN_ID",
+        help="compare these runs instead of listing: the techniques that differ and every metric (the final and "
+        "lowest loss among them) with its Δ%% against the first run",
+    )
     return parser

@@ -106,6 +106,7 @@ class LaunchPainter:
                 charts.add_event(event, live)
             if events:
                 charts.show_throughput_title(live, gpu_index)
+                charts.show_loss(live)
         with dashboard.app.batch_update():
             charts.repaint(bool(samples or events))
             if live is not None:

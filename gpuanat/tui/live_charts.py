@@ -18,6 +18,7 @@ from gpuanat.core.vocabulary.protocol import Event, Ranked, Step
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline, anatomy_points
 from gpuanat.tui.widgets.line_chart import LineChart
+from gpuanat.tui.widgets.loss_chart import LossChart
 
 RUN_SERIES = ("run_used", "throughput", "host_rss", "host_cpu")
 """The series of one run, cleared when the next starts."""
@@ -36,7 +37,8 @@ def _rate_label(value: float) -> str:
 
 
 def live_charts() -> list[LineChart]:
-    """The launching dashboard's three charts, as composed."""
+    """The launching dashboard's charts, as composed: memory, utilization, throughput, and the loss by step (shown
+    once the run's loop logs a loss)."""
     return [
         LineChart("GPU memory used", formatter=_bytes_label, id="memory-chart"),
         LineChart("GPU utilization", formatter=_percent_label, y_max=100, id="util-chart"),
@@ -46,6 +48,7 @@ def live_charts() -> list[LineChart]:
             id="throughput-chart",
             empty_message="a run's samples/s show here",
         ),
+        LossChart(id="loss-chart"),
     ]
 
 
@@ -133,6 +136,7 @@ class LiveCharts:
         """A run's (or a search trial's) training process started: its throughput and timeline begin afresh."""
         self.series["throughput"].clear()
         self._charts_by_id["throughput-chart"].title = throughput_title(None, None, None)
+        self._loss_chart.clear()
         self._timeline.clear()
 
     def add_sample(self, sample: Sample, live: LiveRun | None, gpu_index: int | None) -> None:
@@ -178,12 +182,24 @@ class LiveCharts:
             gpu = gpu_of(self.latest_sample, gpu_index)
             self._charts_by_id["throughput-chart"].title = throughput_title(live, rate, gpu)
 
+    @property
+    def _loss_chart(self) -> LossChart:
+        chart = self._charts_by_id["loss-chart"]
+        assert isinstance(chart, LossChart)
+        return chart
+
+    def show_loss(self, live: LiveRun) -> None:
+        """The loss rank 0's loop logged, and its latest learning rate and gradients' norm (once a paint)."""
+        logged = live.rank(0).loss
+        self._loss_chart.show_curves({"loss": logged.points})
+        self._loss_chart.show_latest(logged.learning_rate, logged.grad_norm)
+
     def repaint(self, moved: bool) -> None:
         """Every chart at the clock's time; with `moved` (new samples or events) on the one time axis of them all.
         Also without new samples: a plot lagging by its rate catches up."""
         window, now_s = self._window() if moved else None, self._clock()
         for chart in self._charts:
-            if moved:
+            if moved and chart.shares_time_axis:
                 chart.window = window
             chart.refresh_data(now_s)
 

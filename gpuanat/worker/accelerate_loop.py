@@ -105,7 +105,11 @@ def train_with_accelerate(
             state.global_step += 1
             step_begun = False
             if state.global_step % logging_steps == 0:
-                probe.on_log(args, state, control, logs={"loss": float(window_loss_sum) / window_batches})
+                logs = {
+                    "loss": float(window_loss_sum) / window_batches,
+                    "learning_rate": optimizer.param_groups[0]["lr"],
+                }
+                probe.on_log(args, state, control, logs=logs)
                 window_loss_sum, window_batches = torch.zeros((), device=accelerator.device), 0
             probe.on_step_end(args, state, control)
             if state.global_step >= total_steps or control.should_training_stop:

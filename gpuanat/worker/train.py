@@ -311,6 +311,7 @@ def train(config: Any, emit: Any) -> int:
                     probe_time_s=probe.probe_time_s,
                     probe_time_by_part_s=dict(probe.probe_time_by_part_s),
                     **probe.steady_phases(),
+                    **probe.logged_values.fields(),
                 )
             )
             return EXIT_STOPPED
@@ -334,6 +335,7 @@ def train(config: Any, emit: Any) -> int:
             probe_time_by_part_s=dict(probe.probe_time_by_part_s),
             **probe.steady_phases(),
             compile_stats=compile_stats(compiled_frames) if compiled_frames else None,
+            **probe.logged_values.fields(),
         )
     )
     return EXIT_OK

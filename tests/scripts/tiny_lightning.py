@@ -9,6 +9,7 @@ gpuanat's probe for Lightning, `gpuanat.probe.LightningAnatomyCallback`, to the 
 
 from __future__ import annotations
 
+import json
 import time
 
 import lightning
@@ -29,7 +30,11 @@ def main() -> None:
         def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
             fail_here(args, self.global_step + 1)
             inputs, labels = batch
-            return self.model(input_ids=inputs, labels=labels).loss
+            loss = self.model(input_ids=inputs, labels=labels).loss
+            if args.loss_log is not None:  # each step's loss as the loop had it
+                with args.loss_log.open("a") as log:
+                    log.write(json.dumps({"step": self.global_step + 1, "loss": loss.item()}) + "\n")
+            return loss
 
         def on_train_batch_end(self, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
             mark_ready(args, self.global_step)

@@ -32,6 +32,13 @@ def options(description: str) -> argparse.Namespace:
         "--start-delay-s", type=float, default=0.0, help="sleep this long before building the model (a slow start)"
     )
     parser.add_argument("--fail-at-step", type=int, default=None, help="raise in this step's forward pass")
+    parser.add_argument(
+        "--loss-log",
+        type=Path,
+        default=None,
+        help="write each step's loss as a JSON line here (the plain loop also clips the gradients and gives the probe "
+        "the loss, learning rate and gradients' norm)",
+    )
     return parser.parse_args()
 
 

@@ -11,6 +11,7 @@ with `--accelerate` the loop is Accelerate's (`prepare`, `accumulate`, `backward
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 
 import torch
@@ -51,6 +52,20 @@ def accelerate_loop(args, model, loader, optimizer) -> None:  # type: ignore[no-
                 mark_ready(args, step)
 
 
+def logged_step(args, tracker, model, optimizer, loss, samples: int, step: int) -> None:  # type: ignore[no-untyped-def]
+    """`--loss-log`: the step with its gradients clipped, its loss, learning rate and gradients' norm given to the
+    probe as a loop would (the loss and norm as tensors, the rate a number), and written down as the loop saw them."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    learning_rate = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    optimizer.zero_grad()
+    if tracker is not None:
+        tracker.step(samples=samples * args.grad_accum, loss=loss, learning_rate=learning_rate, grad_norm=grad_norm)
+    line = {"step": step, "loss": loss.item(), "learning_rate": learning_rate, "grad_norm": grad_norm.item()}
+    with args.loss_log.open("a") as log:
+        log.write(json.dumps(line) + "\n")
+
+
 def main() -> None:
     args = options(__doc__)
     time.sleep(args.start_delay_s)
@@ -78,6 +93,11 @@ def main() -> None:
                 loss = model(input_ids=inputs, labels=labels).loss / args.grad_accum
                 loss.backward()
                 if (index + 1) % args.grad_accum:
+                    continue
+                if args.loss_log is not None:
+                    logged_step(args, tracker, model, optimizer, loss, len(inputs), step + 1)
+                    step += 1
+                    mark_ready(args, step)
                     continue
                 optimizer.step()
                 optimizer.zero_grad()

@@ -69,6 +69,10 @@ class RankSnapshot:
     mfu: float | None = None
     step_phase_seconds: Mapping[str, float] = field(default_factory=dict)
     """Mean seconds of the latest steps by phase (`STEP_PHASES`)."""
+    loss: float | None = None
+    """The latest loss the training loop logged (`Step.loss`); `learning_rate` and `grad_norm` logged with it."""
+    learning_rate: float | None = None
+    grad_norm: float | None = None
     predicted_peak_bytes: int | None = None
     model: str | None = None
     techniques: str | None = None
@@ -180,6 +184,9 @@ def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: st
             [*LABELS, "phase"],
             "seconds",
         ),
+        "loss": _gauge("loss", "The latest loss the training loop logged", LABELS),
+        "learning_rate": _gauge("learning_rate", "The learning rate the training loop logged with its loss", LABELS),
+        "grad_norm": _gauge("grad_norm", "The gradients' total norm the training loop logged with its loss", LABELS),
         "predicted": _gauge("predicted_peak", "gpuanat's predicted peak GPU memory for the run", LABELS, "bytes"),
         "status": _gauge(
             "run_status", "1 for the run's status now (training, ok, stopped, failed, oom)", [*LABELS, "status"]
@@ -219,6 +226,9 @@ def metric_families(snapshots: Iterable[RankSnapshot], *, hostname: str, job: st
             ("tokens", snapshot.tokens_per_second),
             ("tflops", snapshot.achieved_tflops),
             ("mfu", snapshot.mfu),
+            ("loss", snapshot.loss),
+            ("learning_rate", snapshot.learning_rate),
+            ("grad_norm", snapshot.grad_norm),
             ("predicted", snapshot.predicted_peak_bytes),
         ):
             if value is not None:

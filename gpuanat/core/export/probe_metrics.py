@@ -85,6 +85,9 @@ class ProbeMetrics:
                     samples_per_second=rate,
                     tokens_per_second=tokens_per_second(rate, step),
                     step_phase_seconds=dict(step.phases_s) if step and step.phases_s else {},
+                    loss=state.loss.loss,
+                    learning_rate=state.loss.learning_rate,
+                    grad_norm=state.loss.grad_norm,
                 )
             ]
 

@@ -145,6 +145,9 @@ class RunMetrics:
             achieved_tflops=flops.achieved_tflops,
             mfu=flops.mfu,
             step_phase_seconds=phases,
+            loss=state.loss.loss,
+            learning_rate=state.loss.learning_rate,
+            grad_norm=state.loss.grad_norm,
             model=config.model or config.preset,
             techniques=config.techniques_summary(),
         )

@@ -75,6 +75,10 @@ class WatchMetrics:
                     step=entry.get("step"),
                     total_steps=record.get("total_steps"),
                     samples_per_second=record.get("samples_per_second") if first else None,
+                    # what the watched loop logged: its first rank's, as its samples/s
+                    loss=record.get("loss") if first else None,
+                    learning_rate=record.get("learning_rate") if first else None,
+                    grad_norm=record.get("grad_norm") if first else None,
                 )
             )
         return snapshots

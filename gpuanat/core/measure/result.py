@@ -354,6 +354,10 @@ def build_result(
         no_gpu_reason="CPU run: no GPU" if config.device != "cuda" else None if nvml.available else nvml.reason,
     )
     activity.fill(result)
+    losses, no_loss = state.loss.result_values()
+    for name, value in losses.items():
+        setattr(result, name, value)
+    result.unavailable |= no_loss
     cause = first_cause([ranks[rank] for rank in sorted(ranks)])
     result.out_of_memory = out_of_memory_json(cause, next((r for r in ranks if ranks[r].error is cause), 0))
     result.diagnosis = [finding.to_json() for finding in diagnose(result)]

@@ -20,6 +20,7 @@ import collections
 import dataclasses
 from dataclasses import dataclass, field
 
+from gpuanat.core.measure.loss_curve import LossCurve
 from gpuanat.core.vocabulary.protocol import (
     Done,
     Error,
@@ -78,6 +79,8 @@ class RankEvents:
         default_factory=lambda: collections.deque(maxlen=RECENT_STEPS_KEPT)
     )
     """(elapsed s, samples) of the latest steps, for the current samples/s."""
+    loss: LossCurve = field(default_factory=LossCurve)
+    """What the loop logged: the loss curve, the latest loss, learning rate and gradients' norm."""
 
     def observe(self, event: Event | Malformed) -> Step | None:
         """Keep what `event` says; returns the step when it is a new one (past the last)."""
@@ -88,6 +91,7 @@ class RankEvents:
         elif isinstance(event, ModelInfo):
             if event != self.model or self.done is not None:  # a new model, or the same again after the end
                 self.model, self.done, self.last_step, self.operations = event, None, None, None
+                self.loss = LossCurve()
                 self.recent_steps.clear()
         elif isinstance(event, Step):
             return self._observe_step(event)
@@ -95,6 +99,7 @@ class RankEvents:
             self.milestones.setdefault(event.name, event.monotonic_s)
         elif isinstance(event, Done):
             self.done = event
+            self.loss.observe(event)
             if event.bands is not None and (  # not over the bands of a failure that came before it
                 self.probe_bands is None or event.bands.measured_at_step >= self.probe_bands.measured_at_step
             ):
@@ -111,6 +116,7 @@ class RankEvents:
         return None
 
     def _observe_step(self, step: Step) -> Step | None:
+        self.loss.observe(step)
         if step.bands is not None and (
             self.probe_bands is None or step.bands.measured_at_step >= self.probe_bands.measured_at_step
         ):

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpuanat.core.operations.classify import GROUP_LABELS, GROUPS
 from gpuanat.core.percent import percent_delta
+from gpuanat.core.store.report import format_bytes, format_loss
 from gpuanat.core.vocabulary.protocol import STEP_PHASES
 from gpuanat.core.vocabulary.result import Bands, RunResult
 
@@ -22,6 +23,8 @@ COMPARED_METRICS: tuple[tuple[str, str], ...] = (
     ("average_power_w", "power W"),
     ("joules_per_sample", "J/sample (lower is better)"),
     ("energy_wh", "energy Wh (whole run)"),
+    ("final_loss", "final loss (lower is better)"),
+    ("min_loss", "min loss (lower is better)"),
     ("step_s", "step time"),
     *((f"step_{phase}_s", f"  {phase}") for phase in STEP_PHASES),
     ("peak_allocated_bytes", "peak allocated"),
@@ -48,9 +51,26 @@ ACTIVITY_METRICS = {
 }
 """The GPU's steady activity and energy (`measure.activity`): none on a CPU run, before a GPM-capable GPU, or in a
 run recorded before gpuanat read them, and then no row."""
+LOSS_METRICS = {"final_loss", "min_loss"}
+"""The loss the loop logged: none in a run whose loop logged none, or recorded before gpuanat kept it, and then no
+row."""
 OPERATIONS_METRICS = {"ops_device_s": None, **{f"ops_{group}_s": group for group in GROUPS}}
 """A profiled step's device time, and each kind of operation's (the result's `operations_anatomy`): what a technique
 fused away shows as a kind's time falling."""
+
+
+BYTE_METRICS = BAND_METRICS | {"peak_allocated_bytes", "device_memory_used_bytes", "gradients_after_backward_bytes"}
+
+
+def format_metric(key: str, value: float | None) -> str:
+    """A compared metric's value as the compare view and `history --compare` show it."""
+    if value is None:
+        return "—"
+    if key in STEP_TIME_METRICS or key in OPERATIONS_METRICS:
+        return f"{1000 * value:.1f} ms"
+    if key in LOSS_METRICS:
+        return format_loss(value)
+    return format_bytes(int(value)) if key in BYTE_METRICS else f"{value:.2f}"
 
 
 def metric_value(result: RunResult, key: str) -> float | None:
@@ -106,7 +126,9 @@ def compare_runs(run_ids: Sequence[int], configs: Sequence[dict[str, Any]], resu
     metrics = []
     for key, label in COMPARED_METRICS:
         values = tuple(metric_value(result, key) for result in results)
-        optional = key in STEP_TIME_METRICS or key in OPERATIONS_METRICS or key in ACTIVITY_METRICS
+        optional = (
+            key in STEP_TIME_METRICS or key in OPERATIONS_METRICS or key in ACTIVITY_METRICS or key in LOSS_METRICS
+        )
         if optional and all(value is None for value in values):
             continue  # runs recorded before steps were timed, none profiled, or none on a GPU: no rows of dashes
         deltas = (None, *(percent_delta(value, values[0]) for value in values[1:]))

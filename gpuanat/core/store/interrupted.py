@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
+from gpuanat.core.measure.loss_curve import LOSS_FIELDS, curve_of_steps
 from gpuanat.core.vocabulary.protocol import probe_bands_from_json
 from gpuanat.core.vocabulary.result import Bands, RunError, RunResult
 
@@ -69,6 +70,7 @@ def result_from_steps(
     measured = _bands_of_step(with_bands[-1]) if with_bands else None
     recorder = f"the recorder (PID {recorder_pid})" if recorder_pid else "the recorder"
     counted = f"{len(steps)} recorded step" + ("" if len(steps) == 1 else "s")
+    logged, no_loss = curve_of_steps(steps).result_values()
     return RunResult(
         run_id=run_id,
         status="interrupted",
@@ -87,13 +89,16 @@ def result_from_steps(
             message=f"{recorder} stopped before the run finished; this result was rebuilt from its {counted}",
             json_keys=("kind", "message"),
         ),
+        unavailable=no_loss,
         json_keys=INTERRUPTED_RESULT_KEYS,
+        **logged,
     )
 
 
 INTERRUPTED_RESULT_KEYS = (
     *("run_id", "status", "config", "steps", "samples", "train_runtime_s", "samples_per_second", "train_loss"),
     *("peak_allocated_bytes", "peak_reserved_bytes", "bands", "gradients_after_backward_bytes", "error"),
+    *(*LOSS_FIELDS, "unavailable"),
 )
 """The keys of a result rebuilt from a run's steps, in order."""
 

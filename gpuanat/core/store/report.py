@@ -88,6 +88,11 @@ def format_number(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def format_loss(value: float | None) -> str:
+    """A loss to four significant digits, as the Trainer's log shows it ("0.2435", "10.37")."""
+    return "—" if value is None else f"{value:.4g}"
+
+
 def format_delta(value: float | None) -> str:
     return "" if value is None else f"{value:+.1f}%"
 
@@ -108,6 +113,7 @@ HISTORY_COLUMNS = (
     Column("time_s", "time s", numeric=True, keep=6),
     Column("samples_per_second", "samples/s", numeric=True),
     Column("steady_samples_per_second", "steady/s", numeric=True, keep=5),
+    Column("loss", "loss", numeric=True, keep=14),
     Column("peak_allocated", "peak alloc", numeric=True, keep=2),
     Column("gpu_memory_mb", "GPU mem MiB", numeric=True, keep=1),
     Column("achieved_tflops", "TFLOP/s", numeric=True, keep=7),
@@ -119,7 +125,8 @@ HISTORY_COLUMNS = (
     Column("operations", "ops C/N/E %", keep=11),
 )
 """At 80 columns: id, name, status, samples/s, GPU memory, peak allocated (and techniques, cut short). Tensor % and
-J/sample (the GPU's steady activity and energy, `measure.activity`) stand beside MFU and go first."""
+J/sample (the GPU's steady activity and energy, `measure.activity`) stand beside MFU and go first; before them the
+loss (the last the loop logged, `final_loss`), which a CSV or JSON export always has."""
 
 
 TAGS_COLUMN = Column("tags", "tags", keep=5, shrinks=True)
@@ -158,6 +165,7 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
                 "time_s": result.train_runtime_s,
                 "samples_per_second": result.samples_per_second,
                 "steady_samples_per_second": result.steady_samples_per_second,
+                "loss": result.final_loss,
                 "peak_allocated": result.peak_allocated_bytes,
                 "gpu_memory_mb": result.device_memory_used_bytes,
                 "achieved_tflops": result.achieved_tflops,
@@ -296,6 +304,8 @@ def display_value(key: str, value: Any) -> str:
         return f"{value:.1f}%"
     if key == "joules_per_sample":
         return format_joules(value)
+    if key == "loss":
+        return format_loss(value)
     if key in ("time_s", "samples_per_second", "steady_samples_per_second"):
         return format_number(value)
     return printable(value)

@@ -103,6 +103,14 @@ class Step:
     gpu_caught_up: bool | None = None
     """Whether the GPU had finished the previous step's work when this step's first forward began (a CUDA event
     queried, never waited for): True means the GPU stood idle waiting for the host; None on the CPU."""
+    loss_step: int | None = None
+    """The step whose log gave `loss`, `learning_rate` and `grad_norm`: the loop's latest log so far (they stay until
+    the next one; a loop logs after its step's end, so often an earlier step's); None before the first log."""
+    learning_rate: float | None = None
+    """As the loop logged it (Trainer's `learning_rate`, the optimizer's first group's in Lightning, or `track`'s
+    `learning_rate=`); None when not logged, and like `loss` a NaN or infinity travels as null."""
+    grad_norm: float | None = None
+    """The gradients' total norm as the loop logged it (Trainer's `grad_norm` when it clips); None when not logged."""
     type: str = "step"
 
 
@@ -144,6 +152,12 @@ class Done:
     """With torch.compile (--compile or --compile-regions): TorchDynamo's counters at the end, "graphs" (unique
     graphs compiled) and "graph_breaks", and the "frames" gpuanat compiled (the model: 1; regions: one a kind of
     module)."""
+    loss: float | None = None
+    """The last logged loss, with its `loss_step`, `learning_rate` and `grad_norm` as `Step` has them: a loop logs
+    after its step's end, so the last step's log reaches no `Step`."""
+    loss_step: int | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
     type: str = "done"
 
 

@@ -135,6 +135,7 @@ RUN_RESULT_KEYS = (
     *("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent"),
     *("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token"),
     *("sm_clock_mhz", "max_sm_clock_mhz", "throttled_percent", "throttle_reasons"),
+    *("final_loss", "min_loss", "loss_curve"),
 )
 """The keys of a launched run's result (`measure.result.build_result`), in order; the session adds `start` and
 `history_error` after them."""
@@ -247,6 +248,14 @@ class RunResult(JsonRecord):
     """The share of the steady steps' samples in which something held the GPU's clocks down (power or thermal
     caps, hardware slowdowns: `gpm.THROTTLING_REASONS`); `throttle_reasons` that share by reason."""
     throttle_reasons: dict[str, float] | None = None
+    final_loss: float | None = None
+    """The last loss the loop logged (HF Trainer's: the mean over its last logging window), beside `train_loss`, the
+    whole run's mean; None with its reason in `unavailable` when the loop logged none."""
+    min_loss: float | None = None
+    """The lowest logged loss."""
+    loss_curve: list[list[float]] | None = None
+    """[step, loss] of each logged loss, in step order; at most 500 points, a longer run's downsampled keeping
+    each stretch's lowest and highest (`measure.loss_curve`)."""
     start: dict[str, Any] | None = None
     """How the training process started (`run.warm`: prepared ahead or cold)."""
     history_error: str | None = None

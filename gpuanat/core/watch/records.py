@@ -263,7 +263,12 @@ class WatchRecords:
             "step": last_step.step if last_step else None,
             "total_steps": run.model.total_steps if run.model else None,
             "samples": last_step.samples if last_step else None,
-            "loss": last_step.loss if last_step else None,
+            # the latest the loop logged (with the step of that log), and its lowest loss so far
+            "loss": run.loss.loss,
+            "loss_step": run.loss.logged_step,
+            "min_loss": run.loss.min_loss,
+            "learning_rate": run.loss.learning_rate,
+            "grad_norm": run.loss.grad_norm,
             "samples_per_second": run.samples_per_second(THROUGHPUT_WINDOW_S),
             "steady_samples_per_second": done.steady_samples_per_second if done else None,
             "params": run.model.params if run.model else None,

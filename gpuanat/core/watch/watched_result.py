@@ -11,6 +11,7 @@ from typing import Any
 from gpuanat.core.measure.activity import ACTIVITY_FIELDS, THROTTLE_FIELDS, Activity, steady_activity
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
 from gpuanat.core.measure.failure import Readings, bands_readings, modules_json, out_of_memory_json
+from gpuanat.core.measure.loss_curve import LOSS_FIELDS
 from gpuanat.core.measure.result import probe_cost_percent
 from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.vocabulary.result import Bands, RankResult, RunError, RunResult
@@ -58,6 +59,7 @@ WATCH_RESULT_KEYS = (
     *("modules", "out_of_memory"),
     *ACTIVITY_FIELDS,
     *THROTTLE_FIELDS,
+    *LOSS_FIELDS,
 )
 """The keys of a watched run's result (`watched_result`), in order."""
 
@@ -182,4 +184,8 @@ def watched_result(records: WatchRecords, *, exited: bool, run_id: int | None, n
         json_keys=WATCH_RESULT_KEYS,
     )
     _activity(records).fill(result)
+    losses, no_loss = run.loss.result_values()
+    for key, value in losses.items():
+        setattr(result, key, value)
+    result.unavailable |= no_loss
     return result

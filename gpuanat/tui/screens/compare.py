@@ -1,5 +1,5 @@
 """Runs side by side: the techniques that differ, every metric with its Δ% against the first run, and
-their memory and throughput curves overlaid."""
+their memory, throughput and loss curves overlaid (the loss by step)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,12 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
 from gpuanat.core.printable import printable
-from gpuanat.core.store.compare import BAND_METRICS, OPERATIONS_METRICS, STEP_TIME_METRICS, compare_runs
+from gpuanat.core.store.compare import compare_runs, format_metric
 from gpuanat.core.store.history import RunRow
 from gpuanat.core.store.report import format_bytes, format_delta
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
-
-BYTE_METRICS = BAND_METRICS | {"peak_allocated_bytes", "device_memory_used_bytes", "gradients_after_backward_bytes"}
+from gpuanat.tui.widgets.loss_chart import LossChart
 
 
 def technique_text(value: object) -> str:
@@ -28,14 +27,6 @@ def technique_text(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return "—" if value is None else str(value)
-
-
-def _value(key: str, value: float | None) -> str:
-    if value is None:
-        return "—"
-    if key in STEP_TIME_METRICS or key in OPERATIONS_METRICS:
-        return f"{1000 * value:.1f} ms"
-    return format_bytes(int(value)) if key in BYTE_METRICS else f"{value:.2f}"
 
 
 def _memory_series(samples: list[dict[str, Any]], pid: int | None) -> TimeSeries:
@@ -106,6 +97,7 @@ class CompareScreen(Screen[None]):
             yield LineChart(
                 "Throughput of each run (samples/s)", formatter=lambda v: f"{v:.1f}/s", id="compare-throughput"
             )
+            yield LossChart("Loss of each run by step", id="compare-loss")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -128,7 +120,7 @@ class CompareScreen(Screen[None]):
         for row in self.comparison.metrics:
             cells: list[str | Text] = [row.label]
             for index, value in enumerate(row.values):
-                cells.append(_value(row.key, value))
+                cells.append(format_metric(row.key, value))
                 if index:
                     cells.append(format_delta(row.deltas_percent[index]))
             metrics.add_row(*cells)
@@ -151,6 +143,15 @@ class CompareScreen(Screen[None]):
         throughput.empty_message = "; ".join(no_steps)
         memory.refresh_data()
         throughput.refresh_data()
+        self._show_losses()
+
+    def _show_losses(self) -> None:
+        """The runs' loss curves overlaid by step (their results' `loss_curve`); the chart is left out when no run
+        has one (a loop that logs none, runs recorded before gpuanat kept it), as the table leaves out its rows."""
+        curves = {f"run {run.id}": [(step, loss) for step, loss in run.result.loss_curve or []] for run in self._runs}
+        chart = self.query_one("#compare-loss", LossChart)
+        chart.display = any(curves.values())
+        chart.show_curves({name: points for name, points in curves.items() if points})
 
     def action_close(self) -> None:
         self.dismiss(None)

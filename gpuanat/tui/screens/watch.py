@@ -24,6 +24,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
+from gpuanat.core.measure.loss_curve import LossCurve
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
@@ -41,6 +42,7 @@ from gpuanat.tui.widgets.failure_line import FailureLine
 from gpuanat.tui.widgets.gpu_activity import GpuActivityLine
 from gpuanat.tui.widgets.gpu_lanes import GpuLanes, Lane
 from gpuanat.tui.widgets.line_chart import LineChart
+from gpuanat.tui.widgets.loss_chart import LossChart
 from gpuanat.tui.widgets.memory_bar import MemoryBar
 from gpuanat.tui.widgets.operations_panel import OperationsPanel
 from gpuanat.tui.widgets.process_panel import ProcessPanel
@@ -123,6 +125,8 @@ class WatchDashboard(DashboardScreen):
         self._failure: dict[str, Any] | None = None
         """The watched run's out-of-memory failure, once published."""
         self._operations_shown = False
+        self.loss = LossCurve()
+        """What the watched loop logged, from the records (the latest log each carries)."""
         self.series = {
             "device_used": TimeSeries(),
             "process_used": TimeSeries(),
@@ -147,6 +151,7 @@ class WatchDashboard(DashboardScreen):
                     formatter=lambda value: f"{value:.1f}/s",
                     id="throughput-chart",
                 )
+                yield LossChart(id="loss-chart")
                 yield OperationsPanel(id="operations")
         yield FailureLine(id="failure")
         yield MemoryBar(id="memory")
@@ -288,6 +293,17 @@ class WatchDashboard(DashboardScreen):
         if record["samples_per_second"] is not None and (throughput.last_t_s is None or t_s > throughput.last_t_s):
             throughput.append(t_s, record["samples_per_second"])
         self._show_bands(record, main)
+        self._show_loss(record)
+
+    def _show_loss(self, record: dict[str, Any]) -> None:
+        """A log the record brings, onto the loss chart (shown from the first)."""
+        step = record.get("loss_step")
+        if step is not None and self.loss.logged_step is not None and step < self.loss.logged_step:
+            self.loss = LossCurve()  # the process trains again, from its first step
+        if self.loss.add(step, record.get("loss"), record.get("learning_rate"), record.get("grad_norm")):
+            chart = self.query_one("#loss-chart", LossChart)
+            chart.show_curves({"loss": self.loss.points})
+            chart.show_latest(self.loss.learning_rate, self.loss.grad_norm)
 
     def _add_anatomy(self, record: dict[str, Any]) -> None:
         """Memory by module and an out-of-memory failure, from the records that bring them (the final one too)."""

@@ -172,6 +172,9 @@ class LineChart(CachedRows):
     }
     """
 
+    shares_time_axis: ClassVar[bool] = True
+    """Whether a dashboard puts the chart on its one time axis (`window`); a chart by step does not."""
+
     # Not repainted whole when set: the watchers below repaint the cells that change.
     title: reactive[str] = reactive("", repaint=False)
     y_max: reactive[float | None] = reactive(None, repaint=False)
@@ -361,7 +364,7 @@ class LineChart(CachedRows):
             )
         rows.extend(self._plot_rows(width, plot_height, label_width, plot_width, top, columns_by_series))
         if height >= 3:
-            rows.append(self._x_axis_row(width, label_width, plot_width, t_end_s - t_start_s))
+            rows.append(self._x_axis_row(width, label_width, plot_width, *self.x_axis_labels(t_start_s, t_end_s)))
         return rows, last_t_s, (t_end_s - t_start_s) / plot_width if plot_width > 0 else math.inf
 
     def _title_row(self, width: int, shown: Mapping[str, TimeSeries]) -> Strip:
@@ -480,8 +483,11 @@ class LineChart(CachedRows):
             rows.append(self._finish(segments, width))
         return rows
 
-    def _x_axis_row(self, width: int, label_width: int, plot_width: int, span_s: float) -> Strip:
-        start, end = "0s", format_duration(span_s)
+    def x_axis_labels(self, start_s: float, end_s: float) -> tuple[str, str]:
+        """The x-axis's two ends, for an axis from `start_s` to `end_s`: the run's elapsed time."""
+        return "0s", format_duration(end_s - start_s)
+
+    def _x_axis_row(self, width: int, label_width: int, plot_width: int, start: str, end: str) -> Strip:
         fill = plot_width - len(start) - len(end) - 3
         if fill >= 1:
             axis = f"{' ' * label_width}└ {start} {'─' * fill} {end}"

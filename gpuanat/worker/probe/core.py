@@ -42,6 +42,7 @@ from gpuanat.core.vocabulary.protocol import STEP_PHASES, Event, ModelInfo, Prob
 from gpuanat.worker.events import ParentGone
 from gpuanat.worker.probe.cost import PROBE_TIME_PARTS, never_raises
 from gpuanat.worker.probe.device_memory import NvmlReader, allocator_bytes
+from gpuanat.worker.probe.logged import LoggedValues
 from gpuanat.worker.probe.loop_inputs import batch_tensors, hello_event
 from gpuanat.worker.probe.model_flops import model_flops
 from gpuanat.worker.probe.module_memory import ModuleFollower, Ownership
@@ -198,7 +199,7 @@ class Probe(ModuleReadings):
         )
         self._samples = 0
         self._tokens = 0
-        self._loss: float | None = None
+        self.logged_values = LoggedValues()
         self._measuring = False
         self._peak_allocated_bytes = self._peak_reserved_bytes = None
         if self._cuda:
@@ -369,13 +370,12 @@ class Probe(ModuleReadings):
             self._read_gradients_by_module()
 
     @never_raises
-    def logged(self, loss: float | torch.Tensor | None, summary: Mapping[str, float]) -> None:
-        """The loop read its loss to log it (`loss`, None when not this time) and, at the end, its own figures
+    def logged(self, loss: Any, summary: Mapping[str, float], *, step: int | None = None, **more: Any) -> None:
+        """The loop logged at step `step` (None: the last step ended) its `loss` and, in `more`, `learning_rate` and
+        `grad_norm` (each None when not this time; a number or a tensor) and, at the end, its own figures
         (`summary`: "train_runtime", "train_samples_per_second", "train_loss", as HF Trainer names them)."""
-        if loss is not None:
-            # a tensor's read waits for the GPU: before loss_read, which times that wait; detached, as the loop's
-            # loss still holds its graph (float() of it warns in the user's output)
-            self._loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        last = self.last_step.step if self.last_step else 0  # a tensor's read waits for the GPU: before loss_read
+        self.logged_values.update(last if step is None else step, loss, **more)
         self._step_phases.loss_read()
         self.summary.update(summary)
 
@@ -437,7 +437,6 @@ class Probe(ModuleReadings):
             tokens=self._tokens,
             step_time_s=now_s - self._last_step_end_s,
             elapsed_s=now_s - self._train_start_s,
-            loss=self._loss,
             allocated_bytes=allocated,
             peak_allocated_bytes=peak,
             reserved_bytes=reserved,
@@ -447,6 +446,7 @@ class Probe(ModuleReadings):
             nvml_process_used_bytes=nvml_process_used,
             phases_s={phase: round(seconds, 6) for phase, seconds in phases.items()},
             gpu_caught_up=caught_up,
+            **self.logged_values.fields(),
         )
         self._last_step_end_s = now_s
         self._emit_safely(self.last_step)
@@ -477,7 +477,7 @@ class Probe(ModuleReadings):
         runtime_s = time.perf_counter() - self._train_start_s
         self.summary.setdefault("train_runtime", runtime_s)
         self.summary.setdefault("train_samples_per_second", self._samples / runtime_s if runtime_s > 0 else None)
-        self.summary.setdefault("train_loss", self._loss)
+        self.summary.setdefault("train_loss", self.logged_values.loss)
         if self._lifecycle:
             self._emit_safely(self.done_event(status, steps))
         if self._nvml is not None:

@@ -81,7 +81,13 @@ class AnatomyCallback(Probe, TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> Any:
         logs = logs or {}
-        self.logged(logs.get("loss"), {key: logs[key] for key in SUMMARY_KEYS if key in logs})
+        self.logged(
+            logs.get("loss"),
+            {key: logs[key] for key in SUMMARY_KEYS if key in logs},
+            step=state.global_step,
+            learning_rate=logs.get("learning_rate"),
+            grad_norm=logs.get("grad_norm"),
+        )
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

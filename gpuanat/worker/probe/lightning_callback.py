@@ -80,6 +80,24 @@ def _training_config(trainer: Any, module: Any, device: Any, total_steps: int | 
     }
 
 
+def _logged_metrics(trainer: Any) -> dict[str, Any]:
+    """The learning rate and gradients' norm Lightning has: a metric the module or `LearningRateMonitor` logged
+    (`lr-…`, "learning_rate"), else the first optimizer's first group's; `grad_norm` utilities' total ("grad_norm",
+    "grad_2.0_norm_total")."""
+    metrics = dict(getattr(trainer, "callback_metrics", None) or {})
+    learning_rate = next(
+        (value for key, value in metrics.items() if key == "learning_rate" or key.startswith("lr-")), None
+    )
+    if learning_rate is None:
+        optimizers = list(getattr(trainer, "optimizers", None) or [])
+        groups = getattr(optimizers[0], "param_groups", None) if optimizers else None
+        learning_rate = groups[0].get("lr") if groups else None
+    grad_norm = next(
+        (value for key, value in metrics.items() if key == "grad_norm" or key.endswith("norm_total")), None
+    )
+    return {"learning_rate": learning_rate, "grad_norm": grad_norm}
+
+
 class LightningAnatomyCallback(Probe, *_CALLBACK_BASES):  # type: ignore[misc]
     """Measures weights, gradients, optimizer state, activations and throughput of a Lightning fit (`Probe`, called
     from Lightning's callback hooks).
@@ -147,7 +165,8 @@ class LightningAnatomyCallback(Probe, *_CALLBACK_BASES):  # type: ignore[misc]
         every = getattr(trainer, "log_every_n_steps", 50) or 50
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and (step % every == 0 or step == self._total_steps):
-            self.logged(loss, {})  # read in the probe, which never raises into the fit
+            # read in the probe, which never raises into the fit
+            self.logged(loss, {}, step=step, **_logged_metrics(trainer))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.end(trainer.global_step, status="stopped" if getattr(trainer, "interrupted", False) else "ok")

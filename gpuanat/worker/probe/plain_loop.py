@@ -103,20 +103,31 @@ class LoopProbe(Probe):
         return self
 
     def step(
-        self, samples: int | None = None, loss: float | torch.Tensor | None = None, tokens: int | None = None
+        self,
+        samples: int | None = None,
+        loss: float | torch.Tensor | None = None,
+        tokens: int | None = None,
+        *,
+        learning_rate: float | torch.Tensor | None = None,
+        grad_norm: float | torch.Tensor | None = None,
     ) -> bool:
         """An optimizer step ended, having trained on `samples` samples (`tokens` tokens; each None: the probe
-        counts the rows and elements of each forward pass's first tensor) with `loss` (a number, or a tensor read
-        every `LOSS_READ_EVERY_STEPS` steps). Returns whether to stop: gpuanat, which launched the script, went
-        away."""
+        counts the rows and elements of each forward pass's first tensor) with `loss`, `learning_rate` and
+        `grad_norm` (e.g. what `clip_grad_norm_` returned), each a number or a tensor; any tensor among them makes
+        the step's values read every `LOSS_READ_EVERY_STEPS` steps (and at the last). Returns whether to stop:
+        gpuanat, which launched the script, went away."""
         self._step_count += 1
         step = self._step_count
         stop = bool(self.step_ends(step, self._total_steps, samples=samples, tokens=tokens))
-        # `logged` reads the number, never raising into the loop; a tensor only at the logging steps
-        if loss is not None and (
-            not isinstance(loss, torch.Tensor) or step % LOSS_READ_EVERY_STEPS == 0 or step == self._total_steps
+        values = {"loss": loss, "learning_rate": learning_rate, "grad_norm": grad_norm}
+        given = [value for value in values.values() if value is not None]
+        # `logged` reads the numbers, never raising into the loop; tensors only at the logging steps
+        if given and (
+            not any(isinstance(value, torch.Tensor) for value in given)
+            or step % LOSS_READ_EVERY_STEPS == 0
+            or step == self._total_steps
         ):
-            self.logged(loss, {})
+            self.logged(loss, {}, step=step, learning_rate=learning_rate, grad_norm=grad_norm)
         return stop
 
     def __exit__(

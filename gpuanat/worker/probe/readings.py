@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from gpuanat.core.vocabulary.protocol import Done, ProbeBands, Step
+from gpuanat.worker.probe.logged import LoggedValues
 from gpuanat.worker.probe.tensors import (
     deepspeed_gradients,
     optimizer_state_shape,
@@ -46,6 +47,7 @@ class ProbeReadings:
     _logits_bytes: int | None
     last_bands: ProbeBands | None
     summary: dict[str, Any]
+    logged_values: LoggedValues
     probe_time_s: float
     probe_time_by_part_s: dict[str, float]
 
@@ -162,4 +164,5 @@ class ProbeReadings:
             probe_time_s=self.probe_time_s,
             probe_time_by_part_s=dict(self.probe_time_by_part_s),
             **self.steady_phases(),
+            **self.logged_values.fields(),
         )
