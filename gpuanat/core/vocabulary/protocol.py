@@ -144,6 +144,14 @@ class Done:
     """With torch.compile (--compile or --compile-regions): TorchDynamo's counters at the end, "graphs" (unique
     graphs compiled) and "graph_breaks", and the "frames" gpuanat compiled (the model: 1; regions: one a kind of
     module)."""
+    trained_tokens: int | None = None
+    """A --data run's: the token positions of every batch trained, padding included; None on random data."""
+    real_tokens: int | None = None
+    """Of those, the data's own (the attention mask's ones; all of them when packed)."""
+    batch_samples: int | None = None
+    """The rows (packed: the blocks) those batches held."""
+    length_histogram: dict[str, int] | None = None
+    """A --data run's rows by token length (`dataset.load.length_histogram`)."""
     type: str = "done"
 
 

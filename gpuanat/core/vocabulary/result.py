@@ -135,6 +135,7 @@ RUN_RESULT_KEYS = (
     *("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent"),
     *("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token"),
     *("sm_clock_mhz", "throttled_percent", "throttle_reasons"),
+    *("padding_percent", "real_tokens_per_second", "steady_real_tokens_per_second", "length_histogram"),
 )
 """The keys of a launched run's result (`measure.result.build_result`), in order; the session adds `start` and
 `history_error` after them."""
@@ -246,6 +247,14 @@ class RunResult(JsonRecord):
     """The share of the steady steps' samples in which something held the GPU's clocks down (power or thermal
     caps, hardware slowdowns: `gpm.THROTTLING_REASONS`); `throttle_reasons` that share by reason."""
     throttle_reasons: dict[str, float] | None = None
+    padding_percent: float | None = None
+    """A --data run's: the share of the token positions trained that were padding (0 when packed)."""
+    real_tokens_per_second: float | None = None
+    """The data's own tokens a second, padding left out, over the whole training time (as samples/s)."""
+    steady_real_tokens_per_second: float | None = None
+    """The same at the steady samples/s."""
+    length_histogram: dict[str, int] | None = None
+    """The rows trained by token length: buckets up to an eighth, a quarter, half and all of --seq-len, and beyond."""
     start: dict[str, Any] | None = None
     """How the training process started (`run.warm`: prepared ahead or cold)."""
     history_error: str | None = None
