@@ -31,6 +31,7 @@ from gpuanat.core.vocabulary.validation import check_hub_model, machine_unsuppor
 
 if TYPE_CHECKING:
     from gpuanat.core.export.run_metrics import RunMetrics
+    from gpuanat.dataset.load import TokenizedData
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
 TABLE_WIDTH_NOT_A_TERMINAL = 10_000
@@ -251,6 +252,7 @@ def metrics_endpoint(
         return
     from gpuanat.core.export.metrics import MetricsServer, beyond_loopback_warning, job_label
     from gpuanat.core.export.run_metrics import RunMetrics
+    from gpuanat.dataset.load import TokenizedData
 
     source = None
     if snapshots is None:
@@ -447,6 +449,19 @@ def check_values(args: argparse.Namespace) -> None:
             fail_usage(str(error))
         if note is not None:
             print(f"gpuanat: {note}", file=sys.stderr)
+    if config.data is not None:
+        check_data(config)
+
+
+def check_data(config: RunConfig) -> TokenizedData:
+    """--data read and tokenized now, before any GPU work (the tokens are cached for the training child): one line
+    and exit 2 for a missing file, an unknown format, no text field, a tokenizer not found offline, a bad row."""
+    from gpuanat.dataset.load import tokenized
+
+    try:
+        return tokenized(config)
+    except ConfigError as error:
+        fail_usage(str(error))
 
 
 def machine_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:
