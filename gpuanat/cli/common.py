@@ -252,7 +252,6 @@ def metrics_endpoint(
         return
     from gpuanat.core.export.metrics import MetricsServer, beyond_loopback_warning, job_label
     from gpuanat.core.export.run_metrics import RunMetrics
-    from gpuanat.dataset.load import TokenizedData
 
     source = None
     if snapshots is None:

@@ -177,15 +177,19 @@ def _row_text(value: Any, row: int, field: str, chat: str | None, tokenizer: Any
         return "\n".join(f"{message['role']}: {message['content']}" for message in value)
     if not isinstance(value, str):
         kind = "null" if value is None else type(value).__name__
-        raise ConfigError("--data", f"row {row + 1} of {data}: {field} is {kind}, not text (--text-field names the column)")
+        raise ConfigError(
+            "--data", f"row {row + 1} of {data}: {field} is {kind}, not text (--text-field names the column)"
+        )
     return value
 
 
 def _tokenize_batch(
     batch: dict[str, list[Any]], indices: list[int], *, field: str, chat: str | None, tokenizer: Any, data: str
 ) -> dict[str, Any]:
-    texts = [_row_text(value, row, field, chat, tokenizer, data) for row, value in zip(indices, batch[field])]
-    for row, label in zip(indices, batch.get(LABEL_FIELD, [])):
+    texts = [
+        _row_text(value, row, field, chat, tokenizer, data) for row, value in zip(indices, batch[field], strict=False)
+    ]
+    for row, label in zip(indices, batch.get(LABEL_FIELD, []), strict=False):
         if isinstance(label, bool) or not isinstance(label, int) or label < 0:
             raise ConfigError("--data", f"row {row + 1} of {data}: {LABEL_FIELD} {label!r} is not a class number")
     # A chat template writes the special tokens itself; plain text gets the tokenizer's (BERT's [CLS]/[SEP], BOS)

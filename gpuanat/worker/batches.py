@@ -185,7 +185,7 @@ def data_batches(config: Any, model: Any) -> DataBatches:
             "packing, the attention spans each block's rows",
             file=sys.stderr,
         )
-        dataset = packed_rows(list(zip(data.rows["input_ids"], labels)), config.seq_len, within, causal)
+        dataset = packed_rows(list(zip(data.rows["input_ids"], labels, strict=False)), config.seq_len, within, causal)
         if len(dataset) == 0:
             raise ConfigError(
                 "--padding",

@@ -183,7 +183,10 @@ TECHNIQUES: tuple[Technique, ...] = (
     ),
     Technique("seq_len", "--seq-len", "int", "tokens per sample"),
     Technique(
-        "samples", "--samples", "int", "samples in the random dataset (with --data: its first rows), the run's length (the docs use 512)"
+        "samples",
+        "--samples",
+        "int",
+        "samples in the random dataset (with --data: its first rows), the run's length (the docs use 512)",
     ),
     Technique("epochs", "--epochs", "int", "passes over the dataset"),
     Technique("max_steps", "--max-steps", "int", "stop after this many optimizer steps (overrides --epochs)"),
