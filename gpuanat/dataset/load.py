@@ -89,39 +89,58 @@ def load_rows(data: str) -> Any:
     datasets.disable_progress_bars()
     path = Path(data).expanduser()
     try:
-        if path.is_dir():
-            if not (path / "state.json").exists() and not (path / "dataset_dict.json").exists():
-                raise ConfigError(
-                    "--data",
-                    f"{data} is a directory but not a saved dataset (Dataset.save_to_disk writes state.json there): "
-                    "give one of its files",
-                )
-            loaded = datasets.load_from_disk(str(path))
-        elif path.is_file():
-            builder = FORMATS.get(path.suffix.lower())
-            if builder is None:
-                raise ConfigError(
-                    "--data",
-                    f"unknown format {path.suffix or '(no extension)'} of {data}: give a "
-                    f"{', '.join(FORMATS)} file, a saved dataset directory or a cached Hub dataset name",
-                )
-            loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
-        elif _looks_like_path(data):
-            raise ConfigError("--data", f"no such file or directory: {data}")
-        else:
-            try:
-                with _offline():
-                    loaded = datasets.load_dataset(data, split="train")
-            except Exception as error:
-                raise ConfigError(
-                    "--data",
-                    f"{data} is no file here and no Hub dataset in the local cache (gpuanat never downloads data; "
-                    f"load it once with datasets.load_dataset while online): {_cause(error)}",
-                ) from None
+        with _quiet_datasets():
+            return _loaded(datasets, data, path)
     except ConfigError:
         raise
     except Exception as error:
         raise ConfigError("--data", f"cannot read {data}: {_cause(error)}") from None
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """datasets' own log lines left out while it reads: what went wrong is said once, in the ConfigError."""
+    from datasets.utils import logging
+
+    before = logging.get_verbosity()
+    logging.set_verbosity(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
+
+
+def _loaded(datasets: Any, data: str, path: Path) -> Any:
+    """--data read by the datasets loader its kind takes."""
+    if path.is_dir():
+        if not (path / "state.json").exists() and not (path / "dataset_dict.json").exists():
+            raise ConfigError(
+                "--data",
+                f"{data} is a directory but not a saved dataset (Dataset.save_to_disk writes state.json there): "
+                "give one of its files",
+            )
+        loaded = datasets.load_from_disk(str(path))
+    elif path.is_file():
+        builder = FORMATS.get(path.suffix.lower())
+        if builder is None:
+            raise ConfigError(
+                "--data",
+                f"unknown format {path.suffix or '(no extension)'} of {data}: give a "
+                f"{', '.join(FORMATS)} file, a saved dataset directory or a cached Hub dataset name",
+            )
+        loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
+    elif _looks_like_path(data):
+        raise ConfigError("--data", f"no such file or directory: {data}")
+    else:
+        try:
+            with _offline():
+                loaded = datasets.load_dataset(data, split="train")
+        except Exception as error:
+            raise ConfigError(
+                "--data",
+                f"{data} is no file here and no Hub dataset in the local cache (gpuanat never downloads data; "
+                f"load it once with datasets.load_dataset while online): {_cause(error)}",
+            ) from None
     if isinstance(loaded, datasets.DatasetDict):
         loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
     return loaded
