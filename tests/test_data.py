@@ -62,8 +62,7 @@ def test_a_jsonl_run_trains_on_its_rows_padding_counted_exactly_and_a_second_run
         longest["samples_per_second"] * sum(min(length, SEQ_LEN) for length in lengths) / 12
     )
     assert longest["config"]["data"] == str(data) and longest["config"]["padding"] == "longest"
-    first_log = Path(longest["log_path"]).read_text()
-    assert "tokenized into the cache" in first_log
+    assert "gpuanat: --data: 12 rows of 'text', tokenized into the cache" in first.stderr
     (cache_file,) = (tmp_path / "datasets-cache" / "gpuanat-tokenized").glob("*.arrow")
     written = cache_file.stat().st_mtime_ns
 
@@ -76,7 +75,8 @@ def test_a_jsonl_run_trains_on_its_rows_padding_counted_exactly_and_a_second_run
     assert padded["status"] == "ok", padded["error"]
     assert padded["samples"] == 12 and padded["steps"] == 3
     assert padded["padding_percent"] == pytest.approx(padding_of(lengths, 4, SEQ_LEN), abs=1e-9)
-    assert "tokenized rows read back from the cache" in Path(padded["log_path"]).read_text()
+    assert "gpuanat: --data: 12 rows of 'text', read back from the cache (tokenized by an earlier run)" in second.stderr
+    assert "tokenized rows read back from the cache" in Path(padded["log_path"]).read_text()  # and the child's
     assert cache_file.stat().st_mtime_ns == written  # read, not tokenized again
 
 

@@ -453,14 +453,18 @@ def check_values(args: argparse.Namespace) -> None:
 
 
 def check_data(config: RunConfig) -> TokenizedData:
-    """--data read and tokenized now, before any GPU work (the tokens are cached for the training child): one line
-    and exit 2 for a missing file, an unknown format, no text field, a tokenizer not found offline, a bad row."""
+    """--data read and tokenized now, before any GPU work (the tokens are cached for the training child; one line on
+    stderr says whether an earlier run had tokenized them): one line and exit 2 for a missing file, an unknown
+    format, no text field, a tokenizer not found offline, a bad row."""
     from gpuanat.dataset.load import tokenized
 
     try:
-        return tokenized(config)
+        data = tokenized(config)
     except ConfigError as error:
         fail_usage(str(error))
+    done = "read back from the cache (tokenized by an earlier run)" if data.reused else "tokenized into the cache"
+    print(f"gpuanat: --data: {len(data.rows)} rows of {data.text_field!r}, {done} {data.cache_file}", file=sys.stderr)
+    return data
 
 
 def machine_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:
