@@ -67,7 +67,9 @@ def _value_text(field: str, value: object) -> str:
         return "on" if value else "off"
     if field == "gpus" and value is None:
         return "1 (first idle)"
-    return printable(str(value))  # a --data path is the user's: shown escaped
+    if field == "data" and isinstance(value, str):  # the file's name: the panel is narrow; escaped, it is the user's
+        return printable(value.rstrip("/").rsplit("/", 1)[-1] or value)
+    return str(value)
 
 
 class TechniquesPanel(Widget):
