@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "from", "home", "while", "birds", "sang", "in", "tall", "green", "trees"]
+WORDS = (
+    *("the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "from", "home", "while"),
+    *("birds", "sang", "in", "tall", "green", "trees"),
+)
 
 
 def build_tokenizer(directory: Path) -> Path:
