@@ -254,3 +254,11 @@ async def test_the_dashboards_d_chooses_the_data_and_p_its_padding(tmp_path, wor
     assert result.status == "ok", result.error
     assert result.config["data"] == str(data) and result.config["padding"] == "max"
     assert result.padding_percent == pytest.approx(padding_of(lengths, 4, SEQ_LEN), abs=1e-9)
+
+
+def test_a_data_runs_summary_says_its_real_tokens_and_padding():
+    from gpuanat.cli.data import data_line
+    from gpuanat.core.vocabulary.result import RunResult
+
+    result = RunResult(padding_percent=41.07, real_tokens_per_second=747.4, steady_real_tokens_per_second=874.5)
+    assert data_line(result) == "Real tokens/second: 747.40 (steady 874.50); padding 41.1% of the tokens trained"

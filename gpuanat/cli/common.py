@@ -31,7 +31,6 @@ from gpuanat.core.vocabulary.validation import check_hub_model, machine_unsuppor
 
 if TYPE_CHECKING:
     from gpuanat.core.export.run_metrics import RunMetrics
-    from gpuanat.dataset.load import TokenizedData
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
 TABLE_WIDTH_NOT_A_TERMINAL = 10_000
@@ -327,6 +326,10 @@ def print_summary(result: RunResult, db: Path | None = None) -> None:
         else result.unavailable.get("steady_samples_per_second", "")
     )
     print(f"Steady samples/second: {format_number(steady)} ({note})")
+    if result.padding_percent is not None:  # a --data run: the data's own tokens, beside the samples
+        from gpuanat.cli.data import data_line
+
+        print(data_line(result))
     print(f"Achieved: {compute_text(result)}")
     print(f"Peak allocated: {format_bytes(result.peak_allocated_bytes)}")
     params, trainable = result.params, result.trainable_params
@@ -449,22 +452,12 @@ def check_values(args: argparse.Namespace) -> None:
         if note is not None:
             print(f"gpuanat: {note}", file=sys.stderr)
     if config.data is not None:
-        check_data(config)
+        from gpuanat.cli.data import check_data
 
-
-def check_data(config: RunConfig) -> TokenizedData:
-    """--data read and tokenized now, before any GPU work (the tokens are cached for the training child; one line on
-    stderr says whether an earlier run had tokenized them): one line and exit 2 for a missing file, an unknown
-    format, no text field, a tokenizer not found offline, a bad row."""
-    from gpuanat.dataset.load import tokenized
-
-    try:
-        data = tokenized(config)
-    except ConfigError as error:
-        fail_usage(str(error))
-    done = "read back from the cache (tokenized by an earlier run)" if data.reused else "tokenized into the cache"
-    print(f"gpuanat: --data: {len(data.rows)} rows of {data.text_field!r}, {done} {data.cache_file}", file=sys.stderr)
-    return data
+        try:
+            check_data(config)
+        except ConfigError as error:
+            fail_usage(str(error))
 
 
 def machine_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:

@@ -9,8 +9,10 @@ import json
 import sys
 from typing import Any
 
-from gpuanat.cli.common import EXIT_OK, EXIT_USAGE, check_data, fail_usage, validated_config
+from gpuanat.cli.common import EXIT_OK, EXIT_USAGE, fail_usage, validated_config
+from gpuanat.cli.data import check_data
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
 
 
 def data_seq_len(config: RunConfig) -> RunConfig:
@@ -18,7 +20,10 @@ def data_seq_len(config: RunConfig) -> RunConfig:
     stderr says which length that is and why."""
     from gpuanat.dataset.load import padded_length
 
-    lengths = check_data(config).lengths
+    try:
+        lengths = check_data(config).lengths
+    except ConfigError as error:
+        fail_usage(str(error))
     length = padded_length(lengths, config)
     why = (
         f"the longest of --data's {len(lengths)} rows (--padding longest"

@@ -266,8 +266,12 @@ def build_result(
         unavailable["steady_samples_per_second"] = steady_reason or "not measured on every rank"
     last_step = state.last_step
     gpu_count = len(gpus.gpus) if gpus is not None and gpus.gpus else (config.ranks or 1)
+    data = data_rates(config, done, steady)
+    per_sample = data.tokens_per_sample
+    # a --data sample is as long as its batch's positions, not --seq-len: FLOPs and energy a token at that length
+    sized = config.replace(seq_len=max(1, round(per_sample))) if config.data is not None else config
     speed = utilization(
-        config,
+        sized,
         steady,
         state.gpu_name,
         gpu_count,
@@ -281,8 +285,6 @@ def build_result(
     predicted = prediction(
         config.replace(gpus=str(len(gpus.gpus))) if gpus is not None and config.ranks is None else config
     )
-    data = data_rates(config, done, steady)
-    per_sample = data.tokens_per_sample
     result = RunResult(
         run_id=run_id,
         name=name,
@@ -353,7 +355,7 @@ def build_result(
         state.gpu_readings,
         (start_s, max(ends.values())) if start_s is not None else None,
         steady,
-        config.seq_len,
+        sized.seq_len,
         no_gpu_reason="CPU run: no GPU" if config.device != "cuda" else None if nvml.available else nvml.reason,
     )
     for name, value in activity.values.items():
