@@ -185,6 +185,20 @@ def test_predict_takes_the_datas_longest_row_and_renders_chat_messages(tmp_path,
     from_disk = run_cli([*args[:-4], "--data", str(saved), *args[-2:]], None, extra_env=data_env(tmp_path))
     assert from_disk.returncode == 0, from_disk.stderr
     assert "gpuanat: predict: at seq 11, the longest of --data's 3 rows" in from_disk.stderr
+    # a tokenizer with a chat template renders the messages with it
+    from transformers import AutoTokenizer
+
+    templated = AutoTokenizer.from_pretrained(word_tokenizer)
+    templated.chat_template = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} [EOS] {% endfor %}"
+    templated.save_pretrained(tmp_path / "templated")
+    rendered_by_template = [templated.apply_chat_template(messages, tokenize=False) for messages in conversations]
+    longest_templated = max(
+        len(templated(text, add_special_tokens=False)["input_ids"]) for text in rendered_by_template
+    )
+    assert longest_templated != longest
+    chat = run_cli([*args[:-2], "--tokenizer", str(tmp_path / "templated")], None, extra_env=data_env(tmp_path))
+    assert chat.returncode == 0, chat.stderr
+    assert f"gpuanat: predict: at seq {longest_templated}, the longest of --data's 3 rows" in chat.stderr
     packed = run_cli([*args, "--padding", "pack", "--json"], None, extra_env=data_env(tmp_path))
     assert "at seq 64, --seq-len: --padding pack" in packed.stderr
     assert json.loads(packed.stdout)["config"]["seq_len"] == 64
