@@ -253,3 +253,11 @@ def wait_for_steps(db: Path, min_step: int, alive: psutil.Process | None = None,
         assert alive is None or _running(alive), "gpuanat ended before the run had recorded its steps"
         assert time.monotonic() < deadline, f"no step {min_step} recorded within {timeout_s} s"
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real tokenizer built once for the session from the tests' own words (`text_data.build_tokenizer`)."""
+    from text_data import build_tokenizer
+
+    return build_tokenizer(tmp_path_factory.mktemp("tokenizer"))

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.activity import ACTIVITY_FIELDS, THROTTLE_FIELDS
+from gpuanat.core.measure.data_rates import DATA_FIELDS
 from gpuanat.core.measure.loss_curve import LOSS_FIELDS
+from gpuanat.core.vocabulary.config import RunConfig
 
 GOLDEN_PATH = Path(__file__).resolve().parent / "data" / "result_golden.json"
 _VOLATILE = {"run_id": "<run id>", "pid": "<pid>", "log_path": "<path>"}
@@ -31,10 +33,15 @@ KEYS_ADDED_SINCE = (
     *("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token"),
     *("sm_clock_mhz", "max_sm_clock_mhz", "throttled_percent", "throttle_reasons"),
     *LOSS_FIELDS,
+    *("padding_percent", "real_tokens_per_second", "steady_real_tokens_per_second", "length_histogram"),
 )
 """Keys a result has gained since the file was recorded (issue #49: memory by module, the failing allocation; issue
-#51: the GPU's activity, energy and clocks; issue #52: the loss), before the session's own; every key recorded keeps
-its place and its value, and a new one that is None says why in `unavailable`."""
+#51: the GPU's activity, energy and clocks; issue #52: the loss, what the batches of --data held), before the
+session's own; every key recorded keeps its place and its value, and a new one that is None says why in
+`unavailable`."""
+CONFIG_KEYS_ADDED_SINCE = ("data", "text_field", "tokenizer", "padding")
+"""RunConfig fields added since (issue #52: --data and --padding), left out of a fresh config where at their
+defaults: the recorded configurations trained the random data."""
 
 
 HOW_FAR_IT_TRAINED = {
@@ -79,10 +86,17 @@ def assert_as_recorded(name: str, result: dict[str, Any]) -> None:
     """`result` (a fresh `gpuanat run --json` output) prints as the recorded one of configuration `name` did."""
     golden = normalised(json.loads(GOLDEN_PATH.read_text())[name])  # (placeholders stay as they are)
     fresh = normalised(result)
+    if isinstance(fresh.get("config"), dict):
+        defaults = RunConfig().to_json()
+        fresh["config"] = {
+            key: value
+            for key, value in fresh["config"].items()
+            if key not in CONFIG_KEYS_ADDED_SINCE or value != defaults[key]
+        }
     added = [key for key in fresh if key not in golden]
     assert added == [key for key in KEYS_ADDED_SINCE if key in fresh], (name, added)  # the new ones, and only them
     # (a run's modules and failure are None, not unread)
-    readings = [key for key in added if key in (*ACTIVITY_FIELDS, *THROTTLE_FIELDS, *LOSS_FIELDS)]
+    readings = [key for key in added if key in (*ACTIVITY_FIELDS, *THROTTLE_FIELDS, *LOSS_FIELDS, *DATA_FIELDS)]
     missing = [key for key in readings if fresh[key] is None and key not in (fresh.get("unavailable") or {})]
     assert not missing, (name, "a new value None without its reason in unavailable", missing)
     fresh = {key: value for key, value in fresh.items() if key not in added}  # every other key in its place

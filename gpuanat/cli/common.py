@@ -331,6 +331,10 @@ def print_summary(result: RunResult, db: Path | None = None) -> None:
         else result.unavailable.get("steady_samples_per_second", "")
     )
     print(f"Steady samples/second: {format_number(steady)} ({note})")
+    if result.padding_percent is not None:  # a --data run: the data's own tokens, beside the samples
+        from gpuanat.cli.data import data_line
+
+        print(data_line(result))
     print(f"Achieved: {compute_text(result)}")
     for line in activity_lines(result):
         print(line)
@@ -454,6 +458,13 @@ def check_values(args: argparse.Namespace) -> None:
             fail_usage(str(error))
         if note is not None:
             print(f"gpuanat: {note}", file=sys.stderr)
+    if config.data is not None:
+        from gpuanat.cli.data import check_data
+
+        try:
+            check_data(config)
+        except ConfigError as error:
+            fail_usage(str(error))
 
 
 def machine_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:

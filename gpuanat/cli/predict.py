@@ -10,6 +10,29 @@ import sys
 from typing import Any
 
 from gpuanat.cli.common import EXIT_OK, EXIT_USAGE, fail_usage, validated_config
+from gpuanat.cli.data import check_data
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
+
+
+def data_seq_len(config: RunConfig) -> RunConfig:
+    """`config` at the length its --data's longest batch takes (`padded_length`), which bounds the peak; one line on
+    stderr says which length that is and why."""
+    from gpuanat.dataset.load import padded_length
+
+    try:
+        lengths = check_data(config).lengths
+    except ConfigError as error:
+        fail_usage(str(error))
+    length = padded_length(lengths, config)
+    why = (
+        f"the longest of --data's {len(lengths)} rows (--padding longest"
+        + (f"; rows past --seq-len {config.seq_len} truncated)" if length == config.seq_len else ")")
+        if config.padding == "longest"
+        else f"--seq-len: --padding {config.padding} makes every batch {config.seq_len} tokens a row"
+    )
+    print(f"gpuanat: predict: at seq {length}, {why}", file=sys.stderr)
+    return config.replace(seq_len=length)
 
 
 def command_predict(args: argparse.Namespace) -> int:
@@ -42,6 +65,8 @@ def command_predict(args: argparse.Namespace) -> int:
         if count == 0:
             fail_usage("--gpus: all needs NVML to count the GPUs, and it lists none here; give a count, e.g. --gpus 8")
         config = config.replace(gpus=str(count))
+    if config.data is not None:
+        config = data_seq_len(config)
     on_cpu = config.device == "cpu"
     gpu_memory: int | None = None
     source = "--gpu-memory"

@@ -86,3 +86,6 @@ class GpuAnatApp(DashboardApp[LaunchDashboard]):
 
     def action_toggle_operations(self) -> None:
         self.dashboard.action_toggle_operations()
+
+    def action_choose_data(self) -> None:
+        self.dashboard.action_choose_data()

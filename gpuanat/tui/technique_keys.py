@@ -14,6 +14,7 @@ from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.techniques import changed_config, next_distributed, next_gpu_count
 from gpuanat.core.vocabulary.validation import machine_unsupported_reasons, validate_values
 from gpuanat.tui.messages import CapabilitiesFound
+from gpuanat.tui.screens.data import DataScreen
 
 if TYPE_CHECKING:
     from gpuanat.tui.screens.launch import LaunchDashboard
@@ -64,6 +65,23 @@ class TechniqueKeys:
             validate_values(self._dashboard.config)
         except ConfigError as error:
             self._dashboard.notify(str(error), severity="warning", timeout=6)
+
+    def choose_data(self) -> None:
+        """`d`: the data box; what it keeps is the next runs' --data and --tokenizer (checked as `toggle_technique`
+        does: a preset without a tokenizer is said at once)."""
+        config = self._dashboard.config
+
+        def chosen(typed: tuple[str | None, str | None] | None) -> None:
+            if typed is None:  # cancelled
+                return
+            data, tokenizer = typed
+            self.change_config(self._dashboard.config.replace(data=data, tokenizer=tokenizer))
+            try:
+                validate_values(self._dashboard.config)
+            except ConfigError as error:
+                self._dashboard.notify(str(error), severity="warning", timeout=8)
+
+        self._dashboard.app.push_screen(DataScreen(config.data, config.tokenizer), chosen)
 
     def step(self, field: str, direction: int) -> None:
         self.change_config(changed_config(self._dashboard.config, field, direction))

@@ -29,9 +29,12 @@ def train_with_accelerate(
     arguments: Any,
     logging_steps: int,
     on_ready: Callable[[], None] = lambda: None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    count: Any = None,
 ) -> dict[str, Any]:
     """Train `model` on `dataset` as the docs' Accelerate loop does; returns Trainer-like metrics. `on_ready` is
-    called once model, optimizer and loader are prepared, before the first step."""
+    called once model, optimizer and loader are prepared, before the first step. A --data run batches its rows with
+    `collate_fn` and adds each batch to `count` (`batches.TokenCount`)."""
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
     from torch.utils.data import DataLoader
@@ -60,6 +63,7 @@ def train_with_accelerate(
         pin_memory=config.pin_memory,
         num_workers=config.workers,
         generator=torch.Generator().manual_seed(config.seed),
+        collate_fn=collate_fn,
     )
     if config.compile:
         model = torch.compile(model)
@@ -88,6 +92,8 @@ def train_with_accelerate(
             if not step_begun:
                 probe.on_step_begin(args, state, control)
                 step_begun = True
+            if count is not None:
+                count.add(batch)
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
                 accelerator.backward(loss)

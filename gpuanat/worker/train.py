@@ -23,6 +23,7 @@ import tempfile
 import traceback
 from typing import Any
 
+from gpuanat.worker.batches import DataBatches, counting_trainer, data_batches
 from gpuanat.worker.model import build_model, compile_regions, compile_stats, is_causal_lm, training_device
 from gpuanat.worker.out_of_memory import is_out_of_memory, out_of_memory_message
 
@@ -100,6 +101,19 @@ def build_dataset(config: Any, vocab_size: int, causal_lm: bool = False) -> Any:
     )
     dataset.set_format("pt")
     return dataset
+
+
+def data_counts(batches: DataBatches | None) -> dict[str, Any]:
+    """The Done event's fields of a --data run: the tokens it trained, real and all, and its rows' lengths."""
+    if batches is None:
+        return {}
+    trained, real, samples = batches.count.totals()
+    return {
+        "trained_tokens": trained,
+        "real_tokens": real,
+        "batch_samples": samples,
+        "length_histogram": batches.length_histogram,
+    }
 
 
 def training_arguments_kwargs(config: Any, output_dir: str) -> dict[str, Any]:
@@ -224,6 +238,7 @@ def train(config: Any, emit: Any) -> int:
     CAPTURE.attach()
     probe = AnatomyCallback(emit)
     trainer = None
+    batches: DataBatches | None = None
     with tempfile.TemporaryDirectory(prefix="gpuanat-") as output_dir:
         try:
             arguments = None
@@ -244,7 +259,15 @@ def train(config: Any, emit: Any) -> int:
             if config.compile_regions:  # one compiled frame a kind of module: its graph serves every layer
                 compiled_frames = len({type(module) for module in compile_regions(model)})
             reached("model built")
-            dataset = build_dataset(config, model.config.vocab_size, causal_lm=is_causal_lm(model.config))
+            if config.data is not None:
+                try:
+                    batches = data_batches(config, model)
+                except ConfigError as error:
+                    emit(Error(kind="config", flag=error.flag, message=error.message))
+                    return EXIT_CONFIG
+                dataset = batches.dataset
+            else:
+                dataset = build_dataset(config, model.config.vocab_size, causal_lm=is_causal_lm(model.config))
             reached("dataset built")
             if arguments is None:
                 arguments = TrainingArguments(
@@ -254,11 +277,29 @@ def train(config: Any, emit: Any) -> int:
                 from gpuanat.worker.accelerate_loop import train_with_accelerate
 
                 metrics = train_with_accelerate(
-                    config, model, dataset, probe, arguments, LOGGING_STEPS, on_ready=lambda: reached("trainer ready")
+                    config,
+                    model,
+                    dataset,
+                    probe,
+                    arguments,
+                    LOGGING_STEPS,
+                    on_ready=lambda: reached("trainer ready"),
+                    collate_fn=batches.collator if batches else None,
+                    count=batches.count if batches else None,
                 )
                 global_step = metrics["global_step"]
             else:
-                trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=[probe])
+                if batches is None:
+                    trainer = Trainer(model=model, args=arguments, train_dataset=dataset, callbacks=[probe])
+                else:
+                    trainer = counting_trainer(
+                        batches.count,
+                        model=model,
+                        args=arguments,
+                        train_dataset=dataset,
+                        data_collator=batches.collator,
+                        callbacks=[probe],
+                    )
                 reached("trainer ready")
                 output = trainer.train()
                 metrics, global_step = output.metrics, output.global_step
@@ -312,6 +353,7 @@ def train(config: Any, emit: Any) -> int:
                     probe_time_by_part_s=dict(probe.probe_time_by_part_s),
                     **probe.steady_phases(),
                     **probe.logged_values.fields(),
+                    **data_counts(batches),
                 )
             )
             return EXIT_STOPPED
@@ -336,6 +378,7 @@ def train(config: Any, emit: Any) -> int:
             **probe.steady_phases(),
             compile_stats=compile_stats(compiled_frames) if compiled_frames else None,
             **probe.logged_values.fields(),
+            **data_counts(batches),
         )
     )
     return EXIT_OK

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpuanat.core.measure.activity import steady_activity
 from gpuanat.core.measure.anatomy import assemble_bands, gradients_after_backward_bytes
+from gpuanat.core.measure.data_rates import data_rates
 from gpuanat.core.measure.diagnose import diagnose, step_time_breakdown
 from gpuanat.core.measure.failure import Readings, bands_readings, modules_json, out_of_memory_json
 from gpuanat.core.measure.flops import utilization
@@ -265,8 +266,12 @@ def build_result(
         unavailable["steady_samples_per_second"] = steady_reason or "not measured on every rank"
     last_step = state.last_step
     gpu_count = len(gpus.gpus) if gpus is not None and gpus.gpus else (config.ranks or 1)
+    data = data_rates(config, done, steady)
+    per_sample = data.tokens_per_sample
+    # a --data sample is as long as its batch's positions, not --seq-len: FLOPs and energy a token at that length
+    sized = config.replace(seq_len=max(1, round(per_sample))) if config.data is not None else config
     speed = utilization(
-        config,
+        sized,
         steady,
         state.gpu_name,
         gpu_count,
@@ -290,9 +295,9 @@ def build_result(
         train_runtime_s=done.train_runtime_s if done else None,
         samples_per_second=done.samples_per_second if done else None,
         steady_samples_per_second=steady,
-        # every sample is seq-len tokens of the random dataset: the unit of causal LMs
-        tokens_per_second=done.samples_per_second * config.seq_len if done and done.samples_per_second else None,
-        steady_tokens_per_second=steady * config.seq_len if steady is not None else None,
+        # every sample is seq-len tokens of the random dataset (of --data: its batches' positions, padding included)
+        tokens_per_second=done.samples_per_second * per_sample if done and done.samples_per_second else None,
+        steady_tokens_per_second=steady * per_sample if steady is not None else None,
         # model FLOPs (6 × matmul weights + attention a token) at the steady rate, against the GPUs' dense peak
         flops_per_sample=speed.flops_per_sample,
         achieved_tflops=speed.achieved_tflops,
@@ -350,7 +355,7 @@ def build_result(
         state.gpu_readings,
         (start_s, max(ends.values())) if start_s is not None else None,
         steady,
-        config.seq_len,
+        sized.seq_len,
         no_gpu_reason="CPU run: no GPU" if config.device != "cuda" else None if nvml.available else nvml.reason,
     )
     activity.fill(result)
@@ -358,6 +363,9 @@ def build_result(
     for name, value in losses.items():
         setattr(result, name, value)
     result.unavailable |= no_loss
+    for name, value in data.values.items():
+        setattr(result, name, value)
+    result.unavailable |= data.unavailable
     cause = first_cause([ranks[rank] for rank in sorted(ranks)])
     result.out_of_memory = out_of_memory_json(cause, next((r for r in ranks if ranks[r].error is cause), 0))
     result.diagnosis = [finding.to_json() for finding in diagnose(result)]

@@ -74,6 +74,16 @@ class RunConfig:
     epochs: int = 1
     max_steps: int | None = None
     seed: int = 42
+    data: str | None = None
+    """The user's data (`--data`): a local jsonl/json/csv/parquet/arrow file, a saved dataset directory or a cached
+    Hub dataset name; None trains on the docs' random token ids."""
+    text_field: str | None = None
+    """The column of `data` that holds the text; None: found by its name (`gpuanat.user_data.TEXT_FIELDS`)."""
+    tokenizer: str | None = None
+    """The tokenizer `data` is tokenized with (a directory or a cached Hub name); None: `model`'s."""
+    padding: str = "longest"
+    """How `data`'s rows of different lengths make batches (`techniques.PADDINGS`): padded to each batch's longest,
+    every row padded to `seq_len`, or packed into `seq_len` blocks. Random data has no padding."""
 
     @property
     def effective_batch_size(self) -> int:
@@ -135,6 +145,8 @@ class RunConfig:
             parts.append("liger")
         if self.liger_layers:
             parts.append("liger-layers")
+        if self.data is not None and self.padding != RunConfig.padding:
+            parts.append("pack" if self.padding == "pack" else f"pad-{self.padding}")
         if self.engine != "trainer":
             parts.append(self.engine)
         if self.distributed != "none":

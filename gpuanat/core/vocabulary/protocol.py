@@ -158,6 +158,14 @@ class Done:
     loss_step: int | None = None
     learning_rate: float | None = None
     grad_norm: float | None = None
+    trained_tokens: int | None = None
+    """A --data run's: the token positions of every batch trained, padding included; None on random data."""
+    real_tokens: int | None = None
+    """Of those, the data's own (the attention mask's ones; all of them when packed)."""
+    batch_samples: int | None = None
+    """The rows (packed: the blocks) those batches held."""
+    length_histogram: dict[str, int] | None = None
+    """A --data run's rows by token length (`dataset.load.length_histogram`)."""
     type: str = "done"
 
 

@@ -136,6 +136,7 @@ RUN_RESULT_KEYS = (
     *("average_power_w", "energy_joules", "joules_per_sample", "joules_per_token"),
     *("sm_clock_mhz", "max_sm_clock_mhz", "throttled_percent", "throttle_reasons"),
     *("final_loss", "min_loss", "loss_curve"),
+    *("padding_percent", "real_tokens_per_second", "steady_real_tokens_per_second", "length_histogram"),
 )
 """The keys of a launched run's result (`measure.result.build_result`), in order; the session adds `start` and
 `history_error` after them."""
@@ -256,6 +257,14 @@ class RunResult(JsonRecord):
     loss_curve: list[list[float]] | None = None
     """[step, loss] of each logged loss, in step order; at most 500 points, a longer run's downsampled keeping
     each stretch's lowest and highest (`measure.loss_curve`)."""
+    padding_percent: float | None = None
+    """A --data run's: the share of the token positions trained that were padding (0 when packed)."""
+    real_tokens_per_second: float | None = None
+    """The data's own tokens a second, padding left out, over the whole training time (as samples/s)."""
+    steady_real_tokens_per_second: float | None = None
+    """The same at the steady samples/s."""
+    length_histogram: dict[str, int] | None = None
+    """The rows trained by token length: buckets up to an eighth, a quarter, half and all of --seq-len, and beyond."""
     start: dict[str, Any] | None = None
     """How the training process started (`run.warm`: prepared ahead or cold)."""
     history_error: str | None = None

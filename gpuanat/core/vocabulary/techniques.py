@@ -26,6 +26,9 @@ ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 BY_SHARDING = ("none", "ddp", "zero1", "zero2", "fsdp", "zero3")
 """The distributed techniques by how much of the model's state each rank holds, most first (FSDP2 shards as ZeRO-3
 does, in torch, and comes first of the two)."""
+PADDINGS = ("longest", "max", "pack")
+"""How --data's rows make batches: padded to the longest row of each batch, every row padded to --seq-len, or rows
+packed end to end into --seq-len blocks (docs/data.md)."""
 ENGINES = ("trainer", "accelerate")
 """What runs the training loop: HF Trainer, or the docs' custom loop with 🤗 Accelerate."""
 
@@ -179,9 +182,44 @@ TECHNIQUES: tuple[Technique, ...] = (
         choices=ENGINES,
     ),
     Technique("seq_len", "--seq-len", "int", "tokens per sample"),
-    Technique("samples", "--samples", "int", "samples in the random dataset, the run's length (the docs use 512)"),
+    Technique(
+        "samples",
+        "--samples",
+        "int",
+        "samples in the random dataset (with --data: its first rows), the run's length (the docs use 512)",
+    ),
     Technique("epochs", "--epochs", "int", "passes over the dataset"),
     Technique("max_steps", "--max-steps", "int", "stop after this many optimizer steps (overrides --epochs)"),
+    Technique(
+        "data",
+        "--data",
+        "str",
+        "train on your own text: a .jsonl, .json, .csv, .parquet or .arrow file, a saved dataset directory "
+        "(Dataset.save_to_disk) or a Hub dataset name already in the local cache (never downloaded); its first "
+        "--samples rows, tokenized with --model's tokenizer or --tokenizer (default: the docs' random token ids)",
+    ),
+    Technique(
+        "text_field",
+        "--text-field",
+        "str",
+        "the column of --data holding the text (default: the first of text, content, sentence, document, body, "
+        "else chat messages, rendered with the tokenizer's chat template)",
+    ),
+    Technique(
+        "tokenizer",
+        "--tokenizer",
+        "str",
+        "the tokenizer for --data: a directory or a Hub name in the local cache (default: --model's; a --preset "
+        "has none)",
+    ),
+    Technique(
+        "padding",
+        "--padding",
+        "choice",
+        "with --data: pad each batch to its longest row, pad every row to --seq-len (max), or pack rows end to "
+        "end into --seq-len blocks, attention kept within each row where the model can",
+        choices=PADDINGS,
+    ),
 )
 
 TECHNIQUES_BY_FIELD: dict[str, Technique] = {technique.field: technique for technique in TECHNIQUES}

@@ -24,6 +24,7 @@ from gpuanat.core.vocabulary.techniques import (
     DISTRIBUTED,
     ENGINES,
     OPTIMIZERS,
+    PADDINGS,
     PRECISIONS,
     WEIGHTS_DTYPES,
 )
@@ -153,6 +154,19 @@ def check_hub_model(model: str) -> str | None:
     return f"--model {model} is not in the local Hugging Face cache; the run will download it from the Hub"
 
 
+def _validate_data_tokenizer(config: RunConfig) -> None:
+    """--data is tokenized with --model's tokenizer or --tokenizer: a preset (or a bare config.json) has none."""
+    if config.data is None or config.tokenizer is not None:
+        return
+    if config.model is None or config.model.endswith(".json"):
+        has = "a --preset" if config.model is None else "a bare config.json"
+        raise ConfigError(
+            "--tokenizer",
+            f"{has} has no tokenizer to tokenize --data with: give --tokenizer PATH (a tokenizer directory or "
+            "a Hub name in the local cache), or a --model directory that holds one",
+        )
+
+
 def validate_values(config: RunConfig) -> None:
     """Raise ConfigError for a value that is wrong whatever the machine."""
     _require_choice("--preset", config.preset, tuple(PRESETS))
@@ -177,6 +191,8 @@ def validate_values(config: RunConfig) -> None:
             f"--epochs (got {config.samples:,} × {config.seq_len:,})",
         )
     _require_between("--epochs", config.epochs, 1, MAX_EPOCHS, "no run needs more passes")
+    _require_choice("--padding", config.padding, PADDINGS)
+    _validate_data_tokenizer(config)
     if config.max_steps is not None:
         _require_between("--max-steps", config.max_steps, 1, MAX_STEPS, "no run needs more optimizer steps")
     _validate_ranks(config)

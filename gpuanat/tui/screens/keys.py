@@ -19,8 +19,8 @@ from gpuanat.core.vocabulary.techniques import TECHNIQUES_BY_FIELD
 
 TECHNIQUE_ACTION = re.compile(r"^(?:toggle_technique|step)\('(\w+)'")
 """The technique a binding's action changes: toggle_technique('precision'), step('batch_size', 1)."""
-CYCLING_ACTIONS = {"cycle_gpus": "gpus", "cycle_distributed": "distributed"}
-"""Actions that change a technique their own way (several GPUs)."""
+CYCLING_ACTIONS = {"cycle_gpus": "gpus", "cycle_distributed": "distributed", "choose_data": "data"}
+"""Actions that change a technique their own way (several GPUs, the data typed in a box)."""
 GROUPS = ("Runs", "Techniques of the next run", "Views")
 REMAP_HELP = (
     "Keys can be remapped in $XDG_CONFIG_HOME/gpuanat/config.toml (~/.config/gpuanat/config.toml): a [keymap] "

@@ -110,6 +110,8 @@ LAUNCH_BINDINGS = [
     Binding("D", "cycle_distributed", "Distributed", id="distributed", show=False),
     Binding("v", "toggle_timeline", "Anatomy timeline", id="timeline", show=False),
     Binding("O", "toggle_operations", "Operations anatomy: profile the next runs", id="operations", show=False),
+    Binding("d", "choose_data", "Data: your file and tokenizer", id="data", show=False),
+    Binding("P", "toggle_technique('padding')", "Padding: longest, max, pack", id="padding", show=False),
     *SHARED_BINDINGS,
 ]
 """The launching dashboard's keys, each with its id (the keymap remaps by id). They are its app's bindings
@@ -355,3 +357,6 @@ class LaunchDashboard(DashboardScreen):
 
     def action_toggle_operations(self) -> None:
         self.technique_keys.toggle_operations()
+
+    def action_choose_data(self) -> None:
+        self.technique_keys.choose_data()

@@ -41,6 +41,8 @@ QLORA_ROW = ("load_in_4bit", "4", "4-bit base")
 """Shown once LoRA is on: QLoRA's NF4 base under the adapters."""
 LIGER_ROWS = (("liger", "K", "Liger loss"), ("liger_layers", "Y", "Liger layers"))
 """Shown for a causal LM (its loss and layers are what Liger's kernels replace), and once on."""
+DATA_ROWS = (("data", "d", "data"), ("padding", "P", "padding"))
+"""Shown once the run trains on --data (random data has no padding)."""
 SEVERAL_GPU_ROWS: tuple[tuple[str, str, str], ...] = (
     ("gpus", "G", "GPUs"),
     ("distributed", "D", "distributed"),
@@ -65,6 +67,8 @@ def _value_text(field: str, value: object) -> str:
         return "on" if value else "off"
     if field == "gpus" and value is None:
         return "1 (first idle)"
+    if field == "data" and isinstance(value, str):  # the file's name: the panel is narrow; escaped, it is the user's
+        return printable(value.rstrip("/").rsplit("/", 1)[-1] or value)
     return str(value)
 
 
@@ -168,6 +172,7 @@ class TechniquesPanel(Widget):
             + ((ENGINE_ROW,) if config.engine != defaults.engine else ())
             + ((LORA_ROW, QLORA_ROW) if config.lora or config.load_in_4bit else ())
             + (LIGER_ROWS if causal_lm or config.liger or config.liger_layers else ())
+            + (DATA_ROWS if config.data is not None else ())
         )
         rows = ROWS + extra_rows + (SEVERAL_GPU_ROWS if self._several_gpus else ())
         values = {
