@@ -377,3 +377,36 @@ async def test_the_utilization_chart_plots_the_tensor_pipes_beside_busy_where_gp
     async with old.run_test(size=(120, 40)) as pilot:
         await Replay(old, pilot).until(20)
         assert old.dashboard.query_one("#util-chart", LineChart).series_names == ("GPU util",)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("height", [34, 38, 40, 50])
+async def test_four_charts_share_the_column_once_the_loss_is_logged(tmp_path, height):
+    """On the H100 a run's dashboard at 120×40 (the GPU's activity row, a techniques panel with --data) left the charts
+    15 rows: four charts at a minimum of 4 rows overflowed it and Textual gave the memory chart all of it, the
+    utilization, throughput and loss charts none. Each chart gets its share, and they fit the column."""
+    import threading
+
+    from gpuanat.core.measure.live_run import LiveRun
+    from gpuanat.core.vocabulary.protocol import Hello, Step
+    from gpuanat.tui.widgets.line_chart import LineChart
+
+    app = make_app(tmp_path / "h.sqlite")
+    async with app.run_test(size=(120, height)) as pilot:
+        replay = Replay(app, pilot)
+        await replay.until(10)
+        live = LiveRun(config=RunConfig(), stop_requested=threading.Event(), run_id=1, pid=999, gpu_indices=(0,))
+        app.dashboard.follow_run(live)
+        app.dashboard.receive_event(Hello(pid=999, versions={}, device="cuda", device_name="H100", config={}))
+        for step in range(1, 40):  # a loss logged every 10 steps, as Trainer logs
+            logged = step - step % 10 or None
+            app.dashboard.receive_event(
+                Step(step, 16 * step, 1000 * step, 0.3, 0.3 * step, loss=10 - (logged or 0) / 10, loss_step=logged)
+            )
+        await replay.until(60)
+        await pilot.pause()
+        column = app.dashboard.query_one("#charts").region
+        shown = {chart.id: chart.region for chart in app.dashboard.query(LineChart) if chart.display}
+    assert list(shown) == ["memory-chart", "util-chart", "throughput-chart", "loss-chart"]
+    assert sum(region.height for region in shown.values()) <= column.height
+    assert all(region.height >= 3 and region.bottom <= column.bottom for region in shown.values())

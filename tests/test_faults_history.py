@@ -530,6 +530,11 @@ def test_a_recorder_killed_with_sigkill_has_its_run_finalised_by_the_next_writab
             "message": f"the recorder (PID {recorder.pid}) stopped before the run finished; this result was "
             "rebuilt from its 3 recorded steps",
         },
+        # the steps were recorded without `loss_step`: each loss placed at the first step that carried it
+        "final_loss": 2.25,
+        "min_loss": 2.25,
+        "loss_curve": [[1, 2.5], [2, 2.25]],
+        "unavailable": {},
     }
     assert [run["status"] for run in _history_json(db)] == ["interrupted", "running"]
 

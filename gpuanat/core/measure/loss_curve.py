@@ -99,11 +99,19 @@ class LossCurve:
 
 
 def curve_of_steps(steps: Sequence[Any]) -> LossCurve:
-    """The curve of stored step records (`Step` as JSON, in order), as a recorder that died left them; records written
-    before the steps carried `loss_step` give none."""
+    """The curve of stored step records (`Step` as JSON, in order), as a recorder that died left them. Records written
+    before the steps carried `loss_step` carry each log's loss on from the step it arrived at: there a loss is placed
+    at the first step that carried it."""
     curve = LossCurve()
+    dated = any("loss_step" in record for record in steps)
+    previous: object = None
     for record in steps:
-        step, loss = record.get("loss_step"), record.get("loss")
+        loss = record.get("loss")
+        if dated:
+            step = record.get("loss_step")
+        else:  # a step with no loss (none logged yet, or NaN) is left out: the two read alike
+            step = record.get("step") if isinstance(loss, (int, float)) and loss != previous else None
+            previous = loss if step is not None else previous
         if isinstance(step, int) and (loss is None or isinstance(loss, (int, float))):
             curve.add(step, None if loss is None else float(loss))
     return curve
