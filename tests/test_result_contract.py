@@ -138,8 +138,11 @@ def test_a_result_rebuilt_from_steps_writes_what_gpuanat_wrote_before_it_was_typ
     assert json.dumps(_before_the_loss(result_from_steps({}, []).to_json())) == json.dumps(recorded["empty"])
     merged = interrupted_result(recorded["stored"], rebuilt)
     assert json.dumps(_before_the_loss(merged.to_json())) == json.dumps(recorded["merged"])
-    # the steps recorded then carry no step of their logged loss: none is made up, and the reason is said
-    assert rebuilt.final_loss is None and rebuilt.unavailable["final_loss"] == NO_LOSS_REASON
+    # the steps recorded then carry no step of their logged loss: each loss is placed at the first step that carried it
+    assert rebuilt.loss_curve == [[1, 3.0], [2, 2.0]] and (rebuilt.final_loss, rebuilt.min_loss) == (2.0, 2.0)
+    assert "final_loss" not in rebuilt.unavailable
+    nothing_logged = result_from_steps({}, [{**step, "loss": None} for step in recorded["steps"]])
+    assert nothing_logged.final_loss is None and nothing_logged.unavailable["final_loss"] == NO_LOSS_REASON
 
 
 def _before_the_loss(result: dict) -> dict:
