@@ -205,3 +205,19 @@ def test_a_long_curve_keeps_its_shape_in_500_points():
     values, _ = curve.result_values()
     assert len(values["loss_curve"]) <= LOSS_CURVE_POINTS and values["min_loss"] == min(p[1] for p in points)
     assert values["final_loss"] == points[-1][1] and [loss for _, loss in values["loss_curve"] if loss > 50] == [99.0]
+
+
+def test_a_runs_summary_gives_the_last_and_lowest_logged_loss():
+    """`gpuanat run`'s summary of the packed qwen2.5-0.5b run recorded on the H100 (benchmarks/results/h100/data52/),
+    and of a result whose loop logged no loss."""
+    from gpuanat.cli.run_text import loss_lines
+
+    recorded = Path(__file__).resolve().parent.parent / "benchmarks/results/h100/data52/run_pack.json"
+    packed = RunResult.from_json(json.loads(recorded.read_text().splitlines()[-1]))
+    assert packed.loss_curve is not None and packed.final_loss == packed.loss_curve[-1][1]
+    assert loss_lines(packed) == [
+        f"Loss: {packed.final_loss:.4g} at the last log (step {packed.loss_curve[-1][0]:.0f}), lowest "
+        f"{packed.min_loss:.4g}; the run's mean {packed.train_loss:.4g}"
+    ]
+    silent = RunResult.from_json({"status": "ok", "unavailable": {"final_loss": "the loop logged no loss"}})
+    assert loss_lines(silent) == ["Loss: — (the loop logged no loss)"]

@@ -301,7 +301,7 @@ def exit_code_for(status: str, signals: StopSignals) -> int:
 def print_summary(result: RunResult, db: Path | None = None) -> None:
     """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements; `db`: the history
     given with --db, for the `gpuanat explain` command it names."""
-    from gpuanat.cli.run_text import activity_lines, band_lines, run_title, summary_memory_lines
+    from gpuanat.cli.run_text import activity_lines, band_lines, loss_lines, run_title, summary_memory_lines
     from gpuanat.core.measure.diagnose import breakdown_line
     from gpuanat.core.measure.startup import startup_line
     from gpuanat.core.operations.report import summary_lines as operations_summary_lines
@@ -336,7 +336,7 @@ def print_summary(result: RunResult, db: Path | None = None) -> None:
 
         print(data_line(result))
     print(f"Achieved: {compute_text(result)}")
-    for line in activity_lines(result):
+    for line in [*loss_lines(result), *activity_lines(result)]:
         print(line)
     print(f"Peak allocated: {format_bytes(result.peak_allocated_bytes)}")
     params, trainable = result.params, result.trainable_params

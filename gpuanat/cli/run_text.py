@@ -237,3 +237,16 @@ def activity_lines(result: RunResult) -> list[str]:
             parts.append(f"the whole run {joules / 3600:.3g} Wh")
         energy = f"Energy: {', '.join(parts)}"
     return [activity, energy]
+
+
+def loss_lines(result: RunResult) -> list[str]:
+    """The loss the loop logged: "Loss: 6.558 at the last log (step 150), lowest 6.558; the run's mean 7.77", or why
+    there is none (a line only where the run trained)."""
+    if result.final_loss is None:
+        reason = result.unavailable.get("final_loss")
+        return [f"Loss: — ({printable(reason)})"] if reason else []
+    curve = result.loss_curve or []
+    at = f" (step {curve[-1][0]:.0f})" if curve else ""
+    lowest = f", lowest {result.min_loss:.4g}" if result.min_loss is not None else ""
+    mean = f"; the run's mean {result.train_loss:.4g}" if result.train_loss is not None else ""
+    return [f"Loss: {result.final_loss:.4g} at the last log{at}{lowest}{mean}"]

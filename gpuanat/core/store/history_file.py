@@ -49,14 +49,12 @@ from gpuanat.core.store.history_errors import (
 )
 from gpuanat.core.store.history_schema import (
     APPLICATION_ID,
-    MIGRATION_FROM_1,
-    MIGRATION_FROM_2,
-    MIGRATION_FROM_3,
     RUN_COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
     V1_INDEXES,
     V1_TABLES,
+    upgrade_statements,
 )
 
 DB_ENV = "GPUANAT_DB"
@@ -380,12 +378,7 @@ class HistoryFile:
         with self._write(f"the upgrade of its schema to version {SCHEMA_VERSION}") as db:
             found = db.execute("PRAGMA user_version").fetchone()[0]
             if found < SCHEMA_VERSION:
-                upgrades = (
-                    *(MIGRATION_FROM_1 if found < 2 else ()),
-                    *(MIGRATION_FROM_2 if found < 3 else ()),
-                    *MIGRATION_FROM_3,
-                )
-                for statement in upgrades:
+                for statement in upgrade_statements(found):
                     db.execute(statement)
                 db.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -103,6 +103,14 @@ MIGRATION_FROM_3 = (
     "ALTER TABLE runs ADD COLUMN search_id INTEGER REFERENCES searches(id)",
 )
 """Version 3 to 4: the searches and tags tables, and each run's search (none for the runs recorded before)."""
+
+
+def upgrade_statements(version: int) -> tuple[str, ...]:
+    """What brings a history of schema `version` (1 to SCHEMA_VERSION - 1) to SCHEMA_VERSION, in order."""
+    steps = {1: MIGRATION_FROM_1, 2: MIGRATION_FROM_2, 3: MIGRATION_FROM_3}
+    return tuple(statement for step in range(max(version, 1), SCHEMA_VERSION) for statement in steps[step])
+
+
 V1_TABLES = {
     "runs": (
         "id",
