@@ -187,19 +187,23 @@ def test_the_activity_row_at_80x24_during_the_gemm_step(snap_compare, tmp_path):
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
 
-def test_watch_records_carry_each_gpus_activity_as_the_sampler_read_it(tmp_path):
-    """The records `gpuanat watch PID --json` prints, made by the watch's session from the recorded samples."""
-    samples = RECORDED
-    root_pid = 4242
-    (tmp_path / str(root_pid)).mkdir()
-    target = WatchTarget(pid=root_pid, name="python3", command="", create_time_s=0.0, username=None)
-    session = WatchSession(
+def watch_session(proc_root: Path, pid: int) -> WatchSession:
+    """The watch's session of process `pid` (a directory of that name under `proc_root`), NVML's samples given."""
+    (proc_root / str(pid)).mkdir()
+    target = WatchTarget(pid=pid, name="python3", command="", create_time_s=0.0, username=None)
+    return WatchSession(
         target,
         NVML,
         publication_dirs_for=lambda pid: [],
         process_alive=lambda: True,
-        resolver=PidNamespaceResolver(tmp_path, check_visible_pids=False),
+        resolver=PidNamespaceResolver(proc_root, check_visible_pids=False),
     )
+
+
+def test_watch_records_carry_each_gpus_activity_as_the_sampler_read_it(tmp_path):
+    """The records `gpuanat watch PID --json` prints, made by the watch's session from the recorded samples."""
+    samples = RECORDED
+    session = watch_session(tmp_path, 4242)
     records = [json.loads(json.dumps(session.handle(sample))) for sample in samples]  # as --json writes them
     for record, sample in zip(records, samples, strict=True):
         (entry,) = record["gpus"]
@@ -287,15 +291,7 @@ def test_watch_metrics_export_the_watched_gpus_activity_power_clock_and_throttle
     from gpuanat.core.export.metrics import metric_families
     from gpuanat.core.export.watch_metrics import WatchMetrics
 
-    (tmp_path / str(BERT_PID)).mkdir()
-    target = WatchTarget(pid=BERT_PID, name="python3", command="", create_time_s=0.0, username=None)
-    session = WatchSession(
-        target,
-        NVML,
-        publication_dirs_for=lambda pid: [],
-        process_alive=lambda: True,
-        resolver=PidNamespaceResolver(tmp_path, check_visible_pids=False),
-    )
+    session = watch_session(tmp_path, BERT_PID)
     source = ReplaySource(BERT_TRACE)
     samples = [source.read([]) for _ in range(len(source))]
     capped = [i for i, sample in enumerate(samples) if sample.gpus[0].clocks_event_reasons == 4]
