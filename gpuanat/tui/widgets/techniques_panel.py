@@ -142,7 +142,7 @@ class TechniquesPanel(Widget):
         """`device_peak_bytes`: the predicted peak (of one rank) with the allocator's cache and the CUDA context;
         `several_gpus`: show the GPU and distributed rows; `not_predicted`: why there is no prediction (with
         `estimate` None), the whole of it in the tooltip; `predicted_seq_len`: the length `estimate` is at where it is
-        not --seq-len (a --data run's longest batch), said on the prediction's line."""
+        not --seq-len (a --data run's longest batch), said under the prediction."""
         self._config, self._capabilities, self._estimate = config, capabilities, estimate
         self._not_predicted = not_predicted
         self._predicted_seq_len = predicted_seq_len if estimate is not None else None
