@@ -461,15 +461,9 @@ def check_values(args: argparse.Namespace) -> int | None:
             fail_usage(str(error))
         if note is not None:
             print(f"gpuanat: {note}", file=sys.stderr)
-    if config.data is None:
-        return None
-    from gpuanat.cli.data import check_data
-    from gpuanat.core.memory.data_length import longest_row
+    from gpuanat.cli.data import checked_longest_row
 
-    try:
-        return longest_row(check_data(config).lengths)
-    except ConfigError as error:
-        fail_usage(str(error))
+    return checked_longest_row(config)
 
 
 def machine_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:
