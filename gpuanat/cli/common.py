@@ -207,9 +207,10 @@ def run_recorded(
     metrics: RunMetrics | None = None,
     search_id: int | None = None,
     tags: Sequence[str] = (),
+    data_longest_row: int | None = None,
 ) -> RunResult:
     """One run with its progress on stderr; with `warm_workers` (sweep, tune, fit) a process prepared during the
-    previous run takes it. `search_id`, `tags`: as `execute_run` records them."""
+    previous run takes it. `search_id`, `tags`, `data_longest_row`: as `execute_run` takes them."""
     from gpuanat.core.run.session import execute_run
 
     env = measurement_environment(
@@ -235,6 +236,7 @@ def run_recorded(
                 metrics=metrics,
                 search_id=search_id,
                 tags=tags,
+                data_longest_row=data_longest_row,
             )
     except ConfigError as error:  # the GPUs asked for cannot be had: nothing was started or recorded
         view.close()
@@ -432,10 +434,11 @@ def validated_config(args: argparse.Namespace, cuda_available: bool) -> RunConfi
     return config
 
 
-def check_values(args: argparse.Namespace) -> None:
+def check_values(args: argparse.Namespace) -> int | None:
     """Refuse what is wrong whatever the machine — values, a --model that cannot be had — in one line and exit 2,
     before the capability probe, which imports torch (seconds): a bad value is answered at once. Says in one
-    line when --model will be downloaded."""
+    line when --model will be downloaded. Returns --data's longest row in tokens, which its predictions are sized
+    with (`core.memory.data_length`); None without --data."""
     config = validated_config(args, cuda_available=True)  # the device is the probe's to settle
     if getattr(args, "device", None) == "cpu":  # no probe needed to know that a CUDA-only technique cannot run
         installed = "not yet probed"  # what the CPU run needs of the packages, the probe tells after this
@@ -458,13 +461,9 @@ def check_values(args: argparse.Namespace) -> None:
             fail_usage(str(error))
         if note is not None:
             print(f"gpuanat: {note}", file=sys.stderr)
-    if config.data is not None:
-        from gpuanat.cli.data import check_data
+    from gpuanat.cli.data import checked_longest_row
 
-        try:
-            check_data(config)
-        except ConfigError as error:
-            fail_usage(str(error))
+    return checked_longest_row(config)
 
 
 def machine_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:

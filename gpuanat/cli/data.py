@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import sys
 
+from gpuanat.cli.common import fail_usage
 from gpuanat.core.store.report import format_number
 from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.dataset.load import TokenizedData
 
@@ -21,6 +23,19 @@ def check_data(config: RunConfig) -> TokenizedData:
     done = "read back from the cache (tokenized by an earlier run)" if data.reused else "tokenized into the cache"
     print(f"gpuanat: --data: {len(data.rows)} rows of {data.text_field!r}, {done} {data.cache_file}", file=sys.stderr)
     return data
+
+
+def checked_longest_row(config: RunConfig) -> int | None:
+    """--data checked as `check_data` does (one line and exit 2 where it cannot be used), and its longest row in
+    tokens, which sizes the run's predictions (`core.memory.data_length`); None without --data."""
+    if config.data is None:
+        return None
+    from gpuanat.core.memory.data_length import longest_row
+
+    try:
+        return longest_row(check_data(config).lengths)
+    except ConfigError as error:
+        fail_usage(str(error))
 
 
 def data_line(result: RunResult) -> str:

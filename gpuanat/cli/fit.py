@@ -44,7 +44,7 @@ def command_fit(args: argparse.Namespace) -> int:
             gpu_memory = parse_size(args.gpu_memory)
         except ValueError as error:
             fail_usage(f"--gpu-memory: {error}")
-    check_values(args)
+    data_longest_row = check_values(args)
     # fit needs CUDA: --device cpu says so before the capability probe, otherwise the probe does.
     capabilities = None if args.device == "cpu" else detect_capabilities()
     cannot_fit = fit_unsupported_reason(
@@ -60,7 +60,7 @@ def command_fit(args: argparse.Namespace) -> int:
     if gpu_memory is None:
         nvml = probe_nvml()
         gpu_memory = nvml.gpu_total_bytes[0] if nvml.available and nvml.gpu_total_bytes else None
-    starting = fit_start(base, gpu_memory)
+    starting = fit_start(base, gpu_memory, data_longest_row)
     start, predicted = starting.batch_size, starting.predicted
     print(
         f"fit: starting from batch {start}{starting.words()}, {args.trial_steps} steps per trial, up to batch "
@@ -81,6 +81,7 @@ def command_fit(args: argparse.Namespace) -> int:
             metrics=metrics,
             search_id=search_id,
             tags=args.tags,
+            data_longest_row=data_longest_row,
         )
 
     def trial_done(batch_size: int, result: RunResult) -> None:

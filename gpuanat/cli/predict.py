@@ -16,15 +16,15 @@ from gpuanat.core.vocabulary.errors import ConfigError
 
 
 def data_seq_len(config: RunConfig) -> RunConfig:
-    """`config` at the length its --data's longest batch takes (`padded_length`), which bounds the peak; one line on
-    stderr says which length that is and why."""
-    from gpuanat.dataset.load import padded_length
+    """`config` at the length its --data's longest batch takes (`data_length.trained_seq_len`, as every prediction
+    of a --data run), which bounds the peak; one line on stderr says which length that is and why."""
+    from gpuanat.core.memory.data_length import longest_row, trained_seq_len
 
     try:
         lengths = check_data(config).lengths
     except ConfigError as error:
         fail_usage(str(error))
-    length = padded_length(lengths, config)
+    length = trained_seq_len(config, longest_row(lengths))
     why = (
         f"the longest of --data's {len(lengths)} rows (--padding longest"
         + (f"; rows past --seq-len {config.seq_len} truncated)" if length == config.seq_len else ")")
@@ -65,6 +65,7 @@ def command_predict(args: argparse.Namespace) -> int:
         if count == 0:
             fail_usage("--gpus: all needs NVML to count the GPUs, and it lists none here; give a count, e.g. --gpus 8")
         config = config.replace(gpus=str(count))
+    asked_seq_len = config.seq_len
     if config.data is not None:
         config = data_seq_len(config)
     on_cpu = config.device == "cpu"
@@ -87,6 +88,8 @@ def command_predict(args: argparse.Namespace) -> int:
             source = f"no GPU memory to fit: {nvml.reason or 'no GPU'}; give --gpu-memory"
     predicted = host_prediction(config) if on_cpu else prediction(config)
     assert predicted is not None
+    if config.seq_len != asked_seq_len:  # as a --data run's stored prediction says it (`data_length.data_prediction`)
+        predicted.seq_len = config.seq_len
     uncovered = compile_unpredicted_reason(config)
     largest = largest_batch(config, gpu_memory) if gpu_memory is not None and uncovered is None else None
     result: dict[str, Any] = {

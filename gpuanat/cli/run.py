@@ -134,7 +134,7 @@ def command_run(args: argparse.Namespace) -> int:
         return command_run_script(args)
     if args.script_args:
         fail_usage("arguments after -- are for a script: give it with --script SCRIPT.py")
-    check_values(args)
+    data_longest_row = check_values(args)
     check_snapshot_folders(args)
     capabilities = detect_capabilities()
     config = machine_config(args, capabilities)
@@ -161,6 +161,7 @@ def command_run(args: argparse.Namespace) -> int:
             profile_ops_trace=args.profile_ops_trace,
             metrics=metrics,
             tags=args.tags,
+            data_longest_row=data_longest_row,
         )
     if args.json:
         print(json.dumps(result.to_json()))

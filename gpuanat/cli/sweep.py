@@ -43,7 +43,7 @@ def command_sweep(args: argparse.Namespace) -> int:
             if name not in known:
                 fail_usage(f"--only: unknown experiment {name!r}; choose from {', '.join(sorted(known))}")
         experiments = tuple(experiment for experiment in EXPERIMENTS if experiment.name in args.only)
-    check_values(args)
+    data_longest_row = check_values(args)  # every experiment trains the same rows
     capabilities = detect_capabilities()
     base = machine_config(args, capabilities)  # on the CPU, every experiment trains the CPU's workload
     results: list[dict[str, Any]] = []
@@ -73,6 +73,7 @@ def command_sweep(args: argparse.Namespace) -> int:
                 warm_workers=workers,
                 metrics=metrics,
                 tags=args.tags,
+                data_longest_row=data_longest_row,
             )
             # the sweep's entry: the run's result with why it did not train, one line
             reason = result.error.message.splitlines()[0] if result.error else ""

@@ -241,7 +241,7 @@ def command_tune(args: argparse.Namespace) -> int:
     _check_numbers(args)
     only = _parse_search(args.search)
     given_memory = _given_memory(args)
-    check_values(args)
+    data_longest_row = check_values(args)
     capabilities = detect_capabilities()
     base = machine_config(args, capabilities)
     unsupported = machine_unsupported_reason(base, capabilities)
@@ -297,7 +297,15 @@ def command_tune(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
 
-    def trial(config: RunConfig, *, store: HistoryStore, log_dir: Path, name: str, search_id: int) -> RunResult:
+    def trial(
+        config: RunConfig,
+        *,
+        store: HistoryStore,
+        log_dir: Path,
+        name: str,
+        search_id: int,
+        data_longest_row: int | None = None,
+    ) -> RunResult:
         return run_recorded(
             config,
             store,
@@ -309,6 +317,7 @@ def command_tune(args: argparse.Namespace) -> int:
             metrics=metrics,
             search_id=search_id,
             tags=args.tags,
+            data_longest_row=data_longest_row,
         )
 
     def trial_done(done: Any, progress: Any) -> None:
@@ -362,6 +371,7 @@ def command_tune(args: argparse.Namespace) -> int:
             stop=stop,
             objective=args.objective,
             search_id=start_search(store, "tune", base),
+            data_longest_row=data_longest_row,
         )
     summary = tune_json(outcome, base=base, space=space, budget_s=budget_s, trial_steps=args.trial_steps, held=held)
     why = {

@@ -296,11 +296,3 @@ def length_histogram(lengths: Sequence[int], seq_len: int) -> dict[str, int]:
         low = edge + 1
     histogram[f"{low}+"] = sum(1 for length in lengths if length >= low)
     return histogram
-
-
-def padded_length(lengths: Sequence[int], config: Any) -> int:
-    """The longest batch's length, which bounds a run's peak memory: `seq_len` when every row is padded to it or
-    rows are packed into it, else the longest row (truncated at `seq_len`)."""
-    if config.padding != "longest":
-        return int(config.seq_len)
-    return min(int(config.seq_len), max(lengths, default=1))

@@ -18,6 +18,7 @@ from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.measure.samples import GpuSample, Sample
 from gpuanat.core.measure.startup import startup_progress, startup_status
 from gpuanat.core.memory.compiled import compile_unpredicted_reason
+from gpuanat.core.memory.data_length import at_data_length
 from gpuanat.core.memory.model_config import UnreadableModel
 from gpuanat.core.memory.predict import CUDA_CONTEXT_BYTES, cuda_context_bytes, estimate_memory, peak_reserved_bytes
 from gpuanat.core.operations.anatomy import operations_anatomy
@@ -222,12 +223,14 @@ class LaunchPainter:
 
     # --- the configured run, the operations, a run's result ---------------------------------------------
     def show_techniques(self) -> None:
-        """Show the configured run: its techniques and its predicted memory."""
+        """Show the configured run: its techniques and its predicted memory, of a --data run at its longest batch's
+        length once a worker has read the data (until then at --seq-len)."""
         dashboard = self._dashboard
         config, last_result = dashboard.config, dashboard.last_result
+        sized = at_data_length(config, dashboard.run_control.data_lengths.known(config))
         try:
             validate_values(config)
-            estimate = estimate_memory(config)
+            estimate = estimate_memory(sized)
         except (ConfigError, UnreadableModel):  # a --model this model cannot describe: no predicted column
             estimate = None
         # the whole model compiled: the eager bytes model is no prediction of it (on the CPU only the exact tensor bands
@@ -253,6 +256,7 @@ class LaunchPainter:
             device_peak_bytes=None if estimate is None else peak_reserved_bytes(estimate) + context,
             several_gpus=self.gpu_count() > 1,
             not_predicted=not_predicted,
+            predicted_seq_len=sized.seq_len if sized.seq_len != config.seq_len else None,
         )
         dashboard.memory_view.show_predicted(config, estimate, context, self.gpu_total_bytes(), dashboard.compact)
 

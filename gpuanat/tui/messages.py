@@ -95,3 +95,9 @@ class WatchSaved(Message):
 
     run_id: int | None
     failure: str | None
+
+
+@dataclass
+class DataLengthRead(Message):
+    """--data's rows were read for the configured run's prediction (`data_lengths.DataLengths`): the panel repaints at
+    the data's length."""

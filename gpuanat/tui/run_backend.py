@@ -47,6 +47,8 @@ class RunHooks:
     """The dashboard's sampler while it runs: the run listens to it instead of reading NVML again."""
     profile_ops_steps: int = 0
     """Steps each run profiles for the operations anatomy; 0: none."""
+    data_longest_row: int | None = None
+    """--data's longest row in tokens, which sizes the prediction stored with each run (`core.memory.data_length`)."""
 
 
 class RunBackend(Protocol):
@@ -128,7 +130,7 @@ class LocalRunBackend:
 
     def _options(self, hooks: RunHooks) -> dict[str, Any]:
         """What every run is given besides its config: the environment (asking the probe to profile its operations
-        after `O`), the dashboard's sampler, the prepared worker and the metrics endpoint."""
+        after `O`), the dashboard's sampler, the prepared worker, the metrics endpoint and --data's longest row."""
         env = self._run_env
         if hooks.profile_ops_steps:
             env = {**(os.environ if env is None else env), PROFILE_OPS_VARIABLE: str(hooks.profile_ops_steps)}
@@ -139,6 +141,7 @@ class LocalRunBackend:
             "on_start": hooks.on_start,
             "stop_requested": hooks.stop_requested,
             "log_dir": self.db_path.parent / "logs",
+            "data_longest_row": hooks.data_longest_row,
         }
         if self.warm_workers is not None:
             options["warm_workers"] = self.warm_workers

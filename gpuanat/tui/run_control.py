@@ -24,6 +24,7 @@ from gpuanat.core.run.session import SharedSampler
 from gpuanat.core.thread_names import name_native_thread
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.protocol import Event
+from gpuanat.tui.data_lengths import DataLengths
 from gpuanat.tui.messages import CapabilitiesFound, RunFinished, RunStarted
 from gpuanat.tui.run_backend import RunBackend, RunHooks
 
@@ -50,6 +51,10 @@ class RunControl:
         self._idle.set()
         self.profile_ops_steps = 0
         """Steps each run profiles for the operations anatomy (`O`); 0: none."""
+        self.data_lengths = DataLengths(
+            self.post, lambda work: self._start_worker(work, "gpuanat-data-lengths", "data-lengths")
+        )
+        """--data's longest row, which sizes the configured run's prediction and each run's."""
 
     def post(self, message: Message) -> None:
         """Hand a message to the dashboard (from any thread)."""
@@ -98,7 +103,8 @@ class RunControl:
 
     def hooks(self, live: LiveRun) -> RunHooks:
         """What the run of `live` is given: its events' way to the inbox, its start, its stop, the dashboard's
-        sampler while it runs, and the operations profiling chosen with `O`."""
+        sampler while it runs, the operations profiling chosen with `O`, and its --data's longest row (read here if
+        it was not yet: called in the run's worker)."""
         return RunHooks(
             on_event=self.on_event,
             on_start=self.started,
@@ -106,6 +112,7 @@ class RunControl:
             requested_monotonic_s=live.parent_points.get(REQUESTED),
             shared_sampler=self._shared_sampler(),
             profile_ops_steps=self.profile_ops_steps,
+            data_longest_row=self.data_lengths.read(live.config),
         )
 
     def prepare_worker(self, config: RunConfig) -> None:

@@ -28,12 +28,14 @@ FIT_MAX_BATCH = 1024
 def fit_search(control: RunControl, live: LiveRun, gpu_total: int | None) -> None:
     """The largest batch that trains, from the predicted largest batch on a GPU of `gpu_total` bytes."""
     try:
-        starting = fit_start(live.config, gpu_total or None)  # a replay takes a second: not on the UI thread
+        hooks = control.hooks(live)  # (reads --data's lengths if the panel has not yet)
+        # a replay takes a second: not on the UI thread
+        starting = fit_start(live.config, gpu_total or None, hooks.data_longest_row)
         start = starting.batch_size
         control.post(FitStarting(start, starting.method))
         fit = control.backend.fit(
             live.config,
-            control.hooks(live),
+            hooks,
             start=start,
             trial_steps=FIT_TRIAL_STEPS,
             max_batch=FIT_MAX_BATCH,

@@ -27,7 +27,7 @@ from gpuanat.core.measure.gpus import GpuChoice
 from gpuanat.core.measure.run_state import RankEvents, rank_status
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.measure.startup import time_to_first_step_s, wall_breakdown
-from gpuanat.core.memory.predict import prediction
+from gpuanat.core.memory.data_length import data_prediction
 from gpuanat.core.operations.anatomy import operations_anatomy
 from gpuanat.core.percent import percent_delta
 from gpuanat.core.vocabulary.config import RunConfig
@@ -251,9 +251,12 @@ def build_result(
     ranks: Mapping[int, RankRecord] | None = None,
     gpus: GpuChoice | None = None,
     parent_points: Mapping[str, float] | None = None,
+    data_longest_row: int | None = None,
 ) -> RunResult:
     """The run's result, the JSON contract of `gpuanat run --json`. The top level is rank 0's (its memory, its
-    bands); samples and steady samples/s are the whole run's (every rank's summed); `ranks` has one entry per rank."""
+    bands); samples and steady samples/s are the whole run's (every rank's summed); `ranks` has one entry per rank.
+    Its prediction is at the length of --data's longest batch where `data_longest_row` (tokens) is given, as
+    `gpuanat predict`'s (`memory.data_length`)."""
     ranks = {0: state, **(ranks or {})}
     done = state.done
     status = _status(state, ranks)
@@ -282,8 +285,9 @@ def build_result(
         unavailable["mfu"] = speed.reason or "not measured"
     if speed.achieved_tflops is None:
         unavailable["achieved_tflops"] = speed.reason or "not measured"
-    predicted = prediction(
-        config.replace(gpus=str(len(gpus.gpus))) if gpus is not None and config.ranks is None else config
+    predicted = data_prediction(
+        config.replace(gpus=str(len(gpus.gpus))) if gpus is not None and config.ranks is None else config,
+        data_longest_row,
     )
     result = RunResult(
         run_id=run_id,

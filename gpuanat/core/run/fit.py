@@ -18,6 +18,7 @@ from typing import Any
 
 from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.compiled import compile_unpredicted_reason
+from gpuanat.core.memory.data_length import at_data_length
 from gpuanat.core.memory.predict import unreadable_model_reason
 from gpuanat.core.run.session import execute_run
 from gpuanat.core.store.history import HistoryStore
@@ -64,11 +65,13 @@ class FitStart:
         return " (the prediction)" if self.method is not None else ""
 
 
-def fit_start(config: RunConfig, gpu_memory_bytes: int | None) -> FitStart:
+def fit_start(config: RunConfig, gpu_memory_bytes: int | None, data_longest_row: int | None = None) -> FitStart:
     """The batch the search starts from on a GPU of `gpu_memory_bytes` (None: not known): the largest predicted to
-    fit; for the whole model compiled, never its own prediction (there is none) but eager's; else `config`'s batch."""
+    fit; for the whole model compiled, never its own prediction (there is none) but eager's; else `config`'s batch.
+    A --data run is predicted at its longest batch's length, its rows at most `data_longest_row` tokens."""
     if gpu_memory_bytes is None or unreadable_model_reason(config) is not None:
         return FitStart(config.batch_size, None, None)
+    config = at_data_length(config, data_longest_row)
     if compile_unpredicted_reason(config) is not None:
         eager = largest_batch(config.replace(compile=False), gpu_memory_bytes).batch_size
         return FitStart(eager, None, "eager") if eager else FitStart(config.batch_size, None, None)

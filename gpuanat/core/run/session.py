@@ -100,6 +100,7 @@ def execute_run(
     metrics: RunMetrics | None = None,
     search_id: int | None = None,
     tags: Sequence[str] = (),
+    data_longest_row: int | None = None,
 ) -> RunResult:
     """Train `config` in a child process, record it, return its result.
 
@@ -117,7 +118,8 @@ def execute_run(
     `shared_sampler` the run samples through it (`sampler_factory` unused); `trace_path` needs a sampler of the run's
     own. With `warm_workers`, a worker prepared ahead takes the run when it can (gpuanat.core.run.warm; the result's
     `start` says whether and why not), and the next one is prepared. `metrics` is told the run's start, events,
-    samples and result (a Prometheus endpoint reads it: gpuanat.core.export).
+    samples and result (a Prometheus endpoint reads it: gpuanat.core.export). `data_longest_row`: --data's longest
+    row in tokens, from the parent's data check, which sizes the prediction stored with the run (`build_result`).
     """
     if shared_sampler is not None and trace_path is not None:
         raise ValueError("trace_path records the run's own sampler: it cannot be given with shared_sampler")
@@ -263,7 +265,16 @@ def execute_run(
     for rank in range(rank_count):  # a rank that never said anything is still one of the run's
         ranks.setdefault(rank, RankRecord(gpu_index=gpu_of(rank)))
     result = build_result(
-        run_id, config, state, nvml, log_path, name=name, ranks=ranks, gpus=choice, parent_points=parent_points
+        run_id,
+        config,
+        state,
+        nvml,
+        log_path,
+        name=name,
+        ranks=ranks,
+        gpus=choice,
+        parent_points=parent_points,
+        data_longest_row=data_longest_row,
     )
     result.start = start.to_json()
     # The same training eager, or on one GPU, from the history (the compile and scaling findings); a busy history

@@ -90,6 +90,14 @@ class Prediction(JsonRecord):
     """`checked` (measurements held the model for this configuration) or `unchecked`."""
     caveat: str | None = None
     """What no measurement has checked; None when `confidence` is checked."""
+    seq_len: int | None = None
+    """The sequence length predicted at where it is not --seq-len: a --data run's longest batch
+    (`memory.data_length`); None, and not written, at --seq-len."""
+
+    @classmethod
+    def default_keys(cls) -> tuple[str, ...]:
+        """`seq_len` is written once set: a prediction at --seq-len writes the keys it always wrote."""
+        return tuple(key for key in super().default_keys() if key != "seq_len")
 
 
 @dataclass

@@ -43,6 +43,7 @@ from gpuanat.tui.live_charts import LiveCharts, live_charts
 from gpuanat.tui.memory_view import MemoryView
 from gpuanat.tui.messages import (
     CapabilitiesFound,
+    DataLengthRead,
     FitFinished,
     FitStarting,
     FitTrialDone,
@@ -296,6 +297,9 @@ class LaunchDashboard(DashboardScreen):
     # --- messages from the workers, each handed to its concern's helper ---------------------------------
     def on_capabilities_found(self, message: CapabilitiesFound) -> None:
         self.technique_keys.capabilities_found(message)
+
+    def on_data_length_read(self, message: DataLengthRead) -> None:
+        self.painter.show_techniques()  # the prediction at the data's length
 
     def on_run_started(self, message: RunStarted) -> None:
         self.run_keys.started(message)

@@ -110,6 +110,8 @@ class TechniquesPanel(Widget):
         self._caveat: str | None = None
         self._not_predicted: str | None = None
         """Why the configured run has no prediction at all (the whole model compiled), said in its place."""
+        self._predicted_seq_len: int | None = None
+        """The length predicted at where it is not --seq-len: a --data run's longest batch."""
         self._several_gpus = False
         self._available_lines: int | None = None
         """The lines the panel's container leaves it (None until laid out): rows at their defaults fold into one
@@ -135,12 +137,15 @@ class TechniquesPanel(Widget):
         device_peak_bytes: int | None,
         several_gpus: bool = False,
         not_predicted: str | None = None,
+        predicted_seq_len: int | None = None,
     ) -> None:
         """`device_peak_bytes`: the predicted peak (of one rank) with the allocator's cache and the CUDA context;
         `several_gpus`: show the GPU and distributed rows; `not_predicted`: why there is no prediction (with
-        `estimate` None), the whole of it in the tooltip."""
+        `estimate` None), the whole of it in the tooltip; `predicted_seq_len`: the length `estimate` is at where it is
+        not --seq-len (a --data run's longest batch), said under the prediction."""
         self._config, self._capabilities, self._estimate = config, capabilities, estimate
         self._not_predicted = not_predicted
+        self._predicted_seq_len = predicted_seq_len if estimate is not None else None
         self._gpu_total_bytes, self._device_peak_bytes = gpu_total_bytes, device_peak_bytes
         self._several_gpus = several_gpus or config.ranks != 1
         # What no measurement checked of this prediction (a decoder in fp32, FSDP2 on 8 GPUs, …): said beside it
@@ -151,6 +156,14 @@ class TechniquesPanel(Widget):
             [f"{flag}: {reason}" for flag, reason in reasons]
             + ([f"prediction unchecked: {self._caveat}"] if self._caveat else [])
             + ([f"no prediction: {not_predicted}"] if not_predicted else [])
+            + (
+                [
+                    f"predicted at seq {self._predicted_seq_len}: the longest of --data's rows (--padding longest), "
+                    f"as gpuanat predict sizes it; --seq-len {config.seq_len} truncates longer rows"
+                ]
+                if self._predicted_seq_len is not None
+                else []
+            )
         )
         self.tooltip = Text(printable(tooltip, keep="\n")) if tooltip else None
         self.refresh(layout=True)
@@ -242,6 +255,9 @@ class TechniquesPanel(Widget):
         elif self._capabilities is None:
             lines.add_row(Text("checking what this machine can run…", style=muted))
         lines.add_row(prediction)
+        length_line = self._length_line()
+        if length_line is not None:
+            lines.add_row(length_line)
         return lines
 
     def _rows_to_fold(
@@ -259,7 +275,13 @@ class TechniquesPanel(Widget):
         width = self.size.width
         wraps = width and not prediction.no_wrap  # "… will not fit" wraps; the CPU's line is cut
         prediction_lines = -(-prediction.cell_len // width) if wraps else 1
-        extra_lines = prediction_lines + unavailable_line + (not self.compact) + (self._capabilities is None)
+        extra_lines = (
+            prediction_lines
+            + (self._predicted_seq_len is not None)
+            + unavailable_line
+            + (not self.compact)
+            + (self._capabilities is None)
+        )
         overflow = len(rows) + extra_lines - self._available_lines
         if overflow <= 0:
             return set()
@@ -303,3 +325,15 @@ class TechniquesPanel(Widget):
             if device_peak > self._gpu_total_bytes:
                 text.append("  will not fit", style=self.get_component_rich_style("techniques-panel--warning"))
         return text
+
+    def _length_line(self) -> Text | None:
+        """ "at seq 11: --data's longest row", under the prediction where it is at another length than
+        --seq-len (a --data run's longest batch); why, in the tooltip."""
+        if self._predicted_seq_len is None:
+            return None
+        return Text(
+            f"at seq {self._predicted_seq_len}: --data's longest row",
+            style=self.get_component_rich_style("techniques-panel--muted"),
+            overflow="ellipsis",
+            no_wrap=True,
+        )

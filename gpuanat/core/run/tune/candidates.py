@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpuanat.core.memory.allocation_templates import largest_batch
-from gpuanat.core.memory.predict import prediction, unreadable_model_reason
+from gpuanat.core.memory.data_length import at_data_length, data_prediction
+from gpuanat.core.memory.predict import unreadable_model_reason
 from gpuanat.core.run.tune.result import Pruned, TuneTrial
 from gpuanat.core.run.tune.space import DIMENSION_FIELDS, MEMORY_MARGIN_FRACTION, SearchSpace, searched_fields
 from gpuanat.core.vocabulary.config import RunConfig
@@ -54,10 +55,12 @@ def _powers_of_two(limit: int) -> list[int]:
 class Predictor:
     """The memory prediction, asked the same questions many times: answers kept. For the whole model compiled (the
     user's --compile, never a candidate of the search) the largest batch is eager's, no bound (`largest_batch`
-    reads it from the eager bytes model), and no peak is predicted."""
+    reads it from the eager bytes model), and no peak is predicted. A --data run's candidates are predicted at the
+    length of its longest batch, whose rows are at most `data_longest_row` tokens (`memory.data_length`)."""
 
-    def __init__(self, space: SearchSpace) -> None:
+    def __init__(self, space: SearchSpace, data_longest_row: int | None = None) -> None:
         self.space = space
+        self.data_longest_row = data_longest_row
         self._largest: dict[RunConfig, int] = {}
 
     def largest_fitting(self, config: RunConfig) -> int | None:
@@ -65,7 +68,7 @@ class Predictor:
         usable = self.space.usable_memory_bytes
         if usable is None or unreadable_model_reason(config) is not None:
             return None
-        key = config.replace(batch_size=1)
+        key = at_data_length(config, self.data_longest_row).replace(batch_size=1)
         if key not in self._largest:
             self._largest[key] = largest_batch(key, usable).batch_size
         return self._largest[key]
@@ -74,9 +77,8 @@ class Predictor:
         largest = self.largest_fitting(config)
         return largest is None or config.batch_size <= largest
 
-    @staticmethod
-    def peak_device_bytes(config: RunConfig) -> int | None:
-        predicted = prediction(config)
+    def peak_device_bytes(self, config: RunConfig) -> int | None:
+        predicted = data_prediction(config, self.data_longest_row)
         return predicted.peak_device_bytes if predicted is not None else None
 
 

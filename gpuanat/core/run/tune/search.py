@@ -124,6 +124,7 @@ def run_tune(
     clock: Callable[[], float] = time.monotonic,
     noise: float = NOISE_FRACTION,
     objective: str = "throughput",
+    data_longest_row: int | None = None,
     **run_options: Any,
 ) -> TuneResult:
     """Search from `base` (the workload, and every technique the user fixed) within `space`, each trial a real run
@@ -131,9 +132,12 @@ def run_tune(
     Stops when no move helps, when the next trial would not end within `budget_s` (estimated from the trials
     done), or when `stop` is set — returning what was found so far each time. `on_kept` gets each trial moved
     to and its gain over the best before it (a fraction; 0 for the start). `objective`: what a move must improve,
-    steady samples/s ("throughput") or samples a joule ("energy", `TuneTrial.rate`)."""
+    steady samples/s ("throughput") or samples a joule ("energy", `TuneTrial.rate`). `data_longest_row`: --data's
+    longest row in tokens, which sizes the candidates' predictions and each trial's (`memory.data_length`)."""
     started_s = clock()
-    predictor = Predictor(space)
+    predictor = Predictor(space, data_longest_row)
+    if data_longest_row is not None:
+        run_options = {**run_options, "data_longest_row": data_longest_row}
     search = Search(base, space, predictor)
     result = TuneResult(objective=objective)
     reported_pruned: set[RunConfig] = set()
