@@ -98,10 +98,13 @@ class GpuSample:
     memory_clock_mhz: int | None = None
     clocks_event_reasons: int | None = None
     """NVML's clocks event (throttle) reasons bitmask (`gpm.throttle_names`)."""
+    nvml_error: str | None = None
+    """What failed where this GPU has no readings: "GPU 1 lost (NVML: GPU is lost)", "GPU 0 not answering (an NVML
+    call has waited 3 s)" (`nvml_guard`); None while it answers."""
 
     def to_json(self) -> dict[str, Any]:
         fields = _flat_fields(self)  # taken at every sample: not dataclasses.asdict, which deep-copies each field
-        for name in ACTIVITY_READINGS:  # traces recorded without them stay as they were
+        for name in (*ACTIVITY_READINGS, "nvml_error"):  # traces recorded without them stay as they were
             if fields[name] is None:
                 del fields[name]
         fields["processes"] = [_flat_fields(process) for process in self.processes]

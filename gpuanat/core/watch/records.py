@@ -141,6 +141,7 @@ class WatchRecords:
                     "temperature_c": gpu.temperature_c,
                     **{name: getattr(gpu, name) for name in ACTIVITY_READINGS},
                     "throttle_reasons": throttle_names(gpu.clocks_event_reasons),
+                    "nvml_error": gpu.nvml_error,
                 }
             )
         gpu_memory_reason = None
