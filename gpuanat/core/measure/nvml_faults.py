@@ -104,7 +104,7 @@ class TraceNvml:
         power_w = self._gpu(handle)["power_w"]
         if power_w is None:
             raise self._not_recorded()
-        return round(power_w * 1000)
+        return round(float(power_w) * 1000)
 
     def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> float:
         temperature = self._gpu(handle)["temperature_c"]
@@ -113,7 +113,8 @@ class TraceNvml:
         return float(temperature)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        return [_Reading(pid=entry["pid"], usedGpuMemory=entry["used_bytes"]) for entry in self._gpu(handle)["processes"]]
+        processes = self._gpu(handle)["processes"]
+        return [_Reading(pid=entry["pid"], usedGpuMemory=entry["used_bytes"]) for entry in processes]
 
     def nvmlDeviceGetProcessUtilization(self, handle: int, since_us: int) -> list[Any]:
         entries = self._gpu(handle).get("process_utilization")

@@ -3,7 +3,8 @@
 A call into NVML cannot be interrupted. `NvmlGuard.run` hands each read to a thread of its own ("gpuanat-nvml") and
 waits at most `deadline_s`: past it, the read is left running and `run` returns None at once until it returns, so
 the sampler, `watch --json` and the dashboard go on with samples that say the GPU is not answering. `device_fault`
-tells the NVML errors that mean the GPU (or the driver) is gone from those that mean one reading is missing.
+tells the NVML errors that mean the GPU (or the driver) is gone from those that mean one reading is missing;
+`GpuFaultLog` sums up the faults a run's samples carried, for its result.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuanat.core.measure.samples import Sample
 from gpuanat.core.thread_names import name_native_thread
 
 NVML_DEADLINE_S = 2.0
@@ -34,7 +36,7 @@ and what each says of the GPU."""
 
 
 def device_fault(index: int, error: Exception) -> str | None:
-    """"GPU 1 lost (NVML: GPU is lost)" where `error` says the GPU or the driver failed; None for any other error."""
+    """ "GPU 1 lost (NVML: GPU is lost)" where `error` says the GPU or the driver failed; None for any other error."""
     state = DEVICE_FAULTS.get(type(error).__name__)
     return f"GPU {index} {state} (NVML: {error})" if state is not None else None
 
@@ -101,3 +103,31 @@ class NvmlGuard:
                 call.error = error
             self.cpu_seconds += time.thread_time() - started
             call.done.set()
+
+
+FAULTS_KEPT = 16
+"""The distinct faults a `GpuFaultLog` counts; a fault past them is counted with the samples only."""
+
+
+class GpuFaultLog:
+    """The GPU faults a run's samples carried (`GpuSample.nvml_error`), each with the samples it was in."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._samples = 0
+        self._faulty_at_end = False
+
+    def observe(self, sample: Sample) -> None:
+        self._samples += 1
+        faults = [gpu.nvml_error for gpu in sample.gpus if gpu.nvml_error]
+        for fault in faults:
+            if fault in self._counts or len(self._counts) < FAULTS_KEPT:
+                self._counts[fault] = self._counts.get(fault, 0) + 1
+        self._faulty_at_end = bool(faults)
+
+    def summary(self) -> str | None:
+        """ "GPU 1 lost (NVML: GPU is lost) in 10 of 40 samples; recovered", or None where no sample had a fault."""
+        if not self._counts:
+            return None
+        faults = "; ".join(f"{fault} in {count} of {self._samples} samples" for fault, count in self._counts.items())
+        return f"{faults}; {'still failing at the end' if self._faulty_at_end else 'recovered'}"

@@ -75,13 +75,13 @@ def _unavailable(reason: str) -> NvmlStatus:
 
 def probe_nvml(nvml: Any = None) -> NvmlStatus:
     """Initialise NVML (`nvml`, default: `pynvml`), describe what it sees and shut it down again. Never raises."""
-    if nvml is not None:
-        pynvml = nvml
-    else:
+    pynvml: Any = nvml
+    if pynvml is None:
         try:
-            import pynvml
+            import pynvml as default_nvml
         except ImportError:
             return _unavailable("pynvml is not installed (pip install nvidia-ml-py)")
+        pynvml = default_nvml
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as error:
@@ -206,6 +206,7 @@ class NvmlSource:
         self._energy_read_at_s = -math.inf
         self._energy_due = True
         self._guard = NvmlGuard(deadline_s)
+        self._deadline_s = deadline_s
         self._faults: dict[int, str] = {}
         """Per GPU, what failed at its last read ("GPU 1 lost (NVML: GPU is lost)"), until it answers again."""
         self._reinit_at_s = -math.inf
@@ -226,12 +227,11 @@ class NvmlSource:
     def _not_answering(self) -> tuple[GpuSample, ...]:
         """The GPUs while an NVML call has not returned: no readings, and which GPU it waits on."""
         stuck = self._reading_index
-        waited_s = self._guard.stuck_for_s or 0.0
         return tuple(
             _no_readings(
                 index,
                 name,
-                f"GPU {index} not answering (an NVML call has waited {waited_s:.0f} s)"
+                f"GPU {index} not answering (an NVML call did not return within {self._deadline_s:g} s)"
                 if index == stuck or stuck is None
                 else f"GPU {index} not read (NVML is waiting on GPU {stuck})",
             )

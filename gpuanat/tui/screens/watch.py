@@ -250,8 +250,12 @@ class WatchDashboard(DashboardScreen):
             for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
                 chart.refresh_data(now_s)
             self._process_panel.show(self.last_record, self.target.command or self.target.name)
+            latest_gpus = latest.get("gpus", []) if latest is not None else []
             self.status_line.show(
-                nvml=self.nvml, run_state=self.state_text, sampler_cpu_percent=self._sampler_cpu_percent()
+                nvml=self.nvml,
+                run_state=self.state_text,
+                sampler_cpu_percent=self._sampler_cpu_percent(),
+                gpu_faults=tuple(gpu["nvml_error"] for gpu in latest_gpus if gpu.get("nvml_error")),
             )
 
     def _add_record(self, record: dict[str, Any]) -> None:
