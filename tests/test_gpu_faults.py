@@ -2,7 +2,7 @@
 
 No GPU here: NVML is an H200 pair recorded under DDP (tests/data/h200x2_ddp_trace.jsonl) played back through pynvml's
 names (GPUANAT_NVML_REPLAY), and a fault plan (GPUANAT_NVML_FAULTS) makes its calls fail — the GPU lost, an unknown
-error, a timeout, a call that blocks as a driver that stops answering — in a real `gpuanat watch --json`, a real
+error, a timeout, a call that blocks as a driver that stops answering, an XID the driver reports — in a real `gpuanat watch --json`, a real
 `gpuanat run` and the real dashboard headless.
 """
 
@@ -36,6 +36,7 @@ def fault_env(tmp_path: Path, faults: list[dict]) -> dict[str, str]:
 def test_watch_json_goes_on_through_each_nvml_fault_names_the_gpu_and_recovers(tmp_path):
     faults = [
         {"gpu": 1, "error": "GPU_IS_LOST", "from_sample": 5, "until_sample": 12},
+        {"gpu": 1, "xid": 79, "from_sample": 5},
         {"gpu": 0, "error": "UNKNOWN", "from_sample": 15, "until_sample": 18},
         {"gpu": 1, "error": "TIMEOUT", "from_sample": 21, "until_sample": 24},
         {"gpu": 0, "block_s": 4.0, "from_sample": 27},
@@ -76,6 +77,11 @@ def test_watch_json_goes_on_through_each_nvml_fault_names_the_gpu_and_recovers(t
         after = records[last + 1]["gpus"]
         assert [gpu["nvml_error"] for gpu in after] == [None, None]
         assert all(gpu["used_bytes"] is not None and gpu["total_bytes"] for gpu in after)
+    # the driver's XID, carried by GPU 1's records from the sample that read it on (a minute: the whole watch)
+    xids = [(record["gpus"][0]["xid_errors"], record["gpus"][1]["xid_errors"]) for record in records]
+    assert xids[:5] == [(None, None)] * 5
+    assert all(pair == (None, [79]) for pair in xids[5:] if pair[1] is not None)
+    assert sum(pair == (None, [79]) for pair in xids) >= len(records) - 5 - len(blocked)
     # records went on: one gap of the deadline where the call blocked, else the interval
     times = [record["t"] for record in records]
     gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
@@ -112,6 +118,7 @@ async def test_the_dashboard_keeps_painting_while_nvml_blocks_and_says_which_gpu
         tmp_path,
         [
             {"gpu": 1, "error": "GPU_IS_LOST", "from_sample": 3, "until_sample": 10},
+            {"gpu": 1, "xid": 79, "from_sample": 3},
             {"gpu": 0, "block_s": 6.0, "from_sample": 20},
         ],
     ).items():
@@ -124,6 +131,7 @@ async def test_the_dashboard_keeps_painting_while_nvml_blocks_and_says_which_gpu
             return dashboard.status_line.render().plain
 
         await wait_for(pilot, lambda: "GPU 1 lost (NVML: GPU is lost)" in status(), timeout_s=30, what="GPU 1 lost")
+        assert "GPU 1 reported XID 79 (GPU has fallen off the bus)" in status()
         await wait_for(pilot, lambda: "lost" not in status(), timeout_s=30, what="GPU 1 back")
         await wait_for(pilot, lambda: "GPU 0 not answering" in status(), timeout_s=30, what="the blocked call")
         # NVML's call is still blocked (6 s): the paint tick goes on, painting the samples that say so

@@ -124,7 +124,7 @@ class LaunchPainter:
                 nvml=dashboard.nvml,
                 run_state=self.run_state(),
                 sampler_cpu_percent=self._sampler_cpu_percent(),
-                gpu_faults=tuple(gpu.nvml_error for gpu in latest_gpus if gpu.nvml_error),
+                gpu_faults=tuple(fault for gpu in latest_gpus for fault in gpu.faults),
             )
             if samples:
                 latest = charts.latest_sample

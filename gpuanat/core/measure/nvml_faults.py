@@ -10,7 +10,8 @@ Two environment variables, read only by `binding_from_environment` (which `nvml_
   (GPU_IS_LOST, UNKNOWN, TIMEOUT, DRIVER_NOT_LOADED, ...): every call on that GPU (and its handle lookup) raises it
   in the samples `from_sample <= n < until_sample` (no `until_sample`: for good); `gpu` null means every call, NVML's
   initialisation included. `block_s` makes the first call on that GPU from `from_sample` on block that long, as a
-  driver that stops answering. Samples are counted by `NvmlSource`'s reads (`gpuanat_sample_begins`), from 0.
+  driver that stops answering; `xid` has the driver report that XID for the GPU once, at `from_sample`. Samples
+  are counted by `NvmlSource`'s reads (`gpuanat_sample_begins`), from 0.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class TraceNvml:
         self.NVMLError = pynvml.NVMLError
         self.nvmlMemory_v2 = pynvml.nvmlMemory_v2
         self.NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+        self.nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
         self._trace_name = trace.name
         self.samples = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines() if line.strip()]
         self.samples = [sample for sample in self.samples if sample.get("gpus")]
@@ -78,6 +80,21 @@ class TraceNvml:
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         raise self._not_recorded()
+
+    def nvmlEventSetCreate(self) -> object:
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, handle: int, kinds: int, event_set: object) -> None:
+        pass
+
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Any:
+        raise _nvml_error("TIMEOUT")  # a recording has no events: `FaultyNvml` makes them
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        pass
+
+    def nvmlDeviceGetIndex(self, handle: int) -> int:
+        return handle
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.samples[0]["gpus"])
@@ -141,8 +158,9 @@ class Fault:
     from_sample: int
     until_sample: int | None
     error: str | None
-    """An NVML_ERROR_ name of pynvml; None with `block_s`."""
+    """An NVML_ERROR_ name of pynvml; None with `block_s` or `xid`."""
     block_s: float | None
+    xid: int | None = None
 
     def active(self, sample: int) -> bool:
         return self.from_sample <= sample and (self.until_sample is None or sample < self.until_sample)
@@ -159,14 +177,17 @@ def load_plan(path: Path) -> list[Fault]:
                 until_sample=None if entry.get("until_sample") is None else int(entry["until_sample"]),
                 error=None if entry.get("error") is None else str(entry["error"]).upper(),
                 block_s=None if entry.get("block_s") is None else float(entry["block_s"]),
+                xid=None if entry.get("xid") is None else int(entry["xid"]),
             )
             for entry in entries
         ]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: not a fault plan ({type(error).__name__}: {error})") from error
     for fault in faults:
-        if (fault.error is None) == (fault.block_s is None):
-            raise ValueError(f"{path}: each fault needs either an error or block_s")
+        if sum(what is not None for what in (fault.error, fault.block_s, fault.xid)) != 1:
+            raise ValueError(f"{path}: each fault needs one of error, block_s and xid")
+        if fault.xid is not None and fault.gpu is None:
+            raise ValueError(f"{path}: an xid is reported for one GPU: give its gpu")
         if fault.error is not None:
             _nvml_error(fault.error)  # an unknown name is said now, not at the fault
     return faults
@@ -180,6 +201,8 @@ class FaultyNvml:
         self._faults = faults
         self._sleep = sleep
         self._blocked: set[int] = set()
+        """The faults that blocked or reported their XID already (each does once)."""
+        self._handles: dict[int, Any] = {}
         self._index_of: dict[int, int] = {}
         """Each handle's GPU index, by the handle's id (pynvml's handles are ctypes pointers)."""
         self._lock = threading.Lock()
@@ -199,11 +222,15 @@ class FaultyNvml:
         return functools.partial(self._call, name, attribute)
 
     def _call(self, name: str, call: Callable[..., Any], *args: Any) -> Any:
-        if name == "nvmlShutdown":
+        if name in ("nvmlShutdown", "nvmlDeviceGetIndex"):  # NVML answers these from what it holds, not the GPU
             return call(*args)
+        if name == "nvmlEventSetWait_v2" and (event := self._xid_event()) is not None:
+            return event
         gpu = args[0] if name == "nvmlDeviceGetHandleByIndex" else self._index_of.get(id(args[0])) if args else None
         for number, fault in enumerate(self._faults):
             if not fault.active(self.sample) or (fault.gpu is not None and fault.gpu != gpu):
+                continue
+            if fault.xid is not None:
                 continue
             if fault.block_s is not None:
                 with self._lock:
@@ -216,7 +243,20 @@ class FaultyNvml:
         result = call(*args)
         if name == "nvmlDeviceGetHandleByIndex":
             self._index_of[id(result)] = int(args[0])
+            self._handles[int(args[0])] = result
         return result
+
+    def _xid_event(self) -> Any:
+        """The event of an XID fault due now and not yet reported, as nvmlEventSetWait_v2 gives it; else None."""
+        for number, fault in enumerate(self._faults):
+            if fault.xid is not None and fault.active(self.sample) and fault.gpu in self._handles:
+                with self._lock:
+                    if number in self._blocked:
+                        continue
+                    self._blocked.add(number)
+                kind = getattr(self._nvml, "nvmlEventTypeXidCriticalError", 8)
+                return _Reading(device=self._handles[fault.gpu], eventType=kind, eventData=fault.xid, gpuInstanceId=0)
+        return None
 
 
 def binding_from_environment(environ: dict[str, str] | None = None) -> Any:

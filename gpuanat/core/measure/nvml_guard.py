@@ -110,7 +110,8 @@ FAULTS_KEPT = 16
 
 
 class GpuFaultLog:
-    """The GPU faults a run's samples carried (`GpuSample.nvml_error`), each with the samples it was in."""
+    """The GPU faults a run's samples carried (`GpuSample.faults`: NVML errors, XIDs), each with the samples it was
+    in."""
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
@@ -119,7 +120,7 @@ class GpuFaultLog:
 
     def observe(self, sample: Sample) -> None:
         self._samples += 1
-        faults = [gpu.nvml_error for gpu in sample.gpus if gpu.nvml_error]
+        faults = [fault for gpu in sample.gpus for fault in gpu.faults]
         for fault in faults:
             if fault in self._counts or len(self._counts) < FAULTS_KEPT:
                 self._counts[fault] = self._counts.get(fault, 0) + 1

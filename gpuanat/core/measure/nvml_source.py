@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from gpuanat.core.measure.gpm import GpmReader, GpmReading
+from gpuanat.core.measure.nvml_events import XID_CARRY_S, XidReader
 from gpuanat.core.measure.nvml_faults import binding_from_environment
 from gpuanat.core.measure.nvml_guard import NVML_DEADLINE_S, NvmlGuard, device_fault
 from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource, HostProcessMeter
@@ -211,6 +212,10 @@ class NvmlSource:
         """Per GPU, what failed at its last read ("GPU 1 lost (NVML: GPU is lost)"), until it answers again."""
         self._reinit_at_s = -math.inf
         self._reading_index: int | None = None
+        self._xids = XidReader(pynvml, [(index, handle) for index, handle, _name in self._devices])
+        self._recent_xids: dict[int, tuple[float, tuple[int, ...]]] = {}
+        """Per GPU, when the driver last reported XIDs and which (the last 8), carried for `XID_CARRY_S`."""
+        self._now_s = 0.0
 
     @property
     def helper_cpu_seconds(self) -> float:
@@ -246,6 +251,10 @@ class NvmlSource:
         if self._faults and t_s - self._reinit_at_s >= REINIT_S:
             self._reinit_at_s = t_s
             self._reinitialise()
+        self._now_s = t_s
+        for index, xids in self._xids.read().items():
+            _at, earlier = self._recent_xids.get(index, (t_s, ()))
+            self._recent_xids[index] = (t_s, (*earlier, *xids)[-8:])
         if self._per_process and t_s - self._process_utilization_read_at_s >= PROCESS_UTILIZATION_REFRESH_S:
             self._process_utilization_read_at_s = t_s
             self._process_utilization = {
@@ -281,6 +290,12 @@ class NvmlSource:
                 self._gpm[index] = GpmReader(nvml, handle)
             devices.append((index, handle, name))
         self._devices = devices
+        self._xids.close()
+        self._xids = XidReader(nvml, [(index, handle) for index, handle, _name in devices])
+
+    def _xid_errors(self, index: int) -> tuple[int, ...] | None:
+        at_s, xids = self._recent_xids.get(index, (-math.inf, ()))
+        return xids if self._now_s - at_s <= XID_CARRY_S else None
 
     def _read_gpu(self, index: int, handle: Any, name: str) -> GpuSample:
         nvml = self._nvml
@@ -290,7 +305,7 @@ class NvmlSource:
         except nvml.NVMLError as error:
             fault = device_fault(index, error) or f"GPU {index} not read (NVML: {error})"
             self._faults[index] = fault
-            return _no_readings(index, name, fault)
+            return dataclasses.replace(_no_readings(index, name, fault), xid_errors=self._xid_errors(index))
         if self._faults.pop(index, None) is not None:  # back: its GPM counters start over
             self._gpm[index].close()
             self._gpm[index] = GpmReader(nvml, handle)
@@ -316,6 +331,7 @@ class NvmlSource:
                 for process in processes
             ),
             process_utilization=self._process_utilization.get(index),
+            xid_errors=self._xid_errors(index),
             **self._read_activity(index, handle),
         )
 
@@ -391,6 +407,7 @@ class NvmlSource:
     def _close_nvml(self) -> bool:
         for reader in self._gpm.values():
             reader.close()
+        self._xids.close()
         _shutdown_nvml(self._nvml)
         return True
 

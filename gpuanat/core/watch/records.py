@@ -142,6 +142,7 @@ class WatchRecords:
                     **{name: getattr(gpu, name) for name in ACTIVITY_READINGS},
                     "throttle_reasons": throttle_names(gpu.clocks_event_reasons),
                     "nvml_error": gpu.nvml_error,
+                    "xid_errors": list(gpu.xid_errors) if gpu.xid_errors is not None else None,
                 }
             )
         gpu_memory_reason = None
