@@ -2,12 +2,13 @@
 
 No GPU here: NVML is an H200 pair recorded under DDP (tests/data/h200x2_ddp_trace.jsonl) played back through pynvml's
 names (GPUANAT_NVML_REPLAY), and a fault plan (GPUANAT_NVML_FAULTS) makes its calls fail — the GPU lost, an unknown
-error, a timeout, a call that blocks as a driver that stops answering, an XID the driver reports — in a real `gpuanat watch --json`, a real
-`gpuanat run` and the real dashboard headless.
+error, a timeout, a call that blocks as a driver that stops answering, an XID the driver reports — in a real
+`gpuanat watch --json`, a real `gpuanat run` and the real dashboard headless.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from test_tui import TINY, wait_for
 from gpuanat.core.measure.nvml_faults import FAULTS_VARIABLE, REPLAY_VARIABLE
 from gpuanat.core.measure.nvml_guard import NVML_DEADLINE_S
 from gpuanat.core.measure.nvml_source import open_source
+from gpuanat.core.measure.process_tree import HostOnlySource
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp
 
@@ -69,7 +71,7 @@ def test_watch_json_goes_on_through_each_nvml_fault_names_the_gpu_and_recovers(t
     assert unknown == list(range(15, 18))
     assert timeout == list(range(21, 24))
     assert len(blocked) >= 5  # 2 s of the 4 s block at 0.1 s, past the deadline
-    assert all("GPU 1 not read (NVML is waiting on GPU 0)" == errors[at][1] for at in blocked)
+    assert all(errors[at][1] == "GPU 1 not read (NVML is waiting on GPU 0)" for at in blocked)
     # while one GPU failed, the other was read; after each fault, both were read again
     assert all(records[at]["gpus"][0]["used_bytes"] is not None for at in lost + timeout)
     assert all(records[at]["gpus"][1]["used_bytes"] is not None for at in unknown)
@@ -84,7 +86,7 @@ def test_watch_json_goes_on_through_each_nvml_fault_names_the_gpu_and_recovers(t
     assert sum(pair == (None, [79]) for pair in xids) >= len(records) - 5 - len(blocked)
     # records went on: one gap of the deadline where the call blocked, else the interval
     times = [record["t"] for record in records]
-    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert max(gaps) < NVML_DEADLINE_S + 1.0
     assert sum(gap > 1.0 for gap in gaps) == 1
     assert times[-1] >= 9.0 and took_s < 30
@@ -147,3 +149,19 @@ async def test_the_dashboard_keeps_painting_while_nvml_blocks_and_says_which_gpu
         await wait_for(pilot, lambda: "not answering" not in status(), timeout_s=30, what="NVML answering again")
         latest = dashboard.live_charts.latest_sample
         assert all(gpu.nvml_error is None and gpu.used_bytes is not None for gpu in latest.gpus)
+
+
+def test_a_fault_plan_that_cannot_be_used_makes_nvml_unavailable_with_the_reason(tmp_path, monkeypatch):
+    plan = tmp_path / "faults.json"
+    monkeypatch.setenv(REPLAY_VARIABLE, str(TWO_H200))
+    monkeypatch.setenv(FAULTS_VARIABLE, str(plan))
+    said = []
+    for text in ('{"faults": [{"gpu": 0, "error": "ON_FIRE"}]}', '{"faults": [{"gpu": 0}]}', "not json"):
+        plan.write_text(text)
+        source, status = open_source()
+        source.close()
+        assert not status.available and isinstance(source, HostOnlySource)  # host metrics still
+        said.append(status.reason)
+    assert "unknown NVML error 'ON_FIRE'" in said[0]
+    assert "each fault needs one of error, block_s and xid" in said[1]
+    assert said[2].startswith(f"{plan}: not a fault plan (JSONDecodeError")
