@@ -79,6 +79,10 @@ def test_watch_json_goes_on_through_each_nvml_fault_names_the_gpu_and_recovers(t
         after = records[last + 1]["gpus"]
         assert [gpu["nvml_error"] for gpu in after] == [None, None]
         assert all(gpu["used_bytes"] is not None and gpu["total_bytes"] for gpu in after)
+    # the watched process holds no memory on the recorded GPUs: where a GPU gave no readings that is not known
+    assert {records[at]["gpu_memory_bytes"] for at in range(5)} == {0}
+    assert all(records[at]["gpu_memory_bytes"] is None for at in lost + unknown + timeout + blocked)
+    assert records[lost[0]]["gpu_memory_reason"] == "GPU 1 lost (NVML: GPU is lost)"
     # the driver's XID, carried by GPU 1's records from the sample that read it on (a minute: the whole watch)
     xids = [(record["gpus"][0]["xid_errors"], record["gpus"][1]["xid_errors"]) for record in records]
     assert xids[:5] == [(None, None)] * 5

@@ -149,6 +149,9 @@ class WatchRecords:
         if not sample.gpus:
             gpu_memory_bytes = None
             gpu_memory_reason = f"{NO_GPU_READINGS}: {self.nvml.reason or 'NVML unavailable'}"
+        elif not gpu_memory_bytes and (failed := [gpu.nvml_error for gpu in sample.gpus if gpu.nvml_error]):
+            gpu_memory_bytes = None  # a GPU that gave no readings may hold the tree's memory
+            gpu_memory_reason = "; ".join(failed)
         elif memory_unknown and not gpu_memory_bytes:
             gpu_memory_bytes = None
             gpu_memory_reason = "NVML lists the process without its memory (MIG or no permission)"
