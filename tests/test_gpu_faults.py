@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -92,7 +93,8 @@ def test_watch_json_goes_on_through_each_nvml_fault_names_the_gpu_and_recovers(t
     times = [record["t"] for record in records]
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert max(gaps) < NVML_DEADLINE_S + 1.0
-    assert sum(gap > 1.0 for gap in gaps) == 1
+    assert gaps[blocked[0] - 1] >= NVML_DEADLINE_S - 0.1  # the sample that met the blocked call waited for it
+    assert statistics.median(gaps) < 0.2
     assert times[-1] >= 9.0 and took_s < 30
 
 
