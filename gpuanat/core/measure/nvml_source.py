@@ -276,6 +276,7 @@ class NvmlSource:
     def _reinitialise(self) -> None:
         """NVML initialised again and each GPU's handle looked up anew; a GPU still failing keeps its fault."""
         nvml = self._nvml
+        self._xids.close()  # its event set is NVML's: freed before NVML shuts down
         _shutdown_nvml(nvml)
         try:
             nvml.nvmlInit()
@@ -290,7 +291,6 @@ class NvmlSource:
                 self._gpm[index] = GpmReader(nvml, handle)
             devices.append((index, handle, name))
         self._devices = devices
-        self._xids.close()
         self._xids = XidReader(nvml, [(index, handle) for index, handle, _name in devices])
 
     def _xid_errors(self, index: int) -> tuple[int, ...] | None:
