@@ -236,7 +236,8 @@ def activity_lines(result: RunResult) -> list[str]:
         if joules is not None:
             parts.append(f"the whole run {joules / 3600:.3g} Wh")
         energy = f"Energy: {', '.join(parts)}"
-    return [activity, energy]
+    faults = why.get("gpu_readings")  # NVML failed on a GPU during the run (`nvml_guard.GpuFaultLog`)
+    return [activity, energy, *([f"GPU faults: {printable(faults)}"] if faults else [])]
 
 
 def loss_lines(result: RunResult) -> list[str]:

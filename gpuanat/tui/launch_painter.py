@@ -120,8 +120,12 @@ class LaunchPainter:
             dashboard.log_pane.poll()
             if live is not None:
                 self._log_startup(live)
+            latest_gpus = charts.latest_sample.gpus if charts.latest_sample is not None else ()
             dashboard.status_line.show(
-                nvml=dashboard.nvml, run_state=self.run_state(), sampler_cpu_percent=self._sampler_cpu_percent()
+                nvml=dashboard.nvml,
+                run_state=self.run_state(),
+                sampler_cpu_percent=self._sampler_cpu_percent(),
+                gpu_faults=tuple(fault for gpu in latest_gpus for fault in gpu.faults),
             )
             if samples:
                 latest = charts.latest_sample

@@ -16,6 +16,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from gpuanat.core.measure.gpm import GpmReader, GpmReading
+from gpuanat.core.measure.nvml_events import XID_CARRY_S, XidReader
+from gpuanat.core.measure.nvml_faults import binding_from_environment
+from gpuanat.core.measure.nvml_guard import NVML_DEADLINE_S, NvmlGuard, device_fault
 from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource, HostProcessMeter
 from gpuanat.core.measure.samples import (
     GpuSample,
@@ -39,6 +42,9 @@ PROCESS_UTILIZATION_REFRESH_S = 1.0
 call on the H100 (the memory, utilization, power, temperature and process list together 0.05 ms;
 benchmarks/results/h100/watch_cost/sampler_cost.json): read at every 0.25 s sample it was half the watch's sampling.
 Each read is NVML's mean since the previous one, and the samples between carry it."""
+REINIT_S = 2.0
+"""While a GPU is lost or the driver fails, how often NVML is initialised again and the GPUs' handles (and GPM
+readers) made anew: a GPU that comes back after a reset or a driver restart answers only through a new handle."""
 
 
 _NVML_REASONS = {
@@ -68,12 +74,15 @@ def _unavailable(reason: str) -> NvmlStatus:
     return NvmlStatus(available=False, reason=reason, driver_version=None, cuda_driver_version=None, gpu_names=())
 
 
-def probe_nvml() -> NvmlStatus:
-    """Initialise NVML, describe what it sees and shut it down again. Never raises."""
-    try:
-        import pynvml
-    except ImportError:
-        return _unavailable("pynvml is not installed (pip install nvidia-ml-py)")
+def probe_nvml(nvml: Any = None) -> NvmlStatus:
+    """Initialise NVML (`nvml`, default: `pynvml`), describe what it sees and shut it down again. Never raises."""
+    pynvml: Any = nvml
+    if pynvml is None:
+        try:
+            import pynvml as default_nvml
+        except ImportError:
+            return _unavailable("pynvml is not installed (pip install nvidia-ml-py)")
+        pynvml = default_nvml
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as error:
@@ -159,9 +168,11 @@ class NvmlSource:
         per_process: bool = False,
         nvml: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        deadline_s: float = NVML_DEADLINE_S,
     ) -> None:
         """`nvml` is the NVML binding (default: `pynvml`); `clock` paces the per-process utilization reads
-        (`PROCESS_UTILIZATION_REFRESH_S`) and stamps the samples."""
+        (`PROCESS_UTILIZATION_REFRESH_S`) and stamps the samples; `deadline_s` is how long a read waits for NVML
+        before its sample says the GPU is not answering (`nvml_guard`)."""
         if nvml is None:
             import pynvml as default_nvml
 
@@ -195,9 +206,55 @@ class NvmlSource:
         self._gpm_due = True
         self._energy_read_at_s = -math.inf
         self._energy_due = True
+        self._guard = NvmlGuard(deadline_s)
+        self._deadline_s = deadline_s
+        self._faults: dict[int, str] = {}
+        """Per GPU, what failed at its last read ("GPU 1 lost (NVML: GPU is lost)"), until it answers again."""
+        self._reinit_at_s = -math.inf
+        self._reading_index: int | None = None
+        self._xids = XidReader(pynvml, [(index, handle) for index, handle, _name in self._devices])
+        self._recent_xids: dict[int, tuple[float, tuple[int, ...]]] = {}
+        """Per GPU, when the driver last reported XIDs and which (the last 8), carried for `XID_CARRY_S`."""
+        self._now_s = 0.0
+
+    @property
+    def helper_cpu_seconds(self) -> float:
+        """CPU time NVML's reads took on the guard's thread (the sampler counts it as its own)."""
+        return self._guard.cpu_seconds
 
     def read(self, pids: Iterable[int]) -> Sample:
         t_s = self._clock()
+        gpus = self._guard.run(lambda: self._read_gpus(t_s))
+        if gpus is None:
+            gpus = self._not_answering()
+        return Sample(t_s=t_s, gpus=gpus, host=self._host.measure(pids))
+
+    def _not_answering(self) -> tuple[GpuSample, ...]:
+        """The GPUs while an NVML call has not returned: no readings, and which GPU it waits on."""
+        stuck = self._reading_index
+        return tuple(
+            _no_readings(
+                index,
+                name,
+                f"GPU {index} not answering (an NVML call did not return within {self._deadline_s:g} s)"
+                if index == stuck or stuck is None
+                else f"GPU {index} not read (NVML is waiting on GPU {stuck})",
+            )
+            for index, _handle, name in self._devices
+        )
+
+    def _read_gpus(self, t_s: float) -> tuple[GpuSample, ...]:
+        """Every GPU, on the guard's thread; a GPU that failed is said so, and NVML started anew to bring it back."""
+        begins = getattr(self._nvml, "gpuanat_sample_begins", None)
+        if begins is not None:  # a binding that replays a recording or injects faults counts the samples
+            begins()
+        if self._faults and t_s - self._reinit_at_s >= REINIT_S:
+            self._reinit_at_s = t_s
+            self._reinitialise()
+        self._now_s = t_s
+        for index, xids in self._xids.read().items():
+            _at, earlier = self._recent_xids.get(index, (t_s, ()))
+            self._recent_xids[index] = (t_s, (*earlier, *xids)[-8:])
         if self._per_process and t_s - self._process_utilization_read_at_s >= PROCESS_UTILIZATION_REFRESH_S:
             self._process_utilization_read_at_s = t_s
             self._process_utilization = {
@@ -209,13 +266,49 @@ class NvmlSource:
             self._energy_read_at_s = t_s
         if self._gpm_due:
             self._gpm_read_at_s = t_s
-            self._gpm_readings = {index: reader.read() for index, reader in self._gpm.items()}
+            self._gpm_readings = {
+                index: reader.read() for index, reader in self._gpm.items() if index not in self._faults
+            }
         gpus = tuple(self._read_gpu(index, handle, name) for index, handle, name in self._devices)
-        return Sample(t_s=t_s, gpus=gpus, host=self._host.measure(pids))
+        self._reading_index = None
+        return gpus
+
+    def _reinitialise(self) -> None:
+        """NVML initialised again and each GPU's handle looked up anew; a GPU still failing keeps its fault."""
+        nvml = self._nvml
+        self._xids.close()  # its event set is NVML's: freed before NVML shuts down
+        _shutdown_nvml(nvml)
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError:
+            return  # the driver is still gone: each GPU's read says so
+        devices = []
+        for index, handle, name in self._devices:
+            fresh = _nvml_or_none(nvml, nvml.nvmlDeviceGetHandleByIndex, index)
+            if fresh is not None:
+                handle = fresh
+                self._gpm[index].close()
+                self._gpm[index] = GpmReader(nvml, handle)
+            devices.append((index, handle, name))
+        self._devices = devices
+        self._xids = XidReader(nvml, [(index, handle) for index, handle, _name in devices])
+
+    def _xid_errors(self, index: int) -> tuple[int, ...] | None:
+        at_s, xids = self._recent_xids.get(index, (-math.inf, ()))
+        return xids if self._now_s - at_s <= XID_CARRY_S else None
 
     def _read_gpu(self, index: int, handle: Any, name: str) -> GpuSample:
         nvml = self._nvml
-        memory = nvml_memory_info(nvml, handle)
+        self._reading_index = index
+        try:
+            memory = _memory_or_fault(nvml, handle)
+        except nvml.NVMLError as error:
+            fault = device_fault(index, error) or f"GPU {index} not read (NVML: {error})"
+            self._faults[index] = fault
+            return dataclasses.replace(_no_readings(index, name, fault), xid_errors=self._xid_errors(index))
+        if self._faults.pop(index, None) is not None:  # back: its GPM counters start over
+            self._gpm[index].close()
+            self._gpm[index] = GpmReader(nvml, handle)
         reserved_bytes = getattr(memory, "reserved", None)
         utilization = _nvml_or_none(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
         power_mw = _nvml_or_none(nvml, nvml.nvmlDeviceGetPowerUsage, handle)
@@ -238,6 +331,7 @@ class NvmlSource:
                 for process in processes
             ),
             process_utilization=self._process_utilization.get(index),
+            xid_errors=self._xid_errors(index),
             **self._read_activity(index, handle),
         )
 
@@ -299,26 +393,70 @@ class NvmlSource:
         return float(temperature) if temperature is not None else None
 
     def close(self) -> None:
-        """Shut NVML down; idempotent."""
+        """Shut NVML down; idempotent. Where an NVML call has not returned, NVML is left as it is (the process
+        ends without waiting for it)."""
         if not self._closed:
             self._closed = True
-            for reader in getattr(self, "_gpm", {}).values():
-                reader.close()
-            _shutdown_nvml(self._nvml)
+            guard = getattr(self, "_guard", None)
+            if guard is None:  # the constructor failed before the guard
+                _shutdown_nvml(self._nvml)
+                return
+            guard.run(self._close_nvml)
+            guard.close()
+
+    def _close_nvml(self) -> bool:
+        for reader in self._gpm.values():
+            reader.close()
+        self._xids.close()
+        _shutdown_nvml(self._nvml)
+        return True
+
+
+def _memory_or_fault(nvml: Any, handle: Any) -> Any:
+    """`nvml_memory_info`, but raising the errors that say the GPU or the driver failed (`device_fault`)."""
+    for args in ((handle, nvml.nvmlMemory_v2), (handle,)):
+        try:
+            return nvml.nvmlDeviceGetMemoryInfo(*args)
+        except nvml.NVMLError as error:
+            if device_fault(0, error) is not None:
+                raise
+    return None
+
+
+def _no_readings(index: int, name: str, fault: str) -> GpuSample:
+    return GpuSample(
+        index=index,
+        name=name,
+        used_bytes=None,
+        total_bytes=None,
+        reserved_bytes=None,
+        gpu_util_percent=None,
+        memory_util_percent=None,
+        power_w=None,
+        temperature_c=None,
+        processes=(),
+        nvml_error=fault,
+    )
 
 
 def open_source(prefer_nvml: bool = True, *, per_process: bool = False) -> tuple[SampleSource, NvmlStatus]:
     """`NvmlSource` when NVML works here, else `HostOnlySource`; the status describes the source.
 
     With `prefer_nvml=False` NVML is not touched at all (for machines where it hangs or misleads);
-    `per_process` is passed to the source (each tracked process, per-process GPU utilization).
+    `per_process` is passed to the source (each tracked process, per-process GPU utilization). The environment
+    may ask for a recorded NVML or injected faults instead of the driver (`nvml_faults`: GPUANAT_NVML_REPLAY,
+    GPUANAT_NVML_FAULTS).
     """
     if not prefer_nvml:
         return HostOnlySource(per_process=per_process), _unavailable("NVML not used: turned off by the caller")
-    status = probe_nvml()
+    try:
+        binding = binding_from_environment()
+    except ValueError as error:
+        return HostOnlySource(per_process=per_process), _unavailable(str(error))
+    status = probe_nvml(binding)
     if not status.available:
         return HostOnlySource(per_process=per_process), status
     try:
-        return NvmlSource(per_process=per_process), status
+        return NvmlSource(per_process=per_process, nvml=binding), status
     except Exception as error:
         return HostOnlySource(per_process=per_process), _unavailable(f"NVML failed to start: {_nvml_reason(error)}")

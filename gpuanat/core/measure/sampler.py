@@ -119,8 +119,9 @@ class Sampler:
 
     @property
     def cpu_seconds(self) -> float:
-        """CPU time the sampler thread itself used (reads, trace writes, callbacks), all runs."""
-        return self._cpu_seconds
+        """CPU time the sampler thread itself used (reads, trace writes, callbacks), all runs, and the thread its
+        source reads NVML on (`NvmlSource.helper_cpu_seconds`)."""
+        return self._cpu_seconds + getattr(self._source, "helper_cpu_seconds", 0.0)
 
     @property
     def last_error(self) -> str | None:

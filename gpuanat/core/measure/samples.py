@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from gpuanat.core.measure.nvml_events import xid_text
+
 
 def _flat_fields(instance: Any) -> dict[str, Any]:
     """A dataclass's fields by name, in their order, as they are (those of the samples are numbers, strings, None
@@ -98,12 +100,26 @@ class GpuSample:
     memory_clock_mhz: int | None = None
     clocks_event_reasons: int | None = None
     """NVML's clocks event (throttle) reasons bitmask (`gpm.throttle_names`)."""
+    nvml_error: str | None = None
+    """What failed where this GPU has no readings: "GPU 1 lost (NVML: GPU is lost)", "GPU 0 not answering (an NVML
+    call did not return within 2 s)" (`nvml_guard`); None while it answers."""
+    xid_errors: tuple[int, ...] | None = None
+    """The XID errors the driver reported for this GPU in the last `nvml_events.XID_CARRY_S`; None where none was
+    (or the driver reports no events)."""
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        """What went wrong on this GPU, in words: its `nvml_error` and its XIDs ("GPU 0 reported XID 79 (…)")."""
+        xids = tuple(xid_text(self.index, xid) for xid in self.xid_errors or ())
+        return (self.nvml_error, *xids) if self.nvml_error else xids
 
     def to_json(self) -> dict[str, Any]:
         fields = _flat_fields(self)  # taken at every sample: not dataclasses.asdict, which deep-copies each field
-        for name in ACTIVITY_READINGS:  # traces recorded without them stay as they were
+        for name in (*ACTIVITY_READINGS, "nvml_error", "xid_errors"):  # traces recorded without them stay so
             if fields[name] is None:
                 del fields[name]
+        if self.xid_errors is not None:
+            fields["xid_errors"] = list(self.xid_errors)
         fields["processes"] = [_flat_fields(process) for process in self.processes]
         if self.process_utilization is None:
             del fields["process_utilization"]  # traces recorded without it stay as they were
@@ -118,6 +134,7 @@ class GpuSample:
             **{
                 **d,
                 "processes": tuple(ProcessGpuMemory(**p) for p in d["processes"]),
+                "xid_errors": None if d.get("xid_errors") is None else tuple(d["xid_errors"]),
                 "process_utilization": None
                 if utilization is None
                 else tuple(ProcessUtilization(**entry) for entry in utilization),

@@ -29,6 +29,7 @@ from gpuanat.core.measure.gpus import (
     gpus_for_run,
     read_gpus,
 )
+from gpuanat.core.measure.nvml_guard import GpuFaultLog
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.result import RankRecord, build_result
 from gpuanat.core.measure.sampler import Sampler
@@ -149,10 +150,12 @@ def execute_run(
         lambda fd: worker_command(config_json, fd, rank_count), log_path=log_path, env=environment
     )
     samples: queue.SimpleQueue[Sample] = queue.SimpleQueue()
+    gpu_faults = GpuFaultLog()
 
     def flush() -> None:
         while not samples.empty():
             sample = samples.get()
+            gpu_faults.observe(sample)
             if child.pid is not None:
                 for rank_state in ranks.values():
                     rank_state.observe_sample(sample, rank_state.hello.pid if rank_state.hello else child.pid)
@@ -277,6 +280,8 @@ def execute_run(
         data_longest_row=data_longest_row,
     )
     result.start = start.to_json()
+    if (faults := gpu_faults.summary()) is not None:  # NVML failed on a GPU while the run trained
+        result.unavailable["gpu_readings"] = faults
     # The same training eager, or on one GPU, from the history (the compile and scaling findings); a busy history
     # only costs those findings.
     with contextlib.suppress(sqlite3.Error, HistoryError):

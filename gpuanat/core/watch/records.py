@@ -141,12 +141,17 @@ class WatchRecords:
                     "temperature_c": gpu.temperature_c,
                     **{name: getattr(gpu, name) for name in ACTIVITY_READINGS},
                     "throttle_reasons": throttle_names(gpu.clocks_event_reasons),
+                    "nvml_error": gpu.nvml_error,
+                    "xid_errors": list(gpu.xid_errors) if gpu.xid_errors is not None else None,
                 }
             )
         gpu_memory_reason = None
         if not sample.gpus:
             gpu_memory_bytes = None
             gpu_memory_reason = f"{NO_GPU_READINGS}: {self.nvml.reason or 'NVML unavailable'}"
+        elif not gpu_memory_bytes and (failed := [gpu.nvml_error for gpu in sample.gpus if gpu.nvml_error]):
+            gpu_memory_bytes = None  # a GPU that gave no readings may hold the tree's memory
+            gpu_memory_reason = "; ".join(failed)
         elif memory_unknown and not gpu_memory_bytes:
             gpu_memory_bytes = None
             gpu_memory_reason = "NVML lists the process without its memory (MIG or no permission)"

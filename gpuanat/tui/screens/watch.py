@@ -25,6 +25,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
 from gpuanat.core.measure.loss_curve import LossCurve
+from gpuanat.core.measure.nvml_events import xid_text
 from gpuanat.core.measure.nvml_source import open_source
 from gpuanat.core.measure.sampler import Sampler
 from gpuanat.core.measure.samples import NvmlStatus, Sample
@@ -250,8 +251,12 @@ class WatchDashboard(DashboardScreen):
             for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
                 chart.refresh_data(now_s)
             self._process_panel.show(self.last_record, self.target.command or self.target.name)
+            latest_gpus = latest.get("gpus", []) if latest is not None else []
             self.status_line.show(
-                nvml=self.nvml, run_state=self.state_text, sampler_cpu_percent=self._sampler_cpu_percent()
+                nvml=self.nvml,
+                run_state=self.state_text,
+                sampler_cpu_percent=self._sampler_cpu_percent(),
+                gpu_faults=tuple(fault for gpu in latest_gpus for fault in _gpu_faults(gpu)),
             )
 
     def _add_record(self, record: dict[str, Any]) -> None:
@@ -471,3 +476,9 @@ def _main_gpu(record: dict[str, Any]) -> dict[str, Any] | None:
     return next((gpu for gpu in gpus if rank_gpus and gpu["index"] == rank_gpus[0]), None) or next(
         (gpu for gpu in gpus if gpu["uses_it"]), gpus[0] if gpus else None
     )
+
+
+def _gpu_faults(gpu: dict[str, Any]) -> tuple[str, ...]:
+    """What went wrong on a record's GPU, in words (`GpuSample.faults`)."""
+    xids = tuple(xid_text(gpu["index"], xid) for xid in gpu.get("xid_errors") or ())
+    return (gpu["nvml_error"], *xids) if gpu.get("nvml_error") else xids

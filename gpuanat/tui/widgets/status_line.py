@@ -1,5 +1,5 @@
 """One line on top: the run's state first (step, elapsed, ETA), then the GPU, the driver and the sampler's own CPU
-cost; a banner when NVML is unavailable."""
+cost; a banner when NVML is unavailable or a GPU failed ("GPU 1 lost (NVML: GPU is lost)")."""
 
 from __future__ import annotations
 
@@ -36,14 +36,24 @@ class StatusLine(CachedRows):
         self._nvml: NvmlStatus | None = None
         self._run_state = "idle"
         self._sampler_cpu_percent: float | None = None
+        self._gpu_faults: tuple[str, ...] = ()
 
-    def show(self, *, nvml: NvmlStatus | None, run_state: str, sampler_cpu_percent: float | None) -> None:
-        if (nvml, run_state, sampler_cpu_percent) != (self._nvml, self._run_state, self._sampler_cpu_percent):
-            self._nvml, self._run_state, self._sampler_cpu_percent = nvml, run_state, sampler_cpu_percent
+    def show(
+        self,
+        *,
+        nvml: NvmlStatus | None,
+        run_state: str,
+        sampler_cpu_percent: float | None,
+        gpu_faults: tuple[str, ...] = (),
+    ) -> None:
+        """`gpu_faults`: what failed on each GPU at the latest sample (`GpuSample.nvml_error`), shown as a banner."""
+        shown = (nvml, run_state, sampler_cpu_percent, gpu_faults)
+        if shown != (self._nvml, self._run_state, self._sampler_cpu_percent, self._gpu_faults):
+            self._nvml, self._run_state, self._sampler_cpu_percent, self._gpu_faults = shown
             self.repaint_changes()  # a step counter or a figure: a few cells
 
     def rows_key(self) -> Hashable:
-        return self._nvml, self._run_state, self._sampler_cpu_percent
+        return self._nvml, self._run_state, self._sampler_cpu_percent, self._gpu_faults
 
     def build_rows(self, width: int, height: int) -> list[Strip]:
         return text_rows(self, self.fitted(width), width, height)
@@ -85,6 +95,10 @@ class StatusLine(CachedRows):
                 else f" NVML unavailable: {printable(nvml.reason)} — host metrics only "
             )
             text.append(banner, style=self.component_style("status-line--banner"))
+        if self._gpu_faults:
+            text.append(" ")
+            banner_style = self.component_style("status-line--banner")
+            text.append(f" {printable('; '.join(self._gpu_faults))} ", style=banner_style)
         if sampler and self._sampler_cpu_percent is not None:
             text.append(f" · sampler {self._sampler_cpu_percent:.1f}% CPU", style=muted)
         return text
