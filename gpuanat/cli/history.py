@@ -12,13 +12,18 @@ from typing import Any
 
 from gpuanat.cli.common import EXIT_OK, fail_usage, history_path, open_store, print_table
 from gpuanat.cli.history_edit import command_delete, command_tag, refuse_listing_flags
+from gpuanat.cli.history_prune import command_prune, refuse_prune_options
 from gpuanat.cli.parser import run_name
 from gpuanat.core.printable import printable
 from gpuanat.core.store.history import RunRow
+from gpuanat.core.store.history_listing import listed_runs, search_totals
 from gpuanat.core.store.searches import SearchLine, fold_searches
 
 
 def command_history(args: argparse.Namespace) -> int:
+    if args.prune:
+        return command_prune(args)
+    refuse_prune_options(args)
     if args.compare is not None:
         from gpuanat.cli.history_compare import command_compare
 
@@ -30,7 +35,7 @@ def command_history(args: argparse.Namespace) -> int:
     if args.delete is not None:
         return command_delete(args)
     if args.yes:
-        fail_usage("--yes answers --delete's question; give it with --delete")
+        fail_usage("--yes answers --delete's and --prune's question; give it with one of them")
     from gpuanat.core.store.report import (
         HISTORY_COLUMNS,
         TAGS_COLUMN,
@@ -44,8 +49,12 @@ def command_history(args: argparse.Namespace) -> int:
         fail_usage(f"--limit: must be an integer ≥ 1 (got {args.limit})")
     with open_store(args, read_only=True) as store:
         # a search's line needs all its trials: the limit then applies to the lines, below
-        runs = store.runs(limit=args.limit if args.trials else None, name_contains=args.name, tagged=args.tagged)
-        totals = {run.search.id: len(store.search_trials(run.search.id)) for run in runs if run.search is not None}
+        limit = args.limit if args.trials else None
+        if output_format == "json":  # the whole result of each run
+            runs = store.runs(limit=limit, name_contains=args.name, tagged=args.tagged)
+        else:
+            runs = listed_runs(store, limit, name_contains=args.name, tagged=args.tagged)
+        totals = search_totals(store)
     lines: list[RunRow | SearchLine] = list(runs) if args.trials else fold_searches(runs, totals)
     if args.limit is not None:
         lines = lines[-args.limit :]

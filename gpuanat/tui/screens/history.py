@@ -33,6 +33,9 @@ from gpuanat.tui.text_fit import fit_words
 
 SELECTED_MARK = "✓"
 DELETE_LISTED = 10
+PAGE_ROWS = 200
+"""The rows the table holds at first, and how many more `m` adds: the newest in the run order (the top ones in any
+other order), so that a history of ten thousand runs opens and filters at once (docs/history.md, "Big histories")."""
 """The most runs `d`'s question lists one a line; more are counted."""
 SCREEN_COLUMN_ORDER = (
     "id",
@@ -141,6 +144,7 @@ class HistoryScreen(Screen[list[int]]):
         Binding("t", "tag", "Tag", id="history.tag"),
         Binding("d", "delete", "Delete", id="history.delete"),
         Binding("e", "expand", "Expand", id="history.expand"),
+        Binding("m", "more", f"{PAGE_ROWS} more rows", id="history.more"),
         Binding("h,escape", "close", "Back", id="history.back"),
     ]
     DEFAULT_CSS = """
@@ -168,6 +172,10 @@ class HistoryScreen(Screen[list[int]]):
         self.sort_key = "id"
         self.descending = False
         self.filter_text = ""
+        self.row_limit = PAGE_ROWS
+        """The most rows the table holds (`m` raises it)."""
+        self._hidden_rows = 0
+        """The rows the filter keeps that the table does not hold yet."""
 
     def compose(self) -> ComposeResult:
         yield Label(
@@ -200,6 +208,14 @@ class HistoryScreen(Screen[list[int]]):
         return [row["key"] for row in self._shown_rows()]
 
     def _shown_rows(self) -> list[dict[str, Any]]:
+        """The rows the table holds: the filter, the sort, then the `row_limit` newest in the run order (in any other
+        order the top ones)."""
+        rows = self._matching_rows()
+        if len(rows) <= self.row_limit:
+            return rows
+        return rows[-self.row_limit :] if self.sort_key == "id" and not self.descending else rows[: self.row_limit]
+
+    def _matching_rows(self) -> list[dict[str, Any]]:
         key = "order" if self.sort_key == "id" else self.sort_key
         return sorted_rows(filtered_rows(self._rows, self.filter_text), key, self.descending)
 
@@ -218,6 +234,7 @@ class HistoryScreen(Screen[list[int]]):
         for column in columns:
             mark = (" ▼" if self.descending else " ▲") if column.key == self.sort_key else ""
             table.add_column(column.title + mark, key=column.key)
+        matching = len(self._matching_rows())
         rows = self._shown_rows()
         for row in rows:
             # Text, not markup: names, models and tags read as given (display_value made them printable).
@@ -229,7 +246,11 @@ class HistoryScreen(Screen[list[int]]):
         keys = [row["key"] for row in rows]
         if keys:
             table.move_cursor(row=keys.index(cursor_key) if cursor_key in keys else len(keys) - 1)
-        shown = f"{len(rows)} of {counted(len(self._rows), 'run')}" if self.filter_text else counted(len(rows), "run")
+        shown = f"{matching} of {counted(len(self._rows), 'run')}" if self.filter_text else counted(matching, "run")
+        self._hidden_rows = matching - len(rows)
+        self.refresh_bindings()
+        if len(rows) < matching:
+            shown += f" ({len(rows)} in the table, m: {min(PAGE_ROWS, matching - len(rows))} more)"
         order = (
             ""
             if self.sort_key == "id" and not self.descending
@@ -302,6 +323,8 @@ class HistoryScreen(Screen[list[int]]):
         and not advertised then."""
         if action == "filter":
             return not isinstance(self.focused, Input)
+        if action == "more":
+            return self._hidden_rows > 0
         offered = {"rename": self._rename, "tag": self._tag, "delete": self._delete}
         return offered[action] is not None if action in offered else True
 
@@ -432,6 +455,11 @@ class HistoryScreen(Screen[list[int]]):
         (self.expanded.add if folded else self.expanded.discard)(run.search.id)
         self._rows = table_rows(self._runs, self.expanded)
         self._fill(cursor_key=str(run.id) if folded else f"s{run.search.id}")
+
+    def action_more(self) -> None:
+        """`PAGE_ROWS` more rows in the table; the cursor stays on its row."""
+        self.row_limit += PAGE_ROWS
+        self._fill()
 
     def action_toggle_selection(self) -> None:
         table = self.query_one(DataTable)
