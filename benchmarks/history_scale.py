@@ -7,7 +7,7 @@ have work). Then, each a real subprocess timed by wall clock (Python's start inc
 and json, `--name`, `--tagged`, `--compare A B`; and the real dashboard headless (`App.run_test`): from the `h` key
 press to the history table filled, and the six keys of a filter typed to the table filtered.
 
-    PYTHONPATH=$PWD python3 benchmarks/history_scale.py --runs 10000 --out benchmarks/results/cpu/history_scale/after.json
+    PYTHONPATH=$PWD python3 benchmarks/history_scale.py --out benchmarks/results/cpu/history_scale/after.json
 """
 
 from __future__ import annotations

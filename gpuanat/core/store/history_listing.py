@@ -113,6 +113,17 @@ def _same(value: Any) -> Any:
     return value
 
 
+def stored_results(store: HistoryStore) -> dict[int, str]:
+    """Every run's result as stored (JSON text), by run id, where it reads as written: valid, of a run that ended, not
+    of the bands of before issue #30 (`anatomy.bands_of_one_moment`). A run not in it is read whole (`store.run`)."""
+    rows = store._fetch(
+        "SELECT id, result_json FROM runs WHERE status != 'running' AND result_json IS NOT NULL"
+        " AND json_valid(result_json) AND (instr(result_json, '\"gradients_at_forward_end_bytes\"') = 0"
+        " OR instr(result_json, '\"gradients_after_backward_bytes\"') > 0)"
+    )
+    return {run_id: text for run_id, text in rows}
+
+
 def search_totals(store: HistoryStore) -> dict[int, int]:
     """Every search's trial count in the history, by its id, in one query."""
     if not store.keeps_tags:

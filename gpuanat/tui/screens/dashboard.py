@@ -18,9 +18,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from gpuanat.core.measure.samples import GpuSample
-from gpuanat.core.store.history_listing import listed_runs
 from gpuanat.core.store.history import RENAME_DEADLINE_S, Deleted, HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
+from gpuanat.core.store.history_listing import listed_runs
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.keys import KeysScreen, key_rows

@@ -33,7 +33,7 @@ from gpuanat.tui.text_fit import fit_words
 
 SELECTED_MARK = "✓"
 DELETE_LISTED = 10
-PAGE_ROWS = 200
+PAGE_ROWS = 100
 """The rows the table holds at first, and how many more `m` adds: the newest in the run order (the top ones in any
 other order), so that a history of ten thousand runs opens and filters at once (docs/history.md, "Big histories")."""
 """The most runs `d`'s question lists one a line; more are counted."""
