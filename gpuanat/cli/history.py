@@ -35,7 +35,7 @@ def command_history(args: argparse.Namespace) -> int:
     if args.delete is not None:
         return command_delete(args)
     if args.yes:
-        fail_usage("--yes answers --delete's and --prune's question; give it with one of them")
+        fail_usage("--yes answers --delete's question (and --prune's); give it with --delete or --prune")
     from gpuanat.core.store.report import (
         HISTORY_COLUMNS,
         TAGS_COLUMN,
