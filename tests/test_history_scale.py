@@ -117,7 +117,9 @@ def test_every_format_lists_every_run_with_the_values_of_the_whole_read(history)
         rich_table.add_row(*(Text(display_value(column.key, row.get(column.key))) for column in columns))
     written = io.StringIO()
     Console(file=written, width=10_000).print(rich_table)
-    note = "s1: a search (tune, fit) shown as its best trial; --trials lists every trial, --delete s1 deletes all of them"
+    note = (
+        "s1: a search (tune, fit) shown as its best trial; --trials lists every trial, --delete s1 deletes all of them"
+    )
     assert table.stdout == written.getvalue() + note + "\n"
     assert "[lr1]" in table.stdout  # brackets read as given, not as markup
 
@@ -200,9 +202,7 @@ def test_prune_shows_what_goes_asks_and_deletes_exactly_those(history, tmp_path)
     after = [entry["id"] for entry in json.loads(run_cli(["history", "--json", "--trials"], db).stdout)]
     assert after == [run_id for run_id in left if run_id not in sweep[:-5]]
     with closing(sqlite3.connect(db)) as raw:
-        assert raw.execute("SELECT count(*) FROM run_tags WHERE run_id NOT IN (SELECT id FROM runs)").fetchone() == (
-            0,
-        )
+        assert raw.execute("SELECT count(*) FROM run_tags WHERE run_id NOT IN (SELECT id FROM runs)").fetchone() == (0,)
     nothing = run_cli(["history", "--prune", "--keep", "100000"], db)
     assert nothing.returncode == 0 and nothing.stdout == "Nothing to prune: no run meets all of the criteria given.\n"
 

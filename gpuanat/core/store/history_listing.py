@@ -103,7 +103,7 @@ def _listed_result(values: dict[str, Any]) -> RunResult:
     """`RunResult.from_json(values)`, made by copying an empty one: building all of RunResult's fields one by one is
     most of a listing's time for ten thousand runs."""
     result = copy.copy(_EMPTY_RESULT)
-    fresh = {name: factory() for name, factory in _FRESH_DEFAULTS}  # type: ignore[misc]
+    fresh = {name: factory() for name, factory in _FRESH_DEFAULTS}
     decoded = {key: RunResult.DECODERS.get(key, _same)(value) for key, value in values.items() if value is not None}
     result.__dict__.update(fresh, **decoded, json_keys=tuple(decoded))
     return result
