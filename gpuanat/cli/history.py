@@ -13,6 +13,7 @@ from typing import Any
 from gpuanat.cli.common import EXIT_OK, fail_usage, history_path, open_store, print_table
 from gpuanat.cli.history_edit import command_delete, command_tag, refuse_listing_flags
 from gpuanat.cli.history_prune import command_prune, refuse_prune_options
+from gpuanat.cli.output import unguarded
 from gpuanat.cli.parser import run_name
 from gpuanat.core.printable import printable
 from gpuanat.core.store.history import HistoryStore, RunRow
@@ -57,10 +58,12 @@ def command_history(args: argparse.Namespace) -> int:
             _write_json(store, lines)
             return EXIT_OK
     rows = listing_rows(lines)
+    # md and CSV escape each cell themselves (`report.display_value`, `printable`): written as they are, not escaped
+    # a second time character by character (a quarter of a second for ten thousand runs)
     if output_format == "md":
-        sys.stdout.write(render_markdown((*HISTORY_COLUMNS, TAGS_COLUMN), rows))
+        unguarded(sys.stdout).write(render_markdown((*HISTORY_COLUMNS, TAGS_COLUMN), rows))
     elif output_format == "csv":
-        sys.stdout.write(render_csv((*HISTORY_COLUMNS, TAGS_COLUMN), rows))
+        unguarded(sys.stdout).write(render_csv((*HISTORY_COLUMNS, TAGS_COLUMN), rows))
     elif not runs and (args.name is not None or args.tagged is not None):
         named = f"name contains “{printable(args.name)}”" if args.name is not None else None
         if args.tagged is None:
@@ -87,7 +90,6 @@ def _write_json(store: HistoryStore, lines: list[RunRow | SearchLine]) -> None:
     """The lines as a JSON array, each with its run's whole result: indented when it has up to PLAIN_FROM_ROWS
     entries; a longer one an entry a line, each stored result written as stored where it reads as gpuanat writes
     results now (`history_listing.stored_results`), so that ten thousand runs are printed in a blink."""
-    from gpuanat.cli.output import unguarded
     from gpuanat.cli.plain_table import PLAIN_FROM_ROWS
 
     def whole(run: RunRow) -> dict[str, Any]:
