@@ -5,7 +5,8 @@ the order, `/` filters the rows to those whose name, status, model, techniques, 
 (escape clears the filter). `n` renames the run under the cursor (`screens/rename.py`), `t` tags the selected runs (or
 the one under the cursor), `d` deletes them after asking (`screens/confirm.py`): each saved through what the dashboard
 gives the screen, off the event loop, since the history may be busy for a while. A tune's or fit's trials show as one
-row, its search (`core/store/searches.py`), until `e` expands it; `e` on one of its trials folds it again."""
+row, its search (`core/store/searches.py`), until `e` expands it; `e` on one of its trials folds it again. A long
+history's table holds PAGE_ROWS rows, `m` adds more; the filter and the sort work on every run."""
 
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ from gpuanat.tui.text_fit import fit_words
 
 SELECTED_MARK = "✓"
 DELETE_LISTED = 10
+"""The most runs `d`'s question lists one a line; more are counted."""
 PAGE_ROWS = 100
 """The rows the table holds at first, and how many more `m` adds: the newest in the run order (the top ones in any
 other order), so that a history of ten thousand runs opens and filters at once (docs/history.md, "Big histories")."""
-"""The most runs `d`'s question lists one a line; more are counted."""
 SCREEN_COLUMN_ORDER = (
     "id",
     "when",
@@ -208,9 +209,11 @@ class HistoryScreen(Screen[list[int]]):
         return [row["key"] for row in self._shown_rows()]
 
     def _shown_rows(self) -> list[dict[str, Any]]:
-        """The rows the table holds: the filter, the sort, then the `row_limit` newest in the run order (in any other
-        order the top ones)."""
-        rows = self._matching_rows()
+        return self._window(self._matching_rows())
+
+    def _window(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Of the filtered and sorted `rows`, those the table holds: the `row_limit` newest in the run order (in any
+        other order the top ones)."""
         if len(rows) <= self.row_limit:
             return rows
         return rows[-self.row_limit :] if self.sort_key == "id" and not self.descending else rows[: self.row_limit]
@@ -234,8 +237,8 @@ class HistoryScreen(Screen[list[int]]):
         for column in columns:
             mark = (" ▼" if self.descending else " ▲") if column.key == self.sort_key else ""
             table.add_column(column.title + mark, key=column.key)
-        matching = len(self._matching_rows())
-        rows = self._shown_rows()
+        every = self._matching_rows()
+        matching, rows = len(every), self._window(every)
         for row in rows:
             # Text, not markup: names, models and tags read as given (display_value made them printable).
             table.add_row(
