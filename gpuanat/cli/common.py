@@ -395,14 +395,12 @@ def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
     from rich.text import Text
 
     from gpuanat.cli.output import unguarded
-    from gpuanat.cli.plain_table import PLAIN_FROM_ROWS, write_plain_table
+    from gpuanat.cli.plain_table import write_long_table
     from gpuanat.core.store.report import display_value, fit_columns
 
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else TABLE_WIDTH_NOT_A_TERMINAL
     shown, cut_widths = fit_columns(columns, rows, width) if sys.stdout.isatty() else (list(columns), {})
-    if len(rows) > PLAIN_FROM_ROWS and all(column.key != "reason" for column in shown):  # Rich: 2 ms a row
-        write_plain_table(unguarded(sys.stdout), shown, rows, cut_widths, bold_head=sys.stdout.isatty())
-    else:
+    if not write_long_table(unguarded(sys.stdout), shown, rows, cut_widths, bold_head=sys.stdout.isatty()):
         table = Table(show_edge=False, header_style="bold")
         for column in shown:
             table.add_column(

@@ -1,7 +1,7 @@
 """A long table printed as Rich prints it, line by line: Rich lays out a table of ten thousand runs in some 20 s
 (it measures and renders every cell through its console, about 2 ms a row); this writes the same characters —
 the same heavy head, column widths, justification and ellipsis — in a fraction of a second. `print_table` uses it
-for tables longer than PLAIN_FROM_ROWS, where every cell fits on one line (no column wraps).
+for tables longer than PLAIN_FROM_ROWS, where every cell fits on one line (no column wraps): `write_long_table`.
 
 Plain Python: no torch, no UI.
 """
@@ -25,6 +25,22 @@ def _fitted(text: str, width: int, right: bool) -> str:
         return set_cell_size(text, width - 1) + "…" if width > 1 else "…"[:width]
     padding = " " * (width - length)
     return padding + text if right else text + padding
+
+
+def write_long_table(
+    stream: TextIO,
+    columns: Sequence[Any],
+    rows: Sequence[dict[str, Any]],
+    max_widths: Mapping[str, int],
+    *,
+    bold_head: bool,
+) -> bool:
+    """`write_plain_table` where the table is longer than PLAIN_FROM_ROWS and no column wraps (a failure's "reason"
+    does); False, writing nothing, where Rich is to lay it out."""
+    if len(rows) <= PLAIN_FROM_ROWS or any(column.key == "reason" for column in columns):
+        return False
+    write_plain_table(stream, columns, rows, max_widths, bold_head=bold_head)
+    return True
 
 
 def write_plain_table(
