@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -391,30 +392,29 @@ def compute_text(result: RunResult) -> str:
 def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
     """The rows as a table: a terminal gets what fits its width (columns cut short, then dropped, by each column's
     `keep`); a pipe or a file gets every column whole."""
-    import shutil
-
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from gpuanat.cli.output import unguarded
+    from gpuanat.cli.plain_table import write_long_table
     from gpuanat.core.store.report import display_value, fit_columns
 
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else TABLE_WIDTH_NOT_A_TERMINAL
     shown, cut_widths = fit_columns(columns, rows, width) if sys.stdout.isatty() else (list(columns), {})
-    table = Table(show_edge=False, header_style="bold")
-    for column in shown:
-        table.add_column(
-            column.title,
-            justify="right" if column.numeric else "left",
-            no_wrap=column.key != "reason",
-            max_width=cut_widths.get(column.key),
-            overflow="ellipsis",
-        )
-    for row in rows:
-        # Text, not markup: a name reads as given, brackets and all; display_value made it printable.
-        table.add_row(*(Text(display_value(column.key, row.get(column.key))) for column in shown))
-    Console(file=unguarded(sys.stdout), width=width).print(table)  # the cells are printable; Rich adds styles
+    if not write_long_table(unguarded(sys.stdout), shown, rows, cut_widths, bold_head=sys.stdout.isatty()):
+        table = Table(show_edge=False, header_style="bold")
+        for column in shown:
+            table.add_column(
+                column.title,
+                justify="right" if column.numeric else "left",
+                no_wrap=column.key != "reason",
+                max_width=cut_widths.get(column.key),
+                overflow="ellipsis",
+            )
+        for row in rows:  # Text, not markup: a name reads as given, brackets and all (display_value: printable)
+            table.add_row(*(Text(display_value(column.key, row.get(column.key))) for column in shown))
+        Console(file=unguarded(sys.stdout), width=width).print(table)  # the cells are printable; Rich adds styles
     dropped = [column.title for column in columns if column not in shown]
     if dropped:
         print(

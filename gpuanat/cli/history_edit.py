@@ -72,7 +72,7 @@ def _resolve(store: HistoryStore, words: list[str], flag: str) -> list[RunRow]:
     return sorted(runs, key=lambda run: run.id)
 
 
-def _existing_history(args: argparse.Namespace, flag: str) -> None:
+def existing_history(args: argparse.Namespace, flag: str) -> None:
     db_path = history_path(args)
     if not db_path.exists():  # an edit creates no history: there is nothing in it
         fail_usage(f"{flag}: history {db_path} has no runs yet")
@@ -88,7 +88,7 @@ def command_tag(args: argparse.Namespace) -> int:
         tag = tag_text(words[-1])
     except argparse.ArgumentTypeError as error:
         fail_usage(f"{flag}: {error}")
-    _existing_history(args, flag)
+    existing_history(args, flag)
     with open_store(args) as store:
         runs = _resolve(store, words[:-1], flag)
         tagging = flag == "--tag"
@@ -115,31 +115,46 @@ def describe(run: RunRow) -> str:
 def command_delete(args: argparse.Namespace) -> int:
     """`--delete ID…`: show the runs, ask (or `--yes`), delete them in one transaction; one line per log removed."""
     refuse_listing_flags(args, "--delete")
-    _existing_history(args, "--delete")
+    existing_history(args, "--delete")
     with open_store(args) as store:
         runs = _resolve(store, args.delete, "--delete")
-        busy = store.in_progress([run.id for run in runs])
-        if busy:
-            fail_usage(
-                f"--delete: run {', '.join(map(str, busy))} {'is' if len(busy) == 1 else 'are'} still being recorded "
-                "by another process; stop it (or let it end), then delete it"
-            )
-        count = f"{len(runs)} run" if len(runs) == 1 else f"{len(runs)} runs"
-        if not args.yes and not sys.stdin.isatty():
-            fail_usage(
-                f"--delete: it asks before it deletes, and stdin is not a terminal; add --yes to delete {count} "
-                f"({', '.join(str(run.id) for run in runs)}) without asking"
-            )
-        print(f"Deleting {count} with their steps, samples, tags and logs:")
-        for run in runs:
-            print(f"  {describe(run)}")
-        if not args.yes:
-            print(f"Delete {'it' if len(runs) == 1 else 'them'}? [y/N] ", end="", flush=True)
-            answer = sys.stdin.readline().strip().lower()
-            if answer not in ("y", "yes"):
-                print("Nothing deleted.")
-                return EXIT_OK
-        deleted = write_with_backoff(lambda: store.delete_runs([run.id for run in runs]), deadline_s=RENAME_DEADLINE_S)
+        return confirm_and_delete(args, store, runs, "--delete")
+
+
+def confirm_and_delete(
+    args: argparse.Namespace, store: HistoryStore, runs: list[RunRow], flag: str, *, listed: int | None = None
+) -> int:
+    """Show `runs` (the first `listed` of them one a line, the rest counted; all when None), ask on a terminal
+    unless `--yes`, and delete them in one transaction; one line per log removed. Exit 2 where one is being
+    recorded, or where it cannot ask and `--yes` is not given."""
+    busy = store.in_progress([run.id for run in runs])
+    if busy:
+        fail_usage(
+            f"{flag}: run {', '.join(map(str, busy))} {'is' if len(busy) == 1 else 'are'} still being recorded "
+            "by another process; stop it (or let it end), then delete it"
+        )
+    count = f"{len(runs)} run" if len(runs) == 1 else f"{len(runs)} runs"
+    if not args.yes and not sys.stdin.isatty():
+        ids = ", ".join(str(run.id) for run in runs[: listed or len(runs)]) + (
+            ", …" if listed is not None and len(runs) > listed else ""
+        )
+        fail_usage(
+            f"{flag}: it asks before it deletes, and stdin is not a terminal; add --yes to delete {count} ({ids}) "
+            "without asking"
+        )
+    print(f"Deleting {count} with their steps, samples, tags and logs:")
+    shown = runs if listed is None or len(runs) <= listed else runs[: listed - 1]
+    for run in shown:
+        print(f"  {describe(run)}")
+    if len(shown) < len(runs):
+        print(f"  … and {len(runs) - len(shown)} more (run {runs[len(shown)].id} to run {runs[-1].id})")
+    if not args.yes:
+        print(f"Delete {'it' if len(runs) == 1 else 'them'}? [y/N] ", end="", flush=True)
+        answer = sys.stdin.readline().strip().lower()
+        if answer not in ("y", "yes"):
+            print("Nothing deleted.")
+            return EXIT_OK
+    deleted = write_with_backoff(lambda: store.delete_runs([run.id for run in runs]), deadline_s=RENAME_DEADLINE_S)
     print(f"Deleted {len(deleted.run_ids)} run{'' if len(deleted.run_ids) == 1 else 's'}.")
     for log in deleted.log_paths:
         print(f"  removed its log {printable(log)}")

@@ -422,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="List recorded runs, oldest first (reading the history, never writing it); a tune's or fit's\n"
         "trials show as one line, its search (id sN: the best trial, how many trials), unless --trials.\n"
         "With --compare, show runs side by side. Or change it: --rename one run, --tag/--untag runs,\n"
-        "--delete runs (it shows what it will delete and asks first; --yes for scripts). An ID is a run's\n"
+        "--delete runs, or --prune them by age, count, tag or status (each shows what it will delete and\n"
+        "asks first; --yes for scripts). An ID is a run's\n"
         "number, or sN for all of search N's trials.",
         epilog="Examples:\n  gpuanat history --format md\n  gpuanat history --name bf16 --limit 5\n"
         "  gpuanat history --tagged baseline --json\n  gpuanat history --trials\n"
@@ -430,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
         '  gpuanat history --rename 12 "bf16, batch 16"\n  gpuanat history --rename 12 ""   # no name\n'
         "  gpuanat history --tag 12 13 baseline\n  gpuanat history --untag 13 baseline\n"
         "  gpuanat history --delete 14 s3        # run 14, and search 3's trials\n"
-        "  gpuanat history --delete 14 --yes  # without asking (scripts)",
+        "  gpuanat history --delete 14 --yes  # without asking (scripts)\n"
+        "  gpuanat history --prune --older-than 30d --keep 1000   # shows what goes, then asks",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(history)
@@ -480,7 +482,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete these runs (sN: search N and its trials) with their steps, samples, tags and the logs gpuanat "
         "wrote for them; shows them and asks (y/N) first",
     )
-    history.add_argument("--yes", action="store_true", help="with --delete: delete without asking (scripts)")
+    history.add_argument("--yes", action="store_true", help="with --delete or --prune: delete without asking (scripts)")
+    history.add_argument(
+        "--prune",
+        action="store_true",
+        help="delete the runs that meet every criterion given (--older-than, --keep, --tagged, --status) with their "
+        "steps, samples, tags and logs; shows how many and a few of them, and asks (y/N) first",
+    )
+    history.add_argument(
+        "--older-than", default=None, metavar="AGE", help="with --prune: runs started more than AGE ago (30d, 12h, 2w)"
+    )
+    history.add_argument(
+        "--keep", type=int, default=None, metavar="N", help="with --prune: keep the newest N runs (of those picked)"
+    )
+    history.add_argument(
+        "--status", default=None, metavar="STATUS", help="with --prune: runs of this status (failed, oom, interrupted…)"
+    )
     history.add_argument(
         "--compare",
         nargs="+",

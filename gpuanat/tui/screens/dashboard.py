@@ -20,6 +20,7 @@ from textual.screen import Screen
 from gpuanat.core.measure.samples import GpuSample
 from gpuanat.core.store.history import RENAME_DEADLINE_S, Deleted, HistoryStore
 from gpuanat.core.store.history_errors import HistoryError, write_with_backoff
+from gpuanat.core.store.history_listing import listed_runs
 from gpuanat.tui.screens.compare import CompareScreen
 from gpuanat.tui.screens.history import HistoryScreen
 from gpuanat.tui.screens.keys import KeysScreen, key_rows
@@ -206,7 +207,12 @@ class DashboardScreen(Screen[None]):
             top.dismiss()
             return
         if isinstance(top, HistoryScreen):
-            run = top.cursor_run
+            run_id = top.cursor_run_id
+            try:
+                run = None if run_id is None else self._whole_run(run_id)
+            except HistoryError as error:
+                self.notify(str(error), severity="error")
+                return
             if run is None:
                 self.notify("No run in the history yet.", timeout=3)
                 return
@@ -226,7 +232,12 @@ class DashboardScreen(Screen[None]):
 
     def _runs(self) -> list[Any]:
         with HistoryStore(self.db_path, read_only=True) as store:
-            return store.runs()
+            return listed_runs(store)  # what the table shows of each run: ten thousand runs read in a blink
+
+    def _whole_run(self, run_id: int) -> Any:
+        """Run `run_id` read whole (the history screen's rows hold only what the table shows); None: not there."""
+        with HistoryStore(self.db_path, read_only=True) as store:
+            return store.run(run_id)
 
     def action_history(self) -> None:
         def chosen(run_ids: list[int] | None) -> None:

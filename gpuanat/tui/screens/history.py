@@ -5,7 +5,8 @@ the order, `/` filters the rows to those whose name, status, model, techniques, 
 (escape clears the filter). `n` renames the run under the cursor (`screens/rename.py`), `t` tags the selected runs (or
 the one under the cursor), `d` deletes them after asking (`screens/confirm.py`): each saved through what the dashboard
 gives the screen, off the event loop, since the history may be busy for a while. A tune's or fit's trials show as one
-row, its search (`core/store/searches.py`), until `e` expands it; `e` on one of its trials folds it again."""
+row, its search (`core/store/searches.py`), until `e` expands it; `e` on one of its trials folds it again. A long
+history's table holds PAGE_ROWS rows, `m` adds more; the filter and the sort work on every run."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ from gpuanat.tui.text_fit import fit_words
 SELECTED_MARK = "✓"
 DELETE_LISTED = 10
 """The most runs `d`'s question lists one a line; more are counted."""
+PAGE_ROWS = 100
+"""The rows the table holds at first, and how many more `m` adds: the newest in the run order (the top ones in any
+other order), so that a history of ten thousand runs opens and filters at once (docs/history.md, "Big histories")."""
 SCREEN_COLUMN_ORDER = (
     "id",
     "when",
@@ -141,6 +145,7 @@ class HistoryScreen(Screen[list[int]]):
         Binding("t", "tag", "Tag", id="history.tag"),
         Binding("d", "delete", "Delete", id="history.delete"),
         Binding("e", "expand", "Expand", id="history.expand"),
+        Binding("m", "more", f"{PAGE_ROWS} more rows", id="history.more"),
         Binding("h,escape", "close", "Back", id="history.back"),
     ]
     DEFAULT_CSS = """
@@ -168,6 +173,10 @@ class HistoryScreen(Screen[list[int]]):
         self.sort_key = "id"
         self.descending = False
         self.filter_text = ""
+        self.row_limit = PAGE_ROWS
+        """The most rows the table holds (`m` raises it)."""
+        self._hidden_rows = 0
+        """The rows the filter keeps that the table does not hold yet."""
 
     def compose(self) -> ComposeResult:
         yield Label(
@@ -200,6 +209,16 @@ class HistoryScreen(Screen[list[int]]):
         return [row["key"] for row in self._shown_rows()]
 
     def _shown_rows(self) -> list[dict[str, Any]]:
+        return self._window(self._matching_rows())
+
+    def _window(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Of the filtered and sorted `rows`, those the table holds: the `row_limit` newest in the run order (in any
+        other order the top ones)."""
+        if len(rows) <= self.row_limit:
+            return rows
+        return rows[-self.row_limit :] if self.sort_key == "id" and not self.descending else rows[: self.row_limit]
+
+    def _matching_rows(self) -> list[dict[str, Any]]:
         key = "order" if self.sort_key == "id" else self.sort_key
         return sorted_rows(filtered_rows(self._rows, self.filter_text), key, self.descending)
 
@@ -218,7 +237,8 @@ class HistoryScreen(Screen[list[int]]):
         for column in columns:
             mark = (" ▼" if self.descending else " ▲") if column.key == self.sort_key else ""
             table.add_column(column.title + mark, key=column.key)
-        rows = self._shown_rows()
+        every = self._matching_rows()
+        matching, rows = len(every), self._window(every)
         for row in rows:
             # Text, not markup: names, models and tags read as given (display_value made them printable).
             table.add_row(
@@ -229,7 +249,11 @@ class HistoryScreen(Screen[list[int]]):
         keys = [row["key"] for row in rows]
         if keys:
             table.move_cursor(row=keys.index(cursor_key) if cursor_key in keys else len(keys) - 1)
-        shown = f"{len(rows)} of {counted(len(self._rows), 'run')}" if self.filter_text else counted(len(rows), "run")
+        shown = f"{matching} of {counted(len(self._rows), 'run')}" if self.filter_text else counted(matching, "run")
+        self._hidden_rows = matching - len(rows)
+        self.refresh_bindings()
+        if len(rows) < matching:
+            shown += f" ({len(rows)} in the table, m: {min(PAGE_ROWS, matching - len(rows))} more)"
         order = (
             ""
             if self.sort_key == "id" and not self.descending
@@ -302,6 +326,8 @@ class HistoryScreen(Screen[list[int]]):
         and not advertised then."""
         if action == "filter":
             return not isinstance(self.focused, Input)
+        if action == "more":
+            return self._hidden_rows > 0
         offered = {"rename": self._rename, "tag": self._tag, "delete": self._delete}
         return offered[action] is not None if action in offered else True
 
@@ -432,6 +458,11 @@ class HistoryScreen(Screen[list[int]]):
         (self.expanded.add if folded else self.expanded.discard)(run.search.id)
         self._rows = table_rows(self._runs, self.expanded)
         self._fill(cursor_key=str(run.id) if folded else f"s{run.search.id}")
+
+    def action_more(self) -> None:
+        """`PAGE_ROWS` more rows in the table; the cursor stays on its row."""
+        self.row_limit += PAGE_ROWS
+        self._fill()
 
     def action_toggle_selection(self) -> None:
         table = self.query_one(DataTable)
