@@ -44,7 +44,7 @@ def test_a_data_runs_stored_prediction_is_predicts_at_the_datas_longest_row(tmp_
     env = {"HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
     data = data_flags(tmp_path, word_tokenizer)
     # tokenized once, by predict, before the runs read the cache side by side
-    _, predict_stderr = finished(
+    predict_stdout, predict_stderr = finished(
         start_cli(["predict", *TINY_DECODER, *data, "--gpu-memory", "80GiB", "--json"], None, extra_env=env), "predict"
     )
     assert f"gpuanat: predict: at seq {max(LENGTHS)}, the longest of --data's 6 rows" in predict_stderr
@@ -53,14 +53,13 @@ def test_a_data_runs_stored_prediction_is_predicts_at_the_datas_longest_row(tmp_
             ["run", *TINY_DECODER, "--device", "cpu", *data, "--json"], tmp_path / "a.sqlite", extra_env=env
         ),
         "random": start_cli(["run", *TINY_DECODER, "--device", "cpu", "--json"], tmp_path / "b.sqlite", extra_env=env),
-        "predict": start_cli(["predict", *TINY_DECODER, *data, "--gpu-memory", "80GiB", "--json"], None, extra_env=env),
         "predict on the cpu": start_cli(
             ["predict", *TINY_DECODER, "--device", "cpu", *data, "--json"], None, extra_env=env
         ),
     }
     outputs = {name: finished(process, name)[0] for name, process in processes.items()}
     run, random = last_json(outputs["run"]), last_json(outputs["random"])
-    predicted, on_the_cpu = json.loads(outputs["predict"]), json.loads(outputs["predict on the cpu"])
+    predicted, on_the_cpu = json.loads(predict_stdout), json.loads(outputs["predict on the cpu"])
     assert run["status"] == "ok" and random["status"] == "ok", (run["error"], random["error"])
     # a CPU run stores the GPU's prediction (`predict` without --device cpu), at the data's length: every key the same
     assert run["predicted"] == {key: predicted[key] for key in run["predicted"]}

@@ -304,7 +304,14 @@ def exit_code_for(status: str, signals: StopSignals) -> int:
 def print_summary(result: RunResult, db: Path | None = None) -> None:
     """The docs' summary (Time, Samples/second, GPU memory occupied) plus gpuanat's measurements; `db`: the history
     given with --db, for the `gpuanat explain` command it names."""
-    from gpuanat.cli.run_text import activity_lines, band_lines, loss_lines, run_title, summary_memory_lines
+    from gpuanat.cli.run_text import (
+        activity_lines,
+        band_lines,
+        compute_text,
+        loss_lines,
+        run_title,
+        summary_memory_lines,
+    )
     from gpuanat.core.measure.diagnose import breakdown_line
     from gpuanat.core.measure.startup import startup_line
     from gpuanat.core.operations.report import summary_lines as operations_summary_lines
@@ -372,21 +379,6 @@ def print_summary(result: RunResult, db: Path | None = None) -> None:
     for line in summary_memory_lines(result, db):
         print(line)
     print(f"Log: {result.log_path}")
-
-
-def compute_text(result: RunResult) -> str:
-    """ "311.6 TFLOP/s, 31.5% of NVIDIA H100 80GB HBM3's 989 TFLOP/s dense peak (MFU)": model FLOPs at the steady
-    rate; the MFU or why it is missing."""
-    achieved = result.achieved_tflops
-    if achieved is None:
-        return "— TFLOP/s (" + (result.unavailable.get("mfu") or "not measured") + ")"
-    text = f"{achieved:.1f} TFLOP/s" if achieved >= 1 else f"{achieved * 1000:.1f} GFLOP/s"
-    if result.mfu is None:
-        return f"{text} (MFU: {result.unavailable.get('mfu', 'not known')})"
-    gpus = len(result.gpus or []) or 1
-    where = result.gpu_name or "the GPU"
-    where = f"{gpus}× {where}" if gpus > 1 else where
-    return f"{text}, {100 * result.mfu:.1f}% of {where}'s {result.peak_tflops:.0f} TFLOP/s dense peak (MFU)"
 
 
 def print_table(columns: Any, rows: list[dict[str, Any]]) -> None:
@@ -463,7 +455,10 @@ def check_values(args: argparse.Namespace) -> int | None:
             print(f"gpuanat: {note}", file=sys.stderr)
     from gpuanat.cli.data import checked_longest_row
 
-    return checked_longest_row(config)
+    try:
+        return checked_longest_row(config)
+    except ConfigError as error:
+        fail_usage(str(error))
 
 
 def machine_config(args: argparse.Namespace, capabilities: Capabilities) -> RunConfig:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from gpuanat.cli.common import fail_usage
 from gpuanat.core.store.report import format_number
 from gpuanat.core.vocabulary.config import RunConfig
-from gpuanat.core.vocabulary.errors import ConfigError
 from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.dataset.load import TokenizedData
 
@@ -26,16 +24,13 @@ def check_data(config: RunConfig) -> TokenizedData:
 
 
 def checked_longest_row(config: RunConfig) -> int | None:
-    """--data checked as `check_data` does (one line and exit 2 where it cannot be used), and its longest row in
-    tokens, which sizes the run's predictions (`core.memory.data_length`); None without --data."""
+    """--data checked as `check_data` does (ConfigError where it cannot be used), and its longest row in tokens,
+    which sizes the run's predictions (`core.memory.data_length`); None without --data."""
     if config.data is None:
         return None
     from gpuanat.core.memory.data_length import longest_row
 
-    try:
-        return longest_row(check_data(config).lengths)
-    except ConfigError as error:
-        fail_usage(str(error))
+    return longest_row(check_data(config).lengths)
 
 
 def data_line(result: RunResult) -> str:

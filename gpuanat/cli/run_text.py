@@ -251,3 +251,18 @@ def loss_lines(result: RunResult) -> list[str]:
     lowest = f", lowest {result.min_loss:.4g}" if result.min_loss is not None else ""
     mean = f"; the run's mean {result.train_loss:.4g}" if result.train_loss is not None else ""
     return [f"Loss: {result.final_loss:.4g} at the last log{at}{lowest}{mean}"]
+
+
+def compute_text(result: RunResult) -> str:
+    """ "311.6 TFLOP/s, 31.5% of NVIDIA H100 80GB HBM3's 989 TFLOP/s dense peak (MFU)": model FLOPs at the steady
+    rate; the MFU or why it is missing."""
+    achieved = result.achieved_tflops
+    if achieved is None:
+        return "— TFLOP/s (" + (result.unavailable.get("mfu") or "not measured") + ")"
+    text = f"{achieved:.1f} TFLOP/s" if achieved >= 1 else f"{achieved * 1000:.1f} GFLOP/s"
+    if result.mfu is None:
+        return f"{text} (MFU: {result.unavailable.get('mfu', 'not known')})"
+    gpus = len(result.gpus or []) or 1
+    where = result.gpu_name or "the GPU"
+    where = f"{gpus}× {where}" if gpus > 1 else where
+    return f"{text}, {100 * result.mfu:.1f}% of {where}'s {result.peak_tflops:.0f} TFLOP/s dense peak (MFU)"
