@@ -343,7 +343,15 @@ class HistoryStore(HistoryFile):
     ) -> list[RunRow]:
         """Runs, oldest first: those whose name contains `name_contains` (in any case) when given, those tagged
         `tagged` (exactly) when given, the last `limit` of them when given."""
-        query = f"SELECT {self._run_columns} FROM runs"
+        rows = self._selected(self._run_columns, limit, name_contains, tagged)
+        tags, searches = self._tags_and_searches()
+        return [self._row(row, tags, searches) for row in reversed(rows)]
+
+    def _selected(
+        self, columns: str, limit: int | None, name_contains: str | None, tagged: str | None
+    ) -> list[sqlite3.Row]:
+        """`columns` of the runs `runs` lists, newest first."""
+        query = f"SELECT {columns} FROM runs"
         parameters: tuple[Any, ...] = ()
         if tagged is not None:
             if not self.keeps_tags:
@@ -358,8 +366,7 @@ class HistoryStore(HistoryFile):
         if name_contains is not None:  # in Python: SQLite's lower() and LIKE fold ASCII letters only
             needle = name_contains.casefold()
             rows = [row for row in rows if row["name"] is not None and needle in row["name"].casefold()][:limit]
-        tags, searches = self._tags_and_searches()
-        return [self._row(row, tags, searches) for row in reversed(rows)]
+        return rows
 
     def run(self, run_id: int) -> RunRow | None:
         rows = self._fetch(f"SELECT {self._run_columns} FROM runs WHERE id = ?", (run_id,))

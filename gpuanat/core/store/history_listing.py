@@ -39,8 +39,6 @@ def listed_runs(
     """`store.runs(limit, name_contains=…, tagged=…)`, oldest first, each run's `result` holding only
     LISTED_RESULT_KEYS and its `environment` empty: for listings (`history`, the dashboard's history screen). Read a
     run whole with `store.run(run_id)`."""
-    if tagged is not None and not store.keeps_tags:
-        return []
     columns = ", ".join(
         _LISTED_RESULT
         if column == "result_json"
@@ -49,19 +47,7 @@ def listed_runs(
         else column
         for column in store._run_columns.split(", ")
     )
-    query = f"SELECT {columns} FROM runs"
-    parameters: tuple[Any, ...] = ()
-    if tagged is not None:
-        query += " WHERE id IN (SELECT run_id FROM run_tags WHERE tag = ?)"
-        parameters = (tagged,)
-    query += " ORDER BY id DESC"
-    if limit is not None and name_contains is None:
-        query += " LIMIT ?"
-        parameters = (*parameters, limit)
-    rows = store._fetch(query, parameters)
-    if name_contains is not None:  # in Python: SQLite's lower() and LIKE fold ASCII letters only
-        needle = name_contains.casefold()
-        rows = [row for row in rows if row["name"] is not None and needle in row["name"].casefold()][:limit]
+    rows = store._selected(columns, limit, name_contains, tagged)
     tags, searches = store._tags_and_searches()
     listed = []
     for row in reversed(rows):
