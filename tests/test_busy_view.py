@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from recorded_backend import CAPABILITIES
 from test_first_minute import screen_text
+from watch_replay import replayed_session, replayed_watch_app
 
 from gpuanat.core.measure.gpm import throttle_names
-from gpuanat.core.measure.pid_namespace import PidNamespaceResolver
 from gpuanat.core.measure.replay import ReplaySource
 from gpuanat.core.measure.samples import ACTIVITY_READINGS, GpuSample, NvmlStatus, Sample
 from gpuanat.core.vocabulary.config import RunConfig
@@ -189,15 +189,8 @@ def test_the_activity_row_at_80x24_during_the_gemm_step(snap_compare, tmp_path):
 
 def watch_session(proc_root: Path, pid: int) -> WatchSession:
     """The watch's session of process `pid` (a directory of that name under `proc_root`), NVML's samples given."""
-    (proc_root / str(pid)).mkdir()
     target = WatchTarget(pid=pid, name="python3", command="", create_time_s=0.0, username=None)
-    return WatchSession(
-        target,
-        NVML,
-        publication_dirs_for=lambda pid: [],
-        process_alive=lambda: True,
-        resolver=PidNamespaceResolver(proc_root, check_visible_pids=False),
-    )
+    return replayed_session(target, NVML, proc_root)
 
 
 def test_watch_records_carry_each_gpus_activity_as_the_sampler_read_it(tmp_path):
@@ -227,31 +220,11 @@ BERT_PID = 775
 
 def make_bert_watch_app(db_path: Path, proc_root: Path) -> WatchApp:
     """The watch dashboard of the bert run's training process, fed its recorded trace through the real sampler."""
-    (proc_root / str(BERT_PID)).mkdir(parents=True)
     first_t_s = json.loads(BERT_TRACE.read_text().splitlines()[0])["t_s"]
     target = WatchTarget(
         pid=BERT_PID, name="python3", command="python3 -m gpuanat.worker", create_time_s=0.0, username=None
     )
-
-    def session(target: WatchTarget, nvml: NvmlStatus) -> WatchSession:
-        return WatchSession(
-            target,
-            nvml,
-            clock=lambda: first_t_s,
-            publication_dirs_for=lambda pid: [],
-            process_alive=lambda: True,
-            resolver=PidNamespaceResolver(proc_root, check_visible_pids=False),
-        )
-
-    return WatchApp(
-        target,
-        db_path=db_path,
-        sampler_factory=lambda: (ReplaySource(BERT_TRACE), NVML),
-        session_factory=session,
-        clock=lambda: first_t_s,
-        interval_s=None,
-        paint_interval_s=3600,
-    )
+    return replayed_watch_app(db_path, proc_root, target, lambda: ReplaySource(BERT_TRACE), NVML, lambda: first_t_s)
 
 
 @pytest.mark.asyncio

@@ -64,29 +64,45 @@ class RecordedTreeSource:
         self._replay.close()
 
 
-def make_watch_app(db_path: Path, proc_root: Path, clock: Callable[[], float] = lambda: FIRST_T_S) -> WatchApp:
-    """A watch dashboard on the recording; `proc_root` gets a /proc in which PID 2348 exists."""
-    (proc_root / str(PID)).mkdir(parents=True, exist_ok=True)
+def replayed_session(
+    target: WatchTarget, nvml: NvmlStatus, proc_root: Path, clock: Callable[[], float] | None = None
+) -> WatchSession:
+    """The watch's session of `target`, whose PID has a directory in the /proc at `proc_root`: no publications, the
+    process alive, the samples given to it by the test."""
+    (proc_root / str(target.pid)).mkdir(parents=True, exist_ok=True)
+    return WatchSession(
+        target,
+        nvml,
+        **({"clock": clock} if clock is not None else {}),
+        publication_dirs_for=lambda pid: [],
+        process_alive=lambda: True,
+        resolver=PidNamespaceResolver(proc_root, check_visible_pids=False),
+    )
 
-    def session(target: WatchTarget, nvml: NvmlStatus) -> WatchSession:
-        return WatchSession(
-            target,
-            nvml,
-            clock=clock,
-            publication_dirs_for=lambda pid: [],
-            process_alive=lambda: True,
-            resolver=PidNamespaceResolver(proc_root, check_visible_pids=False),
-        )
 
+def replayed_watch_app(
+    db_path: Path,
+    proc_root: Path,
+    target: WatchTarget,
+    source: Callable[[], object],
+    nvml: NvmlStatus,
+    clock: Callable[[], float],
+) -> WatchApp:
+    """A watch dashboard of `target` fed `source()`'s samples through the real sampler, painted when the test says."""
     return WatchApp(
-        TARGET,
+        target,
         db_path=db_path,
-        sampler_factory=lambda: (RecordedTreeSource(), NVML),
-        session_factory=session,
+        sampler_factory=lambda: (source(), nvml),
+        session_factory=lambda target, nvml: replayed_session(target, nvml, proc_root, clock),
         clock=clock,
         interval_s=None,
         paint_interval_s=3600,
     )
+
+
+def make_watch_app(db_path: Path, proc_root: Path, clock: Callable[[], float] = lambda: FIRST_T_S) -> WatchApp:
+    """A watch dashboard on the recording; `proc_root` gets a /proc in which PID 2348 exists."""
+    return replayed_watch_app(db_path, proc_root, TARGET, RecordedTreeSource, NVML, clock)
 
 
 def replay(app: WatchApp, until_elapsed_s: float, *, published: bool = True) -> None:
