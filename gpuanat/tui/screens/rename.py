@@ -17,61 +17,73 @@ from textual.widgets import Input, Label
 from gpuanat.core.printable import printable
 
 
-class RenameScreen(ModalScreen[str | None]):
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="rename.cancel")]
+class LinePromptScreen(ModalScreen[str | None]):
+    """A box of one line to type in over the history: a title, the line, a hint; enter dismisses with what was typed,
+    escape with None. Subclasses give `prompt` and `BINDINGS` (their escape, under an id of their own)."""
+
     DEFAULT_CSS = """
-    RenameScreen { align: center middle; }
-    RenameScreen > Vertical { width: 70; max-width: 100%; height: auto; border: thick $primary; padding: 1 2;
-                              background: $surface; }
-    RenameScreen #rename-hint { color: $text-muted; }
+    LinePromptScreen { align: center middle; }
+    LinePromptScreen > Vertical { width: 70; max-width: 100%; height: auto; border: thick $primary; padding: 1 2;
+                                  background: $surface; }
+    LinePromptScreen .prompt-hint { color: $text-muted; }
     """
+    NAME = "prompt"
+    """The input's id is NAME-input, the hint's NAME-hint."""
+
+    def prompt(self) -> tuple[str, str, str, str]:
+        """The title, the input's value and placeholder, the hint."""
+        raise NotImplementedError
+
+    def compose(self) -> ComposeResult:
+        title, value, placeholder, hint = self.prompt()
+        with Vertical():
+            yield Label(Text(title))  # Text, not markup: names are data
+            yield Input(value=value, placeholder=placeholder, id=f"{self.NAME}-input")
+            yield Label(Text(hint), id=f"{self.NAME}-hint", classes="prompt-hint")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class RenameScreen(LinePromptScreen):
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="rename.cancel")]
+    NAME = "rename"
 
     def __init__(self, run_id: int, name: str | None) -> None:
         super().__init__()
         self._run_id = run_id
         self._name = name
 
-    def compose(self) -> ComposeResult:
+    def prompt(self) -> tuple[str, str, str, str]:
         shown = "no name" if self._name is None else f"now “{printable(self._name)}”"
         editable = self._name if self._name is not None and printable(self._name) == self._name else ""
-        with Vertical():
-            yield Label(Text(f"Name of run {self._run_id} ({shown})"))  # Text, not markup: the name is data
-            yield Input(value=editable, placeholder="no name", id="rename-input")
-            yield Label(Text("enter saves (empty: no name) · escape cancels"), id="rename-hint")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.dismiss(event.value)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
+        return (
+            f"Name of run {self._run_id} ({shown})",
+            editable,
+            "no name",
+            "enter saves (empty: no name) · escape cancels",
+        )
 
 
-class TagScreen(ModalScreen[str | None]):
+class TagScreen(LinePromptScreen):
     """Dismisses with the tag typed, or None when cancelled."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="tag.cancel")]
-    DEFAULT_CSS = """
-    TagScreen { align: center middle; }
-    TagScreen > Vertical { width: 70; max-width: 100%; height: auto; border: thick $primary; padding: 1 2;
-                           background: $surface; }
-    TagScreen #tag-hint { color: $text-muted; }
-    """
+    NAME = "tag"
 
     def __init__(self, run_ids: list[int]) -> None:
         super().__init__()
         self._run_ids = run_ids
 
-    def compose(self) -> ComposeResult:
+    def prompt(self) -> tuple[str, str, str, str]:
         listed = ", ".join(map(str, self._run_ids))
-        with Vertical():
-            yield Label(Text(f"Tag run{'s' if len(self._run_ids) > 1 else ''} {listed}"))
-            yield Input(placeholder="tag", id="tag-input")
-            yield Label(Text("enter tags them · escape cancels"), id="tag-hint")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.dismiss(event.value)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
+        return (
+            f"Tag run{'s' if len(self._run_ids) > 1 else ''} {listed}",
+            "",
+            "tag",
+            "enter tags them · escape cancels",
+        )
