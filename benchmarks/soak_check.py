@@ -8,8 +8,8 @@ their own memory, CPU and terminal output over time — and what reading XID eve
 2. Soak: `gpuanat` (the flags after --) in a 120×40 pseudo-terminal; `r` launches the run; `gpuanat watch PID` of the
    training worker in a second pseudo-terminal. Every --every-s: each monitor's own RSS (MiB), CPU (% of one core
    over the interval, the monitor's process alone) and bytes written to its terminal per second, and the worker's
-   step from the history. The zoom key (when given) is pressed half way and again a minute later. At the end `q`, `y`: the run's
-   status, steps and result keys as the history holds them.
+   step from the history. The zoom key (when given) is pressed half way and again a minute later. At the end `q`,
+   `y`: the run's status, steps and result keys as the history holds them.
 Reported: each series, and the RSS and CPU drift from the first measured minute to the last.
 """
 
