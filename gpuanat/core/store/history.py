@@ -37,7 +37,7 @@ from gpuanat.core.measure.anatomy import bands_of_one_moment
 from gpuanat.core.store.history_errors import EXIT_BAD_FILE, HistoryError, HistoryWriteError, one_line
 from gpuanat.core.store.history_file import HistoryFile
 from gpuanat.core.store.history_rows import Deleted, RunRow, SearchRef, id_chunks, own_log_path
-from gpuanat.core.store.history_schema import ACTIVITY_COLUMNS, RUN_COLUMNS
+from gpuanat.core.store.history_schema import ACTIVITY_COLUMNS, LISTED_COLUMNS, LISTED_JSON_COLUMNS, RUN_COLUMNS
 from gpuanat.core.store.interrupted import interrupted_result, process_started_at, recorder_alive, result_from_steps
 from gpuanat.core.vocabulary.result import RunResult
 
@@ -62,12 +62,27 @@ RENAME_DEADLINE_S = 10.0
 `write_with_backoff` before it says the name was not saved: someone is waiting for it."""
 
 
-_ACTIVITY_ASSIGNMENTS = ", ".join(f"{column} = ?" for column in ACTIVITY_COLUMNS)
+_RESULT_ASSIGNMENTS = ", ".join(
+    f"{column} = ?" for column in (*ACTIVITY_COLUMNS, *LISTED_COLUMNS, *LISTED_JSON_COLUMNS, "result_listed")
+)
+"""The columns that repeat values of the stored result, set with it (`_stored_result`)."""
 
 
-def _activity_values(result: RunResult) -> tuple[float | None, ...]:
-    """The result's values of the activity columns, in their order."""
-    return tuple(getattr(result, column) for column in ACTIVITY_COLUMNS)
+def _stored_result(result: RunResult, stored: Mapping[str, Any]) -> tuple[Any, ...]:
+    """`result` (whose JSON is `stored`) as its text, then the values of `_RESULT_ASSIGNMENTS`: the activity columns,
+    the listed ones as the stored result has them, and `result_listed`, 1 where the text is valid JSON (not where a
+    value is NaN or infinite, which a listing then reads whole)."""
+    try:
+        text, listed = json.dumps(stored, allow_nan=False), 1
+    except ValueError:
+        text, listed = json.dumps(stored), None
+    return (
+        text,
+        *(getattr(result, column) for column in ACTIVITY_COLUMNS),
+        *(stored.get(column) for column in LISTED_COLUMNS),
+        *(json.dumps(stored[key]) if stored.get(key) is not None else None for key in LISTED_JSON_COLUMNS.values()),
+        listed,
+    )
 
 
 class HistoryStore(HistoryFile):
@@ -181,11 +196,11 @@ class HistoryStore(HistoryFile):
 
     def update_result(self, run_id: int, result: RunResult, *, status: str | None = None) -> None:
         """Store the run's result so far; `status` other than running also marks it finished."""
-        result_json = json.dumps(result.to_json())
+        stored = result.to_json()
         with self._write("the run's result") as db:
             db.execute(
-                f"UPDATE runs SET result_json = ?, {_ACTIVITY_ASSIGNMENTS} WHERE id = ?",
-                (result_json, *_activity_values(result), run_id),
+                f"UPDATE runs SET result_json = ?, {_RESULT_ASSIGNMENTS} WHERE id = ?",
+                (*_stored_result(result, stored), run_id),
             )
             if status is not None:
                 finished_at = None if status in ACTIVE_STATUSES else time.time()
@@ -207,10 +222,11 @@ class HistoryStore(HistoryFile):
                 run_id = row["id"]
                 result = self._interrupted_result(row)
                 finished_at = row["last_recorded_at"] or self._estimated_last_record(run_id, row["created_at"]) or now()
+                stored = result.to_json()
                 db.execute(
-                    f"UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?, {_ACTIVITY_ASSIGNMENTS}"
+                    f"UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?, {_RESULT_ASSIGNMENTS}"
                     " WHERE id = ? AND status = 'running'",
-                    (finished_at, json.dumps(result.to_json()), *_activity_values(result), run_id),
+                    (finished_at, *_stored_result(result, stored), run_id),
                 )
                 finalised.append(run_id)
         return finalised
