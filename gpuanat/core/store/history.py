@@ -37,7 +37,13 @@ from gpuanat.core.measure.anatomy import bands_of_one_moment
 from gpuanat.core.store.history_errors import EXIT_BAD_FILE, HistoryError, HistoryWriteError, one_line
 from gpuanat.core.store.history_file import HistoryFile
 from gpuanat.core.store.history_rows import Deleted, RunRow, SearchRef, id_chunks, own_log_path
-from gpuanat.core.store.history_schema import ACTIVITY_COLUMNS, LISTED_COLUMNS, LISTED_JSON_COLUMNS, RUN_COLUMNS
+from gpuanat.core.store.history_schema import (
+    ACTIVITY_COLUMNS,
+    LISTED_BEFORE_30,
+    LISTED_COLUMNS,
+    LISTED_JSON_COLUMNS,
+    RUN_COLUMNS,
+)
 from gpuanat.core.store.interrupted import interrupted_result, process_started_at, recorder_alive, result_from_steps
 from gpuanat.core.vocabulary.result import RunResult
 
@@ -70,10 +76,13 @@ _RESULT_ASSIGNMENTS = ", ".join(
 
 def _stored_result(result: RunResult, stored: Mapping[str, Any]) -> tuple[Any, ...]:
     """`result` (whose JSON is `stored`) as its text, then the values of `_RESULT_ASSIGNMENTS`: the activity columns,
-    the listed ones as the stored result has them, and `result_listed`, 1 where the text is valid JSON (not where a
-    value is NaN or infinite, which a listing then reads whole)."""
+    the listed ones as the stored result has them, and `result_listed` (`history_schema.LISTED_BEFORE_30`): 1 where
+    the text is valid JSON of a current result, NULL where a value is NaN or infinite (a listing reads it whole)."""
     try:
-        text, listed = json.dumps(stored, allow_nan=False), 1
+        text, listed = (
+            json.dumps(stored, allow_nan=False),
+            1 if bands_of_one_moment(stored) is stored else LISTED_BEFORE_30,
+        )
     except ValueError:
         text, listed = json.dumps(stored), None
     return (

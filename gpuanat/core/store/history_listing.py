@@ -32,7 +32,7 @@ _SCALAR_COLUMNS = (*LISTED_COLUMNS, "tensor_active_percent", "joules_per_sample"
 _FROM_COLUMNS = (
     *_SCALAR_COLUMNS,
     *LISTED_JSON_COLUMNS,
-    "CASE WHEN result_json IS NULL THEN 0 WHEN result_listed = 1 THEN 1 ELSE 2 END AS result_state",
+    "CASE WHEN result_json IS NULL THEN 0 WHEN result_listed IS NOT NULL THEN 1 ELSE 2 END AS result_state",
 )
 """What a listing selects of a history of schema 5 besides the run's own columns. result_state: 0 no result stored, 1
 listed in the columns, 2 to be read whole (damaged: it says so)."""
@@ -127,14 +127,18 @@ def keeps_listed_columns(store: HistoryStore) -> bool:
 
 
 def stored_results(store: HistoryStore) -> dict[int, str]:
-    """Every run's result as stored (JSON text), by run id, where it reads as written: valid (of schema 5:
-    as its `result_listed` says, not parsed again), of a run that ended, not of the bands of before issue #30
-    (`anatomy.bands_of_one_moment`). A run not in it is read whole (`store.run`)."""
-    valid = "result_listed = 1" if keeps_listed_columns(store) else "json_valid(result_json)"
-    rows = store._fetch(
-        f"SELECT id, result_json FROM runs WHERE status != 'running' AND result_json IS NOT NULL AND {valid}"
-        " AND (instr(result_json, '\"gradients_at_forward_end_bytes\"') = 0"
+    """Every run's result as stored (JSON text), by run id, where it reads as written: valid, of a run that ended, not
+    of the bands of before issue #30 (`anatomy.bands_of_one_moment`; of schema 5 `result_listed` says so). A run not in
+    it is read whole (`store.run`): a damaged one then says so."""
+    current = (
+        "result_listed = 1"
+        if keeps_listed_columns(store)
+        else "(instr(result_json, '\"gradients_at_forward_end_bytes\"') = 0"
         " OR instr(result_json, '\"gradients_after_backward_bytes\"') > 0)"
+    )
+    rows = store._fetch(
+        "SELECT id, result_json FROM runs WHERE status != 'running' AND result_json IS NOT NULL"
+        f" AND {current} AND json_valid(result_json)"
     )
     return {run_id: text for run_id, text in rows}
 

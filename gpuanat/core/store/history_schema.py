@@ -93,7 +93,7 @@ CREATE INDEX IF NOT EXISTS samples_by_run ON samples(run_id, t_s);
 The activity columns (`ACTIVITY_COLUMNS`) repeat the stored result's values of their names (NULL where it has none),
 so a query can sort and filter runs by them: `SELECT id, joules_per_sample FROM runs ORDER BY joules_per_sample`.
 The listed columns (`LISTED_COLUMNS`, `LISTED_JSON_COLUMNS`) likewise repeat the values a listing shows, and
-`result_listed` says they do (1; NULL where the run stored no result, or a damaged one)."""
+`result_listed` says they do (1 or LISTED_BEFORE_30; NULL where the run stored no result, or a damaged one)."""
 
 ACTIVITY_COLUMNS = (
     *("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent"),
@@ -111,6 +111,10 @@ the activity columns `tensor_active_percent` and `joules_per_sample`). Declared 
 its JSON type: an integer stays one, as the stored result has it."""
 LISTED_JSON_COLUMNS = {"diagnosis_json": "diagnosis", "operations_anatomy_json": "operations_anatomy"}
 """The result's values that version 5 keeps as JSON text, by column: a listing shows a little of each."""
+LISTED_BEFORE_30 = 2
+"""`result_listed` of a result whose bands were written before issue #30 (`anatomy.bands_of_one_moment`): its listed
+columns hold its values, and it is read whole where the whole result is shown. 1: listed, and the stored text is
+the result as it reads now; NULL: no result stored, or a damaged one."""
 
 
 def listed_from_result(result: str) -> str:
@@ -125,7 +129,12 @@ def listed_from_result(result: str) -> str:
         f" THEN json_quote(json_extract({result}, '$.{key}')) END"
         for column, key in LISTED_JSON_COLUMNS.items()
     ]
-    return ", ".join([*scalars, *objects, f"result_listed = CASE WHEN {valid} THEN 1 END"])
+    before_30 = (
+        f"json_type({result}, '$.gradients_at_forward_end_bytes') IS NOT NULL"
+        f" AND json_type({result}, '$.gradients_after_backward_bytes') IS NULL"
+    )
+    listed = f"result_listed = CASE WHEN {valid} THEN CASE WHEN {before_30} THEN {LISTED_BEFORE_30} ELSE 1 END END"
+    return ", ".join([*scalars, *objects, listed])
 
 
 MIGRATION_FROM_1 = (
