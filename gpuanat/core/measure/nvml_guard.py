@@ -41,6 +41,14 @@ def device_fault(index: int, error: Exception) -> str | None:
     return f"GPU {index} {state} (NVML: {error})" if state is not None else None
 
 
+class NvmlProgress:
+    """What a series of NVML calls asks about now — "NVML" (its initialisation, the GPU count) or "GPU 1" — so that a
+    caller that stopped waiting can say which GPU does not answer."""
+
+    def __init__(self) -> None:
+        self.at = "NVML"
+
+
 class _Call:
     def __init__(self, read: Callable[[], Any]) -> None:
         self.read = read

@@ -2,7 +2,7 @@
 
 pynvml is imported lazily, so this module loads without it. `probe_nvml()` says whether NVML works here and,
 when it does not, why, in words a user can act on; `NvmlSource` reads every GPU plus the host metrics of the
-tracked processes; `open_source()` picks it when NVML works, else `HostOnlySource`. `nvml_memory_info` and
+tracked processes; `nvml_startup.open_source()` picks it when NVML works, else `HostOnlySource`. `nvml_memory_info` and
 `nvml_processes` are the readings the probe worker and the GPU list share with `NvmlSource`.
 """
 
@@ -17,9 +17,8 @@ from typing import Any, ClassVar
 
 from gpuanat.core.measure.gpm import GpmReader, GpmReading
 from gpuanat.core.measure.nvml_events import XID_CARRY_S, XidReader
-from gpuanat.core.measure.nvml_faults import binding_from_environment
-from gpuanat.core.measure.nvml_guard import NVML_DEADLINE_S, NvmlGuard, device_fault
-from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource, HostProcessMeter
+from gpuanat.core.measure.nvml_guard import NVML_DEADLINE_S, NvmlGuard, NvmlProgress, device_fault
+from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostProcessMeter
 from gpuanat.core.measure.samples import (
     GpuSample,
     NvmlStatus,
@@ -74,8 +73,10 @@ def _unavailable(reason: str) -> NvmlStatus:
     return NvmlStatus(available=False, reason=reason, driver_version=None, cuda_driver_version=None, gpu_names=())
 
 
-def probe_nvml(nvml: Any = None) -> NvmlStatus:
-    """Initialise NVML (`nvml`, default: `pynvml`), describe what it sees and shut it down again. Never raises."""
+def probe_nvml(nvml: Any = None, progress: NvmlProgress | None = None) -> NvmlStatus:
+    """Initialise NVML (`nvml`, default: `pynvml`), describe what it sees and shut it down again. Never raises.
+    `progress` is kept at what it asks NVML about ("NVML", then "GPU 0", …), for a caller that stops waiting."""
+    progress = progress or NvmlProgress()
     pynvml: Any = nvml
     if pynvml is None:
         try:
@@ -93,9 +94,13 @@ def probe_nvml(nvml: Any = None) -> NvmlStatus:
     try:
         driver_version = _nvml_or_none(pynvml, pynvml.nvmlSystemGetDriverVersion)
         cuda_driver_version = _nvml_or_none(pynvml, pynvml.nvmlSystemGetCudaDriverVersion)
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(index) for index in range(pynvml.nvmlDeviceGetCount())]
-        gpu_names = tuple(_device_name(pynvml, handle, index) for index, handle in enumerate(handles))
-        gpu_total_bytes = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) for handle in handles)
+        names, totals = [], []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            progress.at = f"GPU {index}"
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            names.append(_device_name(pynvml, handle, index))
+            totals.append(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
+        gpu_names, gpu_total_bytes = tuple(names), tuple(totals)
     except pynvml.NVMLError as error:
         return _unavailable(_nvml_reason(error))
     except Exception as error:
@@ -440,23 +445,8 @@ def _no_readings(index: int, name: str, fault: str) -> GpuSample:
 
 
 def open_source(prefer_nvml: bool = True, *, per_process: bool = False) -> tuple[SampleSource, NvmlStatus]:
-    """`NvmlSource` when NVML works here, else `HostOnlySource`; the status describes the source.
+    """`NvmlSource` when NVML works here, else `HostOnlySource`, each start-up step within a deadline: see
+    `nvml_startup.open_source`, which this is."""
+    from gpuanat.core.measure.nvml_startup import open_source as open_within_deadline
 
-    With `prefer_nvml=False` NVML is not touched at all (for machines where it hangs or misleads);
-    `per_process` is passed to the source (each tracked process, per-process GPU utilization). The environment
-    may ask for a recorded NVML or injected faults instead of the driver (`nvml_faults`: GPUANAT_NVML_REPLAY,
-    GPUANAT_NVML_FAULTS).
-    """
-    if not prefer_nvml:
-        return HostOnlySource(per_process=per_process), _unavailable("NVML not used: turned off by the caller")
-    try:
-        binding = binding_from_environment()
-    except ValueError as error:
-        return HostOnlySource(per_process=per_process), _unavailable(str(error))
-    status = probe_nvml(binding)
-    if not status.available:
-        return HostOnlySource(per_process=per_process), status
-    try:
-        return NvmlSource(per_process=per_process, nvml=binding), status
-    except Exception as error:
-        return HostOnlySource(per_process=per_process), _unavailable(f"NVML failed to start: {_nvml_reason(error)}")
+    return open_within_deadline(prefer_nvml, per_process=per_process)
