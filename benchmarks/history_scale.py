@@ -3,9 +3,10 @@
 
 The seed is a real `gpuanat run` of the tiny BERT on the CPU (its result, steps and samples); its rows are copied N
 times with SQL matching `HistoryStore`'s (names, tags, status and searches varied so the filters and the folding
-have work). Then, each a real subprocess timed by wall clock (Python's start included): `history` in table, md, csv
-and json, `--name`, `--tagged`, `--compare A B`; and the real dashboard headless (`App.run_test`): from the `h` key
-press to the history table filled, and the six keys of a filter typed to the table filtered.
+have work; schema 5's listed columns filled from each result). Then, each a real subprocess timed by wall clock
+(Python's start included): `history` in table, md, csv and json, `--name`, `--tagged`, `--compare A B`; and the real
+dashboard headless (`App.run_test`): from the `h` key press to the history table filled, and the six keys of a filter
+typed to the table filtered.
 
     PYTHONPATH=$PWD python3 benchmarks/history_scale.py --out benchmarks/results/cpu/history_scale/after.json
 """
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.store.history_schema import ACTIVITY_COLUMNS
+from gpuanat.core.store.history_schema import ACTIVITY_COLUMNS, listed_from_result
 
 TINY_CPU = ["--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "32", "--batch-size", "4"]
 REPEATS = 3
@@ -114,6 +115,7 @@ def make_history(seed: Path, target: Path, runs: int) -> None:
                 "INSERT INTO samples VALUES (?, ?, ?)",
                 [(run_id, sample["t_s"], json.dumps(sample)) for sample in samples],
             )
+        db.execute("UPDATE runs SET " + listed_from_result("result_json"))  # as HistoryStore writes them
     db.close()
 
 

@@ -28,7 +28,7 @@ from gpuanat.core.store.history import Deleted, RunRow
 from gpuanat.core.store.history_errors import HistoryError
 from gpuanat.core.store.report import TAGS_COLUMN, counted, display_value
 from gpuanat.tui.screens.confirm import ConfirmScreen
-from gpuanat.tui.screens.history_rows import (
+from gpuanat.tui.screens.history_table import (
     PAGE_ROWS,
     SCREEN_COLUMNS,
     SORT_KEYS,
