@@ -20,8 +20,8 @@ from conftest import TINY_CPU, run_cli, start_cli
 from test_tui import TINY, wait_for
 
 from gpuanat.core.measure.nvml_faults import FAULTS_VARIABLE, REPLAY_VARIABLE
+from gpuanat.core.measure.nvml_guard import STARTUP_DEADLINE_S
 from gpuanat.core.measure.nvml_source import open_source
-from gpuanat.core.measure.nvml_startup import STARTUP_DEADLINE_S
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.tui.app import GpuAnatApp
 

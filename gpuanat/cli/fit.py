@@ -30,7 +30,7 @@ from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machin
 
 
 def command_fit(args: argparse.Namespace) -> int:
-    from gpuanat.core.measure.nvml_startup import nvml_status
+    from gpuanat.core.measure.nvml_source import nvml_status
     from gpuanat.core.memory.sizes import parse_size
     from gpuanat.core.run.fit import fit_start, fit_unsupported_reason, run_fit
 

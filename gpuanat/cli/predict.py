@@ -36,7 +36,7 @@ def data_seq_len(config: RunConfig) -> RunConfig:
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    from gpuanat.core.measure.nvml_startup import nvml_status
+    from gpuanat.core.measure.nvml_source import nvml_status
     from gpuanat.core.memory.allocation_templates import largest_batch, version_differences
     from gpuanat.core.memory.compiled import COMPILE_UNPREDICTED_FIELDS, compile_unpredicted_reason
     from gpuanat.core.memory.fit_ladder import fit_ladder

@@ -101,7 +101,7 @@ def _memory_limit(given: int | None, base: RunConfig, capabilities: Capabilities
         return given
     if base.device != "cuda":
         return None
-    from gpuanat.core.measure.nvml_startup import nvml_status
+    from gpuanat.core.measure.nvml_source import nvml_status
 
     nvml = nvml_status()
     if nvml.available and nvml.gpu_total_bytes:

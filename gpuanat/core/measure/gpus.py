@@ -117,9 +117,9 @@ def choose_gpus(spec: str | None, gpus: Sequence[Gpu], environment: Mapping[str,
 
 def read_gpus() -> list[Gpu]:
     """Every GPU NVML lists, with its use now; empty when NVML is unavailable, or does not answer within the start-up
-    deadline (`nvml_startup`). NVML is the binding the environment asks for (`nvml_faults`), else pynvml."""
+    deadline (`nvml_guard.within_deadline`). NVML: the binding the environment asks for (`nvml_faults`), else pynvml."""
     from gpuanat.core.measure.nvml_faults import binding_from_environment
-    from gpuanat.core.measure.nvml_startup import within_deadline
+    from gpuanat.core.measure.nvml_guard import within_deadline
 
     try:
         nvml = binding_from_environment()

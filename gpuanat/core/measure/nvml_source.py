@@ -2,7 +2,7 @@
 
 pynvml is imported lazily, so this module loads without it. `probe_nvml()` says whether NVML works here and,
 when it does not, why, in words a user can act on; `NvmlSource` reads every GPU plus the host metrics of the
-tracked processes; `nvml_startup.open_source()` picks it when NVML works, else `HostOnlySource`. `nvml_memory_info` and
+tracked processes; `open_source()` picks it when NVML works, else `HostOnlySource`. `nvml_memory_info` and
 `nvml_processes` are the readings the probe worker and the GPU list share with `NvmlSource`.
 """
 
@@ -17,8 +17,17 @@ from typing import Any, ClassVar
 
 from gpuanat.core.measure.gpm import GpmReader, GpmReading
 from gpuanat.core.measure.nvml_events import XID_CARRY_S, XidReader
-from gpuanat.core.measure.nvml_guard import NVML_DEADLINE_S, NvmlGuard, NvmlProgress, device_fault
-from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostProcessMeter
+from gpuanat.core.measure.nvml_faults import binding_from_environment
+from gpuanat.core.measure.nvml_guard import (
+    NVML_DEADLINE_S,
+    STARTUP_DEADLINE_S,
+    NvmlGuard,
+    NvmlProgress,
+    device_fault,
+    not_answering,
+    within_deadline,
+)
+from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource, HostProcessMeter
 from gpuanat.core.measure.samples import (
     GpuSample,
     NvmlStatus,
@@ -444,9 +453,45 @@ def _no_readings(index: int, name: str, fault: str) -> GpuSample:
     )
 
 
-def open_source(prefer_nvml: bool = True, *, per_process: bool = False) -> tuple[SampleSource, NvmlStatus]:
-    """`NvmlSource` when NVML works here, else `HostOnlySource`, each start-up step within a deadline: see
-    `nvml_startup.open_source`, which this is."""
-    from gpuanat.core.measure.nvml_startup import open_source as open_within_deadline
+def nvml_status(deadline_s: float = STARTUP_DEADLINE_S) -> NvmlStatus:
+    """`probe_nvml` of the binding the environment asks for (`nvml_faults`), within `deadline_s`: unavailable, saying
+    which GPU did not answer, where it did not return (`nvml_guard.within_deadline`)."""
+    try:
+        binding = binding_from_environment()
+    except ValueError as error:
+        return _unavailable(str(error))
+    return _probe_within(binding, deadline_s)
 
-    return open_within_deadline(prefer_nvml, per_process=per_process)
+
+def _probe_within(binding: Any, deadline_s: float) -> NvmlStatus:
+    progress = NvmlProgress()
+    status = within_deadline(lambda: probe_nvml(binding, progress), deadline_s)
+    return status if status is not None else _unavailable(not_answering(progress, deadline_s))
+
+
+def open_source(
+    prefer_nvml: bool = True, *, per_process: bool = False, deadline_s: float = STARTUP_DEADLINE_S
+) -> tuple[SampleSource, NvmlStatus]:
+    """`NvmlSource` when NVML works here, else `HostOnlySource`; the status describes the source. With
+    `prefer_nvml=False` NVML is not touched at all (for machines where it hangs or misleads); `per_process` is passed
+    to the source (each tracked process, per-process GPU utilization). The environment may ask for a recorded NVML or
+    injected faults instead of the driver (`nvml_faults`). NVML that does not answer within `deadline_s` at a step of
+    the start-up (`nvml_status`, the source's set-up) gives the host's source, its status saying which GPU did not."""
+    if not prefer_nvml:
+        return HostOnlySource(per_process=per_process), _unavailable("NVML not used: turned off by the caller")
+    try:
+        binding = binding_from_environment()
+    except ValueError as error:
+        return HostOnlySource(per_process=per_process), _unavailable(str(error))
+    status = _probe_within(binding, deadline_s)
+    if not status.available:
+        return HostOnlySource(per_process=per_process), status
+    try:
+        source = within_deadline(
+            lambda: NvmlSource(per_process=per_process, nvml=binding, deadline_s=deadline_s), deadline_s
+        )
+    except Exception as error:
+        return HostOnlySource(per_process=per_process), _unavailable(f"NVML failed to start: {_nvml_reason(error)}")
+    if source is None:
+        return HostOnlySource(per_process=per_process), _unavailable(not_answering(NvmlProgress(), deadline_s))
+    return source, status
