@@ -17,7 +17,7 @@ import dataclasses
 import json
 from typing import Any
 
-from gpuanat.core.store.history import HistoryStore, RunRow
+from gpuanat.core.store.history import ACTIVE_STATUSES, HistoryStore, RunRow
 from gpuanat.core.store.history_schema import LISTED_COLUMNS, LISTED_JSON_COLUMNS
 from gpuanat.core.vocabulary.result import RunResult
 
@@ -54,45 +54,48 @@ def listed_runs(
     changed."""
     columned = keeps_listed_columns(store)
     own = [column for column in store._run_columns.split(", ") if column not in ("result_json", "environment_json")]
-    rows = store._selected(
-        ", ".join([*own, *(_FROM_COLUMNS if columned else _FROM_RESULT)]), limit, name_contains, tagged
-    )
+    selected = [*own, *(_FROM_COLUMNS if columned else _FROM_RESULT)]
+    rows = store._selected(", ".join(selected), limit, name_contains, tagged)
+    at = {column.split(" AS ")[-1]: index for index, column in enumerate(selected)}  # rows are read by position
+    first = at["listed_values"] if not columned else at[_SCALAR_COLUMNS[0]]
+    scalars = slice(first, first + len(_SCALAR_COLUMNS))
+    objects = [(at[column], key) for column, key in LISTED_JSON_COLUMNS.items()] if columned else []
     tags, searches = store._tags_and_searches()
     configs: dict[str, dict[str, Any]] = {}
     listed = []
     for row in reversed(rows):
-        state = row["result_state"]
-        if state == 2 or store._gone(row):
-            whole = store.run(row["id"])
+        run_id, state, search_id = row[at["id"]], row[at["result_state"]], row[at["search_id"]]
+        if state == 2 or (row[at["status"]] in ACTIVE_STATUSES and store._gone(row)):
+            whole = store.run(run_id)
             if whole is not None:
                 listed.append(whole)
             continue
         if state == 0:
             values: dict[str, Any] = {}
         elif columned:
-            values = {key: row[key] for key in _SCALAR_COLUMNS}
-            for column, key in LISTED_JSON_COLUMNS.items():
-                values[key] = json.loads(row[column]) if row[column] is not None else None
+            values = dict(zip(_SCALAR_COLUMNS, row[scalars], strict=True))
+            for index, key in objects:
+                values[key] = json.loads(row[index]) if row[index] is not None else None
         else:
-            values = dict(zip(LISTED_RESULT_KEYS, json.loads(row["listed_values"]), strict=False))
-        config_json = row["config_json"]
+            values = dict(zip(LISTED_RESULT_KEYS, json.loads(row[first]), strict=False))
+        config_json = row[at["config_json"]]
         config = configs.get(config_json)
         if config is None:
-            config = configs[config_json] = store._json(config_json, row["id"])
+            config = configs[config_json] = store._json(config_json, run_id)
         listed.append(
             RunRow(
-                id=row["id"],
-                kind=row["kind"],
-                name=row["name"],
-                status=row["status"],
-                created_at=row["created_at"],
-                finished_at=row["finished_at"],
+                id=run_id,
+                kind=row[at["kind"]],
+                name=row[at["name"]],
+                status=row[at["status"]],
+                created_at=row[at["created_at"]],
+                finished_at=row[at["finished_at"]],
                 config=config,
                 environment={},
                 result=_listed_result(values),
-                log_path=row["log_path"],
-                tags=tags.get(row["id"], ()),
-                search=searches.get(row["search_id"]) if row["search_id"] is not None else None,
+                log_path=row[at["log_path"]],
+                tags=tags.get(run_id, ()),
+                search=searches.get(search_id) if search_id is not None else None,
             )
         )
     return listed
@@ -111,9 +114,12 @@ def _listed_result(values: dict[str, Any]) -> RunResult:
     is most of a listing's time for ten thousand runs."""
     result = RunResult.__new__(RunResult)
     decoded = {key: RunResult.DECODERS.get(key, _same)(value) for key, value in values.items() if value is not None}
-    fields = {**_EMPTY_FIELDS, **{name: factory() for name, factory in _FRESH_DEFAULTS}, **decoded}
+    fields = result.__dict__
+    fields.update(_EMPTY_FIELDS)
+    for name, factory in _FRESH_DEFAULTS:
+        fields[name] = factory()
+    fields.update(decoded)
     fields["json_keys"] = tuple(decoded)
-    result.__dict__.update(fields)
     return result
 
 
