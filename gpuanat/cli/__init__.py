@@ -68,7 +68,7 @@ def _run_command(argv: list[str] | None) -> int:
         args.stop_signals.ignore_from_now()
 
 
-HANDLERS = {
+HANDLERS: dict[str | None, str] = {
     **{command: f"{command}:command_{command}" for command in ("run", "sweep", "predict", "fit", "tune", "history")},
     **{command: f"{command}:command_{command}" for command in ("explain", "watch", "serve")},
     None: "dashboard:command_dashboard",

@@ -124,7 +124,9 @@ def read_gpus() -> list[Gpu]:
     try:
         nvml = binding_from_environment()
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
     except Exception:  # no pynvml, an unusable fault plan: the run's NVML status says why
         return []
     return within_deadline(lambda: _listed_gpus(nvml)) or []

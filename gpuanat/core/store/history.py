@@ -36,7 +36,10 @@ from typing import Any
 from gpuanat.core.measure.anatomy import bands_of_one_moment
 from gpuanat.core.store.history_errors import EXIT_BAD_FILE, HistoryError, HistoryWriteError, one_line
 from gpuanat.core.store.history_file import HistoryFile
-from gpuanat.core.store.history_rows import Deleted, RunRow, SearchRef, id_chunks, own_log_path
+from gpuanat.core.store.history_rows import Deleted as Deleted  # the rows it gives back, where they were
+from gpuanat.core.store.history_rows import RunRow as RunRow
+from gpuanat.core.store.history_rows import SearchRef as SearchRef
+from gpuanat.core.store.history_rows import id_chunks, own_log_path
 from gpuanat.core.store.history_schema import (
     ACTIVITY_COLUMNS,
     LISTED_BEFORE_30,
@@ -74,7 +77,7 @@ _RESULT_ASSIGNMENTS = ", ".join(
 """The columns that repeat values of the stored result, set with it (`_stored_result`)."""
 
 
-def _stored_result(result: RunResult, stored: Mapping[str, Any]) -> tuple[Any, ...]:
+def _stored_result(result: RunResult, stored: dict[str, Any]) -> tuple[Any, ...]:
     """`result` (whose JSON is `stored`) as its text, then the values of `_RESULT_ASSIGNMENTS`: the activity columns,
     the listed ones as the stored result has them, and `result_listed` (`history_schema.LISTED_BEFORE_30`): 1 where
     the text is valid JSON of a current result, NULL where a value is NaN or infinite (a listing reads it whole)."""
