@@ -190,7 +190,7 @@ def test_a_version_2_history_is_read_as_it_is_and_upgraded_with_its_results_valu
     with HistoryStore(db) as store:
         assert store.runs() == recorded
     with closing(sqlite3.connect(db, isolation_level=None)) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     stored_columns = _columns(db)
     assert stored_columns[first_id] == values
     assert all(

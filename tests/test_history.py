@@ -232,7 +232,7 @@ def test_a_new_history_is_marked_as_gpuanat_s(tmp_path):
     HistoryStore(tmp_path / "h.sqlite").close()
     with closing(sqlite3.connect(tmp_path / "h.sqlite")) as db:
         assert db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID == 0x47414E54
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 

@@ -79,7 +79,7 @@ def test_a_version_3_history_is_read_as_it_is_and_upgraded_on_first_write(tmp_pa
     assert tagging.returncode == 0, tagging.stderr
     assert tagging.stdout == "Runs 1, 2 tagged “kept” (2 newly).\n"
     with closing(sqlite3.connect(db)) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
     upgraded = json.loads(run_cli(["history", "--json", "--tagged", "kept"], db).stdout)

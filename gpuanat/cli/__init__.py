@@ -9,23 +9,16 @@ full, I/O). Whatever a command prints is made printable on its way out (`gpuanat
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
 import sqlite3
 import sys
+from collections.abc import Callable
 
 from gpuanat.cli.common import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, check_history_of
-from gpuanat.cli.dashboard import command_dashboard
-from gpuanat.cli.explain import command_explain
-from gpuanat.cli.fit import command_fit
-from gpuanat.cli.history import command_history
 from gpuanat.cli.output import printable_output
 from gpuanat.cli.parser import build_parser
-from gpuanat.cli.predict import command_predict
-from gpuanat.cli.run import command_run
-from gpuanat.cli.serve import command_serve
-from gpuanat.cli.sweep import command_sweep
-from gpuanat.cli.tune import command_tune
-from gpuanat.cli.watch import command_watch
 from gpuanat.core.run.stop_signals import StopSignals
 from gpuanat.core.store.history_errors import HistoryError
 
@@ -55,23 +48,11 @@ def _run_command(argv: list[str] | None) -> int:
         args.served, script_args = [*args.served, *script_args], []
     if script_args and args.command != "run":
         parser.error("arguments after -- are only for `gpuanat run --script SCRIPT.py -- ARGS`")
-    handlers = {
-        "run": command_run,
-        "sweep": command_sweep,
-        "predict": command_predict,
-        "fit": command_fit,
-        "tune": command_tune,
-        "history": command_history,
-        "explain": command_explain,
-        "watch": command_watch,
-        "serve": command_serve,
-        None: command_dashboard,
-    }
     # The dashboards handle stop signals on their event loop; the headless commands here.
     args.stop_signals = StopSignals() if args.command is None else StopSignals().install()
     try:
         check_history_of(args)
-        return handlers[args.command](args)
+        return _handler(args.command)(args)
     except HistoryError as error:
         print(f"gpuanat: error: {error}", file=sys.stderr)
         return error.exit_code
@@ -85,6 +66,21 @@ def _run_command(argv: list[str] | None) -> int:
         return _reader_gone()
     finally:
         args.stop_signals.ignore_from_now()
+
+
+HANDLERS: dict[str | None, str] = {
+    **{command: f"{command}:command_{command}" for command in ("run", "sweep", "predict", "fit", "tune", "history")},
+    **{command: f"{command}:command_{command}" for command in ("explain", "watch", "serve")},
+    None: "dashboard:command_dashboard",
+}
+"""Each command's module under gpuanat.cli and its function: imported when the command runs, so that a command
+loads only what it needs (`gpuanat history` neither the runner nor the dashboard)."""
+
+
+def _handler(command: str | None) -> Callable[[argparse.Namespace], int]:
+    module, function = HANDLERS[command].split(":")
+    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(f"gpuanat.cli.{module}"), function)
+    return handler
 
 
 def _reader_gone() -> int:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpuanat.core.run.stop_signals import StopSignals
-from gpuanat.core.run.warm import WarmWorkers
 from gpuanat.core.store.history import HistoryStore, check_usable_history
 from gpuanat.core.store.history_file import DB_ENV, default_db_path
 from gpuanat.core.vocabulary.config import (
@@ -32,6 +31,7 @@ from gpuanat.core.vocabulary.validation import check_hub_model, machine_unsuppor
 
 if TYPE_CHECKING:
     from gpuanat.core.export.run_metrics import RunMetrics
+    from gpuanat.core.run.warm import WarmWorkers
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
 TABLE_WIDTH_NOT_A_TERMINAL = 10_000
@@ -281,6 +281,8 @@ def metrics_endpoint(
 @contextlib.contextmanager
 def prepared_workers() -> Iterator[WarmWorkers]:
     """Warm workers for a command of several runs, retired when it ends however it ends."""
+    from gpuanat.core.run.warm import WarmWorkers
+
     workers = WarmWorkers()
     try:
         yield workers

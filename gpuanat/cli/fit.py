@@ -30,7 +30,7 @@ from gpuanat.core.vocabulary.validation import MAX_BATCH_SIZE, MAX_STEPS, machin
 
 
 def command_fit(args: argparse.Namespace) -> int:
-    from gpuanat.core.measure.nvml_source import probe_nvml
+    from gpuanat.core.measure.nvml_source import nvml_status
     from gpuanat.core.memory.sizes import parse_size
     from gpuanat.core.run.fit import fit_start, fit_unsupported_reason, run_fit
 
@@ -58,7 +58,7 @@ def command_fit(args: argparse.Namespace) -> int:
     if unsupported is not None:
         fail_usage(f"{unsupported[0]}: {unsupported[1]}")
     if gpu_memory is None:
-        nvml = probe_nvml()
+        nvml = nvml_status()
         gpu_memory = nvml.gpu_total_bytes[0] if nvml.available and nvml.gpu_total_bytes else None
     starting = fit_start(base, gpu_memory, data_longest_row)
     start, predicted = starting.batch_size, starting.predicted

@@ -101,14 +101,21 @@ def _write_json(store: HistoryStore, lines: list[RunRow | SearchLine]) -> None:
         out.write(json.dumps([_json_entry(line, whole(_best(line))) for line in lines], indent=2) + "\n")
         return
     stored = stored_results(store)
+    configs: dict[int, str] = {}
+    """Each config's JSON by its dict: runs of one config share it (`listed_runs`), written once."""
     out.write("[\n")
     for index, line in enumerate(lines):
         best = _best(line)
         raw = stored.get(best.id)
         if raw is None:
             text = json.dumps(_json_entry(line, whole(best)))
-        else:  # the entry's keys with its result last, as stored
-            text = json.dumps(_json_entry(line, None))[: -len("null}")] + raw + "}"
+        else:  # the entry's keys with its config and its result last, the result as stored
+            config = configs.get(id(best.config))
+            if config is None:
+                config = configs[id(best.config)] = json.dumps(best.config)
+            entry = _json_entry(line, None)
+            del entry["config"], entry["result"]
+            text = f'{json.dumps(entry)[:-1]}, "config": {config}, "result": {raw}}}'
         out.write(text + (",\n" if index < len(lines) - 1 else "\n"))
     out.write("]\n")
 

@@ -18,9 +18,15 @@ PLAIN_FROM_ROWS = 200
 BOLD, PLAIN = "\x1b[1m", "\x1b[0m"
 
 
+def _cells(text: str) -> int:
+    """The cells `text` takes on a terminal: its length where it is ASCII (most cells, and Rich's count the slow
+    way), else Rich's count."""
+    return len(text) if text.isascii() else cell_len(text)
+
+
 def _fitted(text: str, width: int, right: bool) -> str:
     """`text` in `width` cells: cut with an ellipsis when longer, padded on the side its justification leaves."""
-    length = cell_len(text)
+    length = _cells(text)
     if length > width:
         return set_cell_size(text, width - 1) + "…" if width > 1 else "…"[:width]
     padding = " " * (width - length)
@@ -59,7 +65,7 @@ def write_plain_table(
     texts = [[display_value(column.key, row.get(column.key)) for column in columns] for row in rows]
     widths = []
     for index, column in enumerate(columns):
-        widest = max([cell_len(column.title), *(cell_len(row[index]) for row in texts)])
+        widest = max([_cells(column.title), *(_cells(row[index]) for row in texts)])
         limit = max_widths.get(column.key)
         widths.append(widest if limit is None else min(widest, limit))
     right = [bool(column.numeric) for column in columns]

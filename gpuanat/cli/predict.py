@@ -36,7 +36,7 @@ def data_seq_len(config: RunConfig) -> RunConfig:
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    from gpuanat.core.measure.nvml_source import probe_nvml
+    from gpuanat.core.measure.nvml_source import nvml_status
     from gpuanat.core.memory.allocation_templates import largest_batch, version_differences
     from gpuanat.core.memory.compiled import COMPILE_UNPREDICTED_FIELDS, compile_unpredicted_reason
     from gpuanat.core.memory.fit_ladder import fit_ladder
@@ -81,7 +81,7 @@ def command_predict(args: argparse.Namespace) -> int:
         except ValueError as error:
             fail_usage(f"--gpu-memory: {error}")
     else:
-        nvml = probe_nvml()
+        nvml = nvml_status()
         if nvml.available and nvml.gpu_total_bytes:
             gpu_memory, source = nvml.gpu_total_bytes[0], f"NVML: {nvml.gpu_names[0]}"
         else:

@@ -101,9 +101,9 @@ def _memory_limit(given: int | None, base: RunConfig, capabilities: Capabilities
         return given
     if base.device != "cuda":
         return None
-    from gpuanat.core.measure.nvml_source import probe_nvml
+    from gpuanat.core.measure.nvml_source import nvml_status
 
-    nvml = probe_nvml()
+    nvml = nvml_status()
     if nvml.available and nvml.gpu_total_bytes:
         return int(nvml.gpu_total_bytes[0])
     return capabilities.cuda_total_memory_bytes

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.errors import ConfigError
@@ -115,14 +116,28 @@ def choose_gpus(spec: str | None, gpus: Sequence[Gpu], environment: Mapping[str,
 
 
 def read_gpus() -> list[Gpu]:
-    """Every GPU NVML lists, with its use now; empty when NVML is unavailable."""
+    """Every GPU NVML lists, with its use now; empty when NVML is unavailable, or does not answer within the start-up
+    deadline (`nvml_guard.within_deadline`). NVML: the binding the environment asks for (`nvml_faults`), else pynvml."""
+    from gpuanat.core.measure.nvml_faults import binding_from_environment
+    from gpuanat.core.measure.nvml_guard import within_deadline
+
+    try:
+        nvml = binding_from_environment()
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+    except Exception:  # no pynvml, an unusable fault plan: the run's NVML status says why
+        return []
+    return within_deadline(lambda: _listed_gpus(nvml)) or []
+
+
+def _listed_gpus(pynvml: Any) -> list[Gpu]:
     from gpuanat.core.measure.nvml_source import nvml_memory_info, nvml_processes
 
     try:
-        import pynvml
-
         pynvml.nvmlInit()
-    except Exception:  # no driver, no pynvml: the run's NVML status says why
+    except Exception:  # no driver: the run's NVML status says why
         return []
     try:
         gpus = []
@@ -142,7 +157,7 @@ def read_gpus() -> list[Gpu]:
                 )
             )
         return gpus
-    except pynvml.NVMLError:
+    except Exception:  # an NVML error, or a binding without one of these calls (a replayed trace): none listed
         return []
     finally:
         with contextlib.suppress(Exception):

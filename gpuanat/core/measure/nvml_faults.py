@@ -1,7 +1,7 @@
 """NVML that fails on demand: a recorded trace played back through pynvml's names, and faults injected at that
 boundary, so a real `gpuanat watch`, dashboard or run meets a GPU that falls over where no GPU is.
 
-Two environment variables, read only by `binding_from_environment` (which `nvml_source.open_source` asks):
+Two environment variables, read only by `binding_from_environment` (which `nvml_source` asks):
 - `GPUANAT_NVML_REPLAY=TRACE.jsonl`: NVML is `TraceNvml` over a trace a `Sampler` recorded (`--trace-out`): each
   GPU of the trace, its readings advancing one recorded sample per read, from the start again at its end.
 - `GPUANAT_NVML_FAULTS=PLAN.json`: the binding (the replay, else pynvml) is wrapped in `FaultyNvml`, which makes
@@ -11,7 +11,8 @@ Two environment variables, read only by `binding_from_environment` (which `nvml_
   in the samples `from_sample <= n < until_sample` (no `until_sample`: for good); `gpu` null means every call, NVML's
   initialisation included. `block_s` makes the first call on that GPU from `from_sample` on block that long, as a
   driver that stops answering; `xid` has the driver report that XID for the GPU once, at `from_sample`. Samples
-  are counted by `NvmlSource`'s reads (`gpuanat_sample_begins`), from 0.
+  are counted by `NvmlSource`'s reads (`gpuanat_sample_begins`), from 0; `"from_sample": -1, "until_sample": 0` is
+  the calls at start-up, before the first sample (`nvml_guard.within_deadline`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ A call into NVML cannot be interrupted. `NvmlGuard.run` hands each read to a thr
 waits at most `deadline_s`: past it, the read is left running and `run` returns None at once until it returns, so
 the sampler, `watch --json` and the dashboard go on with samples that say the GPU is not answering. `device_fault`
 tells the NVML errors that mean the GPU (or the driver) is gone from those that mean one reading is missing;
-`GpuFaultLog` sums up the faults a run's samples carried, for its result.
+`GpuFaultLog` sums up the faults a run's samples carried, for its result. The calls at start-up, before any
+sample — NVML's initialisation, the GPU list, the source's set-up, the GPUs a run is given — go through
+`within_deadline`: a driver that stops answering then delays gpuanat's start by STARTUP_DEADLINE_S, and gpuanat goes
+on without the GPU's readings, saying which one did not answer (`not_answering`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuanat.core.measure.samples import Sample
 from gpuanat.core.thread_names import name_native_thread
@@ -39,6 +42,36 @@ def device_fault(index: int, error: Exception) -> str | None:
     """ "GPU 1 lost (NVML: GPU is lost)" where `error` says the GPU or the driver failed; None for any other error."""
     state = DEVICE_FAULTS.get(type(error).__name__)
     return f"GPU {index} {state} (NVML: {error})" if state is not None else None
+
+
+class NvmlProgress:
+    """What a series of NVML calls asks about now — "NVML" (its initialisation, the GPU count) or "GPU 1" — so that a
+    caller that stopped waiting can say which GPU does not answer."""
+
+    def __init__(self) -> None:
+        self.at = "NVML"
+
+
+STARTUP_DEADLINE_S = NVML_DEADLINE_S
+"""How long each step of the start-up (NVML's initialisation and GPU list, the source's set-up, the GPUs a run is
+given) waits for NVML before gpuanat goes on without it (`within_deadline`)."""
+T = TypeVar("T")
+
+
+def within_deadline(call: Callable[[], T], deadline_s: float = STARTUP_DEADLINE_S) -> T | None:
+    """`call()`'s result (its exception raised here), or None where it did not return within `deadline_s`: then it
+    is left running on a daemon thread of its own ("gpuanat-nvml"), which does not hold the process at its exit."""
+    guard = NvmlGuard(deadline_s)
+    try:
+        result: T | None = guard.run(call)
+        return result
+    finally:
+        guard.close()
+
+
+def not_answering(progress: NvmlProgress, deadline_s: float = STARTUP_DEADLINE_S) -> str:
+    """ "GPU 0 not answering (NVML did not return within 2 s at start-up)"."""
+    return f"{progress.at} not answering (NVML did not return within {deadline_s:g} s at start-up)"
 
 
 class _Call:

@@ -18,7 +18,15 @@ from typing import Any, ClassVar
 from gpuanat.core.measure.gpm import GpmReader, GpmReading
 from gpuanat.core.measure.nvml_events import XID_CARRY_S, XidReader
 from gpuanat.core.measure.nvml_faults import binding_from_environment
-from gpuanat.core.measure.nvml_guard import NVML_DEADLINE_S, NvmlGuard, device_fault
+from gpuanat.core.measure.nvml_guard import (
+    NVML_DEADLINE_S,
+    STARTUP_DEADLINE_S,
+    NvmlGuard,
+    NvmlProgress,
+    device_fault,
+    not_answering,
+    within_deadline,
+)
 from gpuanat.core.measure.process_tree import DEFAULT_DESCENDANTS_REFRESH_S, HostOnlySource, HostProcessMeter
 from gpuanat.core.measure.samples import (
     GpuSample,
@@ -74,8 +82,10 @@ def _unavailable(reason: str) -> NvmlStatus:
     return NvmlStatus(available=False, reason=reason, driver_version=None, cuda_driver_version=None, gpu_names=())
 
 
-def probe_nvml(nvml: Any = None) -> NvmlStatus:
-    """Initialise NVML (`nvml`, default: `pynvml`), describe what it sees and shut it down again. Never raises."""
+def probe_nvml(nvml: Any = None, progress: NvmlProgress | None = None) -> NvmlStatus:
+    """Initialise NVML (`nvml`, default: `pynvml`), describe what it sees and shut it down again. Never raises.
+    `progress` is kept at what it asks NVML about ("NVML", then "GPU 0", …), for a caller that stops waiting."""
+    progress = progress or NvmlProgress()
     pynvml: Any = nvml
     if pynvml is None:
         try:
@@ -93,9 +103,13 @@ def probe_nvml(nvml: Any = None) -> NvmlStatus:
     try:
         driver_version = _nvml_or_none(pynvml, pynvml.nvmlSystemGetDriverVersion)
         cuda_driver_version = _nvml_or_none(pynvml, pynvml.nvmlSystemGetCudaDriverVersion)
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(index) for index in range(pynvml.nvmlDeviceGetCount())]
-        gpu_names = tuple(_device_name(pynvml, handle, index) for index, handle in enumerate(handles))
-        gpu_total_bytes = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) for handle in handles)
+        names, totals = [], []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            progress.at = f"GPU {index}"
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            names.append(_device_name(pynvml, handle, index))
+            totals.append(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
+        gpu_names, gpu_total_bytes = tuple(names), tuple(totals)
     except pynvml.NVMLError as error:
         return _unavailable(_nvml_reason(error))
     except Exception as error:
@@ -439,24 +453,45 @@ def _no_readings(index: int, name: str, fault: str) -> GpuSample:
     )
 
 
-def open_source(prefer_nvml: bool = True, *, per_process: bool = False) -> tuple[SampleSource, NvmlStatus]:
-    """`NvmlSource` when NVML works here, else `HostOnlySource`; the status describes the source.
+def nvml_status(deadline_s: float = STARTUP_DEADLINE_S) -> NvmlStatus:
+    """`probe_nvml` of the binding the environment asks for (`nvml_faults`), within `deadline_s`: unavailable, saying
+    which GPU did not answer, where it did not return (`nvml_guard.within_deadline`)."""
+    try:
+        binding = binding_from_environment()
+    except ValueError as error:
+        return _unavailable(str(error))
+    return _probe_within(binding, deadline_s)
 
-    With `prefer_nvml=False` NVML is not touched at all (for machines where it hangs or misleads);
-    `per_process` is passed to the source (each tracked process, per-process GPU utilization). The environment
-    may ask for a recorded NVML or injected faults instead of the driver (`nvml_faults`: GPUANAT_NVML_REPLAY,
-    GPUANAT_NVML_FAULTS).
-    """
+
+def _probe_within(binding: Any, deadline_s: float) -> NvmlStatus:
+    progress = NvmlProgress()
+    status = within_deadline(lambda: probe_nvml(binding, progress), deadline_s)
+    return status if status is not None else _unavailable(not_answering(progress, deadline_s))
+
+
+def open_source(
+    prefer_nvml: bool = True, *, per_process: bool = False, deadline_s: float = STARTUP_DEADLINE_S
+) -> tuple[SampleSource, NvmlStatus]:
+    """`NvmlSource` when NVML works here, else `HostOnlySource`; the status describes the source. With
+    `prefer_nvml=False` NVML is not touched at all (for machines where it hangs or misleads); `per_process` is passed
+    to the source (each tracked process, per-process GPU utilization). The environment may ask for a recorded NVML or
+    injected faults instead of the driver (`nvml_faults`). NVML that does not answer within `deadline_s` at a step of
+    the start-up (`nvml_status`, the source's set-up) gives the host's source, its status saying which GPU did not."""
     if not prefer_nvml:
         return HostOnlySource(per_process=per_process), _unavailable("NVML not used: turned off by the caller")
     try:
         binding = binding_from_environment()
     except ValueError as error:
         return HostOnlySource(per_process=per_process), _unavailable(str(error))
-    status = probe_nvml(binding)
+    status = _probe_within(binding, deadline_s)
     if not status.available:
         return HostOnlySource(per_process=per_process), status
     try:
-        return NvmlSource(per_process=per_process, nvml=binding), status
+        source = within_deadline(
+            lambda: NvmlSource(per_process=per_process, nvml=binding, deadline_s=deadline_s), deadline_s
+        )
     except Exception as error:
         return HostOnlySource(per_process=per_process), _unavailable(f"NVML failed to start: {_nvml_reason(error)}")
+    if source is None:
+        return HostOnlySource(per_process=per_process), _unavailable(not_answering(NvmlProgress(), deadline_s))
+    return source, status

@@ -30,14 +30,23 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuanat.core.measure.anatomy import bands_of_one_moment
 from gpuanat.core.store.history_errors import EXIT_BAD_FILE, HistoryError, HistoryWriteError, one_line
 from gpuanat.core.store.history_file import HistoryFile
-from gpuanat.core.store.history_schema import ACTIVITY_COLUMNS, RUN_COLUMNS
+from gpuanat.core.store.history_rows import Deleted as Deleted  # the rows it gives back, where they were
+from gpuanat.core.store.history_rows import RunRow as RunRow
+from gpuanat.core.store.history_rows import SearchRef as SearchRef
+from gpuanat.core.store.history_rows import id_chunks, own_log_path
+from gpuanat.core.store.history_schema import (
+    ACTIVITY_COLUMNS,
+    LISTED_BEFORE_30,
+    LISTED_COLUMNS,
+    LISTED_JSON_COLUMNS,
+    RUN_COLUMNS,
+)
 from gpuanat.core.store.interrupted import interrupted_result, process_started_at, recorder_alive, result_from_steps
 from gpuanat.core.vocabulary.result import RunResult
 
@@ -62,72 +71,30 @@ RENAME_DEADLINE_S = 10.0
 `write_with_backoff` before it says the name was not saved: someone is waiting for it."""
 
 
-@dataclass(frozen=True)
-class RunRow:
-    id: int
-    kind: str
-    """"launched" (gpuanat started it) or "watched"."""
-    name: str | None
-    """The name given — `run --name`, a sweep's experiment, a tune or fit trial, `watch --save NAME`, a rename — kept as
-    given (shown escaped); None when it has none."""
-    status: str
-    created_at: float
-    """Unix time."""
-    finished_at: float | None
-    config: dict[str, Any]
-    environment: dict[str, Any]
-    result: RunResult
-    """The stored result as written (no key when the run stored none yet)."""
-    log_path: str | None
-    tags: tuple[str, ...] = ()
-    """Its tags (`history --tag`, `run --tag`, the dashboard's `t`), sorted; user text kept as given (shown escaped)."""
-    search: SearchRef | None = None
-    """The `tune` or `fit` it is a trial of; None for a run of its own."""
+_RESULT_ASSIGNMENTS = ", ".join(
+    f"{column} = ?" for column in (*ACTIVITY_COLUMNS, *LISTED_COLUMNS, *LISTED_JSON_COLUMNS, "result_listed")
+)
+"""The columns that repeat values of the stored result, set with it (`_stored_result`)."""
 
 
-@dataclass(frozen=True)
-class SearchRef:
-    """A `tune` or `fit`: the search whose trials name it (schema 4's `searches`)."""
-
-    id: int
-    kind: str
-    """"tune" or "fit"."""
-    name: str | None
-    created_at: float
-
-
-@dataclass(frozen=True)
-class Deleted:
-    """What `HistoryStore.delete_runs` removed."""
-
-    run_ids: tuple[int, ...]
-    log_paths: tuple[str, ...]
-    """The log files removed: only those gpuanat wrote under the history's own log folder (`own_log_path`)."""
-
-
-def own_log_path(history_path: Path, run_id: int, log_path: str | None) -> Path | None:
-    """Run `run_id`'s log when gpuanat wrote it where it writes logs — `logs/run-ID.log` beside the history, a
-    regular file, not a link — else None: a file elsewhere is never gpuanat's to delete."""
-    if not log_path:
-        return None
-    expected = history_path.parent / "logs" / f"run-{run_id}.log"
-    given = Path(log_path)
+def _stored_result(result: RunResult, stored: dict[str, Any]) -> tuple[Any, ...]:
+    """`result` (whose JSON is `stored`) as its text, then the values of `_RESULT_ASSIGNMENTS`: the activity columns,
+    the listed ones as the stored result has them, and `result_listed` (`history_schema.LISTED_BEFORE_30`): 1 where
+    the text is valid JSON of a current result, NULL where a value is NaN or infinite (a listing reads it whole)."""
     try:
-        if given.is_symlink() or not given.is_file() or not expected.is_file():
-            return None
-        if os.path.samefile(given, expected) and given.resolve() == expected.resolve():
-            return expected
-    except OSError:
-        return None
-    return None
-
-
-_ACTIVITY_ASSIGNMENTS = ", ".join(f"{column} = ?" for column in ACTIVITY_COLUMNS)
-
-
-def _activity_values(result: RunResult) -> tuple[float | None, ...]:
-    """The result's values of the activity columns, in their order."""
-    return tuple(getattr(result, column) for column in ACTIVITY_COLUMNS)
+        text, listed = (
+            json.dumps(stored, allow_nan=False),
+            1 if bands_of_one_moment(stored) is stored else LISTED_BEFORE_30,
+        )
+    except ValueError:
+        text, listed = json.dumps(stored), None
+    return (
+        text,
+        *(getattr(result, column) for column in ACTIVITY_COLUMNS),
+        *(stored.get(column) for column in LISTED_COLUMNS),
+        *(json.dumps(stored[key]) if stored.get(key) is not None else None for key in LISTED_JSON_COLUMNS.values()),
+        listed,
+    )
 
 
 class HistoryStore(HistoryFile):
@@ -241,11 +208,11 @@ class HistoryStore(HistoryFile):
 
     def update_result(self, run_id: int, result: RunResult, *, status: str | None = None) -> None:
         """Store the run's result so far; `status` other than running also marks it finished."""
-        result_json = json.dumps(result.to_json())
+        stored = result.to_json()
         with self._write("the run's result") as db:
             db.execute(
-                f"UPDATE runs SET result_json = ?, {_ACTIVITY_ASSIGNMENTS} WHERE id = ?",
-                (result_json, *_activity_values(result), run_id),
+                f"UPDATE runs SET result_json = ?, {_RESULT_ASSIGNMENTS} WHERE id = ?",
+                (*_stored_result(result, stored), run_id),
             )
             if status is not None:
                 finished_at = None if status in ACTIVE_STATUSES else time.time()
@@ -267,10 +234,11 @@ class HistoryStore(HistoryFile):
                 run_id = row["id"]
                 result = self._interrupted_result(row)
                 finished_at = row["last_recorded_at"] or self._estimated_last_record(run_id, row["created_at"]) or now()
+                stored = result.to_json()
                 db.execute(
-                    f"UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?, {_ACTIVITY_ASSIGNMENTS}"
+                    f"UPDATE runs SET status = 'interrupted', finished_at = ?, result_json = ?, {_RESULT_ASSIGNMENTS}"
                     " WHERE id = ? AND status = 'running'",
-                    (finished_at, json.dumps(result.to_json()), *_activity_values(result), run_id),
+                    (finished_at, *_stored_result(result, stored), run_id),
                 )
                 finalised.append(run_id)
         return finalised
@@ -399,40 +367,54 @@ class HistoryStore(HistoryFile):
     def tag_runs(self, run_ids: Iterable[int], tag: str, *, tagged: bool = True) -> int:
         """Give the runs `run_ids` the tag `tag` (`tagged` False: take it away); how many runs changed. Ids of runs
         that are not there are passed over. A busy or full history raises HistoryWriteError, nothing written."""
-        ids = list(dict.fromkeys(run_ids))
-        marks = ", ".join("?" * len(ids))
+        changed = 0
         with self._write("the runs' tags") as db:
-            if tagged:
-                cursor = db.execute(
-                    f"INSERT OR IGNORE INTO run_tags (run_id, tag) SELECT id, ? FROM runs WHERE id IN ({marks})",
-                    (tag, *ids),
-                )
-            else:
-                cursor = db.execute(f"DELETE FROM run_tags WHERE tag = ? AND run_id IN ({marks})", (tag, *ids))
-            return cursor.rowcount
+            for ids, marks in id_chunks(list(dict.fromkeys(run_ids))):
+                if tagged:
+                    cursor = db.execute(
+                        f"INSERT OR IGNORE INTO run_tags (run_id, tag) SELECT id, ? FROM runs WHERE id IN ({marks})",
+                        (tag, *ids),
+                    )
+                else:
+                    cursor = db.execute(f"DELETE FROM run_tags WHERE tag = ? AND run_id IN ({marks})", (tag, *ids))
+                changed += cursor.rowcount
+        return changed
 
     def in_progress(self, run_ids: Iterable[int]) -> list[int]:
         """Those of `run_ids` that another process is recording now (`running`, their recorder alive)."""
-        ids = list(run_ids)
-        query = f"SELECT {self._run_columns} FROM runs WHERE status = 'running' AND id IN ({', '.join('?' * len(ids))})"
-        return [row["id"] for row in self._fetch(query, ids) if not self._gone(row)]
+        busy = []
+        for ids, marks in id_chunks(list(run_ids)):
+            query = f"SELECT {self._run_columns} FROM runs WHERE status = 'running' AND id IN ({marks})"
+            busy += [row["id"] for row in self._fetch(query, ids) if not self._gone(row)]
+        return busy
 
     def delete_runs(self, run_ids: Iterable[int]) -> Deleted:
         """Delete the runs `run_ids` with their steps, samples and tags, in one transaction (an interrupted delete
-        deletes nothing), and a search left without trials; then the log files gpuanat wrote for them under its own
-        log folder (`own_log_path`). A run another process records now is refused (RunInProgress, nothing deleted);
-        ids not there are passed over. A busy or full history raises HistoryWriteError, nothing deleted."""
+        deletes nothing; any number of runs, `id_chunks` a statement), and a search left without trials; then the log
+        files gpuanat wrote for them under its own log folder (`own_log_path`). A run another process records now is
+        refused (RunInProgress, nothing deleted); ids not there are passed over. A busy or full history raises
+        HistoryWriteError, nothing deleted."""
         ids = list(dict.fromkeys(run_ids))
-        marks = ", ".join("?" * len(ids))
         with self._write(f"the deletion of {len(ids)} runs") as db:
-            rows = db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id IN ({marks}) ORDER BY id", ids).fetchall()
+            rows = [
+                row
+                for chunk, marks in id_chunks(ids)
+                for row in db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id IN ({marks})", chunk).fetchall()
+            ]
+            rows.sort(key=lambda row: row["id"])
             busy = [row["id"] for row in rows if row["status"] in ACTIVE_STATUSES and not self._gone(row)]
             if busy:
                 raise RunInProgress(busy)
             found = [row["id"] for row in rows]
             logs = [own_log_path(self.path, row["id"], row["log_path"]) for row in rows]
-            for table, column in (("steps", "run_id"), ("samples", "run_id"), ("run_tags", "run_id"), ("runs", "id")):
-                db.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", found)
+            for chunk, marks in id_chunks(found):
+                for table, column in (
+                    ("steps", "run_id"),
+                    ("samples", "run_id"),
+                    ("run_tags", "run_id"),
+                    ("runs", "id"),
+                ):
+                    db.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", chunk)
             db.execute("DELETE FROM searches WHERE NOT EXISTS (SELECT 1 FROM runs WHERE runs.search_id = searches.id)")
         removed = []
         for log in logs:

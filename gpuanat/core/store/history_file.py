@@ -370,7 +370,7 @@ class HistoryFile:
         raise self._not_ours(f"application_id {application_id:#x}, user_version {version}, tables: {found}")
 
     def _migrate(self) -> None:
-        """Upgrade a history of version 1, 2 or 3 to SCHEMA_VERSION in one transaction (another process may have done
+        """Upgrade a history of version 1 to 4 to SCHEMA_VERSION in one transaction (another process may have done
         it first)."""
         version = self._execute(self._db, "PRAGMA user_version")[0][0]
         if version >= SCHEMA_VERSION and self._execute(self._db, "PRAGMA application_id")[0][0] == APPLICATION_ID:

@@ -1,22 +1,24 @@
 """The history as a listing reads it: every run's row with only what a listing shows, fast for ten thousand runs.
 
 A run's stored result is some 9 KB of JSON; parsing each in Python and building its whole `RunResult` took most of
-`gpuanat history`'s 8 s for 10,000 runs (benchmarks/history_scale.py). A listing shows a dozen of its values, so SQLite
-picks them out of the stored text (`json_extract`, in C) and Python reads a short array per run; the environment is
-not read at all. A run whose result is damaged, or that its recorder left running (shown as interrupted, its result
-rebuilt from its steps), is read whole, as `HistoryStore.runs` reads it. A search's trial counts come in one query.
+`gpuanat history`'s 8 s for 10,000 runs (benchmarks/history_scale.py). A listing shows a dozen of its values, which a
+history of schema 5 keeps as columns of their own (`history_schema.LISTED_COLUMNS`): a listing reads those and never
+the stored result; the environment is not read at all, and runs of one config share its parsed JSON. A file of an
+earlier schema, read as it is, has SQLite pick the values out of the stored text (`json_extract`, in C). A run whose
+result is damaged, or that its recorder left running (shown as interrupted, its result rebuilt from its steps), is
+read whole, as `HistoryStore.runs` reads it. A search's trial counts come in one query.
 
 Plain Python: no torch, no UI.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from typing import Any
 
-from gpuanat.core.store.history import HistoryStore, RunRow
+from gpuanat.core.store.history import ACTIVE_STATUSES, HistoryStore, RunRow
+from gpuanat.core.store.history_schema import LISTED_COLUMNS, LISTED_JSON_COLUMNS
 from gpuanat.core.vocabulary.result import RunResult
 
 LISTED_RESULT_KEYS = (
@@ -25,12 +27,22 @@ LISTED_RESULT_KEYS = (
     *("tensor_active_percent", "joules_per_sample", "prediction_error_percent", "diagnosis", "operations_anatomy"),
 )
 """The result's keys a listing shows (`report.history_rows`) or folds searches by (`searches.best_trial`)."""
-_LISTED_PATHS = ", ".join(f"'$.{key}'" for key in LISTED_RESULT_KEYS)
-_LISTED_RESULT = (
-    f"CASE WHEN result_json IS NULL THEN NULL WHEN json_valid(result_json) THEN json_extract(result_json, "
-    f"{_LISTED_PATHS}) ELSE '!' END AS result_json"
+_SCALAR_COLUMNS = (*LISTED_COLUMNS, "tensor_active_percent", "joules_per_sample")
+"""The columns of schema 5 holding LISTED_RESULT_KEYS's plain values, named as the keys."""
+_FROM_COLUMNS = (
+    *_SCALAR_COLUMNS,
+    *LISTED_JSON_COLUMNS,
+    "CASE WHEN result_json IS NULL THEN 0 WHEN result_listed IS NOT NULL THEN 1 ELSE 2 END AS result_state",
 )
-"""The listed values as one JSON array (NULL: none stored; '!': damaged, read whole to say so)."""
+"""What a listing selects of a history of schema 5 besides the run's own columns. result_state: 0 no result stored, 1
+listed in the columns, 2 to be read whole (damaged: it says so)."""
+_PATHS = ", ".join(f"'$.{key}'" for key in LISTED_RESULT_KEYS)
+_FROM_RESULT = (
+    f"CASE WHEN result_json IS NULL THEN NULL WHEN json_valid(result_json) THEN json_extract(result_json, {_PATHS})"
+    " END AS listed_values",
+    "CASE WHEN result_json IS NULL THEN 0 WHEN json_valid(result_json) THEN 1 ELSE 2 END AS result_state",
+)
+"""The same of an earlier history: the listed values as one JSON array, picked out of the stored result."""
 
 
 def listed_runs(
@@ -38,46 +50,58 @@ def listed_runs(
 ) -> list[RunRow]:
     """`store.runs(limit, name_contains=…, tagged=…)`, oldest first, each run's `result` holding only
     LISTED_RESULT_KEYS and its `environment` empty: for listings (`history`, the dashboard's history screen). Read a
-    run whole with `store.run(run_id)`."""
-    columns = ", ".join(
-        _LISTED_RESULT
-        if column == "result_json"
-        else "NULL AS environment_json"
-        if column == "environment_json"
-        else column
-        for column in store._run_columns.split(", ")
-    )
-    rows = store._selected(columns, limit, name_contains, tagged)
+    run whole with `store.run(run_id)`. Runs whose config is the same text share one `config` dict: read, not
+    changed."""
+    columned = keeps_listed_columns(store)
+    own = [column for column in store._run_columns.split(", ") if column not in ("result_json", "environment_json")]
+    selected = [*own, *(_FROM_COLUMNS if columned else _FROM_RESULT)]
+    rows = store._selected(", ".join(selected), limit, name_contains, tagged)
+    at = {column.split(" AS ")[-1]: index for index, column in enumerate(selected)}  # rows are read by position
+    first = at["listed_values"] if not columned else at[_SCALAR_COLUMNS[0]]
+    scalars = slice(first, first + len(_SCALAR_COLUMNS))
+    objects = [(at[column], key) for column, key in LISTED_JSON_COLUMNS.items()] if columned else []
     tags, searches = store._tags_and_searches()
+    configs: dict[str, dict[str, Any]] = {}
     listed = []
     for row in reversed(rows):
-        if row["result_json"] == "!" or store._gone(row):
-            whole = store.run(row["id"])
+        run_id, state, search_id = row[at["id"]], row[at["result_state"]], row[at["search_id"]]
+        if state == 2 or (row[at["status"]] in ACTIVE_STATUSES and store._gone(row)):
+            whole = store.run(run_id)
             if whole is not None:
                 listed.append(whole)
             continue
-        values = json.loads(row["result_json"]) if row["result_json"] is not None else []
-        result = _listed_result({key: value for key, value in zip(LISTED_RESULT_KEYS, values, strict=False)})
+        if state == 0:
+            values: dict[str, Any] = {}
+        elif columned:
+            values = dict(zip(_SCALAR_COLUMNS, row[scalars], strict=True))
+            for index, key in objects:
+                values[key] = json.loads(row[index]) if row[index] is not None else None
+        else:
+            values = dict(zip(LISTED_RESULT_KEYS, json.loads(row[first]), strict=False))
+        config_json = row[at["config_json"]]
+        config = configs.get(config_json)
+        if config is None:
+            config = configs[config_json] = store._json(config_json, run_id)
         listed.append(
             RunRow(
-                id=row["id"],
-                kind=row["kind"],
-                name=row["name"],
-                status=row["status"],
-                created_at=row["created_at"],
-                finished_at=row["finished_at"],
-                config=store._json(row["config_json"], row["id"]),
+                id=run_id,
+                kind=row[at["kind"]],
+                name=row[at["name"]],
+                status=row[at["status"]],
+                created_at=row[at["created_at"]],
+                finished_at=row[at["finished_at"]],
+                config=config,
                 environment={},
-                result=result,
-                log_path=row["log_path"],
-                tags=tags.get(row["id"], ()),
-                search=searches.get(row["search_id"]) if row["search_id"] is not None else None,
+                result=_listed_result(values),
+                log_path=row[at["log_path"]],
+                tags=tags.get(run_id, ()),
+                search=searches.get(search_id) if search_id is not None else None,
             )
         )
     return listed
 
 
-_EMPTY_RESULT = RunResult()
+_EMPTY_FIELDS = dict(RunResult().__dict__)
 _FRESH_DEFAULTS = tuple(
     (field.name, field.default_factory)
     for field in dataclasses.fields(RunResult)
@@ -86,12 +110,16 @@ _FRESH_DEFAULTS = tuple(
 
 
 def _listed_result(values: dict[str, Any]) -> RunResult:
-    """`RunResult.from_json(values)`, made by copying an empty one: building all of RunResult's fields one by one is
-    most of a listing's time for ten thousand runs."""
-    result = copy.copy(_EMPTY_RESULT)
-    fresh = {name: factory() for name, factory in _FRESH_DEFAULTS}
+    """`RunResult.from_json(values)`, made from an empty one's fields: building all of RunResult's fields one by one
+    is most of a listing's time for ten thousand runs."""
+    result = RunResult.__new__(RunResult)
     decoded = {key: RunResult.DECODERS.get(key, _same)(value) for key, value in values.items() if value is not None}
-    result.__dict__.update(fresh, **decoded, json_keys=tuple(decoded))
+    fields = result.__dict__
+    fields.update(_EMPTY_FIELDS)
+    for name, factory in _FRESH_DEFAULTS:
+        fields[name] = factory()
+    fields.update(decoded)
+    fields["json_keys"] = tuple(decoded)
     return result
 
 
@@ -99,13 +127,24 @@ def _same(value: Any) -> Any:
     return value
 
 
+def keeps_listed_columns(store: HistoryStore) -> bool:
+    """Whether the history has schema 5's listed columns (a read-only open of an earlier file has not)."""
+    return bool(store._fetch("SELECT 1 FROM pragma_table_info('runs') WHERE name = 'result_listed'"))
+
+
 def stored_results(store: HistoryStore) -> dict[int, str]:
     """Every run's result as stored (JSON text), by run id, where it reads as written: valid, of a run that ended, not
-    of the bands of before issue #30 (`anatomy.bands_of_one_moment`). A run not in it is read whole (`store.run`)."""
+    of the bands of before issue #30 (`anatomy.bands_of_one_moment`; of schema 5 `result_listed` says so). A run not in
+    it is read whole (`store.run`): a damaged one then says so."""
+    current = (
+        "result_listed = 1"
+        if keeps_listed_columns(store)
+        else "(instr(result_json, '\"gradients_at_forward_end_bytes\"') = 0"
+        " OR instr(result_json, '\"gradients_after_backward_bytes\"') > 0)"
+    )
     rows = store._fetch(
         "SELECT id, result_json FROM runs WHERE status != 'running' AND result_json IS NOT NULL"
-        " AND json_valid(result_json) AND (instr(result_json, '\"gradients_at_forward_end_bytes\"') = 0"
-        " OR instr(result_json, '\"gradients_after_backward_bytes\"') > 0)"
+        f" AND {current} AND json_valid(result_json)"
     )
     return {run_id: text for run_id, text in rows}
 

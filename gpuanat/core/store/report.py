@@ -136,22 +136,24 @@ TAGS_COLUMN = Column("tags", "tags", keep=5, shrinks=True)
 def listing_rows(lines: Sequence[RunRow | SearchLine]) -> list[dict[str, Any]]:
     """`history_rows` of runs and folded searches (`searches.fold_searches`): a search's row is its best trial's,
     its id the search's ("s3") and its name what it was and how many trials it ran; its tags those of any trial."""
-    rows = []
-    for line in lines:
+    rows = history_rows([line.best if isinstance(line, SearchLine) else line for line in lines])
+    for index, line in enumerate(lines):
         if isinstance(line, SearchLine):
-            (row,) = history_rows([line.best])
             tags = sorted({tag for trial in line.trials for tag in trial.tags})
-            rows.append({**row, "id": line.key, "name": line.words(), "tags": ", ".join(tags) or None})
-        else:
-            rows.extend(history_rows([line]))
+            rows[index] = {**rows[index], "id": line.key, "name": line.words(), "tags": ", ".join(tags) or None}
     return rows
 
 
 def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
     """One row per run, values raw (numbers stay numbers) for export."""
     rows = []
+    techniques: dict[tuple[str, int], str] = {}
+    """By kind and config: runs of one config (`history_listing` shares its dict) say their techniques once."""
     for run in runs:
         result, config = run.result, run.config
+        summary = techniques.get((run.kind, id(config)))
+        if summary is None:
+            summary = techniques[run.kind, id(config)] = _techniques(run.kind, config)
         rows.append(
             {
                 "id": run.id,
@@ -160,7 +162,7 @@ def history_rows(runs: Sequence[RunRow]) -> list[dict[str, Any]]:
                 "name": run.name or (None if run.kind == "launched" else run.kind),
                 "status": run.status,
                 "model": config.get("model") or config.get("preset") or _script_name(config),
-                "techniques": _techniques(run.kind, config),
+                "techniques": summary,
                 "device": result.gpu_name or result.device_name or config.get("device"),
                 "time_s": result.train_runtime_s,
                 "samples_per_second": result.samples_per_second,
