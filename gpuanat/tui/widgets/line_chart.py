@@ -105,6 +105,13 @@ class LineChart(CachedRows):
     """Fixed top of the y-axis (e.g. device total memory); None scales to the highest value shown."""
     window: reactive[tuple[float, float] | None] = reactive(None, repaint=False)
     """The time span shown, shared by the charts of one dashboard (one time axis); None spans this chart's data."""
+    whole_run: reactive[bool] = reactive(False, repaint=False)
+    """Draw each column's min..max of the run (`TimeSeries.envelope`) instead of a line through its values."""
+    view: reactive[str] = reactive("", repaint=False)
+    """The span shown, said after the title ("last 5 min", "whole run, 72h00m"); empty: nothing said."""
+    axis_origin_s: reactive[float | None] = reactive(None, repaint=False)
+    """The x-axis says the time since this (the run's first sample) when set, and the plot starts at the window's
+    start (a view of the run's last minutes); else the axis counts from its start, which the data may move earlier."""
     paused: reactive[bool] = reactive(False, repaint=False)
     """Freeze the display on the data it showed when paused; new samples keep arriving underneath."""
 
@@ -203,6 +210,9 @@ class LineChart(CachedRows):
     def watch_window(self) -> None:
         self.repaint_changes()
 
+    def watch_view(self) -> None:
+        self.repaint_changes()
+
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._plot_cache = None  # the theme changed: colours baked into the plot rows are stale
@@ -215,7 +225,7 @@ class LineChart(CachedRows):
     def rows_key(self) -> tuple[object, ...]:
         shown = self._frozen if self._frozen is not None else self._series
         legend = tuple((name, series.last) for name, series in shown.items())
-        return (self.title, legend, self._plot_key(shown))
+        return (self.title, self.view, legend, self._plot_key(shown))
 
     def _plot_key(self, shown: Mapping[str, TimeSeries]) -> tuple[object, ...]:
         """What the plot and x-axis rows depend on besides the size: between redraws (`refresh_data`), the window
@@ -225,7 +235,8 @@ class LineChart(CachedRows):
             if self._plot_inputs is not None and self._frozen is None
             else (self.window, self._data_key(shown))
         )
-        return (self.y_max, self.paused, self.empty_message, self._formatter_version, *inputs)
+        shown_as = (self.whole_run, self.axis_origin_s)
+        return (self.y_max, self.paused, self.empty_message, self._formatter_version, shown_as, *inputs)
 
     def build_rows(self, width: int, height: int) -> list[Strip]:
         return self._build_rows(width, height, self._frozen if self._frozen is not None else self._series)
@@ -268,8 +279,9 @@ class LineChart(CachedRows):
 
         t_start_s = min(series.first_t_s for series in with_data.values() if series.first_t_s is not None)
         t_end_s = last_t_s = max(series.last_t_s for series in with_data.values() if series.last_t_s is not None)
-        if self.window is not None:
-            t_start_s, t_end_s = min(self.window[0], t_start_s), max(self.window[1], t_end_s)
+        if self.window is not None:  # from its start when it is a view of the run (`axis_origin_s`)
+            t_start_s = self.window[0] if self.axis_origin_s is not None else min(self.window[0], t_start_s)
+            t_end_s = max(self.window[1], t_end_s)
         t_end_s = t_start_s + axis_span_s(t_end_s - t_start_s)
         raw_max = max(series.max for series in with_data.values() if series.max is not None)
         label_candidates = [raw_max, 0.0] if self.y_max is None else [self.y_max, 0.0]
@@ -277,7 +289,9 @@ class LineChart(CachedRows):
         plot_width = max(0, width - label_width - 1)
 
         columns_by_series = {  # two values a cell: the braille cell's two dot columns
-            index: series.bucket(plot_width * 2, t_start_s, t_end_s)
+            index: series.envelope(plot_width * 2, t_start_s, t_end_s)
+            if self.whole_run
+            else series.bucket(plot_width * 2, t_start_s, t_end_s)
             for index, series in enumerate(shown.values())
             if series
         }
@@ -302,7 +316,7 @@ class LineChart(CachedRows):
         names_width = sum(len(name) + 4 for _, name, _ in legend)  # "  █ name"
         values_width = sum(len(value) + 1 for _, _, value in legend)
         # Narrow charts keep the series names whole: the latest values go first, then the title's last words.
-        title = printable(self.title)
+        title = printable(f"{self.title} · {self.view}" if self.view else self.title)
         with_values = 1 + len(title) + len(paused) + names_width + values_width <= width
         if not with_values:
             title = fit_words(title, width - 1 - len(paused) - names_width)
@@ -409,7 +423,8 @@ class LineChart(CachedRows):
 
     def x_axis_labels(self, start_s: float, end_s: float) -> tuple[str, str]:
         """The x-axis's two ends, for an axis from `start_s` to `end_s`: the run's elapsed time."""
-        return "0s", format_duration(end_s - start_s)
+        origin_s = start_s if self.axis_origin_s is None else self.axis_origin_s
+        return format_duration(start_s - origin_s), format_duration(end_s - origin_s)
 
     def _x_axis_row(self, width: int, label_width: int, plot_width: int, start: str, end: str) -> Strip:
         fill = plot_width - len(start) - len(end) - 3
