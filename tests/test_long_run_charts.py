@@ -104,7 +104,7 @@ def test_a_series_stays_bounded_after_many_pushes_and_keeps_its_extremes() -> No
             assert len(series) <= series.capacity
     assert len(series) <= series.capacity
     assert series.sample_count == pushes
-    assert len(series._recent_values) == RECENT_SAMPLES  # noqa: SLF001 - the ring's size is the bound under test
+    assert series.recent_count == RECENT_SAMPLES
     whole = series.envelope(200, 0.0, pushes * 0.25)
     assert max(value for value in whole if value is not None) == 1000.0
     assert min(value for value in whole if value is not None) == -5.0

@@ -293,6 +293,11 @@ class TimeSeries:
         return self._stride
 
     @property
+    def recent_count(self) -> int:
+        """Raw samples in the recent ring (never more than `recent_capacity`)."""
+        return len(self._recent_values)
+
+    @property
     def sample_count(self) -> int:
         """Raw samples appended since creation or the last `clear()`."""
         return self._sample_count

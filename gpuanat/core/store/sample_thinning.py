@@ -136,7 +136,7 @@ class RowThinner:
             except (ValueError, KeyError, TypeError):
                 continue  # a row it cannot read is kept: thinning never loses what it does not understand
             buckets.setdefault(math.floor((position - self._origin) / self.bucket_width), []).append((rowid, record))
-        dropped = []
+        dropped: list[int] = []
         for members in buckets.values():
             kept = {members[0][0], members[-1][0]}
             extremes: dict[str, tuple[float, int, float, int]] = {}
