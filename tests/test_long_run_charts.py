@@ -9,9 +9,13 @@ from collections.abc import Iterable
 from typing import ClassVar
 
 import pytest
+from test_app_snapshots import h100_environment
 from watch_replay import NVML, PID, TARGET, TRACE, replayed_watch_app
 
 from gpuanat.core.measure.samples import HostProcess, Sample
+from gpuanat.core.vocabulary.config import RunConfig
+from gpuanat.tui.app import GpuAnatApp
+from gpuanat.tui.run_backend import LocalRunBackend
 from gpuanat.tui.series import RECENT_SAMPLES, TimeSeries
 from gpuanat.tui.widgets.line_chart import LineChart
 
@@ -32,6 +36,8 @@ class LongRecordedSource:
     def __init__(self) -> None:
         self._recorded = [Sample.from_json(json.loads(line)) for line in TRACE.read_text().splitlines() if line]
         self._index = 0
+        self.t_s = self._recorded[0].t_s
+        """The last sample's time: the app's clock."""
 
     def read(self, pids: Iterable[int]) -> Sample:
         sample = self._recorded[self._index % len(self._recorded)]
@@ -42,9 +48,9 @@ class LongRecordedSource:
         process = HostProcess(
             pid=PID, parent_pid=1, name="python3", cpu_percent=host.cpu_percent or 0.0, rss_bytes=host.rss_bytes or 0
         )
-        t_s = self._recorded[0].t_s + self._index * INTERVAL_S
+        self.t_s = self._recorded[0].t_s + self._index * INTERVAL_S
         self._index += 1
-        return Sample(t_s=t_s, gpus=gpus, host=dataclasses.replace(host, processes=(process,)))
+        return Sample(t_s=self.t_s, gpus=gpus, host=dataclasses.replace(host, processes=(process,)))
 
     def close(self) -> None:
         pass
@@ -92,6 +98,39 @@ async def test_z_zooms_the_watch_charts_out_to_the_whole_run_and_back(tmp_path) 
         await pilot.press("z")
         await pilot.pause()
         assert "last 5 min" in chart_lines(memory)[0]
+
+
+@pytest.mark.asyncio
+async def test_z_zooms_the_launching_dashboards_charts_out_to_the_whole_run(tmp_path) -> None:
+    """The same 70 minutes as the idle launching dashboard samples them (its `LiveCharts`): memory on the card's
+    scale, so the hour-old peak is a column reaching 94% of the plot."""
+    _, capabilities, nvml = h100_environment()
+    source = LongRecordedSource()
+    app = GpuAnatApp(
+        RunConfig(),
+        db_path=tmp_path / "h.sqlite",
+        sampler_factory=lambda: (source, nvml),
+        backend=LocalRunBackend(tmp_path / "h.sqlite", capabilities_probe=lambda: capabilities),
+        clock=lambda: source.t_s,
+        sample_interval_s=None,
+        paint_interval_s=3600,
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(SAMPLES):
+            app.dashboard.sample_now()
+        app.dashboard.paint()
+        await pilot.pause()
+        memory = app.dashboard.query_one("#memory-chart", LineChart)
+        recent = chart_lines(memory)
+        assert "(of 79.65 GiB) · last 5 min" in recent[0], recent[0]
+        assert dots(recent[1]) == 0, "nothing near the card's top in the last minutes"
+
+        await pilot.press("z")
+        await pilot.pause()
+        whole = chart_lines(memory)
+        assert "whole run, 1h09m" in whole[0], whole[0]
+        assert dots(whole[1]) > 0, "the hour-old peak reaches the plot's top row"
+        assert "whole run, 1h09m" in chart_lines(app.dashboard.query_one("#throughput-chart", LineChart))[0]
 
 
 def test_a_series_stays_bounded_after_many_pushes_and_keeps_its_extremes() -> None:
