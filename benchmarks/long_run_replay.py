@@ -185,9 +185,7 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
     cpu_change = (sum(late) / len(late)) / (sum(early) / len(early)) - 1 if early and late else None
     return {
         "memory_growth_mb_after_hour_2": round(growth_mb, 2),
-        "memory_growth_mb_from_hour_1": round((by_hour[-1]["rss_bytes"] - by_hour[1]["rss_bytes"]) / 1e6, 2)
-        if len(by_hour) > 1
-        else None,
+        "memory_growth_mb_from_hour_1": round((by_hour[-1]["rss_bytes"] - by_hour[0]["rss_bytes"]) / 1e6, 2),
         "cpu_per_sample_change_last_vs_first_sixth": None if cpu_change is None else round(cpu_change, 4),
         "database_mb": round(result["database_bytes"] / 1e6, 2),
         "bars": {"memory_growth_mb": 10, "cpu_per_sample_change": 0.10, "database_mb": 100},
