@@ -11,7 +11,8 @@ from textual.app import App, ComposeResult
 from gpuanat.core.measure.anatomy import BAND_NAMES
 from gpuanat.core.store.report import format_bytes
 from gpuanat.tui.series import Reduce, TimeSeries
-from gpuanat.tui.widgets.line_chart import BRAILLE_BLANK, LineChart, axis_span_s, format_duration
+from gpuanat.tui.widgets.braille_cells import BRAILLE_BLANK
+from gpuanat.tui.widgets.line_chart import LineChart, axis_span_s, format_duration
 from gpuanat.tui.widgets.memory_bar import BAND_GLYPHS, BAND_LABELS, MemoryBar, band_component_class, split_cells
 
 GIB = 1024**3

@@ -109,7 +109,7 @@ class LaunchPainter:
                 charts.show_throughput_title(live, gpu_index)
                 charts.show_loss(live)
         with dashboard.app.batch_update():
-            charts.repaint(bool(samples or events))
+            charts.repaint(bool(samples or events), dashboard.charts_whole_run)
             if live is not None:
                 dashboard.memory_view.show_live(live, charts.latest_sample, gpu_index)
                 if events:

@@ -15,6 +15,7 @@ from gpuanat.core.measure.live_run import THROUGHPUT_WINDOW_STEPS, LiveRun, gpu_
 from gpuanat.core.measure.samples import GpuSample, NvmlStatus, Sample
 from gpuanat.core.store.report import format_bytes
 from gpuanat.core.vocabulary.protocol import Event, Ranked, Step
+from gpuanat.tui.chart_span import chart_span, show_span
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.widgets.anatomy_timeline import AnatomyTimeline, anatomy_points
 from gpuanat.tui.widgets.line_chart import LineChart
@@ -101,6 +102,7 @@ class LiveCharts:
             "host_cpu": TimeSeries(reduce="mean"),
         }
         self.latest_sample: Sample | None = None
+        self._whole_run = False
 
     @property
     def _charts(self) -> list[LineChart]:
@@ -194,13 +196,15 @@ class LiveCharts:
         self._loss_chart.show_curves({"loss": logged.points})
         self._loss_chart.show_latest(logged.learning_rate, logged.grad_norm)
 
-    def repaint(self, moved: bool) -> None:
-        """Every chart at the clock's time; with `moved` (new samples or events) on the one time axis of them all.
-        Also without new samples: a plot lagging by its rate catches up."""
-        window, now_s = self._window() if moved else None, self._clock()
+    def repaint(self, moved: bool, whole_run: bool) -> None:
+        """Every chart at the clock's time; with `moved` (new samples or events) on the one time axis of them all, the
+        recent minutes or the `whole_run` (`chart_span`). Also without new samples: a plot lagging by its rate catches
+        up."""
+        if moved or whole_run != self._whole_run:
+            self._whole_run = whole_run
+            show_span(self._charts, chart_span(self.series.values(), whole_run, self._window()))
+        now_s = self._clock()
         for chart in self._charts:
-            if moved and chart.shares_time_axis:
-                chart.window = window
             chart.refresh_data(now_s)
 
     def _window(self) -> tuple[float, float] | None:

@@ -169,6 +169,9 @@ class DashboardApp(App[None], Generic[DashboardT]):
     def action_pause(self) -> None:
         self.dashboard.action_pause()
 
+    def action_zoom(self) -> None:
+        self.dashboard.action_zoom()
+
     def action_redraw(self) -> None:
         self.dashboard.action_redraw()
 

@@ -432,6 +432,19 @@ class HistoryStore(HistoryFile):
         rows = self._fetch("SELECT sample_json FROM samples WHERE run_id = ? ORDER BY t_s", (run_id,))
         return [self._json(sample, run_id) for (sample,) in rows]
 
+    def recorded_rows(self, table: str, run_id: int, low: float, high: float) -> list[tuple[int, str]]:
+        """(rowid, JSON) of the run's `samples` (by t_s) or `steps` (by step) with low <= key < high, in order: what
+        the recorder's thinning reads (`sample_thinning`)."""
+        key, column = {"samples": ("t_s", "sample_json"), "steps": ("step", "record_json")}[table]
+        sql = f"SELECT rowid, {column} FROM {table} WHERE run_id = ? AND {key} >= ? AND {key} < ? ORDER BY {key}"
+        return [(rowid, text) for rowid, text in self._fetch(sql, (run_id, low, high))]
+
+    def delete_recorded_rows(self, table: str, run_id: int, rowids: Iterable[int]) -> None:
+        """Delete rows of the run's `samples` or `steps` by rowid (the thinning's), in one transaction."""
+        assert table in ("samples", "steps")
+        with self._write(f"the thinning of {table}") as db:
+            db.executemany(f"DELETE FROM {table} WHERE rowid = ? AND run_id = ?", [(row, run_id) for row in rowids])
+
 
 def check_usable_history(path: Path, *, writes: bool, named: bool) -> None:
     """Raise `HistoryError` (exit code 2) when `path` cannot be used as the history, before a command starts anything

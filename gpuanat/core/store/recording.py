@@ -6,16 +6,21 @@ locked by another process, disk full, failing I/O) keeps everything queued, in o
 run goes on. The final write is retried with back-off until `FINAL_WRITE_DEADLINE_S`; if the history still
 refuses it, `finish` says what was not saved, the caller reports it, and the run's row — left `running` with a
 recorder that is gone — is finalised as interrupted from its saved steps by the next writable open.
+
+A long run's rows stay bounded: after a flush, the steps and samples older than their recent part are thinned
+(`sample_thinning`); a history that refuses the thinning leaves the rows as written, thinned at a later flush.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from typing import Any
 
 from gpuanat.core.store.history import HistoryStore
-from gpuanat.core.store.history_errors import HistoryWriteError, write_with_backoff
+from gpuanat.core.store.history_errors import HistoryError, HistoryWriteError, write_with_backoff
+from gpuanat.core.store.sample_thinning import SAMPLE_THINNING, STEP_THINNING, RowThinner, Thinning
 
 FINAL_WRITE_DEADLINE_ENV = "GPUANAT_FINAL_WRITE_DEADLINE_S"
 FINAL_WRITE_DEADLINE_S = float(os.environ.get(FINAL_WRITE_DEADLINE_ENV) or 30.0)
@@ -26,7 +31,9 @@ GPUANAT_FINAL_WRITE_DEADLINE_S sets it."""
 class PendingWrites:
     """Step records, samples and row updates of one run, written when the history takes them."""
 
-    def __init__(self, store: HistoryStore, run_id: int) -> None:
+    def __init__(
+        self, store: HistoryStore, run_id: int, thinnings: tuple[Thinning, ...] = (STEP_THINNING, SAMPLE_THINNING)
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self._steps: list[dict[str, Any]] = []
@@ -36,6 +43,8 @@ class PendingWrites:
         """Why the last flush could not write everything (None once one did)."""
         self.refusals = 0
         """Flushes the history refused, over the run."""
+        self.thinners = {thinning.table: RowThinner(thinning) for thinning in thinnings}
+        """What keeps the run's stored steps and samples bounded (`sample_thinning`)."""
 
     def add_steps(self, records: Iterable[Mapping[str, Any]]) -> None:
         self._steps.extend(dict(record) for record in records)
@@ -62,15 +71,23 @@ class PendingWrites:
                 self._updates.pop(0)
             if self._steps:
                 store.add_steps(self.run_id, self._steps)
+                if "steps" in self.thinners:
+                    self.thinners["steps"].written(self._steps)
                 self._steps = []
             if self._samples:
                 store.add_samples(self.run_id, self._samples)
+                if "samples" in self.thinners:
+                    self.thinners["samples"].written(self._samples)
                 self._samples = []
         except HistoryWriteError as error:
             self.refusal = error
             self.refusals += 1
             return False
         self.refusal = None
+        for thinner in self.thinners.values():
+            # Thinning is housekeeping: a history that refuses it keeps the rows as written, thinned at a later flush.
+            with suppress(HistoryError):
+                thinner.thin(store, self.run_id)
         return True
 
     def finish(

@@ -44,6 +44,7 @@ SHARED_BINDINGS = [
     Binding("b", "modules", "Memory by module", id="modules", show=False),
     Binding("enter", "compare", "Compare", id="compare", show=False),
     Binding("space", "pause", "Pause charts", id="pause", show=False),
+    Binding("z", "zoom", "Zoom: whole run", id="zoom"),
     Binding("ctrl+l", "redraw", "Redraw the whole screen", id="redraw", show=False, priority=True),
 ]
 """Keys of both dashboards (launching and watching), with the actions below."""
@@ -66,6 +67,8 @@ class DashboardScreen(Screen[None]):
         self.compare_selection: list[int] = []
         """Runs picked in the history pane for the compare view (enter)."""
         self.charts_paused = False
+        self.charts_whole_run = False
+        """Whether the live charts show the whole run (`z`), or the recent minutes (`chart_span`)."""
         self._activity_shown: tuple[float | None, Any] = (None, None)
         """(sampler time, what changes the row's shape: its GPUs, throttle reasons, GPM's reason) last shown."""
 
@@ -193,6 +196,12 @@ class DashboardScreen(Screen[None]):
         for chart in self._charts:
             chart.paused = self.charts_paused
         self.notify("Charts paused (space resumes)." if self.charts_paused else "Charts live.", timeout=2)
+
+    def action_zoom(self) -> None:
+        """The live charts between the recent minutes and the whole run (each column's min..max), at once."""
+        self.charts_whole_run = not self.charts_whole_run
+        self.paint()
+        self.notify("Charts: the whole run (z: recent)." if self.charts_whole_run else "Charts: recent.", timeout=2)
 
     def action_redraw(self) -> None:
         """Draw every cell again, as ctrl+l does in a shell: a terminal that lost what it showed (a garbled SSH

@@ -34,6 +34,7 @@ from gpuanat.core.store.report import format_bytes
 from gpuanat.core.thread_names import name_native_thread
 from gpuanat.core.watch.session import WatchSession
 from gpuanat.core.watch.target import WatchTarget
+from gpuanat.tui.chart_span import chart_span, show_span
 from gpuanat.tui.live_charts import add_tensor_series
 from gpuanat.tui.messages import WatchSaved
 from gpuanat.tui.screens.dashboard import FIRST_BINDINGS, SHARED_BINDINGS, DashboardScreen
@@ -247,6 +248,7 @@ class WatchDashboard(DashboardScreen):
                 main = _main_gpu(latest)
                 used = [gpu for gpu in latest["gpus"] if gpu["uses_it"]]
                 self.show_activity(used or ([main] if main is not None else []), latest.get("t"))
+            show_span(self._charts, chart_span(self.series.values(), self.charts_whole_run, None))
             now_s = self._clock()
             for chart in self._charts:  # also without new samples: a plot lagging by its rate catches up
                 chart.refresh_data(now_s)

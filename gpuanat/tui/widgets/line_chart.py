@@ -29,13 +29,10 @@ from textual.strip import Strip
 from gpuanat.core.printable import printable
 from gpuanat.tui.series import TimeSeries
 from gpuanat.tui.text_fit import fit_words
+from gpuanat.tui.widgets.braille_cells import GLYPHS, draw_cells, first_difference, line_cells
 from gpuanat.tui.widgets.cached_rows import CachedRows
 
 LEGEND_SWATCH = "█"
-BRAILLE_BLANK = 0x2800
-"""U+2800, the braille cell with no dot; each dot adds a bit."""
-BRAILLE_DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
-"""The bit of the dot at [row from the top, 0-3][column, 0-1] of a braille cell."""
 SERIES_STYLE_COUNT = 4
 """Series i is drawn with component class `line-chart--series-{i % SERIES_STYLE_COUNT}`."""
 AXIS_STEP = 1.125
@@ -69,79 +66,6 @@ def format_duration(seconds: float) -> str:
 
 def _default_format(value: float) -> str:
     return f"{value:.3g}"
-
-
-GLYPHS = (" ", *(chr(BRAILLE_BLANK + bits) for bits in range(1, 256)))
-"""The glyph of each braille cell by its dot bits; a cell without a dot is a space."""
-
-
-def line_cells(
-    columns_by_series: Mapping[int, list[float | None]], top: float, rows: int, columns: int
-) -> tuple[list[list[int]], list[list[int | None]]]:
-    """The plot as braille cells, top row first: each cell's dot bits, and the series drawn last there. Each series'
-    values are one per dot column (2 per cell column); each value is a dot at its height, joined to the previous
-    value's."""
-    bits_rows = [[0] * columns for _ in range(rows)]
-    owner_rows: list[list[int | None]] = [[None] * columns for _ in range(rows)]
-    draw_cells(bits_rows, owner_rows, columns_by_series, top, 0)
-    return bits_rows, owner_rows
-
-
-def draw_cells(
-    bits_rows: list[list[int]],
-    owner_rows: list[list[int | None]],
-    columns_by_series: Mapping[int, list[float | None]],
-    top: float,
-    first_column: int,
-) -> None:
-    """Draw the series into the cells from `first_column` on (blank there); the cells left of it depend only on the
-    values left of it."""
-    rows, columns = len(bits_rows), len(bits_rows[0]) if bits_rows else 0
-    dots_high = rows * 4
-    scale = (dots_high - 1) / top if top > 0 else 0.0
-    top_dot = dots_high - 1
-    dot_bits = [(row_dots[0], row_dots[1]) for row_dots in BRAILLE_DOTS]
-    first_x = first_column * 2
-
-    def height_of(value: float) -> int:
-        height = round(value * scale)
-        return top_dot if height > top_dot else 0 if height < 0 else height
-
-    for index, values in columns_by_series.items():
-        before = values[first_x - 1] if 0 < first_x <= len(values) else None
-        previous: int | None = None if before is None else height_of(before)
-        for x in range(first_x, min(len(values), columns * 2)):
-            value = values[x]
-            if value is None:
-                previous = None
-                continue
-            height = height_of(value)
-            low, high = (
-                (height, height)
-                if previous is None or previous == height
-                else ((previous, height) if previous < height else (height, previous))
-            )
-            column, side = x >> 1, x & 1
-            for from_top in range(top_dot - high, top_dot - low + 1):
-                row = from_top >> 2
-                bits_rows[row][column] |= dot_bits[from_top & 3][side]
-                owner_rows[row][column] = index
-            previous = height
-
-
-def first_difference(before: list[float | None], after: list[float | None]) -> int:
-    """The first index where two lists of one length differ (their length where none does); bisected with slice
-    comparisons, which run in C."""
-    low, high = 0, len(after)
-    if before == after:
-        return high
-    while low < high:
-        middle = (low + high) // 2
-        if before[: middle + 1] == after[: middle + 1]:
-            low = middle + 1
-        else:
-            high = middle
-    return low
 
 
 class LineChart(CachedRows):
@@ -181,6 +105,13 @@ class LineChart(CachedRows):
     """Fixed top of the y-axis (e.g. device total memory); None scales to the highest value shown."""
     window: reactive[tuple[float, float] | None] = reactive(None, repaint=False)
     """The time span shown, shared by the charts of one dashboard (one time axis); None spans this chart's data."""
+    whole_run: reactive[bool] = reactive(False, repaint=False)
+    """Draw each column's min..max of the run (`TimeSeries.envelope`) instead of a line through its values."""
+    view: reactive[str] = reactive("", repaint=False)
+    """The span shown, said after the title ("last 5 min", "whole run, 72h00m"); empty: nothing said."""
+    axis_origin_s: reactive[float | None] = reactive(None, repaint=False)
+    """The x-axis says the time since this (the run's first sample) when set, and the plot starts at the window's
+    start (a view of the run's last minutes); else the axis counts from its start, which the data may move earlier."""
     paused: reactive[bool] = reactive(False, repaint=False)
     """Freeze the display on the data it showed when paused; new samples keep arriving underneath."""
 
@@ -279,6 +210,9 @@ class LineChart(CachedRows):
     def watch_window(self) -> None:
         self.repaint_changes()
 
+    def watch_view(self) -> None:
+        self.repaint_changes()
+
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._plot_cache = None  # the theme changed: colours baked into the plot rows are stale
@@ -291,7 +225,7 @@ class LineChart(CachedRows):
     def rows_key(self) -> tuple[object, ...]:
         shown = self._frozen if self._frozen is not None else self._series
         legend = tuple((name, series.last) for name, series in shown.items())
-        return (self.title, legend, self._plot_key(shown))
+        return (self.title, self.view, legend, self._plot_key(shown))
 
     def _plot_key(self, shown: Mapping[str, TimeSeries]) -> tuple[object, ...]:
         """What the plot and x-axis rows depend on besides the size: between redraws (`refresh_data`), the window
@@ -301,7 +235,8 @@ class LineChart(CachedRows):
             if self._plot_inputs is not None and self._frozen is None
             else (self.window, self._data_key(shown))
         )
-        return (self.y_max, self.paused, self.empty_message, self._formatter_version, *inputs)
+        shown_as = (self.whole_run, self.axis_origin_s)
+        return (self.y_max, self.paused, self.empty_message, self._formatter_version, shown_as, *inputs)
 
     def build_rows(self, width: int, height: int) -> list[Strip]:
         return self._build_rows(width, height, self._frozen if self._frozen is not None else self._series)
@@ -344,8 +279,9 @@ class LineChart(CachedRows):
 
         t_start_s = min(series.first_t_s for series in with_data.values() if series.first_t_s is not None)
         t_end_s = last_t_s = max(series.last_t_s for series in with_data.values() if series.last_t_s is not None)
-        if self.window is not None:
-            t_start_s, t_end_s = min(self.window[0], t_start_s), max(self.window[1], t_end_s)
+        if self.window is not None:  # from its start when it is a view of the run (`axis_origin_s`)
+            t_start_s = self.window[0] if self.axis_origin_s is not None else min(self.window[0], t_start_s)
+            t_end_s = max(self.window[1], t_end_s)
         t_end_s = t_start_s + axis_span_s(t_end_s - t_start_s)
         raw_max = max(series.max for series in with_data.values() if series.max is not None)
         label_candidates = [raw_max, 0.0] if self.y_max is None else [self.y_max, 0.0]
@@ -353,7 +289,9 @@ class LineChart(CachedRows):
         plot_width = max(0, width - label_width - 1)
 
         columns_by_series = {  # two values a cell: the braille cell's two dot columns
-            index: series.bucket(plot_width * 2, t_start_s, t_end_s)
+            index: series.envelope(plot_width * 2, t_start_s, t_end_s)
+            if self.whole_run
+            else series.bucket(plot_width * 2, t_start_s, t_end_s)
             for index, series in enumerate(shown.values())
             if series
         }
@@ -378,7 +316,7 @@ class LineChart(CachedRows):
         names_width = sum(len(name) + 4 for _, name, _ in legend)  # "  █ name"
         values_width = sum(len(value) + 1 for _, _, value in legend)
         # Narrow charts keep the series names whole: the latest values go first, then the title's last words.
-        title = printable(self.title)
+        title = printable(f"{self.title} · {self.view}" if self.view else self.title)
         with_values = 1 + len(title) + len(paused) + names_width + values_width <= width
         if not with_values:
             title = fit_words(title, width - 1 - len(paused) - names_width)
@@ -485,7 +423,8 @@ class LineChart(CachedRows):
 
     def x_axis_labels(self, start_s: float, end_s: float) -> tuple[str, str]:
         """The x-axis's two ends, for an axis from `start_s` to `end_s`: the run's elapsed time."""
-        return "0s", format_duration(end_s - start_s)
+        origin_s = start_s if self.axis_origin_s is None else self.axis_origin_s
+        return format_duration(start_s - origin_s), format_duration(end_s - origin_s)
 
     def _x_axis_row(self, width: int, label_width: int, plot_width: int, start: str, end: str) -> Strip:
         fill = plot_width - len(start) - len(end) - 3
