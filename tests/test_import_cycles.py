@@ -143,7 +143,7 @@ def test_no_module_imports_another_in_a_cycle():
 
 
 CORE_FLOORS: tuple[frozenset[str], ...] = (
-    frozenset({"vocabulary", "printable", "percent", "thread_names"}),
+    frozenset({"vocabulary", "printable", "percent", "thread_names", "heap"}),
     frozenset({"operations", "memory"}),
     frozenset({"measure"}),
     frozenset({"store"}),

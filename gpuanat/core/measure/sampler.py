@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from gpuanat.core.heap import HeapTrimmer
 from gpuanat.core.measure.samples import Sample, SampleSource
 from gpuanat.core.thread_names import name_native_thread
 
@@ -58,6 +59,9 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._cpu_seconds = 0.0
         self._last_error: str | None = None
+        self.heap_trimmer = HeapTrimmer()
+        """Hands the process's freed heap back to the system every `heap.TRIM_EVERY_S` of sample time, so a monitor
+        open for days keeps its RSS flat."""
 
     def track(self, pid: int) -> None:
         """Include `pid` and its descendants in host metrics from the next read on."""
@@ -142,6 +146,7 @@ class Sampler:
                     # The thread must outlive a failing callback, and the other consumers still get the sample.
                     except Exception as error:
                         self._last_error = f"{type(error).__name__}: {error}"
+                self.heap_trimmer.after_sample(sample.t_s)
             except StopIteration:
                 break
             # The thread must outlive a failing device; the app shows last_error.
