@@ -384,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
     serve.add_argument(
+        "--debug",
+        action="store_true",
+        help="log at debug level: every request, connection and tab (textual-serve's, aiohttp's and gpuanat's "
+        "loggers); the token is never written",
+    )
+    serve.add_argument(
         "served",
         nargs=argparse.REMAINDER,
         metavar="watch PID",

@@ -1,0 +1,163 @@
+"""`gpuanat serve` under load (issue #53, item 4): many tabs at once, tabs that vanish mid-run, a tab that stops
+reading, and the token in no log — against one real `gpuanat serve --debug` (every logger at debug level, its output
+kept in files) with aiohttp's websocket client speaking textual-serve's protocol as the page does
+(`tests/serve_clients.py`). The checks share the server, in order, as a user's tabs would; the last one stops it and
+reads everything it wrote. Heavier loads (20 tabs, 50 tabs closed mid-run): `benchmarks/serve_load.py`."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import cli_env, max_step
+from serve_clients import StalledTab, Tab, open_connections, start_server, stop, tree, tree_rss_bytes
+
+TINY_CPU_RUN = ("--preset", "tiny", "--device", "cpu", "--seq-len", "32", "--samples", "400000", "--batch-size", "4")
+
+
+@dataclass
+class Served:
+    process: object
+    url: str
+    token: str
+    port: int
+    history: Path
+    stdout_path: Path
+    stderr_path: Path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    folder = tmp_path_factory.mktemp("serve_load")
+    history = folder / "history.sqlite"
+    process, url = start_server(cli_env(history), "--", *TINY_CPU_RUN, extra=("--debug",), logs=folder)
+    token = url.split("token=", 1)[1]
+    port = int(url.split(":")[2].split("/")[0])
+    yield Served(process, url, token, port, history, folder / "stdout.log", folder / "stderr.log")
+    stop(process)
+
+
+async def wait_for(condition, what: str, timeout_s: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.1)
+
+
+async def repainted(tabs: list[Tab], rows: int, columns: int) -> list[tuple[int, int]]:
+    """Press ctrl+l in the first tab (the dashboard's "redraw every cell") and wait until every tab has been drawn down
+    to row `rows`; the farthest cell each tab was then drawn at. Textual now and then keeps a size it was given
+    without giving it to its screen; the server sees the dashboard draw beyond the size it gave and gives it again,
+    the tabs cleared and drawn whole — so a repaint drawn beyond the size is pressed for again, twice at most."""
+    for attempt in range(3):
+        await asyncio.sleep(0.5)  # a size just given has reached the dashboard
+        marks = [len(tab.drawn) for tab in tabs]
+        await tabs[0].press("\x0c")
+        for tab, mark in zip(tabs, marks):
+            await wait_for(lambda tab=tab, mark=mark: tab.farthest_cell(mark)[0] >= rows, f"not drawn to row {rows}")
+        await asyncio.sleep(0.5)
+        farthest = [tab.farthest_cell(mark) for tab, mark in zip(tabs, marks)]
+        if all(cell <= (rows, columns) and cell[1] <= columns for cell in farthest) or attempt == 2:
+            return farthest
+        assert any(b"\x1b[2J" in tab.drawn[mark:] for tab, mark in zip(tabs, marks)), "drawn beyond, never healed"
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.asyncio
+async def test_six_tabs_each_draw_the_whole_dashboard_and_one_tab_never_breaks_another(served):
+    """Six tabs of three sizes: each is drawn the whole dashboard, at the smallest tab's size so it fits in every one;
+    a key typed in one tab is drawn, the same frames, in all; the smallest tabs close and the rest are cleared and
+    drawn at the next size; a tab that shrinks to a sliver does not shrink the others below 40x12."""
+    sizes = [(120, 40), (100, 30), (120, 40), (90, 28), (120, 40), (100, 30)]
+    tabs = [await Tab(served.url, width, height).open() for width, height in sizes]
+    try:
+        for tab in tabs:
+            await tab.wait_for_text("gpuanat", "batch size")
+            assert tab.pongs == 1 and not tab.closed
+        for rows, columns in await repainted(tabs, 28, 90):
+            assert rows == 28 and columns <= 90, (rows, columns)
+
+        marks = [len(tab.drawn) for tab in tabs]
+        await tabs[3].press("?")  # the key page, typed in one tab
+        for tab, mark in zip(tabs, marks):
+            await tab.wait_for_text("Expandable segments", since=mark)
+        await asyncio.sleep(0.5)
+        shown = [tab.frames_from(b"Expandable segments") for tab in tabs]
+        assert len({tuple(frames[: min(map(len, shown))]) for frames in shown}) == 1  # the same frames in every tab
+        await tabs[0].press("?")
+
+        for small in (tabs[3], tabs[1], tabs[5]):  # the 90x28 and 100x30 tabs close: 120x40 is everyone's size
+            await small.close()
+        large = [tabs[0], tabs[2], tabs[4]]
+        marks = [len(tab.drawn) for tab in large]
+        for tab, mark in zip(large, marks):
+            await wait_for(lambda tab=tab, mark=mark: tab.farthest_cell(mark)[0] == 40, "not drawn at 120x40")
+            assert b"\x1b[2J" in tab.drawn[mark:]  # cleared before the larger dashboard was drawn
+            await tab.wait_for_text("gpuanat", "batch size", since=mark)
+
+        await large[1].resize(12, 4)  # a window dragged almost shut
+        for rows, columns in await repainted(large, 12, 40):
+            assert rows == 12 and columns <= 40, (rows, columns)
+        await large[1].resize(120, 40)
+        for rows, columns in await repainted(large, 40, 120):
+            assert rows == 40 and columns <= 120, (rows, columns)
+    finally:
+        for tab in tabs:
+            if not tab.closed:
+                await tab.close()
+
+
+@pytest.mark.asyncio
+async def test_tabs_that_vanish_mid_run_and_a_tab_that_stops_reading_leave_the_run_and_the_other_tabs_going(served):
+    """A run starts from one tab. A tab that stops reading its socket, and twelve tabs that vanish without a closing
+    handshake (their connections dropped), come and go while it trains: the watching tab keeps being drawn new steps,
+    the run trains on, no process is added or lost, the server holds no connection for a vanished tab, its memory
+    stays within bounds, and the tab that stopped reading is cut off once its connection took nothing for 20 s."""
+    watching = await Tab(served.url).open()
+    try:
+        await watching.wait_for_text("idle")
+        await watching.press("r")
+        await watching.wait_for_text("run 1: step", timeout_s=120)
+        processes_before = {process.pid for process in tree(served.process.pid)}
+        rss_before = tree_rss_bytes(served.process.pid)
+        connections_before = open_connections(served.process.pid, served.port)
+        steps_before = max_step(served.history)
+
+        stalled = StalledTab(served.url).open()
+        stalled_at = time.monotonic()
+        for _ in range(12):  # each one opens, is drawn a whole screen, and its connection is dropped
+            tab = await Tab(served.url).open()
+            await tab.wait_for_text("run 1: step")
+            await tab.vanish()
+        mark = len(watching.drawn)
+        await asyncio.sleep(2)
+        assert "run 1: step" in watching.text(mark)  # the watching tab is still drawn the run
+        await wait_for(
+            lambda: open_connections(served.process.pid, served.port) == connections_before + 1,
+            "a vanished tab's connection is still held",
+            timeout_s=20,
+        )
+        assert {process.pid for process in tree(served.process.pid)} == processes_before
+        await wait_for(
+            lambda: open_connections(served.process.pid, served.port) == connections_before,
+            "the tab that stopped reading was never cut off",
+            timeout_s=40,
+        )
+        assert time.monotonic() - stalled_at >= 20
+        stalled.close()
+        assert max_step(served.history) > steps_before  # the run trained on throughout
+        rss_growth = tree_rss_bytes(served.process.pid) - rss_before
+        assert rss_growth < 64 << 20, rss_growth
+        assert {process.pid for process in tree(served.process.pid)} == processes_before
+        mark = len(watching.drawn)
+        await asyncio.sleep(2)
+        assert "run 1: step" in watching.text(mark) and not watching.closed
+    finally:
+        await watching.close()
