@@ -8,8 +8,9 @@ page does (`tests/serve_clients.py`).
    closing handshake (`transport.abort()`). The server's and its process tree's resident memory every 10 tabs, the
    processes before and after (psutil), the connections the server still holds, and the run's steps.
 3. A tab whose client reads 4 KiB a second and one that reads nothing, beside a watching tab, for `--slow-s`
-   seconds: the watching tab's frames per second before and during, the server's memory, and what the server logged
-   about the slow tabs (skipped ahead, cut off).
+   seconds, while the watching tab presses ctrl+l 10 times a second (a whole screen each: far more output than the
+   slow tabs can take): the bytes and frames per second the watching tab is drawn and the run's steps recorded,
+   every 5 s, the server's memory, and what the server logged about the slow tabs (skipped ahead, cut off).
 
     PYTHONPATH=$PWD python3 benchmarks/serve_load.py --out benchmarks/results/cpu/serve_load/result.json
 """
@@ -27,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from conftest import cli_env, max_step  # noqa: E402
-from serve_clients import (  # noqa: E402
+from conftest import cli_env, max_step
+from serve_clients import (
     StalledTab,
     Tab,
     open_connections,
@@ -47,10 +48,21 @@ def server_rss_bytes(pid: int) -> int:
     return tree(pid)[0].memory_info().rss
 
 
-async def frames_per_s(tab: Tab, seconds: float) -> float:
-    before = len(tab.frames)
+async def drawn_during(tab: Tab, seconds: float, history: Path) -> dict[str, float]:
+    """The bytes and frames per second `tab` was drawn over `seconds`, and the run's steps recorded meanwhile."""
+    mark, frames, steps = len(tab.drawn), len(tab.frames), max_step(history)
     await asyncio.sleep(seconds)
-    return (len(tab.frames) - before) / seconds
+    return {
+        "bytes_per_s": round((len(tab.drawn) - mark) / seconds),
+        "frames_per_s": round((len(tab.frames) - frames) / seconds, 1),
+        "steps_recorded": max_step(history) - steps,
+    }
+
+
+async def redraw_storm(tab: Tab, per_s: float, stop_at: float) -> None:
+    while time.monotonic() < stop_at:
+        await tab.press("\x0c")
+        await asyncio.sleep(1 / per_s)
 
 
 async def slow_reader(tab: Tab, bytes_per_s: int, stop_at: float) -> None:
@@ -87,7 +99,7 @@ async def measure(args: argparse.Namespace, folder: Path) -> dict:
         marks = [len(tab.drawn) for tab in tabs]
         await tabs[0].press("\x0c")
         await asyncio.sleep(2)
-        farthest = [tab.farthest_cell(mark) for tab, mark in zip(tabs, marks)]
+        farthest = [tab.farthest_cell(mark) for tab, mark in zip(tabs, marks, strict=True)]
         result["twenty_tabs"] = {
             "all_drawn_within_s": round(max(drawn_s), 2),
             "farthest_cell_of_the_repaint": sorted(set(farthest)),
@@ -129,29 +141,39 @@ async def measure(args: argparse.Namespace, folder: Path) -> dict:
             "steps_during": max_step(history) - steps,
         }
 
-        before_fps = await frames_per_s(watching, 5)
+        before = await drawn_during(watching, 5, history)
+        log_before_slow = len((folder / "stdout.log").read_text())
         rss_before = server_rss_bytes(server.pid)
         stalled = StalledTab(url).open()
         slow = await Tab(url).open()
         stop_at = time.monotonic() + args.slow_s
         reading = asyncio.create_task(slow_reader(slow, 4096, stop_at))
-        during: list[float] = []
+        storm = asyncio.create_task(redraw_storm(watching, 10, stop_at))
+        during: list[dict[str, float]] = []
         peak_rss = rss_before
         while time.monotonic() < stop_at:
-            during.append(await frames_per_s(watching, 5))
+            during.append(await drawn_during(watching, 5, history))
             peak_rss = max(peak_rss, server_rss_bytes(server.pid))
         await reading
+        await storm
+        connections_after_slow = open_connections(server.pid, port)
         stalled.close()
         await slow.close()
         log = (folder / "stdout.log").read_text()
         result["slow_clients"] = {
             "seconds": args.slow_s,
-            "watching_tab_frames_per_s_before": round(before_fps, 1),
-            "watching_tab_frames_per_s_during_each_5_s": [round(value, 1) for value in during],
+            "watching_tab_before": before,
+            "watching_tab_during_each_5_s": during,
+            "connections_at_the_end_watching_tab_included": connections_after_slow,
             "server_rss_mib_before": round(rss_before / MIB, 1),
             "server_rss_mib_peak": round(peak_rss / MIB, 1),
-            "skipped_ahead_logged": log.count("skipped ahead"),
-            "cut_off_logged": log.count("cut off"),
+            "skipped_ahead_logged": log[log_before_slow:].count("skipped ahead"),
+            "cut_off_logged": log[log_before_slow:].count("cut off"),
+            "log_lines_of_the_slow_phase": [
+                " ".join(line.split())
+                for line in log[log_before_slow:].splitlines()
+                if line.startswith(("INFO     tab", "WARNING", "ERROR")) and "opened" not in line
+            ],
             "steps_total": max_step(history),
         }
         await watching.close()

@@ -1,8 +1,8 @@
-"""Browser tabs for `gpuanat serve` without a browser: aiohttp's websocket client speaking textual-serve's protocol as its
-page does (`textual_serve/static/js/textual.js`: the connection to `/ws?width=W&height=H` with the page's cookie, then
-`["resize", {width, height}]` and `["ping", ms]`; keys as `["stdin", text]`, `["focus"]`/`["blur"]`; the terminal's
-output comes back as binary frames), a client that stops reading its socket, and the server's process tree measured
-with psutil. Used by the serve load tests and by `benchmarks/serve_load.py`."""
+"""Browser tabs for `gpuanat serve` without a browser: aiohttp's websocket client speaking textual-serve's protocol as
+its page does (`textual_serve/static/js/textual.js`: the connection to `/ws?width=W&height=H` with the page's cookie,
+then `["resize", {width, height}]` and `["ping", ms]`; keys as `["stdin", text]`, `["focus"]`/`["blur"]`; the terminal's
+output comes back as binary frames), a client that stops reading its socket, and the server's process tree measured with
+psutil. Used by the serve load tests and by `benchmarks/serve_load.py`."""
 
 from __future__ import annotations
 
@@ -178,8 +178,9 @@ class Tab:
 
     async def vanish(self) -> None:
         """The tab goes without a closing handshake: its connection is dropped (a killed browser, a lost network)."""
-        transport = self.socket._response.connection.transport  # type: ignore[union-attr]
-        transport.abort()
+        response = self.socket._response
+        response.connection.transport.abort()  # type: ignore[union-attr]
+        response.close()  # the client's own bookkeeping of the connection, already dropped
         self._reader.cancel()
         await self.session.close()
 

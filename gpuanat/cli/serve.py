@@ -4,11 +4,12 @@
     gpuanat serve [--host HOST] [--port PORT] watch PID
 
 The server runs `gpuanat` (or `gpuanat watch PID`) as textual-serve runs any Textual app, drawn in the page — one
-dashboard, kept while tabs come and go (`serve_session.py`): closing the tab never stops a run, opening the URL again
-shows the same dashboard. Safe by default: bound to 127.0.0.1 (reach it over `ssh -L`), and every page and connection
-needs the token printed when the server starts — in the URL, as Jupyter does, then in a cookie that only this server's
-port reads; without it the page is refused (403). Stopping the server quits the dashboard as `q` does: a run in
-progress is stopped and recorded, never left behind unrecorded.
+dashboard, drawn in every open tab and kept while tabs come and go (`serve_session.py`, `serve_tab.py`): closing the tab
+never stops a run, opening the URL again shows the same dashboard, a slow tab holds up no other. Safe by default: bound
+to 127.0.0.1 (reach it over `ssh -L`), and every page and connection needs the token printed when the server starts — in
+the URL, as Jupyter does, then in a cookie that only this server's port reads; without it the page is refused (403).
+Stopping the server quits the dashboard as `q` does: a run in progress is stopped and recorded, never left behind
+unrecorded.
 """
 
 from __future__ import annotations

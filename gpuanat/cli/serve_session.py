@@ -83,6 +83,7 @@ class DashboardSession:
         self._clear = False
         """Whether the next redraw clears every tab first (the dashboard's size changed)."""
         self._next_size_check = 0.0
+        self._resize: asyncio.Task[None] | None = None
         self._started_size: tuple[int, int] | None = None
         self._settled: asyncio.Task[None] | None = None
         """Done once the dashboard's first screen has settled (`SETTLE_S` after it was drawn)."""
@@ -232,7 +233,8 @@ class DashboardSession:
             and any(int(row) > self.size[1] or int(col) > self.size[0] for row, col in CURSOR_TO_CELL.findall(data))
         ):
             log.debug("the dashboard drew beyond %dx%d: its size given again", *self.size)
-            await self._give_size()
+            self._next_size_check = time.monotonic() + RESIZE_AGAIN_S
+            self._resize = asyncio.create_task(self._give_size())  # not awaited: this is the reader of its output
 
     async def _settle(self) -> None:
         await asyncio.sleep(SETTLE_S)

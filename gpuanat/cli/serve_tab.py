@@ -1,8 +1,8 @@
-"""One browser tab of `gpuanat serve`: its connection, its size and focus, and what the dashboard draws on its way to it.
+"""One browser tab of `gpuanat serve`: its connection, its size and focus, what the dashboard draws on its way to it.
 
 The dashboard's output goes to every tab. Handing it to a tab never waits: each tab has its own queue, bounded, and its
-own task that writes the queue out. A tab that reads slowly falls behind alone — the dashboard and the other tabs go on —
-and a tab too far behind is skipped ahead: what it has not received yet is dropped (a terminal that missed part of a
+own task that writes the queue out. A tab that reads slowly falls behind alone — the dashboard and the other tabs go on
+— and a tab too far behind is skipped ahead: what it has not received yet is dropped (a terminal that missed part of a
 screen can only be drawn again, not caught up), and once its connection has taken what was already sent, the whole
 screen is drawn again for it. A tab whose connection takes nothing for `SEND_TIMEOUT_S` (a client that stopped reading,
 a laptop whose lid closed) is cut off, so what the server holds for it is bounded too.
@@ -53,6 +53,7 @@ class Tab:
         self._pending_bytes = 0
         self._behind = False
         self._wake = asyncio.Event()
+        self._closed = False
         self._writer = asyncio.create_task(self._write_out())
 
     @property
@@ -62,6 +63,8 @@ class Tab:
 
     def send(self, data: bytes | str) -> None:
         """Queue `data` (terminal output as bytes, or a JSON message as text) for this tab; never waits."""
+        if self._closed:
+            return
         if self._behind:
             self.skipped_frames += 1
             return
@@ -77,7 +80,7 @@ class Tab:
         self._wake.set()
 
     async def _write_out(self) -> None:
-        while True:
+        while not self._closed:
             await self._wake.wait()
             self._wake.clear()
             while self._pending:
@@ -108,14 +111,13 @@ class Tab:
 
     async def close(self, message: str = "") -> None:
         """Stop writing to this tab and close its connection (cut it if the handshake does not finish)."""
+        self._closed = True  # not awaited after its cancel: asyncio.wait_for can swallow a cancel (Python 3.11)
         self._writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._writer
+        self._wake.set()
         self._pending.clear()
         self._pending_bytes = 0
-        try:
+        with contextlib.suppress(Exception):  # TimeoutError, or the connection already gone
             await asyncio.wait_for(self.socket.close(message=message.encode()), CLOSE_TIMEOUT_S)
-        except TimeoutError:
-            self.cut_off()
-        except Exception:  # already gone
-            return
+        # A connection closed with data still unsent (aiohttp's heartbeat closing a client that stopped reading) waits
+        # to send it, holding its socket for as long as the client lives: let it go now.
+        self.cut_off()
