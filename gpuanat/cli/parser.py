@@ -366,9 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="the dashboard (or `watch PID`) in a browser, behind a token",
-        description="Serve the dashboard in a browser through textual-serve: one dashboard, drawn in the tab that\n"
-        "opened the URL last (a second tab takes it over). Bound to 127.0.0.1 by default (reach it with\n"
-        "ssh -L); every page needs the token printed at start (…/?token=…). Closing the tab leaves the\n"
+        description="Serve the dashboard in a browser through textual-serve: one dashboard, drawn in every tab\n"
+        "that opens the URL (at the smallest tab's size; keys from any tab). Bound to 127.0.0.1 by default\n"
+        "(reach it with ssh -L); every page needs the token printed at start (…/?token=…). Closing the tab leaves the\n"
         "dashboard and its run going, as tmux outlives an SSH drop: the run trains on and is recorded;\n"
         "open the URL again to see it. q in the page ends the dashboard; stopping the server (ctrl+c)\n"
         "stops a run in progress and records it. Needs pip install 'gpuanat[serve]'.",
@@ -383,6 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="address to listen on (default 127.0.0.1; another one warns: the page can start runs)",
     )
     serve.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument(
+        "--debug",
+        action="store_true",
+        help="log at debug level: every request, connection and tab (textual-serve's, aiohttp's and gpuanat's "
+        "loggers); the token is never written",
+    )
     serve.add_argument(
         "served",
         nargs=argparse.REMAINDER,
