@@ -82,13 +82,34 @@ def xid_cost(reads: int) -> dict[str, Any]:
 
 
 def worker_pid(dashboard: psutil.Process) -> int | None:
+    """The training worker among the dashboard's `gpuanat.worker` children: the one holding the most GPU memory
+    (NVML's compute processes), else the one that used the most CPU. The dashboard also keeps an idle spare worker
+    warm (`--warm-fd`) for the next run, and the run itself starts in the previous spare: both carry `--warm-fd`."""
+    workers: dict[int, float] = {}
     for child in dashboard.children(recursive=True):
         try:
             if "gpuanat.worker" in " ".join(child.cmdline()):
-                return child.pid
+                times = child.cpu_times()
+                workers[child.pid] = times.user + times.system
         except psutil.Error:
             continue
-    return None
+    if not workers:
+        return None
+    gpu_bytes: dict[int, int] = {}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if process.pid in workers:
+                    gpu_bytes[process.pid] = gpu_bytes.get(process.pid, 0) + (process.usedGpuMemory or 0)
+    except Exception:  # no NVML here: the CPU decides
+        gpu_bytes = {}
+    if gpu_bytes:
+        return max(gpu_bytes, key=lambda pid: gpu_bytes[pid])
+    return max(workers, key=lambda pid: workers[pid])
 
 
 def latest_step(db: Path) -> tuple[int | None, int | None]:
