@@ -125,32 +125,53 @@ class RowThinner:
             self.deleted += len(dropped)
         self._thinned_to = cut
 
-    def _dropped(self, rows: list[tuple[int, str]]) -> list[int]:
-        """The rowids of `rows` that their buckets do not keep."""
+    def _dropped(self, rows: Iterable[tuple[int, str]]) -> list[int]:
+        """The rowids of `rows` that their buckets do not keep. Each row is parsed, measured and let go before the
+        next: what is held is a bucket's rowids and its extremes, never the parsed rows (a re-thinning after the
+        buckets widen reads thousands of rows, and parsed all at once they left the heap fragmented for hours)."""
         assert self._origin is not None
-        buckets: dict[int, list[tuple[int, Mapping[str, Any]]]] = {}
+        buckets: dict[int, _Bucket] = {}
         for rowid, text in rows:
             try:
                 record = json.loads(text)
                 position = float(record[self.thinning.key])
             except (ValueError, KeyError, TypeError):
                 continue  # a row it cannot read is kept: thinning never loses what it does not understand
-            buckets.setdefault(math.floor((position - self._origin) / self.bucket_width), []).append((rowid, record))
+            index = math.floor((position - self._origin) / self.bucket_width)
+            bucket = buckets.get(index)
+            if bucket is None:
+                bucket = buckets[index] = _Bucket()
+            bucket.add(rowid, self.thinning.readings(record))
         dropped: list[int] = []
-        for members in buckets.values():
-            kept = {members[0][0], members[-1][0]}
-            extremes: dict[str, tuple[float, int, float, int]] = {}
-            for rowid, record in members:
-                for name, value in self.thinning.readings(record):
-                    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                        continue
-                    low, low_row, high, high_row = extremes.get(name, (value, rowid, value, rowid))
-                    if value < low:
-                        low, low_row = value, rowid
-                    if value > high:
-                        high, high_row = value, rowid
-                    extremes[name] = (low, low_row, high, high_row)
-            for _, low_row, _, high_row in extremes.values():
-                kept.update((low_row, high_row))
-            dropped.extend(rowid for rowid, _ in members if rowid not in kept)
+        for bucket in buckets.values():
+            kept = bucket.kept()
+            dropped.extend(rowid for rowid in bucket.rowids if rowid not in kept)
         return dropped
+
+
+class _Bucket:
+    """One bucket's rows as thinning reads them: their rowids in order and, per reading, its lowest and highest
+    value with the row holding each."""
+
+    def __init__(self) -> None:
+        self.rowids: list[int] = []
+        self.extremes: dict[str, tuple[float, int, float, int]] = {}
+
+    def add(self, rowid: int, readings: Iterable[tuple[str, float | None]]) -> None:
+        self.rowids.append(rowid)
+        for name, value in readings:
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                continue
+            low, low_row, high, high_row = self.extremes.get(name, (value, rowid, value, rowid))
+            if value < low:
+                low, low_row = value, rowid
+            if value > high:
+                high, high_row = value, rowid
+            self.extremes[name] = (low, low_row, high, high_row)
+
+    def kept(self) -> set[int]:
+        """The first and last rows and those holding an extreme."""
+        kept = {self.rowids[0], self.rowids[-1]}
+        for _, low_row, _, high_row in self.extremes.values():
+            kept.update((low_row, high_row))
+        return kept
