@@ -36,14 +36,27 @@ def build(model_name: str):
 
     if model_name == "bert":
         config = BertConfig(
-            hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
-            vocab_size=30522, max_position_embeddings=512, num_labels=2, attn_implementation="sdpa",
+            hidden_size=1024,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            intermediate_size=4096,
+            vocab_size=30522,
+            max_position_embeddings=512,
+            num_labels=2,
+            attn_implementation="sdpa",
         )
         return BertForSequenceClassification(config), 512, config
     config = LlamaConfig(
-        hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-        intermediate_size=8192, vocab_size=128256, max_position_embeddings=2048, tie_word_embeddings=True,
-        attn_implementation="sdpa", torch_dtype=torch.float32,
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+        torch_dtype=torch.float32,
     )
     return LlamaForCausalLM(config), 2048, config
 
@@ -97,13 +110,24 @@ def one(name: str, steps: int, peak_tflops: float) -> dict:
     step_ms = start.elapsed_time(end) / steps
     samples_per_s = batch * 1000 / step_ms
     return {
-        "name": name, "model": model_name, "batch": batch, "seq": seq, "weights": weights, "compile": compiled,
-        "fused_adamw": fused, "step_ms": round(step_ms, 2), "samples_per_s": round(samples_per_s, 1),
-        "tokens_per_s": round(samples_per_s * seq), "tflops_per_sample": round(flops / 1e12, 4),
+        "name": name,
+        "model": model_name,
+        "batch": batch,
+        "seq": seq,
+        "weights": weights,
+        "compile": compiled,
+        "fused_adamw": fused,
+        "step_ms": round(step_ms, 2),
+        "samples_per_s": round(samples_per_s, 1),
+        "tokens_per_s": round(samples_per_s * seq),
+        "tflops_per_sample": round(flops / 1e12, 4),
         "achieved_tflops": round(samples_per_s * flops / 1e12, 1),
-        "mfu_percent": round(100 * samples_per_s * flops / 1e12 / peak_tflops, 1), "peak_tflops": peak_tflops,
-        "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "warm_s": round(warm_s, 1),
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "mfu_percent": round(100 * samples_per_s * flops / 1e12 / peak_tflops, 1),
+        "peak_tflops": peak_tflops,
+        "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "warm_s": round(warm_s, 1),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
     }
 
 
@@ -125,8 +149,16 @@ def main() -> None:
         if left < 45:
             print(f"{name}: skipped, {left:.0f} s left", flush=True)
             continue
-        command = [sys.executable, __file__, "--one", name, "--steps", str(arguments.steps),
-                   "--peak-tflops", str(arguments.peak_tflops)]
+        command = [
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            "--steps",
+            str(arguments.steps),
+            "--peak-tflops",
+            str(arguments.peak_tflops),
+        ]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=left - 5)
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
