@@ -132,7 +132,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     dashboard = Terminal([sys.executable, "-m", "gpuanat", *args.gpuanat_flags], 120, 40, env)
     result: dict[str, Any] = {"flags": args.gpuanat_flags, "soak_s": args.soak_s}
     if dashboard.wait_for(b"Techniques", dashboard.started_s, timeout_s=60) is None:
-        result["error"] = "the dashboard never drew"
+        tail = b"".join(data for _, data in dashboard.chunks)[-600:].decode("utf-8", "replace")
+        result["error"] = f"the dashboard never drew (exit {dashboard.process.poll()}): {tail}"
         return result
     time.sleep(3)
     dashboard.press("r")
