@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import serve_clients
 from conftest import REPO, cli_env
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -32,35 +32,9 @@ SCREENSHOT_DIR_VARIABLE = "GPUANAT_SCREENSHOT_DIR"
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-B]|\x1b[=>]")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def start_server(tmp_path: Path, *served: str) -> tuple[subprocess.Popen[str], str]:
-    """`gpuanat serve` on a free port; its process and the URL it printed."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gpuanat", "serve", "--port", str(port), *served],
-        cwd=REPO,
-        env=cli_env(tmp_path / "history.sqlite"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    line = server.stdout.readline()
-    match = re.search(r"open (http://\S+) ", line)
-    assert match, (line, server.stderr.read() if server.poll() is not None else "")
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return server, match.group(1)
-        except OSError:
-            assert time.monotonic() < deadline and server.poll() is None, "the server did not listen"
-            time.sleep(0.1)
+    """`gpuanat serve` on a free port with a history in `tmp_path`; its process and the URL it printed."""
+    return serve_clients.start_server(cli_env(tmp_path / "history.sqlite"), *served)
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -324,7 +298,7 @@ def test_serve_refuses_what_it_cannot_serve(tmp_path):
 
 def test_serving_beyond_loopback_warns(tmp_path):
     server = subprocess.Popen(
-        [sys.executable, "-m", "gpuanat", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+        [sys.executable, "-m", "gpuanat", "serve", "--host", "0.0.0.0", "--port", str(serve_clients.free_port())],
         cwd=REPO,
         env=cli_env(tmp_path / "h.sqlite"),
         stdout=subprocess.PIPE,
