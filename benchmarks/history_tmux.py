@@ -56,6 +56,8 @@ def timed_listing(db: Path) -> float:
 
 
 def timed_dashboard(db: Path) -> tuple[float, float]:
+    """One dashboard in a fresh tmux session: (h to the first rows, the filter's last key to the filtered rows)."""
+    new_session()
     command = f"{sys.executable} -m gpuanat --db {shlex.quote(str(db))} --preset tiny --device cpu"
     tmux("send-keys", "-t", SESSION, command, "Enter")
     wait_for(lambda text: "Techniques" in text)
@@ -63,19 +65,23 @@ def timed_dashboard(db: Path) -> tuple[float, float]:
     began = time.perf_counter()
     tmux("send-keys", "-t", SESSION, "h")
     opened = wait_for(lambda text: "exp-" in text) - began
+    time.sleep(1)
     tmux("send-keys", "-t", SESSION, "/")
-    time.sleep(0.5)
+    time.sleep(1)
     tmux("send-keys", "-t", SESSION, "-l", "exp-4")
-    time.sleep(0.5)
+    time.sleep(1.5)
     began = time.perf_counter()
     tmux("send-keys", "-t", SESSION, "-l", "2")
     names = lambda text: [word for word in text.split() if word.startswith("exp-")]  # noqa: E731
     filtered = wait_for(lambda text: bool(names(text)) and all(n.startswith("exp-42") for n in names(text))) - began
-    tmux("send-keys", "-t", SESSION, "Escape", "Escape", "q")
-    time.sleep(1)
-    tmux("send-keys", "-t", SESSION, "y")
+    subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)  # SIGHUP: the dashboard ends
     time.sleep(2)
     return opened, filtered
+
+
+def new_session() -> None:
+    subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+    tmux("new-session", "-d", "-s", SESSION, "-x", "200", "-y", "50", "bash --norc")
 
 
 def main() -> None:
@@ -87,8 +93,7 @@ def main() -> None:
     if not args.history.exists():
         with tempfile.TemporaryDirectory() as folder:
             make_history(seed_run(Path(folder)), args.history, args.runs)
-    subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
-    tmux("new-session", "-d", "-s", SESSION, "-x", "200", "-y", "50", "bash --norc")
+    new_session()
     try:
         listings = [round(timed_listing(args.history), 3) for _ in range(REPEATS)]
         dashboards = [timed_dashboard(args.history) for _ in range(REPEATS)]
