@@ -22,6 +22,10 @@ from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.protocol import Step, decode, encode
 from gpuanat.core.vocabulary.result import RunResult
 
+pytestmark = pytest.mark.xdist_group("test_loss")
+"""Four of its tests share a module-scoped real run: pytest-xdist gives them all to one worker (`--dist loadgroup`),
+so that run trains once, not once on each worker."""
+
 TRAINER_SAMPLES = "120"
 """30 steps of 4 samples: the Trainer logs at steps 10, 20 and 30 (gpuanat's LOGGING_STEPS)."""
 

@@ -129,25 +129,27 @@ def test_the_json_line_is_the_last_stdout_line_even_with_the_scripts_output(db_p
     assert "hello from the script" in Path(result["log_path"]).read_text()
 
 
-CRASHING_SCRIPTS = {
+CRASH = "raise RuntimeError('the data folder is missing')\n"
+CRASHING_SCRIPTS = {  # each script's text, its crash included
     "a loop of its own": (
         "def train(model, optimizer, batches):\n    for batch in batches:\n        model(batch).sum().backward()\n"
-        "        optimizer.step()\n\n",
+        "        optimizer.step()\n\n" + CRASH,
         "a training loop of its own is measured once the script adds gpuanat's probe: with "
         "gpuanat.probe.track(model, optimizer) as probe",
     ),
     "HF Trainer": (
         "from transformers import Trainer\n\n\ndef train(model, data):\n"
-        "    Trainer(model=model, train_dataset=data)\n\n",
+        "    Trainer(model=model, train_dataset=data)\n\n" + CRASH,
         "gpuanat attaches its probe to every transformers Trainer the script creates",
     ),
     "Lightning": (
-        "import lightning\n\n",
+        # the crash before the import: the loop is read from the text, Lightning is never imported
+        CRASH + "import lightning\n",
         "PyTorch Lightning is measured once the script adds gpuanat's probe: "
         "Trainer(callbacks=[gpuanat.probe.LightningAnatomyCallback()])",
     ),
     "a loop gpuanat cannot tell": (
-        "",
+        CRASH,
         "gpuanat attaches its probe to a transformers Trainer; Lightning needs "
         "Trainer(callbacks=[gpuanat.probe.LightningAnatomyCallback()]), a loop of its own with gpuanat.probe.track(",
     ),
@@ -159,7 +161,7 @@ def test_a_script_that_crashes_before_training_is_told_the_probe_route_of_its_lo
     is the one for the loop its text shows (read, never run: a Lightning script need not have Lightning installed)."""
     for loop, (body, route) in CRASHING_SCRIPTS.items():
         script = tmp_path / "crash.py"
-        script.write_text(body + "raise RuntimeError('the data folder is missing')\n")
+        script.write_text(body)
         completed = run_cli(["run", "--json", "--script", str(script)], db_path, timeout_s=120)
         assert completed.returncode == 1, (loop, completed.stderr[-2000:])
         result = last_json(completed.stdout)
