@@ -15,9 +15,10 @@ import pytest
 from gpuanat.cli.common import config_from_args
 from gpuanat.cli.parser import build_parser
 from gpuanat.core.memory.allocation_templates import largest_batch
+from gpuanat.core.run.tune.moves import moves_in_order
 from gpuanat.core.run.tune.result import NOISE_FRACTION, beats, pareto_front
 from gpuanat.core.run.tune.runs import run_flags
-from gpuanat.core.run.tune.search import Progress, moves_in_order, run_tune
+from gpuanat.core.run.tune.search import Progress, run_tune
 from gpuanat.core.run.tune.space import DIMENSIONS, search_space
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.result import RunResult
@@ -254,7 +255,7 @@ def test_the_cpu_searches_what_it_can_run():
     space = search_space(RunConfig(), older, set(), gpu_memory_bytes=16 * 2**30)
     assert space.half_precision == "fp16" and "tf32" not in space.dimensions
     assert space.optimizers == ("adamw_torch_fused", "adamw_bnb_8bit")
-    assert set(space.dimensions) == set(DIMENSIONS) - {"tf32", "liger", "distributed"}  # one GPU
+    assert set(space.dimensions) == set(DIMENSIONS) - {"tf32", "liger", "distributed", "weights"}  # one GPU, fp16
 
 
 def test_a_gpu_bound_run_tries_the_fused_kernels_first_its_regions_compiled():

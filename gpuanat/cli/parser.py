@@ -19,6 +19,7 @@ from gpuanat.core.vocabulary.config import (
     DASHBOARD_CPU_SAMPLES,
     DEFAULT_PROFILE_OPS_STEPS,
     OOM_SNAPSHOT_EVENTS,
+    TRIAL_PROFILED_STEPS,
     RunConfig,
 )
 from gpuanat.core.vocabulary.techniques import TECHNIQUES, Technique
@@ -315,6 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics(tune)
     add_tune_options(tune)
     add_profile_ops(tune, trace=False)
+    tune.set_defaults(profile_ops=TRIAL_PROFILED_STEPS)
+    tune.add_argument(
+        "--no-profile-ops",
+        dest="profile_ops",
+        action="store_const",
+        const=0,
+        help=f"profile no step of the trials (default: {TRIAL_PROFILED_STEPS} steps of each, whose operations "
+        "anatomy orders the next round's moves: the largest groups that are not math first)",
+    )
     add_run_tags(tune, "every trial")
 
     watch = commands.add_parser(

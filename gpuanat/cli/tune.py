@@ -152,7 +152,7 @@ def tune_json(
     outcome: Any, *, base: RunConfig, space: Any, budget_s: float, trial_steps: int, held: list[str]
 ) -> dict[str, Any]:
     from gpuanat.core.run.tune.result import MEMORY_SOURCES
-    from gpuanat.core.run.tune.runs import run_command, run_flags
+    from gpuanat.core.run.tune.runs import run_command, run_flags, trial_config
 
     source = outcome.memory_source
     best = outcome.best
@@ -162,6 +162,7 @@ def tune_json(
             **trial_json(best, source, outcome.kept),
             "run_flags": run_flags(best.config),
             "command": run_command(best.config),
+            "trial_command": run_command(trial_config(best.config, trial_steps)),
         }
     return {
         "status": outcome.stop_reason,
@@ -232,6 +233,7 @@ def _print_front(summary: dict[str, Any]) -> None:
             f"Best{least}: {best['command']}  ({best['samples_per_second']:.2f} samples/s{energy}, "
             f"{_gib(best['peak_memory_bytes'])})"
         )
+        print(f"As timed ({summary['trial_steps']} steps a trial): {best['trial_command']}")
 
 
 def command_tune(args: argparse.Namespace) -> int:
@@ -347,6 +349,10 @@ def command_tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
 
+    def round_order(center: Any, reason: str) -> None:
+        if reason:
+            print(f"tune: moves from {center.name.split(':')[0]}: {reason}", file=sys.stderr)
+
     def kept(trial_kept: Any, gain: float) -> None:
         if trial_kept.dimension != "start":
             print(f"tune: best so far: {trial_kept.name} (+{100 * gain:.1f}%)", file=sys.stderr)
@@ -368,6 +374,7 @@ def command_tune(args: argparse.Namespace) -> int:
             on_trial=trial_done,
             on_pruned=pruned,
             on_kept=kept,
+            on_round=round_order,
             stop=stop,
             objective=args.objective,
             search_id=start_search(store, "tune", base),

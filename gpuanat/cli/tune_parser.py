@@ -78,7 +78,7 @@ def add_tune_options(tune: argparse.ArgumentParser) -> None:
         "--search",
         default=None,
         metavar="NAMES",
-        help="search only these, separated by commas: batch, precision, tf32, attn, optim, "
+        help="search only these, separated by commas: batch, precision, weights, tf32, attn, optim, "
         "distributed, grad-checkpointing, workers, expandable-segments, liger, engine, compile "
         "(default: all that apply here)",
     )

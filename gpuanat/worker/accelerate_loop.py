@@ -44,7 +44,7 @@ def train_with_accelerate(
     # and holds the host there, so the next step's kernels start late (the H100 at batch 136: 98% busy, the host in
     # the data phase)
     accelerator = Accelerator(
-        mixed_precision=config.precision if config.precision != "fp32" else "no",
+        mixed_precision=config.precision if config.precision != "fp32" and config.autocast else "no",
         gradient_accumulation_steps=config.grad_accum,
         cpu=config.device == "cpu",
         dataloader_config=DataLoaderConfiguration(non_blocking=config.pin_memory),

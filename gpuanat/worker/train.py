@@ -130,8 +130,9 @@ def training_arguments_kwargs(config: Any, output_dir: str) -> dict[str, Any]:
         "per_device_train_batch_size": config.batch_size,
         "gradient_accumulation_steps": config.grad_accum,
         checkpointing_key: config.grad_checkpointing,
-        "fp16": config.precision == "fp16",
-        "bf16": config.precision == "bf16",
+        # pure bf16 (--no-autocast): the bf16 model computes without Trainer's autocast
+        "fp16": config.precision == "fp16" and config.autocast,
+        "bf16": config.precision == "bf16" and config.autocast,
         "tf32": config.tf32 if config.device == "cuda" else None,
         "optim": config.optim,
         "dataloader_num_workers": config.workers,

@@ -54,6 +54,12 @@ class RunConfig:
     """The dtype the trained model is held in: fp32 (master weights; with --precision bf16/fp16 autocast computes
     in 16 bits, the HF docs' setting) or bf16 (the model itself in bf16, as `from_pretrained` loads a bf16
     checkpoint, its gradients and AdamW's states too, as TRL and plain loops train it; needs --precision bf16)."""
+    autocast: bool = True
+    """With a bf16 model: True runs HF Trainer's bf16 autocast over it (TRL's setting: LayerNorm, softmax and the
+    loss in fp32, so the residual stream is fp32 after every LayerNorm); False computes straight in the model's bf16,
+    no autocast — pure bf16, as a plain bf16 loop trains: every activation, the residual stream too, in 16 bits, half
+    the bytes the element-wise and normalization kernels move. Either way the weights are updated in bf16 (an update
+    under 1/256 of a weight rounds away). Needs `weights_dtype` bf16."""
     lora: int = 0
     """LoRA rank; 0 trains every weight."""
     lora_targets: str = "all-linear"
@@ -119,7 +125,7 @@ class RunConfig:
         if self.precision != "fp32":
             parts.append(self.precision)
         if self.weights_dtype != RunConfig.weights_dtype:
-            parts.append(f"{self.weights_dtype}-weights")
+            parts.append(f"{self.weights_dtype}-weights" if self.autocast else f"pure-{self.weights_dtype}")
         if self.tf32:
             parts.append("tf32")
         if self.optim != RunConfig.optim:
@@ -245,6 +251,9 @@ PROFILE_OPS_VARIABLE = "GPUANAT_PROFILE_OPS"
 script watched by PID can be asked too); unset or 0: none."""
 PROFILE_OPS_TRACE_VARIABLE = "GPUANAT_PROFILE_OPS_TRACE"
 """Where the probe writes the profiled steps' Chrome/Perfetto trace (`--profile-ops-trace FILE`)."""
+TRIAL_PROFILED_STEPS = 2
+"""Steps of each `tune` trial profiled for its operations anatomy (after warm-up, out of the steady window): what
+the round that trial starts tries first (`core.run.tune.moves`)."""
 DEFAULT_PROFILE_OPS_STEPS = 3
 """Steps `--profile-ops` profiles when given no count: enough to average a step's kernels, few enough that the
 profile is read in seconds."""

@@ -135,6 +135,14 @@ TECHNIQUES: tuple[Technique, ...] = (
         choices=WEIGHTS_DTYPES,
     ),
     Technique(
+        "autocast",
+        "--autocast",
+        "bool",
+        "with --weights-dtype bf16: --no-autocast trains pure bf16, no autocast, every activation (the residual "
+        "stream and LayerNorm outputs too) in bf16: less memory traffic, faster where element-wise kernels weigh "
+        "(default on: HF Trainer's bf16 autocast over the bf16 model, as TRL trains)",
+    ),
+    Technique(
         "lora",
         "--lora",
         "int",
@@ -238,6 +246,25 @@ def with_compile_mode(config: Any, mode: str) -> Any:
     return config.replace(compile_regions=mode == "regions", compile=mode == "model")
 
 
+WEIGHTS_MODES = ("fp32", "bf16", "pure-bf16")
+"""How the model is held and computed (`weights_mode`): fp32 master weights (under autocast with --precision bf16),
+bf16 weights under autocast, bf16 weights computed in pure bf16 (no autocast); `tune`'s weights move and the
+dashboard's `W` step through them."""
+
+
+def weights_mode(config: Any) -> str:
+    if config.weights_dtype == "fp32":
+        return "fp32"
+    return config.weights_dtype if config.autocast else f"pure-{config.weights_dtype}"
+
+
+def with_weights_mode(config: Any, mode: str) -> Any:
+    """`config` with its model held (and computed) as `mode` says; bf16 weights bring --precision bf16."""
+    if mode == "fp32":
+        return config.replace(weights_dtype="fp32", autocast=True)
+    return config.replace(weights_dtype="bf16", precision="bf16", autocast=mode == "bf16")
+
+
 WORKER_CHOICES = (0, 1, 2, 4, 8)
 BATCH_SIZE_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 GRAD_ACCUM_STEPS = (1, 2, 4, 8, 16, 32, 64)
@@ -276,10 +303,12 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
         return config.replace(load_in_4bit=not config.load_in_4bit, lora=config.lora or QLORA_DEFAULT_RANK)
     if field == "compile":  # off → the regions outside attention → the whole model → off
         return with_compile_mode(config, _cycle(COMPILE_MODES, compile_mode(config)))
-    if field == "weights_dtype":  # fp32 ↔ bf16; bf16 weights compute in bf16, so the precision follows
-        if config.weights_dtype != "fp32":
-            return config.replace(weights_dtype="fp32")
-        return config.replace(weights_dtype="bf16", precision="bf16", lora=0, load_in_4bit=False)
+    if field == "weights_dtype":  # fp32 → bf16 under autocast → pure bf16 → fp32; the precision follows to bf16
+        if config.weights_dtype == "fp32":
+            return with_weights_mode(config, "bf16").replace(lora=0, load_in_4bit=False)
+        if config.autocast and config.distributed in ("none", "ddp"):
+            return with_weights_mode(config, "pure-bf16")
+        return with_weights_mode(config, "fp32")
     if field == "workers":
         return config.replace(
             workers=WORKER_CHOICES[(WORKER_CHOICES.index(config.workers) + 1) % len(WORKER_CHOICES)]

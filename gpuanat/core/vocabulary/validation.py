@@ -215,6 +215,15 @@ def validate_values(config: RunConfig) -> None:
             raise ConfigError("--weights-dtype", "a bf16 model computes in bf16: give --precision bf16 too")
         if config.lora or config.load_in_4bit:
             raise ConfigError("--weights-dtype", "LoRA's frozen base is held in 16 bits already; leave it fp32")
+    if not config.autocast:
+        if config.weights_dtype != "bf16":
+            raise ConfigError(
+                "--no-autocast", "computes in the model's own dtype: give --weights-dtype bf16 too (pure bf16 training)"
+            )
+        if config.distributed not in ("none", "ddp"):
+            raise ConfigError(
+                "--no-autocast", f"{config.distributed} computes in 16 bits without autocast already; leave it out"
+            )
     if not 0.0 <= config.lora_dropout < 1.0:
         raise ConfigError("--lora-dropout", f"a probability in [0, 1) (got {config.lora_dropout})")
     if config.lora_dropout and not config.lora:

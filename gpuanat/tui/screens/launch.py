@@ -101,7 +101,7 @@ LAUNCH_BINDINGS = [
     ),
     Binding("T", "tune", "Tune: the fastest set that fits (short real runs)", id="tune", show=False),
     Binding("E", "toggle_technique('engine')", "Engine", id="engine", show=False),
-    Binding("W", "toggle_technique('weights_dtype')", "Weights dtype", id="weights_dtype", show=False),
+    Binding("W", "toggle_technique('weights_dtype')", "Weights: fp32, bf16, pure bf16", id="weights_dtype", show=False),
     Binding("L", "toggle_technique('lora')", "LoRA", id="lora", show=False),
     Binding("4", "toggle_technique('load_in_4bit')", "4-bit base (QLoRA)", id="load_in_4bit", show=False),
     Binding("K", "toggle_technique('liger')", "Liger loss", id="liger", show=False),

@@ -23,7 +23,7 @@ from gpuanat.core.memory.bands.precision import (
     coefficients,
     is_mixed,
     parameter_element_bytes,
-    sharded_in_16_bit,
+    without_autocast_in_16_bit,
 )
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
 from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, lora_adapted_inputs_per_layer
@@ -72,13 +72,13 @@ def activations_bytes(config: RunConfig, preset: Architecture | ModelPreset, sha
         # Trainer still runs autocast, whose fp32 LayerNorms and per-linear casts keep what they keep for fp32 weights:
         # roberta-base and distilbert-base on the H100, docs/any-model.md), plus what is outside
         # the layers; the fitted coefficient is bert-large's, 24 layers, so it is split: 4 bytes a layer, the rest once.
-        residual = 2 if sharded_in_16_bit(config) else 4
+        residual = 2 if without_autocast_in_16_bit(config) else 4
         per_sample = s * h * (layers * residual + c.checkpointed - BERT_LARGE_LAYERS * 4)
     elif preset.family == "gpt2":
         per_sample = layers * (s * gpt2_layer_bytes_per_token(config, preset) + eager_scores) + s * 7 * h
     else:
         per_token_hidden = c.activations_per_layer - (
-            autocast_extra_bytes_per_token_hidden(preset) if sharded_in_16_bit(config) else 0
+            autocast_extra_bytes_per_token_hidden(preset) if without_autocast_in_16_bit(config) else 0
         )
         per_sample = layers * (s * h * per_token_hidden + eager_scores)
     per_sample += s * lora_dropout_bytes_per_token(config, preset) * (1 if config.grad_checkpointing else layers)
@@ -99,7 +99,7 @@ def lora_dropout_bytes_per_token(config: RunConfig, preset: Architecture | Model
 def logits_element_bytes(config: RunConfig) -> int:
     """Bytes per element of the logits a causal LM returns: fp32 (accelerate converts a model's outputs to fp32
     under autocast), 16-bit where FSDP2 or DeepSpeed compute in 16 bits, autocast off."""
-    return 2 if sharded_in_16_bit(config) else 4
+    return 2 if without_autocast_in_16_bit(config) else 4
 
 
 def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPreset) -> tuple[int, int]:

@@ -112,6 +112,12 @@ def sharded_in_16_bit(config: RunConfig) -> bool:
     return is_mixed(config) and (config.distributed == "fsdp" or config.distributed.startswith("zero"))
 
 
+def without_autocast_in_16_bit(config: RunConfig) -> bool:
+    """Whether the model computes in 16 bits with autocast off, every activation 16-bit: sharded in 16 bits, or a
+    bf16 model trained pure bf16 (`--no-autocast`), which keeps what FSDP2's and DeepSpeed's 16-bit compute keeps."""
+    return sharded_in_16_bit(config) or (is_mixed(config) and not config.autocast)
+
+
 def computes_in_16_bit(config: RunConfig) -> bool:
     """Whether the model computes with 16-bit weights, autocast casting none: sharded in 16 bits, or held in bf16
     (`--weights-dtype bf16`)."""
@@ -119,9 +125,9 @@ def computes_in_16_bit(config: RunConfig) -> bool:
 
 
 def autocast_on(config: RunConfig) -> bool:
-    """Whether autocast runs the forward pass: mixed precision, unless FSDP2 or DeepSpeed compute in 16 bits (HF
-    Trainer runs it with bf16 weights too)."""
-    return is_mixed(config) and not sharded_in_16_bit(config)
+    """Whether autocast runs the forward pass: mixed precision, unless FSDP2 or DeepSpeed compute in 16 bits or the
+    run is pure bf16 (HF Trainer runs it with bf16 weights too by default)."""
+    return is_mixed(config) and not without_autocast_in_16_bit(config)
 
 
 def parameter_element_bytes(config: RunConfig) -> int:

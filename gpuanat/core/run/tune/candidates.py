@@ -22,7 +22,14 @@ from gpuanat.core.memory.predict import unreadable_model_reason
 from gpuanat.core.run.tune.result import Pruned, TuneTrial
 from gpuanat.core.run.tune.space import DIMENSION_FIELDS, MEMORY_MARGIN_FRACTION, SearchSpace, searched_fields
 from gpuanat.core.vocabulary.config import RunConfig
-from gpuanat.core.vocabulary.techniques import compile_mode, with_compile_mode, with_distributed
+from gpuanat.core.vocabulary.techniques import (
+    WEIGHTS_MODES,
+    compile_mode,
+    weights_mode,
+    with_compile_mode,
+    with_distributed,
+    with_weights_mode,
+)
 
 WORKER_COUNTS = (0, 2)
 COMPILE_CANDIDATES = ("regions", "off")
@@ -32,6 +39,8 @@ TOP_RUNG_MULTIPLE = 8
 multiple of 8 (tensor-core friendly): bert-large bf16 on an 80 GiB GPU fits 140, above the 128 rung."""
 MEMORY_RELEVANT_FIELDS = (
     "precision",
+    "weights_dtype",
+    "autocast",
     "grad_checkpointing",
     "optim",
     "attn",
@@ -197,10 +206,17 @@ class Search:
                     candidates.append(candidate)
                 else:
                     self.note_pruned(candidate, dimension)
-        elif dimension == "precision":
+        elif dimension == "precision":  # a bf16 model computes in bf16: another precision brings fp32 weights back
             for precision in (self.space.half_precision, "fp32"):
                 if precision != center.precision:
-                    candidates.append(self._fitted(center.replace(precision=precision), dimension))
+                    moved = center.replace(precision=precision)
+                    if precision != "bf16":
+                        moved = with_weights_mode(moved, "fp32")
+                    candidates.append(self._fitted(moved, dimension))
+        elif dimension == "weights":
+            for mode in WEIGHTS_MODES:
+                if mode != weights_mode(center):
+                    candidates.append(self._fitted(with_weights_mode(center, mode), dimension))
         elif dimension == "tf32":
             candidates.append(center.replace(tf32=not center.tf32))
         elif dimension == "attn":

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuanat.core.run.session import execute_run
 from gpuanat.core.run.tune.candidates import Predictor, Search
+from gpuanat.core.run.tune.moves import move_order
 from gpuanat.core.run.tune.result import NOISE_FRACTION, Pruned, TuneResult, TuneTrial, beats
 from gpuanat.core.run.tune.runs import trial_config, trial_name
 from gpuanat.core.run.tune.space import SearchSpace
@@ -23,20 +24,7 @@ from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import compile_mode
 
-FIRST_MOVES_FOR: dict[str, tuple[str, ...]] = {
-    "gpu-bound": ("compile", "engine", "liger"),
-    "host-bound": ("batch", "engine", "compile"),
-    "input-bound": ("workers",),
-    "memory-bound": ("distributed", "grad-checkpointing", "optim", "expandable-segments"),
-}
-"""The moves a round tries first, by the kept run's main bottleneck (`diagnose`): what its fix names. A GPU-bound
-run gains from less GPU work a sample (fused kernels) and from a loop that leaves the GPU no gap: HF Trainer
-synchronises once a step, the Accelerate loop does not (bert-large bf16 batch 128 on the H100: 310 → 324 samples/s
-eager, 335 → 354 with compiled regions; benchmarks/results/h100/compile_speed/). The default order reaches both last:
-an 8.6-minute search there kept compiled regions, then ran out of budget before the engine
-(benchmarks/results/h100/tune3/)."""
 DEFAULT_TRIAL_STEPS = 20
-"""Optimizer steps per trial: the probe's first 2 are warm-up (10%, at least 2), 18 are timed."""
 DEFAULT_BUDGET_MINUTES = 15.0
 COMPILE_TIME_FACTOR = 2.0
 """Before any compiled trial ran, one is expected to take this many times an eager trial (compilation)."""
@@ -120,6 +108,7 @@ def run_tune(
     on_trial: Callable[[TuneTrial, Progress], None] | None = None,
     on_pruned: Callable[[Pruned], None] | None = None,
     on_kept: Callable[[TuneTrial, float], None] | None = None,
+    on_round: Callable[[TuneTrial, str], None] | None = None,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
     noise: float = NOISE_FRACTION,
@@ -131,9 +120,11 @@ def run_tune(
     of `trial_steps` steps through `run_trial` (`execute_run`'s signature), recorded in `store` as "tune N: …".
     Stops when no move helps, when the next trial would not end within `budget_s` (estimated from the trials
     done), or when `stop` is set — returning what was found so far each time. `on_kept` gets each trial moved
-    to and its gain over the best before it (a fraction; 0 for the start). `objective`: what a move must improve,
-    steady samples/s ("throughput") or samples a joule ("energy", `TuneTrial.rate`). `data_longest_row`: --data's
-    longest row in tokens, which sizes the candidates' predictions and each trial's (`memory.data_length`)."""
+    to and its gain over the best before it (a fraction; 0 for the start); `on_round` each round's center and why
+    its moves come in their order (`moves.move_order`; empty when nothing reorders them). `objective`: what a move
+    must improve, steady samples/s ("throughput") or samples a joule ("energy", `TuneTrial.rate`).
+    `data_longest_row`: --data's longest row in tokens, which sizes the candidates' predictions and each trial's
+    (`memory.data_length`)."""
     started_s = clock()
     predictor = Predictor(space, data_longest_row)
     if data_longest_row is not None:
@@ -199,7 +190,10 @@ def run_tune(
             on_kept(center_trial, 0.0)
     while center_trial is not None and not stopped():
         moved = False
-        for dimension in moves_in_order(space.dimensions, center_trial.result):
+        order = move_order(space.dimensions, center_trial.result)
+        if on_round is not None:
+            on_round(center_trial, order.reason)
+        for dimension in order.dimensions:
             candidates = search.alternatives(dimension, center_trial.config)
             report_pruned()
             trials = [attempt(candidate, dimension, center_trial.config) for candidate in candidates]
@@ -222,16 +216,6 @@ def run_tune(
     report_pruned()
     result.elapsed_s = clock() - started_s
     return result
-
-
-def moves_in_order(dimensions: Sequence[str], center_result: RunResult) -> list[str]:
-    """`dimensions` with the moves that answer the kept run's main bottleneck first (FIRST_MOVES_FOR), the others
-    in their usual order."""
-    findings = center_result.diagnosis or []
-    first = FIRST_MOVES_FOR.get(findings[0]["bottleneck"], ()) if findings else ()
-    return [dimension for dimension in first if dimension in dimensions] + [
-        dimension for dimension in dimensions if dimension not in first
-    ]
 
 
 def _start(

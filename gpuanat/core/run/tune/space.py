@@ -18,6 +18,7 @@ from gpuanat.core.vocabulary.validation import refusal
 DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "batch": ("batch_size", "grad_accum"),
     "precision": ("precision",),
+    "weights": ("weights_dtype", "autocast"),
     "tf32": ("tf32",),
     "attn": ("attn",),
     "optim": ("optim",),
@@ -29,12 +30,13 @@ DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "engine": ("engine",),
     "compile": ("compile_regions", "compile"),
 }
-"""The dimensions searched, in the order of the moves, and the RunConfig fields each one sets (Liger: all its
-kernels or none, as HF Trainer's use_liger_kernel). On several GPUs the distributed technique is one: DDP, ZeRO-1/2
-(with DeepSpeed), FSDP2 and ZeRO-3 trade communication for the memory a larger batch needs, which only a run shows.
-torch.compile comes last: its trials are the longest (compilation). Its values: eager and the regions outside attention
-compiled (faster than eager on the H100); never the whole model, whose memory is not predicted (slower there, with
-1.7× the memory: `candidates.COMPILE_CANDIDATES`)."""
+"""The dimensions searched, in the order of the moves, and the RunConfig fields each one sets (Liger: all its kernels or
+none, as HF Trainer's use_liger_kernel). The weights: fp32 master weights, bf16 under autocast, pure bf16
+(`techniques.WEIGHTS_MODES`; bf16 brings --precision bf16). On several GPUs the distributed technique is one: DDP,
+ZeRO-1/2 (with DeepSpeed), FSDP2 and ZeRO-3 trade communication for the memory a larger batch needs, which only a run
+shows. torch.compile comes last: its trials are the longest (compilation). Its values: eager and the regions outside
+attention compiled (faster than eager on the H100); never the whole model, whose memory is not predicted (slower
+there, with 1.7× the memory: `candidates.COMPILE_CANDIDATES`)."""
 DIMENSIONS = tuple(DIMENSION_FIELDS)
 MEMORY_MARGIN_FRACTION = 0.02
 """Left free of the GPU's memory when pruning by prediction: the predicted peak is within a few % of the measured
@@ -99,6 +101,12 @@ def search_space(
     applicable = {
         "batch": "batch_size" not in given,
         "precision": True,
+        # a bf16 model: where bf16 computes, LoRA's base is not 16-bit already and no sharding upcasts it
+        "weights": ampere
+        and cuda
+        and not (base.lora or base.load_in_4bit)
+        and base.distributed in ("none", "ddp")
+        and ("precision" not in given or base.precision == "bf16"),
         "tf32": ampere,
         "attn": True,
         "optim": bitsandbytes and not base.load_in_4bit,
