@@ -268,8 +268,8 @@ async def test_the_history_opens_on_the_newest_run_in_view_at_80x24(tmp_path):
 
 @pytest.mark.asyncio
 async def test_w_holds_the_model_in_bf16_and_back(tmp_path):
-    """`W` (--weights-dtype): fp32 → bf16, the precision following (a bf16 model computes in bf16), LoRA off; the
-    panel shows the row while it is not the default, and the prediction halves the weights' bytes."""
+    """`W` (--weights-dtype, --no-autocast): fp32 → bf16, the precision following (a bf16 model computes in bf16),
+    LoRA off → pure bf16 → fp32; the panel shows the row while it is not the default."""
     app = cpu_app(tmp_path, RunConfig(device="cpu", preset="llama-tiny", lora=8))
     async with app.run_test(size=(120, 40)) as pilot:
         await until_probed(app, pilot)
@@ -282,6 +282,9 @@ async def test_w_holds_the_model_in_bf16_and_back(tmp_path):
             0,
         )
         assert "W weights       bf16" in panel_text(app)
+        await pilot.press("W")  # pure bf16: the same model, no autocast
+        await pilot.pause()
+        assert app.dashboard.config.weights_dtype == "bf16" and not app.dashboard.config.autocast
         await pilot.press("W")
         await pilot.pause()
         assert app.dashboard.config.weights_dtype == "fp32" and "W weights" not in panel_text(app)

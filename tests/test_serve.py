@@ -233,7 +233,9 @@ async def test_the_served_dashboard_is_drawn_in_a_browser_and_outlives_its_tab(t
         async with Browser(tmp_path) as browser:
             await browser.open(url)
             await browser.wait_for_text("gpuanat", "idle")
-            await browser.press_until_drawn("?", "Weights dtype", "LoRA adapters")  # the key page, in the browser
+            await browser.press_until_drawn(
+                "?", "Weights: fp32, bf16, pure bf16", "LoRA adapters"
+            )  # the key page, in the browser
             await browser.press("?")  # closes the key page
             drawn_before_run = len(browser.drawn)
             await browser.press("r")
@@ -258,7 +260,10 @@ async def test_the_served_dashboard_is_drawn_in_a_browser_and_outlives_its_tab(t
             assert "idle" not in browser.text(drawn_before_return).split("run 1: step")[0][-200:]
             # and it takes keys again: one press each (the page is drawn, so no key goes nowhere; pressing again
             # when a loaded machine draws slowly would open a second key page above the first)
-            for key, words in (("?", ("Weights dtype", "LoRA adapters")), ("escape", ("run 1: step",))):
+            for key, words in (
+                ("?", ("Weights: fp32, bf16, pure bf16", "LoRA adapters")),
+                ("escape", ("run 1: step",)),
+            ):
                 since = len(browser.drawn)
                 await browser.click()
                 await browser.press(key)

@@ -49,8 +49,10 @@ class FakeTrials:
         bottleneck=lambda config: None,
         trial_s=lambda config: TRIAL_S,
         joules=lambda config: None,
+        anatomy=lambda config: None,
     ):
         self.now_s = 0.0
+        self.anatomy = anatomy
         self.joules = joules
         self.trial_s = trial_s
         self.bottleneck = bottleneck
@@ -84,6 +86,7 @@ class FakeTrials:
             samples_per_second=rate * 0.9,
             peak_reserved_bytes=config.batch_size * 2**28,
             joules_per_sample=self.joules(config),
+            operations_anatomy=self.anatomy(config),
             diagnosis=[{"bottleneck": bottleneck, "evidence": "", "fix": ""}] if bottleneck else [],
         )
 

@@ -50,7 +50,8 @@ def summary(name: str, rc: int, result_path: Path, stderr_path: Path, flags: str
         profiled_samples = (anatomy.get("profiled_steps") or 0) * (result.get("config") or {}).get("batch_size", 0)
         if profiled_samples and anatomy.get("flops"):
             line["profiler_flops_per_sample"] = anatomy["flops"] / profiled_samples
-            line["contraction_flops_per_sample"] = (anatomy.get("contractions") or {}).get("flops", 0) / profiled_samples
+            contractions = (anatomy.get("contractions") or {}).get("flops", 0)
+            line["contraction_flops_per_sample"] = contractions / profiled_samples
     return line
 
 

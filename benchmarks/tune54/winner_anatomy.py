@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from gpuanat.core.operations.anatomy import PAPER, PAPER_SOURCE
 from gpuanat.core.store.history import HistoryStore
@@ -44,7 +45,7 @@ def trial_anatomy(store: HistoryStore, trial: dict) -> dict:
 
 
 def main(tune_path: str, history_path: str) -> dict:
-    summary = json.load(open(tune_path))
+    summary = json.loads(Path(tune_path).read_text())
     store = HistoryStore(history_path, read_only=True)
     start = next(trial for trial in summary["trials"] if trial["dimension"] == "start")
     return {

@@ -85,7 +85,8 @@ def move_order(dimensions: Sequence[str], center_result: RunResult) -> MoveOrder
     ordered = first + [dimension for dimension in dimensions if dimension not in first]
     causes = []
     if groups:
-        causes.append(", ".join(f"{GROUP_LABELS[group]} {share:.0%}" for group, share in groups) + " of the profiled time")
+        shares = ", ".join(f"{GROUP_LABELS[group]} {share:.0%}" for group, share in groups)
+        causes.append(f"{shares} of the profiled time")
     if bottleneck:
         causes.append(str(bottleneck))
     reason = f"{'; '.join(causes)} → {', '.join(first)} first" if first else ""
