@@ -5,14 +5,21 @@ place in the search space."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from conftest import last_json, run_cli
 from test_operations_h100 import anatomy_of
 from test_tune_search import H100, H100_NVML_TOTAL_BYTES, FakeTrials, tune
 
+from gpuanat.cli.common import config_from_args
+from gpuanat.cli.parser import build_parser
 from gpuanat.core.memory.predict import estimate_memory
+from gpuanat.core.operations.classify import GROUPS
 from gpuanat.core.run.tune.candidates import Predictor, Search
-from gpuanat.core.run.tune.moves import ANATOMY_SHARE_FLOOR, groups_to_attack, move_order
+from gpuanat.core.run.tune.moves import ANATOMY_SHARE_FLOOR, groups_to_attack, move_order, tune_profiled_steps
 from gpuanat.core.run.tune.space import DIMENSIONS, search_space
+from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.result import RunResult
 from gpuanat.core.vocabulary.techniques import weights_mode, with_weights_mode
@@ -112,3 +119,37 @@ def test_pure_bf16_is_predicted_below_bf16_under_autocast(batch_size):
     pure = autocast.replace(autocast=False)
     assert estimate_memory(pure).activations_bytes < estimate_memory(autocast).activations_bytes
     assert estimate_memory(pure).weights_bytes == estimate_memory(autocast).weights_bytes
+
+
+@pytest.mark.parametrize(
+    ("asked", "trial_steps", "profiled"), [(None, 20, 2), (None, 10, 2), (None, 9, 0), (0, 20, 0), (3, 4, 3)]
+)
+def test_trials_long_enough_are_profiled_unless_asked_otherwise(asked, trial_steps, profiled):
+    assert tune_profiled_steps(asked, trial_steps) == profiled
+
+
+def test_a_real_search_profiles_its_trials_and_prints_why_the_moves_come_in_their_order(db_path):
+    """The tiny BERT on the CPU, the batch searched up to 8, 10 steps a trial: each trial's profiled steps give
+    its anatomy, the next round's order says what they found, and the best's anatomy and its timed command are
+    printed (the rate still steady: the profiled steps are out of its window)."""
+    arguments = ["tune", "--device", "cpu", "--preset", "tiny", "--seq-len", "32", "--search", "batch"]
+    completed = run_cli(
+        [*arguments, "--max-batch", "8", "--trial-steps", "10", "--budget", "3", "--json"], db_path, timeout_s=300
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    summary = last_json(completed.stdout)
+    # the groups it found, whose moves (compile, …) are not searched here
+    assert re.search(
+        r"^tune: moves from tune 1: [a-z -]+ \d+%.* of the profiled time: none of their moves is searched$",
+        completed.stderr,
+        re.M,
+    )
+    best = summary["best"]
+    anatomy = best["operations_anatomy"]
+    assert anatomy["profiled_steps"] == 2 and "kernels" not in anatomy
+    assert sum(anatomy[group]["time_share"] for group in GROUPS) == pytest.approx(1.0)
+    assert all(trial["rate_source"] == "steady" for trial in summary["trials"])
+    timed = config_from_args(build_parser().parse_args(best["trial_command"].split()[1:]), cuda_available=False)
+    assert timed.max_steps == 10 and timed.batch_size == best["config"]["batch_size"]
+    with HistoryStore(db_path) as store:
+        assert all(run.result.operations_anatomy["profiled_steps"] == 2 for run in store.runs())

@@ -19,6 +19,7 @@ from gpuanat.core.vocabulary.config import (
     DASHBOARD_CPU_SAMPLES,
     DEFAULT_PROFILE_OPS_STEPS,
     OOM_SNAPSHOT_EVENTS,
+    PROFILED_TRIAL_MIN_STEPS,
     TRIAL_PROFILED_STEPS,
     RunConfig,
 )
@@ -316,14 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics(tune)
     add_tune_options(tune)
     add_profile_ops(tune, trace=False)
-    tune.set_defaults(profile_ops=TRIAL_PROFILED_STEPS)
+    tune.set_defaults(profile_ops=None)  # `tune_profiled_steps`: the default depends on --trial-steps
     tune.add_argument(
         "--no-profile-ops",
         dest="profile_ops",
         action="store_const",
         const=0,
-        help=f"profile no step of the trials (default: {TRIAL_PROFILED_STEPS} steps of each, whose operations "
-        "anatomy orders the next round's moves: the largest groups that are not math first)",
+        help=f"profile no step of the trials (default: {TRIAL_PROFILED_STEPS} steps of each trial of at least "
+        f"{PROFILED_TRIAL_MIN_STEPS} steps, whose operations anatomy orders the next round's moves: the largest "
+        "groups that are not math first)",
     )
     add_run_tags(tune, "every trial")
 

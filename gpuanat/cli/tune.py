@@ -24,6 +24,7 @@ from gpuanat.cli.common import (
     print_table,
     run_recorded,
 )
+from gpuanat.core.operations.report import summary_lines as operations_summary_lines
 from gpuanat.core.store.history import HistoryStore
 from gpuanat.core.store.searches import start_search
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
@@ -163,6 +164,11 @@ def tune_json(
             "run_flags": run_flags(best.config),
             "command": run_command(best.config),
             "trial_command": run_command(trial_config(best.config, trial_steps)),
+            # where its GPU time went (its profiled steps), each kernel's row left out: the run in the history has them
+            "operations_anatomy": {
+                key: value for key, value in (best.result.operations_anatomy or {}).items() if key != "kernels"
+            }
+            or None,
         }
     return {
         "status": outcome.stop_reason,
@@ -234,6 +240,11 @@ def _print_front(summary: dict[str, Any]) -> None:
             f"{_gib(best['peak_memory_bytes'])})"
         )
         print(f"As timed ({summary['trial_steps']} steps a trial): {best['trial_command']}")
+        anatomy = best.get("operations_anatomy")
+        if anatomy:
+            print(f"Where {best['name'].split(':')[0]}'s time went, its profiled steps:")
+            for line in operations_summary_lines(anatomy):
+                print(line)
 
 
 def command_tune(args: argparse.Namespace) -> int:
@@ -299,6 +310,10 @@ def command_tune(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
 
+    from gpuanat.core.run.tune.moves import tune_profiled_steps
+
+    profiled_steps = tune_profiled_steps(args.profile_ops, args.trial_steps)
+
     def trial(
         config: RunConfig,
         *,
@@ -314,7 +329,7 @@ def command_tune(args: argparse.Namespace) -> int:
             args.stop_signals,
             label=name,
             name=name,
-            profile_ops=args.profile_ops,
+            profile_ops=profiled_steps,
             warm_workers=workers,
             metrics=metrics,
             search_id=search_id,

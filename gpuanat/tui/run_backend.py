@@ -9,6 +9,7 @@ a run recorded on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from gpuanat.core.export.run_metrics import RunMetrics
 from gpuanat.core.run.fit import FitResult, run_fit
 from gpuanat.core.run.runner import probe_capabilities
 from gpuanat.core.run.session import SharedSampler, execute_run, run_environment
+from gpuanat.core.run.tune.moves import tune_profiled_steps
 from gpuanat.core.run.tune.result import TuneResult, TuneTrial
 from gpuanat.core.run.tune.search import Progress, run_tune
 from gpuanat.core.run.tune.space import SearchSpace
@@ -187,6 +189,9 @@ class LocalRunBackend:
         budget_s: float,
         on_trial: Callable[[TuneTrial, Progress], None],
     ) -> TuneResult:
+        # every trial profiled (as `gpuanat tune`'s), so that its anatomy orders the next round's moves
+        profiled = hooks.profile_ops_steps or tune_profiled_steps(None, trial_steps)
+        hooks = dataclasses.replace(hooks, profile_ops_steps=profiled)
         with HistoryStore(self.db_path) as store:
             return run_tune(
                 config,

@@ -254,6 +254,9 @@ PROFILE_OPS_TRACE_VARIABLE = "GPUANAT_PROFILE_OPS_TRACE"
 TRIAL_PROFILED_STEPS = 2
 """Steps of each `tune` trial profiled for its operations anatomy (after warm-up, out of the steady window): what
 the round that trial starts tries first (`core.run.tune.moves`)."""
+PROFILED_TRIAL_MIN_STEPS = 10
+"""The shortest trial `tune` profiles unasked: warm-up, the profiler's own warm-up step and the profiled steps leave
+too few steps of a shorter trial for its steady rate."""
 DEFAULT_PROFILE_OPS_STEPS = 3
 """Steps `--profile-ops` profiles when given no count: enough to average a step's kernels, few enough that the
 profile is read in seconds."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuanat.core.operations.classify import GROUP_LABELS
+from gpuanat.core.vocabulary.config import PROFILED_TRIAL_MIN_STEPS, TRIAL_PROFILED_STEPS
 from gpuanat.core.vocabulary.result import RunResult
 
 FIRST_MOVES_FOR: dict[str, tuple[str, ...]] = {
@@ -52,8 +53,16 @@ class MoveOrder:
 
     dimensions: list[str]
     reason: str
-    """"element-wise 26%, normalizations 13% of GPU time; gpu-bound → weights, compile, liger, engine first";
-    empty when nothing reorders the moves."""
+    """"element-wise 26%, normalizations 13% of the profiled time; gpu-bound → weights, compile, liger, engine
+    first"; empty when the run has neither an anatomy with a group to attack nor a diagnosis."""
+
+
+def tune_profiled_steps(asked: int | None, trial_steps: int) -> int:
+    """Steps of each trial profiled for its operations anatomy: `--profile-ops N` as given (0: --no-profile-ops),
+    else `TRIAL_PROFILED_STEPS` of a trial of at least `PROFILED_TRIAL_MIN_STEPS` steps, none of a shorter one."""
+    if asked is not None:
+        return asked
+    return TRIAL_PROFILED_STEPS if trial_steps >= PROFILED_TRIAL_MIN_STEPS else 0
 
 
 def groups_to_attack(anatomy: dict[str, Any] | None) -> list[tuple[str, float]]:
@@ -89,7 +98,12 @@ def move_order(dimensions: Sequence[str], center_result: RunResult) -> MoveOrder
         causes.append(f"{shares} of the profiled time")
     if bottleneck:
         causes.append(str(bottleneck))
-    reason = f"{'; '.join(causes)} → {', '.join(first)} first" if first else ""
+    if not causes:
+        reason = ""
+    elif first:
+        reason = f"{'; '.join(causes)} → {', '.join(first)} first"
+    else:
+        reason = f"{'; '.join(causes)}: none of their moves is searched"
     return MoveOrder(ordered, reason)
 
 
