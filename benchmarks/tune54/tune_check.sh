@@ -33,7 +33,7 @@ for round in 1 2; do
   python3 benchmarks/tune54/summarize.py "winner-rerun-$round" "$rc" /tmp/rerun.json /tmp/rerun.err "$timed" >> "$OUT/runs.jsonl"
   echo "winner rerun $round: rc=$rc $((SECONDS - started)) s $(tail -1 "$OUT/runs.jsonl" | cut -c1-300)"
   started=$SECONDS
-  timeout 200 python3 benchmarks/plain_trainer.py --config "$PLAIN" >> "$OUT/plain.jsonl" 2> /tmp/plain.err
+  timeout 200 python3 benchmarks/plain_trainer.py --config "$PLAIN" 2> /tmp/plain.err | grep '^{"' >> "$OUT/plain.jsonl"
   echo "plain Trainer b64 $round: rc=$? $((SECONDS - started)) s $(tail -1 "$OUT/plain.jsonl" | cut -c1-300)"
 done
 (cd /tmp && tar czf "$OUT/history.tar.gz" tune54-search.sqlite* tune54-rerun.sqlite*)

@@ -131,7 +131,7 @@ TECHNIQUES: tuple[Technique, ...] = (
         "choice",
         "the dtype the model is held in: fp32 (master weights under autocast, the HF docs' setting) or bf16 "
         "(the model, its gradients and optimizer state in bf16, as from_pretrained loads bf16 checkpoints "
-        "and TRL trains them; with --precision bf16); fp16 is refused",
+        "and TRL trains them; with --precision bf16; with --no-autocast pure bf16); fp16 is refused",
         choices=WEIGHTS_DTYPES,
     ),
     Technique(
