@@ -112,6 +112,7 @@ class RecordedRunBackend:
         trial_steps: int,
         budget_s: float,
         on_trial: Callable[[TuneTrial, Progress], None],
+        on_round: Callable[[TuneTrial, str], None] | None = None,
     ) -> TuneResult:
         raise RuntimeError("a recorded run cannot be searched")
 

@@ -392,6 +392,12 @@ async def test_a_run_shows_its_step_time_by_phase_and_t_tunes_from_the_current_s
         # its time left: no compiled trial timed yet, so what the eager trials left take at least (issue #48, 5)
         (first,) = [n.message for n in app.notices if n.message.startswith("tune 1: ")]
         assert re.search(r"· estimating… at least \S+ left \(\d+ trials; a trial with compiled regions", first), first
+        # the start's profiled steps order the round: what its operations anatomy found is said (issue #54)
+        await wait_for(
+            pilot,
+            lambda: any(n.message.startswith("tune: moves from tune 1: ") for n in app.notices),
+            what="the first round's order",
+        )
         await pilot.press("s")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the stop question")
         await pilot.press("y")

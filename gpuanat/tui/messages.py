@@ -73,6 +73,15 @@ class TuneTrialDone(Message):
 
 
 @dataclass
+class TuneRoundOrdered(Message):
+    """A round of the tune begins from `center` (a trial's name), its moves ordered as `reason` says: what the
+    center's operations anatomy and bottleneck found (`core.run.tune.moves`)."""
+
+    center: str
+    reason: str
+
+
+@dataclass
 class TuneFinished(Message):
     """The tune ended: its best set with a summary of the search, or why none trained."""
 

@@ -86,8 +86,10 @@ class RunBackend(Protocol):
         trial_steps: int,
         budget_s: float,
         on_trial: Callable[[TuneTrial, Progress], None],
+        on_round: Callable[[TuneTrial, str], None] | None = None,
     ) -> TuneResult:
-        """The fastest set of techniques in `space` that trains, by trial runs within `budget_s`."""
+        """The fastest set of techniques in `space` that trains, by trial runs within `budget_s`; `on_round` is told
+        each round's center and why its moves come in their order (`core.run.tune.moves`)."""
         ...
 
     def prepare(self, config: RunConfig) -> None:
@@ -188,6 +190,7 @@ class LocalRunBackend:
         trial_steps: int,
         budget_s: float,
         on_trial: Callable[[TuneTrial, Progress], None],
+        on_round: Callable[[TuneTrial, str], None] | None = None,
     ) -> TuneResult:
         # every trial profiled (as `gpuanat tune`'s), so that its anatomy orders the next round's moves
         profiled = hooks.profile_ops_steps or tune_profiled_steps(None, trial_steps)
@@ -201,6 +204,7 @@ class LocalRunBackend:
                 budget_s=budget_s,
                 stop=hooks.stop_requested,
                 on_trial=on_trial,
+                on_round=on_round,
                 search_id=start_search(store, "tune", config),
                 **self._options(hooks),
             )

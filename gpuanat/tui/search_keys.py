@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 from gpuanat.core.measure.live_run import LiveRun
 from gpuanat.core.run.fit import fit_unsupported_reason
 from gpuanat.core.run.tune.search import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_STEPS
-from gpuanat.tui.messages import FitFinished, FitStarting, FitTrialDone, TuneFinished, TuneTrialDone
+from gpuanat.tui.messages import (
+    FitFinished,
+    FitStarting,
+    FitTrialDone,
+    TuneFinished,
+    TuneRoundOrdered,
+    TuneTrialDone,
+)
 from gpuanat.tui.searches import FIT_TRIAL_STEPS, fit_search, tune_search
 from gpuanat.tui.widgets.line_chart import format_duration
 
@@ -105,6 +112,9 @@ class SearchKeys:
         self._dashboard.notify(
             f"{message.name}: {message.status}{rate} · {message.progress.left_words(format_duration)}", timeout=6
         )
+
+    def tune_round_ordered(self, message: TuneRoundOrdered) -> None:
+        self._dashboard.notify(f"tune: moves from {message.center.split(':')[0]}: {message.reason}", timeout=8)
 
     def tune_finished(self, message: TuneFinished) -> None:
         dashboard = self._dashboard

@@ -18,7 +18,14 @@ from gpuanat.core.run.tune.search import DEFAULT_BUDGET_MINUTES, DEFAULT_TRIAL_S
 from gpuanat.core.run.tune.space import search_space
 from gpuanat.core.store.report import counted
 from gpuanat.core.vocabulary.config import Capabilities
-from gpuanat.tui.messages import FitFinished, FitStarting, FitTrialDone, TuneFinished, TuneTrialDone
+from gpuanat.tui.messages import (
+    FitFinished,
+    FitStarting,
+    FitTrialDone,
+    TuneFinished,
+    TuneRoundOrdered,
+    TuneTrialDone,
+)
 from gpuanat.tui.run_control import RunControl
 
 FIT_TRIAL_STEPS = 3
@@ -63,6 +70,7 @@ def tune_search(control: RunControl, live: LiveRun, gpu_total: int | None, capab
             on_trial=lambda trial, progress: control.post(
                 TuneTrialDone(trial.name, trial.status, trial.samples_per_second, progress)
             ),
+            on_round=lambda center, reason: control.post(TuneRoundOrdered(center.name, reason)) if reason else None,
         )
     except Exception as error:  # the dashboard must survive any failure of a search
         control.post(TuneFinished(None, None, f"{type(error).__name__}: {error}"))

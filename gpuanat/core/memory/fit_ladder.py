@@ -4,7 +4,8 @@ the order that costs least first, each on top of the ones before, until the pred
 The order is the docs' ("Efficient training on a single GPU", then the sharding of several): on several GPUs the
 distributed technique first — DDP replicates everything, ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too,
 FSDP2 (ZeRO-3's sharding, in torch) the weights as well — as they cost some communication and no compute; then
-gradient checkpointing (a third more compute); then bf16 weights, which change the numerics; then LoRA and QLoRA,
+gradient checkpointing (a third more compute); then bf16 weights, which change the numerics, and pure bf16 (no
+autocast: every activation 16-bit, faster too: docs/pure-bf16.md); then LoRA and QLoRA,
 which change what trains. The whole model compiled (`--compile`) is not predicted (`compiled`): its ladder begins
 with its regions compiled in its place, predicted as eager, so that no step is a compiled model's memory read from the
 eager bytes model. A step this version cannot train (`validate_values` refuses it: LoRA under FSDP, for
@@ -26,7 +27,7 @@ from gpuanat.core.memory.model_config import UnreadableModel
 from gpuanat.core.memory.predict import estimate_memory, fits_in, max_batch_size, peak_device_bytes
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.errors import ConfigError
-from gpuanat.core.vocabulary.techniques import BY_SHARDING, with_compile_mode, with_distributed
+from gpuanat.core.vocabulary.techniques import BY_SHARDING, with_compile_mode, with_distributed, with_weights_mode
 from gpuanat.core.vocabulary.validation import refusal, validate_values
 
 LORA_RANK = 16
@@ -70,7 +71,7 @@ class Rung:
 
 def _lora_flags(run: RunConfig, extra: str = "") -> str:
     """LoRA's flags on top of `run`: its frozen base is 16-bit already, so bf16 weights go back to fp32."""
-    base = " --weights-dtype fp32" if run.weights_dtype != "fp32" else ""
+    base = (" --weights-dtype fp32" if run.weights_dtype != "fp32" else "") + ("" if run.autocast else " --autocast")
     return f"{extra}--lora {run.lora or LORA_RANK}{base}"
 
 
@@ -114,11 +115,24 @@ def _rungs(config: RunConfig) -> list[Rung]:
                 lambda run: "--precision bf16 --weights-dtype bf16",
             )
         )
+    # on one GPU (on several, the sharding before it computes in 16 bits without autocast already)
+    if config.autocast and (config.ranks or 1) == 1 and not config.lora and not config.load_in_4bit:
+        rungs.append(
+            Rung(
+                "pure bf16 (no autocast: every activation 16-bit)",
+                lambda run: with_weights_mode(run, "pure-bf16"),
+                lambda run: (
+                    "--no-autocast"
+                    if run.weights_dtype == "bf16"
+                    else "--precision bf16 --weights-dtype bf16 --no-autocast"
+                ),
+            )
+        )
     if not config.lora:
         rungs.append(
             Rung(
                 f"LoRA rank {LORA_RANK}, its frozen base in 16 bits",
-                lambda run: run.replace(lora=LORA_RANK, weights_dtype="fp32"),
+                lambda run: run.replace(lora=LORA_RANK, weights_dtype="fp32", autocast=True),
                 _lora_flags,
             )
         )
@@ -126,7 +140,9 @@ def _rungs(config: RunConfig) -> list[Rung]:
         rungs.append(
             Rung(
                 "QLoRA (4-bit base)",
-                lambda run: run.replace(load_in_4bit=True, lora=run.lora or LORA_RANK, weights_dtype="fp32"),
+                lambda run: run.replace(
+                    load_in_4bit=True, lora=run.lora or LORA_RANK, weights_dtype="fp32", autocast=True
+                ),
                 lambda run: _lora_flags(run, "--load-in-4bit ") if not run.lora else "--load-in-4bit",
             )
         )

@@ -50,6 +50,7 @@ from gpuanat.tui.messages import (
     RunFinished,
     RunStarted,
     TuneFinished,
+    TuneRoundOrdered,
     TuneTrialDone,
 )
 from gpuanat.tui.run_backend import RunBackend
@@ -318,6 +319,9 @@ class LaunchDashboard(DashboardScreen):
 
     def on_tune_trial_done(self, message: TuneTrialDone) -> None:
         self.search_keys.tune_trial_done(message)
+
+    def on_tune_round_ordered(self, message: TuneRoundOrdered) -> None:
+        self.search_keys.tune_round_ordered(message)
 
     def on_tune_finished(self, message: TuneFinished) -> None:
         self.search_keys.tune_finished(message)
