@@ -30,7 +30,10 @@ def test_each_step_is_the_run_its_flags_make_and_only_the_last_fits(db_path):
     the flags step by step through the command line gives each step's peak."""
     flags = [*LLAMA_8B, "--gpu-memory", "16GiB"]
     result = predicted(db_path, flags)
-    ladder = result["fit_ladder"]
+    # pure bf16 lowers the activations, not the state that peaks here; tried again after LoRA, which it cannot join
+    (left_out,) = [step for step in result["fit_ladder"] if step["refused"] is not None]
+    assert left_out["technique"].startswith("pure bf16") and "LoRA's frozen base" in left_out["refused"]
+    ladder = [step for step in result["fit_ladder"] if step["refused"] is None]
     assert [step["technique"].split()[0] for step in ladder] == ["gradient", "bf16", "LoRA", "QLoRA"]
     assert [step["fits"] for step in ladder] == [False, False, False, True]
     peaks = [result["peak_device_bytes"], *(step["peak_device_bytes"] for step in ladder)]
