@@ -13,6 +13,7 @@ from test_keys_page import cpu_app, panel_text, until_probed
 
 from gpuanat.cli.common import config_from_args
 from gpuanat.cli.parser import build_parser
+from gpuanat.core.memory.allocation_templates import largest_batch
 from gpuanat.core.memory.predict import estimate_memory
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.errors import ConfigError
@@ -100,3 +101,14 @@ def test_pure_bf16_bert_large_is_predicted_within_3_percent_of_the_h100(run):
     assert not config.autocast and run["gpu"] == "NVIDIA H100 80GB HBM3"
     predicted = estimate_memory(config).peak_allocated_bytes
     assert predicted == pytest.approx(run["peak_allocated_bytes"], rel=0.03)
+
+
+def test_no_template_recorded_over_fp32_weights_stands_for_pure_bf16():
+    """The allocator replay's templates were recorded with fp32 weights under autocast: a bf16 model, pure or not,
+    is predicted by the bytes model (which the H100 runs above bear out), not replayed as if its weights were fp32."""
+    usable = 78 * 2**30
+    assert largest_batch(RunConfig(precision="bf16"), usable).method == "replay"
+    for config in (RunConfig(precision="bf16", weights_dtype="bf16"), PURE):
+        largest = largest_batch(config, usable)
+        assert largest.method == "model" and largest.batch_size == largest.model_batch_size
+    assert largest_batch(PURE, usable).batch_size > largest_batch(RunConfig(precision="bf16"), usable).batch_size

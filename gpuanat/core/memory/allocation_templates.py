@@ -63,8 +63,23 @@ def load_template(name: str) -> RecordedTemplate | None:
     )
 
 
+UNRECORDED_CHANGES = (
+    ("weights_dtype", "fp32"),
+    ("autocast", True),
+    ("lora", 0),
+    ("load_in_4bit", False),
+    ("liger", False),
+    ("liger_layers", False),
+)
+"""Fields outside a template's name (`REQUEST_FIELDS`) that change the allocations, at the value every template was
+recorded with: a run with another value has no recording (pure bf16's bert-large fits 181 by the bytes model, which
+its H100 runs bear out, where the fp32-weights template would say 142)."""
+
+
 def template_for(config: RunConfig) -> RecordedTemplate | None:
     if config.model is not None or config.compile or config.device != "cuda":
+        return None
+    if any(getattr(config, field) != recorded for field, recorded in UNRECORDED_CHANGES):
         return None
     return load_template(template_name(config.to_json()))
 
