@@ -52,7 +52,7 @@ def train_with_accelerate(
     if config.tf32 and config.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    if config.grad_checkpointing:
+    if config.grad_checkpointing and not config.selective_checkpointing:  # selective: enabled with the model
         model.gradient_checkpointing_enable()
     optimizer_class, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(arguments, model)
     optimizer = optimizer_class(model.parameters(), **optimizer_kwargs)

@@ -303,6 +303,40 @@ def compile_regions(model: Any) -> list[Any]:
     return [compiled for block in blocks for compiled in _compile_outside_attention(block)]
 
 
+SELECTIVE_SAVED_OPS = (
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
+"""The aten operators whose outputs selective checkpointing keeps: the matmuls (a linear layer is addmm or mm) and
+fused attention; everything else in a layer is recomputed in backward."""
+
+
+def enable_checkpointing(model: Any, config: Any) -> None:
+    """`--grad-checkpointing --selective-checkpointing`: each layer checkpointed (non-reentrant, as torch's selective
+    checkpointing needs) with a policy that keeps the outputs of `SELECTIVE_SAVED_OPS`."""
+    import functools
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    saved = {getattr(torch.ops.aten, name).default for name in SELECTIVE_SAVED_OPS if hasattr(torch.ops.aten, name)}
+
+    def policy(context: Any, operator: Any, *args: Any, **kwargs: Any) -> Any:
+        return CheckpointPolicy.MUST_SAVE if operator in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    arguments = {"use_reentrant": False, "context_fn": functools.partial(create_selective_checkpoint_contexts, policy)}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=arguments)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=arguments)
+
+
 def compile_stats(frames: int) -> dict[str, int]:
     """TorchDynamo's counters: the unique graphs it compiled and the graph breaks it met, with the `frames` compiled
     (the whole model: 1; --compile-regions: one a kind of module). Each break splits a graph; graphs beyond

@@ -24,7 +24,14 @@ import traceback
 from typing import Any
 
 from gpuanat.worker.batches import DataBatches, counting_trainer, data_batches
-from gpuanat.worker.model import build_model, compile_regions, compile_stats, is_causal_lm, training_device
+from gpuanat.worker.model import (
+    build_model,
+    compile_regions,
+    compile_stats,
+    enable_checkpointing,
+    is_causal_lm,
+    training_device,
+)
 from gpuanat.worker.out_of_memory import is_out_of_memory, out_of_memory_message
 
 EXIT_OK, EXIT_EXCEPTION, EXIT_CONFIG, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 130
@@ -129,7 +136,8 @@ def training_arguments_kwargs(config: Any, output_dir: str) -> dict[str, Any]:
         "output_dir": output_dir,
         "per_device_train_batch_size": config.batch_size,
         "gradient_accumulation_steps": config.grad_accum,
-        checkpointing_key: config.grad_checkpointing,
+        # selective checkpointing is enabled on the model (`enable_checkpointing`): its policy is no argument's value
+        checkpointing_key: config.grad_checkpointing and not config.selective_checkpointing,
         # pure bf16 (--no-autocast): the bf16 model computes without Trainer's autocast
         "fp16": config.precision == "fp16" and config.autocast,
         "bf16": config.precision == "bf16" and config.autocast,
@@ -259,6 +267,8 @@ def train(config: Any, emit: Any) -> int:
             compiled_frames = 1 if config.compile else 0
             if config.compile_regions:  # one compiled frame a kind of module: its graph serves every layer
                 compiled_frames = len({type(module) for module in compile_regions(model)})
+            if config.grad_checkpointing and config.selective_checkpointing:
+                enable_checkpointing(model, config)
             reached("model built")
             if config.data is not None:
                 try:

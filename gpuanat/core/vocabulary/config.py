@@ -27,6 +27,10 @@ class RunConfig:
     batch_size: int = 4
     grad_accum: int = 1
     grad_checkpointing: bool = False
+    selective_checkpointing: bool = False
+    """With `grad_checkpointing`: keep every matmul's and attention's output (torch's selective activation
+    checkpointing) and recompute in backward only the element-wise and normalization kernels between them — more
+    memory than full checkpointing, a fraction of its recomputation."""
     precision: str = "fp32"
     tf32: bool = False
     optim: str = "adamw_torch_fused"
@@ -121,7 +125,7 @@ class RunConfig:
         if self.grad_accum > 1:
             parts.append(f"accum{self.grad_accum}")
         if self.grad_checkpointing:
-            parts.append("gc")
+            parts.append("gc-selective" if self.selective_checkpointing else "gc")
         if self.precision != "fp32":
             parts.append(self.precision)
         if self.weights_dtype != RunConfig.weights_dtype:

@@ -81,6 +81,14 @@ TECHNIQUES: tuple[Technique, ...] = (
         "recompute activations in backward instead of keeping them",
     ),
     Technique(
+        "selective_checkpointing",
+        "--selective-checkpointing",
+        "bool",
+        "with --grad-checkpointing: keep every matmul's and attention's output and recompute only the element-wise "
+        "and normalization kernels between them (torch's selective activation checkpointing): more memory than "
+        "full checkpointing, little recomputation",
+    ),
+    Technique(
         "precision",
         "--precision",
         "choice",
@@ -246,6 +254,17 @@ def with_compile_mode(config: Any, mode: str) -> Any:
     return config.replace(compile_regions=mode == "regions", compile=mode == "model")
 
 
+CHECKPOINTING_MODES = ("off", "full", "selective")
+"""Activation checkpointing (`checkpointing_mode`): none, every layer recomputed, or only what lies between its
+matmuls (`--selective-checkpointing`); the dashboard's `g` steps through them."""
+
+
+def checkpointing_mode(config: Any) -> str:
+    if not config.grad_checkpointing:
+        return "off"
+    return "selective" if config.selective_checkpointing else "full"
+
+
 WEIGHTS_MODES = ("fp32", "bf16", "pure-bf16")
 """How the model is held and computed (`weights_mode`): fp32 master weights (under autocast with --precision bf16),
 bf16 weights under autocast, bf16 weights computed in pure bf16 (no autocast); `tune`'s weights move and the
@@ -303,6 +322,9 @@ def changed_config(config: Any, field: str, direction: int = 1) -> Any:
         return config.replace(load_in_4bit=not config.load_in_4bit, lora=config.lora or QLORA_DEFAULT_RANK)
     if field == "compile":  # off → the regions outside attention → the whole model → off
         return with_compile_mode(config, _cycle(COMPILE_MODES, compile_mode(config)))
+    if field == "grad_checkpointing":  # off → full → selective → off
+        mode = _cycle(CHECKPOINTING_MODES, checkpointing_mode(config))
+        return config.replace(grad_checkpointing=mode != "off", selective_checkpointing=mode == "selective")
     if field == "weights_dtype":  # fp32 → bf16 under autocast → pure bf16 → fp32; the precision follows to bf16
         if config.weights_dtype == "fp32":
             return with_weights_mode(config, "bf16").replace(lora=0, load_in_4bit=False)

@@ -215,6 +215,10 @@ def validate_values(config: RunConfig) -> None:
             raise ConfigError("--weights-dtype", "a bf16 model computes in bf16: give --precision bf16 too")
         if config.lora or config.load_in_4bit:
             raise ConfigError("--weights-dtype", "LoRA's frozen base is held in 16 bits already; leave it fp32")
+    if config.selective_checkpointing and not config.grad_checkpointing:
+        raise ConfigError(
+            "--selective-checkpointing", "chooses what checkpointing keeps: give --grad-checkpointing too"
+        )
     if not config.autocast:
         if config.weights_dtype != "bf16":
             raise ConfigError(

@@ -14,7 +14,7 @@ from gpuanat.core.memory.predict import MemoryEstimate, prediction_caveat
 from gpuanat.core.printable import printable
 from gpuanat.core.store.report import format_bytes
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
-from gpuanat.core.vocabulary.techniques import compile_mode, weights_mode
+from gpuanat.core.vocabulary.techniques import checkpointing_mode, compile_mode, weights_mode
 from gpuanat.core.vocabulary.validation import machine_unsupported_reasons
 
 ROWS: tuple[tuple[str, str, str], ...] = (
@@ -194,6 +194,8 @@ class TechniquesPanel(Widget):
                 if field == "compile"
                 else (weights_mode(config), weights_mode(defaults))
                 if field == "weights_dtype"
+                else (checkpointing_mode(config), checkpointing_mode(defaults))
+                if field == "grad_checkpointing"
                 else (getattr(config, field), getattr(defaults, field))
             )
             for field, _, _ in rows

@@ -26,7 +26,7 @@ from gpuanat.core.memory.bands.precision import (
     without_autocast_in_16_bit,
 )
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
-from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, lora_adapted_inputs_per_layer
+from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, layer_linears, lora_adapted_inputs_per_layer
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.presets import ModelPreset
 
@@ -74,6 +74,7 @@ def activations_bytes(config: RunConfig, preset: Architecture | ModelPreset, sha
         # the layers; the fitted coefficient is bert-large's, 24 layers, so it is split: 4 bytes a layer, the rest once.
         residual = 2 if without_autocast_in_16_bit(config) else 4
         per_sample = s * h * (layers * residual + c.checkpointed - BERT_LARGE_LAYERS * 4)
+        per_sample += s * layers * selective_saved_bytes_per_token(config, as_architecture(preset))
     elif preset.family == "gpt2":
         per_sample = layers * (s * gpt2_layer_bytes_per_token(config, preset) + eager_scores) + s * 7 * h
     else:
@@ -83,6 +84,16 @@ def activations_bytes(config: RunConfig, preset: Architecture | ModelPreset, sha
         per_sample = layers * (s * h * per_token_hidden + eager_scores)
     per_sample += s * lora_dropout_bytes_per_token(config, preset) * (1 if config.grad_checkpointing else layers)
     return int(b * per_sample) + half_weight_copies_bytes(config, shapes) + CUBLAS_WORKSPACE_BYTES
+
+
+def selective_saved_bytes_per_token(config: RunConfig, arch: Architecture) -> int:
+    """What selective checkpointing keeps of one layer beyond its input, per token: every linear layer's output and
+    fused attention's, in the compute dtype, and attention's log-sum-exp (fp32 a head); 0 without it. (Measured on
+    the H100 for bert-large: docs/pure-bf16.md.)"""
+    if not (config.grad_checkpointing and config.selective_checkpointing):
+        return 0
+    outputs = sum(rows for _, (rows, _columns) in layer_linears(arch)) + arch.query_width
+    return outputs * (2 if is_mixed(config) else 4) + 4 * arch.num_heads
 
 
 def lora_dropout_bytes_per_token(config: RunConfig, preset: Architecture | ModelPreset) -> int:
@@ -118,7 +129,8 @@ def decoder_activations_bytes(config: RunConfig, model: Architecture | ModelPres
     s, b, h, layers = config.seq_len, config.batch_size, arch.hidden_size, arch.num_layers
     masks = lora_dropout_bytes_per_token(config, arch)
     if config.grad_checkpointing:  # LoRA dropout's masks: the recomputed layer's (not measured)
-        per_token = layers * residual_element_bytes(config) * h + masks
+        per_token = layers * (residual_element_bytes(config) * h + selective_saved_bytes_per_token(config, arch))
+        per_token += masks
     else:
         per_token = (
             arch.dense_layers * layer_bytes_per_token(config, arch)

@@ -42,6 +42,7 @@ MEMORY_RELEVANT_FIELDS = (
     "weights_dtype",
     "autocast",
     "grad_checkpointing",
+    "selective_checkpointing",
     "optim",
     "attn",
     "compile",
@@ -236,7 +237,7 @@ class Search:
                 if technique != center.distributed
             )
         elif dimension == "grad-checkpointing":
-            candidates.append(self._checkpointing_move(center))
+            candidates.extend(self._checkpointing_moves(center))
         elif dimension == "workers":
             candidates.extend(center.replace(workers=workers) for workers in WORKER_COUNTS if workers != center.workers)
         elif dimension == "engine":
@@ -251,19 +252,26 @@ class Search:
             candidates.append(self._fitted(center.replace(**dict.fromkeys(names, on)), dimension))
         return [candidate for candidate in dict.fromkeys(candidates) if candidate is not None and candidate != center]
 
-    def _checkpointing_move(self, center: RunConfig) -> RunConfig | None:
-        """Checkpointing trades speed for memory, so it is tried only where it lets a larger batch fit: on, at the
-        largest power of two that fits with it, when that is larger than the largest without it. Off again
-        (from a start the user gave it in) at the largest batch that fits."""
+    def _checkpointing_moves(self, center: RunConfig) -> list[RunConfig | None]:
+        """Checkpointing trades speed for memory, so each mode (full, selective) is tried only where it lets a
+        larger batch fit: on, at the largest power of two that fits with it, when that is larger than the largest
+        without checkpointing. Off again (from a start the user gave it in) at the largest batch that fits."""
+        moves: list[RunConfig | None] = []
+        without_checkpointing = center.replace(grad_checkpointing=False, selective_checkpointing=False)
         if center.grad_checkpointing:
-            return self._fitted(center.replace(grad_checkpointing=False), "grad-checkpointing")
-        if "batch" not in self.space.dimensions:
-            return self._fitted(center.replace(grad_checkpointing=True), "grad-checkpointing")
-        without = self.largest_fitting_rung(center, powers_only=True)
-        with_checkpointing = self.largest_fitting_rung(center.replace(grad_checkpointing=True), powers_only=True)
-        if with_checkpointing is None or (without is not None and with_checkpointing.batch_size <= without.batch_size):
-            return None
-        return with_checkpointing
+            moves.append(self._fitted(without_checkpointing, "grad-checkpointing"))
+        for selective in (False, True):
+            if center.grad_checkpointing and center.selective_checkpointing == selective:
+                continue
+            mode = center.replace(grad_checkpointing=True, selective_checkpointing=selective)
+            if "batch" not in self.space.dimensions:
+                moves.append(self._fitted(mode, "grad-checkpointing"))
+                continue
+            without = self.largest_fitting_rung(without_checkpointing, powers_only=True)
+            with_mode = self.largest_fitting_rung(mode, powers_only=True)
+            if with_mode is not None and (without is None or with_mode.batch_size > without.batch_size):
+                moves.append(with_mode)
+        return moves
 
     # What failed
 

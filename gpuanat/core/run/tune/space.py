@@ -23,7 +23,7 @@ DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
     "attn": ("attn",),
     "optim": ("optim",),
     "distributed": ("distributed",),
-    "grad-checkpointing": ("grad_checkpointing",),
+    "grad-checkpointing": ("grad_checkpointing", "selective_checkpointing"),
     "workers": ("workers",),
     "expandable-segments": ("expandable_segments",),
     "liger": ("liger", "liger_layers"),
