@@ -78,7 +78,8 @@ TECHNIQUES: tuple[Technique, ...] = (
         "grad_checkpointing",
         "--grad-checkpointing",
         "bool",
-        "recompute activations in backward instead of keeping them",
+        "recompute activations in backward instead of keeping them (all of each layer's; with "
+        "--selective-checkpointing only what lies between its matmuls)",
     ),
     Technique(
         "selective_checkpointing",

@@ -80,7 +80,7 @@ LAUNCH_BINDINGS = [
     Binding("r", "run", "Run", id="run"),
     Binding("s", "stop", "Stop", id="stop"),
     Binding(
-        "g", "toggle_technique('grad_checkpointing')", "Checkpointing: off, full, selective", id="grad_checkpointing"
+        "g", "toggle_technique('grad_checkpointing')", "Checkpointing", id="grad_checkpointing"
     ),
     Binding("p", "toggle_technique('precision')", "Precision", id="precision"),
     Binding("t", "toggle_technique('tf32')", "TF32", id="tf32", show=False),

@@ -26,7 +26,13 @@ from gpuanat.core.memory.bands.precision import (
     without_autocast_in_16_bit,
 )
 from gpuanat.core.memory.bands.weights import half_weight_copies_bytes
-from gpuanat.core.memory.shapes import ParameterShapes, as_architecture, layer_linears, lora_adapted_inputs_per_layer
+from gpuanat.core.memory.shapes import (
+    ParameterShapes,
+    as_architecture,
+    attention_linears,
+    layer_linears,
+    lora_adapted_inputs_per_layer,
+)
 from gpuanat.core.vocabulary.config import RunConfig
 from gpuanat.core.vocabulary.presets import ModelPreset
 
@@ -87,12 +93,15 @@ def activations_bytes(config: RunConfig, preset: Architecture | ModelPreset, sha
 
 
 def selective_saved_bytes_per_token(config: RunConfig, arch: Architecture) -> int:
-    """What selective checkpointing keeps of one layer beyond its input, per token: every linear layer's output and
-    fused attention's, in the compute dtype, and attention's log-sum-exp (fp32 a head); 0 without it. (Measured on
-    the H100 for bert-large: docs/pure-bf16.md.)"""
+    """What selective checkpointing keeps of one layer beyond its input, per token: the outputs of the matmuls and
+    fused attention its policy sees, in the compute dtype, and attention's log-sum-exp (fp32 a head); 0 without it.
+    Eager, every linear layer's output. With compiled regions the policy sees only what runs outside them — the
+    attention's input projections and SDPA — and each compiled region is recomputed whole (bert-large, pure bf16,
+    on the H100: 19.13 GiB at batch 128 and 36.29 at 256 measured, benchmarks/results/h100/tune54/selective.jsonl)."""
     if not (config.grad_checkpointing and config.selective_checkpointing):
         return 0
-    outputs = sum(rows for _, (rows, _columns) in layer_linears(arch)) + arch.query_width
+    linears = attention_linears(arch)[:-1] if config.compile_regions else layer_linears(arch)
+    outputs = sum(rows for _, (rows, _columns) in linears) + arch.query_width
     return outputs * (2 if is_mixed(config) else 4) + 4 * arch.num_heads
 
 
