@@ -79,9 +79,7 @@ LAUNCH_BINDINGS = [
     *FIRST_BINDINGS,
     Binding("r", "run", "Run", id="run"),
     Binding("s", "stop", "Stop", id="stop"),
-    Binding(
-        "g", "toggle_technique('grad_checkpointing')", "Checkpointing", id="grad_checkpointing"
-    ),
+    Binding("g", "toggle_technique('grad_checkpointing')", "Checkpointing", id="grad_checkpointing"),
     Binding("p", "toggle_technique('precision')", "Precision", id="precision"),
     Binding("t", "toggle_technique('tf32')", "TF32", id="tf32", show=False),
     Binding("o", "toggle_technique('optim')", "Optimizer", id="optim"),
