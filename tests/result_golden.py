@@ -39,9 +39,10 @@ KEYS_ADDED_SINCE = (
 #51: the GPU's activity, energy and clocks; issue #52: the loss, what the batches of --data held), before the
 session's own; every key recorded keeps its place and its value, and a new one that is None says why in
 `unavailable`."""
-CONFIG_KEYS_ADDED_SINCE = ("data", "text_field", "tokenizer", "padding", "autocast")
-"""RunConfig fields added since (issue #52: --data and --padding; #54: --no-autocast), left out of a fresh config
-where at their defaults: the recorded configurations trained the random data, under autocast where mixed."""
+CONFIG_KEYS_ADDED_SINCE = ("data", "text_field", "tokenizer", "padding", "autocast", "selective_checkpointing")
+"""RunConfig fields added since (issue #52: --data and --padding; #54: --no-autocast, --selective-checkpointing),
+left out of a fresh config where at their defaults: the recorded configurations trained the random data, under
+autocast where mixed, without selective checkpointing."""
 
 
 HOW_FAR_IT_TRAINED = {

@@ -234,7 +234,7 @@ async def test_the_served_dashboard_is_drawn_in_a_browser_and_outlives_its_tab(t
             await browser.open(url)
             await browser.wait_for_text("gpuanat", "idle")
             await browser.press_until_drawn(
-                "?", "Weights: fp32, bf16, pure bf16", "LoRA adapters"
+                "?", "Weights: fp32, bf16, pure bf16", "Engine — the training loop"
             )  # the key page, in the browser
             await browser.press("?")  # closes the key page
             drawn_before_run = len(browser.drawn)
@@ -261,7 +261,7 @@ async def test_the_served_dashboard_is_drawn_in_a_browser_and_outlives_its_tab(t
             # and it takes keys again: one press each (the page is drawn, so no key goes nowhere; pressing again
             # when a loaded machine draws slowly would open a second key page above the first)
             for key, words in (
-                ("?", ("Weights: fp32, bf16, pure bf16", "LoRA adapters")),
+                ("?", ("Weights: fp32, bf16, pure bf16", "Engine — the training loop")),
                 ("escape", ("run 1: step",)),
             ):
                 since = len(browser.drawn)
