@@ -31,7 +31,7 @@ from gpuanat.core.measure.startup import (  # noqa: E402
     wall_breakdown,
 )
 from gpuanat.core.vocabulary.config import RunConfig  # noqa: E402
-from gpuanat.worker.model import build_model  # noqa: E402
+from gpuanat.worker.model import build_model, enable_checkpointing  # noqa: E402
 from gpuanat.worker.train import build_dataset, training_arguments_kwargs  # noqa: E402
 
 IMPORTED_MONOTONIC_S = time.monotonic()
@@ -76,6 +76,8 @@ def main() -> None:
         "imported": IMPORTED_MONOTONIC_S,
     }
     model = build_model(config)  # CUDA initialises here: the model is built on the GPU
+    if config.grad_checkpointing and config.selective_checkpointing:  # as the worker: no TrainingArguments value
+        enable_checkpointing(model, config)
     points["model built"] = time.monotonic()
     dataset = build_dataset(config, model.config.vocab_size)
     points["dataset built"] = time.monotonic()

@@ -15,7 +15,7 @@ import pytest
 from gpuanat.cli.common import config_from_args
 from gpuanat.cli.parser import build_parser
 from gpuanat.core.memory.allocation_templates import largest_batch
-from gpuanat.core.run.tune.moves import moves_in_order
+from gpuanat.core.run.tune.moves import move_order
 from gpuanat.core.run.tune.result import NOISE_FRACTION, beats, pareto_front
 from gpuanat.core.run.tune.runs import run_flags
 from gpuanat.core.run.tune.search import Progress, run_tune
@@ -277,9 +277,9 @@ def test_a_gpu_bound_run_tries_the_fused_kernels_first_its_regions_compiled():
 
 
 def test_without_a_diagnosis_the_moves_keep_their_order():
-    assert moves_in_order(DIMENSIONS, RunResult()) == list(DIMENSIONS)
+    assert move_order(DIMENSIONS, RunResult()).dimensions == list(DIMENSIONS)
     host_bound = RunResult(diagnosis=[{"bottleneck": "host-bound"}, {"bottleneck": "compile"}])
-    assert moves_in_order(("batch", "precision", "engine", "compile"), host_bound) == [
+    assert move_order(("batch", "precision", "engine", "compile"), host_bound).dimensions == [
         "batch",
         "engine",
         "compile",

@@ -242,7 +242,7 @@ def _print_front(summary: dict[str, Any]) -> None:
         print(f"As timed ({summary['trial_steps']} steps a trial): {best['trial_command']}")
         anatomy = best.get("operations_anatomy")
         if anatomy:
-            print(f"Where {best['name'].split(':')[0]}'s time went, its profiled steps:")
+            print(f"Where tune {best['index']}'s time went, its profiled steps:")
             for line in operations_summary_lines(anatomy):
                 print(line)
 
@@ -366,7 +366,7 @@ def command_tune(args: argparse.Namespace) -> int:
 
     def round_order(center: Any, reason: str) -> None:
         if reason:
-            print(f"tune: moves from {center.name.split(':')[0]}: {reason}", file=sys.stderr)
+            print(f"tune: moves from tune {center.index}: {reason}", file=sys.stderr)
 
     def kept(trial_kept: Any, gain: float) -> None:
         if trial_kept.dimension != "start":

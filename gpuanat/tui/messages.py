@@ -74,10 +74,10 @@ class TuneTrialDone(Message):
 
 @dataclass
 class TuneRoundOrdered(Message):
-    """A round of the tune begins from `center` (a trial's name), its moves ordered as `reason` says: what the
+    """A round of the tune begins from trial `center` (its index), its moves ordered as `reason` says: what the
     center's operations anatomy and bottleneck found (`core.run.tune.moves`)."""
 
-    center: str
+    center: int
     reason: str
 
 

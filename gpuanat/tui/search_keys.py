@@ -114,7 +114,7 @@ class SearchKeys:
         )
 
     def tune_round_ordered(self, message: TuneRoundOrdered) -> None:
-        self._dashboard.notify(f"tune: moves from {message.center.split(':')[0]}: {message.reason}", timeout=8)
+        self._dashboard.notify(f"tune: moves from tune {message.center}: {message.reason}", timeout=8)
 
     def tune_finished(self, message: TuneFinished) -> None:
         dashboard = self._dashboard

@@ -70,7 +70,7 @@ def tune_search(control: RunControl, live: LiveRun, gpu_total: int | None, capab
             on_trial=lambda trial, progress: control.post(
                 TuneTrialDone(trial.name, trial.status, trial.samples_per_second, progress)
             ),
-            on_round=lambda center, reason: control.post(TuneRoundOrdered(center.name, reason)) if reason else None,
+            on_round=lambda center, reason: control.post(TuneRoundOrdered(center.index, reason)) if reason else None,
         )
     except Exception as error:  # the dashboard must survive any failure of a search
         control.post(TuneFinished(None, None, f"{type(error).__name__}: {error}"))

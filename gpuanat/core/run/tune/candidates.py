@@ -260,14 +260,15 @@ class Search:
         without_checkpointing = center.replace(grad_checkpointing=False, selective_checkpointing=False)
         if center.grad_checkpointing:
             moves.append(self._fitted(without_checkpointing, "grad-checkpointing"))
+        searching_batch = "batch" in self.space.dimensions
+        without = self.largest_fitting_rung(without_checkpointing, powers_only=True) if searching_batch else None
         for selective in (False, True):
             if center.grad_checkpointing and center.selective_checkpointing == selective:
                 continue
             mode = center.replace(grad_checkpointing=True, selective_checkpointing=selective)
-            if "batch" not in self.space.dimensions:
+            if not searching_batch:
                 moves.append(self._fitted(mode, "grad-checkpointing"))
                 continue
-            without = self.largest_fitting_rung(without_checkpointing, powers_only=True)
             with_mode = self.largest_fitting_rung(mode, powers_only=True)
             if with_mode is not None and (without is None or with_mode.batch_size > without.batch_size):
                 moves.append(with_mode)

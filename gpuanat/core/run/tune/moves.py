@@ -105,7 +105,3 @@ def move_order(dimensions: Sequence[str], center_result: RunResult) -> MoveOrder
     else:
         reason = f"{'; '.join(causes)}: none of their moves is searched"
     return MoveOrder(ordered, reason)
-
-
-def moves_in_order(dimensions: Sequence[str], center_result: RunResult) -> list[str]:
-    return move_order(dimensions, center_result).dimensions

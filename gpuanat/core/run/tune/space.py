@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gpuanat.core.vocabulary.config import Capabilities, RunConfig
 from gpuanat.core.vocabulary.presets import PRESETS
-from gpuanat.core.vocabulary.techniques import BY_SHARDING, ZERO_STAGES, with_distributed
+from gpuanat.core.vocabulary.techniques import BY_SHARDING, ZERO_STAGES, with_distributed, with_weights_mode
 from gpuanat.core.vocabulary.validation import refusal
 
 DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
@@ -101,11 +101,10 @@ def search_space(
     applicable = {
         "batch": "batch_size" not in given,
         "precision": True,
-        # a bf16 model: where bf16 computes, LoRA's base is not 16-bit already and no sharding upcasts it
+        # a bf16 model where bf16 computes and pure bf16 trains (not LoRA's 16-bit base, nor sharded)
         "weights": ampere
         and cuda
-        and not (base.lora or base.load_in_4bit)
-        and base.distributed in ("none", "ddp")
+        and refusal(with_weights_mode(base, "pure-bf16")) is None
         and ("precision" not in given or base.precision == "bf16"),
         "tf32": ampere,
         "attn": True,
